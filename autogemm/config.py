@@ -1,0 +1,299 @@
+"""Kernel configurations: one frozen dataclass per template family, with a procedural name and
+`check(problem, device)`, the list of every reason the configuration cannot run that problem.
+
+A configuration that passes `check` must render, compile without register spills and compute the
+right answer; the tests hold `check` to that promise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+from .problem import Device, Problem
+
+# Every reason `check` can give starts with one of these codes (tests produce each one).
+REASON_CODES = (
+    "dtype",  # the family cannot compute this dtype / compute mode
+    "choice",  # a knob has a value outside the family's vocabulary
+    "warp-tile",  # block tile not a multiple of the warp tile
+    "thread-tile",  # warp tile not a multiple of the thread tile
+    "warp-lanes",  # the thread tiles of a warp do not make 32 lanes
+    "frag-vector",  # thread tile not a multiple of the shared-memory fragment vector width
+    "threads",  # more threads per block than the device allows
+    "tile-load",  # a tile does not split evenly into the block's vector loads
+    "shared-memory",  # more shared memory than the device grants one block
+    "registers",  # the thread's register arrays would not fit without spilling
+    "cp-async",  # multi-stage pipelines need cp.async (compute capability 8.0)
+    "split-k",  # more K splits than K tiles
+    "grid",  # the launch grid exceeds the device's grid limits
+    "size",  # a dimension exceeds 32-bit indexing
+)
+
+SMEM_LAYOUTS = ("plain", "pad", "swizzle")
+VECTOR_WIDTHS = (1, 2, 4)
+SMEM_PAD_FLOATS = 4  # one 16-byte vector: keeps LDS.128 aligned and shifts each row by 4 banks
+INT32_MAX = 2**31 - 1
+GRID_Y_MAX = 65535
+
+
+def _pow2(x: int) -> bool:
+    return x >= 1 and (x & (x - 1)) == 0
+
+
+@dataclass(frozen=True)
+class SimtConfig:
+    """Knobs of the SIMT (CUDA-core FFMA) GEMM template.
+
+    bm, bn, bk: block tile; wm, wn: warp tile; tm, tn: outputs per thread (the thread tile, made of
+    vec_frag-wide chunks spread across the warp tile); vec: width of global loads (elements);
+    vec_frag: width of shared-memory fragment loads (4 = LDS.128); stages: 1 single buffer,
+    2 double buffer with register prefetch, >= 3 cp.async ring; smem: layout of operands whose
+    shared-memory store is a transpose ("plain", "pad" by one 16-byte vector, XOR "swizzle");
+    group_m: block-swizzle group height for L2 reuse (1 = row-major rasterization);
+    split_k: number of K slices reduced in a second pass (1 = off).
+    """
+
+    bm: int = 128
+    bn: int = 128
+    bk: int = 8
+    wm: int = 32
+    wn: int = 64
+    tm: int = 8
+    tn: int = 8
+    vec: int = 4
+    vec_frag: int = 4
+    stages: int = 2
+    smem: str = "pad"
+    group_m: int = 8
+    split_k: int = 1
+
+    family = "simt"
+
+    # ---- identity -------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return (
+            f"{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_t{self.tm}x{self.tn}"
+            f"_v{self.vec}{self.vec_frag}_s{self.stages}_{self.smem}_g{self.group_m}_k{self.split_k}"
+        )
+
+    _NAME_RE = re.compile(
+        r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_t(\d+)x(\d+)_v(\d)(\d)_s(\d+)_([a-z]+)_g(\d+)_k(\d+)"
+    )
+
+    @classmethod
+    def from_name(cls, name: str) -> SimtConfig:
+        match = cls._NAME_RE.fullmatch(name)
+        if not match:
+            raise ValueError(f"not a SIMT config name: {name!r}")
+        g = match.groups()
+        ints = [int(x) for x in g[:10]]
+        return cls(*ints, smem=g[10], group_m=int(g[11]), split_k=int(g[12]))
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SimtConfig:
+        data = dict(data)
+        family = data.pop("family", cls.family)
+        if family != cls.family:
+            raise ValueError(f"config family {family!r} is not {cls.family!r}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - fields
+        if unknown:
+            raise ValueError(f"unknown SIMT config knobs: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    def replace(self, **changes) -> SimtConfig:
+        return dataclasses.replace(self, **changes)
+
+    # ---- derived quantities (shared with the template through render.py) -------------------
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.wm) * (self.bn // self.wn) * 32
+
+    @property
+    def smem_buffers(self) -> int:
+        return max(1, self.stages)
+
+    def smem_pad(self, problem: Problem) -> tuple[int, int]:
+        """Padding (floats) of the A and B shared-memory rows; only transposed stores are padded."""
+        pad = SMEM_PAD_FLOATS if self.smem == "pad" else 0
+        a_transposed, b_transposed = transposed_stores(problem)
+        return (pad if a_transposed else 0, pad if b_transposed else 0)
+
+    def smem_bytes(self, problem: Problem) -> int:
+        pad_a, pad_b = self.smem_pad(problem)
+        return 4 * self.smem_buffers * self.bk * (self.bm + pad_a + self.bn + pad_b)
+
+    def load_passes(self, problem: Problem) -> int:
+        """Global vector loads per thread per K slice, A and B together, at the packed widths."""
+        widths = packed_vector_widths(self, problem)
+        return (self.bm * self.bk // widths.a + self.bn * self.bk // widths.b) // self.threads
+
+    def estimated_registers(self, problem: Problem) -> int:
+        """A conservative count of the registers a thread needs (calibrated against ptxas)."""
+        accumulators = self.tm * self.tn
+        fragments = (self.tm + self.tn) * (2 if self.stages >= 2 else 1)
+        # cp.async moves tiles without registers; otherwise a whole tile slice is staged in them.
+        staged = 0 if self.stages >= 3 else (self.bm + self.bn) * self.bk // self.threads
+        passes = self.load_passes(problem) * REGISTERS_PER_LOAD_PASS
+        return accumulators + fragments + staged + passes + REGISTER_OVERHEAD
+
+    def register_limit(self, device: Device) -> int:
+        per_thread = device.regs_per_block // max(self.threads, 1)
+        return min(255, per_thread - per_thread % 8)
+
+    def tiles_k(self, problem: Problem) -> int:
+        return -(-problem.k // self.bk)
+
+    # ---- validity ---------------------------------------------------------------------------
+    def check(self, problem: Problem, device: Device) -> list[str]:
+        reasons: list[str] = []
+
+        def bad(code: str, message: str) -> None:
+            reasons.append(f"{code}: {message}")
+
+        if problem.dtype != "float32" or problem.compute != "fp32":
+            bad("dtype", f"the SIMT template computes float32/fp32, not {problem.dtype}/{problem.compute}")
+
+        for knob in ("bm", "bn", "bk", "wm", "wn", "tm", "tn"):
+            value = getattr(self, knob)
+            if not _pow2(value):
+                bad("choice", f"{knob}={value} must be a power of two")
+        if self.bk < 2:
+            bad("choice", f"bk={self.bk} must be at least 2 (fragments are double-buffered per k pair)")
+        for knob in ("vec", "vec_frag"):
+            if getattr(self, knob) not in VECTOR_WIDTHS:
+                bad("choice", f"{knob}={getattr(self, knob)} must be one of {VECTOR_WIDTHS}")
+        if self.smem not in SMEM_LAYOUTS:
+            bad("choice", f"smem={self.smem!r} must be one of {', '.join(SMEM_LAYOUTS)}")
+        for knob in ("stages", "group_m", "split_k"):
+            if getattr(self, knob) < 1:
+                bad("choice", f"{knob}={getattr(self, knob)} must be >= 1")
+        if reasons:
+            return reasons  # the arithmetic below assumes well-formed knobs
+        if self.vec > self.bk or self.bm % self.vec or self.bn % self.vec:
+            bad("tile-load", f"tile {self.bm}x{self.bn}x{self.bk} is not a multiple of vector width {self.vec}")
+            return reasons
+
+        if self.bm % self.wm or self.bn % self.wn:
+            bad("warp-tile", f"block tile {self.bm}x{self.bn} is not a multiple of warp tile {self.wm}x{self.wn}")
+            return reasons
+        if self.wm % self.tm or self.wn % self.tn:
+            bad("thread-tile", f"warp tile {self.wm}x{self.wn} is not a multiple of thread tile {self.tm}x{self.tn}")
+            return reasons
+        lanes = (self.wm // self.tm) * (self.wn // self.tn)
+        if lanes != 32:
+            bad(
+                "warp-lanes",
+                f"warp tile {self.wm}x{self.wn} / thread tile {self.tm}x{self.tn} gives {lanes} lanes, not 32",
+            )
+        if self.tm % self.vec_frag or self.tn % self.vec_frag:
+            bad("frag-vector", f"thread tile {self.tm}x{self.tn} is not a multiple of vec_frag={self.vec_frag}")
+
+        threads = self.threads
+        if threads > device.max_threads_per_block:
+            bad("threads", f"{threads} threads per block exceed the device limit {device.max_threads_per_block}")
+
+        for operand, extent in (("A", self.bm), ("B", self.bn)):
+            elements = extent * self.bk
+            if self.bk % self.vec or extent % self.vec or elements % (threads * self.vec):
+                bad(
+                    "tile-load",
+                    f"{operand} tile {extent}x{self.bk} does not split into {threads} threads "
+                    f"loading {self.vec}-wide vectors",
+                )
+
+        smem = self.smem_bytes(problem)
+        if smem > device.smem_per_block_optin:
+            bad("shared-memory", f"{smem} bytes of shared memory exceed the device limit {device.smem_per_block_optin}")
+
+        regs, limit = self.estimated_registers(problem), self.register_limit(device)
+        if regs > limit:
+            bad(
+                "registers",
+                f"about {regs} registers per thread (accumulators {self.tm}x{self.tn}) exceed "
+                f"the {limit} available to {threads} threads",
+            )
+
+        if self.stages >= 3 and device.compute_capability < (8, 0):
+            bad("cp-async", f"{self.stages} stages need cp.async (compute capability 8.0), device is {device.arch}")
+
+        tiles_k = self.tiles_k(problem)
+        if self.split_k > tiles_k:
+            bad("split-k", f"split_k={self.split_k} exceeds the {tiles_k} K tiles of K={problem.k}")
+
+        if problem.batch * self.split_k > GRID_Y_MAX:
+            bad("grid", f"batch {problem.batch} x split_k {self.split_k} exceeds the grid limit {GRID_Y_MAX}")
+        tiles = -(-problem.m // self.bm) * -(-problem.n // self.bn)
+        if tiles > INT32_MAX:
+            bad("grid", f"{tiles} blocks exceed the grid limit {INT32_MAX}")
+
+        if max(problem.m, problem.n, problem.k) > INT32_MAX:
+            bad("size", "a dimension exceeds 2^31-1, beyond the kernel's 32-bit indexing")
+        return reasons
+
+
+# Registers beyond the arrays: pointers, indices, loop counters, bounds, plus one per global load
+# pass (its address and predicate). Calibrated with ptxas on 160 sampled variants (sm_90, CUDA 13):
+# with these figures no accepted variant spilled.
+REGISTER_OVERHEAD = 48
+REGISTERS_PER_LOAD_PASS = 1
+
+
+@dataclass(frozen=True)
+class VectorWidths:
+    """Widths (elements) of the global accesses to A, B and C actually compiled into a kernel.
+
+    A configuration's `vec` is the widest it may use; an operand whose pointer or leading dimension
+    is not aligned to it gets a narrower kernel variant instead of a failure.
+    """
+
+    a: int
+    b: int
+    c: int
+
+    def __str__(self) -> str:
+        return f"{self.a}{self.b}{self.c}"
+
+
+def widest_vector(limit: int, *multiples_of: int) -> int:
+    """The widest of 4, 2, 1 that is <= limit and divides every given number."""
+    for width in (4, 2, 1):
+        if width <= limit and all(x % width == 0 for x in multiples_of):
+            return width
+    return 1
+
+
+def packed_vector_widths(config: SimtConfig, problem: Problem) -> VectorWidths:
+    """Vector widths for densely packed operands (leading dimension = row length)."""
+    lda = problem.m if problem.trans_a else problem.k
+    ldb = problem.k if problem.trans_b else problem.n
+    return VectorWidths(
+        a=widest_vector(config.vec, lda),
+        b=widest_vector(config.vec, ldb),
+        # split-K writes its partial products to an aligned workspace; the reduction is scalar
+        c=config.vec if config.split_k > 1 else widest_vector(config.vec, problem.n),
+    )
+
+
+def transposed_stores(problem: Problem) -> tuple[bool, bool]:
+    """Whether A's and B's global-to-shared copy transposes (their contiguous dimension is K).
+
+    Shared memory holds both operands K-major (As[k][m], Bs[k][n]) so that a thread's fragment of
+    consecutive m (or n) is one vector load. A stored M×K (layout n) and B stored N×K (layout t)
+    have K contiguous in global memory, so their tiles are transposed on the way in.
+    """
+    return (not problem.trans_a, problem.trans_b)
+
+
+def config_from_dict(data: dict):
+    """Rebuilds a configuration of any family from its `to_dict()` form."""
+    family = data.get("family", "simt")
+    if family == "simt":
+        return SimtConfig.from_dict(data)
+    raise ValueError(f"unknown config family {family!r}")

@@ -1,0 +1,42 @@
+"""Where the data that ships with autogemm lives: templates, search spaces, tuned results.
+
+A wheel carries them inside the package (`autogemm/templates`, ...); a source checkout (and an
+editable install) keeps them at the top of the repository, beside the package.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def _data_dir(name: str) -> Path:
+    for candidate in (_PACKAGE / name, _PACKAGE.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(
+        f"autogemm's {name}/ directory is missing (looked in {_PACKAGE} and beside it); "
+        "reinstall the package"
+    )
+
+
+def templates_dir() -> Path:
+    return _data_dir("templates")
+
+
+def search_spaces_dir() -> Path:
+    return _data_dir("search_spaces")
+
+
+def user_cache_dir() -> Path:
+    """Where tuned results, studies and compiled kernels are kept: ``$AUTOGEMM_CACHE_DIR`` if set,
+    else the platform's user cache directory (``~/.cache/autogemm`` on Linux)."""
+    import os
+
+    override = os.environ.get("AUTOGEMM_CACHE_DIR")
+    if override:
+        return Path(override).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("autogemm", appauthor=False))

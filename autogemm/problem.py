@@ -1,0 +1,167 @@
+"""What is being multiplied (`Problem`) and on what (`Device`), with the cache keys of both.
+
+A problem is `C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b]` for `b < batch`, where C is M×N
+row-major, op(A) is M×K and op(B) is K×N. The layout says how A and B are stored (row-major
+always): `n` means as-is (A is M×K, B is K×N), `t` means transposed (A is K×M, B is N×K).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+# Compute modes per dtype; the first is the default. "tf32" rounds FP32 inputs to TF32 on tensor cores.
+COMPUTE_MODES = {
+    "float32": ("fp32", "tf32"),
+    "float16": ("fp32",),
+    "bfloat16": ("fp32",),
+    "float64": ("fp64",),
+}
+LAYOUTS = ("nn", "nt", "tn", "tt")
+
+
+@dataclass(frozen=True)
+class Problem:
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    dtype: str = "float32"
+    compute: str = ""  # empty: the dtype's default compute mode
+    trans_a: bool = False
+    trans_b: bool = False
+
+    def __post_init__(self) -> None:
+        for dim in ("m", "n", "k", "batch"):
+            value = getattr(self, dim)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"Problem.{dim} must be an int, got {value!r}")
+            if value < 1:
+                raise ValueError(f"Problem.{dim} must be >= 1, got {value}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"unsupported dtype {self.dtype!r}; supported: {', '.join(DTYPES)}")
+        if not self.compute:
+            object.__setattr__(self, "compute", COMPUTE_MODES[self.dtype][0])
+        if self.compute not in COMPUTE_MODES[self.dtype]:
+            raise ValueError(
+                f"compute mode {self.compute!r} is not available for {self.dtype}; "
+                f"choose from {', '.join(COMPUTE_MODES[self.dtype])}"
+            )
+
+    @classmethod
+    def from_layout(cls, m: int, n: int, k: int, layout: str = "nn", **kwargs) -> Problem:
+        layout = layout.lower()
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")
+        return cls(m, n, k, trans_a=layout[0] == "t", trans_b=layout[1] == "t", **kwargs)
+
+    @property
+    def layout(self) -> str:
+        return ("t" if self.trans_a else "n") + ("t" if self.trans_b else "n")
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.batch
+
+    @property
+    def key(self) -> str:
+        """Stable cache key, e.g. ``float32/fp32/nn/b1/4096x4096x4096``."""
+        return f"{self.dtype}/{self.compute}/{self.layout}/b{self.batch}/{self.m}x{self.n}x{self.k}"
+
+    @classmethod
+    def from_key(cls, key: str) -> Problem:
+        match = re.fullmatch(r"(\w+)/(\w+)/([nt]{2})/b(\d+)/(\d+)x(\d+)x(\d+)", key)
+        if not match:
+            raise ValueError(f"not a problem key: {key!r} (expected like float32/fp32/nn/b1/64x64x64)")
+        dtype, compute, layout, batch, m, n, k = match.groups()
+        return cls.from_layout(int(m), int(n), int(k), layout, batch=int(batch), dtype=dtype, compute=compute)
+
+    def __str__(self) -> str:
+        batch = f"{self.batch}×" if self.batch > 1 else ""
+        return f"{batch}{self.m}×{self.n}×{self.k} {self.dtype}/{self.compute} {self.layout.upper()}"
+
+
+# Architecture limits from the CUDA C++ Programming Guide (compute capability tables). They are used
+# only where no GPU can be queried (rendering and `nvcc` checks on a build machine); on a GPU,
+# `Device.current()` reads every limit from the device itself.
+_ARCH_LIMITS = {
+    # cc: (max shared memory per block with opt-in, registers per block, max threads per block)
+    (7, 0): (96 * 1024, 65536, 1024),
+    (7, 5): (64 * 1024, 65536, 1024),
+    (8, 0): (163 * 1024, 65536, 1024),
+    (8, 6): (99 * 1024, 65536, 1024),
+    (8, 9): (99 * 1024, 65536, 1024),
+    (9, 0): (227 * 1024, 65536, 1024),
+}
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    smem_per_block: int = 48 * 1024
+    smem_per_block_optin: int = 48 * 1024
+    regs_per_block: int = 65536
+    max_threads_per_block: int = 1024
+    l2_bytes: int = 0
+    # Which GPU of this machine; not part of the identity (two identical cards share a cache).
+    ordinal: int = field(default=0, compare=False)
+
+    @property
+    def arch(self) -> str:
+        major, minor = self.compute_capability
+        return f"sm_{major}{minor}"
+
+    @property
+    def slug(self) -> str:
+        """File-name-safe identity of the device model, e.g. ``nvidia-h100-80gb-hbm3-sm90``."""
+        base = re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
+        return f"{base}-{self.arch.replace('_', '')}"
+
+    @property
+    def key(self) -> str:
+        return self.slug
+
+    @classmethod
+    def for_arch(cls, arch: str = "sm_90") -> Device:
+        """A device description for compiling without a GPU (limits of the architecture)."""
+        match = re.fullmatch(r"sm_(\d+)(\d)a?", arch)
+        if not match:
+            raise ValueError(f"not a CUDA architecture: {arch!r} (expected like sm_90)")
+        cc = (int(match.group(1)), int(match.group(2)))
+        if cc not in _ARCH_LIMITS:
+            known = ", ".join(f"sm_{a}{b}" for a, b in _ARCH_LIMITS)
+            raise ValueError(f"no architecture limits known for {arch}; known: {known}")
+        smem_optin, regs, threads = _ARCH_LIMITS[cc]
+        return cls(
+            name=f"generic {arch}",
+            compute_capability=cc,
+            sm_count=1,
+            smem_per_block_optin=smem_optin,
+            regs_per_block=regs,
+            max_threads_per_block=threads,
+        )
+
+    @classmethod
+    def current(cls, ordinal: int | None = None) -> Device:
+        """Reads the limits of a GPU (default: CuPy's current device)."""
+        import cupy
+
+        if ordinal is None:
+            ordinal = cupy.cuda.Device().id
+        props = cupy.cuda.runtime.getDeviceProperties(ordinal)
+        name = props["name"]
+        name = name.decode() if isinstance(name, bytes) else name
+        return cls(
+            name=name,
+            compute_capability=(int(props["major"]), int(props["minor"])),
+            sm_count=int(props["multiProcessorCount"]),
+            smem_per_block=int(props["sharedMemPerBlock"]),
+            smem_per_block_optin=int(props.get("sharedMemPerBlockOptin", props["sharedMemPerBlock"])),
+            regs_per_block=int(props["regsPerBlock"]),
+            max_threads_per_block=int(props["maxThreadsPerBlock"]),
+            l2_bytes=int(props.get("l2CacheSize", 0)),
+            ordinal=ordinal,
+        )

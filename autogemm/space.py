@@ -1,0 +1,204 @@
+"""Search spaces as data: the choices of each knob and the constraints between them, loaded from a
+TOML file of `search_spaces/`, enumerated by backtracking and sampled reproducibly."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import random
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from .config import SimtConfig
+from .paths import search_spaces_dir
+from .problem import Device, Problem
+
+_FAMILIES = {"simt": SimtConfig}
+
+# The expression language of constraints: arithmetic, comparisons, boolean logic, min/max.
+_ALLOWED_NODES = (
+    ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.BinOp,
+    ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.Pow, ast.Compare, ast.Eq, ast.NotEq,
+    ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn, ast.Name, ast.Load, ast.Constant,
+    ast.Call, ast.Tuple, ast.List,
+)
+_FUNCTIONS = {"min": min, "max": max}
+
+
+class SpaceError(ValueError):
+    """A search-space file that cannot be used, with the file and the problem named."""
+
+
+@dataclass(frozen=True)
+class _Expression:
+    text: str
+    names: frozenset[str]
+    code: Any
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> _Expression:
+        try:
+            tree = ast.parse(text, mode="eval")
+        except SyntaxError as exc:
+            raise SpaceError(f"{where}: cannot parse {text!r}: {exc.msg}") from None
+        names = set()
+        for node in ast.walk(tree):
+            if not isinstance(node, _ALLOWED_NODES):
+                raise SpaceError(f"{where}: {type(node).__name__} is not allowed in {text!r}")
+            if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS):
+                raise SpaceError(f"{where}: only min() and max() may be called, in {text!r}")
+            if isinstance(node, ast.Name) and node.id not in _FUNCTIONS:
+                names.add(node.id)
+        return cls(text, frozenset(names), compile(tree, where, "eval"))
+
+    def __call__(self, values: dict) -> Any:
+        return eval(self.code, {"__builtins__": {}, **_FUNCTIONS}, values)  # noqa: S307 (AST-checked)
+
+
+class SearchSpace:
+    def __init__(self, path: Path, family: str, knobs: dict[str, tuple], derived: dict[str, _Expression],
+                 constraints: list[_Expression]):
+        self.path = path
+        self.family = family
+        self.config_class = _FAMILIES[family]
+        self.knobs = knobs
+        self.derived = derived
+        self.constraints = constraints
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> SearchSpace:
+        """Loads a space file; a bare name like ``simt`` means the shipped ``search_spaces/simt.toml``."""
+        path = Path(path) if path is not None else search_spaces_dir() / "simt.toml"
+        if not path.suffix and not path.exists():
+            path = search_spaces_dir() / f"{path}.toml"
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise SpaceError(f"search space file not found: {path}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise SpaceError(f"{path}: not valid TOML: {exc}") from None
+        family = data.get("family")
+        if family not in _FAMILIES:
+            raise SpaceError(f"{path}: family must be one of {', '.join(_FAMILIES)}, got {family!r}")
+        fields = [f for f in _FAMILIES[family].__dataclass_fields__]
+        raw_knobs = data.get("knobs", {})
+        unknown = set(raw_knobs) - set(fields)
+        if unknown:
+            raise SpaceError(f"{path}: unknown knobs {', '.join(sorted(unknown))}; {family} knobs are {', '.join(fields)}")
+        missing = set(fields) - set(raw_knobs)
+        if missing:
+            raise SpaceError(f"{path}: knobs without choices: {', '.join(sorted(missing))}")
+        knobs = {}
+        for name in fields:  # the dataclass order, so that the name and enumeration are stable
+            values = raw_knobs[name]
+            if not isinstance(values, list) or not values:
+                raise SpaceError(f"{path}: knob {name} needs a non-empty list of choices")
+            knobs[name] = tuple(values)
+        derived = {
+            name: _Expression.parse(text, f"{path}: derived.{name}") for name, text in data.get("derived", {}).items()
+        }
+        rules = data.get("constraints", {}).get("rules", [])
+        constraints = [_Expression.parse(text, f"{path}: constraint") for text in rules]
+        known = set(knobs) | set(derived)
+        for expr in [*derived.values(), *constraints]:
+            if expr.names - known:
+                raise SpaceError(f"{path}: {expr.text!r} uses unknown names {', '.join(sorted(expr.names - known))}")
+        return cls(path, family, knobs, derived, constraints)
+
+    # ---- enumeration ------------------------------------------------------------------------
+    @functools.cached_property
+    def _schedule(self) -> list[tuple[str, list[tuple[str, _Expression]], list[_Expression]]]:
+        """For each knob in order: derived values and constraints that become computable once it is set."""
+        bound: set[str] = set()
+        pending_derived = dict(self.derived)
+        pending_rules = list(self.constraints)
+        schedule = []
+        for knob in self.knobs:
+            bound.add(knob)
+            ready_derived = []
+            progress = True
+            while progress:
+                progress = False
+                for name, expr in list(pending_derived.items()):
+                    if expr.names <= bound:
+                        ready_derived.append((name, expr))
+                        bound.add(name)
+                        del pending_derived[name]
+                        progress = True
+            ready_rules = [r for r in pending_rules if r.names <= bound]
+            pending_rules = [r for r in pending_rules if r not in ready_rules]
+            schedule.append((knob, ready_derived, ready_rules))
+        return schedule
+
+    def _walk(self, depth: int, values: dict) -> Iterator[dict]:
+        if depth == len(self._schedule):
+            yield {k: values[k] for k in self.knobs}
+            return
+        knob, derived, rules = self._schedule[depth]
+        for choice in self.knobs[knob]:
+            values[knob] = choice
+            try:
+                for name, expr in derived:
+                    values[name] = expr(values)
+                ok = all(rule(values) for rule in rules)
+            except ZeroDivisionError:
+                ok = False
+            if ok:
+                yield from self._walk(depth + 1, values)
+        values.pop(knob, None)
+
+    @functools.cached_property
+    def all_configs(self) -> tuple:
+        """Every configuration the space's constraints allow (independent of problem and device)."""
+        return tuple(self.config_class(**values) for values in self._walk(0, {}))
+
+    def contains(self, config) -> bool:
+        values = {k: getattr(config, k) for k in self.knobs}
+        if any(values[k] not in choices for k, choices in self.knobs.items()):
+            return False
+        for name, expr in self.derived.items():
+            values[name] = expr(values)
+        return all(rule(values) for rule in self.constraints)
+
+    def satisfies(self, values: dict) -> bool:
+        values = dict(values)
+        try:
+            for name, expr in self.derived.items():
+                values[name] = expr(values)
+            return all(rule(values) for rule in self.constraints)
+        except ZeroDivisionError:
+            return False
+
+    def contains(self, config) -> bool:
+        values = {k: getattr(config, k) for k in self.knobs}
+        return all(values[k] in choices for k, choices in self.knobs.items()) and self.satisfies(values)
+
+    def valid_configs(self, problem: Problem, device: Device) -> list:
+        """Every configuration of the space that passes `check` (slow for large spaces: enumerates)."""
+        return [c for c in self.all_configs if not c.check(problem, device)]
+
+    def sample(self, count: int, problem: Problem, device: Device, seed: int = 0) -> list:
+        """`count` distinct valid configurations, uniformly at random with a fixed seed.
+
+        Draws every knob uniformly and keeps the draws that satisfy the constraints and `check`:
+        uniform over the valid set without enumerating it. Returns fewer only if the space has
+        fewer valid configurations than asked for.
+        """
+        rng = random.Random(seed)
+        chosen: dict[str, object] = {}
+        attempts = 0
+        budget = 2000 * count + 100_000
+        while len(chosen) < count and attempts < budget:
+            attempts += 1
+            values = {knob: rng.choice(choices) for knob, choices in self.knobs.items()}
+            if not self.satisfies(values):
+                continue
+            config = self.config_class(**values)
+            if config.name not in chosen and not config.check(problem, device):
+                chosen[config.name] = config
+        if len(chosen) < count:  # a small or sparse space: enumerate it instead
+            valid = self.valid_configs(problem, device)
+            return valid if count >= len(valid) else random.Random(seed).sample(valid, count)
+        return list(chosen.values())
