@@ -1,0 +1,217 @@
+"""CUDA source -> loaded kernel (NVRTC through CuPy) or, without a GPU, an `nvcc` resource report.
+
+GPU path: `compile_to_cubin` runs NVRTC and needs no GPU context (so worker processes can compile
+in parallel); `load` turns a cubin into launchable CuPy kernels and records their registers,
+shared and local memory. Cubins are kept on disk under the cache directory, keyed by the source
+digest, the architecture and the NVRTC version, so a kernel is compiled once per machine.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .paths import user_cache_dir
+from .render import Source
+
+NVRTC_OPTIONS = ("-std=c++17",)
+
+
+class CompileError(RuntimeError):
+    """The compiler rejected a rendered kernel. `source_path` holds the source for inspection."""
+
+    def __init__(self, message: str, log: str, source_path: Path | None):
+        where = f" (source saved to {source_path})" if source_path else ""
+        super().__init__(f"{message}{where}\n{log.strip()}")
+        self.message = message
+        self.log = log
+        self.source_path = source_path
+
+    def __reduce__(self):  # crosses process boundaries from compile workers
+        return (type(self), (self.message, self.log, self.source_path))
+
+
+class NvccNotFound(RuntimeError):
+    pass
+
+
+def save_failed_source(source: Source) -> Path | None:
+    """Keeps the source of a kernel that failed, so that the user can read and rebuild it."""
+    try:
+        folder = user_cache_dir() / "failed"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{source.kernel}.cu"
+        path.write_text(source.code)
+        return path
+    except OSError:
+        return None
+
+
+# ---- nvcc resource report (no GPU needed) ---------------------------------------------------------
+@dataclass(frozen=True)
+class ResourceUsage:
+    kernel: str
+    registers: int
+    stack_bytes: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    shared_bytes: int  # static shared memory (the GEMM kernels use dynamic shared memory)
+
+    @property
+    def spills(self) -> int:
+        return self.spill_store_bytes + self.spill_load_bytes
+
+
+def find_nvcc() -> str:
+    candidates = [shutil.which("nvcc")]
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            candidates.append(str(Path(os.environ[var]) / "bin" / "nvcc"))
+    candidates.append("/usr/local/cuda/bin/nvcc")
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise NvccNotFound(
+        "nvcc was not found (looked on PATH, in $CUDA_HOME/bin and /usr/local/cuda/bin); "
+        "install the CUDA toolkit to compile kernels without a GPU"
+    )
+
+
+_PTXAS_FUNCTION = re.compile(r"Compiling entry function '(\w+)'")
+_PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+def nvcc_resources(source: Source, arch: str = "sm_90") -> dict[str, ResourceUsage]:
+    """Compiles with `nvcc -cubin -Xptxas -v` and returns each kernel's resource usage."""
+    nvcc = find_nvcc()
+    with tempfile.TemporaryDirectory(prefix="autogemm-") as tmp:
+        cu = Path(tmp) / f"{source.kernel}.cu"
+        cu.write_text(source.code)
+        cmd = [nvcc, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", "-o", str(cu.with_suffix(".cubin")), str(cu)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CompileError(f"nvcc failed for {source.kernel} ({arch})", proc.stderr + proc.stdout, save_failed_source(source))
+    report: dict[str, ResourceUsage] = {}
+    current = None
+    frame = (0, 0, 0)
+    for line in proc.stderr.splitlines():
+        if m := _PTXAS_FUNCTION.search(line):
+            current, frame = m.group(1), (0, 0, 0)
+        elif (m := _PTXAS_FRAME.search(line)) and current:
+            frame = tuple(int(x) for x in m.groups())
+        elif (m := _PTXAS_USED.search(line)) and current:
+            report[current] = ResourceUsage(
+                kernel=current,
+                registers=int(m.group(1)),
+                stack_bytes=frame[0],
+                spill_store_bytes=frame[1],
+                spill_load_bytes=frame[2],
+                shared_bytes=int(m.group(2) or 0),
+            )
+            current = None
+    if source.kernel not in report:
+        raise CompileError(f"no ptxas report for {source.kernel}", proc.stderr, save_failed_source(source))
+    return report
+
+
+# ---- NVRTC (GPU path) -----------------------------------------------------------------------------
+def _cubin_path(source: Source, arch: str) -> Path:
+    from cupy.cuda import compiler
+
+    major, minor = compiler._get_nvrtc_version()
+    return user_cache_dir() / "cubin" / f"{source.kernel[:80]}-{source.digest}-{arch}-nvrtc{major}.{minor}.cubin"
+
+
+def compile_to_cubin(source: Source, arch: str) -> Path:
+    """Compiles with NVRTC (no GPU context needed) and returns the cubin's path, reusing a cached one."""
+    from cupy.cuda import compiler
+
+    path = _cubin_path(source, arch)
+    if path.exists():
+        return path
+    try:
+        cubin, _ = compiler.compile_using_nvrtc(source.code, NVRTC_OPTIONS, arch=arch.removeprefix("sm_"))
+    except compiler.CompileException as exc:
+        raise CompileError(f"NVRTC failed for {source.kernel} ({arch})", str(exc), save_failed_source(source)) from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "wb") as out:
+        out.write(cubin)
+    os.replace(tmp, path)  # atomic: concurrent compilers of the same kernel never see half a file
+    return path
+
+
+def compile_pool(jobs: int) -> ProcessPoolExecutor:
+    """Worker processes for parallel NVRTC compilation. They are spawned, not forked: a fork of a
+    process that holds a CUDA context is unsafe, and the workers never need a GPU."""
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+
+
+def compile_many(sources: list[Source], arch: str, jobs: int) -> dict[str, Path | CompileError]:
+    """Compiles many sources in parallel; maps each kernel name to its cubin or its CompileError."""
+    results: dict[str, Path | CompileError] = {}
+    unique = {s.kernel: s for s in sources}
+    with compile_pool(jobs) as pool:
+        futures = {name: pool.submit(compile_to_cubin, source, arch) for name, source in unique.items()}
+        for name, future in futures.items():
+            try:
+                results[name] = future.result()
+            except CompileError as exc:
+                results[name] = exc
+    return results
+
+
+@dataclass
+class CompiledKernel:
+    source: Source
+    gemm: object  # cupy.RawKernel
+    reduce: object | None  # cupy.RawKernel of the split-K reduction
+    registers: int
+    shared_bytes: int
+    local_bytes: int
+
+
+def load(source: Source, cubin: Path, dynamic_smem: int) -> CompiledKernel:
+    """Loads a cubin on the current device; raises the kernel's dynamic shared-memory limit when
+    it needs more than the default 48 KB."""
+    import cupy
+
+    module = cupy.RawModule(path=str(cubin))
+    gemm = module.get_function(source.kernel)
+    if dynamic_smem > 48 * 1024:
+        gemm.max_dynamic_shared_size_bytes = dynamic_smem
+    reduce = module.get_function(source.reduce_kernel) if source.reduce_kernel else None
+    return CompiledKernel(
+        source=source,
+        gemm=gemm,
+        reduce=reduce,
+        registers=gemm.num_regs,
+        shared_bytes=gemm.shared_size_bytes + dynamic_smem,
+        local_bytes=gemm.local_size_bytes,
+    )
+
+
+_loaded: dict[tuple[str, str, int], CompiledKernel] = {}
+_loaded_lock = threading.Lock()
+
+
+def compile_source(source: Source, arch: str, dynamic_smem: int) -> CompiledKernel:
+    """Compile (or reuse) and load `source` on the current device; memoized per process and device."""
+    import cupy
+
+    key = (source.kernel, source.digest, cupy.cuda.Device().id)
+    with _loaded_lock:
+        if key in _loaded:
+            return _loaded[key]
+    kernel = load(source, compile_to_cubin(source, arch), dynamic_smem)
+    with _loaded_lock:
+        return _loaded.setdefault(key, kernel)

@@ -1,0 +1,203 @@
+"""Runs a configuration on CuPy operands: derives the problem and strides from the arrays, picks the
+vector widths their alignment allows, compiles (once) and launches with the grid of the config."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from .compile import CompiledKernel, compile_source
+from .config import SimtConfig
+from .problem import Device, Problem
+from .config import VectorWidths, widest_vector
+from .render import render
+
+_REDUCE_THREADS = 256
+
+
+@functools.lru_cache(maxsize=None)
+def device_info(ordinal: int) -> Device:
+    return Device.current(ordinal)
+
+
+def current_device() -> Device:
+    import cupy
+
+    return device_info(cupy.cuda.Device().id)
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A matrix operand as the kernel sees it: rows of unit stride, a row pitch and a batch stride."""
+
+    rows: int
+    cols: int
+    ld: int  # elements between consecutive rows
+    batch: int  # 1 for a 2-D operand (broadcast over the batch with stride 0)
+    batch_stride: int  # elements between consecutive matrices
+    pointer: int
+
+    @classmethod
+    def of(cls, array, name: str) -> Operand:
+        if array.ndim not in (2, 3):
+            raise ValueError(f"{name} must be 2-D or 3-D (batched), got {array.ndim}-D of shape {array.shape}")
+        item = array.itemsize
+        strides = [s // item for s in array.strides]
+        if any(s * item != t for s, t in zip(strides, array.strides)):
+            raise ValueError(f"{name} has strides {array.strides} that are not multiples of its element size")
+        rows, cols = array.shape[-2:]
+        if cols > 1 and strides[-1] != 1:
+            raise ValueError(f"{name} must have unit stride along its last axis, has strides {array.strides}")
+        ld = strides[-2] if rows > 1 else max(cols, 1)
+        if rows > 1 and ld < cols:
+            raise ValueError(f"{name} rows overlap: row stride {ld} < row length {cols}")
+        batch = array.shape[0] if array.ndim == 3 else 1
+        batch_stride = (strides[0] if batch > 1 else rows * ld) if array.ndim == 3 else 0
+        return cls(rows, cols, ld, batch, batch_stride, array.data.ptr)
+
+    def vector_width(self, limit: int, itemsize: int = 4) -> int:
+        """Widest access the operand's pointer, row pitch and batch stride all stay aligned to."""
+        if self.pointer % itemsize:
+            return 1
+        return widest_vector(limit, self.ld, self.batch_stride, self.pointer // itemsize)
+
+
+@dataclass
+class PreparedGemm:
+    """A kernel compiled for one problem class, with its launch geometry."""
+
+    config: SimtConfig
+    problem: Problem
+    kernel: CompiledKernel
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+    tiles_per_split: int
+
+
+def prepare(config: SimtConfig, problem: Problem, widths: VectorWidths | None = None,
+            device: Device | None = None) -> PreparedGemm:
+    device = device or current_device()
+    reasons = config.check(problem, device)
+    if reasons:
+        raise ValueError(f"config {config.name} cannot run {problem}: " + "; ".join(reasons))
+    source = render(config, problem, widths)
+    smem = config.smem_bytes(problem)
+    kernel = compile_source(source, device.arch, smem)
+    tiles_k = config.tiles_k(problem)
+    tiles = -(-problem.m // config.bm) * -(-problem.n // config.bn)
+    return PreparedGemm(
+        config=config,
+        problem=problem,
+        kernel=kernel,
+        grid=(tiles, problem.batch * config.split_k, 1),
+        block=(config.threads, 1, 1),
+        smem=smem,
+        tiles_per_split=-(-tiles_k // config.split_k),
+    )
+
+
+def gemm(config: SimtConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bool = False,
+         alpha: float = 1.0, beta: float = 0.0, stream=None):
+    """C = alpha * op(A) @ op(B) + beta * C with the kernel of `config`; returns C.
+
+    `a` is stored M×K (or K×M with trans_a), `b` K×N (or N×K with trans_b), each 2-D or 3-D
+    (a 2-D operand is shared by every matrix of the batch), rows of unit stride. C is M×N
+    row-major and is allocated when not given (then beta is ignored).
+    """
+    run, c = bind(config, a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+    run(stream)
+    return c
+
+
+def bind(config: SimtConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bool = False,
+         alpha: float = 1.0, beta: float = 0.0):
+    """Validates the operands, compiles the kernel and returns (run, c): `run(stream=None)`
+    launches it with every argument prepared, for repeated calls (timing, tuning)."""
+    import cupy
+
+    for name, array in (("A", a), ("B", b)):
+        if array.dtype != np.float32:
+            raise TypeError(f"{name} has dtype {array.dtype}; this kernel family computes float32")
+    opa, opb = Operand.of(a, "A"), Operand.of(b, "B")
+    m, k = (opa.cols, opa.rows) if trans_a else (opa.rows, opa.cols)
+    k_b, n = (opb.cols, opb.rows) if trans_b else (opb.rows, opb.cols)
+    if k != k_b:
+        raise ValueError(f"inner dimensions differ: op(A) is {m}x{k}, op(B) is {k_b}x{n}")
+    batch = max(opa.batch, opb.batch)
+    if opa.batch not in (1, batch) or opb.batch not in (1, batch):
+        raise ValueError(f"batch sizes differ: A has {opa.batch}, B has {opb.batch}")
+    if c is None:
+        c = cupy.empty((batch, m, n) if a.ndim == 3 or b.ndim == 3 else (m, n), dtype=np.float32)
+        beta = 0.0
+    if c.dtype != np.float32:
+        raise TypeError(f"C has dtype {c.dtype}; expected float32")
+    opc = Operand.of(c, "C")
+    if (opc.rows, opc.cols) != (m, n) or opc.batch != batch:
+        raise ValueError(f"C has shape {c.shape}, expected {(batch, m, n) if batch > 1 else (m, n)}")
+    if m == 0 or n == 0:
+        return (lambda stream=None: None), c
+    if k == 0:  # no products: C = beta * C, and beta == 0 must not propagate what C held
+        def scale(stream=None):
+            with stream if stream is not None else contextlib.nullcontext():
+                if beta == 0:
+                    c.fill(0)
+                else:
+                    c[...] *= beta
+        return scale, c
+
+    problem = Problem(m, n, k, batch=batch, trans_a=trans_a, trans_b=trans_b)
+    widths = VectorWidths(
+        a=opa.vector_width(config.vec),
+        b=opb.vector_width(config.vec),
+        # split-K writes partial products to an aligned workspace; the reduction is scalar
+        c=config.vec if config.split_k > 1 else opc.vector_width(config.vec),
+    )
+    prepared = prepare(config, problem, widths)
+    return _launcher(prepared, opa, opb, opc, alpha, beta), c
+
+
+def _launcher(prepared: PreparedGemm, opa: Operand, opb: Operand, opc: Operand, alpha: float, beta: float):
+    import cupy
+
+    problem, config = prepared.problem, prepared.config
+    i32, i64, f32 = np.int32, np.int64, np.float32
+    gemm_kernel, reduce_kernel = prepared.kernel.gemm, prepared.kernel.reduce
+    grid, block, smem = prepared.grid, prepared.block, prepared.smem
+    if config.split_k == 1:
+        args = (
+            np.uintp(opa.pointer), np.uintp(opb.pointer), np.uintp(opc.pointer),
+            i32(problem.m), i32(problem.n), i32(problem.k), i32(opa.ld), i32(opb.ld), i32(opc.ld),
+            i64(opa.batch_stride), i64(opb.batch_stride), i64(opc.batch_stride),
+            f32(alpha), f32(beta), i32(prepared.tiles_per_split),
+        )
+
+        def run(stream=None):
+            gemm_kernel(grid, block, args, shared_mem=smem, stream=stream)
+
+        return run
+
+    ldw = -(-problem.n // 4) * 4  # 16-byte aligned rows, so the partials are stored as vectors
+    stride_w = problem.m * ldw
+    total = problem.batch * problem.m * problem.n
+    reduce_grid = (min(-(-total // _REDUCE_THREADS), 65535), 1, 1)
+
+    def run_split(stream=None):
+        # The workspace comes from CuPy's pool per call, ordered on the launch stream.
+        with stream if stream is not None else contextlib.nullcontext():
+            workspace = cupy.empty((problem.batch * config.split_k, problem.m, ldw), dtype=np.float32)
+        gemm_kernel(grid, block, (
+            np.uintp(opa.pointer), np.uintp(opb.pointer), workspace,
+            i32(problem.m), i32(problem.n), i32(problem.k), i32(opa.ld), i32(opb.ld), i32(ldw),
+            i64(opa.batch_stride), i64(opb.batch_stride), i64(stride_w),
+            f32(1.0), f32(0.0), i32(prepared.tiles_per_split),
+        ), shared_mem=smem, stream=stream)
+        reduce_kernel(reduce_grid, (_REDUCE_THREADS, 1, 1), (
+            workspace, np.uintp(opc.pointer), i32(problem.m), i32(problem.n), i32(ldw), i64(stride_w),
+            i32(opc.ld), i64(opc.batch_stride), i32(problem.batch), f32(alpha), f32(beta),
+        ), stream=stream)
+
+    return run_split

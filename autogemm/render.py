@@ -1,0 +1,102 @@
+"""Configuration + problem -> CUDA source. Pure: no CuPy, no GPU, same input -> same bytes."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+
+import jinja2
+
+from .config import SimtConfig, VectorWidths, packed_vector_widths, transposed_stores
+from .paths import templates_dir
+from .problem import Problem
+
+
+@dataclass(frozen=True)
+class Source:
+    kernel: str  # name of the GEMM kernel function (extern "C")
+    reduce_kernel: str | None  # split-K reduction kernel, when split_k > 1
+    code: str
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.code.encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def template_hash() -> str:
+    """Hash of every template file: a cached kernel is trusted only while this is unchanged."""
+    digest = hashlib.sha256()
+    for path in sorted(templates_dir().glob("*.j2")):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def kernel_name(config: SimtConfig, problem: Problem, widths: VectorWidths) -> str:
+    even = "".join(
+        "1" if extent % tile == 0 else "0"
+        for extent, tile in ((problem.m, config.bm), (problem.n, config.bn), (problem.k, config.bk))
+    )
+    return f"ag_{config.family}_{config.name}_{problem.layout}_e{even}_v{widths}"
+
+
+def render(config: SimtConfig, problem: Problem, widths: VectorWidths | None = None) -> Source:
+    """Renders the kernel of `config` for `problem`'s layout and shape class.
+
+    The shape enters only through which of M, N, K are multiples of the block tile (tails need
+    bounds checks, multiples do not); M, N, K themselves are kernel arguments.
+    """
+    if widths is None:
+        widths = packed_vector_widths(config, problem)
+    for operand, width in (("A", widths.a), ("B", widths.b), ("C", widths.c)):
+        if width not in (1, 2, 4) or width > config.vec:
+            raise ValueError(f"vector width {width} for {operand} must be 1, 2 or 4 and <= config vec {config.vec}")
+    name = kernel_name(config, problem, widths)
+    pad_a, pad_b = config.smem_pad(problem)
+    a_transposed, b_transposed = transposed_stores(problem)
+    cxx_bool = {True: "true", False: "false"}
+    code = _environment().get_template("simt_gemm.cu.j2").render(
+        kernel=name,
+        config_name=config.name,
+        layout=problem.layout.upper(),
+        trans_a=problem.trans_a,
+        trans_b=problem.trans_b,
+        bm=config.bm,
+        bn=config.bn,
+        bk=config.bk,
+        wm=config.wm,
+        wn=config.wn,
+        tm=config.tm,
+        tn=config.tn,
+        vec_frag=config.vec_frag,
+        va=widths.a,
+        vb=widths.b,
+        vc=widths.c,
+        stages=config.stages,
+        buffers=config.smem_buffers,
+        use_cp_async=config.stages >= 3,
+        group_m=config.group_m,
+        split_k=config.split_k,
+        even_m=cxx_bool[problem.m % config.bm == 0],
+        even_n=cxx_bool[problem.n % config.bn == 0],
+        even_k=cxx_bool[problem.k % config.bk == 0],
+        pad_a=pad_a,
+        pad_b=pad_b,
+        swizzle_a=cxx_bool[config.smem == "swizzle" and a_transposed],
+        swizzle_b=cxx_bool[config.smem == "swizzle" and b_transposed],
+    )
+    return Source(kernel=name, reduce_kernel=f"{name}_reduce" if config.split_k > 1 else None, code=code)
