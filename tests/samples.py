@@ -1,0 +1,46 @@
+"""Fixed, diverse samples of configurations shared by the render, nvcc and GPU tests."""
+
+from __future__ import annotations
+
+import random
+
+from autogemm.config import SimtConfig
+from autogemm.problem import Device, Problem
+from autogemm.space import SearchSpace
+
+# Knobs whose every value the samples must contain (the tile shapes vary by themselves).
+COVERED_KNOBS = ("bk", "vec", "vec_frag", "stages", "smem", "group_m", "split_k")
+
+# Hand-picked configurations that the benchmarks lean on; always part of the samples.
+REFERENCE_CONFIGS = (
+    SimtConfig(128, 128, 8, 32, 64, 8, 8, 4, 4, 2, "pad", 8, 1),
+    SimtConfig(128, 256, 8, 64, 64, 8, 16, 4, 4, 2, "pad", 8, 1),
+    SimtConfig(128, 128, 16, 64, 32, 8, 8, 4, 4, 3, "swizzle", 8, 1),
+    SimtConfig(64, 64, 16, 32, 32, 4, 8, 4, 4, 4, "pad", 4, 2),
+)
+
+SAMPLE_PROBLEM = Problem(4096, 4096, 4096)
+
+
+def diverse_sample(count: int, seed: int, device: Device | None = None) -> list[SimtConfig]:
+    """`count` random valid configs plus the reference ones, topped up so that every value of
+    every knob in COVERED_KNOBS appears at least once."""
+    device = device or Device.for_arch("sm_90")
+    space = SearchSpace.load()
+    chosen = {c.name: c for c in REFERENCE_CONFIGS}
+    for config in space.sample(count, SAMPLE_PROBLEM, device, seed=seed):
+        chosen.setdefault(config.name, config)
+    rng = random.Random(seed)
+    pool = list(chosen.values())
+    for knob in COVERED_KNOBS:
+        for value in space.knobs[knob]:
+            if any(getattr(c, knob) == value for c in chosen.values()):
+                continue
+            for base in rng.sample(pool, len(pool)):
+                candidate = base.replace(**{knob: value})
+                if space.contains(candidate) and not candidate.check(SAMPLE_PROBLEM, device):
+                    chosen[candidate.name] = candidate
+                    break
+            else:
+                raise AssertionError(f"no valid config found with {knob}={value}")
+    return sorted(chosen.values(), key=lambda c: c.name)

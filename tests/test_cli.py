@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autogemm.cli import main
+from autogemm.config import SimtConfig
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_render_prints_source_for_json_config(capsys):
+    code, out, _ = run_cli(capsys, "render", "--config", json.dumps({"bm": 64, "bn": 64, "wm": 32, "wn": 32, "tm": 4}))
+    assert code == 0
+    assert "ag_simt_64x64x8_w32x32_t4x8" in out
+    assert "__global__" in out
+
+
+def test_render_accepts_a_config_name_and_layout(capsys):
+    name = SimtConfig(stages=3).name
+    code, out, _ = run_cli(capsys, "render", "--config", name, "--layout", "tt", "--M", "100")
+    assert code == 0 and "_tt_" in out and "cp.async" in out
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["render", "--config", "{bad json"], "--config is not valid JSON"),
+        (["render", "--config", '{"colour": 1}'], "unknown SIMT config knobs: colour"),
+        (["render", "--config", '{"tm": 4}'], "warp-lanes"),
+        (["render", "--config", "{}", "--layout", "nt", "--trans-a"], "either --layout or --trans-a"),
+        (["render", "--config", "{}", "--dtype", "int8"], "unsupported dtype 'int8'"),
+    ],
+)
+def test_render_errors_are_clear(capsys, argv, message):
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert message in err
+
+
+@pytest.mark.parametrize(
+    "value,message", [("0", "must be >= 1, got 0"), ("abc", "expected a positive integer, got 'abc'")]
+)
+def test_bad_sizes_are_rejected_by_the_parser(capsys, value, message):
+    with pytest.raises(SystemExit) as info:
+        main(["render", "--config", "{}", "--M", value])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_check_compiles_a_sample_with_nvcc(capsys):
+    code, out, err = run_cli(capsys, "check", "--count", "2", "--arch", "sm_90", "--seed", "4")
+    assert code == 0, out + err
+    rows = [line for line in out.splitlines() if line.startswith(tuple("123456789"))]
+    assert len(rows) == 2
+    assert "2/2 variants compiled without spills" in err
+
+
+def test_console_script_help():
+    result = subprocess.run([sys.executable, "-m", "autogemm.cli", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0
+    assert "render" in result.stdout and "check" in result.stdout

@@ -1,0 +1,81 @@
+"""Every sampled SIMT configuration against a float64 reference, on shapes that are multiples of
+nothing, tile multiples, K = 1, all four layouts, batches, alpha/beta, split-K and misaligned views.
+Outputs are poisoned with NaN first, so an element the kernel never wrote fails the test."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autogemm.problem import LAYOUTS, Device, Problem
+from samples import diverse_sample
+
+from autogemm.bench import random_uniform, reference_gemm, relative_error
+
+pytestmark = pytest.mark.gpu
+
+CONFIGS = diverse_sample(40, seed=2026)
+TOLERANCE = 1e-5
+
+
+def _case_shapes(config):
+    """(name, M, N, K, batch, alpha, beta, misalign) for one config; K of the tile-multiple case
+    leaves every split of split-K at least one tile."""
+    k_tiles = max(4, 2 * config.split_k)
+    return [
+        ("1x1x1", 1, 1, 1, 1, 1.0, 0.0, False),
+        ("1xNxK", 1, 300, 200, 1, 1.0, 0.0, False),
+        ("127x129x65", 127, 129, 65, 1, 1.0, 0.0, False),
+        ("255x257x1023", 255, 257, 1023, 1, 0.75, 0.0, False),
+        ("tile-multiple", 2 * config.bm, 2 * config.bn, k_tiles * config.bk, 1, 1.0, 0.0, False),
+        ("K=1", 64, 96, 1, 1, 1.0, 0.0, False),
+        ("batch3-alpha-beta", 70, 50, 90, 3, 1.5, -0.5, False),
+        ("aligned-tails", 132, 260, 68, 1, 1.0, 0.25, False),
+        ("misaligned-view", 100, 84, 76, 2, -1.0, 0.5, True),
+    ]
+
+
+def _operand(shape, batch, misalign, seed):
+    """A random operand of `shape` (per matrix); when misaligned, a view one element into a
+    larger buffer, so its pointer and row pitch defeat 16-byte vector loads."""
+    full = (batch, *shape) if batch > 1 else shape
+    if not misalign:
+        return random_uniform(full, seed=seed)
+    rows, cols = shape
+    padded = random_uniform((batch, rows, cols + 3) if batch > 1 else (rows, cols + 3), seed=seed)
+    view = padded[..., 1 : cols + 1]
+    assert view.data.ptr % 16 != 0
+    return view
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c.name for c in CONFIGS])
+def test_config_matches_float64_reference(config):
+    import cupy
+
+    from autogemm.launch import gemm
+
+    device = Device.current()
+    for index, (case, m, n, k, batch, alpha, beta, misalign) in enumerate(_case_shapes(config)):
+        layout = LAYOUTS[(index + CONFIGS.index(config)) % 4]
+        trans_a, trans_b = layout[0] == "t", layout[1] == "t"
+        problem = Problem(m, n, k, batch=batch, trans_a=trans_a, trans_b=trans_b)
+        run_config = config
+        if config.check(problem, device):
+            # A small K has fewer K tiles than the config has splits: split as far as K allows
+            # (still through the split-K path when that is more than one).
+            run_config = config.replace(split_k=max(1, min(config.split_k, config.tiles_k(problem))))
+            reasons = run_config.check(problem, device)
+            assert not reasons, f"{config.name} {case}: {reasons}"
+        seed = 1000 * index + 7
+        a = _operand((k, m) if trans_a else (m, k), batch, misalign, seed)
+        b = _operand((n, k) if trans_b else (k, n), batch, misalign, seed + 1)
+        c_shape = (batch, m, n) if batch > 1 else (m, n)
+        if beta != 0:
+            c = random_uniform(c_shape, seed=seed + 2)
+        else:
+            c = cupy.full(c_shape, np.nan, dtype=np.float32)  # beta == 0 must never read C
+        expected = reference_gemm(a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+        gemm(run_config, a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+        cupy.cuda.Device().synchronize()
+        error = relative_error(c, expected)
+        assert error <= TOLERANCE, f"{run_config.name} {case} {layout}: relative error {error:.3g}"
