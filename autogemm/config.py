@@ -25,6 +25,7 @@ REASON_CODES = (
     "tile-load",  # a tile does not split evenly into the block's vector loads
     "shared-memory",  # more shared memory than the device grants one block
     "registers",  # the thread's register arrays would not fit without spilling
+    "occupancy",  # min_blocks blocks cannot share one SM (threads, shared memory)
     "cp-async",  # multi-stage pipelines need cp.async (compute capability 8.0)
     "split-k",  # more K splits than K tiles
     "grid",  # the launch grid exceeds the device's grid limits
@@ -52,7 +53,9 @@ class SimtConfig:
     2 double buffer with register prefetch, >= 3 cp.async ring; smem: layout of operands whose
     shared-memory store is a transpose ("plain", "pad" by one 16-byte vector, XOR "swizzle");
     group_m: block-swizzle group height for L2 reuse (1 = row-major rasterization);
-    split_k: number of K slices reduced in a second pass (1 = off).
+    split_k: number of K slices reduced in a second pass (1 = off);
+    min_blocks: blocks per SM the compiler must make room for (`__launch_bounds__`): caps the
+    registers per thread at regs_per_block / (threads * min_blocks), trading registers for occupancy.
     """
 
     bm: int = 128
@@ -68,6 +71,7 @@ class SimtConfig:
     smem: str = "pad"
     group_m: int = 8
     split_k: int = 1
+    min_blocks: int = 1
 
     family = "simt"
 
@@ -76,11 +80,11 @@ class SimtConfig:
     def name(self) -> str:
         return (
             f"{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_t{self.tm}x{self.tn}"
-            f"_v{self.vec}{self.vec_frag}_s{self.stages}_{self.smem}_g{self.group_m}_k{self.split_k}"
+            f"_v{self.vec}{self.vec_frag}_s{self.stages}_{self.smem}_g{self.group_m}_k{self.split_k}_o{self.min_blocks}"
         )
 
     _NAME_RE = re.compile(
-        r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_t(\d+)x(\d+)_v(\d)(\d)_s(\d+)_([a-z]+)_g(\d+)_k(\d+)"
+        r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_t(\d+)x(\d+)_v(\d)(\d)_s(\d+)_([a-z]+)_g(\d+)_k(\d+)_o(\d+)"
     )
 
     @classmethod
@@ -90,7 +94,7 @@ class SimtConfig:
             raise ValueError(f"not a SIMT config name: {name!r}")
         g = match.groups()
         ints = [int(x) for x in g[:10]]
-        return cls(*ints, smem=g[10], group_m=int(g[11]), split_k=int(g[12]))
+        return cls(*ints, smem=g[10], group_m=int(g[11]), split_k=int(g[12]), min_blocks=int(g[13]))
 
     def to_dict(self) -> dict:
         return {"family": self.family, **dataclasses.asdict(self)}
@@ -140,11 +144,11 @@ class SimtConfig:
         fragments = (self.tm + self.tn) * (2 if self.stages >= 2 else 1)
         # cp.async moves tiles without registers; otherwise a whole tile slice is staged in them.
         staged = 0 if self.stages >= 3 else (self.bm + self.bn) * self.bk // self.threads
-        passes = self.load_passes(problem) * REGISTERS_PER_LOAD_PASS
-        return accumulators + fragments + staged + passes + REGISTER_OVERHEAD
+        overhead = REGISTER_OVERHEAD_CP_ASYNC if self.stages >= 3 else REGISTER_OVERHEAD
+        return accumulators + fragments + staged + self.load_passes(problem) * REGISTERS_PER_LOAD_PASS + overhead
 
     def register_limit(self, device: Device) -> int:
-        per_thread = device.regs_per_block // max(self.threads, 1)
+        per_thread = device.regs_per_block // max(self.threads * self.min_blocks, 1)
         return min(255, per_thread - per_thread % 8)
 
     def tiles_k(self, problem: Problem) -> int:
@@ -171,7 +175,7 @@ class SimtConfig:
                 bad("choice", f"{knob}={getattr(self, knob)} must be one of {VECTOR_WIDTHS}")
         if self.smem not in SMEM_LAYOUTS:
             bad("choice", f"smem={self.smem!r} must be one of {', '.join(SMEM_LAYOUTS)}")
-        for knob in ("stages", "group_m", "split_k"):
+        for knob in ("stages", "group_m", "split_k", "min_blocks"):
             if getattr(self, knob) < 1:
                 bad("choice", f"{knob}={getattr(self, knob)} must be >= 1")
         if reasons:
@@ -220,6 +224,14 @@ class SimtConfig:
                 f"the {limit} available to {threads} threads",
             )
 
+        if self.min_blocks > 1:
+            if threads * self.min_blocks > device.max_threads_per_sm:
+                bad("occupancy", f"{self.min_blocks} blocks of {threads} threads exceed the "
+                                 f"{device.max_threads_per_sm} threads of an SM")
+            if (smem + 1024) * self.min_blocks > device.smem_per_sm:
+                bad("occupancy", f"{self.min_blocks} blocks of {smem} bytes exceed the "
+                                 f"{device.smem_per_sm} bytes of shared memory of an SM")
+
         if self.stages >= 3 and device.compute_capability < (8, 0):
             bad("cp-async", f"{self.stages} stages need cp.async (compute capability 8.0), device is {device.arch}")
 
@@ -238,10 +250,12 @@ class SimtConfig:
         return reasons
 
 
-# Registers beyond the arrays: pointers, indices, loop counters, bounds, plus one per global load
-# pass (its address and predicate). Calibrated with ptxas on 160 sampled variants (sm_90, CUDA 13):
-# with these figures no accepted variant spilled.
-REGISTER_OVERHEAD = 48
+# Registers beyond the arrays (pointers, indices, loop counters, bounds), plus one per global load
+# pass (its address and predicate). cp.async pipelines keep more addresses live (shared and global
+# of every stage in flight). Fitted with ptxas on 321 variants (sm_90, CUDA 13, register caps from
+# 40 to 255) so that no accepted variant spilled, plus a margin of 4.
+REGISTER_OVERHEAD = 28
+REGISTER_OVERHEAD_CP_ASYNC = 60
 REGISTERS_PER_LOAD_PASS = 1
 
 

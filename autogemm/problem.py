@@ -86,13 +86,14 @@ class Problem:
 # only where no GPU can be queried (rendering and `nvcc` checks on a build machine); on a GPU,
 # `Device.current()` reads every limit from the device itself.
 _ARCH_LIMITS = {
-    # cc: (max shared memory per block with opt-in, registers per block, max threads per block)
-    (7, 0): (96 * 1024, 65536, 1024),
-    (7, 5): (64 * 1024, 65536, 1024),
-    (8, 0): (163 * 1024, 65536, 1024),
-    (8, 6): (99 * 1024, 65536, 1024),
-    (8, 9): (99 * 1024, 65536, 1024),
-    (9, 0): (227 * 1024, 65536, 1024),
+    # cc: (shared memory per block with opt-in, shared memory per SM, registers per block,
+    #      threads per block, threads per SM)
+    (7, 0): (96 * 1024, 96 * 1024, 65536, 1024, 2048),
+    (7, 5): (64 * 1024, 64 * 1024, 65536, 1024, 1024),
+    (8, 0): (163 * 1024, 164 * 1024, 65536, 1024, 2048),
+    (8, 6): (99 * 1024, 100 * 1024, 65536, 1024, 1536),
+    (8, 9): (99 * 1024, 100 * 1024, 65536, 1024, 1536),
+    (9, 0): (227 * 1024, 228 * 1024, 65536, 1024, 2048),
 }
 
 
@@ -105,6 +106,8 @@ class Device:
     smem_per_block_optin: int = 48 * 1024
     regs_per_block: int = 65536
     max_threads_per_block: int = 1024
+    smem_per_sm: int = 64 * 1024
+    max_threads_per_sm: int = 2048
     l2_bytes: int = 0
     # Which GPU of this machine; not part of the identity (two identical cards share a cache).
     ordinal: int = field(default=0, compare=False)
@@ -134,7 +137,7 @@ class Device:
         if cc not in _ARCH_LIMITS:
             known = ", ".join(f"sm_{a}{b}" for a, b in _ARCH_LIMITS)
             raise ValueError(f"no architecture limits known for {arch}; known: {known}")
-        smem_optin, regs, threads = _ARCH_LIMITS[cc]
+        smem_optin, smem_sm, regs, threads, threads_sm = _ARCH_LIMITS[cc]
         return cls(
             name=f"generic {arch}",
             compute_capability=cc,
@@ -142,6 +145,8 @@ class Device:
             smem_per_block_optin=smem_optin,
             regs_per_block=regs,
             max_threads_per_block=threads,
+            smem_per_sm=smem_sm,
+            max_threads_per_sm=threads_sm,
         )
 
     @classmethod
@@ -162,6 +167,8 @@ class Device:
             smem_per_block_optin=int(props.get("sharedMemPerBlockOptin", props["sharedMemPerBlock"])),
             regs_per_block=int(props["regsPerBlock"]),
             max_threads_per_block=int(props["maxThreadsPerBlock"]),
+            smem_per_sm=int(props.get("sharedMemPerMultiprocessor", props["sharedMemPerBlock"])),
+            max_threads_per_sm=int(props.get("maxThreadsPerMultiProcessor", props["maxThreadsPerBlock"])),
             l2_bytes=int(props.get("l2CacheSize", 0)),
             ordinal=ordinal,
         )

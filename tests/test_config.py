@@ -26,6 +26,7 @@ REASON_CASES = [
     ("tile-load", SimtConfig(bm=16, bn=16, bk=4, wm=16, wn=16, tm=2, tn=4, vec_frag=2), SQUARE, SM90),
     ("shared-memory", SimtConfig(), SQUARE, dataclasses.replace(SM90, smem_per_block_optin=16 * 1024)),
     ("registers", SimtConfig(wm=64, wn=128, tm=16, tn=16), SQUARE, SM90),
+    ("occupancy", SimtConfig(bm=256, bn=256, wm=64, wn=64, tm=8, tn=16, min_blocks=5), SQUARE, SM90),
     ("cp-async", SimtConfig(stages=3), SQUARE, Device.for_arch("sm_75")),
     ("split-k", SimtConfig(split_k=8), Problem(256, 256, 16), SM90),
     ("grid", SimtConfig(split_k=2), Problem(64, 64, 64, batch=40000), SM90),
@@ -59,7 +60,7 @@ def test_reasons_name_the_numbers():
 
 def test_name_round_trips():
     config = SimtConfig(64, 128, 16, 32, 64, 4, 8, 2, 4, 3, "swizzle", 4, 2)
-    assert config.name == "64x128x16_w32x64_t4x8_v24_s3_swizzle_g4_k2"
+    assert config.name == "64x128x16_w32x64_t4x8_v24_s3_swizzle_g4_k2_o1"
     assert SimtConfig.from_name(config.name) == config
     assert config_from_dict(config.to_dict()) == config
 
