@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import itertools
 import random
 import tomllib
 from dataclasses import dataclass
@@ -63,9 +64,27 @@ class SearchSpace:
         self.path = path
         self.family = family
         self.config_class = _FAMILIES[family]
+        self.fields = tuple(self.config_class.__dataclass_fields__)
         self.knobs = knobs
         self.derived = derived
         self.constraints = constraints
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    def evaluate(self, knob_values: dict) -> tuple[object | None, list[str]]:
+        """Knob values -> (config, []) or (None, the constraints they break)."""
+        values = dict(knob_values)
+        try:
+            for name, expr in self.derived.items():
+                values[name] = expr(values)
+            broken = [rule.text for rule in self.constraints if not rule(values)]
+        except ZeroDivisionError as exc:
+            return None, [f"division by zero ({exc})"]
+        if broken:
+            return None, broken
+        return self.config_class(**{f: values[f] for f in self.fields}), []
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> SearchSpace:
@@ -82,29 +101,36 @@ class SearchSpace:
         family = data.get("family")
         if family not in _FAMILIES:
             raise SpaceError(f"{path}: family must be one of {', '.join(_FAMILIES)}, got {family!r}")
-        fields = [f for f in _FAMILIES[family].__dataclass_fields__]
+        fields = list(_FAMILIES[family].__dataclass_fields__)
         raw_knobs = data.get("knobs", {})
-        unknown = set(raw_knobs) - set(fields)
-        if unknown:
-            raise SpaceError(f"{path}: unknown knobs {', '.join(sorted(unknown))}; {family} knobs are {', '.join(fields)}")
-        missing = set(fields) - set(raw_knobs)
-        if missing:
-            raise SpaceError(f"{path}: knobs without choices: {', '.join(sorted(missing))}")
         knobs = {}
-        for name in fields:  # the dataclass order, so that the name and enumeration are stable
-            values = raw_knobs[name]
+        for name, values in raw_knobs.items():
             if not isinstance(values, list) or not values:
                 raise SpaceError(f"{path}: knob {name} needs a non-empty list of choices")
             knobs[name] = tuple(values)
         derived = {
             name: _Expression.parse(text, f"{path}: derived.{name}") for name, text in data.get("derived", {}).items()
         }
+        overlap = set(knobs) & set(derived)
+        if overlap:
+            raise SpaceError(f"{path}: {', '.join(sorted(overlap))} both searched and derived")
+        missing = [f for f in fields if f not in knobs and f not in derived]
+        if missing:
+            raise SpaceError(f"{path}: config fields neither searched nor derived: {', '.join(missing)}")
         rules = data.get("constraints", {}).get("rules", [])
         constraints = [_Expression.parse(text, f"{path}: constraint") for text in rules]
         known = set(knobs) | set(derived)
+        used = set()
         for expr in [*derived.values(), *constraints]:
             if expr.names - known:
                 raise SpaceError(f"{path}: {expr.text!r} uses unknown names {', '.join(sorted(expr.names - known))}")
+            used |= expr.names
+        unused = [k for k in knobs if k not in fields and k not in used]
+        if unused:
+            raise SpaceError(
+                f"{path}: unknown knobs {', '.join(unused)}: neither a {family} config field "
+                f"({', '.join(fields)}) nor used by a derived value or constraint"
+            )
         return cls(path, family, knobs, derived, constraints)
 
     # ---- enumeration ------------------------------------------------------------------------
@@ -134,7 +160,7 @@ class SearchSpace:
 
     def _walk(self, depth: int, values: dict) -> Iterator[dict]:
         if depth == len(self._schedule):
-            yield {k: values[k] for k in self.knobs}
+            yield dict(values)
             return
         knob, derived, rules = self._schedule[depth]
         for choice in self.knobs[knob]:
@@ -152,7 +178,11 @@ class SearchSpace:
     @functools.cached_property
     def all_configs(self) -> tuple:
         """Every configuration the space's constraints allow (independent of problem and device)."""
-        return tuple(self.config_class(**values) for values in self._walk(0, {}))
+        configs = {}
+        for values in self._walk(0, {}):
+            config = self.config_class(**{f: values[f] for f in self.fields})
+            configs.setdefault(config.name, config)
+        return tuple(configs.values())
 
     def contains(self, config) -> bool:
         values = {k: getattr(config, k) for k in self.knobs}
@@ -162,18 +192,24 @@ class SearchSpace:
             values[name] = expr(values)
         return all(rule(values) for rule in self.constraints)
 
-    def satisfies(self, values: dict) -> bool:
-        values = dict(values)
-        try:
-            for name, expr in self.derived.items():
-                values[name] = expr(values)
-            return all(rule(values) for rule in self.constraints)
-        except ZeroDivisionError:
-            return False
+    def satisfies(self, knob_values: dict) -> bool:
+        return self.evaluate(knob_values)[0] is not None
+
+    def knob_values(self, config) -> dict | None:
+        """The knob values that produce `config`, or None if the space cannot produce it."""
+        fixed = {k: getattr(config, k) for k in self.knobs if k in self.fields}
+        if any(v not in self.knobs[k] for k, v in fixed.items()):
+            return None
+        free = [k for k in self.knobs if k not in self.fields]
+        for combo in itertools.product(*(self.knobs[k] for k in free)):
+            values = {**fixed, **dict(zip(free, combo))}
+            produced, _ = self.evaluate(values)
+            if produced == config:
+                return values
+        return None
 
     def contains(self, config) -> bool:
-        values = {k: getattr(config, k) for k in self.knobs}
-        return all(values[k] in choices for k, choices in self.knobs.items()) and self.satisfies(values)
+        return self.knob_values(config) is not None
 
     def valid_configs(self, problem: Problem, device: Device) -> list:
         """Every configuration of the space that passes `check` (slow for large spaces: enumerates)."""
@@ -192,10 +228,9 @@ class SearchSpace:
         budget = 2000 * count + 100_000
         while len(chosen) < count and attempts < budget:
             attempts += 1
-            values = {knob: rng.choice(choices) for knob, choices in self.knobs.items()}
-            if not self.satisfies(values):
+            config, _ = self.evaluate({knob: rng.choice(choices) for knob, choices in self.knobs.items()})
+            if config is None:
                 continue
-            config = self.config_class(**values)
             if config.name not in chosen and not config.check(problem, device):
                 chosen[config.name] = config
         if len(chosen) < count:  # a small or sparse space: enumerate it instead

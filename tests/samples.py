@@ -8,8 +8,17 @@ from autogemm.config import SimtConfig
 from autogemm.problem import Device, Problem
 from autogemm.space import SearchSpace
 
-# Knobs whose every value the samples must contain (the tile shapes vary by themselves).
-COVERED_KNOBS = ("bk", "vec", "vec_frag", "stages", "smem", "group_m", "split_k")
+# Config fields whose every value the samples must contain (the tile shapes vary by themselves).
+COVERAGE = {
+    "bk": (4, 8, 16, 32),
+    "vec": (1, 2, 4),
+    "vec_frag": (1, 2, 4),
+    "stages": (1, 2, 3, 4),
+    "smem": ("plain", "pad", "swizzle"),
+    "group_m": (1, 2, 4, 8, 16),
+    "split_k": (1, 2, 4, 8),
+    "min_blocks": (1, 2, 3, 4),
+}
 
 # Hand-picked configurations that the benchmarks lean on; always part of the samples.
 REFERENCE_CONFIGS = (
@@ -32,8 +41,8 @@ def diverse_sample(count: int, seed: int, device: Device | None = None) -> list[
         chosen.setdefault(config.name, config)
     rng = random.Random(seed)
     pool = list(chosen.values())
-    for knob in COVERED_KNOBS:
-        for value in space.knobs[knob]:
+    for knob, values in COVERAGE.items():
+        for value in values:
             if any(getattr(c, knob) == value for c in chosen.values()):
                 continue
             for base in rng.sample(pool, len(pool)):

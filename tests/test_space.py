@@ -9,11 +9,27 @@ SM90 = Device.for_arch("sm_90")
 SQUARE = Problem(4096, 4096, 4096)
 
 
-def test_shipped_space_loads_with_every_knob():
+def test_shipped_space_loads_and_fills_every_config_field():
     space = SearchSpace.load()
     assert space.family == "simt"
-    assert set(space.knobs) == set(space.config_class.__dataclass_fields__)
+    assert set(space.config_class.__dataclass_fields__) <= set(space.knobs) | set(space.derived)
     assert space.knobs["stages"] == (1, 2, 3, 4)
+
+
+def test_knobs_that_feed_nothing_are_reported(tmp_path):
+    text = SearchSpace.load().path.read_text().replace("[knobs]\n", "[knobs]\ncolour = [1, 2]\n", 1)
+    path = tmp_path / "space.toml"
+    path.write_text(text)
+    with pytest.raises(SpaceError, match="unknown knobs colour: neither a simt config field"):
+        SearchSpace.load(path)
+
+
+def test_evaluate_names_the_broken_constraints():
+    space = SearchSpace.load()
+    values = {k: v[0] for k, v in space.knobs.items()}  # tm = tn = 1, one lane row: a 1x32 warp tile
+    config, broken = space.evaluate(values)
+    assert config is None
+    assert any("outputs_per_thread" in rule for rule in broken)
 
 
 def test_sample_is_reproducible_valid_and_distinct():
@@ -52,8 +68,8 @@ def test_small_space_is_enumerated(tmp_path):
     "body,message",
     [
         ('family = "simd"\n', "family must be one of simt"),
-        ('family = "simt"\n[knobs]\ncolour = [1]\n', "unknown knobs colour"),
-        ('family = "simt"\n[knobs]\nbm = [1]\n', "knobs without choices"),
+        ('family = "simt"\n[knobs]\ncolour = [1]\n', "config fields neither searched nor derived: bm"),
+        ('family = "simt"\n[knobs]\nbm = []\n', "knob bm needs a non-empty list of choices"),
         ("family = simt", "not valid TOML"),
     ],
 )
