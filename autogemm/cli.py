@@ -140,6 +140,169 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+# ---- tune -----------------------------------------------------------------------------------------
+def _format_result(result) -> str:
+    config = result.config
+    knobs = " ".join(f"{k}={v}" for k, v in config.to_dict().items() if k != "family")
+    failures = ", ".join(f"{n} {k}" for k, n in sorted(result.failures.items())) or "none"
+    rows = [
+        ("problem", str(result.problem)),
+        ("device", f"{result.device.name} ({result.device.arch}, {result.device.sm_count} SMs)"),
+        ("best config", config.name),
+        ("knobs", knobs),
+        ("TFLOP/s", f"{result.tflops:.2f}"),
+        ("cuBLAS TFLOP/s", f"{result.cublas_tflops:.2f}  (cupy.matmul, same run)"),
+        ("ratio", f"{result.ratio:.3f}x cuBLAS"),
+        ("rel. error", f"{result.rel_error:.2e}" if result.rel_error == result.rel_error else "n/a"),
+        ("trials", f"{result.valid} valid, {result.rejected} rejected, {result.failed} failed ({failures}), "
+                   f"{result.duplicates} repeats; {result.study_trials} measured in the study"),
+        ("wall time", f"{result.wall_s:.1f} s" + ("  (interrupted: best so far kept, not re-timed)" if result.interrupted else "")),
+        ("cached in", result.cache_path or "-"),
+        ("study", f"{result.study_name} @ {result.storage or 'memory'}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .space import SearchSpace, SpaceError
+    from .tuner import TuneError, tune
+
+    problem = problem_from_args(args)
+    try:
+        space = SearchSpace.load(args.space)
+    except SpaceError as exc:
+        raise CliError(str(exc)) from None
+    if problem.dtype != "float32" or problem.compute != "fp32":
+        raise CliError(f"{problem.dtype}/{problem.compute} has no template yet; the SIMT family tunes float32/fp32")
+    _require_gpu()
+    try:
+        result = tune(problem, trials=args.trials, timeout=args.timeout, seed=args.seed, sampler=args.sampler,
+                      space=space, storage=args.storage, study_name=args.study_name, jobs=args.jobs,
+                      progress=not args.json)
+    except TuneError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(_format_result(result))
+    return 0
+
+
+def _require_gpu() -> None:
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no device")
+    except Exception as exc:
+        raise CliError(f"a CUDA GPU is needed for this command ({type(exc).__name__}: {exc})") from None
+
+
+# ---- bench ----------------------------------------------------------------------------------------
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .cache import TuningCache
+    from .evaluate import GpuEvaluator
+    from .launch import current_device
+    from .tuner import default_jobs
+
+    problem = problem_from_args(args)
+    _require_gpu()
+    device = current_device()
+    found = TuningCache().lookup(problem, device.slug)
+    if found is None:
+        raise CliError(f"no tuned kernel for {problem} on {device.name}; run: autogemm tune {_problem_flags(problem)}")
+    record, source = found
+    evaluator = GpuEvaluator(problem, device, jobs=min(2, default_jobs()), seed=args.seed)
+    try:
+        (measured,), cublas_ms = evaluator.retime([record.config_object], rounds=args.rounds)
+    finally:
+        evaluator.close()
+    if not measured.ok:
+        raise CliError(f"cached kernel {record.config_name} failed: {measured.kind}: {measured.message}")
+    ratio = cublas_ms / measured.time_ms
+    out = {
+        "problem": problem.key, "device": device.name, "config": record.config_name, "source": source,
+        "time_ms": measured.time_ms, "tflops": measured.tflops, "cublas_ms": cublas_ms,
+        "cublas_tflops": problem.flops / cublas_ms / 1e9, "ratio": ratio, "rel_error": measured.rel_error,
+        "tuned_ratio": record.ratio,
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{problem} on {device.name}: {record.config_name} ({source} cache)\n"
+              f"  {measured.tflops:.2f} TFLOP/s vs cuBLAS {out['cublas_tflops']:.2f} TFLOP/s: {ratio:.3f}x "
+              f"(tuned at {record.ratio:.3f}x); rel. error {measured.rel_error:.1e}")
+    return 0
+
+
+def _problem_flags(problem: Problem) -> str:
+    flags = f"--M {problem.m} --N {problem.n} --K {problem.k}"
+    if problem.batch > 1:
+        flags += f" --batch {problem.batch}"
+    if problem.layout != "nn":
+        flags += f" --layout {problem.layout}"
+    return flags
+
+
+# ---- cache ----------------------------------------------------------------------------------------
+def cmd_cache(args: argparse.Namespace) -> int:
+    from .cache import TuningCache
+
+    cache = TuningCache()
+    if args.action == "list":
+        rows = []
+        for slug in cache.devices():
+            for source, record in cache.records(slug):
+                status = "stale (templates changed)" if record.stale else "ok"
+                rows.append((slug, source, record.problem, record.config_name, f"{record.tflops:.1f}",
+                             f"{record.ratio:.3f}", record.date[:10], status))
+        if not rows:
+            print(f"no tuned kernels in {cache.directory}" + (f" or {cache.shipped}" if cache.shipped else ""))
+            return 0
+        header = ("device", "source", "problem", "config", "TFLOP/s", "vs cuBLAS", "date", "status")
+        widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+        for row in [header] + rows:
+            print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
+        return 0
+    if args.action == "show":
+        if not args.key:
+            raise CliError("cache show needs a problem key, e.g. float32/fp32/nn/b1/4096x4096x4096")
+        matches = [{"device": slug, "source": source, **record.to_json()}
+                   for slug in cache.devices() for source, record in cache.records(slug) if record.problem == args.key]
+        if not matches:
+            raise CliError(f"no cached entry for {args.key}")
+        print(json.dumps(matches, indent=2))
+        return 0
+    if args.action == "export":
+        if not args.key:
+            raise CliError("cache export needs a destination file")
+        count = cache.export(args.key)
+        print(f"exported {count} records to {args.key}")
+        return 0
+    if args.action == "import":
+        if not args.key:
+            raise CliError("cache import needs a file written by cache export")
+        try:
+            count = cache.import_bundle(args.key)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        print(f"merged {count} records from {args.key} into {cache.directory}")
+        return 0
+    if args.action == "clear":
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise CliError("cache clear deletes every tuned result in " f"{cache.directory}; add --yes to confirm")
+            answer = input(f"delete every tuned result in {cache.directory}? [y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
+                print("nothing deleted")
+                return 1
+        removed = cache.clear()
+        print(f"removed {len(removed)} cache files from {cache.directory}")
+        return 0
+    raise CliError(f"unknown cache action {args.action!r}")
+
+
 # ---- parser ---------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -171,6 +334,52 @@ def build_parser() -> argparse.ArgumentParser:
     check_p.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1, help="parallel nvcc processes")
     add_problem_arguments(check_p, m_required=False, default_size=4096)
     check_p.set_defaults(handler=cmd_check)
+
+    from .tuner import DEFAULT_TIMEOUT_S, DEFAULT_TRIALS, SAMPLERS, default_jobs
+
+    tune_p = sub.add_parser(
+        "tune", help="search the best kernel for a problem on this GPU and cache it",
+        description="Search kernel configurations for one GEMM problem on the current GPU with Optuna. "
+        "Every candidate is verified against a float64 reference before it is timed; cuBLAS "
+        "(cupy.matmul) is timed on the same inputs in the same run. The best few are re-timed "
+        "together at the end, and the winner is cached for autogemm.matmul. The study is kept, so "
+        "running the same command again resumes and adds --trials more. Ctrl-C stops and keeps the "
+        "best verified result so far.")
+    add_problem_arguments(tune_p, m_required=True)
+    search = tune_p.add_argument_group("search")
+    search.add_argument("--trials", type=positive_int, default=DEFAULT_TRIALS,
+                        help=f"measured (valid) candidates to try in this run (default {DEFAULT_TRIALS})")
+    search.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help=f"seconds of search before the final re-timing (default {DEFAULT_TIMEOUT_S:g})")
+    search.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    search.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="Optuna sampler (default tpe)")
+    search.add_argument("--space", help="search-space TOML file or shipped name (default simt)")
+    search.add_argument("--storage", help="Optuna storage URL (default: SQLite in the cache directory; "
+                                          "':memory:' keeps nothing)")
+    search.add_argument("--study-name", help="study name (default: device, problem, space and template version)")
+    search.add_argument("--jobs", type=positive_int, default=default_jobs(),
+                        help=f"parallel compile workers (default {default_jobs()})")
+    tune_p.add_argument("--json", action="store_true", help="print the result as JSON (no progress bar)")
+    tune_p.set_defaults(handler=cmd_tune)
+
+    bench_p = sub.add_parser("bench", help="re-time the cached kernel of a problem against cuBLAS",
+                             description="Verify and re-time the cached kernel of a problem on this GPU, "
+                             "interleaved with cuBLAS (cupy.matmul) on the same inputs, and print the ratio.")
+    add_problem_arguments(bench_p, m_required=True)
+    bench_p.add_argument("--rounds", type=positive_int, default=5, help="interleaved timing rounds (default 5)")
+    bench_p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    bench_p.add_argument("--json", action="store_true", help="print the result as JSON")
+    bench_p.set_defaults(handler=cmd_bench)
+
+    cache_p = sub.add_parser("cache", help="list, show, export, import or clear tuned results",
+                             description="Manage tuned results: list (every record, stale ones marked), "
+                             "show KEY (records of a problem key), export FILE, import FILE, clear [--yes]. "
+                             "User results live in $AUTOGEMM_CACHE_DIR or the user cache directory; results "
+                             "shipped with autogemm are listed too and read after the user's.")
+    cache_p.add_argument("action", choices=("list", "show", "export", "import", "clear"))
+    cache_p.add_argument("key", nargs="?", help="problem key (show) or file (export, import)")
+    cache_p.add_argument("--yes", action="store_true", help="clear without asking")
+    cache_p.set_defaults(handler=cmd_cache)
     return parser
 
 

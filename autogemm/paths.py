@@ -40,3 +40,12 @@ def user_cache_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("autogemm", appauthor=False))
+
+
+def shipped_cache_dir() -> Path | None:
+    """Tuned results shipped with autogemm: the repository's ``cache/``, which a wheel carries as
+    ``autogemm/tuned``. None when there is none."""
+    for candidate in (_PACKAGE / "tuned", _PACKAGE.parent / "cache"):
+        if candidate.is_dir():
+            return candidate
+    return None

@@ -68,6 +68,7 @@ class SearchSpace:
         self.knobs = knobs
         self.derived = derived
         self.constraints = constraints
+        self.seeds: list = []  # configurations the tuner tries first in a new study
 
     @property
     def name(self) -> str:
@@ -131,7 +132,17 @@ class SearchSpace:
                 f"{path}: unknown knobs {', '.join(unused)}: neither a {family} config field "
                 f"({', '.join(fields)}) nor used by a derived value or constraint"
             )
-        return cls(path, family, knobs, derived, constraints)
+        space = cls(path, family, knobs, derived, constraints)
+        seeds = data.get("seeds", {}).get("configs", [])
+        for seed in seeds:
+            try:
+                config = space.config_class.from_name(seed)
+            except ValueError as exc:
+                raise SpaceError(f"{path}: seed {seed!r}: {exc}") from None
+            if not space.contains(config):
+                raise SpaceError(f"{path}: seed {seed} is not a configuration of this space")
+            space.seeds.append(config)
+        return space
 
     # ---- enumeration ------------------------------------------------------------------------
     @functools.cached_property

@@ -1,0 +1,407 @@
+"""The search: one Optuna study per (device, problem, search space, template version).
+
+Each trial draws the space's knobs; draws that break the space's constraints or the config's
+`check` are pruned before compiling (reason recorded, budget untouched). Valid candidates compile
+in worker processes a few trials ahead while the GPU verifies and times earlier ones; compile
+errors, launch errors and wrong results fail their trial with the kind and message, and the search
+goes on. At the end the best few are re-timed together with cuBLAS and the winner is cached.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass, field
+
+import optuna
+
+from .cache import Record, TuningCache, now, runtime_versions
+from .evaluate import Evaluator, GpuEvaluator, Measurement
+from .paths import user_cache_dir
+from .problem import Device, Problem
+from .render import template_hash
+from .space import SearchSpace
+
+DEFAULT_TRIALS = 200
+DEFAULT_TIMEOUT_S = 75.0
+FINALISTS = 5
+# Consecutive proposals that are rejected or already measured before the search counts as converged.
+MAX_IDLE_PROPOSALS = 300
+# Consecutive failed candidates after which the search stops (a broken toolchain or GPU, say).
+MAX_CONSECUTIVE_FAILURES = 50
+SAMPLERS = ("tpe", "random", "grid")
+
+
+class TuneError(RuntimeError):
+    pass
+
+
+@dataclass
+class TuneResult:
+    problem: Problem
+    device: Device
+    config: object
+    time_ms: float
+    tflops: float
+    rel_error: float | None
+    cublas_ms: float
+    valid: int  # measured trials of this run
+    rejected: int  # pruned by the space's constraints or check(), never compiled
+    failed: int  # compile / launch / wrong / crash ...
+    duplicates: int  # proposals of an already measured config (answered from the study)
+    study_trials: int  # measured trials in the study, earlier runs included
+    wall_s: float
+    study_name: str
+    storage: str
+    cache_path: str | None
+    interrupted: bool
+    history: list[float] = field(default_factory=list)  # TFLOP/s of each measured trial, in order
+    failures: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def cublas_tflops(self) -> float:
+        return self.problem.flops / self.cublas_ms / 1e9
+
+    @property
+    def ratio(self) -> float:
+        return self.cublas_ms / self.time_ms
+
+    def to_json(self) -> dict:
+        return {
+            "problem": self.problem.key,
+            "device": self.device.name,
+            "config": self.config.name,
+            "knobs": self.config.to_dict(),
+            "time_ms": self.time_ms,
+            "tflops": self.tflops,
+            "cublas_ms": self.cublas_ms,
+            "cublas_tflops": self.cublas_tflops,
+            "ratio": self.ratio,
+            "rel_error": self.rel_error,
+            "trials": {"valid": self.valid, "rejected": self.rejected, "failed": self.failed,
+                       "duplicates": self.duplicates, "in_study": self.study_trials},
+            "failures": self.failures,
+            "wall_s": self.wall_s,
+            "study": self.study_name,
+            "storage": self.storage,
+            "cache": self.cache_path,
+            "interrupted": self.interrupted,
+        }
+
+
+def default_storage() -> str:
+    path = user_cache_dir() / "studies.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def study_name_for(problem: Problem, device: Device, space: SearchSpace) -> str:
+    # The template hash is part of the name: timings of other template versions do not carry over.
+    return f"{device.slug}:{problem.key}:{space.name}:{template_hash()}"
+
+
+def make_sampler(kind: str, seed: int | None, space: SearchSpace) -> optuna.samplers.BaseSampler:
+    if kind == "tpe":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            # multivariate: tile knobs interact; constant_liar: candidates compiling ahead of
+            # their results are not proposed again
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=12, multivariate=True, constant_liar=True)
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "grid":
+        return optuna.samplers.GridSampler({k: list(v) for k, v in space.knobs.items()}, seed=seed)
+    raise ValueError(f"unknown sampler {kind!r}; choose from {', '.join(SAMPLERS)}")
+
+
+class _Progress:
+    """tqdm bar of measured trials with the best TFLOP/s and ratio to cuBLAS so far."""
+
+    def __init__(self, enabled: bool, total: int, problem: Problem, cublas_ms: float):
+        self.bar = None
+        self.problem, self.cublas_ms = problem, cublas_ms
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="trial", desc=f"tuning {problem}", dynamic_ncols=True)
+
+    def update(self, measured: bool, best_ms: float | None, rejected: int, failed: int) -> None:
+        if not self.bar:
+            return
+        if measured:
+            self.bar.update(1)
+        if best_ms:
+            tflops = self.problem.flops / best_ms / 1e9
+            self.bar.set_postfix_str(
+                f"best {tflops:.1f} TFLOP/s = {self.cublas_ms / best_ms:.3f}x cuBLAS, rejected {rejected}, failed {failed}"
+            )
+
+    def close(self) -> None:
+        if self.bar:
+            self.bar.close()
+
+
+def _ask_params(trial: optuna.Trial, space: SearchSpace) -> dict:
+    return {knob: trial.suggest_categorical(knob, list(choices)) for knob, choices in space.knobs.items()}
+
+
+def _finalists(study: optuna.Study, space: SearchSpace, limit: int) -> list:
+    """The best distinct configurations measured in the study (earlier runs included)."""
+    seen: dict[str, float] = {}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        name = t.user_attrs.get("config")
+        if name and t.value is not None and t.value > seen.get(name, 0.0):
+            seen[name] = t.value
+    best = sorted(seen, key=seen.get, reverse=True)[:limit]
+    return [space.config_class.from_name(name) for name in best]
+
+
+def tune(
+    problem: Problem,
+    *,
+    trials: int = DEFAULT_TRIALS,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
+    seed: int | None = 0,
+    sampler: str = "tpe",
+    space: SearchSpace | str | None = None,
+    storage: str | None = None,
+    study_name: str | None = None,
+    jobs: int | None = None,
+    evaluator: Evaluator | None = None,
+    cache: TuningCache | None = None,
+    progress: bool = False,
+    seed_configs: bool = True,
+) -> TuneResult:
+    """Searches configurations for `problem` on the current GPU (or with `evaluator`), caches and
+    returns the best verified one. `trials` counts measured candidates of this run; `timeout`
+    (seconds) bounds the search, the final re-timing comes on top."""
+    started = time.perf_counter()
+    if trials < 1:
+        raise ValueError(f"trials must be >= 1, got {trials}")
+    space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
+    owns_evaluator = evaluator is None
+    if evaluator is None:
+        from .launch import current_device
+
+        evaluator = GpuEvaluator(problem, current_device(), jobs or default_jobs(), seed=seed or 0)
+    device = evaluator.device
+    cache = cache if cache is not None else TuningCache()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    name = study_name or study_name_for(problem, device, space)
+    # The sampler works on an in-memory study (fast asks and tells); every finished trial is also
+    # written, from a background thread, to the persistent study, from which a rerun resumes.
+    persistent = None
+    if storage != ":memory:":
+        storage = storage or default_storage()
+        persistent = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, seed, space))
+    if persistent is not None:
+        finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+        study.add_trials(persistent.get_trials(deepcopy=False, states=finished))
+    writer = _StudyWriter(persistent)
+    completed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    known: dict[str, float] = {t.user_attrs["config"]: t.value for t in completed if "config" in t.user_attrs}
+    failed_before: dict[str, Measurement] = {  # a failed config is not measured twice
+        t.user_attrs["config"]: Measurement.failure(t.user_attrs["failure"], t.user_attrs.get("message", ""))
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+        if "config" in t.user_attrs and t.user_attrs.get("failure") not in (None, "cancelled")
+    }
+    if known and progress:
+        print(f"resuming study {name} ({len(known)} configurations measured)", file=sys.stderr)
+    if seed_configs and not study.trials:
+        for config in space.seeds:
+            values = space.knob_values(config)
+            if values is not None and not config.check(problem, device):
+                study.enqueue_trial(values, skip_if_exists=True)
+
+    progress_bar = _Progress(progress, trials, problem, evaluator.cublas_ms)
+    deadline = None if timeout is None else started + timeout
+    lookahead = max(2, min(8, jobs or default_jobs()))
+    pending: deque = deque()  # (config, [trials], handle)
+    valid = rejected = failed = duplicates = 0
+    failures: dict[str, int] = {}
+    history: list[float] = []
+    best_ms: float | None = min((problem.flops / v / 1e9 for v in known.values() if v), default=None)
+    idle_asks = 0  # consecutive proposals that measured nothing new
+    consecutive_failures = 0
+    interrupted = False
+
+    def out_of_time() -> bool:
+        return deadline is not None and time.perf_counter() > deadline
+
+    try:
+        while valid < trials and not out_of_time() and consecutive_failures < MAX_CONSECUTIVE_FAILURES:
+            while (len(pending) < lookahead and valid + len(pending) < trials and not out_of_time()
+                   and idle_asks < MAX_IDLE_PROPOSALS):
+                trial = study.ask()
+                config, broken = space.evaluate(_ask_params(trial, space))
+                reasons = [f"space: {rule}" for rule in broken] if config is None else config.check(problem, device)
+                if reasons:
+                    trial.set_user_attr("rejected", reasons)
+                    writer.put(study.tell(trial, state=optuna.trial.TrialState.PRUNED))
+                    rejected += 1
+                    idle_asks += 1
+                    continue
+                trial.set_user_attr("config", config.name)
+                if config.name in failed_before:
+                    trial.set_user_attr("duplicate", True)
+                    _record(study, writer, [trial], failed_before[config.name])
+                    duplicates += 1
+                    idle_asks += 1
+                    continue
+                if config.name in known:  # measured before: answer from the study
+                    trial.set_user_attr("duplicate", True)
+                    writer.put(study.tell(trial, known[config.name]))
+                    duplicates += 1
+                    idle_asks += 1
+                    continue
+                waiting = next((p for p in pending if p[0].name == config.name), None)
+                if waiting:
+                    waiting[1].append(trial)
+                    duplicates += 1
+                    idle_asks += 1
+                    continue
+                idle_asks = 0
+                pending.append((config, [trial], evaluator.start(config)))
+            if not pending:
+                break  # the sampler proposes nothing new
+            config, asked, handle = pending.popleft()
+            measurement = evaluator.finish(handle, best_ms)
+            _record(study, writer, asked, measurement)
+            if measurement.ok:
+                valid += 1
+                consecutive_failures = 0
+                known[config.name] = measurement.tflops
+                history.append(measurement.tflops)
+                if best_ms is None or measurement.time_ms < best_ms:
+                    best_ms = measurement.time_ms
+            else:
+                failed += 1
+                consecutive_failures += 1
+                failed_before[config.name] = measurement
+                failures[measurement.kind] = failures.get(measurement.kind, 0) + 1
+            progress_bar.update(measurement.ok, best_ms, rejected, failed)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        for config, asked, handle in pending:
+            evaluator.cancel(handle)
+            _record(study, writer, asked, Measurement.failure("cancelled", "tuning stopped before it was measured"))
+        progress_bar.close()
+        writer.close()
+
+    try:
+        finalists = _finalists(study, space, FINALISTS)
+        if not finalists:
+            raise TuneError(
+                f"no configuration of {space.path.name} was measured for {problem} "
+                f"({rejected} rejected, {failed} failed: {failures or 'none'})"
+            )
+        if interrupted:
+            # Ctrl-C: keep the best verified measurement as it stands, without re-timing
+            winner = finalists[0]
+            ms = problem.flops / known[winner.name] / 1e9 if winner.name in known else None
+            if ms is None:
+                raise TuneError("interrupted before any configuration was measured")
+            chosen = Measurement(ok=True, time_ms=ms, tflops=known[winner.name])
+            cublas_ms = evaluator.cublas_ms
+        else:
+            remeasured, cublas_ms = evaluator.retime(finalists)
+            ranked = sorted((m.time_ms, i) for i, m in enumerate(remeasured) if m.ok)
+            if not ranked:
+                raise TuneError(f"every finalist failed its re-check: {[m.kind for m in remeasured]}")
+            winner, chosen = finalists[ranked[0][1]], remeasured[ranked[0][1]]
+            if chosen.rel_error is None:
+                chosen.rel_error = next((m.rel_error for m in remeasured if m.ok and m.rel_error), None)
+    finally:
+        if owns_evaluator:
+            evaluator.close()
+
+    wall = time.perf_counter() - started
+    study_trials = sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                       if "config" in t.user_attrs and not t.user_attrs.get("duplicate"))
+    record = Record(
+        problem=problem.key,
+        family=winner.family,
+        config={k: v for k, v in winner.to_dict().items() if k != "family"},
+        config_name=winner.name,
+        time_ms=chosen.time_ms,
+        tflops=chosen.tflops,
+        cublas_ms=cublas_ms,
+        cublas_tflops=problem.flops / cublas_ms / 1e9,
+        ratio=cublas_ms / chosen.time_ms,
+        rel_error=chosen.rel_error if chosen.rel_error is not None else float("nan"),
+        template_hash=template_hash(),
+        device=device.name,
+        versions=runtime_versions(),
+        date=now(),
+        trials={"valid": valid, "rejected": rejected, "failed": failed, "in_study": study_trials},
+        wall_s=wall,
+        study=name,
+    )
+    cache_path = cache.store(record, device.slug)
+    return TuneResult(
+        problem=problem, device=device, config=winner, time_ms=chosen.time_ms, tflops=chosen.tflops,
+        rel_error=record.rel_error, cublas_ms=cublas_ms, valid=valid, rejected=rejected, failed=failed,
+        duplicates=duplicates, study_trials=study_trials, wall_s=wall, study_name=name,
+        storage=storage, cache_path=str(cache_path), interrupted=interrupted,
+        history=history, failures=failures,
+    )
+
+
+def _record(study: optuna.Study, writer: _StudyWriter, asked: list, measurement: Measurement) -> None:
+    for index, trial in enumerate(asked):
+        if index:
+            trial.set_user_attr("duplicate", True)
+        if measurement.ok:
+            trial.set_user_attr("time_ms", measurement.time_ms)
+            if measurement.rel_error is not None:
+                trial.set_user_attr("rel_error", measurement.rel_error)
+            writer.put(study.tell(trial, measurement.tflops))
+        else:
+            trial.set_user_attr("failure", measurement.kind)
+            trial.set_user_attr("message", measurement.message[:1000])
+            writer.put(study.tell(trial, state=optuna.trial.TrialState.FAIL))
+
+
+class _StudyWriter:
+    """Copies finished trials into the persistent study from a background thread, so that the
+    storage's latency (milliseconds per write for SQLite) never holds up the search."""
+
+    def __init__(self, persistent: optuna.Study | None):
+        self.persistent = persistent
+        self.queue: queue.Queue = queue.Queue()
+        self.error: Exception | None = None
+        self.thread = None
+        if persistent is not None:
+            self.thread = threading.Thread(target=self._run, name="autogemm-study-writer", daemon=True)
+            self.thread.start()
+
+    def put(self, trial: optuna.trial.FrozenTrial) -> None:
+        if self.thread is not None:
+            self.queue.put(trial)
+
+    def _run(self) -> None:
+        while (trial := self.queue.get()) is not None:
+            if self.error is None:
+                try:
+                    self.persistent.add_trial(trial)
+                except Exception as exc:  # a storage failure must not end the tune: report it
+                    self.error = exc
+                    print(f"autogemm: could not write to the study storage ({exc}); "
+                          "the search goes on, this run's trials will not be resumable", file=sys.stderr)
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self.queue.put(None)
+            self.thread.join()
+            self.thread = None
+
+
+def default_jobs() -> int:
+    return max(1, min(16, (os.cpu_count() or 2) - 1))
