@@ -81,21 +81,36 @@ def time_gpu(run, *, warmup: int = 3, repeats: int = 20, inputs: int = 1, stream
     return Timing(statistics.median(times), min(times), repeats)
 
 
-def time_calls(runners, repeats: int, best_ms: float | None = None) -> float:
+def time_calls(runners, repeats: int, best_ms: float | None = None, *, min_batch: int = 1,
+               sample_ms: float = 0.5) -> float:
     """Median milliseconds per call of zero-argument launchers, cycling through `runners` (one per
-    rotated input set). Calls are batched so that one timed sample lasts >= 0.5 ms: launch overhead
-    is not what gets measured. A candidate more than 3x slower than `best_ms` gets 3 samples only."""
+    rotated input set). Each timed sample is a batch of back-to-back calls lasting >= `sample_ms`
+    (and at least `min_batch` calls), so that launch overhead and idle gaps are not what gets
+    measured. A candidate more than 3x slower than `best_ms` gets 3 samples only."""
     first = time_gpu(lambda i: runners[i % len(runners)](), warmup=1, repeats=1, inputs=len(runners))
     per_call = max(first.median_ms, 1e-3)
     if best_ms is not None and per_call > 3 * best_ms:
         repeats = min(repeats, 3)
-    batch = max(1, math.ceil(0.5 / per_call))
+    batch = max(min_batch, math.ceil(sample_ms / per_call))
 
     def run(i):
         for j in range(batch):
             runners[(i * batch + j) % len(runners)]()
 
     return time_gpu(run, warmup=1, repeats=repeats, inputs=len(runners)).median_ms / batch
+
+
+def warm_up(run, seconds: float = 0.3) -> None:
+    """Keeps the GPU busy for a while so that clocks have ramped up before anything is timed."""
+    import time
+
+    import cupy
+
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(4):
+            run()
+        cupy.cuda.get_current_stream().synchronize()
 
 
 def rotation_count(bytes_per_set: int, l2_bytes: int) -> int:

@@ -27,8 +27,8 @@ from .problem import Device, Problem
 from .render import template_hash
 from .space import SearchSpace
 
-DEFAULT_TRIALS = 200
-DEFAULT_TIMEOUT_S = 75.0
+DEFAULT_TRIALS = 400
+DEFAULT_TIMEOUT_S = 90.0
 FINALISTS = 5
 # Consecutive proposals that are rejected or already measured before the search counts as converged.
 MAX_IDLE_PROPOSALS = 300
