@@ -52,6 +52,7 @@ class Record:
     trials: dict = field(default_factory=dict)  # valid / rejected / failed counts of the tuning run
     wall_s: float = 0.0
     study: str = ""
+    provisional: bool = False  # best so far of a tune still running (or killed); replaced by its end
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -205,7 +206,7 @@ class TuningCache:
             old = document["entries"].get(record.problem)
             if keep_better and old:
                 previous = Record.from_json(old)
-                if not previous.stale and previous.ratio > record.ratio:
+                if not previous.stale and not previous.provisional and previous.ratio > record.ratio:
                     return path
             document["entries"][record.problem] = record.to_json()
             self._write(path, document)

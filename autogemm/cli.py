@@ -156,7 +156,9 @@ def _format_result(result) -> str:
         ("rel. error", f"{result.rel_error:.2e}" if result.rel_error == result.rel_error else "n/a"),
         ("trials", f"{result.valid} valid, {result.rejected} rejected, {result.failed} failed ({failures}), "
                    f"{result.duplicates} repeats; {result.study_trials} measured in the study"),
-        ("wall time", f"{result.wall_s:.1f} s" + ("  (interrupted: best so far kept, not re-timed)" if result.interrupted else "")),
+        ("wall time", f"{result.wall_s:.1f} s" + (f"  ({result.restarts} measuring-process restarts, "
+                                                  f"{result.restart_s:.1f} s)" if result.restarts else "")),
+        *([("stopped", f"{result.stopped}: best verified result so far kept, not re-timed")] if result.stopped else []),
         ("cached in", result.cache_path or "-"),
         ("study", f"{result.study_name} @ {result.storage or 'memory'}"),
     ]
@@ -165,6 +167,7 @@ def _format_result(result) -> str:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from .evaluate import FatalEvaluationError
     from .space import SearchSpace, SpaceError
     from .tuner import TuneError, tune
 
@@ -179,8 +182,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     try:
         result = tune(problem, trials=args.trials, timeout=args.timeout, seed=args.seed, sampler=args.sampler,
                       space=space, storage=args.storage, study_name=args.study_name, jobs=args.jobs,
-                      progress=not args.json)
-    except TuneError as exc:
+                      progress=not args.json, isolate=not args.no_isolation,
+                      candidate_timeout=args.candidate_timeout)
+    except (TuneError, FatalEvaluationError) as exc:
         raise CliError(str(exc)) from None
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
@@ -289,6 +293,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
         print(f"merged {count} records from {args.key} into {cache.directory}")
         return 0
+    if args.action == "verify":
+        return _cache_verify(cache, include_shipped=args.all)
     if args.action == "clear":
         if not args.yes:
             if not sys.stdin.isatty():
@@ -301,6 +307,43 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(f"removed {len(removed)} cache files from {cache.directory}")
         return 0
     raise CliError(f"unknown cache action {args.action!r}")
+
+
+def _cache_verify(cache, include_shipped: bool) -> int:
+    """Re-verifies every current record of this GPU; drops the user's that fail."""
+    from .evaluate import FatalEvaluationError, IsolatedEvaluator
+    from .launch import current_device
+
+    _require_gpu()
+    device = current_device()
+    records = [(source, r) for source, r in cache.records(device.slug, include_shipped=include_shipped) if not r.stale]
+    if not records:
+        print(f"nothing to verify for {device.name} in {cache.directory}")
+        return 0
+    bad = 0
+    for source, record in records:
+        problem = record.problem_object
+        try:
+            evaluator = IsolatedEvaluator(problem, device, jobs=1)
+        except FatalEvaluationError as exc:
+            raise CliError(str(exc)) from None
+        try:
+            result = evaluator.verify(record.config_object)
+        finally:
+            evaluator.close()
+        if result.ok:
+            print(f"ok      {record.problem:<40} {record.config_name}  rel. error {result.rel_error:.1e}, "
+                  f"{result.tflops:.1f} TFLOP/s (cached {record.tflops:.1f})")
+            continue
+        bad += 1
+        if source == "user":
+            cache.remove(device.slug, record.problem)
+            action = "dropped"
+        else:
+            action = "shipped, kept"
+        print(f"FAILED  {record.problem:<40} {record.config_name}  {result.kind}: {result.message[:120]} ({action})")
+    print(f"{len(records) - bad}/{len(records)} cached kernels verified on {device.name}")
+    return 1 if bad else 0
 
 
 # ---- parser ---------------------------------------------------------------------------------------
@@ -359,6 +402,13 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--study-name", help="study name (default: device, problem, space and template version)")
     search.add_argument("--jobs", type=positive_int, default=default_jobs(),
                         help=f"parallel compile workers (default {default_jobs()})")
+    safety = tune_p.add_argument_group("fault isolation")
+    safety.add_argument("--candidate-timeout", type=float, metavar="SECONDS",
+                        help="time one candidate may take before it counts as hung and its measuring process "
+                             "is killed and restarted (default: from the problem's flops and the GPU's peak)")
+    safety.add_argument("--no-isolation", action="store_true",
+                        help="measure in this process: a little less overhead, but a faulting or hanging "
+                             "kernel ends the tune")
     tune_p.add_argument("--json", action="store_true", help="print the result as JSON (no progress bar)")
     tune_p.set_defaults(handler=cmd_tune)
 
@@ -373,12 +423,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     cache_p = sub.add_parser("cache", help="list, show, export, import or clear tuned results",
                              description="Manage tuned results: list (every record, stale ones marked), "
-                             "show KEY (records of a problem key), export FILE, import FILE, clear [--yes]. "
+                             "show KEY (records of a problem key), verify [--all] (re-verify this GPU's cached "
+                             "kernels on fresh inputs, each in an isolated process, and drop the wrong ones), "
+                             "export FILE, import FILE, clear [--yes]. "
                              "User results live in $AUTOGEMM_CACHE_DIR or the user cache directory; results "
                              "shipped with autogemm are listed too and read after the user's.")
-    cache_p.add_argument("action", choices=("list", "show", "export", "import", "clear"))
+    cache_p.add_argument("action", choices=("list", "show", "verify", "export", "import", "clear"))
     cache_p.add_argument("key", nargs="?", help="problem key (show) or file (export, import)")
     cache_p.add_argument("--yes", action="store_true", help="clear without asking")
+    cache_p.add_argument("--all", action="store_true",
+                         help="verify: also the shipped results for this GPU (reported, not dropped)")
     cache_p.set_defaults(handler=cmd_cache)
     return parser
 

@@ -1,15 +1,20 @@
 """Turning a configuration into a verified measurement, for the tuner.
 
-`GpuEvaluator` compiles candidates in worker processes ahead of time (`start`) while the GPU
-verifies and times earlier ones (`finish`). `RecordedEvaluator` replays a table of measurements
-captured from a real GPU run, so that the search itself can be tested and compared without a GPU.
+Candidates compile in worker processes ahead of time (`start`) while the GPU verifies and times
+earlier ones (`finish`). `IsolatedEvaluator` (the tuner's default) measures in a separate process
+that owns the GPU context, so that a candidate that faults, hangs or kills that process costs one
+failed trial and a restart, not the tune; `GpuEvaluator` measures in this process.
+`RecordedEvaluator` replays a table of measurements captured from a real GPU run, so that the
+search itself can be tested and compared without a GPU.
 Failures are values: every outcome is a `Measurement`, with a failure kind when it is not usable.
 """
 
 from __future__ import annotations
 
 import json
-from concurrent.futures import Future
+import multiprocessing
+import os
+import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -53,6 +58,8 @@ class Evaluator:
     problem: Problem
     device: Device
     cublas_ms: float
+    restarts: int = 0  # measuring processes restarted after a crash or a timeout
+    restart_s: float = 0.0  # wall time those restarts cost
 
     def start(self, config):
         """Begins work on a candidate (compiling, say) without blocking; returns a handle."""
@@ -73,22 +80,30 @@ class Evaluator:
         pass
 
 
-class GpuEvaluator(Evaluator):
-    def __init__(self, problem: Problem, device: Device, jobs: int, seed: int = 0):
+# CUDA errors after which the context is unusable: the process that owns it must end.
+STICKY_CUDA_ERRORS = (
+    "ILLEGAL_ADDRESS", "IllegalAddress", "LAUNCH_FAILED", "LaunchFailure", "ILLEGAL_INSTRUCTION",
+    "IllegalInstruction", "MISALIGNED_ADDRESS", "MisalignedAddress", "INVALID_PC", "InvalidPc",
+    "HARDWARE_STACK_ERROR", "HardwareStackError", "ASSERT", "Assert", "LAUNCH_TIMEOUT", "LaunchTimeout",
+)
+
+
+class GpuMeasurer:
+    """The GPU side of evaluation, in the process that owns the CUDA context: inputs, verification
+    against float64 on fresh random inputs (output poisoned with NaN), timing, cuBLAS baseline."""
+
+    def __init__(self, problem: Problem, device: Device, seed: int = 0):
         import cupy
 
         self.problem, self.device = problem, device
         self._cupy = cupy
-        self._jobs = jobs
-        self._pool = compile_pool(jobs)
         self._rng = cupy.random.default_rng(seed)
-        self._seed = seed
+        self.poisoned = ""  # set to the error once the CUDA context is unusable
         per_set = 4 * problem.batch * (problem.m * problem.k + problem.k * problem.n + problem.m * problem.n)
         self._sets = [self._operands(seed + 100 * i) for i in range(rotation_count(per_set, device.l2_bytes))]
         warm_up(self._cublas_runner(0))
-        self.cublas_ms = self._time_cublas()
+        self.cublas_ms = self.time_cublas()
 
-    # ---- operands --------------------------------------------------------------------------------
     def _shapes(self):
         p = self.problem
         batch = (p.batch,) if p.batch > 1 else ()
@@ -104,34 +119,18 @@ class GpuEvaluator(Evaluator):
         c = self._cupy.empty(c_shape, dtype=np.float32)
         return a, b, c
 
-    def _op(self, x, transposed: bool):
-        return self._cupy.swapaxes(x, -1, -2) if transposed else x
-
     def _cublas_runner(self, i: int):
         a, b, c = self._sets[i]
-        op_a, op_b = self._op(a, self.problem.trans_a), self._op(b, self.problem.trans_b)
+        swap = self._cupy.swapaxes
+        op_a = swap(a, -1, -2) if self.problem.trans_a else a
+        op_b = swap(b, -1, -2) if self.problem.trans_b else b
         return lambda: self._cupy.matmul(op_a, op_b, out=c)
 
-    # ---- timing ----------------------------------------------------------------------------------
-    def _time_cublas(self, repeats: int = 15) -> float:
+    def time_cublas(self, repeats: int = 15) -> float:
         runners = [self._cublas_runner(i) for i in range(len(self._sets))]
         return time_calls(runners, repeats, min_batch=FINAL_MIN_BATCH, sample_ms=FINAL_SAMPLE_MS)
 
-    # ---- candidates --------------------------------------------------------------------------------
-    def start(self, config: SimtConfig):
-        source = render(config, self.problem)
-        try:
-            future = self._pool.submit(compile_to_cubin, source, self.device.arch)
-        except BrokenProcessPool:
-            self._pool = compile_pool(self._jobs)
-            future = self._pool.submit(compile_to_cubin, source, self.device.arch)
-        return config, future
-
-    def cancel(self, handle) -> None:
-        handle[1].cancel()
-
-    def _verify(self, config: SimtConfig) -> float:
-        """Relative error on fresh random inputs, output poisoned with NaN first."""
+    def _verify(self, config) -> float:
         from .launch import bind
 
         seed = int(self._rng.integers(0, 2**31))
@@ -142,7 +141,8 @@ class GpuEvaluator(Evaluator):
         expected = reference_gemm(a, b, trans_a=self.problem.trans_a, trans_b=self.problem.trans_b)
         return relative_error(c, expected)
 
-    def _measure(self, config: SimtConfig, best_ms: float | None, repeats: int = 10, final: bool = False) -> Measurement:
+    def measure(self, config, best_ms: float | None, repeats: int = 10, final: bool = False) -> Measurement:
+        """Verifies, then times. `final`: the reported figures, sampled like cuBLAS's."""
         from .launch import bind
 
         cupy = self._cupy
@@ -155,35 +155,74 @@ class GpuEvaluator(Evaluator):
             for a, b, c in self._sets:
                 run, _ = bind(config, a, b, c, trans_a=self.problem.trans_a, trans_b=self.problem.trans_b)
                 runners.append(run)
-            if final:  # the figures that are reported: longer samples, like cuBLAS's
+            if final:
                 ms = time_calls(runners, repeats, best_ms, min_batch=FINAL_MIN_BATCH, sample_ms=FINAL_SAMPLE_MS)
             else:
                 ms = time_calls(runners, repeats, best_ms)
         except CompileError as exc:
             return Measurement.failure("compile", str(exc))
         except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
-            return Measurement.failure("launch", f"{type(exc).__name__}: {exc}")
+            message = f"{type(exc).__name__}: {exc}"
+            if any(name in str(exc) for name in STICKY_CUDA_ERRORS):
+                self.poisoned = message
+                return Measurement.failure("crash", message)
+            return Measurement.failure("launch", message)
         return Measurement(ok=True, time_ms=ms, tflops=self.problem.flops / ms / 1e9, rel_error=error)
 
-    def finish(self, handle, best_ms: float | None) -> Measurement:
-        config, future = handle
+
+class _CompileAhead(Evaluator):
+    """Compiles candidates in worker processes while earlier ones are measured; retimes finalists
+    through `_remeasure` and `_cublas`, which subclasses route to where the GPU context lives."""
+
+    def _start_pool(self, jobs: int) -> None:
+        self._jobs = jobs
+        self._pool = compile_pool(jobs)
+
+    def start(self, config: SimtConfig):
+        source = render(config, self.problem)
         try:
-            future.result()
+            future = self._pool.submit(compile_to_cubin, source, self.device.arch)
+        except BrokenProcessPool:
+            self._pool = compile_pool(self._jobs)
+            future = self._pool.submit(compile_to_cubin, source, self.device.arch)
+        return config, future
+
+    def cancel(self, handle) -> None:
+        handle[1].cancel()
+
+    def _compiled(self, handle) -> Measurement | None:
+        """None once the candidate's cubin is ready, else the compile failure."""
+        try:
+            handle[1].result()
         except CompileError as exc:
             return Measurement.failure("compile", str(exc))
         except BrokenProcessPool as exc:
             self._pool = compile_pool(self._jobs)
             return Measurement.failure("crash", f"compile worker died: {exc}")
-        return self._measure(config, best_ms)
+        return None
+
+    def finish(self, handle, best_ms: float | None) -> Measurement:
+        failed = self._compiled(handle)
+        return failed if failed is not None else self._remeasure(handle[0], best_ms, 10, False)
+
+    def verify(self, config, repeats: int = 3) -> Measurement:
+        """Verifies one configuration on fresh inputs and times it briefly."""
+        return self._remeasure(config, None, repeats, False)
+
+    def _remeasure(self, config, best_ms, repeats: int, final: bool) -> Measurement:
+        raise NotImplementedError
+
+    def _cublas(self, repeats: int) -> float:
+        raise NotImplementedError
 
     def retime(self, configs: list, rounds: int = 5) -> tuple[list[Measurement], float]:
         """Interleaves the finalists and cuBLAS over several rounds; each gets its median."""
         samples: dict[int, list[float]] = {i: [] for i in range(len(configs))}
         failures: dict[int, Measurement] = {}
-        cublas: list[float] = []
         errors: dict[int, float | None] = {}
+        cublas: list[float] = []
         for i, config in enumerate(configs):  # re-verify each finalist on fresh inputs first
-            check = self._measure(config, None, repeats=3)
+            check = self._remeasure(config, None, 3, False)
             errors[i] = check.rel_error
             if not check.ok:
                 failures[i] = check
@@ -191,13 +230,12 @@ class GpuEvaluator(Evaluator):
             for i, config in enumerate(configs):
                 if i in failures:
                     continue
-                m = self._measure(config, None, repeats=5, final=True)
+                m = self._remeasure(config, None, 5, True)
                 if m.ok:
                     samples[i].append(m.time_ms)
                 else:
                     failures[i] = m
-            cublas.append(self._time_cublas(repeats=5))
-        cublas_ms = float(np.median(cublas))
+            cublas.append(self._cublas(5))
         out = []
         for i in range(len(configs)):
             if i in failures:
@@ -205,10 +243,172 @@ class GpuEvaluator(Evaluator):
             else:
                 ms = float(np.median(samples[i]))
                 out.append(Measurement(ok=True, time_ms=ms, tflops=self.problem.flops / ms / 1e9, rel_error=errors[i]))
-        return out, cublas_ms
+        return out, float(np.median(cublas))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class GpuEvaluator(_CompileAhead):
+    """Measures in this process. A kernel that corrupts the CUDA context ends the tune (with a
+    clear error): use `IsolatedEvaluator` to survive that."""
+
+    def __init__(self, problem: Problem, device: Device, jobs: int, seed: int = 0):
+        self.problem, self.device = problem, device
+        self._measurer = GpuMeasurer(problem, device, seed)
+        self.cublas_ms = self._measurer.cublas_ms
+        self._start_pool(jobs)
+
+    def _remeasure(self, config, best_ms, repeats: int, final: bool) -> Measurement:
+        if self._measurer.poisoned:
+            raise FatalEvaluationError(f"the CUDA context is unusable after {self._measurer.poisoned}; "
+                                       "tune with isolation to survive faulting candidates")
+        return self._measurer.measure(config, best_ms, repeats, final)
+
+    def _cublas(self, repeats: int) -> float:
+        return self._measurer.time_cublas(repeats)
+
+
+class FatalEvaluationError(RuntimeError):
+    """Measuring cannot go on (the GPU context is lost, or the measuring process cannot start)."""
+
+
+def candidate_timeout(problem: Problem, device: Device) -> float:
+    """Seconds one candidate may take in the measuring process (verification, ~40 timed runs and
+    the reference): generous for a kernel at 5% of the device's FP32 peak, plus 10 s of slack."""
+    clock_hz = (device.clock_khz or 2_000_000) * 1e3
+    peak = device.sm_count * 128 * 2 * clock_hz  # FP32 FMA lanes per SM on sm_80/sm_90
+    return 10.0 + 100.0 * problem.flops / (0.05 * peak)
+
+
+def _measuring_process(conn, problem_key: str, ordinal: int, seed: int) -> None:
+    """Body of the isolated measuring process: owns the CUDA context, answers requests."""
+    import cupy
+
+    from .config import config_from_dict
+
+    try:
+        cupy.cuda.Device(ordinal).use()
+        measurer = GpuMeasurer(Problem.from_key(problem_key), Device.current(ordinal), seed)
+    except Exception as exc:  # report, do not hang the parent
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", measurer.cublas_ms))
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        if request[0] == "stop":
+            return
+        if request[0] == "cublas":
+            conn.send(("ok", measurer.time_cublas(request[1])))
+            continue
+        _, config_data, best_ms, repeats, final = request
+        measurement = measurer.measure(config_from_dict(config_data), best_ms, repeats, final)
+        conn.send(("ok", asdict(measurement)))
+        if measurer.poisoned:
+            os._exit(3)  # the context is gone: let the parent start a fresh process
+
+
+class IsolatedEvaluator(_CompileAhead):
+    """Measures in a separate process that owns the GPU context. A candidate that kills it, faults
+    the context or outlives `timeout` seconds fails with kind crash or timeout; the process is
+    restarted (the cost is counted in `restarts` and `restart_s`) and the tune goes on."""
+
+    def __init__(self, problem: Problem, device: Device, jobs: int, seed: int = 0, timeout: float | None = None):
+        self.problem, self.device = problem, device
+        self.timeout = timeout or candidate_timeout(problem, device)
+        self._seed = seed
+        self._ctx = multiprocessing.get_context("spawn")
+        self._process = None
+        self._conn = None
+        self.restarts = 0
+        self.restart_s = 0.0
+        self._start_pool(jobs)
+        self.cublas_ms = self._spawn()
+
+    def _spawn(self) -> float:
+        parent, child = self._ctx.Pipe()
+        self._process = self._ctx.Process(target=_measuring_process, name="autogemm-measure",
+                                          args=(child, self.problem.key, self.device.ordinal, self._seed), daemon=True)
+        self._process.start()
+        child.close()
+        self._conn = parent
+        if not parent.poll(STARTUP_TIMEOUT_S):
+            self._kill()
+            raise FatalEvaluationError(f"the measuring process did not start within {STARTUP_TIMEOUT_S:g} s")
+        try:
+            kind, value = parent.recv()
+        except EOFError:
+            raise FatalEvaluationError(f"the measuring process died while starting (exit code {self._process.exitcode})") from None
+        if kind != "ready":
+            raise FatalEvaluationError(f"the measuring process could not start: {value}")
+        return value
+
+    def _kill(self) -> None:
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+        if self._process is not None:
+            self._process.join(30)
+        if self._conn is not None:
+            self._conn.close()
+        self._process = self._conn = None
+
+    def _restart(self) -> None:
+        started = time.perf_counter()
+        self._kill()
+        self._spawn()
+        self.restarts += 1
+        self.restart_s += time.perf_counter() - started
+
+    def _request(self, message, timeout: float):
+        """Sends a request; returns ('ok', value) or a failure Measurement after restarting."""
+        try:
+            self._conn.send(message)
+            if not self._conn.poll(timeout):
+                self._restart()
+                return Measurement.failure("timeout", f"no answer within {timeout:.1f} s (hung kernel?); "
+                                                      "the measuring process was killed and restarted")
+            kind, value = self._conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            code = self._process.exitcode if self._process is not None else None
+            if self._process is not None:
+                self._process.join(5)
+                code = self._process.exitcode
+            self._restart()
+            how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            return Measurement.failure("crash", f"the measuring process died ({how}); restarted")
+        if self._process is not None and not self._process.is_alive() or (
+                isinstance(value, dict) and value.get("kind") == "crash"):
+            self._restart()  # it faulted the context and exited after answering
+        return kind, value
+
+    def _remeasure(self, config, best_ms, repeats: int, final: bool) -> Measurement:
+        answer = self._request(("measure", config.to_dict(), best_ms, repeats, final), self.timeout)
+        if isinstance(answer, Measurement):
+            return answer
+        return Measurement(**answer[1])
+
+    def _cublas(self, repeats: int) -> float:
+        answer = self._request(("cublas", repeats), self.timeout)
+        if isinstance(answer, Measurement):
+            raise FatalEvaluationError(f"cuBLAS timing failed: {answer.message}")
+        return answer[1]
+
+    def close(self) -> None:
+        super().close()
+        if self._conn is not None:
+            try:
+                self._conn.send(("stop",))
+            except (BrokenPipeError, OSError):
+                pass
+        if self._process is not None:
+            self._process.join(10)
+        self._kill()
+
+
+STARTUP_TIMEOUT_S = 180.0
 
 
 # ---- recorded tables ------------------------------------------------------------------------------

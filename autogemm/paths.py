@@ -22,7 +22,22 @@ def _data_dir(name: str) -> Path:
 
 
 def templates_dir() -> Path:
+    """The kernel templates. ``$AUTOGEMM_TEMPLATE_DIR`` puts a directory in front of the shipped
+    templates: a template found there replaces the shipped one of that name (and can include the
+    shipped one as ``base/<name>``). The tests use it for deliberately broken variants."""
     return _data_dir("templates")
+
+
+def template_override_dir() -> Path | None:
+    import os
+
+    override = os.environ.get("AUTOGEMM_TEMPLATE_DIR")
+    if not override:
+        return None
+    path = Path(override).expanduser().resolve()
+    if not path.is_dir():
+        raise FileNotFoundError(f"AUTOGEMM_TEMPLATE_DIR={override} is not a directory")
+    return path
 
 
 def search_spaces_dir() -> Path:

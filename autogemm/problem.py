@@ -109,6 +109,7 @@ class Device:
     smem_per_sm: int = 64 * 1024
     max_threads_per_sm: int = 2048
     l2_bytes: int = 0
+    clock_khz: int = field(default=0, compare=False)  # SM clock, for time-limit estimates
     # Which GPU of this machine; not part of the identity (two identical cards share a cache).
     ordinal: int = field(default=0, compare=False)
 
@@ -170,5 +171,6 @@ class Device:
             smem_per_sm=int(props.get("sharedMemPerMultiprocessor", props["sharedMemPerBlock"])),
             max_threads_per_sm=int(props.get("maxThreadsPerMultiProcessor", props["maxThreadsPerBlock"])),
             l2_bytes=int(props.get("l2CacheSize", 0)),
+            clock_khz=int(props.get("clockRate", 0)),
             ordinal=ordinal,
         )

@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import jinja2
 
 from .config import SimtConfig, VectorWidths, packed_vector_widths, transposed_stores
-from .paths import templates_dir
+from .paths import template_override_dir, templates_dir
 from .problem import Problem
 
 
@@ -24,10 +25,14 @@ class Source:
         return hashlib.sha256(self.code.encode()).hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
+@functools.lru_cache(maxsize=4)
+def _environment(override: Path | None) -> jinja2.Environment:
+    base = jinja2.FileSystemLoader(str(templates_dir()))
+    loaders = [base, jinja2.PrefixLoader({"base": base})]
+    if override is not None:
+        loaders.insert(0, jinja2.FileSystemLoader(str(override)))
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        loader=jinja2.ChoiceLoader(loaders),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -36,14 +41,20 @@ def _environment() -> jinja2.Environment:
     )
 
 
-@functools.lru_cache(maxsize=1)
-def template_hash() -> str:
-    """Hash of every template file: a cached kernel is trusted only while this is unchanged."""
+@functools.lru_cache(maxsize=4)
+def _template_hash(override: Path | None) -> str:
     digest = hashlib.sha256()
-    for path in sorted(templates_dir().glob("*.j2")):
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
+    folders = [templates_dir()] + ([override] if override is not None else [])
+    for folder in folders:
+        for path in sorted(folder.glob("*.j2")):
+            digest.update(f"{folder == override}:{path.name}".encode())
+            digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def template_hash() -> str:
+    """Hash of every template in use: a cached kernel is trusted only while this is unchanged."""
+    return _template_hash(template_override_dir())
 
 
 def kernel_name(config: SimtConfig, problem: Problem, widths: VectorWidths) -> str:
@@ -69,7 +80,7 @@ def render(config: SimtConfig, problem: Problem, widths: VectorWidths | None = N
     pad_a, pad_b = config.smem_pad(problem)
     a_transposed, b_transposed = transposed_stores(problem)
     cxx_bool = {True: "true", False: "false"}
-    code = _environment().get_template("simt_gemm.cu.j2").render(
+    code = _environment(template_override_dir()).get_template("simt_gemm.cu.j2").render(
         kernel=name,
         config_name=config.name,
         layout=problem.layout.upper(),

@@ -18,12 +18,12 @@ from .problem import Device, Problem
 
 _FAMILIES = {"simt": SimtConfig}
 
-# The expression language of constraints: arithmetic, comparisons, boolean logic, min/max.
+# The expression language of constraints: arithmetic, comparisons, boolean logic, x if c else y, min/max.
 _ALLOWED_NODES = (
     ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.BinOp,
     ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.Pow, ast.Compare, ast.Eq, ast.NotEq,
     ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn, ast.Name, ast.Load, ast.Constant,
-    ast.Call, ast.Tuple, ast.List,
+    ast.Call, ast.Tuple, ast.List, ast.IfExp,
 )
 _FUNCTIONS = {"min": min, "max": max}
 

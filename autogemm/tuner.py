@@ -9,6 +9,7 @@ goes on. At the end the best few are re-timed together with cuBLAS and the winne
 
 from __future__ import annotations
 
+import hashlib
 import os
 import queue
 import sys
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 import optuna
 
 from .cache import Record, TuningCache, now, runtime_versions
-from .evaluate import Evaluator, GpuEvaluator, Measurement
+from .evaluate import Evaluator, FatalEvaluationError, GpuEvaluator, IsolatedEvaluator, Measurement
 from .paths import user_cache_dir
 from .problem import Device, Problem
 from .render import template_hash
@@ -62,6 +63,9 @@ class TuneResult:
     interrupted: bool
     history: list[float] = field(default_factory=list)  # TFLOP/s of each measured trial, in order
     failures: dict[str, int] = field(default_factory=dict)
+    stopped: str = ""  # why the search ended early (Ctrl-C, a lost GPU context), if it did
+    restarts: int = 0  # measuring-process restarts after crashes and timeouts
+    restart_s: float = 0.0
 
     @property
     def cublas_tflops(self) -> float:
@@ -91,6 +95,9 @@ class TuneResult:
             "storage": self.storage,
             "cache": self.cache_path,
             "interrupted": self.interrupted,
+            "stopped": self.stopped,
+            "restarts": self.restarts,
+            "restart_s": self.restart_s,
         }
 
 
@@ -115,7 +122,7 @@ def make_sampler(kind: str, seed: int | None, space: SearchSpace) -> optuna.samp
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if kind == "grid":
-        return optuna.samplers.GridSampler({k: list(v) for k, v in space.knobs.items()}, seed=seed)
+        return _GridSampler({k: list(v) for k, v in space.knobs.items()}, seed=seed)
     raise ValueError(f"unknown sampler {kind!r}; choose from {', '.join(SAMPLERS)}")
 
 
@@ -144,6 +151,14 @@ class _Progress:
     def close(self) -> None:
         if self.bar:
             self.bar.close()
+
+
+class _GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler stops its study once the grid is exhausted, which only works inside
+    study.optimize(); this loop uses ask and tell and ends on its own when proposals repeat."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        pass
 
 
 def _ask_params(trial: optuna.Trial, space: SearchSpace) -> dict:
@@ -176,23 +191,65 @@ def tune(
     cache: TuningCache | None = None,
     progress: bool = False,
     seed_configs: bool = True,
+    isolate: bool = True,
+    candidate_timeout: float | None = None,
 ) -> TuneResult:
     """Searches configurations for `problem` on the current GPU (or with `evaluator`), caches and
     returns the best verified one. `trials` counts measured candidates of this run; `timeout`
-    (seconds) bounds the search, the final re-timing comes on top."""
+    (seconds) bounds the search, the final re-timing comes on top. With `isolate` (the default)
+    candidates run in a separate process that owns the GPU, so that a faulting or hanging kernel
+    costs one failed trial (`candidate_timeout` seconds at most) instead of the tune."""
     started = time.perf_counter()
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")
     space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
-    owns_evaluator = evaluator is None
     if evaluator is None:
         from .launch import current_device
 
-        evaluator = GpuEvaluator(problem, current_device(), jobs or default_jobs(), seed=seed or 0)
-    device = evaluator.device
+        device = current_device()
+    else:
+        device = evaluator.device
+    name = study_name or study_name_for(problem, device, space)
+    lock = None
+    if storage != ":memory:":
+        lock = _lock_study(name)
+    try:
+        return _tune(problem, device, name, trials=trials, timeout=timeout, seed=seed, sampler=sampler,
+                     space=space, storage=storage, jobs=jobs, evaluator=evaluator, cache=cache, progress=progress,
+                     seed_configs=seed_configs, isolate=isolate, candidate_timeout=candidate_timeout,
+                     started=started)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _lock_study(name: str):
+    """One tuner per study at a time on this machine: a second one is refused, with the reason."""
+    from filelock import FileLock, Timeout
+
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    path = user_cache_dir() / "locks" / f"tune-{digest}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise TuneError(f"another autogemm tune is already running study {name} on this machine "
+                        f"(lock {path}); wait for it to finish, or give a different --study-name") from None
+    return lock
+
+
+def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, storage, jobs, evaluator, cache,
+          progress, seed_configs, isolate, candidate_timeout, started) -> TuneResult:
+    owns_evaluator = evaluator is None
+    if evaluator is None:
+        if isolate:
+            evaluator = IsolatedEvaluator(problem, device, jobs or default_jobs(), seed=seed or 0,
+                                          timeout=candidate_timeout)
+        else:
+            evaluator = GpuEvaluator(problem, device, jobs or default_jobs(), seed=seed or 0)
     cache = cache if cache is not None else TuningCache()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    name = study_name or study_name_for(problem, device, space)
     # The sampler works on an in-memory study (fast asks and tells); every finished trial is also
     # written, from a background thread, to the persistent study, from which a rerun resumes.
     persistent = None
@@ -230,6 +287,19 @@ def tune(
     idle_asks = 0  # consecutive proposals that measured nothing new
     consecutive_failures = 0
     interrupted = False
+    stopped = ""
+
+    def record_for(config, measurement: Measurement, cublas_ms: float, provisional: bool) -> Record:
+        return Record(
+            problem=problem.key, family=config.family,
+            config={k: v for k, v in config.to_dict().items() if k != "family"}, config_name=config.name,
+            time_ms=measurement.time_ms, tflops=measurement.tflops, cublas_ms=cublas_ms,
+            cublas_tflops=problem.flops / cublas_ms / 1e9, ratio=cublas_ms / measurement.time_ms,
+            rel_error=measurement.rel_error if measurement.rel_error is not None else float("nan"),
+            template_hash=template_hash(), device=device.name, versions=runtime_versions(), date=now(),
+            trials={"valid": valid, "rejected": rejected, "failed": failed}, wall_s=time.perf_counter() - started,
+            study=name, provisional=provisional,
+        )
 
     def out_of_time() -> bool:
         return deadline is not None and time.perf_counter() > deadline
@@ -280,6 +350,8 @@ def tune(
                 history.append(measurement.tflops)
                 if best_ms is None or measurement.time_ms < best_ms:
                     best_ms = measurement.time_ms
+                    # Kept as it is found: a killed tune still leaves its best verified kernel.
+                    cache.store(record_for(config, measurement, evaluator.cublas_ms, provisional=True), device.slug)
             else:
                 failed += 1
                 consecutive_failures += 1
@@ -287,7 +359,9 @@ def tune(
                 failures[measurement.kind] = failures.get(measurement.kind, 0) + 1
             progress_bar.update(measurement.ok, best_ms, rejected, failed)
     except KeyboardInterrupt:
-        interrupted = True
+        interrupted, stopped = True, "interrupted (Ctrl-C)"
+    except FatalEvaluationError as exc:
+        interrupted, stopped = True, str(exc)
     finally:
         for config, asked, handle in pending:
             evaluator.cancel(handle)
@@ -303,7 +377,7 @@ def tune(
                 f"({rejected} rejected, {failed} failed: {failures or 'none'})"
             )
         if interrupted:
-            # Ctrl-C: keep the best verified measurement as it stands, without re-timing
+            # Ctrl-C or a lost GPU: keep the best verified measurement as it stands, without re-timing
             winner = finalists[0]
             ms = problem.flops / known[winner.name] / 1e9 if winner.name in known else None
             if ms is None:
@@ -325,32 +399,17 @@ def tune(
     wall = time.perf_counter() - started
     study_trials = sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
                        if "config" in t.user_attrs and not t.user_attrs.get("duplicate"))
-    record = Record(
-        problem=problem.key,
-        family=winner.family,
-        config={k: v for k, v in winner.to_dict().items() if k != "family"},
-        config_name=winner.name,
-        time_ms=chosen.time_ms,
-        tflops=chosen.tflops,
-        cublas_ms=cublas_ms,
-        cublas_tflops=problem.flops / cublas_ms / 1e9,
-        ratio=cublas_ms / chosen.time_ms,
-        rel_error=chosen.rel_error if chosen.rel_error is not None else float("nan"),
-        template_hash=template_hash(),
-        device=device.name,
-        versions=runtime_versions(),
-        date=now(),
-        trials={"valid": valid, "rejected": rejected, "failed": failed, "in_study": study_trials},
-        wall_s=wall,
-        study=name,
-    )
+    record = record_for(winner, chosen, cublas_ms, provisional=False)
+    record.trials["in_study"] = study_trials
+    record.wall_s = wall
     cache_path = cache.store(record, device.slug)
     return TuneResult(
         problem=problem, device=device, config=winner, time_ms=chosen.time_ms, tflops=chosen.tflops,
         rel_error=record.rel_error, cublas_ms=cublas_ms, valid=valid, rejected=rejected, failed=failed,
         duplicates=duplicates, study_trials=study_trials, wall_s=wall, study_name=name,
         storage=storage, cache_path=str(cache_path), interrupted=interrupted,
-        history=history, failures=failures,
+        history=history, failures=failures, stopped=stopped,
+        restarts=evaluator.restarts, restart_s=evaluator.restart_s,
     )
 
 

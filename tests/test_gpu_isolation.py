@@ -1,0 +1,90 @@
+"""Fault isolation on a GPU: a tune over deliberately broken variants (tests/broken_templates:
+out-of-bounds write, infinite loop, oversized shared memory, wrong result, compile error) mixed
+with good ones completes, records each failure with its kind and caches a good kernel; then
+`autogemm cache verify` passes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+HERE = Path(__file__).parent
+
+
+def _cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = dict(os.environ, AUTOGEMM_TEMPLATE_DIR=str(HERE / "broken_templates"))
+    return subprocess.run([sys.executable, "-m", "autogemm.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def test_broken_variants_fail_with_their_kind_and_the_tune_survives(tmp_path):
+    tune = _cli("tune", "--M", "512", "--space", str(HERE / "data" / "broken_space.toml"), "--sampler", "grid",
+                "--trials", "12", "--timeout", "600", "--candidate-timeout", "8", "--storage",
+                f"sqlite:///{tmp_path / 'studies.db'}", "--json")
+    assert tune.returncode == 0, tune.stderr[-3000:]
+    result = json.loads(tune.stdout)
+    failures = result["failures"]
+    # small and big tiles: out-of-bounds (crash) x2, hang (timeout) x2, wrong x2, compile x2;
+    # the oversized-shared-memory fault breaks only the big tile's launch
+    assert failures.get("crash") == 2, failures
+    assert failures.get("timeout") == 2, failures
+    assert failures.get("wrong") == 2, failures
+    assert failures.get("compile") == 2, failures
+    assert failures.get("launch") == 1, failures
+    assert result["trials"]["valid"] == 3  # g1 small, g1 big, g9 small
+    assert result["restarts"] >= 4  # after each crash and each timeout
+    assert "_g1_" in result["config"] or "_g9_" in result["config"]
+    assert result["rel_error"] <= 1e-5
+
+    # every failure is on the study with its kind and message
+    import optuna
+
+    study = optuna.load_study(study_name=result["study"], storage=f"sqlite:///{tmp_path / 'studies.db'}")
+    kinds = {t.user_attrs["config"]: t.user_attrs.get("failure") for t in study.trials
+             if t.state == optuna.trial.TrialState.FAIL}
+    for name, kind in kinds.items():
+        expected = {"_g3_": "crash", "_g5_": "timeout", "_g6_": "wrong", "_g7_": "compile", "_g9_": "launch"}
+        assert any(tag in name and kind == want for tag, want in expected.items()), (name, kind)
+
+    verify = _cli("cache", "verify")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert "1/1 cached kernels verified" in verify.stdout
+
+
+def test_cache_verify_drops_a_wrong_kernel(tmp_path):
+    """A cached record whose kernel now computes wrong (here: the broken template behind its
+    name) is dropped by `cache verify`."""
+    from autogemm.cache import Record, TuningCache
+    from autogemm.config import SimtConfig
+    from autogemm.launch import current_device
+    from autogemm.problem import Problem
+
+    env_dir = os.environ.get("AUTOGEMM_TEMPLATE_DIR")
+    os.environ["AUTOGEMM_TEMPLATE_DIR"] = str(HERE / "broken_templates")
+    try:
+        from autogemm.render import template_hash
+
+        current_hash = template_hash()
+    finally:
+        if env_dir is None:
+            os.environ.pop("AUTOGEMM_TEMPLATE_DIR")
+        else:
+            os.environ["AUTOGEMM_TEMPLATE_DIR"] = env_dir
+    device = current_device()
+    wrong = SimtConfig(64, 64, 8, 32, 32, 4, 8, 4, 4, 2, "pad", 6, 1)  # group_m 6: wrong result
+    problem = Problem(256, 256, 256)
+    record = Record(problem=problem.key, family="simt", config={k: v for k, v in wrong.to_dict().items() if k != "family"},
+                    config_name=wrong.name, time_ms=1.0, tflops=1.0, cublas_ms=1.0, cublas_tflops=1.0, ratio=1.0,
+                    rel_error=1e-7, template_hash=current_hash, device=device.name)
+    TuningCache(shipped=False).store(record, device.slug)
+    verify = _cli("cache", "verify")
+    assert verify.returncode == 1
+    assert "FAILED" in verify.stdout and "wrong" in verify.stdout and "dropped" in verify.stdout
+    assert TuningCache(shipped=False).document(device.slug)["entries"] == {}
