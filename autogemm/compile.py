@@ -182,12 +182,12 @@ class CompiledKernel:
 
 def load(source: Source, cubin: Path, dynamic_smem: int) -> CompiledKernel:
     """Loads a cubin on the current device; raises the kernel's dynamic shared-memory limit when
-    it needs more than the default 48 KB."""
+    static and dynamic shared memory together exceed the default 48 KB of a block."""
     import cupy
 
     module = cupy.RawModule(path=str(cubin))
     gemm = module.get_function(source.kernel)
-    if dynamic_smem > 48 * 1024:
+    if gemm.shared_size_bytes + dynamic_smem > 48 * 1024:
         gemm.max_dynamic_shared_size_bytes = dynamic_smem
     reduce = module.get_function(source.reduce_kernel) if source.reduce_kernel else None
     return CompiledKernel(

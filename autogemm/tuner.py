@@ -129,9 +129,9 @@ def make_sampler(kind: str, seed: int | None, space: SearchSpace) -> optuna.samp
 class _Progress:
     """tqdm bar of measured trials with the best TFLOP/s and ratio to cuBLAS so far."""
 
-    def __init__(self, enabled: bool, total: int, problem: Problem, cublas_ms: float):
+    def __init__(self, enabled: bool, total: int, problem: Problem, evaluator: Evaluator):
         self.bar = None
-        self.problem, self.cublas_ms = problem, cublas_ms
+        self.problem, self.evaluator = problem, evaluator
         if enabled:
             from tqdm import tqdm
 
@@ -145,7 +145,8 @@ class _Progress:
         if best_ms:
             tflops = self.problem.flops / best_ms / 1e9
             self.bar.set_postfix_str(
-                f"best {tflops:.1f} TFLOP/s = {self.cublas_ms / best_ms:.3f}x cuBLAS, rejected {rejected}, failed {failed}"
+                f"best {tflops:.1f} TFLOP/s = {self.evaluator.cublas_ms / best_ms:.3f}x cuBLAS, "
+                f"rejected {rejected}, failed {failed}"
             )
 
     def close(self) -> None:
@@ -276,7 +277,7 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
             if values is not None and not config.check(problem, device):
                 study.enqueue_trial(values, skip_if_exists=True)
 
-    progress_bar = _Progress(progress, trials, problem, evaluator.cublas_ms)
+    progress_bar = _Progress(progress, trials, problem, evaluator)
     deadline = None if timeout is None else started + timeout
     lookahead = max(2, min(8, jobs or default_jobs()))
     pending: deque = deque()  # (config, [trials], handle)
