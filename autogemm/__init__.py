@@ -1,13 +1,39 @@
 """autogemm: generated, tuned and cached CUDA GEMM kernels.
 
-The GPU-facing parts (compilation, launching, tuning) import CuPy lazily, so that configurations,
-search spaces and rendering work on machines without a GPU.
+    import autogemm
+    c = autogemm.matmul(a, b)            # the cached best kernel for this problem and GPU
+    autogemm.explain(a, b)               # which kernel that is, and why
+    result = autogemm.tune(4096)         # search, verify and cache the best kernel for 4096^3
+
+The GPU-facing parts (compilation, launching, tuning) import CuPy and Optuna lazily, so that
+configurations, search spaces and rendering work on machines without a GPU.
 """
 
 from .config import SimtConfig
+from .dispatch import explain, matmul, reset
 from .problem import Device, Problem
 from .render import render
 
 __version__ = "0.1.0"
 
-__all__ = ["Device", "Problem", "SimtConfig", "render", "__version__"]
+
+def tune(problem_or_m, n: int | None = None, k: int | None = None, *, batch: int = 1, dtype: str = "float32",
+         compute: str = "", layout: str = "nn", **options):
+    """Tunes one problem on the current GPU and caches the winner; returns a `TuneResult`.
+
+    Either a `Problem` or M (N and K default to M) with batch, dtype, compute and layout; the
+    options are those of `autogemm.tuner.tune` (trials, timeout, seed, sampler, space, storage...).
+    """
+    from .tuner import tune as run
+
+    if isinstance(problem_or_m, Problem):
+        problem = problem_or_m
+    else:
+        m = problem_or_m
+        problem = Problem.from_layout(m, n or m, k or m, layout, batch=batch, dtype=dtype, compute=compute)
+    result = run(problem, **options)
+    reset()  # calls made from now on see the new entry
+    return result
+
+
+__all__ = ["Device", "Problem", "SimtConfig", "explain", "matmul", "render", "reset", "tune", "__version__"]

@@ -1,0 +1,179 @@
+"""autogemm.matmul on a GPU: random shapes, layouts, batches and alpha/beta against float64;
+PyTorch tensors in and out; every documented bad input raises its error before launching."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import autogemm
+from autogemm.bench import relative_error
+
+pytestmark = pytest.mark.gpu
+
+
+def _random(shape, seed):
+    import cupy
+
+    return (cupy.random.default_rng(seed).random(shape, dtype=np.float64) * 2 - 1).astype(np.float32)
+
+
+def _reference(a, b, alpha=1.0, beta=0.0, c=None):
+    import cupy
+
+    out = alpha * cupy.matmul(a.astype(np.float64), b.astype(np.float64))
+    return out + beta * c.astype(np.float64) if c is not None and beta else out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    m=st.integers(1, 700), n=st.integers(1, 700), k=st.integers(1, 700),
+    trans_a=st.booleans(), trans_b=st.booleans(), batch=st.sampled_from([None, 1, 3]),
+    broadcast=st.sampled_from([None, "a", "b"]), scaled=st.booleans(), seed=st.integers(0, 2**16),
+)
+def test_matches_float64(m, n, k, trans_a, trans_b, batch, broadcast, scaled, seed):
+    import cupy
+
+    def operand(rows, cols, transposed, batched, s):
+        shape = (cols, rows) if transposed else (rows, cols)
+        x = _random(((batch,) if batched else ()) + shape, s)
+        return cupy.swapaxes(x, -1, -2) if transposed else x  # a transposed view: no copy
+
+    a = operand(m, k, trans_a, batch is not None and broadcast != "a", seed)
+    b = operand(k, n, trans_b, batch is not None and broadcast != "b", seed + 1)
+    alpha, beta = (1.5, -0.5) if scaled else (1.0, 0.0)
+    out_shape = ((batch,) if batch is not None else ()) + (m, n)
+    c0 = _random(out_shape, seed + 2)
+    out = c0.copy()
+    expected = _reference(a, b, alpha, beta, c0)
+    result = autogemm.matmul(a, b, out=out if scaled else None, alpha=alpha, beta=beta)
+    assert result.shape == out_shape and result.dtype == np.float32
+    if scaled:
+        assert result is out
+    assert relative_error(result, expected) <= 1e-5
+
+
+def test_tuned_entry_is_used_and_explained():
+    import cupy
+
+    from autogemm.cache import TuningCache
+    from autogemm.launch import current_device
+
+    result = autogemm.tune(256, trials=8, timeout=120)
+    a, b = _random((256, 256), 1), _random((256, 256), 2)
+    explanation = autogemm.explain(a, b)
+    assert explanation["source"] == "cache" and explanation["config"] == result.config.name
+    assert explanation["cached"]["ratio"] == pytest.approx(result.ratio)
+    c = autogemm.matmul(a, b)
+    assert relative_error(c, _reference(a, b)) <= 1e-5
+    assert TuningCache().lookup(autogemm.Problem(256, 256, 256), current_device().slug) is not None
+    # a shape never tuned borrows the nearest tuned one
+    near = autogemm.explain(_random((250, 260), 3), _random((260, 240), 4))
+    assert near["source"] == "nearest" and near["config"] == result.config.name
+    cupy.cuda.Device().synchronize()
+
+
+def test_zero_sizes_and_nan_propagation():
+    import cupy
+
+    a, b = cupy.zeros((0, 5), np.float32), _random((5, 3), 1)
+    assert autogemm.matmul(a, b).shape == (0, 3)
+    out = _random((4, 3), 2)
+    before = out.copy()
+    autogemm.matmul(cupy.zeros((4, 0), np.float32), cupy.zeros((0, 3), np.float32), out=out, beta=2.0)
+    assert bool(cupy.allclose(out, 2 * before))
+    a = _random((8, 8), 3)
+    a[2, 5] = np.nan
+    c = autogemm.matmul(a, _random((8, 8), 4))
+    assert bool(cupy.isnan(c[2]).all()) and bool(cupy.isfinite(c[3]).all())
+
+
+def test_non_float32_falls_back_to_cupy():
+    a, b = _random((33, 17), 1).astype(np.float64), _random((17, 9), 2).astype(np.float64)
+    assert autogemm.explain(a, b)["source"] == "cupy"
+    assert relative_error(autogemm.matmul(a, b), _reference(a, b)) <= 1e-12
+
+
+def test_pytorch_tensors_in_and_out():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch has no CUDA here")
+    a = torch.rand(65, 33, device="cuda") * 2 - 1
+    b = torch.rand(33, 47, device="cuda") * 2 - 1
+    out = torch.empty(65, 47, device="cuda")
+    c = autogemm.matmul(a, b.t().contiguous().t(), out=out)  # b as a transposed view
+    torch.cuda.synchronize()
+    expected = (a.double() @ b.double())
+    assert torch.linalg.norm(out.double() - expected) / torch.linalg.norm(expected) <= 1e-5
+    assert c.data.ptr == out.data_ptr()  # written in place, no copy
+
+
+@pytest.mark.parametrize(
+    "make,error,message",
+    [
+        (lambda cp: (np.ones((4, 4), np.float32), cp.ones((4, 4), np.float32), {}), TypeError, "cupy.asarray"),
+        (lambda cp: (cp.ones(4, np.float32), cp.ones((4, 4), np.float32), {}), ValueError, "a is 1-D"),
+        (lambda cp: (cp.ones((1, 1, 4, 4), np.float32), cp.ones((4, 4), np.float32), {}), ValueError, "a is 4-D"),
+        (lambda cp: (cp.ones((4, 5), np.float32), cp.ones((4, 4), np.float32), {}), ValueError, "inner dimensions"),
+        (lambda cp: (cp.ones((4, 4), np.float32), cp.ones((4, 4), np.float64), {}), TypeError, "same dtype"),
+        (lambda cp: (cp.ones((4, 4), np.int32), cp.ones((4, 4), np.int32), {}), TypeError, "unsupported dtype int32"),
+        (lambda cp: (cp.ones((4, 4), np.complex64), cp.ones((4, 4), np.complex64), {}), TypeError, "unsupported dtype"),
+        (lambda cp: (cp.ones((4, 4), np.float32), cp.ones((4, 4), np.float32), {"out": cp.ones((4, 5), np.float32)}),
+         ValueError, "out has shape"),
+        (lambda cp: (cp.ones((4, 4), np.float32), cp.ones((4, 4), np.float32), {"out": cp.ones((4, 4), np.float64)}),
+         TypeError, "out has dtype"),
+        (lambda cp: (cp.ones((4, 4), np.float32), cp.ones((4, 4), np.float32), {"alpha": float("nan")}),
+         ValueError, "finite"),
+    ],
+)
+def test_bad_inputs_raise_before_launching(make, error, message):
+    import cupy
+
+    a, b, kwargs = make(cupy)
+    with pytest.raises(error, match=message):
+        autogemm.matmul(a, b, **kwargs)
+
+
+def test_out_overlapping_an_input_is_refused():
+    import cupy
+
+    buffer = cupy.ones((8, 8), np.float32)
+    with pytest.raises(ValueError, match="out overlaps a"):
+        autogemm.matmul(buffer, cupy.ones((8, 8), np.float32), out=buffer)
+
+
+def test_arrays_on_different_gpus_are_refused():
+    import cupy
+
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+    a = cupy.ones((4, 4), np.float32)
+    with cupy.cuda.Device(1):
+        b = cupy.ones((4, 4), np.float32)
+    with pytest.raises(ValueError, match="a is on GPU 0 and b on GPU 1"):
+        autogemm.matmul(a, b)
+
+
+def test_threads_and_streams():
+    import concurrent.futures
+
+    import cupy
+
+    a, b = _random((300, 200), 1), _random((200, 100), 2)
+    expected = _reference(a, b)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        c = autogemm.matmul(a, b)
+    stream.synchronize()
+    assert relative_error(c, expected) <= 1e-5
+
+    def work(_):
+        with cupy.cuda.Stream(non_blocking=True) as s:
+            r = autogemm.matmul(a, b)
+            s.synchronize()
+        return relative_error(r, expected)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert max(pool.map(work, range(32))) <= 1e-5
