@@ -249,11 +249,13 @@ class Dispatcher:
 
     @property
     def cache(self):
-        if self._cache is None:
-            from .cache import TuningCache
+        """The cache given at construction, else the user's (its directory read on each use, so
+        that $AUTOGEMM_CACHE_DIR set after import is honoured)."""
+        if self._cache is not None:
+            return self._cache
+        from .cache import TuningCache
 
-            self._cache = TuningCache()
-        return self._cache
+        return TuningCache()
 
     def clear(self) -> None:
         """Forgets every plan (after tuning, say, so that the next call looks at the cache again)."""
