@@ -58,14 +58,19 @@ def main(argv=None) -> int:
         dev = current_device()
         budget = "default budget" if not (args.trials or args.timeout) else f"trials={args.trials}, timeout={args.timeout}"
         lines = ["## `autogemm tune` (`benchmarks/bench_tune.py`)", "",
-                 f"{dev.name}, {report.today()}, {report.versions()}; {budget}. Wall time is the whole command, "
-                 "start to printed table; the ratio is against cupy.matmul re-timed with the finalists in the same run.",
-                 "", "| problem | best config | TFLOP/s | cuBLAS TFLOP/s | ratio | trials valid / rejected / failed | wall s |",
-                 "| --- | --- | ---: | ---: | ---: | --- | ---: |"]
+                 f"{dev.name}, {report.versions()}. Wall time is the whole command, start to printed table; the "
+                 "ratio is against cupy.matmul re-timed with the finalists in the same run. Each row is one run "
+                 "(date and budget in the row).",
+                 "", "| problem | best config | TFLOP/s | cuBLAS TFLOP/s | ratio | trials valid / rejected / failed "
+                 "| wall s | date, budget |",
+                 "| --- | --- | ---: | ---: | ---: | --- | ---: | --- |"]
+        new = {}
         for r in rows:
             t = r["trials"]
-            lines.append(f"| {r['problem']} | `{r['config']}` | {r['tflops']:.2f} | {r['cublas_tflops']:.2f} | "
-                         f"{r['ratio']:.3f} | {t['valid']} / {t['rejected']} / {t['failed']} | {r['command_wall_s']:.1f} |")
+            new[r["problem"]] = (f"| {r['problem']} | `{r['config']}` | {r['tflops']:.2f} | {r['cublas_tflops']:.2f} | "
+                                 f"{r['ratio']:.3f} | {t['valid']} / {t['rejected']} / {t['failed']} | "
+                                 f"{r['command_wall_s']:.1f} | {report.today()}, {budget} |")
+        lines += report.merge_rows(dev.slug, "bench_tune", new)
         path = report.update_section(dev.slug, dev.name, "bench_tune", "\n".join(lines))
         print(f"wrote {path}")
     return 0

@@ -32,6 +32,24 @@ def update_section(device_slug: str, device_name: str, section: str, body: str) 
     return path
 
 
+def merge_rows(device_slug: str, section: str, new_rows: dict[str, str]) -> list[str]:
+    """Table rows of `section` (lines starting with '| key |'), with `new_rows` replacing or adding
+    rows by their first cell: rerunning a benchmark for one problem keeps the other problems' rows."""
+    path = results_path(device_slug)
+    rows: dict[str, str] = {}
+    if path.exists():
+        match = re.search(re.escape(f"<!-- begin {section} -->") + r"(.*?)" + re.escape(f"<!-- end {section} -->"),
+                          path.read_text(), re.S)
+        if match:
+            for line in match.group(1).splitlines():
+                cells = [c.strip() for c in line.strip().strip("|").split("|")]
+                if line.startswith("| ") and cells and cells[0] and not set(cells[0]) <= set("-: ") \
+                        and cells[0] != "problem":
+                    rows[cells[0]] = line
+    rows.update(new_rows)
+    return list(rows.values())
+
+
 def today() -> str:
     return datetime.date.today().isoformat()
 
