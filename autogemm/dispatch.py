@@ -419,7 +419,7 @@ class _Plan:
 def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune) -> _Plan:
     import cupy
 
-    from .launch import _REDUCE_THREADS, device_info, prepare
+    from .launch import device_info, launcher, prepare
 
     device = device_info(device_id)
     layout_a, layout_b = operand_layout(ia), operand_layout(ib)
@@ -447,34 +447,7 @@ def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune) -> _Plan:
     )
     prepared = prepare(config, problem, widths, device)
     choice.details.update(kernel=prepared.kernel.source.kernel, registers=prepared.kernel.registers)
-    function = prepared.kernel.gemm.kernel  # the loaded CUDA function: the leanest launch CuPy has
-    grid, block, smem = prepared.grid, prepared.block, prepared.smem
-    i32, i64, f32 = np.int32, np.int64, np.float32
-    if config.split_k == 1:
-        head = (i32(m), i32(n), i32(k), i32(lda), i32(ldb), i32(ldc), i64(stride_a), i64(stride_b), i64(stride_c))
-        tiles = i32(prepared.tiles_per_split)
-
-        def launch(pa, pb, pc, alpha, beta, stream):
-            function(grid, block, (np.uintp(pa), np.uintp(pb), np.uintp(pc), *head, f32(alpha), f32(beta), tiles),
-                     shared_mem=smem, stream=stream)
-    else:
-        ldw = -(-n // 4) * 4
-        stride_w = m * ldw
-        reduce = prepared.kernel.reduce
-        total = batch * m * n
-        reduce_grid = (min(-(-total // _REDUCE_THREADS), 65535), 1, 1)
-        head = (i32(m), i32(n), i32(k), i32(lda), i32(ldb), i32(ldw), i64(stride_a), i64(stride_b), i64(stride_w))
-        tail = (i32(m), i32(n), i32(ldw), i64(stride_w), i32(ldc), i64(stride_c), i32(batch))
-
-        def launch(pa, pb, pc, alpha, beta, stream):
-            with stream:  # the workspace is ordered on the launch stream by CuPy's pool
-                workspace = cupy.empty((batch * config.split_k, m, ldw), dtype=np.float32)
-            function(grid, block, (np.uintp(pa), np.uintp(pb), workspace, *head, f32(1.0), f32(0.0),
-                                   i32(prepared.tiles_per_split)), shared_mem=smem, stream=stream)
-            reduce(reduce_grid, (_REDUCE_THREADS, 1, 1), (workspace, np.uintp(pc), *tail, f32(alpha), f32(beta)),
-                   stream=stream)
-
-    plan.launch = launch
+    plan.launch = launcher(prepared, lda, ldb, ldc, stride_a, stride_b, stride_c)
     return plan
 
 

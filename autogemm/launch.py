@@ -157,47 +157,49 @@ def bind(config: SimtConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bo
         c=config.vec if config.split_k > 1 else opc.vector_width(config.vec),
     )
     prepared = prepare(config, problem, widths)
-    return _launcher(prepared, opa, opb, opc, alpha, beta), c
+    launch = launcher(prepared, opa.ld, opb.ld, opc.ld, opa.batch_stride, opb.batch_stride, opc.batch_stride)
+
+    def run(stream=None):
+        launch(opa.pointer, opb.pointer, opc.pointer, alpha, beta, stream)
+
+    return run, c
 
 
-def _launcher(prepared: PreparedGemm, opa: Operand, opb: Operand, opc: Operand, alpha: float, beta: float):
+def launcher(prepared: PreparedGemm, lda: int, ldb: int, ldc: int, stride_a: int, stride_b: int, stride_c: int):
+    """`launch(pa, pb, pc, alpha, beta, stream)` for operands of these pitches and batch strides
+    (elements): every argument but the pointers and scalars is built once, here."""
     import cupy
 
     problem, config = prepared.problem, prepared.config
     i32, i64, f32 = np.int32, np.int64, np.float32
-    gemm_kernel, reduce_kernel = prepared.kernel.gemm, prepared.kernel.reduce
+    function = prepared.kernel.gemm.kernel  # the loaded CUDA function: CuPy's leanest launch
     grid, block, smem = prepared.grid, prepared.block, prepared.smem
+    m, n, batch = problem.m, problem.n, problem.batch
+    tiles = i32(prepared.tiles_per_split)
     if config.split_k == 1:
-        args = (
-            np.uintp(opa.pointer), np.uintp(opb.pointer), np.uintp(opc.pointer),
-            i32(problem.m), i32(problem.n), i32(problem.k), i32(opa.ld), i32(opb.ld), i32(opc.ld),
-            i64(opa.batch_stride), i64(opb.batch_stride), i64(opc.batch_stride),
-            f32(alpha), f32(beta), i32(prepared.tiles_per_split),
-        )
+        head = (i32(m), i32(n), i32(problem.k), i32(lda), i32(ldb), i32(ldc),
+                i64(stride_a), i64(stride_b), i64(stride_c))
 
-        def run(stream=None):
-            gemm_kernel(grid, block, args, shared_mem=smem, stream=stream)
+        def launch(pa, pb, pc, alpha, beta, stream=None):
+            function(grid, block, (np.uintp(pa), np.uintp(pb), np.uintp(pc), *head, f32(alpha), f32(beta), tiles),
+                     shared_mem=smem, stream=stream)
 
-        return run
+        return launch
 
-    ldw = -(-problem.n // 4) * 4  # 16-byte aligned rows, so the partials are stored as vectors
-    stride_w = problem.m * ldw
-    total = problem.batch * problem.m * problem.n
-    reduce_grid = (min(-(-total // _REDUCE_THREADS), 65535), 1, 1)
+    ldw = -(-n // 4) * 4  # 16-byte aligned rows, so the partials are stored as vectors
+    stride_w = m * ldw
+    head = (i32(m), i32(n), i32(problem.k), i32(lda), i32(ldb), i32(ldw), i64(stride_a), i64(stride_b), i64(stride_w))
+    tail = (i32(m), i32(n), i32(ldw), i64(stride_w), i32(ldc), i64(stride_c), i32(batch))
+    reduce = prepared.kernel.reduce
+    reduce_grid = (min(-(-(batch * m * n) // _REDUCE_THREADS), 65535), 1, 1)
 
-    def run_split(stream=None):
+    def launch_split(pa, pb, pc, alpha, beta, stream=None):
         # The workspace comes from CuPy's pool per call, ordered on the launch stream.
         with stream if stream is not None else contextlib.nullcontext():
-            workspace = cupy.empty((problem.batch * config.split_k, problem.m, ldw), dtype=np.float32)
-        gemm_kernel(grid, block, (
-            np.uintp(opa.pointer), np.uintp(opb.pointer), workspace,
-            i32(problem.m), i32(problem.n), i32(problem.k), i32(opa.ld), i32(opb.ld), i32(ldw),
-            i64(opa.batch_stride), i64(opb.batch_stride), i64(stride_w),
-            f32(1.0), f32(0.0), i32(prepared.tiles_per_split),
-        ), shared_mem=smem, stream=stream)
-        reduce_kernel(reduce_grid, (_REDUCE_THREADS, 1, 1), (
-            workspace, np.uintp(opc.pointer), i32(problem.m), i32(problem.n), i32(ldw), i64(stride_w),
-            i32(opc.ld), i64(opc.batch_stride), i32(problem.batch), f32(alpha), f32(beta),
-        ), stream=stream)
+            workspace = cupy.empty((batch * config.split_k, m, ldw), dtype=np.float32)
+        function(grid, block, (np.uintp(pa), np.uintp(pb), workspace, *head, f32(1.0), f32(0.0), tiles),
+                 shared_mem=smem, stream=stream)
+        reduce(reduce_grid, (_REDUCE_THREADS, 1, 1), (workspace, np.uintp(pc), *tail, f32(alpha), f32(beta)),
+               stream=stream)
 
-    return run_split
+    return launch_split
