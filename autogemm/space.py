@@ -195,17 +195,6 @@ class SearchSpace:
             configs.setdefault(config.name, config)
         return tuple(configs.values())
 
-    def contains(self, config) -> bool:
-        values = {k: getattr(config, k) for k in self.knobs}
-        if any(values[k] not in choices for k, choices in self.knobs.items()):
-            return False
-        for name, expr in self.derived.items():
-            values[name] = expr(values)
-        return all(rule(values) for rule in self.constraints)
-
-    def satisfies(self, knob_values: dict) -> bool:
-        return self.evaluate(knob_values)[0] is not None
-
     def knob_values(self, config) -> dict | None:
         """The knob values that produce `config`, or None if the space cannot produce it."""
         fixed = {k: getattr(config, k) for k in self.knobs if k in self.fields}
@@ -220,6 +209,7 @@ class SearchSpace:
         return None
 
     def contains(self, config) -> bool:
+        """Whether some draw of the knobs produces exactly `config`."""
         return self.knob_values(config) is not None
 
     def valid_configs(self, problem: Problem, device: Device) -> list:

@@ -364,7 +364,7 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
     except FatalEvaluationError as exc:
         interrupted, stopped = True, str(exc)
     finally:
-        for config, asked, handle in pending:
+        for _, asked, handle in pending:
             evaluator.cancel(handle)
             _record(study, writer, asked, Measurement.failure("cancelled", "tuning stopped before it was measured"))
         progress_bar.close()

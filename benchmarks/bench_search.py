@@ -66,7 +66,7 @@ def main(argv=None) -> int:
                 counts.append(reached if reached is not None else float("inf"))
                 print(f"  {sampler:<6} seed {seed}: {reached if reached else f'not within {len(result.history)}'} trials")
             results[sampler] = counts
-    lines = [f"## Search efficiency (`benchmarks/bench_search.py`)", "",
+    lines = ["## Search efficiency (`benchmarks/bench_search.py`)", "",
              f"Recorded table: every valid configuration of `tests/data/simt_small.toml` ({len(table.rows)}) for "
              f"{table.problem} measured on {table.device.name} ({table.header.get('date', '?')[:10]}); best "
              f"`{best_name}` at {best.tflops:.1f} TFLOP/s. Measured trials until the best found reaches "

@@ -30,7 +30,6 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     rows = []
-    device = None
     for m, n, k in args.problem or DEFAULT_PROBLEMS:
         cmd = [sys.executable, "-m", "autogemm.cli", "tune", "--M", str(m), "--N", str(n), "--K", str(k), "--json"]
         if args.trials:
@@ -44,7 +43,6 @@ def main(argv=None) -> int:
             print(f"{m}x{n}x{k}: tune failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
             return 1
         result = json.loads(proc.stdout)
-        device = result["device"]
         result["command_wall_s"] = wall
         rows.append(result)
         t = result["trials"]
