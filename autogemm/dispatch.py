@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import SimtConfig, VectorWidths, widest_vector
+from .config import SimtConfig
 from .problem import Problem
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
@@ -419,7 +419,7 @@ class _Plan:
 def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune) -> _Plan:
     import cupy
 
-    from .launch import device_info, launcher, prepare
+    from .launch import Operand, device_info, launcher, prepare, vector_widths
 
     device = device_info(device_id)
     layout_a, layout_b = operand_layout(ia), operand_layout(ib)
@@ -437,13 +437,14 @@ def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune) -> _Plan:
     if choice.config is None:
         return plan
     config = choice.config
-    item = 4
+    item = out_arr.itemsize
     ldc = out_arr.strides[-2] // item if m > 1 else n
     stride_c = out_arr.strides[0] // item if len(shape) == 3 and shape[0] > 1 else 0
-    widths = VectorWidths(
-        a=widest_vector(config.vec, lda, stride_a, a_arr.data.ptr // item),
-        b=widest_vector(config.vec, ldb, stride_b, b_arr.data.ptr // item),
-        c=config.vec if config.split_k > 1 else widest_vector(config.vec, ldc, stride_c, out_arr.data.ptr // item),
+    widths = vector_widths(
+        config,
+        Operand(*a_arr.shape[-2:], lda, 1, stride_a, a_arr.data.ptr),
+        Operand(*b_arr.shape[-2:], ldb, 1, stride_b, b_arr.data.ptr),
+        Operand(m, n, ldc, 1, stride_c, out_arr.data.ptr),
     )
     prepared = prepare(config, problem, widths, device)
     choice.details.update(kernel=prepared.kernel.source.kernel, registers=prepared.kernel.registers)

@@ -65,6 +65,17 @@ class Operand:
         return widest_vector(limit, self.ld, self.batch_stride, self.pointer // itemsize)
 
 
+def vector_widths(config: SimtConfig, a: Operand, b: Operand, c: Operand) -> VectorWidths:
+    """The widest accesses, up to the config's `vec`, that the operands' alignment allows. Split-K
+    writes its partial products to an aligned workspace (the reduction is scalar), so C then gets
+    the config's width whatever its alignment."""
+    return VectorWidths(
+        a=a.vector_width(config.vec),
+        b=b.vector_width(config.vec),
+        c=config.vec if config.split_k > 1 else c.vector_width(config.vec),
+    )
+
+
 @dataclass
 class PreparedGemm:
     """A kernel compiled for one problem class, with its launch geometry."""
@@ -150,13 +161,7 @@ def bind(config: SimtConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bo
         return scale, c
 
     problem = Problem(m, n, k, batch=batch, trans_a=trans_a, trans_b=trans_b)
-    widths = VectorWidths(
-        a=opa.vector_width(config.vec),
-        b=opb.vector_width(config.vec),
-        # split-K writes partial products to an aligned workspace; the reduction is scalar
-        c=config.vec if config.split_k > 1 else opc.vector_width(config.vec),
-    )
-    prepared = prepare(config, problem, widths)
+    prepared = prepare(config, problem, vector_widths(config, opa, opb, opc))
     launch = launcher(prepared, opa.ld, opb.ld, opc.ld, opa.batch_stride, opb.batch_stride, opc.batch_stride)
 
     def run(stream=None):
