@@ -33,6 +33,7 @@ REASON_CODES = (
 )
 
 SMEM_LAYOUTS = ("plain", "pad", "swizzle")
+TRANSPOSE_PATHS = ("async", "registers")
 VECTOR_WIDTHS = (1, 2, 4)
 SMEM_PAD_FLOATS = 4  # one 16-byte vector: keeps LDS.128 aligned and shifts each row by 4 banks
 INT32_MAX = 2**31 - 1
@@ -55,7 +56,11 @@ class SimtConfig:
     group_m: block-swizzle group height for L2 reuse (1 = row-major rasterization);
     split_k: number of K slices reduced in a second pass (1 = off);
     min_blocks: blocks per SM the compiler must make room for (`__launch_bounds__`): caps the
-    registers per thread at regs_per_block / (threads * min_blocks), trading registers for occupancy.
+    registers per thread at regs_per_block / (threads * min_blocks), trading registers for occupancy;
+    transpose: how a cp.async pipeline (stages >= 3) brings in an operand whose shared-memory store
+    is a transpose: "async" copies it element by element with 4-byte cp.async, "registers" loads
+    it with vector loads into registers at the top of a K slice and stores it transposed before the
+    slice's closing barrier (the other operand keeps its cp.async ring).
     """
 
     bm: int = 128
@@ -72,6 +77,7 @@ class SimtConfig:
     group_m: int = 8
     split_k: int = 1
     min_blocks: int = 1
+    transpose: str = "async"
 
     family = "simt"
 
@@ -81,10 +87,11 @@ class SimtConfig:
         return (
             f"{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_t{self.tm}x{self.tn}"
             f"_v{self.vec}{self.vec_frag}_s{self.stages}_{self.smem}_g{self.group_m}_k{self.split_k}_o{self.min_blocks}"
+            + ("_r" if self.transpose == "registers" else "")
         )
 
     _NAME_RE = re.compile(
-        r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_t(\d+)x(\d+)_v(\d)(\d)_s(\d+)_([a-z]+)_g(\d+)_k(\d+)_o(\d+)"
+        r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_t(\d+)x(\d+)_v(\d)(\d)_s(\d+)_([a-z]+)_g(\d+)_k(\d+)_o(\d+)(_r)?"
     )
 
     @classmethod
@@ -94,7 +101,14 @@ class SimtConfig:
             raise ValueError(f"not a SIMT config name: {name!r}")
         g = match.groups()
         ints = [int(x) for x in g[:10]]
-        return cls(*ints, smem=g[10], group_m=int(g[11]), split_k=int(g[12]), min_blocks=int(g[13]))
+        return cls(
+            *ints,
+            smem=g[10],
+            group_m=int(g[11]),
+            split_k=int(g[12]),
+            min_blocks=int(g[13]),
+            transpose="registers" if g[14] else "async",
+        )
 
     def to_dict(self) -> dict:
         return {"family": self.family, **dataclasses.asdict(self)}
@@ -141,11 +155,29 @@ class SimtConfig:
     def estimated_registers(self, problem: Problem) -> int:
         """A conservative count of the registers a thread needs (calibrated against ptxas)."""
         accumulators = self.tm * self.tn
+        # fragments of A and B, double-buffered from stage 2 (the cp.async pipeline single-buffers
+        # A's, but ptxas renames registers to hoist its loads: count them twice all the same)
         fragments = (self.tm + self.tn) * (2 if self.stages >= 2 else 1)
         # cp.async moves tiles without registers; otherwise a whole tile slice is staged in them.
-        staged = 0 if self.stages >= 3 else (self.bm + self.bn) * self.bk // self.threads
+        if self.stages < 3:
+            staged = (self.bm + self.bn) * self.bk // self.threads
+        else:
+            staged = sum(
+                extent * self.bk // self.threads
+                for extent, through_registers in zip((self.bm, self.bn), self.registers_staged(problem))
+                if through_registers
+            )
         overhead = REGISTER_OVERHEAD_CP_ASYNC if self.stages >= 3 else REGISTER_OVERHEAD
+        if self.stages >= 3 and self.smem == "swizzle" and transposed_stores(problem)[1]:
+            # B's fragment loads are spread over the FFMAs; swizzled, each keeps its own address live
+            overhead += REGISTERS_SWIZZLED_B
         return accumulators + fragments + staged + self.load_passes(problem) * REGISTERS_PER_LOAD_PASS + overhead
+
+    def registers_staged(self, problem: Problem) -> tuple[bool, bool]:
+        """Whether A's and B's slices pass through registers in the cp.async pipeline."""
+        via_registers = self.stages >= 3 and self.transpose == "registers"
+        a_transposed, b_transposed = transposed_stores(problem)
+        return (via_registers and a_transposed, via_registers and b_transposed)
 
     def register_limit(self, device: Device) -> int:
         per_thread = device.regs_per_block // max(self.threads * self.min_blocks, 1)
@@ -175,6 +207,10 @@ class SimtConfig:
                 bad("choice", f"{knob}={getattr(self, knob)} must be one of {VECTOR_WIDTHS}")
         if self.smem not in SMEM_LAYOUTS:
             bad("choice", f"smem={self.smem!r} must be one of {', '.join(SMEM_LAYOUTS)}")
+        if self.transpose not in TRANSPOSE_PATHS:
+            bad("choice", f"transpose={self.transpose!r} must be one of {', '.join(TRANSPOSE_PATHS)}")
+        elif self.transpose == "registers" and self.stages < 3:
+            bad("choice", f"transpose='registers' needs the cp.async pipeline (stages >= 3), not stages={self.stages}")
         for knob in ("stages", "group_m", "split_k", "min_blocks"):
             if getattr(self, knob) < 1:
                 bad("choice", f"{knob}={getattr(self, knob)} must be >= 1")
@@ -253,10 +289,13 @@ class SimtConfig:
 # Registers beyond the arrays (pointers, indices, loop counters, bounds), plus one per global load
 # pass (its address and predicate). cp.async pipelines keep more addresses live (shared and global
 # of every stage in flight). Fitted with ptxas on 321 variants (sm_90, CUDA 13, register caps from
-# 40 to 255) so that no accepted variant spilled, plus a margin of 4.
+# 40 to 255) so that no accepted variant spilled, plus a margin of 4; re-checked on 110 variants
+# near their cap after A's fragment became single-buffered and transposed operands could be staged
+# in registers, which showed that swizzled transposed B (layouts NT, TT) needs 12 more.
 REGISTER_OVERHEAD = 28
 REGISTER_OVERHEAD_CP_ASYNC = 60
 REGISTERS_PER_LOAD_PASS = 1
+REGISTERS_SWIZZLED_B = 12
 
 
 @dataclass(frozen=True)

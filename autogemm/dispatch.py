@@ -173,6 +173,7 @@ class Choice:
 # Built-in configurations by problem size, tried in order until one passes check(): a big-tile
 # kernel for large outputs, smaller tiles for small ones, split-K when K dwarfs the output.
 DEFAULT_CONFIGS = (
+    ("large", SimtConfig(128, 256, 16, 64, 64, 8, 16, 4, 4, 3, "pad", 8, 1, 1, "registers")),
     ("large", SimtConfig(32, 256, 16, 16, 256, 8, 16, 4, 4, 3, "pad", 16, 1, 3)),
     ("large", SimtConfig(64, 128, 16, 32, 64, 8, 8, 4, 4, 3, "swizzle", 8, 1, 1)),
     ("medium", SimtConfig(64, 64, 16, 32, 32, 4, 8, 4, 4, 3, "pad", 8, 1, 2)),

@@ -110,5 +110,7 @@ def render(config: SimtConfig, problem: Problem, widths: VectorWidths | None = N
         pad_b=pad_b,
         swizzle_a=cxx_bool[config.smem == "swizzle" and a_transposed],
         swizzle_b=cxx_bool[config.smem == "swizzle" and b_transposed],
+        staged_a=config.registers_staged(problem)[0],
+        staged_b=config.registers_staged(problem)[1],
     )
     return Source(kernel=name, reduce_kernel=f"{name}_reduce" if config.split_k > 1 else None, code=code)

@@ -18,6 +18,7 @@ COVERAGE = {
     "group_m": (1, 2, 4, 8, 16),
     "split_k": (1, 2, 4, 8),
     "min_blocks": (1, 2, 3, 4),
+    "transpose": ("async", "registers"),
 }
 
 # Hand-picked configurations that the benchmarks lean on; always part of the samples.
@@ -26,6 +27,7 @@ REFERENCE_CONFIGS = (
     SimtConfig(128, 256, 8, 64, 64, 8, 16, 4, 4, 2, "pad", 8, 1),
     SimtConfig(128, 128, 16, 64, 32, 8, 8, 4, 4, 3, "swizzle", 8, 1),
     SimtConfig(64, 64, 16, 32, 32, 4, 8, 4, 4, 4, "pad", 4, 2),
+    SimtConfig(128, 256, 16, 64, 64, 8, 16, 4, 4, 3, "pad", 8, 1, 1, "registers"),
 )
 
 SAMPLE_PROBLEM = Problem(4096, 4096, 4096)
