@@ -27,7 +27,7 @@ REFERENCE_CONFIGS = (
     SimtConfig(128, 256, 8, 64, 64, 8, 16, 4, 4, 2, "pad", 8, 1),
     SimtConfig(128, 128, 16, 64, 32, 8, 8, 4, 4, 3, "swizzle", 8, 1),
     SimtConfig(64, 64, 16, 32, 32, 4, 8, 4, 4, 4, "pad", 4, 2),
-    SimtConfig(128, 256, 16, 64, 64, 8, 16, 4, 4, 3, "pad", 8, 1, 1, "registers"),
+    SimtConfig(64, 128, 16, 32, 64, 8, 8, 4, 4, 3, "pad", 8, 1, 1, "registers"),
 )
 
 SAMPLE_PROBLEM = Problem(4096, 4096, 4096)
