@@ -13,27 +13,56 @@ from dataclasses import dataclass
 
 import numpy as np
 
-TOLERANCE = {"fp32": 1e-5}
+TOLERANCE = {"fp32": 1e-5, "tf32": 5e-3, "fp16": 1e-2, "bf16": 1e-2, "fp64": 1e-12}
+
+
+def tolerance(problem) -> float:
+    """The relative error a correct kernel stays under (DESIGN.md): TF32's grows with sqrt(K)."""
+    if problem.compute == "tf32":
+        return TOLERANCE["tf32"] * max(1.0, (problem.k / 4096) ** 0.5)
+    key = {"float16": "fp16", "bfloat16": "bf16"}.get(problem.dtype, problem.compute)
+    return TOLERANCE[key]
+
+
+def to_bfloat16(x):
+    """float32/float64 CuPy array -> uint16 array of bfloat16 bits, rounded to nearest even."""
+    import cupy
+
+    f = x.astype(np.float32)
+    bits = f.view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    return cupy.where(cupy.isnan(f), np.uint32(0x7FC0), rounded).astype(np.uint16)
+
+
+def to_float64(x):
+    """Values of an operand as float64 (uint16 arrays hold bfloat16 bits)."""
+    if x.dtype == np.uint16:
+        return (x.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
+    return x.astype(np.float64)
 
 
 def random_uniform(shape, dtype=np.float32, seed: int | None = None):
+    """Uniform in [-1, 1]; dtype "bfloat16" gives uint16 bfloat16 bits."""
     import cupy
 
     rng = cupy.random.default_rng(seed)
-    return (rng.random(shape, dtype=np.float64) * 2 - 1).astype(dtype)
+    values = rng.random(shape, dtype=np.float64) * 2 - 1
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        return to_bfloat16(values)
+    return values.astype(dtype)
 
 
 def reference_gemm(a, b, c=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
     """alpha * op(A) @ op(B) + beta * C in float64 (cuBLAS DGEMM on upcast copies)."""
     import cupy
 
-    a64 = a.astype(np.float64)
-    b64 = b.astype(np.float64)
+    a64 = to_float64(a)
+    b64 = to_float64(b)
     a64 = cupy.swapaxes(a64, -1, -2) if trans_a else a64
     b64 = cupy.swapaxes(b64, -1, -2) if trans_b else b64
     out = alpha * cupy.matmul(a64, b64)
     if c is not None and beta != 0:
-        out = out + beta * c.astype(np.float64)
+        out = out + beta * to_float64(c)
     return out
 
 
@@ -41,7 +70,7 @@ def relative_error(result, reference) -> float:
     """‖result − ref‖ / ‖ref‖ over every element; inf when any element is not finite."""
     import cupy
 
-    result = result.astype(np.float64)
+    result = to_float64(result)
     if not bool(cupy.isfinite(result).all()):
         return float("inf")
     norm = float(cupy.linalg.norm(reference.ravel()))
@@ -118,3 +147,60 @@ def rotation_count(bytes_per_set: int, l2_bytes: int) -> int:
     if l2_bytes <= 0 or bytes_per_set >= 2 * l2_bytes:
         return 1
     return min(8, -(-3 * l2_bytes // max(bytes_per_set, 1)))
+
+
+def cublas_runner(problem, a, b, c):
+    """`run()` computing C = op(A) @ op(B) with cuBLAS as a user of CuPy would get it: cupy.matmul
+    (in TF32 mode for compute "tf32"), and for bfloat16, which CuPy has no dtype for, cublasGemmEx
+    on the raw bits with FP32 accumulation."""
+    import cupy
+
+    swap = cupy.swapaxes
+    op_a = swap(a, -1, -2) if problem.trans_a else a
+    op_b = swap(b, -1, -2) if problem.trans_b else b
+    if problem.dtype == "bfloat16":
+        return _bfloat16_gemm(problem, a, b, c)
+    if problem.compute == "tf32":
+        from cupy._core import _routines_linalg as linalg
+
+        def run_tf32():
+            before = linalg.get_compute_type(np.float32)
+            linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
+            try:
+                cupy.matmul(op_a, op_b, out=c)
+            finally:
+                linalg.set_compute_type(np.float32, before)
+
+        return run_tf32
+    return lambda: cupy.matmul(op_a, op_b, out=c)
+
+
+def _bfloat16_gemm(problem, a, b, c):
+    """cublasGemmEx on bfloat16 bits (row-major C = op(A) op(B) as column-major C^T = op(B)^T op(A)^T)."""
+    import cupy
+    from cupy.cuda import cublas, device, runtime
+
+    compute_32f = getattr(cublas, "CUBLAS_COMPUTE_32F", 68)
+    handle = device.get_cublas_handle()
+    m, n, k = problem.m, problem.n, problem.k
+    op_a = cublas.CUBLAS_OP_T if problem.trans_a else cublas.CUBLAS_OP_N
+    op_b = cublas.CUBLAS_OP_T if problem.trans_b else cublas.CUBLAS_OP_N
+    lda = m if problem.trans_a else k
+    ldb = k if problem.trans_b else n
+    one, zero = np.array(1.0, dtype=np.float32), np.array(0.0, dtype=np.float32)
+    bf16 = runtime.CUDA_R_16BF
+    batch = problem.batch
+    mats = [(a[i] if a.ndim == 3 else a, b[i] if b.ndim == 3 else b, c[i] if c.ndim == 3 else c) for i in range(batch)]
+
+    def run():
+        mode = cublas.getPointerMode(handle)
+        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+        try:
+            for ai, bi, ci in mats:
+                cublas.gemmEx(handle, op_b, op_a, n, m, k, one.ctypes.data, bi.data.ptr, bf16, ldb,
+                              ai.data.ptr, bf16, lda, zero.ctypes.data, ci.data.ptr, bf16, n, compute_32f, -1)
+        finally:
+            cublas.setPointerMode(handle, mode)
+
+    return run

@@ -8,7 +8,7 @@ import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from .config import SimtConfig
+from .config import SimtConfig, WmmaConfig, config_from_dict, config_from_name
 from .problem import LAYOUTS, Device, Problem
 
 
@@ -53,14 +53,16 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
         raise CliError(str(exc)) from None
 
 
-def parse_config(text: str) -> SimtConfig:
-    """A config as a JSON object of knobs (missing knobs take their defaults) or a config name."""
+def parse_config(text: str):
+    """A config as a JSON object of knobs (missing knobs take their defaults; "family": "wmma" for
+    the tensor-core template) or a config name."""
     text = text.strip()
     if not text.startswith("{"):
         try:
-            return SimtConfig.from_name(text)
+            return config_from_name(text)
         except ValueError as exc:
-            raise CliError(f"--config: {exc}; give a JSON object of knobs or a name like {SimtConfig().name}") from None
+            raise CliError(f"--config: {exc}; give a JSON object of knobs or a name like {SimtConfig().name} "
+                           f"or {WmmaConfig().name}") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -68,7 +70,7 @@ def parse_config(text: str) -> SimtConfig:
     if not isinstance(data, dict):
         raise CliError("--config must be a JSON object of knobs")
     try:
-        return SimtConfig.from_dict(data)
+        return config_from_dict(data)
     except (TypeError, ValueError) as exc:
         raise CliError(f"--config: {exc}") from None
 
@@ -100,15 +102,15 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from .compile import CompileError, NvccNotFound, find_nvcc, nvcc_resources
     from .render import render
-    from .space import SearchSpace, SpaceError
+    from .space import SearchSpace, SpaceError, default_space_name
 
+    problem = problem_from_args(args)
     try:
         find_nvcc()
-        space = SearchSpace.load(args.space)
+        space = SearchSpace.load(args.space or default_space_name(problem))
     except (NvccNotFound, SpaceError) as exc:
         raise CliError(str(exc)) from None
     device = device_for(args.arch)
-    problem = problem_from_args(args)
     configs = space.sample(args.count, problem, device, seed=args.seed)
     if not configs:
         raise CliError(f"no configuration of {space.path} is valid for {problem} on {device.arch}")
@@ -168,16 +170,16 @@ def _format_result(result) -> str:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from .evaluate import FatalEvaluationError
-    from .space import SearchSpace, SpaceError
+    from .space import SearchSpace, SpaceError, default_space_name
     from .tuner import TuneError, tune
 
     problem = problem_from_args(args)
     try:
-        space = SearchSpace.load(args.space)
+        space = SearchSpace.load(args.space or default_space_name(problem))
     except SpaceError as exc:
         raise CliError(str(exc)) from None
-    if problem.dtype != "float32" or problem.compute != "fp32":
-        raise CliError(f"{problem.dtype}/{problem.compute} has no template yet; the SIMT family tunes float32/fp32")
+    if space.family != {"simt": "simt"}.get(default_space_name(problem), "wmma"):
+        raise CliError(f"--space {args.space}: a {space.family} space cannot compute {problem.dtype}/{problem.compute}")
     _require_gpu()
     try:
         result = tune(problem, trials=args.trials, timeout=args.timeout, seed=args.seed, sampler=args.sampler,
@@ -370,7 +372,8 @@ def build_parser() -> argparse.ArgumentParser:
                              description="Render and compile a sample of a search space with nvcc (no GPU "
                              "needed) and print registers, spills and shared memory per variant. Exits 1 "
                              "if any variant fails to compile or spills registers.")
-    check_p.add_argument("--space", help="search-space TOML file or shipped name (default: simt)")
+    check_p.add_argument("--space", help="search-space TOML file or shipped name (default: the one for the dtype: simt, "
+                         "wmma_tf32, wmma_fp16, wmma_bf16, wmma_fp64)")
     check_p.add_argument("--arch", default="sm_90", help="target architecture (default sm_90)")
     check_p.add_argument("--count", type=positive_int, default=12, help="variants to compile (default 12)")
     check_p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
@@ -396,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"seconds of search before the final re-timing (default {DEFAULT_TIMEOUT_S:g})")
     search.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     search.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="Optuna sampler (default tpe)")
-    search.add_argument("--space", help="search-space TOML file or shipped name (default simt)")
+    search.add_argument("--space", help="search-space TOML file or shipped name (default: the one for the dtype and compute mode)")
     search.add_argument("--storage", help="Optuna storage URL (default: SQLite in the cache directory; "
                                           "':memory:' keeps nothing)")
     search.add_argument("--study-name", help="study name (default: device, problem, space and template version)")

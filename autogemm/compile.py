@@ -131,6 +131,15 @@ def _cubin_path(source: Source, arch: str) -> Path:
     return user_cache_dir() / "cubin" / f"{source.kernel[:80]}-{source.digest}-{arch}-nvrtc{major}.{minor}.cubin"
 
 
+def _include_options() -> tuple[str, ...]:
+    """The CUDA toolkit's include directory, where the tensor-core kernels find <mma.h>."""
+    import cupy
+
+    path = cupy.cuda.get_cuda_path()
+    include = Path(path) / "include" if path else None
+    return (f"-I{include}",) if include is not None and include.is_dir() else ()
+
+
 def compile_to_cubin(source: Source, arch: str) -> Path:
     """Compiles with NVRTC (no GPU context needed) and returns the cubin's path, reusing a cached one."""
     from cupy.cuda import compiler
@@ -139,7 +148,8 @@ def compile_to_cubin(source: Source, arch: str) -> Path:
     if path.exists():
         return path
     try:
-        cubin, _ = compiler.compile_using_nvrtc(source.code, NVRTC_OPTIONS, arch=arch.removeprefix("sm_"))
+        cubin, _ = compiler.compile_using_nvrtc(source.code, NVRTC_OPTIONS + _include_options(),
+                                                arch=arch.removeprefix("sm_"))
     except compiler.CompileException as exc:
         raise CompileError(f"NVRTC failed for {source.kernel} ({arch})", str(exc), save_failed_source(source)) from None
     path.parent.mkdir(parents=True, exist_ok=True)

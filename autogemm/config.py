@@ -30,6 +30,8 @@ REASON_CODES = (
     "split-k",  # more K splits than K tiles
     "grid",  # the launch grid exceeds the device's grid limits
     "size",  # a dimension exceeds 32-bit indexing
+    "fragment",  # a tile is not a multiple of the tensor-core fragment shape
+    "tensor-core",  # the device has no tensor-core instruction for this type
 )
 
 SMEM_LAYOUTS = ("plain", "pad", "swizzle")
@@ -315,8 +317,8 @@ class VectorWidths:
 
 
 def widest_vector(limit: int, *multiples_of: int) -> int:
-    """The widest of 4, 2, 1 that is <= limit and divides every given number."""
-    for width in (4, 2, 1):
+    """The widest of 8, 4, 2, 1 that is <= limit and divides every given number."""
+    for width in (8, 4, 2, 1):
         if width <= limit and all(x % width == 0 for x in multiples_of):
             return width
     return 1
@@ -349,4 +351,231 @@ def config_from_dict(data: dict):
     family = data.get("family", "simt")
     if family == "simt":
         return SimtConfig.from_dict(data)
+    if family == "wmma":
+        return WmmaConfig.from_dict(data)
     raise ValueError(f"unknown config family {family!r}")
+
+
+def config_from_name(name: str):
+    """A configuration of any family from its name (WMMA names start with ``wmma_``)."""
+    return WmmaConfig.from_name(name) if name.startswith("wmma_") else SimtConfig.from_name(name)
+
+
+# ---- tensor cores (nvcuda::wmma) ------------------------------------------------------------------
+@dataclass(frozen=True)
+class WmmaType:
+    """What the WMMA template needs to know about one (dtype, compute) pair."""
+
+    element: str  # C++ element type of A, B and C
+    accumulator: str  # C++ type of the accumulator fragments, alpha and beta
+    itemsize: int
+    accumulator_size: int
+    fragment: tuple[int, int, int]  # the m, n, k of one mma
+    min_arch: tuple[int, int]
+    precision: str  # the fragment's element type for A and B (wmma::precision::tf32 for TF32)
+
+
+WMMA_TYPES = {
+    ("float16", "fp32"): WmmaType("__half", "float", 2, 4, (16, 16, 16), (7, 0), "__half"),
+    ("bfloat16", "fp32"): WmmaType("__nv_bfloat16", "float", 2, 4, (16, 16, 16), (8, 0), "__nv_bfloat16"),
+    ("float32", "tf32"): WmmaType("float", "float", 4, 4, (16, 16, 8), (8, 0), "wmma::precision::tf32"),
+    ("float64", "fp64"): WmmaType("double", "double", 8, 8, (8, 8, 4), (8, 0), "double"),
+}
+WMMA_SMEM_LAYOUTS = ("plain", "pad")
+WMMA_PAD_BYTES = 16  # shifts each shared-memory row by 4 banks: fragment loads of 8 rows hit 8 bank groups
+WMMA_REGISTER_OVERHEAD = 66  # fitted with ptxas (sm_90, CUDA 13) so that no accepted variant spills
+WMMA_REGISTERS_PER_LOAD = 3
+WMMA_REGISTERS_FOR_TAILS = 100  # bounds checks on partial tiles keep many more addresses live
+
+
+def wmma_type(problem: Problem) -> WmmaType | None:
+    return WMMA_TYPES.get((problem.dtype, problem.compute))
+
+
+@dataclass(frozen=True)
+class WmmaConfig:
+    """Knobs of the tensor-core (nvcuda::wmma) GEMM template.
+
+    bm, bn, bk: block tile; wm, wn: warp tile (a grid of mma fragments per warp); vec: elements per
+    global load (up to 16 bytes; cp.async copies of 4, 8 or 16 bytes); stages: 1 single buffer,
+    2-5 a cp.async ring; smem: "pad" shifts every shared-memory row by 16 bytes (conflict-free
+    fragment loads), "plain" does not (WMMA loads fragments from strided rows only, so an XOR
+    swizzle cannot be expressed; that needs ldmatrix with mma.sync); group_m: block swizzle;
+    split_k: K slices reduced in a second pass; min_blocks: blocks per SM for `__launch_bounds__`.
+    The operands stay in their global orientation in shared memory (row- or column-major
+    fragments), so no layout needs a transposing copy.
+    """
+
+    bm: int = 128
+    bn: int = 128
+    bk: int = 32
+    wm: int = 64
+    wn: int = 64
+    vec: int = 8
+    stages: int = 3
+    smem: str = "pad"
+    group_m: int = 8
+    split_k: int = 1
+    min_blocks: int = 1
+
+    family = "wmma"
+
+    @property
+    def name(self) -> str:
+        return (
+            f"wmma_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_v{self.vec}_s{self.stages}_{self.smem}"
+            f"_g{self.group_m}_k{self.split_k}_o{self.min_blocks}"
+        )
+
+    _NAME_RE = re.compile(r"wmma_(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_v(\d+)_s(\d+)_([a-z]+)_g(\d+)_k(\d+)_o(\d+)")
+
+    @classmethod
+    def from_name(cls, name: str) -> WmmaConfig:
+        match = cls._NAME_RE.fullmatch(name)
+        if not match:
+            raise ValueError(f"not a WMMA config name: {name!r}")
+        g = match.groups()
+        return cls(*(int(x) for x in g[:7]), smem=g[7], group_m=int(g[8]), split_k=int(g[9]), min_blocks=int(g[10]))
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> WmmaConfig:
+        data = dict(data)
+        family = data.pop("family", cls.family)
+        if family != cls.family:
+            raise ValueError(f"config family {family!r} is not {cls.family!r}")
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown WMMA config knobs: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    def replace(self, **changes) -> WmmaConfig:
+        return dataclasses.replace(self, **changes)
+
+    # ---- derived quantities -------------------------------------------------------------------
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.wm) * (self.bn // self.wn) * 32
+
+    def smem_pad(self, problem: Problem) -> int:
+        """Padding of every shared-memory row, in elements."""
+        kind = wmma_type(problem)
+        return WMMA_PAD_BYTES // kind.itemsize if kind and self.smem == "pad" else 0
+
+    def smem_bytes(self, problem: Problem) -> int:
+        kind = wmma_type(problem)
+        if kind is None:
+            return 0
+        pad = self.smem_pad(problem)
+        # each operand tile keeps its global orientation: rows of bk (k contiguous) or of bm/bn
+        a = (self.bk * (self.bm + pad)) if problem.trans_a else (self.bm * (self.bk + pad))
+        b = (self.bn * (self.bk + pad)) if problem.trans_b else (self.bk * (self.bn + pad))
+        pipeline = max(1, self.stages) * (a + b) * kind.itemsize
+        fm, fn, _ = kind.fragment
+        epilogue = (self.threads // 32) * fm * fn * kind.accumulator_size  # one fragment per warp
+        return max(pipeline, epilogue)
+
+    def tiles_k(self, problem: Problem) -> int:
+        return -(-problem.k // self.bk)
+
+    def estimated_registers(self, problem: Problem) -> int:
+        """Accumulator and operand fragments of a warp tile, spread over 32 lanes (4-byte registers)."""
+        kind = wmma_type(problem)
+        _, _, fk = kind.fragment
+        accumulators = self.wm * self.wn * kind.accumulator_size // 128
+        # ptxas loads the TF32 and FP64 fragments of every k-step of a slice ahead of the mmas,
+        # the 16-bit ones a step at a time unless the slice is deep; FP64 needs 40 more
+        depth = fk if kind.itemsize == 2 and self.bk <= 2 * fk else self.bk
+        fragments = (self.wm + self.wn) * depth * kind.itemsize // 128 + (40 if kind.itemsize == 8 else 0)
+        # every global load of a slice keeps a 64-bit address and its bound checks live
+        passes = (self.bm + self.bn) * self.bk // max(self.threads * self.vec, 1)
+        tails = any(extent % tile for extent, tile in ((problem.m, self.bm), (problem.n, self.bn), (problem.k, self.bk)))
+        return (accumulators + fragments + WMMA_REGISTERS_PER_LOAD * passes + WMMA_REGISTER_OVERHEAD
+                + (WMMA_REGISTERS_FOR_TAILS if tails else 0))
+
+    def register_limit(self, device: Device) -> int:
+        per_thread = device.regs_per_block // max(self.threads * self.min_blocks, 1)
+        return min(255, per_thread - per_thread % 8)
+
+    # ---- validity ---------------------------------------------------------------------------
+    def check(self, problem: Problem, device: Device) -> list[str]:
+        reasons: list[str] = []
+
+        def bad(code: str, message: str) -> None:
+            reasons.append(f"{code}: {message}")
+
+        kind = wmma_type(problem)
+        if kind is None:
+            bad("dtype", f"the WMMA template computes float16/fp32, bfloat16/fp32, float32/tf32 and "
+                         f"float64/fp64, not {problem.dtype}/{problem.compute}")
+            return reasons
+        if device.compute_capability < kind.min_arch:
+            bad("tensor-core", f"{problem.dtype}/{problem.compute} tensor-core mma needs compute capability "
+                               f"{kind.min_arch[0]}.{kind.min_arch[1]}, device is {device.arch}")
+        for knob in ("bm", "bn", "bk", "wm", "wn", "vec"):
+            value = getattr(self, knob)
+            if not _pow2(value):
+                bad("choice", f"{knob}={value} must be a power of two")
+        if self.smem not in WMMA_SMEM_LAYOUTS:
+            bad("choice", f"smem={self.smem!r} must be one of {', '.join(WMMA_SMEM_LAYOUTS)}")
+        if not 1 <= self.stages <= 5:
+            bad("choice", f"stages={self.stages} must be 1 to 5")
+        for knob in ("group_m", "split_k", "min_blocks"):
+            if getattr(self, knob) < 1:
+                bad("choice", f"{knob}={getattr(self, knob)} must be >= 1")
+        if _pow2(self.vec) and self.vec * kind.itemsize > 16:
+            bad("choice", f"vec={self.vec} elements of {kind.itemsize} bytes exceed a 16-byte load")
+        if reasons:
+            return reasons
+
+        fm, fn, fk = kind.fragment
+        if self.wm % fm or self.wn % fn or self.bk % fk:
+            bad("fragment", f"warp tile {self.wm}x{self.wn} and bk={self.bk} must be multiples of the "
+                            f"{fm}x{fn}x{fk} {problem.dtype} fragment")
+            return reasons
+        if self.bm % self.wm or self.bn % self.wn:
+            bad("warp-tile", f"block tile {self.bm}x{self.bn} is not a multiple of warp tile {self.wm}x{self.wn}")
+            return reasons
+        threads = self.threads
+        if threads > device.max_threads_per_block:
+            bad("threads", f"{threads} threads per block exceed the device limit {device.max_threads_per_block}")
+        for operand, extent in (("A", self.bm), ("B", self.bn)):
+            if extent % self.vec or self.bk % self.vec or (extent * self.bk) % (threads * self.vec):
+                bad("tile-load", f"{operand} tile {extent}x{self.bk} does not split into {threads} threads "
+                                 f"loading {self.vec}-wide vectors")
+        smem = self.smem_bytes(problem)
+        if smem > device.smem_per_block_optin:
+            bad("shared-memory", f"{smem} bytes of shared memory exceed the device limit {device.smem_per_block_optin}")
+        regs, limit = self.estimated_registers(problem), self.register_limit(device)
+        if regs > limit:
+            bad("registers", f"about {regs} registers per thread (warp tile {self.wm}x{self.wn}) exceed "
+                             f"the {limit} available to {threads} threads")
+        if self.min_blocks > 1:
+            if threads * self.min_blocks > device.max_threads_per_sm:
+                bad("occupancy", f"{self.min_blocks} blocks of {threads} threads exceed the "
+                                 f"{device.max_threads_per_sm} threads of an SM")
+            if (smem + 1024) * self.min_blocks > device.smem_per_sm:
+                bad("occupancy", f"{self.min_blocks} blocks of {smem} bytes exceed the "
+                                 f"{device.smem_per_sm} bytes of shared memory of an SM")
+        if self.stages >= 2 and device.compute_capability < (8, 0):
+            bad("cp-async", f"{self.stages} stages need cp.async (compute capability 8.0), device is {device.arch}")
+        tiles_k = self.tiles_k(problem)
+        if self.split_k > tiles_k:
+            bad("split-k", f"split_k={self.split_k} exceeds the {tiles_k} K tiles of K={problem.k}")
+        if problem.batch * self.split_k > GRID_Y_MAX:
+            bad("grid", f"batch {problem.batch} x split_k {self.split_k} exceeds the grid limit {GRID_Y_MAX}")
+        tiles = -(-problem.m // self.bm) * -(-problem.n // self.bn)
+        if tiles > INT32_MAX:
+            bad("grid", f"{tiles} blocks exceed the grid limit {INT32_MAX}")
+        if max(problem.m, problem.n, problem.k) > INT32_MAX:
+            bad("size", "a dimension exceeds 2^31-1, beyond the kernel's 32-bit indexing")
+        return reasons
+
+
+def wmma_vector_widths(config: WmmaConfig, problem: Problem) -> VectorWidths:
+    """Vector widths (elements) for densely packed operands of a WMMA kernel."""
+    lda = problem.m if problem.trans_a else problem.k
+    ldb = problem.k if problem.trans_b else problem.n
+    return VectorWidths(a=widest_vector(config.vec, lda), b=widest_vector(config.vec, ldb), c=1)

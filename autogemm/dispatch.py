@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import SimtConfig
+from .config import SimtConfig, WmmaConfig
 from .problem import Problem
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
-# Problems the SIMT template computes; everything else goes to cupy.matmul until a template exists.
-TEMPLATE_DTYPES = {("float32", "fp32")}
+# Problems a template computes: float32/fp32 the SIMT family, the rest the tensor-core (WMMA) family.
+TEMPLATE_DTYPES = {("float32", "fp32"), ("float32", "tf32"), ("float16", "fp32"), ("bfloat16", "fp32"),
+                   ("float64", "fp64")}
 AUTOTUNE_TRIALS = 40
 AUTOTUNE_TIMEOUT_S = 30.0
 
@@ -191,9 +192,26 @@ def size_class(problem: Problem) -> str:
     return "small"
 
 
-def default_config(problem: Problem, device) -> SimtConfig | None:
+# Tensor-core defaults per (dtype, compute), largest first; the first that can run a problem is used.
+DEFAULT_WMMA_CONFIGS = {
+    ("float16", "fp32"): ("wmma_128x128x32_w64x64_v8_s3_pad_g8_k1_o1", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1",
+                          "wmma_32x32x16_w16x32_v8_s2_pad_g8_k1_o1"),
+    ("bfloat16", "fp32"): ("wmma_128x128x32_w64x64_v8_s3_pad_g8_k1_o1", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1",
+                           "wmma_32x32x16_w16x32_v8_s2_pad_g8_k1_o1"),
+    ("float32", "tf32"): ("wmma_128x128x16_w32x64_v4_s4_pad_g8_k1_o1", "wmma_64x64x16_w32x32_v4_s3_pad_g8_k1_o1",
+                          "wmma_32x32x8_w16x32_v4_s2_pad_g8_k1_o1"),
+    ("float64", "fp64"): ("wmma_64x64x8_w32x32_v2_s4_pad_g8_k1_o1", "wmma_32x32x4_w16x16_v1_s3_pad_g8_k1_o1",
+                          "wmma_16x16x4_w8x16_v1_s2_pad_g8_k1_o1"),
+}
+
+
+def default_config(problem: Problem, device):
     wanted = size_class(problem)
-    order = [c for cls, c in DEFAULT_CONFIGS if cls == wanted] + [c for cls, c in DEFAULT_CONFIGS if cls != wanted]
+    wmma = DEFAULT_WMMA_CONFIGS.get((problem.dtype, problem.compute))
+    if wmma is not None:
+        order = [WmmaConfig.from_name(name) for name in wmma]
+    else:
+        order = [c for cls, c in DEFAULT_CONFIGS if cls == wanted] + [c for cls, c in DEFAULT_CONFIGS if cls != wanted]
     for config in order:
         if problem.k >= 8 * max(problem.m, problem.n) and wanted != "large":
             # a long K and a small output leave most SMs idle: split K across blocks
@@ -313,7 +331,7 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
     `a` (M×K) and `b` (K×N) are CuPy arrays or objects with __cuda_array_interface__ (PyTorch CUDA
     tensors, Numba arrays), 2-D or 3-D batches (a 2-D operand is broadcast over the batch).
     Transposed views run as the TN/NT/TT kernels without copies; other strides are copied once.
-    `compute="tf32"` opts float32 into TF32 where a template exists (cupy.matmul until then).
+    `compute="tf32"` opts float32 into TF32 (the tensor-core template).
     Nothing is tuned unless `tune=True` or AUTOGEMM_TUNE=1 (then a problem without a cached entry
     is tuned once, with a small budget, and cached). Returns a CuPy array (`out` when given).
     """
@@ -446,6 +464,7 @@ def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune) -> _Plan:
         Operand(*a_arr.shape[-2:], lda, 1, stride_a, a_arr.data.ptr),
         Operand(*b_arr.shape[-2:], ldb, 1, stride_b, b_arr.data.ptr),
         Operand(m, n, ldc, 1, stride_c, out_arr.data.ptr),
+        item,
     )
     prepared = prepare(config, problem, widths, device)
     choice.details.update(kernel=prepared.kernel.source.kernel, registers=prepared.kernel.registers)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench import TOLERANCE, random_uniform, reference_gemm, relative_error, rotation_count, time_calls, warm_up
+from .bench import cublas_runner, random_uniform, reference_gemm, relative_error, rotation_count, time_calls, tolerance, warm_up
 from .compile import CompileError, compile_pool, compile_to_cubin
 from .config import SimtConfig
 from .problem import Device, Problem
@@ -114,17 +114,15 @@ class GpuMeasurer:
 
     def _operands(self, seed: int):
         a_shape, b_shape, c_shape = self._shapes()
-        a = random_uniform(a_shape, seed=seed)
-        b = random_uniform(b_shape, seed=seed + 1)
-        c = self._cupy.empty(c_shape, dtype=np.float32)
+        dtype = self.problem.dtype
+        a = random_uniform(a_shape, dtype, seed=seed)
+        b = random_uniform(b_shape, dtype, seed=seed + 1)
+        c = self._cupy.empty(c_shape, dtype=a.dtype)
         return a, b, c
 
     def _cublas_runner(self, i: int):
         a, b, c = self._sets[i]
-        swap = self._cupy.swapaxes
-        op_a = swap(a, -1, -2) if self.problem.trans_a else a
-        op_b = swap(b, -1, -2) if self.problem.trans_b else b
-        return lambda: self._cupy.matmul(op_a, op_b, out=c)
+        return cublas_runner(self.problem, a, b, c)
 
     def time_cublas(self, repeats: int = 15) -> float:
         runners = [self._cublas_runner(i) for i in range(len(self._sets))]
@@ -135,7 +133,7 @@ class GpuMeasurer:
 
         seed = int(self._rng.integers(0, 2**31))
         a, b, c = self._operands(seed)
-        c.fill(np.nan)
+        c.fill(0x7FC0 if c.dtype == np.uint16 else np.nan)  # NaN (bfloat16 NaN bits for uint16)
         run, _ = bind(config, a, b, c, trans_a=self.problem.trans_a, trans_b=self.problem.trans_b)
         run()
         expected = reference_gemm(a, b, trans_a=self.problem.trans_a, trans_b=self.problem.trans_b)
@@ -148,9 +146,10 @@ class GpuMeasurer:
         cupy = self._cupy
         try:
             error = self._verify(config)
-            if not error <= TOLERANCE["fp32"]:
+            limit = tolerance(self.problem)
+            if not error <= limit:
                 return Measurement(ok=False, rel_error=error, kind="wrong",
-                                   message=f"relative error {error:.3g} exceeds {TOLERANCE['fp32']:g}")
+                                   message=f"relative error {error:.3g} exceeds {limit:g}")
             runners = []
             for a, b, c in self._sets:
                 run, _ = bind(config, a, b, c, trans_a=self.problem.trans_a, trans_b=self.problem.trans_b)

@@ -10,10 +10,30 @@ from dataclasses import dataclass
 import numpy as np
 
 from .compile import CompiledKernel, compile_source
-from .config import SimtConfig
+from .config import SimtConfig, VectorWidths, WmmaConfig, widest_vector, wmma_type
 from .problem import Device, Problem
-from .config import VectorWidths, widest_vector
 from .render import render
+
+# How each dtype is held in CuPy arrays. CuPy has no bfloat16: bfloat16 operands are uint16 arrays
+# of the raw bits (`bench.to_bfloat16` makes them; PyTorch bfloat16 tensors view as such).
+STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16, "float64": np.float64}
+_STORED = {np.dtype(v): k for k, v in STORAGE.items()}
+
+
+def dtype_of(array, name: str) -> str:
+    """The GEMM dtype of a CuPy array (uint16 holds bfloat16 bits)."""
+    dtype = _STORED.get(np.dtype(array.dtype))
+    if dtype is None:
+        raise TypeError(f"{name} has dtype {array.dtype}; supported: float32, float16, float64 "
+                        "and bfloat16 (as uint16 bits)")
+    return dtype
+
+
+def compute_mode(config, dtype: str) -> str:
+    """The compute mode a config family implies for a dtype (WMMA on float32 means TF32)."""
+    if config.family == "wmma" and dtype == "float32":
+        return "tf32"
+    return {"float32": "fp32", "float16": "fp32", "bfloat16": "fp32", "float64": "fp64"}[dtype]
 
 _REDUCE_THREADS = 256
 
@@ -65,10 +85,12 @@ class Operand:
         return widest_vector(limit, self.ld, self.batch_stride, self.pointer // itemsize)
 
 
-def vector_widths(config: SimtConfig, a: Operand, b: Operand, c: Operand) -> VectorWidths:
+def vector_widths(config, a: Operand, b: Operand, c: Operand, itemsize: int = 4) -> VectorWidths:
     """The widest accesses, up to the config's `vec`, that the operands' alignment allows. Split-K
     writes its partial products to an aligned workspace (the reduction is scalar), so C then gets
-    the config's width whatever its alignment."""
+    the config's width whatever its alignment. WMMA kernels write C element by element."""
+    if config.family == "wmma":
+        return VectorWidths(a=a.vector_width(config.vec, itemsize), b=b.vector_width(config.vec, itemsize), c=1)
     return VectorWidths(
         a=a.vector_width(config.vec),
         b=b.vector_width(config.vec),
@@ -80,7 +102,7 @@ def vector_widths(config: SimtConfig, a: Operand, b: Operand, c: Operand) -> Vec
 class PreparedGemm:
     """A kernel compiled for one problem class, with its launch geometry."""
 
-    config: SimtConfig
+    config: SimtConfig | WmmaConfig
     problem: Problem
     kernel: CompiledKernel
     grid: tuple[int, int, int]
@@ -89,7 +111,7 @@ class PreparedGemm:
     tiles_per_split: int
 
 
-def prepare(config: SimtConfig, problem: Problem, widths: VectorWidths | None = None,
+def prepare(config, problem: Problem, widths: VectorWidths | None = None,
             device: Device | None = None) -> PreparedGemm:
     device = device or current_device()
     reasons = config.check(problem, device)
@@ -111,7 +133,7 @@ def prepare(config: SimtConfig, problem: Problem, widths: VectorWidths | None = 
     )
 
 
-def gemm(config: SimtConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bool = False,
+def gemm(config, a, b, c=None, *, trans_a: bool = False, trans_b: bool = False,
          alpha: float = 1.0, beta: float = 0.0, stream=None):
     """C = alpha * op(A) @ op(B) + beta * C with the kernel of `config`; returns C.
 
@@ -124,15 +146,20 @@ def gemm(config: SimtConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bo
     return c
 
 
-def bind(config: SimtConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bool = False,
+def bind(config, a, b, c=None, *, trans_a: bool = False, trans_b: bool = False,
          alpha: float = 1.0, beta: float = 0.0):
     """Validates the operands, compiles the kernel and returns (run, c): `run(stream=None)`
     launches it with every argument prepared, for repeated calls (timing, tuning)."""
     import cupy
 
-    for name, array in (("A", a), ("B", b)):
-        if array.dtype != np.float32:
-            raise TypeError(f"{name} has dtype {array.dtype}; this kernel family computes float32")
+    dtype = dtype_of(a, "A")
+    if dtype_of(b, "B") != dtype:
+        raise TypeError(f"A and B differ in dtype: {a.dtype} and {b.dtype}")
+    compute = compute_mode(config, dtype)
+    if config.family == "wmma" and wmma_type(Problem(1, 1, 1, dtype=dtype, compute=compute)) is None:
+        raise TypeError(f"the WMMA family has no kernel for {dtype}")
+    if config.family == "simt" and dtype != "float32":
+        raise TypeError(f"A has dtype {a.dtype}; the SIMT family computes float32")
     opa, opb = Operand.of(a, "A"), Operand.of(b, "B")
     m, k = (opa.cols, opa.rows) if trans_a else (opa.rows, opa.cols)
     k_b, n = (opb.cols, opb.rows) if trans_b else (opb.rows, opb.cols)
@@ -142,10 +169,10 @@ def bind(config: SimtConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bo
     if opa.batch not in (1, batch) or opb.batch not in (1, batch):
         raise ValueError(f"batch sizes differ: A has {opa.batch}, B has {opb.batch}")
     if c is None:
-        c = cupy.empty((batch, m, n) if a.ndim == 3 or b.ndim == 3 else (m, n), dtype=np.float32)
+        c = cupy.empty((batch, m, n) if a.ndim == 3 or b.ndim == 3 else (m, n), dtype=a.dtype)
         beta = 0.0
-    if c.dtype != np.float32:
-        raise TypeError(f"C has dtype {c.dtype}; expected float32")
+    if c.dtype != a.dtype:
+        raise TypeError(f"C has dtype {c.dtype}; expected {a.dtype}")
     opc = Operand.of(c, "C")
     if (opc.rows, opc.cols) != (m, n) or opc.batch != batch:
         raise ValueError(f"C has shape {c.shape}, expected {(batch, m, n) if batch > 1 else (m, n)}")
@@ -160,8 +187,8 @@ def bind(config: SimtConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bo
                     c[...] *= beta
         return scale, c
 
-    problem = Problem(m, n, k, batch=batch, trans_a=trans_a, trans_b=trans_b)
-    prepared = prepare(config, problem, vector_widths(config, opa, opb, opc))
+    problem = Problem(m, n, k, batch=batch, dtype=dtype, compute=compute, trans_a=trans_a, trans_b=trans_b)
+    prepared = prepare(config, problem, vector_widths(config, opa, opb, opc, a.itemsize))
     launch = launcher(prepared, opa.ld, opb.ld, opc.ld, opa.batch_stride, opb.batch_stride, opc.batch_stride)
 
     def run(stream=None):
@@ -176,7 +203,9 @@ def launcher(prepared: PreparedGemm, lda: int, ldb: int, ldc: int, stride_a: int
     import cupy
 
     problem, config = prepared.problem, prepared.config
-    i32, i64, f32 = np.int32, np.int64, np.float32
+    i32, i64 = np.int32, np.int64
+    # alpha and beta in the accumulator's type; split-K partials too
+    f32 = np.float64 if problem.dtype == "float64" else np.float32
     function = prepared.kernel.gemm.kernel  # the loaded CUDA function: CuPy's leanest launch
     grid, block, smem = prepared.grid, prepared.block, prepared.smem
     m, n, batch = problem.m, problem.n, problem.batch
@@ -201,7 +230,7 @@ def launcher(prepared: PreparedGemm, lda: int, ldb: int, ldc: int, stride_a: int
     def launch_split(pa, pb, pc, alpha, beta, stream=None):
         # The workspace comes from CuPy's pool per call, ordered on the launch stream.
         with stream if stream is not None else contextlib.nullcontext():
-            workspace = cupy.empty((batch * config.split_k, m, ldw), dtype=np.float32)
+            workspace = cupy.empty((batch * config.split_k, m, ldw), dtype=f32)
         function(grid, block, (np.uintp(pa), np.uintp(pb), workspace, *head, f32(1.0), f32(0.0), tiles),
                  shared_mem=smem, stream=stream)
         reduce(reduce_grid, (_REDUCE_THREADS, 1, 1), (workspace, np.uintp(pc), *tail, f32(alpha), f32(beta)),

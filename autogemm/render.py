@@ -9,7 +9,8 @@ from pathlib import Path
 
 import jinja2
 
-from .config import SimtConfig, VectorWidths, packed_vector_widths, transposed_stores
+from .config import (SimtConfig, VectorWidths, WmmaConfig, packed_vector_widths, transposed_stores,
+                     wmma_type, wmma_vector_widths)
 from .paths import template_override_dir, templates_dir
 from .problem import Problem
 
@@ -57,12 +58,70 @@ def template_hash() -> str:
     return _template_hash(template_override_dir())
 
 
-def kernel_name(config: SimtConfig, problem: Problem, widths: VectorWidths) -> str:
-    even = "".join(
+def _even(config, problem: Problem) -> str:
+    return "".join(
         "1" if extent % tile == 0 else "0"
         for extent, tile in ((problem.m, config.bm), (problem.n, config.bn), (problem.k, config.bk))
     )
-    return f"ag_{config.family}_{config.name}_{problem.layout}_e{even}_v{widths}"
+
+
+def kernel_name(config, problem: Problem, widths: VectorWidths) -> str:
+    if config.family == "wmma":
+        return (f"ag_{config.name}_{problem.dtype}_{problem.compute}_{problem.layout}_e{_even(config, problem)}"
+                f"_v{widths.a}x{widths.b}")
+    return f"ag_{config.family}_{config.name}_{problem.layout}_e{_even(config, problem)}_v{widths}"
+
+
+_WMMA_CONVERSIONS = {
+    "__half": ("__half2float(x)", "__float2half_rn(x)"),
+    "__nv_bfloat16": ("__bfloat162float(x)", "__float2bfloat16_rn(x)"),
+    "float": ("x", "x"),
+    "double": ("x", "x"),
+}
+
+
+def render_wmma(config: WmmaConfig, problem: Problem, widths: VectorWidths | None = None) -> Source:
+    """Renders the tensor-core kernel of `config` for `problem`'s dtype, layout and shape class."""
+    kind = wmma_type(problem)
+    if kind is None:
+        raise ValueError(f"the WMMA template has no kernel for {problem.dtype}/{problem.compute}")
+    if widths is None:
+        widths = wmma_vector_widths(config, problem)
+    for operand, width in (("A", widths.a), ("B", widths.b)):
+        if width not in (1, 2, 4, 8) or width > config.vec:
+            raise ValueError(f"vector width {width} for {operand} must be 1, 2, 4 or 8 and <= config vec {config.vec}")
+    name = kernel_name(config, problem, widths)
+    to_acc, from_acc = _WMMA_CONVERSIONS[kind.element]
+    cxx_bool = {True: "true", False: "false"}
+    fm, fn, fk = kind.fragment
+    code = _environment(template_override_dir()).get_template("wmma_gemm.cu.j2").render(
+        kernel=name,
+        config_name=config.name,
+        dtype=problem.dtype,
+        compute=problem.compute,
+        layout=problem.layout.upper(),
+        element=kind.element,
+        accumulator=kind.accumulator,
+        precision=kind.precision,
+        to_acc=to_acc,
+        from_acc=from_acc,
+        fm=fm, fn=fn, fk=fk,
+        bm=config.bm, bn=config.bn, bk=config.bk,
+        wm=config.wm, wn=config.wn,
+        va=widths.a, vb=widths.b,
+        stages=config.stages,
+        buffers=max(1, config.stages),
+        group_m=config.group_m,
+        split_k=config.split_k,
+        min_blocks=config.min_blocks,
+        pad=config.smem_pad(problem),
+        trans_a=cxx_bool[problem.trans_a],
+        trans_b=cxx_bool[problem.trans_b],
+        even_m=cxx_bool[problem.m % config.bm == 0],
+        even_n=cxx_bool[problem.n % config.bn == 0],
+        even_k=cxx_bool[problem.k % config.bk == 0],
+    )
+    return Source(kernel=name, reduce_kernel=f"{name}_reduce" if config.split_k > 1 else None, code=code)
 
 
 def render(config: SimtConfig, problem: Problem, widths: VectorWidths | None = None) -> Source:
@@ -71,6 +130,8 @@ def render(config: SimtConfig, problem: Problem, widths: VectorWidths | None = N
     The shape enters only through which of M, N, K are multiples of the block tile (tails need
     bounds checks, multiples do not); M, N, K themselves are kernel arguments.
     """
+    if config.family == "wmma":
+        return render_wmma(config, problem, widths)
     if widths is None:
         widths = packed_vector_widths(config, problem)
     for operand, width in (("A", widths.a), ("B", widths.b), ("C", widths.c)):

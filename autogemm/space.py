@@ -12,11 +12,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from .config import SimtConfig
+from .config import SimtConfig, WmmaConfig
 from .paths import search_spaces_dir
 from .problem import Device, Problem
 
-_FAMILIES = {"simt": SimtConfig}
+_FAMILIES = {"simt": SimtConfig, "wmma": WmmaConfig}
+
+# The shipped space for each (dtype, compute mode): the family is picked by what is computed.
+DEFAULT_SPACES = {
+    ("float32", "fp32"): "simt",
+    ("float32", "tf32"): "wmma_tf32",
+    ("float16", "fp32"): "wmma_fp16",
+    ("bfloat16", "fp32"): "wmma_bf16",
+    ("float64", "fp64"): "wmma_fp64",
+}
+
+
+def default_space_name(problem) -> str:
+    return DEFAULT_SPACES[(problem.dtype, problem.compute)]
 
 # The expression language of constraints: arithmetic, comparisons, boolean logic, x if c else y, min/max.
 _ALLOWED_NODES = (

@@ -26,7 +26,7 @@ from .evaluate import Evaluator, FatalEvaluationError, GpuEvaluator, IsolatedEva
 from .paths import user_cache_dir
 from .problem import Device, Problem
 from .render import template_hash
-from .space import SearchSpace
+from .space import SearchSpace, default_space_name
 
 DEFAULT_TRIALS = 400
 DEFAULT_TIMEOUT_S = 90.0
@@ -203,6 +203,8 @@ def tune(
     started = time.perf_counter()
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")
+    if space is None:
+        space = default_space_name(problem)  # the family follows the dtype and compute mode
     space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
     if evaluator is None:
         from .launch import current_device

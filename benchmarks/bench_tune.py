@@ -26,12 +26,15 @@ def main(argv=None) -> int:
     parser.add_argument("--problem", type=int, nargs=3, action="append", metavar=("M", "N", "K"))
     parser.add_argument("--trials", type=int, help="override the default budget")
     parser.add_argument("--timeout", type=float, help="override the default search time")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--compute", default="")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
 
     rows = []
     for m, n, k in args.problem or DEFAULT_PROBLEMS:
-        cmd = [sys.executable, "-m", "autogemm.cli", "tune", "--M", str(m), "--N", str(n), "--K", str(k), "--json"]
+        cmd = [sys.executable, "-m", "autogemm.cli", "tune", "--M", str(m), "--N", str(n), "--K", str(k), "--json",
+               "--dtype", args.dtype] + (["--compute", args.compute] if args.compute else [])
         if args.trials:
             cmd += ["--trials", str(args.trials)]
         if args.timeout:

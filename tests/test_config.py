@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from autogemm.config import REASON_CODES, SimtConfig, config_from_dict
+from autogemm.config import WmmaConfig, REASON_CODES, SimtConfig, config_from_dict
 from autogemm.problem import Device, Problem
 
 SM90 = Device.for_arch("sm_90")
@@ -31,6 +31,8 @@ REASON_CASES = [
     ("split-k", SimtConfig(split_k=8), Problem(256, 256, 16), SM90),
     ("grid", SimtConfig(split_k=2), Problem(64, 64, 64, batch=40000), SM90),
     ("size", SimtConfig(), Problem(2**31, 1, 1), SM90),
+    ("fragment", WmmaConfig(bk=8), Problem(64, 64, 64, dtype="float16"), SM90),
+    ("tensor-core", WmmaConfig(), Problem(64, 64, 64, dtype="bfloat16"), Device.for_arch("sm_75")),
 ]
 
 

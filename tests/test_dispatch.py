@@ -145,10 +145,15 @@ def test_choose_default_then_cupy():
     long_k = default_config(Problem(32, 32, 65536), SM90)
     assert long_k.split_k > 1
     for problem in (Problem(64, 64, 64, dtype="float16"), Problem(64, 64, 64, compute="tf32"),
-                    Problem(64, 64, 64, dtype="float64")):
-        assert choose(problem, SM90, None, []).source == "cupy"
+                    Problem(64, 64, 64, dtype="bfloat16"), Problem(64, 64, 64, dtype="float64")):
+        choice = choose(problem, SM90, None, [])
+        assert choice.source == "default" and choice.config.family == "wmma"
+    # no tensor-core path for bfloat16 before sm_80: cupy.matmul
+    assert choose(Problem(64, 64, 64, dtype="bfloat16"), Device.for_arch("sm_75"), None, []).source == "cupy"
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 1, 1), (1, 700, 3), (4096, 4096, 4096), (127, 129, 65), (7, 3, 100000)])
 def test_a_default_exists_for_every_shape(m, n, k):
     assert default_config(Problem(m, n, k), SM90) is not None
+    for dtype, compute in (("float16", "fp32"), ("bfloat16", "fp32"), ("float32", "tf32"), ("float64", "fp64")):
+        assert default_config(Problem(m, n, k, dtype=dtype, compute=compute), SM90) is not None

@@ -1,0 +1,101 @@
+"""The tensor-core (WMMA) family without a GPU: configs, checks, every valid config of each shipped
+space renders, and a fixed sample compiles with nvcc for sm_80 and sm_90 without spills."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from autogemm.compile import CompileError, nvcc_resources
+from autogemm.config import WmmaConfig, config_from_dict, config_from_name
+from autogemm.problem import LAYOUTS, Device, Problem
+from autogemm.render import render
+from autogemm.space import SearchSpace, default_space_name
+from wmma_samples import WMMA_KINDS, wmma_sample
+
+SM90 = Device.for_arch("sm_90")
+
+
+def test_name_and_dict_round_trip():
+    config = WmmaConfig(128, 64, 32, 64, 32, 8, 4, "plain", 4, 2, 1)
+    assert config_from_name(config.name) == config
+    assert config_from_dict(config.to_dict()) == config
+    assert config.name == "wmma_128x64x32_w64x32_v8_s4_plain_g4_k2_o1"
+
+
+@pytest.mark.parametrize("dtype, compute, space", WMMA_KINDS)
+def test_family_follows_dtype(dtype, compute, space):
+    problem = Problem(64, 64, 64, dtype=dtype, compute=compute)
+    assert default_space_name(problem) == space
+    assert SearchSpace.load(space).family == "wmma"
+    assert default_space_name(Problem(64, 64, 64)) == "simt"
+    # the cache keeps the families apart: float32 fp32 and tf32 are different problems
+    assert Problem(8, 8, 8, compute="tf32").key != Problem(8, 8, 8).key
+
+
+def test_check_reasons():
+    half = Problem(256, 256, 256, dtype="float16")
+    assert WmmaConfig().check(Problem(256, 256, 256), SM90)[0].startswith("dtype")
+    assert any(r.startswith("fragment") for r in WmmaConfig(wm=24).check(half, SM90) + WmmaConfig(bk=8).check(half, SM90))
+    bf16 = Problem(256, 256, 256, dtype="bfloat16")
+    assert any(r.startswith("tensor-core") for r in WmmaConfig().check(bf16, Device.for_arch("sm_75")))
+    assert any(r.startswith("shared-memory") for r in
+               WmmaConfig(256, 256, 64, 64, 64, 8, 5).check(half, SM90))
+    assert any(r.startswith("choice") for r in WmmaConfig(vec=8).check(Problem(64, 64, 64, dtype="float64"), SM90))
+    assert any(r.startswith("registers") for r in
+               WmmaConfig(256, 128, 32, 128, 128).check(half, SM90))
+
+
+@pytest.mark.parametrize("dtype, compute, space", WMMA_KINDS)
+def test_every_valid_config_renders(dtype, compute, space):
+    problem = Problem(4096, 4096, 4096, dtype=dtype, compute=compute)
+    configs = SearchSpace.load(space).valid_configs(problem, SM90)
+    assert len(configs) > 1000
+    names = set()
+    for config in configs:
+        source = render(config, problem)
+        assert f"constexpr int BM = {config.bm}, BN = {config.bn}, BK = {config.bk};" in source.code
+        assert f"__launch_bounds__(THREADS, {config.min_blocks})" in source.code
+        names.add(source.kernel)
+    assert len(names) == len(configs)  # one distinct kernel per config
+    assert render(configs[0], problem).code == render(configs[0], problem).code
+
+
+SHAPES = [(4096, 4096, 4096), (127, 129, 65), (255, 257, 1023)]
+
+
+def _variants(arch):
+    device = Device.for_arch(arch)
+    variants = []
+    for dtype, compute, space in WMMA_KINDS:
+        for i, config in enumerate(wmma_sample(dtype, compute, space, 4, seed=11, device=device)[:6]):
+            m, n, k = SHAPES[i % len(SHAPES)]
+            problem = Problem.from_layout(m, n, k, LAYOUTS[i % 4], dtype=dtype, compute=compute)
+            if config.check(problem, device):
+                problem = Problem.from_layout(4096, 4096, 4096, problem.layout, dtype=dtype, compute=compute)
+            if not config.check(problem, device):
+                variants.append((config, problem))
+    return variants
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_sample_compiles_without_spills(arch):
+    variants = _variants(arch)
+    assert len(variants) >= 20
+
+    def compile_one(variant):
+        config, problem = variant
+        try:
+            return config, problem, nvcc_resources(render(config, problem), arch), None
+        except CompileError as exc:
+            return config, problem, None, str(exc)
+
+    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        results = list(pool.map(compile_one, variants))
+    errors = [f"{c.name} {p}: {e}" for c, p, _, e in results if e]
+    assert not errors, "\n".join(errors)
+    spilling = [f"{c.name} {p}: {u.kernel} spills {u.spills} bytes ({u.registers} registers)"
+                for c, p, report, _ in results for u in report.values() if u.spills or u.stack_bytes]
+    assert not spilling, "\n".join(spilling)
