@@ -8,6 +8,7 @@ digest, the architecture and the NVRTC version, so a kernel is compiled once per
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import re
@@ -131,13 +132,21 @@ def _cubin_path(source: Source, arch: str) -> Path:
     return user_cache_dir() / "cubin" / f"{source.kernel[:80]}-{source.digest}-{arch}-nvrtc{major}.{minor}.cubin"
 
 
+@functools.lru_cache(maxsize=1)
 def _include_options() -> tuple[str, ...]:
-    """The CUDA toolkit's include directory, where the tensor-core kernels find <mma.h>."""
+    """A CUDA toolkit include directory with the complete <mma.h> (it includes crt/mma.h), where
+    the tensor-core kernels find it. Wheel-installed toolkits may ship only part of it, so every
+    known location is tried; none found leaves NVRTC to its built-in headers."""
     import cupy
 
-    path = cupy.cuda.get_cuda_path()
-    include = Path(path) / "include" if path else None
-    return (f"-I{include}",) if include is not None and include.is_dir() else ()
+    candidates = [cupy.cuda.get_cuda_path(), os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(str(Path(nvcc).resolve().parent.parent))
+    for root in candidates:
+        if root and (Path(root) / "include" / "crt" / "mma.h").is_file():
+            return (f"-I{Path(root) / 'include'}",)
+    return ()
 
 
 def compile_to_cubin(source: Source, arch: str) -> Path:
