@@ -178,7 +178,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         space = SearchSpace.load(args.space or default_space_name(problem))
     except SpaceError as exc:
         raise CliError(str(exc)) from None
-    if space.family != {"simt": "simt"}.get(default_space_name(problem), "wmma"):
+    if space.family != SearchSpace.load(default_space_name(problem)).family:
         raise CliError(f"--space {args.space}: a {space.family} space cannot compute {problem.dtype}/{problem.compute}")
     _require_gpu()
     try:

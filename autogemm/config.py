@@ -46,8 +46,60 @@ def _pow2(x: int) -> bool:
     return x >= 1 and (x & (x - 1)) == 0
 
 
+class _Knobs:
+    """What every config family shares: its dict form, copies with changes, the register cap its
+    `min_blocks` implies, and the launch limits every kernel of the project obeys."""
+
+    family = ""
+    _label = ""  # how messages name the family
+
+    def to_dict(self) -> dict:
+        return {"family": self.family, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        data = dict(data)
+        family = data.pop("family", cls.family)
+        if family != cls.family:
+            raise ValueError(f"config family {family!r} is not {cls.family!r}")
+        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown {cls._label} config knobs: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    def register_limit(self, device: Device) -> int:
+        per_thread = device.regs_per_block // max(self.threads * self.min_blocks, 1)
+        return min(255, per_thread - per_thread % 8)
+
+    def _launch_reasons(self, problem: Problem, device: Device, smem: int, first_async_stage: int, bad) -> None:
+        """Occupancy, cp.async, split-K, grid and index-width limits, reported through `bad`."""
+        threads = self.threads
+        if self.min_blocks > 1:
+            if threads * self.min_blocks > device.max_threads_per_sm:
+                bad("occupancy", f"{self.min_blocks} blocks of {threads} threads exceed the "
+                                 f"{device.max_threads_per_sm} threads of an SM")
+            if (smem + 1024) * self.min_blocks > device.smem_per_sm:
+                bad("occupancy", f"{self.min_blocks} blocks of {smem} bytes exceed the "
+                                 f"{device.smem_per_sm} bytes of shared memory of an SM")
+        if self.stages >= first_async_stage and device.compute_capability < (8, 0):
+            bad("cp-async", f"{self.stages} stages need cp.async (compute capability 8.0), device is {device.arch}")
+        tiles_k = self.tiles_k(problem)
+        if self.split_k > tiles_k:
+            bad("split-k", f"split_k={self.split_k} exceeds the {tiles_k} K tiles of K={problem.k}")
+        if problem.batch * self.split_k > GRID_Y_MAX:
+            bad("grid", f"batch {problem.batch} x split_k {self.split_k} exceeds the grid limit {GRID_Y_MAX}")
+        tiles = -(-problem.m // self.bm) * -(-problem.n // self.bn)
+        if tiles > INT32_MAX:
+            bad("grid", f"{tiles} blocks exceed the grid limit {INT32_MAX}")
+        if max(problem.m, problem.n, problem.k) > INT32_MAX:
+            bad("size", "a dimension exceeds 2^31-1, beyond the kernel's 32-bit indexing")
+
+
 @dataclass(frozen=True)
-class SimtConfig:
+class SimtConfig(_Knobs):
     """Knobs of the SIMT (CUDA-core FFMA) GEMM template.
 
     bm, bn, bk: block tile; wm, wn: warp tile; tm, tn: outputs per thread (the thread tile, made of
@@ -82,6 +134,7 @@ class SimtConfig:
     transpose: str = "async"
 
     family = "simt"
+    _label = "SIMT"
 
     # ---- identity -------------------------------------------------------------------------
     @property
@@ -111,24 +164,6 @@ class SimtConfig:
             min_blocks=int(g[13]),
             transpose="registers" if g[14] else "async",
         )
-
-    def to_dict(self) -> dict:
-        return {"family": self.family, **dataclasses.asdict(self)}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> SimtConfig:
-        data = dict(data)
-        family = data.pop("family", cls.family)
-        if family != cls.family:
-            raise ValueError(f"config family {family!r} is not {cls.family!r}")
-        fields = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - fields
-        if unknown:
-            raise ValueError(f"unknown SIMT config knobs: {', '.join(sorted(unknown))}")
-        return cls(**data)
-
-    def replace(self, **changes) -> SimtConfig:
-        return dataclasses.replace(self, **changes)
 
     # ---- derived quantities (shared with the template through render.py) -------------------
     @property
@@ -180,10 +215,6 @@ class SimtConfig:
         via_registers = self.stages >= 3 and self.transpose == "registers"
         a_transposed, b_transposed = transposed_stores(problem)
         return (via_registers and a_transposed, via_registers and b_transposed)
-
-    def register_limit(self, device: Device) -> int:
-        per_thread = device.regs_per_block // max(self.threads * self.min_blocks, 1)
-        return min(255, per_thread - per_thread % 8)
 
     def tiles_k(self, problem: Problem) -> int:
         return -(-problem.k // self.bk)
@@ -262,29 +293,7 @@ class SimtConfig:
                 f"the {limit} available to {threads} threads",
             )
 
-        if self.min_blocks > 1:
-            if threads * self.min_blocks > device.max_threads_per_sm:
-                bad("occupancy", f"{self.min_blocks} blocks of {threads} threads exceed the "
-                                 f"{device.max_threads_per_sm} threads of an SM")
-            if (smem + 1024) * self.min_blocks > device.smem_per_sm:
-                bad("occupancy", f"{self.min_blocks} blocks of {smem} bytes exceed the "
-                                 f"{device.smem_per_sm} bytes of shared memory of an SM")
-
-        if self.stages >= 3 and device.compute_capability < (8, 0):
-            bad("cp-async", f"{self.stages} stages need cp.async (compute capability 8.0), device is {device.arch}")
-
-        tiles_k = self.tiles_k(problem)
-        if self.split_k > tiles_k:
-            bad("split-k", f"split_k={self.split_k} exceeds the {tiles_k} K tiles of K={problem.k}")
-
-        if problem.batch * self.split_k > GRID_Y_MAX:
-            bad("grid", f"batch {problem.batch} x split_k {self.split_k} exceeds the grid limit {GRID_Y_MAX}")
-        tiles = -(-problem.m // self.bm) * -(-problem.n // self.bn)
-        if tiles > INT32_MAX:
-            bad("grid", f"{tiles} blocks exceed the grid limit {INT32_MAX}")
-
-        if max(problem.m, problem.n, problem.k) > INT32_MAX:
-            bad("size", "a dimension exceeds 2^31-1, beyond the kernel's 32-bit indexing")
+        self._launch_reasons(problem, device, smem, 3, bad)  # cp.async from 3 stages (2: registers)
         return reasons
 
 
@@ -393,7 +402,7 @@ def wmma_type(problem: Problem) -> WmmaType | None:
 
 
 @dataclass(frozen=True)
-class WmmaConfig:
+class WmmaConfig(_Knobs):
     """Knobs of the tensor-core (nvcuda::wmma) GEMM template.
 
     bm, bn, bk: block tile; wm, wn: warp tile (a grid of mma fragments per warp); vec: elements per
@@ -419,6 +428,7 @@ class WmmaConfig:
     min_blocks: int = 1
 
     family = "wmma"
+    _label = "WMMA"
 
     @property
     def name(self) -> str:
@@ -436,23 +446,6 @@ class WmmaConfig:
             raise ValueError(f"not a WMMA config name: {name!r}")
         g = match.groups()
         return cls(*(int(x) for x in g[:7]), smem=g[7], group_m=int(g[8]), split_k=int(g[9]), min_blocks=int(g[10]))
-
-    def to_dict(self) -> dict:
-        return {"family": self.family, **dataclasses.asdict(self)}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> WmmaConfig:
-        data = dict(data)
-        family = data.pop("family", cls.family)
-        if family != cls.family:
-            raise ValueError(f"config family {family!r} is not {cls.family!r}")
-        unknown = set(data) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise ValueError(f"unknown WMMA config knobs: {', '.join(sorted(unknown))}")
-        return cls(**data)
-
-    def replace(self, **changes) -> WmmaConfig:
-        return dataclasses.replace(self, **changes)
 
     # ---- derived quantities -------------------------------------------------------------------
     @property
@@ -494,10 +487,6 @@ class WmmaConfig:
         tails = any(extent % tile for extent, tile in ((problem.m, self.bm), (problem.n, self.bn), (problem.k, self.bk)))
         return (accumulators + fragments + WMMA_REGISTERS_PER_LOAD * passes + WMMA_REGISTER_OVERHEAD
                 + (WMMA_REGISTERS_FOR_TAILS if tails else 0))
-
-    def register_limit(self, device: Device) -> int:
-        per_thread = device.regs_per_block // max(self.threads * self.min_blocks, 1)
-        return min(255, per_thread - per_thread % 8)
 
     # ---- validity ---------------------------------------------------------------------------
     def check(self, problem: Problem, device: Device) -> list[str]:
@@ -552,25 +541,7 @@ class WmmaConfig:
         if regs > limit:
             bad("registers", f"about {regs} registers per thread (warp tile {self.wm}x{self.wn}) exceed "
                              f"the {limit} available to {threads} threads")
-        if self.min_blocks > 1:
-            if threads * self.min_blocks > device.max_threads_per_sm:
-                bad("occupancy", f"{self.min_blocks} blocks of {threads} threads exceed the "
-                                 f"{device.max_threads_per_sm} threads of an SM")
-            if (smem + 1024) * self.min_blocks > device.smem_per_sm:
-                bad("occupancy", f"{self.min_blocks} blocks of {smem} bytes exceed the "
-                                 f"{device.smem_per_sm} bytes of shared memory of an SM")
-        if self.stages >= 2 and device.compute_capability < (8, 0):
-            bad("cp-async", f"{self.stages} stages need cp.async (compute capability 8.0), device is {device.arch}")
-        tiles_k = self.tiles_k(problem)
-        if self.split_k > tiles_k:
-            bad("split-k", f"split_k={self.split_k} exceeds the {tiles_k} K tiles of K={problem.k}")
-        if problem.batch * self.split_k > GRID_Y_MAX:
-            bad("grid", f"batch {problem.batch} x split_k {self.split_k} exceeds the grid limit {GRID_Y_MAX}")
-        tiles = -(-problem.m // self.bm) * -(-problem.n // self.bn)
-        if tiles > INT32_MAX:
-            bad("grid", f"{tiles} blocks exceed the grid limit {INT32_MAX}")
-        if max(problem.m, problem.n, problem.k) > INT32_MAX:
-            bad("size", "a dimension exceeds 2^31-1, beyond the kernel's 32-bit indexing")
+        self._launch_reasons(problem, device, smem, 2, bad)  # every pipelined stage count uses cp.async
         return reasons
 
 

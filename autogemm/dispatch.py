@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .config import SimtConfig, WmmaConfig
-from .problem import Problem
+from .problem import COMPUTE_MODES, Problem
 
 SUPPORTED_DTYPES = ("float32", "float64", "float16", "bfloat16")
 # Problems a template computes: float32/fp32 the SIMT family, the rest the tensor-core (WMMA) family.
@@ -132,9 +132,8 @@ def validate(a: ArrayInfo, b: ArrayInfo, out: ArrayInfo | None, alpha: float, be
             low, high = x.byte_range()
             if out_low < high and low < out_high:
                 raise ValueError(f"out overlaps {x.name} in memory; give an output buffer of its own")
-    dtype_default = {"float32": "fp32", "float64": "fp64", "float16": "fp32", "bfloat16": "fp32"}[a.dtype]
-    compute = compute or dtype_default
-    allowed = {"float32": ("fp32", "tf32")}.get(a.dtype, (dtype_default,))
+    allowed = COMPUTE_MODES[a.dtype]
+    compute = compute or allowed[0]
     if compute not in allowed:
         raise ValueError(f"compute={compute!r} is not available for {a.dtype}; choose from {', '.join(allowed)}")
     return shape, compute

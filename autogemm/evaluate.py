@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench import cublas_runner, random_uniform, reference_gemm, relative_error, rotation_count, time_calls, tolerance, warm_up
+from .bench import cublas_runner, poison, random_uniform, reference_gemm, relative_error, rotation_count, time_calls, tolerance, warm_up
 from .compile import CompileError, compile_pool, compile_to_cubin
 from .config import SimtConfig
 from .problem import Device, Problem
@@ -133,7 +133,7 @@ class GpuMeasurer:
 
         seed = int(self._rng.integers(0, 2**31))
         a, b, c = self._operands(seed)
-        c.fill(0x7FC0 if c.dtype == np.uint16 else np.nan)  # NaN (bfloat16 NaN bits for uint16)
+        poison(c)
         run, _ = bind(config, a, b, c, trans_a=self.problem.trans_a, trans_b=self.problem.trans_b)
         run()
         expected = reference_gemm(a, b, trans_a=self.problem.trans_a, trans_b=self.problem.trans_b)

@@ -11,7 +11,7 @@ import numpy as np
 
 from .compile import CompiledKernel, compile_source
 from .config import SimtConfig, VectorWidths, WmmaConfig, widest_vector, wmma_type
-from .problem import Device, Problem
+from .problem import COMPUTE_MODES, Device, Problem
 from .render import render
 
 # How each dtype is held in CuPy arrays. CuPy has no bfloat16: bfloat16 operands are uint16 arrays
@@ -33,7 +33,7 @@ def compute_mode(config, dtype: str) -> str:
     """The compute mode a config family implies for a dtype (WMMA on float32 means TF32)."""
     if config.family == "wmma" and dtype == "float32":
         return "tf32"
-    return {"float32": "fp32", "float16": "fp32", "bfloat16": "fp32", "float64": "fp64"}[dtype]
+    return COMPUTE_MODES[dtype][0]
 
 _REDUCE_THREADS = 256
 

@@ -140,6 +140,7 @@ def render(config: SimtConfig, problem: Problem, widths: VectorWidths | None = N
     name = kernel_name(config, problem, widths)
     pad_a, pad_b = config.smem_pad(problem)
     a_transposed, b_transposed = transposed_stores(problem)
+    staged_a, staged_b = config.registers_staged(problem)
     cxx_bool = {True: "true", False: "false"}
     code = _environment(template_override_dir()).get_template("simt_gemm.cu.j2").render(
         kernel=name,
@@ -171,7 +172,7 @@ def render(config: SimtConfig, problem: Problem, widths: VectorWidths | None = N
         pad_b=pad_b,
         swizzle_a=cxx_bool[config.smem == "swizzle" and a_transposed],
         swizzle_b=cxx_bool[config.smem == "swizzle" and b_transposed],
-        staged_a=config.registers_staged(problem)[0],
-        staged_b=config.registers_staged(problem)[1],
+        staged_a=staged_a,
+        staged_b=staged_b,
     )
     return Source(kernel=name, reduce_kernel=f"{name}_reduce" if config.split_k > 1 else None, code=code)

@@ -5,14 +5,11 @@ CI has nvcc; if it is missing these tests fail (they do not skip) and say so.
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
-from autogemm.compile import CompileError, find_nvcc, nvcc_resources
+from autogemm.compile import find_nvcc
 from autogemm.problem import LAYOUTS, Device, Problem
-from autogemm.render import render
+from nvcc_compile import compile_variants
 from samples import diverse_sample
 
 # Shapes that switch tails on and off and narrow the vector widths (odd leading dimensions).
@@ -42,24 +39,8 @@ def test_sample_compiles_without_spills(arch):
     variants = _variants(device)
     assert len(variants) >= 24, f"only {len(variants)} variants are valid on {arch}"
 
-    def compile_one(variant):
-        config, problem = variant
-        source = render(config, problem)
-        try:
-            return config, problem, nvcc_resources(source, arch), None
-        except CompileError as exc:
-            return config, problem, None, str(exc)
-
-    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
-        results = list(pool.map(compile_one, variants))
-    errors = [f"{c.name} {p}: {e}" for c, p, _, e in results if e]
+    results, errors, spilling = compile_variants(variants, arch)
     assert not errors, "\n".join(errors)
-    spilling = [
-        f"{c.name} {p}: {u.kernel} spills {u.spills} bytes ({u.registers} registers)"
-        for c, p, report, _ in results
-        for u in report.values()
-        if u.spills or u.stack_bytes
-    ]
     assert not spilling, "\n".join(spilling)
-    stages = {c.stages for c, _, _, _ in results}
+    stages = {c.stages for c, _, _ in results}
     assert stages == {1, 2, 3, 4}, f"sample lacks pipeline depths: {stages}"
