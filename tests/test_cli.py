@@ -37,6 +37,9 @@ def test_render_accepts_a_config_name_and_layout(capsys):
         (["render", "--config", '{"tm": 4}'], "warp-lanes"),
         (["render", "--config", "{}", "--layout", "nt", "--trans-a"], "either --layout or --trans-a"),
         (["render", "--config", "{}", "--dtype", "int8"], "unsupported dtype 'int8'"),
+        (["render", "--config", '{"family": "wmma", "colour": 1}'], "unknown WMMA config knobs: colour"),
+        (["render", "--config", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1"], "dtype: the WMMA template computes"),
+        (["tune", "--M", "64", "--dtype", "float16", "--space", "simt"], "a simt space cannot compute float16/fp32"),
     ],
 )
 def test_render_errors_are_clear(capsys, argv, message):

@@ -3,16 +3,16 @@ space renders, and a fixed sample compiles with nvcc for sm_80 and sm_90 without
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
+import re
 
+import numpy as np
 import pytest
 
-from autogemm.compile import CompileError, nvcc_resources
-from autogemm.config import WmmaConfig, config_from_dict, config_from_name
+from autogemm.config import SimtConfig, WmmaConfig, config_from_dict, config_from_name
 from autogemm.problem import LAYOUTS, Device, Problem
 from autogemm.render import render
 from autogemm.space import SearchSpace, default_space_name
+from nvcc_compile import compile_variants
 from wmma_samples import WMMA_KINDS, wmma_sample
 
 SM90 = Device.for_arch("sm_90")
@@ -33,6 +33,25 @@ def test_family_follows_dtype(dtype, compute, space):
     assert default_space_name(Problem(64, 64, 64)) == "simt"
     # the cache keeps the families apart: float32 fp32 and tf32 are different problems
     assert Problem(8, 8, 8, compute="tf32").key != Problem(8, 8, 8).key
+
+
+class _FakeArray:
+    """Just enough of an array for bind()'s dtype checks, which run before anything touches a GPU."""
+
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype)
+
+
+@pytest.mark.parametrize("config, a, b, message", [
+    (WmmaConfig(), "float16", "float32", "A and B differ in dtype: float16 and float32"),
+    (SimtConfig(), "float16", "float16", "the SIMT family computes float32"),
+    (WmmaConfig(), "int32", "int32", "A has dtype int32; supported: float32, float16, float64"),
+])
+def test_bind_rejects_dtypes_before_launching(config, a, b, message):
+    from autogemm.launch import bind
+
+    with pytest.raises(TypeError, match=re.escape(message)):
+        bind(config, _FakeArray(a), _FakeArray(b))
 
 
 def test_check_reasons():
@@ -85,17 +104,6 @@ def test_sample_compiles_without_spills(arch):
     variants = _variants(arch)
     assert len(variants) >= 20
 
-    def compile_one(variant):
-        config, problem = variant
-        try:
-            return config, problem, nvcc_resources(render(config, problem), arch), None
-        except CompileError as exc:
-            return config, problem, None, str(exc)
-
-    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
-        results = list(pool.map(compile_one, variants))
-    errors = [f"{c.name} {p}: {e}" for c, p, _, e in results if e]
+    _, errors, spilling = compile_variants(variants, arch)
     assert not errors, "\n".join(errors)
-    spilling = [f"{c.name} {p}: {u.kernel} spills {u.spills} bytes ({u.registers} registers)"
-                for c, p, report, _ in results for u in report.values() if u.spills or u.stack_bytes]
     assert not spilling, "\n".join(spilling)
