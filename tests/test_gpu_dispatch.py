@@ -90,10 +90,15 @@ def test_zero_sizes_and_nan_propagation():
     assert bool(cupy.isnan(c[2]).all()) and bool(cupy.isfinite(c[3]).all())
 
 
-def test_non_float32_falls_back_to_cupy():
-    a, b = _random((33, 17), 1).astype(np.float64), _random((17, 9), 2).astype(np.float64)
-    assert autogemm.explain(a, b)["source"] == "cupy"
-    assert relative_error(autogemm.matmul(a, b), _reference(a, b)) <= 1e-12
+@pytest.mark.parametrize("dtype, compute, limit", [(np.float64, None, 1e-12), (np.float16, None, 1e-2),
+                                                   (np.float32, "tf32", 5e-3)])
+def test_other_dtypes_run_the_tensor_core_family(dtype, compute, limit):
+    a, b = _random((33, 17), 1).astype(dtype), _random((17, 9), 2).astype(dtype)
+    explained = autogemm.explain(a, b, compute=compute)
+    assert explained["source"] == "default" and explained["config"].startswith("wmma_")
+    c = autogemm.matmul(a, b, compute=compute)
+    assert c.dtype == dtype
+    assert relative_error(c, _reference(a, b)) <= limit
 
 
 def test_pytorch_tensors_in_and_out():
