@@ -94,6 +94,8 @@ class _Knobs:
         tiles = -(-problem.m // self.bm) * -(-problem.n // self.bn)
         if tiles > INT32_MAX:
             bad("grid", f"{tiles} blocks exceed the grid limit {INT32_MAX}")
+        if getattr(self, "stream_k", False) and tiles * problem.batch * tiles_k > INT32_MAX:
+            bad("size", f"{tiles * problem.batch * tiles_k} stream-K iterations exceed the kernel's 32-bit count")
         if max(problem.m, problem.n, problem.k) > INT32_MAX:
             bad("size", "a dimension exceeds 2^31-1, beyond the kernel's 32-bit indexing")
 
@@ -114,7 +116,10 @@ class SimtConfig(_Knobs):
     transpose: how a cp.async pipeline (stages >= 3) brings in an operand whose shared-memory store
     is a transpose: "async" copies it element by element with 4-byte cp.async, "registers" loads
     it with vector loads into registers at the top of a K slice and stores it transposed before the
-    slice's closing barrier (the other operand keeps its cp.async ring).
+    slice's closing barrier (the other operand keeps its cp.async ring);
+    stream_k: a persistent grid of as many blocks as fit on the device, each taking an equal run of
+    all (tile, K slice) iterations, so the last wave of tiles leaves no SM idle; blocks that share
+    a tile add up their parts through a workspace (no second kernel). Excludes split_k.
     """
 
     bm: int = 128
@@ -132,6 +137,7 @@ class SimtConfig(_Knobs):
     split_k: int = 1
     min_blocks: int = 1
     transpose: str = "async"
+    stream_k: bool = False
 
     family = "simt"
     _label = "SIMT"
@@ -143,10 +149,11 @@ class SimtConfig(_Knobs):
             f"{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_t{self.tm}x{self.tn}"
             f"_v{self.vec}{self.vec_frag}_s{self.stages}_{self.smem}_g{self.group_m}_k{self.split_k}_o{self.min_blocks}"
             + ("_r" if self.transpose == "registers" else "")
+            + ("_sk" if self.stream_k else "")
         )
 
     _NAME_RE = re.compile(
-        r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_t(\d+)x(\d+)_v(\d)(\d)_s(\d+)_([a-z]+)_g(\d+)_k(\d+)_o(\d+)(_r)?"
+        r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_t(\d+)x(\d+)_v(\d)(\d)_s(\d+)_([a-z]+)_g(\d+)_k(\d+)_o(\d+)(_r)?(_sk)?"
     )
 
     @classmethod
@@ -163,6 +170,7 @@ class SimtConfig(_Knobs):
             split_k=int(g[12]),
             min_blocks=int(g[13]),
             transpose="registers" if g[14] else "async",
+            stream_k=bool(g[15]),
         )
 
     # ---- derived quantities (shared with the template through render.py) -------------------
@@ -205,10 +213,25 @@ class SimtConfig(_Knobs):
                 if through_registers
             )
         overhead = REGISTER_OVERHEAD_CP_ASYNC if self.stages >= 3 else REGISTER_OVERHEAD
-        if self.stages >= 3 and self.smem == "swizzle" and transposed_stores(problem)[1]:
-            # B's fragment loads are spread over the FFMAs; swizzled, each keeps its own address live
-            overhead += REGISTERS_SWIZZLED_B
-        return accumulators + fragments + staged + self.load_passes(problem) * REGISTERS_PER_LOAD_PASS + overhead
+        if self.stages >= 3 and self.smem == "swizzle":
+            a_transposed, b_transposed = transposed_stores(problem)
+            if b_transposed:
+                # B's fragment loads are spread over the FFMAs; swizzled, each keeps its own
+                # address live: more of them the narrower the chunks
+                overhead += REGISTERS_SWIZZLED_B + 2 * max(0, self.tn // self.vec_frag - 4)
+            if a_transposed:
+                overhead += 2 * max(0, self.tm // self.vec_frag - 2)
+                if self.registers_staged(problem)[0] and self.tm // self.vec_frag > 2:
+                    overhead += REGISTERS_SWIZZLED_A_STAGED
+        if self.stream_k:
+            overhead += REGISTERS_STREAM_K
+            if self.smem == "swizzle" or self.stages < 3 or not any(transposed_stores(problem)):
+                overhead += REGISTERS_STREAM_K_TIGHT
+        passes = self.load_passes(problem)
+        if self.stages < 3 and (problem.m % self.bm or problem.n % self.bn or problem.k % self.bk):
+            # past a few dozen guarded loads, their bounds tests no longer fit in what is left over
+            overhead += max(0, passes - GUARDED_PASSES_FREE)
+        return accumulators + fragments + staged + passes * REGISTERS_PER_LOAD_PASS + overhead
 
     def registers_staged(self, problem: Problem) -> tuple[bool, bool]:
         """Whether A's and B's slices pass through registers in the cp.async pipeline."""
@@ -247,6 +270,10 @@ class SimtConfig(_Knobs):
         for knob in ("stages", "group_m", "split_k", "min_blocks"):
             if getattr(self, knob) < 1:
                 bad("choice", f"{knob}={getattr(self, knob)} must be >= 1")
+        if not isinstance(self.stream_k, bool):
+            bad("choice", f"stream_k={self.stream_k!r} must be true or false")
+        elif self.stream_k and self.split_k > 1:
+            bad("choice", f"stream_k splits K by itself; it excludes split_k={self.split_k}")
         if reasons:
             return reasons  # the arithmetic below assumes well-formed knobs
         if self.vec > self.bk or self.bm % self.vec or self.bn % self.vec:
@@ -281,7 +308,7 @@ class SimtConfig(_Knobs):
                     f"loading {self.vec}-wide vectors",
                 )
 
-        smem = self.smem_bytes(problem)
+        smem = self.smem_bytes(problem) + (STREAM_K_STATIC_SMEM if self.stream_k else 0)
         if smem > device.smem_per_block_optin:
             bad("shared-memory", f"{smem} bytes of shared memory exceed the device limit {device.smem_per_block_optin}")
 
@@ -306,7 +333,20 @@ class SimtConfig(_Knobs):
 REGISTER_OVERHEAD = 28
 REGISTER_OVERHEAD_CP_ASYNC = 60
 REGISTERS_PER_LOAD_PASS = 1
+# Register-staged slices (stages 1-2) of a problem with tails: a 128x16x32 tile loading scalars
+# in 72 passes spilled 184 bytes at 255 registers, 27 over its estimate; tiles of 16 passes fit.
+GUARDED_PASSES_FREE = 32
 REGISTERS_SWIZZLED_B = 12
+# Swizzled transposed A staged in registers, in more than two fragment chunks (a t16x1 thread
+# tile with vec_frag 1 spilled at 128). The swizzle terms were fitted on 96 variants near the cap.
+REGISTERS_SWIZZLED_A_STAGED = 8
+# The stream-K loop keeps its iteration range (64-bit) and tile bookkeeping live across tiles.
+# Checked with ptxas on the seeds and on 190 variants near the register cap. With a swizzled
+# layout, register-staged slices (stages 1-2) or in layout TN (no transposed store, whose
+# estimate has less slack), variants 8 over their estimate still spilled.
+REGISTERS_STREAM_K = 4
+REGISTERS_STREAM_K_TIGHT = 12
+STREAM_K_STATIC_SMEM = 16  # the flag that tells a block it finishes a shared tile
 
 
 @dataclass(frozen=True)

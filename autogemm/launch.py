@@ -122,15 +122,27 @@ def prepare(config, problem: Problem, widths: VectorWidths | None = None,
     kernel = compile_source(source, device.arch, smem)
     tiles_k = config.tiles_k(problem)
     tiles = -(-problem.m // config.bm) * -(-problem.n // config.bn)
+    grid = (tiles, problem.batch * config.split_k, 1)
+    if getattr(config, "stream_k", False):
+        grid = (stream_k_blocks(kernel, config.threads, smem, device), 1, 1)
     return PreparedGemm(
         config=config,
         problem=problem,
         kernel=kernel,
-        grid=(tiles, problem.batch * config.split_k, 1),
+        grid=grid,
         block=(config.threads, 1, 1),
         smem=smem,
         tiles_per_split=-(-tiles_k // config.split_k),
     )
+
+
+def stream_k_blocks(kernel: CompiledKernel, threads: int, smem: int, device: Device) -> int:
+    """Blocks of a stream-K grid: as many as the device holds at once (more would wait for a
+    second wave; the kernel deals the work out over whatever the grid is)."""
+    from cupy_backends.cuda.api import driver
+
+    per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.gemm.kernel.ptr, threads, smem)
+    return max(1, per_sm * device.sm_count)
 
 
 def gemm(config, a, b, c=None, *, trans_a: bool = False, trans_b: bool = False,
@@ -210,6 +222,8 @@ def launcher(prepared: PreparedGemm, lda: int, ldb: int, ldc: int, stride_a: int
     grid, block, smem = prepared.grid, prepared.block, prepared.smem
     m, n, batch = problem.m, problem.n, problem.batch
     tiles = i32(prepared.tiles_per_split)
+    if getattr(config, "stream_k", False):
+        return _stream_k_launcher(prepared, lda, ldb, ldc, stride_a, stride_b, stride_c)
     if config.split_k == 1:
         head = (i32(m), i32(n), i32(problem.k), i32(lda), i32(ldb), i32(ldc),
                 i64(stride_a), i64(stride_b), i64(stride_c))
@@ -237,3 +251,30 @@ def launcher(prepared: PreparedGemm, lda: int, ldb: int, ldc: int, stride_a: int
                stream=stream)
 
     return launch_split
+
+
+def _stream_k_launcher(prepared: PreparedGemm, lda: int, ldb: int, ldc: int, stride_a: int, stride_b: int,
+                       stride_c: int):
+    """The stream-K kernel takes a workspace: two BM x BN partial-sum slots per block and a
+    counter per tile, which must be zero at launch (the kernel leaves them zero again). Both come
+    from CuPy's pool per call, ordered on the launch stream, so concurrent calls never share one."""
+    import cupy
+
+    problem, config = prepared.problem, prepared.config
+    i32, i64 = np.int32, np.int64
+    function = prepared.kernel.gemm.kernel
+    grid, block, smem = prepared.grid, prepared.block, prepared.smem
+    tiles = -(-problem.m // config.bm) * -(-problem.n // config.bn) * problem.batch
+    partial_floats = 2 * grid[0] * config.bm * config.bn
+    head = (i32(problem.m), i32(problem.n), i32(problem.k), i32(lda), i32(ldb), i32(ldc),
+            i64(stride_a), i64(stride_b), i64(stride_c))
+
+    def launch_stream_k(pa, pb, pc, alpha, beta, stream=None):
+        with stream if stream is not None else contextlib.nullcontext():
+            partials = cupy.empty(partial_floats, dtype=np.float32)
+            counters = cupy.zeros(tiles, dtype=np.int32)
+        function(grid, block, (np.uintp(pa), np.uintp(pb), np.uintp(pc), *head, np.float32(alpha), np.float32(beta),
+                               i32(0), i32(problem.batch), partials, counters),
+                 shared_mem=smem, stream=stream)
+
+    return launch_stream_k

@@ -1,5 +1,9 @@
-"""Launches one configuration (and cuBLAS) on a square problem a few times, for a profiler to
-look at: `ncu --kernel-name regex:'ag_simt|gemm' python benchmarks/profile_kernel.py CONFIG`."""
+"""Launches one configuration (and cuBLAS on the same inputs) on a square problem a few times, for
+a profiler to look at:
+
+    ncu --kernel-name regex:'ag_|gemm|xmma' python benchmarks/profile_kernel.py CONFIG [--dtype float16]
+
+Either family: SIMT names (128x128x8_w32x64_...) and tensor-core names (wmma_...)."""
 
 from __future__ import annotations
 
@@ -8,23 +12,29 @@ import sys
 
 import cupy
 
-from autogemm.bench import random_uniform
-from autogemm.config import SimtConfig
-from autogemm.launch import bind
+from autogemm.bench import cublas_runner, random_uniform
+from autogemm.config import config_from_name
+from autogemm.launch import bind, compute_mode
+from autogemm.problem import DTYPES, Problem
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", help="config name")
     parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--dtype", choices=DTYPES, default="float32")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    a = random_uniform((args.size, args.size), seed=1)
-    b = random_uniform((args.size, args.size), seed=2)
-    run, c = bind(SimtConfig.from_name(args.config), a, b)
+    config = config_from_name(args.config)
+    compute = compute_mode(config, args.dtype)  # a WMMA config on float32 computes in TF32
+    problem = Problem(args.size, args.size, args.size, dtype=args.dtype, compute=compute)
+    a = random_uniform((args.size, args.size), args.dtype, seed=1)
+    b = random_uniform((args.size, args.size), args.dtype, seed=2)
+    run, c = bind(config, a, b)
+    blas = cublas_runner(problem, a, b, cupy.empty_like(c))
     for _ in range(args.repeats):
         run()
-        cupy.matmul(a, b)
+        blas()
     cupy.cuda.Device().synchronize()
     return 0
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from autogemm.config import SimtConfig
 from autogemm.problem import LAYOUTS, Device, Problem
 from samples import diverse_sample
 
@@ -82,3 +83,49 @@ def test_config_matches_float64_reference(config):
         assert error <= TOLERANCE, f"{run_config.name} {case} {layout}: relative error {error:.3g}"
         ran += 1
     assert ran >= 5, f"{config.name}: only {ran} of 9 cases could run"
+
+
+# Stream-K: shapes where many blocks share one tile (fewer tiles than blocks), where the shares
+# straddle tile boundaries unevenly (primes), and batches; each launched three times in a row,
+# since the per-tile counters must be back at zero for the next launch to be right.
+STREAM_K_CONFIGS = [
+    SimtConfig.from_name(name)
+    for name in (
+        "128x128x16_w32x64_t8x8_v44_s3_pad_g8_k1_o1_r_sk",  # cp.async ring, A through registers
+        "64x64x16_w32x32_t4x8_v44_s4_swizzle_g4_k1_o2_sk",  # two blocks per SM
+        "32x32x8_w16x32_t4x4_v44_s2_pad_g1_k1_o1_sk",  # register double buffer
+        "128x128x8_w32x64_t8x8_v44_s1_pad_g8_k1_o1_sk",  # single buffer
+    )
+]
+
+
+@pytest.mark.parametrize("config", STREAM_K_CONFIGS, ids=[c.name for c in STREAM_K_CONFIGS])
+@pytest.mark.parametrize(
+    "m,n,k,batch,layout,alpha,beta",
+    [
+        (64, 64, 4096, 1, "nn", 1.0, 0.0),  # one tile over every block
+        (331, 509, 2039, 1, "tn", 1.0, 0.5),  # primes
+        (1000, 700, 300, 3, "nt", -0.5, 0.25),
+        (2048, 2048, 512, 1, "tt", 1.0, 0.0),
+    ],
+)
+def test_stream_k_matches_float64_reference_launch_after_launch(config, m, n, k, batch, layout, alpha, beta):
+    import cupy
+
+    from autogemm.launch import bind
+
+    trans_a, trans_b = layout[0] == "t", layout[1] == "t"
+    problem = Problem(m, n, k, batch=batch, trans_a=trans_a, trans_b=trans_b)
+    reasons = config.check(problem, Device.current())
+    assert not reasons, reasons
+    a = _operand((k, m) if trans_a else (m, k), batch, False, 11)
+    b = _operand((n, k) if trans_b else (k, n), batch, False, 12)
+    c0 = random_uniform((batch, m, n) if batch > 1 else (m, n), seed=13)
+    expected = reference_gemm(a, b, c0, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+    for launch in range(3):
+        c = c0.copy()
+        run, _ = bind(config, a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+        run()
+        cupy.cuda.Device().synchronize()
+        error = relative_error(c, expected)
+        assert error <= TOLERANCE, f"launch {launch}: relative error {error:.3g}"

