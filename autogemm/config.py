@@ -119,7 +119,10 @@ class SimtConfig(_Knobs):
     slice's closing barrier (the other operand keeps its cp.async ring);
     stream_k: a persistent grid of as many blocks as fit on the device, each taking an equal run of
     all (tile, K slice) iterations, so the last wave of tiles leaves no SM idle; blocks that share
-    a tile add up their parts through a workspace (no second kernel). Excludes split_k.
+    a tile add up their parts through a workspace (no second kernel). Excludes split_k;
+    max_registers: 0 lets `__launch_bounds__` cap the registers for min_blocks; otherwise the kernel
+    is compiled with `__maxnreg__(max_registers)`, a tighter cap (at most the one min_blocks
+    allows), under which ptxas schedules the main loop differently (sometimes much better).
     """
 
     bm: int = 128
@@ -138,6 +141,7 @@ class SimtConfig(_Knobs):
     min_blocks: int = 1
     transpose: str = "async"
     stream_k: bool = False
+    max_registers: int = 0
 
     family = "simt"
     _label = "SIMT"
@@ -150,10 +154,11 @@ class SimtConfig(_Knobs):
             f"_v{self.vec}{self.vec_frag}_s{self.stages}_{self.smem}_g{self.group_m}_k{self.split_k}_o{self.min_blocks}"
             + ("_r" if self.transpose == "registers" else "")
             + ("_sk" if self.stream_k else "")
+            + (f"_reg{self.max_registers}" if self.max_registers else "")
         )
 
     _NAME_RE = re.compile(
-        r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_t(\d+)x(\d+)_v(\d)(\d)_s(\d+)_([a-z]+)_g(\d+)_k(\d+)_o(\d+)(_r)?(_sk)?"
+        r"(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_t(\d+)x(\d+)_v(\d)(\d)_s(\d+)_([a-z]+)_g(\d+)_k(\d+)_o(\d+)(_r)?(_sk)?(?:_reg(\d+))?"
     )
 
     @classmethod
@@ -171,6 +176,7 @@ class SimtConfig(_Knobs):
             min_blocks=int(g[13]),
             transpose="registers" if g[14] else "async",
             stream_k=bool(g[15]),
+            max_registers=int(g[16] or 0),
         )
 
     # ---- derived quantities (shared with the template through render.py) -------------------
@@ -229,8 +235,9 @@ class SimtConfig(_Knobs):
                 overhead += REGISTERS_STREAM_K_TIGHT
         passes = self.load_passes(problem)
         if self.stages < 3 and (problem.m % self.bm or problem.n % self.bn or problem.k % self.bk):
-            # past a few dozen guarded loads, their bounds tests no longer fit in what is left over
-            overhead += max(0, passes - GUARDED_PASSES_FREE)
+            # guarded loads keep their bounds tests live: across the whole slice with a register
+            # double buffer; with a single buffer, past a few dozen of them
+            overhead += passes if self.stages == 2 else max(0, passes - GUARDED_PASSES_FREE)
         return accumulators + fragments + staged + passes * REGISTERS_PER_LOAD_PASS + overhead
 
     def registers_staged(self, problem: Problem) -> tuple[bool, bool]:
@@ -270,6 +277,8 @@ class SimtConfig(_Knobs):
         for knob in ("stages", "group_m", "split_k", "min_blocks"):
             if getattr(self, knob) < 1:
                 bad("choice", f"{knob}={getattr(self, knob)} must be >= 1")
+        if self.max_registers and not 16 <= self.max_registers <= 255:
+            bad("choice", f"max_registers={self.max_registers} must be 0 (automatic) or 16 to 255")
         if not isinstance(self.stream_k, bool):
             bad("choice", f"stream_k={self.stream_k!r} must be true or false")
         elif self.stream_k and self.split_k > 1:
@@ -313,12 +322,15 @@ class SimtConfig(_Knobs):
             bad("shared-memory", f"{smem} bytes of shared memory exceed the device limit {device.smem_per_block_optin}")
 
         regs, limit = self.estimated_registers(problem), self.register_limit(device)
-        if regs > limit:
-            bad(
-                "registers",
-                f"about {regs} registers per thread (accumulators {self.tm}x{self.tn}) exceed "
-                f"the {limit} available to {threads} threads",
-            )
+        if self.max_registers > limit:
+            bad("registers", f"max_registers={self.max_registers} exceeds the {limit} registers per thread that "
+                             f"{self.min_blocks} block(s) of {threads} threads per SM leave")
+        elif self.max_registers and regs > self.max_registers + MAX_REGISTERS_SLACK:
+            bad("registers", f"about {regs} registers per thread (accumulators {self.tm}x{self.tn}) are more than "
+                             f"{MAX_REGISTERS_SLACK} over max_registers={self.max_registers}")
+        elif not self.max_registers and regs > limit:
+            bad("registers", f"about {regs} registers per thread (accumulators {self.tm}x{self.tn}) exceed "
+                             f"the {limit} available to {threads} threads")
 
         self._launch_reasons(problem, device, smem, 3, bad)  # cp.async from 3 stages (2: registers)
         return reasons
@@ -334,7 +346,8 @@ REGISTER_OVERHEAD = 28
 REGISTER_OVERHEAD_CP_ASYNC = 60
 REGISTERS_PER_LOAD_PASS = 1
 # Register-staged slices (stages 1-2) of a problem with tails: a 128x16x32 tile loading scalars
-# in 72 passes spilled 184 bytes at 255 registers, 27 over its estimate; tiles of 16 passes fit.
+# in 72 passes spilled 184 bytes at 255 registers, 27 over its estimate, and with two stages a
+# 128x64x8 one of 24 passes did too; single-buffered tiles of 16 passes fit.
 GUARDED_PASSES_FREE = 32
 REGISTERS_SWIZZLED_B = 12
 # Swizzled transposed A staged in registers, in more than two fragment chunks (a t16x1 thread
@@ -345,6 +358,11 @@ REGISTERS_SWIZZLED_A_STAGED = 8
 # layout, register-staged slices (stages 1-2) or in layout TN (no transposed store, whose
 # estimate has less slack), variants 8 over their estimate still spilled.
 REGISTERS_STREAM_K = 4
+# How far below the estimate an explicit max_registers may go. The estimate carries the margin
+# that keeps every accepted variant spill-free at the occupancy cap; 8 under it, none of 24
+# sampled variants spilled, 16 and 24 under it one in 24 did. A kernel that spills under
+# max_registers is refused when it is loaded (launch.prepare), so the tuner records a failure.
+MAX_REGISTERS_SLACK = 24
 REGISTERS_STREAM_K_TIGHT = 12
 STREAM_K_STATIC_SMEM = 16  # the flag that tells a block it finishes a shared tile
 

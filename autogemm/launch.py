@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .compile import CompiledKernel, compile_source
+from .compile import CompiledKernel, CompileError, compile_source
 from .config import SimtConfig, VectorWidths, WmmaConfig, widest_vector, wmma_type
 from .problem import COMPUTE_MODES, Device, Problem
 from .render import render
@@ -120,6 +120,11 @@ def prepare(config, problem: Problem, widths: VectorWidths | None = None,
     source = render(config, problem, widths)
     smem = config.smem_bytes(problem)
     kernel = compile_source(source, device.arch, smem)
+    if getattr(config, "max_registers", 0) and kernel.local_bytes:
+        # an explicit register cap is allowed somewhat under the estimate; where ptxas had to spill
+        # under it, the kernel is not worth running
+        raise CompileError(f"{source.kernel}: spills to local memory ({kernel.local_bytes} bytes per thread) "
+                           f"under max_registers={config.max_registers}", "", None)
     tiles_k = config.tiles_k(problem)
     tiles = -(-problem.m // config.bm) * -(-problem.n // config.bn)
     grid = (tiles, problem.batch * config.split_k, 1)

@@ -165,6 +165,7 @@ def render(config: SimtConfig, problem: Problem, widths: VectorWidths | None = N
         group_m=config.group_m,
         split_k=config.split_k,
         stream_k=config.stream_k,
+        max_registers=config.max_registers,
         min_blocks=config.min_blocks,
         even_m=cxx_bool[problem.m % config.bm == 0],
         even_n=cxx_bool[problem.n % config.bn == 0],

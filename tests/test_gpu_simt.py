@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from autogemm.compile import CompileError
 from autogemm.config import SimtConfig
 from autogemm.problem import LAYOUTS, Device, Problem
 from samples import diverse_sample
@@ -77,7 +78,12 @@ def test_config_matches_float64_reference(config):
         else:
             c = cupy.full(c_shape, np.nan, dtype=np.float32)  # beta == 0 must never read C
         expected = reference_gemm(a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
-        gemm(run_config, a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+        try:
+            gemm(run_config, a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+        except CompileError as exc:
+            if "under max_registers" not in str(exc):
+                raise
+            continue  # ptxas spilled under this config's explicit register cap: refused, as intended
         cupy.cuda.Device().synchronize()
         error = relative_error(c, expected)
         assert error <= TOLERANCE, f"{run_config.name} {case} {layout}: relative error {error:.3g}"

@@ -56,7 +56,7 @@ def test_small_space_is_enumerated(tmp_path):
     path.write_text(
         'family = "simt"\n[knobs]\n'
         "bm = [128]\nbn = [128]\nbk = [8, 16]\nwm = [32]\nwn = [64]\ntm = [8]\ntn = [8]\n"
-        'vec = [4]\nvec_frag = [4]\nstages = [2]\nsmem = ["pad", "swizzle"]\ngroup_m = [8]\nsplit_k = [1]\nmin_blocks = [1]\ntranspose = ["async"]\nstream_k = [false]\n'
+        'vec = [4]\nvec_frag = [4]\nstages = [2]\nsmem = ["pad", "swizzle"]\ngroup_m = [8]\nsplit_k = [1]\nmin_blocks = [1]\ntranspose = ["async"]\nstream_k = [false]\nmax_registers = [0]\n'
         '[constraints]\nrules = ["bk >= 8"]\n'
     )
     space = SearchSpace.load(path)
