@@ -448,8 +448,12 @@ WMMA_TYPES = {
     ("float32", "tf32"): WmmaType("float", "float", 4, 4, (16, 16, 8), (8, 0), "wmma::precision::tf32"),
     ("float64", "fp64"): WmmaType("double", "double", 8, 8, (8, 8, 4), (8, 0), "double"),
 }
-WMMA_SMEM_LAYOUTS = ("plain", "pad")
-WMMA_PAD_BYTES = 16  # shifts each shared-memory row by 4 banks: fragment loads of 8 rows hit 8 bank groups
+# Bytes added to every shared-memory row. 16 shifts each row by 4 banks, so that the 8 rows of
+# a 16-bit fragment load (16 bytes each) hit 8 bank groups; the wider TF32 and FP64 fragment rows
+# need larger shifts for some layouts (ncu: the FP64 kernel with plain rows had 600x cuBLAS's
+# shared-memory bank conflicts), so 32 and 64 are searched too.
+WMMA_PAD_BYTES = {"plain": 0, "pad": 16, "pad32": 32, "pad64": 64}
+WMMA_SMEM_LAYOUTS = tuple(WMMA_PAD_BYTES)
 WMMA_REGISTER_OVERHEAD = 66  # fitted with ptxas (sm_90, CUDA 13) so that no accepted variant spills
 WMMA_REGISTERS_PER_LOAD = 3
 WMMA_REGISTERS_FOR_TAILS = 100  # bounds checks on partial tiles keep many more addresses live
@@ -465,8 +469,9 @@ class WmmaConfig(_Knobs):
 
     bm, bn, bk: block tile; wm, wn: warp tile (a grid of mma fragments per warp); vec: elements per
     global load (up to 16 bytes; cp.async copies of 4, 8 or 16 bytes); stages: 1 single buffer,
-    2-5 a cp.async ring; smem: "pad" shifts every shared-memory row by 16 bytes (conflict-free
-    fragment loads), "plain" does not (WMMA loads fragments from strided rows only, so an XOR
+    2-5 a cp.async ring; smem: "pad", "pad32", "pad64" shift every shared-memory row by 16, 32 or
+    64 bytes (conflict-free fragment loads), "plain" does not (WMMA loads fragments from strided
+    rows only, so an XOR
     swizzle cannot be expressed; that needs ldmatrix with mma.sync); group_m: block swizzle;
     split_k: K slices reduced in a second pass; min_blocks: blocks per SM for `__launch_bounds__`.
     The operands stay in their global orientation in shared memory (row- or column-major
@@ -495,7 +500,7 @@ class WmmaConfig(_Knobs):
             f"_g{self.group_m}_k{self.split_k}_o{self.min_blocks}"
         )
 
-    _NAME_RE = re.compile(r"wmma_(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_v(\d+)_s(\d+)_([a-z]+)_g(\d+)_k(\d+)_o(\d+)")
+    _NAME_RE = re.compile(r"wmma_(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_v(\d+)_s(\d+)_([a-z]+\d*)_g(\d+)_k(\d+)_o(\d+)")
 
     @classmethod
     def from_name(cls, name: str) -> WmmaConfig:
@@ -513,7 +518,7 @@ class WmmaConfig(_Knobs):
     def smem_pad(self, problem: Problem) -> int:
         """Padding of every shared-memory row, in elements."""
         kind = wmma_type(problem)
-        return WMMA_PAD_BYTES // kind.itemsize if kind and self.smem == "pad" else 0
+        return WMMA_PAD_BYTES.get(self.smem, 0) // kind.itemsize if kind else 0
 
     def smem_bytes(self, problem: Problem) -> int:
         kind = wmma_type(problem)

@@ -16,7 +16,7 @@ WMMA_KINDS = (
 
 def wmma_sample(dtype: str, compute: str, space: str, count: int, seed: int, device: Device | None = None) -> list:
     """`count` configs of the space valid for a 4096^3 problem of the dtype, including every
-    stage count and both shared-memory layouts."""
+    stage count with plain and 16-byte padded rows, and each wider padding."""
     device = device or Device.for_arch("sm_90")
     problem = Problem(4096, 4096, 4096, dtype=dtype, compute=compute)
     configs = {c.name: c for c in SearchSpace.load(space).sample(count, problem, device, seed=seed)}
@@ -28,4 +28,11 @@ def wmma_sample(dtype: str, compute: str, space: str, count: int, seed: int, dev
                     if not candidate.check(problem, device):
                         configs[candidate.name] = candidate
                         break
+    for smem in ("pad32", "pad64"):
+        if not any(c.smem == smem for c in configs.values()):
+            for base in list(configs.values()):
+                candidate = base.replace(smem=smem)
+                if not candidate.check(problem, device):
+                    configs[candidate.name] = candidate
+                    break
     return sorted(configs.values(), key=lambda c: c.name)
