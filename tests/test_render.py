@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +73,13 @@ def test_vector_widths_follow_alignment_of_packed_operands():
 def test_template_hash_is_stable():
     assert template_hash() == template_hash()
     assert len(template_hash()) == 16
+
+
+@pytest.mark.parametrize("group_m", [3, 5, 6, 7, 9])
+def test_fault_injecting_test_template_still_finds_its_marker(monkeypatch, group_m):
+    """The GPU isolation tests inject faults through tests/broken_templates, which splices them in
+    front of the shipped template's epilogue marker; if the marker moves, the faults vanish."""
+    # (the Jinja environment is cached per template directory, so nothing leaks into other tests)
+    monkeypatch.setenv("AUTOGEMM_TEMPLATE_DIR", str(Path(__file__).parent / "broken_templates"))
+    config = SimtConfig(64, 64, 8, 32, 32, 4, 8, 4, 4, 2, "pad", group_m, 1)
+    assert "// FAULT" in render(config, Problem(512, 512, 512)).code
