@@ -342,11 +342,12 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
     # exactly these shapes, strides, dtypes, devices and alignments).
     if out is None and beta == 0 and compute is None and tune is None and type(a) is cupy.ndarray \
             and type(b) is cupy.ndarray:
-        key = (a.shape, a.strides, b.shape, b.strides, a.dtype, b.dtype, a.data.ptr % 16, b.data.ptr % 16,
-               a.device.id, b.device.id)
+        data_a, data_b = a.data, b.data
+        key = (a.shape, a.strides, b.shape, b.strides, a.dtype, b.dtype, data_a.ptr % 16, data_b.ptr % 16,
+               data_a.device_id, data_b.device_id)
         plan = _DISPATCHER.fast.get(key)
         if plan is not None and math.isfinite(alpha):
-            return plan.call(a, b, None, alpha, 0.0)
+            return plan.call_fast(a, b, data_a.ptr, data_b.ptr, alpha)
 
     ia, ib = array_info(a, "a"), array_info(b, "b")
     io = array_info(out, "out") if out is not None else None
@@ -383,7 +384,7 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
                 if out is None and compute == "fp32" and ia.dtype == "float32" and type(a) is cupy.ndarray \
                         and type(b) is cupy.ndarray:
                     fast_key = (a.shape, a.strides, b.shape, b.strides, a.dtype, b.dtype, a.data.ptr % 16,
-                                b.data.ptr % 16, device_a, device_b)
+                                b.data.ptr % 16, a.data.device_id, b.data.device_id)
                     _DISPATCHER.fast[fast_key] = plan
         return plan.call(a, b, out_arr, alpha, beta)
 
@@ -412,6 +413,17 @@ class _Plan:
     launch: object = None  # launch(pa, pb, pc, alpha, beta, stream); None: cupy.matmul
     copy_a: bool = False
     copy_b: bool = False
+
+    def call_fast(self, a, b, pointer_a: int, pointer_b: int, alpha: float):
+        """A repeated call on CuPy operands with a fresh output (matmul's fast path): when the
+        kernel needs no copies and the operands' device is current, no device switch either."""
+        import cupy
+
+        if self.launch is None or self.copy_a or self.copy_b or cupy.cuda.runtime.getDevice() != self.device:
+            return self.call(a, b, None, alpha, 0.0)
+        out_arr = cupy.empty(self.shape, dtype=self.dtype)
+        self.launch(pointer_a, pointer_b, out_arr.data.ptr, alpha, 0.0, cupy.cuda.get_current_stream())
+        return out_arr
 
     def call(self, a, b, out_arr, alpha: float, beta: float):
         import cupy
