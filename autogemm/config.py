@@ -117,9 +117,10 @@ class SimtConfig(_Knobs):
     is a transpose: "async" copies it element by element with 4-byte cp.async, "registers" loads
     it with vector loads into registers at the top of a K slice and stores it transposed before the
     slice's closing barrier (the other operand keeps its cp.async ring);
-    stream_k: a persistent grid of as many blocks as fit on the device, each taking an equal run of
-    all (tile, K slice) iterations, so the last wave of tiles leaves no SM idle; blocks that share
-    a tile add up their parts through a workspace (no second kernel). Excludes split_k;
+    stream_k: a persistent grid of as many blocks as fit on the device; they take whole tiles
+    while a full wave is left, then share the last partial wave's (tile, K slice) iterations in
+    equal runs, so that wave leaves no SM idle; blocks that share a tile add up their parts
+    through a workspace (no second kernel). Excludes split_k;
     max_registers: 0 lets `__launch_bounds__` cap the registers for min_blocks; otherwise the kernel
     is compiled with `__maxnreg__(max_registers)`, a tighter cap (at most the one min_blocks
     allows), under which ptxas schedules the main loop differently (sometimes much better).

@@ -227,11 +227,11 @@ def launcher(prepared: PreparedGemm, lda: int, ldb: int, ldc: int, stride_a: int
     grid, block, smem = prepared.grid, prepared.block, prepared.smem
     m, n, batch = problem.m, problem.n, problem.batch
     tiles = i32(prepared.tiles_per_split)
-    if getattr(config, "stream_k", False):
-        return _stream_k_launcher(prepared, lda, ldb, ldc, stride_a, stride_b, stride_c)
     if config.split_k == 1:
         head = (i32(m), i32(n), i32(problem.k), i32(lda), i32(ldb), i32(ldc),
                 i64(stride_a), i64(stride_b), i64(stride_c))
+        if getattr(config, "stream_k", False):
+            return _stream_k_launcher(prepared, head)
 
         def launch(pa, pb, pc, alpha, beta, stream=None):
             function(grid, block, (np.uintp(pa), np.uintp(pb), np.uintp(pc), *head, f32(alpha), f32(beta), tiles),
@@ -258,28 +258,26 @@ def launcher(prepared: PreparedGemm, lda: int, ldb: int, ldc: int, stride_a: int
     return launch_split
 
 
-def _stream_k_launcher(prepared: PreparedGemm, lda: int, ldb: int, ldc: int, stride_a: int, stride_b: int,
-                       stride_c: int):
-    """The stream-K kernel takes a workspace: two BM x BN partial-sum slots per block and a
-    counter per tile, which must be zero at launch (the kernel leaves them zero again). Both come
-    from CuPy's pool per call, ordered on the launch stream, so concurrent calls never share one."""
+def _stream_k_launcher(prepared: PreparedGemm, head: tuple):
+    """The stream-K kernel takes the plain kernel's arguments (`head`: sizes, pitches, strides) and
+    a workspace: two BM x BN partial-sum slots per block and a counter per tile, which must be
+    zero at launch (the kernel leaves them zero again). Both come from CuPy's pool per call,
+    ordered on the launch stream, so concurrent calls never share one."""
     import cupy
 
     problem, config = prepared.problem, prepared.config
-    i32, i64 = np.int32, np.int64
     function = prepared.kernel.gemm.kernel
     grid, block, smem = prepared.grid, prepared.block, prepared.smem
     tiles = -(-problem.m // config.bm) * -(-problem.n // config.bn) * problem.batch
     partial_floats = 2 * grid[0] * config.bm * config.bn
-    head = (i32(problem.m), i32(problem.n), i32(problem.k), i32(lda), i32(ldb), i32(ldc),
-            i64(stride_a), i64(stride_b), i64(stride_c))
+    batch = np.int32(problem.batch)
 
     def launch_stream_k(pa, pb, pc, alpha, beta, stream=None):
         with stream if stream is not None else contextlib.nullcontext():
             partials = cupy.empty(partial_floats, dtype=np.float32)
             counters = cupy.zeros(tiles, dtype=np.int32)
         function(grid, block, (np.uintp(pa), np.uintp(pb), np.uintp(pc), *head, np.float32(alpha), np.float32(beta),
-                               i32(0), i32(problem.batch), partials, counters),
+                               np.int32(0), batch, partials, counters),
                  shared_mem=smem, stream=stream)
 
     return launch_stream_k
