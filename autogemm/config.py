@@ -441,13 +441,21 @@ class WmmaType:
     fragment: tuple[int, int, int]  # the m, n, k of one mma
     min_arch: tuple[int, int]
     precision: str  # the fragment's element type for A and B (wmma::precision::tf32 for TF32)
+    mma_fragment: tuple[int, int, int]  # the m, n, k of one mma.sync (the `mma` path)
+    mma_input: str  # PTX type of A and B in mma.sync
+    mma_min_arch: tuple[int, int]
 
 
 WMMA_TYPES = {
-    ("float16", "fp32"): WmmaType("__half", "float", 2, 4, (16, 16, 16), (7, 0), "__half"),
-    ("bfloat16", "fp32"): WmmaType("__nv_bfloat16", "float", 2, 4, (16, 16, 16), (8, 0), "__nv_bfloat16"),
-    ("float32", "tf32"): WmmaType("float", "float", 4, 4, (16, 16, 8), (8, 0), "wmma::precision::tf32"),
-    ("float64", "fp64"): WmmaType("double", "double", 8, 8, (8, 8, 4), (8, 0), "double"),
+    ("float16", "fp32"): WmmaType("__half", "float", 2, 4, (16, 16, 16), (7, 0), "__half",
+                                  (16, 8, 16), "f16", (8, 0)),
+    ("bfloat16", "fp32"): WmmaType("__nv_bfloat16", "float", 2, 4, (16, 16, 16), (8, 0), "__nv_bfloat16",
+                                   (16, 8, 16), "bf16", (8, 0)),
+    ("float32", "tf32"): WmmaType("float", "float", 4, 4, (16, 16, 8), (8, 0), "wmma::precision::tf32",
+                                  (16, 8, 8), "tf32", (8, 0)),
+    # mma.sync m16n8k8 in FP64 is new in sm_90 (sm_80 has only the m8n8k4 that WMMA uses)
+    ("float64", "fp64"): WmmaType("double", "double", 8, 8, (8, 8, 4), (8, 0), "double",
+                                  (16, 8, 8), "f64", (9, 0)),
 }
 # Bytes added to every shared-memory row. 16 shifts each row by 4 banks, so that the 8 rows of
 # a 16-bit fragment load (16 bytes each) hit 8 bank groups; the wider TF32 and FP64 fragment rows
@@ -458,6 +466,12 @@ WMMA_SMEM_LAYOUTS = tuple(WMMA_PAD_BYTES)
 WMMA_REGISTER_OVERHEAD = 66  # fitted with ptxas (sm_90, CUDA 13) so that no accepted variant spills
 WMMA_REGISTERS_PER_LOAD = 3
 WMMA_REGISTERS_FOR_TAILS = 100  # bounds checks on partial tiles keep many more addresses live
+# The mma.sync path (fitted the same way; see WmmaConfig._mma_registers)
+MMA_REGISTER_OVERHEAD = 48
+MMA_REGISTER_OVERHEAD_TF32 = 58  # the round-to-TF32 conversions need temporaries
+MMA_TAIL_REGISTERS_16BIT = 60
+MMA_TAIL_REGISTERS_PER_PASS = 12
+MMA_TAIL_REGISTERS = 10
 
 
 def wmma_type(problem: Problem) -> WmmaType | None:
@@ -477,6 +491,11 @@ class WmmaConfig(_Knobs):
     split_k: K slices reduced in a second pass; min_blocks: blocks per SM for `__launch_bounds__`.
     The operands stay in their global orientation in shared memory (row- or column-major
     fragments), so no layout needs a transposing copy.
+    mma: the instructions behind the same tiles and pipeline. False: `nvcuda::wmma` fragments
+    (16x16 blocks, FP64 8x8x4), written out through a per-warp staging tile. True: PTX `mma.sync`
+    on 16x8 blocks, fragments loaded with `ldmatrix` (16-bit types, and TF32 where K is contiguous
+    in shared memory) or element by element, accumulators written straight from registers
+    (name suffix `_mma`; FP64 then needs sm_90's m16n8k8).
     """
 
     bm: int = 128
@@ -490,6 +509,7 @@ class WmmaConfig(_Knobs):
     group_m: int = 8
     split_k: int = 1
     min_blocks: int = 1
+    mma: bool = False
 
     family = "wmma"
     _label = "WMMA"
@@ -498,10 +518,11 @@ class WmmaConfig(_Knobs):
     def name(self) -> str:
         return (
             f"wmma_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_v{self.vec}_s{self.stages}_{self.smem}"
-            f"_g{self.group_m}_k{self.split_k}_o{self.min_blocks}"
+            f"_g{self.group_m}_k{self.split_k}_o{self.min_blocks}" + ("_mma" if self.mma else "")
         )
 
-    _NAME_RE = re.compile(r"wmma_(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_v(\d+)_s(\d+)_([a-z]+\d*)_g(\d+)_k(\d+)_o(\d+)")
+    _NAME_RE = re.compile(
+        r"wmma_(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_v(\d+)_s(\d+)_([a-z]+\d*)_g(\d+)_k(\d+)_o(\d+)(_mma)?")
 
     @classmethod
     def from_name(cls, name: str) -> WmmaConfig:
@@ -509,12 +530,18 @@ class WmmaConfig(_Knobs):
         if not match:
             raise ValueError(f"not a WMMA config name: {name!r}")
         g = match.groups()
-        return cls(*(int(x) for x in g[:7]), smem=g[7], group_m=int(g[8]), split_k=int(g[9]), min_blocks=int(g[10]))
+        return cls(*(int(x) for x in g[:7]), smem=g[7], group_m=int(g[8]), split_k=int(g[9]), min_blocks=int(g[10]),
+                   mma=bool(g[11]))
 
     # ---- derived quantities -------------------------------------------------------------------
     @property
     def threads(self) -> int:
         return (self.bm // self.wm) * (self.bn // self.wn) * 32
+
+    def fragment(self, problem: Problem) -> tuple[int, int, int]:
+        """The m, n, k of one tensor-core instruction of this config's path."""
+        kind = wmma_type(problem)
+        return kind.mma_fragment if self.mma else kind.fragment
 
     def smem_pad(self, problem: Problem) -> int:
         """Padding of every shared-memory row, in elements."""
@@ -530,6 +557,8 @@ class WmmaConfig(_Knobs):
         a = (self.bk * (self.bm + pad)) if problem.trans_a else (self.bm * (self.bk + pad))
         b = (self.bn * (self.bk + pad)) if problem.trans_b else (self.bk * (self.bn + pad))
         pipeline = max(1, self.stages) * (a + b) * kind.itemsize
+        if self.mma:
+            return pipeline  # accumulators go out straight from registers
         fm, fn, _ = kind.fragment
         epilogue = (self.threads // 32) * fm * fn * kind.accumulator_size  # one fragment per warp
         return max(pipeline, epilogue)
@@ -540,6 +569,8 @@ class WmmaConfig(_Knobs):
     def estimated_registers(self, problem: Problem) -> int:
         """Accumulator and operand fragments of a warp tile, spread over 32 lanes (4-byte registers)."""
         kind = wmma_type(problem)
+        if self.mma:
+            return self._mma_registers(problem, kind)
         _, _, fk = kind.fragment
         accumulators = self.wm * self.wn * kind.accumulator_size // 128
         # ptxas loads the TF32 and FP64 fragments of every k-step of a slice ahead of the mmas,
@@ -551,6 +582,21 @@ class WmmaConfig(_Knobs):
         tails = any(extent % tile for extent, tile in ((problem.m, self.bm), (problem.n, self.bn), (problem.k, self.bk)))
         return (accumulators + fragments + WMMA_REGISTERS_PER_LOAD * passes + WMMA_REGISTER_OVERHEAD
                 + (WMMA_REGISTERS_FOR_TAILS if tails else 0))
+
+    def _mma_registers(self, problem: Problem, kind: WmmaType) -> int:
+        """The mma.sync path: accumulators, two k-steps of fragments (the register double buffer),
+        addresses and loop state. Fitted with ptxas (sm_90, CUDA 13) on ~80 variants so that no
+        accepted one spills; tails cost the 16-bit kernels far more than the others (bounds on
+        every 8-element copy of every pass)."""
+        words = kind.itemsize // 4 or 1  # 32-bit registers per fragment element (FP64: 2)
+        accumulators = self.wm * self.wn * kind.accumulator_size // 128
+        fragments = 2 * (self.wm // 16 * 4 + self.wn // 8 * 2) * words
+        passes = (self.bm + self.bn) * self.bk // max(self.threads * self.vec, 1)
+        overhead = MMA_REGISTER_OVERHEAD_TF32 if problem.compute == "tf32" else MMA_REGISTER_OVERHEAD
+        tails = any(extent % tile for extent, tile in ((problem.m, self.bm), (problem.n, self.bn), (problem.k, self.bk)))
+        tail_cost = (MMA_TAIL_REGISTERS_16BIT + MMA_TAIL_REGISTERS_PER_PASS * passes) if kind.itemsize == 2 \
+            else MMA_TAIL_REGISTERS
+        return accumulators + fragments + overhead + passes // 2 + (tail_cost if tails else 0)
 
     # ---- validity ---------------------------------------------------------------------------
     def check(self, problem: Problem, device: Device) -> list[str]:
@@ -564,9 +610,11 @@ class WmmaConfig(_Knobs):
             bad("dtype", f"the WMMA template computes float16/fp32, bfloat16/fp32, float32/tf32 and "
                          f"float64/fp64, not {problem.dtype}/{problem.compute}")
             return reasons
-        if device.compute_capability < kind.min_arch:
-            bad("tensor-core", f"{problem.dtype}/{problem.compute} tensor-core mma needs compute capability "
-                               f"{kind.min_arch[0]}.{kind.min_arch[1]}, device is {device.arch}")
+        min_arch = kind.mma_min_arch if self.mma else kind.min_arch
+        if device.compute_capability < min_arch:
+            path = "mma.sync" if self.mma else "WMMA"
+            bad("tensor-core", f"{problem.dtype}/{problem.compute} {path} needs compute capability "
+                               f"{min_arch[0]}.{min_arch[1]}, device is {device.arch}")
         for knob in ("bm", "bn", "bk", "wm", "wn", "vec"):
             value = getattr(self, knob)
             if not _pow2(value):
@@ -583,10 +631,13 @@ class WmmaConfig(_Knobs):
         if reasons:
             return reasons
 
-        fm, fn, fk = kind.fragment
-        if self.wm % fm or self.wn % fn or self.bk % fk:
-            bad("fragment", f"warp tile {self.wm}x{self.wn} and bk={self.bk} must be multiples of the "
-                            f"{fm}x{fn}x{fk} {problem.dtype} fragment")
+        fm, fn, fk = self.fragment(problem)
+        # the mma path loads B fragments of two adjacent 8-column blocks at once
+        wn_multiple = 2 * fn if self.mma else fn
+        if self.wm % fm or self.wn % wn_multiple or self.bk % fk:
+            bad("fragment", f"warp tile {self.wm}x{self.wn} and bk={self.bk} must be multiples of "
+                            f"{fm}x{wn_multiple}x{fk} for the {fm}x{fn}x{fk} {problem.dtype} "
+                            f"{'mma.sync' if self.mma else 'WMMA'} fragment")
             return reasons
         if self.bm % self.wm or self.bn % self.wn:
             bad("warp-tile", f"block tile {self.bm}x{self.bn} is not a multiple of warp tile {self.wm}x{self.wn}")

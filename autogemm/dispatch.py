@@ -193,26 +193,43 @@ def size_class(problem: Problem) -> str:
     return "small"
 
 
-# Tensor-core defaults per (dtype, compute), largest first; the first that can run a problem is used.
+# Tensor-core defaults per (dtype, compute): (size class, config) pairs, largest first. The mma.sync
+# ones were the fastest found by hand at 4096^3 on an H100 (NOTES.md); the WMMA ones stay as the
+# fallback where mma.sync cannot run (FP64 before sm_90) and for small problems.
 DEFAULT_WMMA_CONFIGS = {
-    ("float16", "fp32"): ("wmma_128x128x32_w64x64_v8_s3_pad_g8_k1_o1", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1",
-                          "wmma_32x32x16_w16x32_v8_s2_pad_g8_k1_o1"),
-    ("bfloat16", "fp32"): ("wmma_128x128x32_w64x64_v8_s3_pad_g8_k1_o1", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1",
-                           "wmma_32x32x16_w16x32_v8_s2_pad_g8_k1_o1"),
-    ("float32", "tf32"): ("wmma_128x128x16_w32x64_v4_s4_pad_g8_k1_o1", "wmma_64x64x16_w32x32_v4_s3_pad_g8_k1_o1",
-                          "wmma_32x32x8_w16x32_v4_s2_pad_g8_k1_o1"),
-    ("float64", "fp64"): ("wmma_64x64x8_w32x32_v2_s4_pad_g8_k1_o1", "wmma_32x32x4_w16x16_v1_s3_pad_g8_k1_o1",
-                          "wmma_16x16x4_w8x16_v1_s2_pad_g8_k1_o1"),
+    ("float16", "fp32"): (("large", "wmma_128x256x64_w64x64_v8_s3_pad_g8_k1_o1_mma"),
+                          ("large", "wmma_128x128x32_w64x64_v8_s3_pad_g8_k1_o1"),
+                          ("medium", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1_mma"),
+                          ("medium", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1"),
+                          ("small", "wmma_32x32x16_w16x32_v8_s2_pad_g8_k1_o1")),
+    ("bfloat16", "fp32"): (("large", "wmma_128x256x64_w64x64_v8_s3_pad_g8_k1_o1_mma"),
+                           ("large", "wmma_128x128x32_w64x64_v8_s3_pad_g8_k1_o1"),
+                           ("medium", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1_mma"),
+                           ("medium", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1"),
+                           ("small", "wmma_32x32x16_w16x32_v8_s2_pad_g8_k1_o1")),
+    ("float32", "tf32"): (("large", "wmma_128x256x16_w64x64_v4_s3_pad_g8_k1_o1_mma"),
+                          ("large", "wmma_128x128x16_w32x64_v4_s4_pad_g8_k1_o1"),
+                          ("medium", "wmma_64x64x16_w32x32_v4_s3_pad32_g8_k1_o1_mma"),
+                          ("medium", "wmma_64x64x16_w32x32_v4_s3_pad_g8_k1_o1"),
+                          ("small", "wmma_32x32x8_w16x32_v4_s2_pad_g8_k1_o1")),
+    ("float64", "fp64"): (("large", "wmma_128x64x16_w32x32_v2_s4_pad32_g8_k1_o1_mma"),
+                          ("large", "wmma_64x64x8_w32x32_v2_s4_pad_g8_k1_o1"),
+                          ("medium", "wmma_32x32x8_w16x16_v2_s3_pad32_g8_k1_o1_mma"),
+                          ("medium", "wmma_32x32x4_w16x16_v1_s3_pad_g8_k1_o1"),
+                          ("small", "wmma_16x16x4_w8x16_v1_s2_pad_g8_k1_o1")),
 }
 
 
 def default_config(problem: Problem, device):
+    """The built-in config for a problem nothing was tuned for: those of its size class first, then
+    the others (largest first), the first that can run it; None when none can."""
     wanted = size_class(problem)
     wmma = DEFAULT_WMMA_CONFIGS.get((problem.dtype, problem.compute))
     if wmma is not None:
-        order = [WmmaConfig.from_name(name) for name in wmma]
+        ranked = [(cls, WmmaConfig.from_name(name)) for cls, name in wmma]
     else:
-        order = [c for cls, c in DEFAULT_CONFIGS if cls == wanted] + [c for cls, c in DEFAULT_CONFIGS if cls != wanted]
+        ranked = list(DEFAULT_CONFIGS)
+    order = [c for cls, c in ranked if cls == wanted] + [c for cls, c in ranked if cls != wanted]
     for config in order:
         if problem.k >= 8 * max(problem.m, problem.n) and wanted != "large":
             # a long K and a small output leave most SMs idle: split K across blocks

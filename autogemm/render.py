@@ -93,7 +93,7 @@ def render_wmma(config: WmmaConfig, problem: Problem, widths: VectorWidths | Non
     name = kernel_name(config, problem, widths)
     to_acc, from_acc = _WMMA_CONVERSIONS[kind.element]
     cxx_bool = {True: "true", False: "false"}
-    fm, fn, fk = kind.fragment
+    fm, fn, fk = config.fragment(problem)
     code = _environment(template_override_dir()).get_template("wmma_gemm.cu.j2").render(
         kernel=name,
         config_name=config.name,
@@ -103,6 +103,10 @@ def render_wmma(config: WmmaConfig, problem: Problem, widths: VectorWidths | Non
         element=kind.element,
         accumulator=kind.accumulator,
         precision=kind.precision,
+        mma=config.mma,
+        mma_shape=f"m{fm}n{fn}k{fk}",
+        mma_input=kind.mma_input,
+        element_bytes=kind.itemsize,
         to_acc=to_acc,
         from_acc=from_acc,
         fm=fm, fn=fn, fk=fk,

@@ -91,7 +91,7 @@ def test_default_configs_run_every_edge_shape(dtype, compute, layout):
     for index, case in enumerate(CASES):
         errors = [
             _run_case(WmmaConfig.from_name(name), dtype, compute, case, layout, seed=10 * index)
-            for name in DEFAULT_WMMA_CONFIGS[(dtype, compute)]
+            for _, name in DEFAULT_WMMA_CONFIGS[(dtype, compute)]
         ]
         assert any(e is not None for e in errors), f"no default config ran {case[0]} {layout}"
 
