@@ -41,10 +41,13 @@ def merge_rows(device_slug: str, section: str, new_rows: dict[str, str]) -> list
         match = re.search(re.escape(f"<!-- begin {section} -->") + r"(.*?)" + re.escape(f"<!-- end {section} -->"),
                           path.read_text(), re.S)
         if match:
-            for line in match.group(1).splitlines():
+            lines = match.group(1).splitlines()
+            for i, line in enumerate(lines):
                 cells = [c.strip() for c in line.strip().strip("|").split("|")]
+                # a header is the row above a separator row (| --- | ...)
+                is_header = i + 1 < len(lines) and lines[i + 1].startswith("| -")
                 if line.startswith("| ") and cells and cells[0] and not set(cells[0]) <= set("-: ") \
-                        and cells[0] != "problem":
+                        and not is_header and cells[0] != "problem":
                     rows[cells[0]] = line
     rows.update(new_rows)
     return list(rows.values())
