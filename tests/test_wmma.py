@@ -23,6 +23,10 @@ def test_name_and_dict_round_trip():
     assert config_from_name(config.name) == config
     assert config_from_dict(config.to_dict()) == config
     assert config.name == "wmma_128x64x32_w64x32_v8_s4_plain_g4_k2_o1"
+    mma = config.replace(mma=True, smem="pad32")
+    assert mma.name == "wmma_128x64x32_w64x32_v8_s4_pad32_g4_k2_o1_mma"
+    assert config_from_name(mma.name) == mma
+    assert config_from_dict(mma.to_dict()) == mma
 
 
 @pytest.mark.parametrize("dtype, compute, space", WMMA_KINDS)
@@ -65,6 +69,23 @@ def test_check_reasons():
     assert any(r.startswith("choice") for r in WmmaConfig(vec=8).check(Problem(64, 64, 64, dtype="float64"), SM90))
     assert any(r.startswith("registers") for r in
                WmmaConfig(256, 128, 32, 128, 128).check(half, SM90))
+
+
+def test_mma_path_check_reasons():
+    """mma.sync computes 16x8 blocks and loads B for two at once; its FP64 shape needs sm_90."""
+    double = Problem(4096, 4096, 4096, dtype="float64")
+    fp64 = WmmaConfig(128, 64, 16, 32, 32, 2, 4, "pad32", 8, 1, 1, mma=True)
+    assert fp64.check(double, SM90) == []
+    assert any(r.startswith("tensor-core: float64/fp64 mma.sync needs compute capability 9.0")
+               for r in fp64.check(double, Device.for_arch("sm_80")))
+    assert fp64.replace(mma=False).check(double, Device.for_arch("sm_80")) == []
+    assert any(r.startswith("fragment") for r in fp64.replace(wm=8, bm=64).check(double, SM90))
+    half = Problem(4096, 4096, 4096, dtype="float16")
+    assert any(r.startswith("fragment") for r in WmmaConfig(64, 64, 32, 32, 8, 8, 3, mma=True).check(half, SM90))
+    # the fitted register model: 64x64 warp tiles fit at BK=64 without tails, not with them
+    big = WmmaConfig(128, 256, 64, 64, 64, 8, 3, "pad", 8, 1, 1, mma=True)
+    assert big.check(half, SM90) == []
+    assert any(r.startswith("registers") for r in big.check(Problem(4095, 4096, 4096, dtype="float16"), SM90))
 
 
 @pytest.mark.parametrize("dtype, compute, space", WMMA_KINDS)
