@@ -196,23 +196,20 @@ def size_class(problem: Problem) -> str:
 # Tensor-core defaults per (dtype, compute): (size class, config) pairs, largest first. The mma.sync
 # ones were the fastest found by hand at 4096^3 on an H100 (NOTES.md); the WMMA ones stay as the
 # fallback where mma.sync cannot run (FP64 before sm_90) and for small problems.
+_SIXTEEN_BIT_DEFAULTS = (("large", "wmma_128x256x64_w64x64_v8_s3_pad_g8_k1_o1_mma"),
+                         ("large", "wmma_128x128x32_w64x64_v8_s3_pad_g8_k1_o1"),
+                         ("medium", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1_mma"),
+                         ("medium", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1"),
+                         ("small", "wmma_32x32x16_w16x32_v8_s2_pad_g8_k1_o1"))
 DEFAULT_WMMA_CONFIGS = {
-    ("float16", "fp32"): (("large", "wmma_128x256x64_w64x64_v8_s3_pad_g8_k1_o1_mma"),
-                          ("large", "wmma_128x128x32_w64x64_v8_s3_pad_g8_k1_o1"),
-                          ("medium", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1_mma"),
-                          ("medium", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1"),
-                          ("small", "wmma_32x32x16_w16x32_v8_s2_pad_g8_k1_o1")),
-    ("bfloat16", "fp32"): (("large", "wmma_128x256x64_w64x64_v8_s3_pad_g8_k1_o1_mma"),
-                           ("large", "wmma_128x128x32_w64x64_v8_s3_pad_g8_k1_o1"),
-                           ("medium", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1_mma"),
-                           ("medium", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1"),
-                           ("small", "wmma_32x32x16_w16x32_v8_s2_pad_g8_k1_o1")),
-    ("float32", "tf32"): (("large", "wmma_128x256x16_w64x64_v4_s3_pad_g8_k1_o1_mma"),
+    ("float16", "fp32"): _SIXTEEN_BIT_DEFAULTS,
+    ("bfloat16", "fp32"): _SIXTEEN_BIT_DEFAULTS,
+    ("float32", "tf32"): (("large", "wmma_128x256x16_w64x64_v4_s4_pad32_g8_k1_o1_mma"),
                           ("large", "wmma_128x128x16_w32x64_v4_s4_pad_g8_k1_o1"),
                           ("medium", "wmma_64x64x16_w32x32_v4_s3_pad32_g8_k1_o1_mma"),
                           ("medium", "wmma_64x64x16_w32x32_v4_s3_pad_g8_k1_o1"),
                           ("small", "wmma_32x32x8_w16x32_v4_s2_pad_g8_k1_o1")),
-    ("float64", "fp64"): (("large", "wmma_128x64x16_w32x32_v2_s4_pad32_g8_k1_o1_mma"),
+    ("float64", "fp64"): (("large", "wmma_64x128x16_w32x32_v2_s4_pad32_g8_k1_o1_mma"),
                           ("large", "wmma_64x64x8_w32x32_v2_s4_pad_g8_k1_o1"),
                           ("medium", "wmma_32x32x8_w16x16_v2_s3_pad32_g8_k1_o1_mma"),
                           ("medium", "wmma_32x32x4_w16x16_v1_s3_pad_g8_k1_o1"),
