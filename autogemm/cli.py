@@ -53,9 +53,9 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
         raise CliError(str(exc)) from None
 
 
-def parse_config(text: str):
-    """A config as a JSON object of knobs (missing knobs take their defaults; "family": "wmma" for
-    the tensor-core template) or a config name."""
+def parse_config(text: str, family: str = "simt"):
+    """A config as a JSON object of knobs (missing knobs take their defaults; the template family is
+    `family` unless the object names one, "simt" or "wmma") or a config name."""
     text = text.strip()
     if not text.startswith("{"):
         try:
@@ -70,7 +70,7 @@ def parse_config(text: str):
     if not isinstance(data, dict):
         raise CliError("--config must be a JSON object of knobs")
     try:
-        return config_from_dict(data)
+        return config_from_dict({"family": family, **data})
     except (TypeError, ValueError) as exc:
         raise CliError(f"--config: {exc}") from None
 
@@ -87,9 +87,12 @@ def device_for(arch: str | None) -> Device:
 # ---- render ---------------------------------------------------------------------------------------
 def cmd_render(args: argparse.Namespace) -> int:
     from .render import render
+    from .space import SearchSpace, default_space_name
 
-    config = parse_config(args.config)
     problem = problem_from_args(args)
+    # a JSON config without a family takes the one that computes the problem's dtype
+    family = SearchSpace.load(default_space_name(problem)).family
+    config = parse_config(args.config, family)
     reasons = config.check(problem, device_for(args.arch))
     if reasons and not args.force:
         raise CliError(f"config {config.name} cannot run {problem}:\n  " + "\n  ".join(reasons)
