@@ -23,6 +23,17 @@ def test_render_prints_source_for_json_config(capsys):
     assert "__global__" in out
 
 
+def test_render_json_config_takes_the_family_of_the_dtype(capsys):
+    knobs = {"mma": True, "bm": 64, "bn": 64, "wm": 32, "wn": 32}
+    code, out, _ = run_cli(capsys, "render", "--config", json.dumps(knobs), "--dtype", "float16")
+    assert code == 0
+    assert "ag_wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1_mma_float16" in out and "mma.sync.aligned.m16n8k16" in out
+    # FP64 mma.sync is an sm_90 instruction: refused for sm_80 with the reason
+    code, _, err = run_cli(capsys, "render", "--config", json.dumps({**knobs, "vec": 2, "bk": 16}),
+                           "--dtype", "float64", "--arch", "sm_80")
+    assert code == 2 and "mma.sync needs compute capability 9.0" in err
+
+
 def test_render_accepts_a_config_name_and_layout(capsys):
     name = SimtConfig(stages=3).name
     code, out, _ = run_cli(capsys, "render", "--config", name, "--layout", "tt", "--M", "100")
