@@ -468,7 +468,7 @@ WMMA_REGISTERS_PER_LOAD = 3
 WMMA_REGISTERS_FOR_TAILS = 100  # bounds checks on partial tiles keep many more addresses live
 # The mma.sync path (fitted the same way; see WmmaConfig._mma_registers)
 MMA_REGISTER_OVERHEAD = 48
-MMA_REGISTER_OVERHEAD_TF32 = 58  # the round-to-TF32 conversions need temporaries
+MMA_REGISTER_OVERHEAD_TF32 = 56  # the round-to-TF32 conversions need temporaries (more before sm_90)
 MMA_TAIL_REGISTERS_16BIT = 60
 MMA_TAIL_REGISTERS_PER_PASS = 12
 MMA_TAIL_REGISTERS = 10
