@@ -339,6 +339,13 @@ def _as_cupy(x):
     return cupy.asarray(x)  # zero-copy view of a __cuda_array_interface__ object
 
 
+def _fast_key(a, b, data_a, data_b) -> tuple:
+    """What a repeated call on CuPy arrays must share with the call that made its plan: shapes,
+    strides, dtypes, 16-byte alignment and devices (`data_*`: the arrays' `.data`, read once)."""
+    return (a.shape, a.strides, b.shape, b.strides, a.dtype, b.dtype, data_a.ptr % 16, data_b.ptr % 16,
+            data_a.device_id, data_b.device_id)
+
+
 def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: str | None = None,
            tune: bool | None = None):
     """C = alpha · a @ b (+ beta · out): the cached best kernel for this problem and GPU.
@@ -357,9 +364,7 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
     if out is None and beta == 0 and compute is None and tune is None and type(a) is cupy.ndarray \
             and type(b) is cupy.ndarray:
         data_a, data_b = a.data, b.data
-        key = (a.shape, a.strides, b.shape, b.strides, a.dtype, b.dtype, data_a.ptr % 16, data_b.ptr % 16,
-               data_a.device_id, data_b.device_id)
-        plan = _DISPATCHER.fast.get(key)
+        plan = _DISPATCHER.fast.get(_fast_key(a, b, data_a, data_b))
         if plan is not None and math.isfinite(alpha):
             return plan.call_fast(a, b, data_a.ptr, data_b.ptr, alpha)
 
@@ -397,9 +402,7 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
                 _DISPATCHER.plans[key] = plan
                 if out is None and compute == "fp32" and ia.dtype == "float32" and type(a) is cupy.ndarray \
                         and type(b) is cupy.ndarray:
-                    fast_key = (a.shape, a.strides, b.shape, b.strides, a.dtype, b.dtype, a.data.ptr % 16,
-                                b.data.ptr % 16, a.data.device_id, b.data.device_id)
-                    _DISPATCHER.fast[fast_key] = plan
+                    _DISPATCHER.fast[_fast_key(a, b, a.data, b.data)] = plan
         return plan.call(a, b, out_arr, alpha, beta)
 
 
