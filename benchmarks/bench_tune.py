@@ -71,8 +71,7 @@ def main(argv=None) -> int:
             new[r["problem"]] = (f"| {r['problem']} | `{r['config']}` | {r['tflops']:.2f} | {r['cublas_tflops']:.2f} | "
                                  f"{r['ratio']:.3f} | {t['valid']} / {t['rejected']} / {t['failed']} | "
                                  f"{r['command_wall_s']:.1f} | {report.today()}, {budget} |")
-        lines += report.merge_rows(dev.slug, "bench_tune", new)
-        path = report.update_section(dev.slug, dev.name, "bench_tune", "\n".join(lines))
+        path = report.update_table(dev.slug, dev.name, "bench_tune", lines, new)
         print(f"wrote {path}")
     return 0
 

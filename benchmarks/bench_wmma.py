@@ -76,8 +76,7 @@ def main(argv=None) -> int:
                  "cublasGemmEx for bfloat16).", "",
                  "| type, size | config | kernel | TFLOP/s | cuBLAS TFLOP/s | ratio | rel. error | date |",
                  "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
-        lines += report.merge_rows(device.slug, "bench_wmma", new_rows)
-        path = report.update_section(device.slug, device.name, "bench_wmma", "\n".join(lines))
+        path = report.update_table(device.slug, device.name, "bench_wmma", lines, new_rows)
         print(f"wrote {path}")
     return 0
 

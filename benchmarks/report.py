@@ -32,6 +32,13 @@ def update_section(device_slug: str, device_name: str, section: str, body: str) 
     return path
 
 
+def update_table(device_slug: str, device_name: str, section: str, head: list[str], new_rows: dict[str, str]) -> Path:
+    """Rewrites `section` as `head` (text and table header) followed by the section's table rows
+    merged with `new_rows` (see merge_rows)."""
+    rows = merge_rows(device_slug, section, new_rows)
+    return update_section(device_slug, device_name, section, "\n".join([*head, *rows]))
+
+
 def merge_rows(device_slug: str, section: str, new_rows: dict[str, str]) -> list[str]:
     """Table rows of `section` (lines starting with '| key |'), with `new_rows` replacing or adding
     rows by their first cell: rerunning a benchmark for one problem keeps the other problems' rows."""
@@ -47,7 +54,7 @@ def merge_rows(device_slug: str, section: str, new_rows: dict[str, str]) -> list
                 # a header is the row above a separator row (| --- | ...)
                 is_header = i + 1 < len(lines) and lines[i + 1].startswith("| -")
                 if line.startswith("| ") and cells and cells[0] and not set(cells[0]) <= set("-: ") \
-                        and not is_header and cells[0] != "problem":
+                        and not is_header:
                     rows[cells[0]] = line
     rows.update(new_rows)
     return list(rows.values())
