@@ -97,10 +97,10 @@ def nvcc_resources(source: Source, arch: str = "sm_90") -> dict[str, ResourceUsa
     with tempfile.TemporaryDirectory(prefix="autogemm-") as tmp:
         cu = Path(tmp) / f"{source.kernel}.cu"
         cu.write_text(source.code)
-        cmd = [nvcc, "-cubin", f"-arch={arch}", "-std=c++17", "-Xptxas", "-v", "-o", str(cu.with_suffix(".cubin")), str(cu)]
+        cmd = [nvcc, "-cubin", f"-arch={source.target(arch)}", "-std=c++17", "-Xptxas", "-v", "-o", str(cu.with_suffix(".cubin")), str(cu)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise CompileError(f"nvcc failed for {source.kernel} ({arch})", proc.stderr + proc.stdout, save_failed_source(source))
+            raise CompileError(f"nvcc failed for {source.kernel} ({source.target(arch)})", proc.stderr + proc.stdout, save_failed_source(source))
     report: dict[str, ResourceUsage] = {}
     current = None
     frame = (0, 0, 0)
@@ -153,14 +153,21 @@ def compile_to_cubin(source: Source, arch: str) -> Path:
     """Compiles with NVRTC (no GPU context needed) and returns the cubin's path, reusing a cached one."""
     from cupy.cuda import compiler
 
-    path = _cubin_path(source, arch)
+    target = source.target(arch)
+    path = _cubin_path(source, target)
     if path.exists():
         return path
+    options = NVRTC_OPTIONS + _include_options()
     try:
-        cubin, _ = compiler.compile_using_nvrtc(source.code, NVRTC_OPTIONS + _include_options(),
-                                                arch=arch.removeprefix("sm_"))
+        if target == arch:
+            cubin, _ = compiler.compile_using_nvrtc(source.code, options, arch=arch.removeprefix("sm_"))
+        else:
+            # CuPy's entry point takes numeric architectures only; sm_90a goes to its NVRTC program
+            # directly, with the option CuPy's entry point would add
+            program = compiler._NVRTCProgram(source.code, f"{source.kernel}.cu", method="cubin")
+            cubin, _ = program.compile(options + (f"-arch={target}", "--device-as-default-execution-space"))
     except compiler.CompileException as exc:
-        raise CompileError(f"NVRTC failed for {source.kernel} ({arch})", str(exc), save_failed_source(source)) from None
+        raise CompileError(f"NVRTC failed for {source.kernel} ({target})", str(exc), save_failed_source(source)) from None
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     with os.fdopen(fd, "wb") as out:

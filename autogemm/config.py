@@ -32,6 +32,7 @@ REASON_CODES = (
     "size",  # a dimension exceeds 32-bit indexing
     "fragment",  # a tile is not a multiple of the tensor-core fragment shape
     "tensor-core",  # the device has no tensor-core instruction for this type
+    "layout",  # the instruction cannot read the operands in this layout
 )
 
 SMEM_LAYOUTS = ("plain", "pad", "swizzle")
@@ -250,6 +251,44 @@ class SimtConfig(_Knobs):
     def tiles_k(self, problem: Problem) -> int:
         return -(-problem.k // self.bk)
 
+    def _wgmma_registers(self, problem: Problem, kind: WmmaType) -> int:
+        """The wgmma path: each warpgroup's accumulators (pw/64 blocks of qw/2 per thread), P's
+        fragments of a whole slice twice (the wgmmas of one slice read them while the next
+        slice's are loaded), addresses and loop state. Fitted with ptxas (sm_90a, CUDA 13) on 42
+        variants (9 tiles, 3 layouts, with and without tails): none spills; it overestimates
+        four-block warpgroup tiles (ptxas does not keep both fragment buffers whole there)."""
+        _, _, pw, qw = self._wgmma_tiles(problem)
+        blocks = pw // 64
+        accumulators = blocks * qw // 2
+        fragments = 2 * blocks * (self.bk // kind.wgmma_k) * 4
+        tails = any(extent % tile for extent, tile in ((problem.m, self.bm), (problem.n, self.bn), (problem.k, self.bk)))
+        return accumulators + fragments + WGMMA_REGISTER_OVERHEAD + (WGMMA_TAIL_REGISTERS if tails else 0)
+
+    def _wgmma_reasons(self, problem: Problem, device: Device, kind: WmmaType, bad) -> None:
+        """What only the wgmma path asks: the type, the architecture, the layout and its tiles."""
+        if self.mma:
+            bad("choice", "mma and wgmma are two different instruction paths; pick one")
+        if not kind.wgmma_k:
+            bad("tensor-core", f"the wgmma path computes float32/tf32 only, not {problem.dtype}/{problem.compute}")
+            return
+        if device.compute_capability != WGMMA_ARCH:
+            bad("tensor-core", f"wgmma needs compute capability {WGMMA_ARCH[0]}.{WGMMA_ARCH[1]} "
+                               f"(sm_90a), device is {device.arch}")
+        swap = wgmma_swaps_operands(problem)
+        if swap is None:
+            bad("layout", f"wgmma reads {problem.dtype} from shared memory K-major only: layout "
+                          f"{problem.layout.upper()} has K contiguous in neither A nor B")
+            return
+        if not 3 <= self.stages <= 5:
+            bad("choice", f"stages={self.stages}: the wgmma ring needs 3 to 5 stages")
+        _, _, pw, qw = self._wgmma_tiles(problem)
+        p_dim, q_dim = ("wn", "wm") if swap else ("wm", "wn")
+        atom = WGMMA_SWIZZLE_BYTES // kind.itemsize
+        if pw % 64 or qw % 8 or qw > 256 or self.bk % atom:
+            bad("fragment", f"{p_dim}={pw} must be a multiple of 64 (wgmma rows), {q_dim}={qw} a multiple "
+                            f"of 8 up to 256 (wgmma's N) and bk={self.bk} a multiple of {atom} (one "
+                            f"{WGMMA_SWIZZLE_BYTES}-byte swizzled row) for layout {problem.layout.upper()}")
+
     # ---- validity ---------------------------------------------------------------------------
     def check(self, problem: Problem, device: Device) -> list[str]:
         reasons: list[str] = []
@@ -444,6 +483,7 @@ class WmmaType:
     mma_fragment: tuple[int, int, int]  # the m, n, k of one mma.sync (the `mma` path)
     mma_input: str  # PTX type of A and B in mma.sync
     mma_min_arch: tuple[int, int]
+    wgmma_k: int = 0  # K of one wgmma (the `wgmma` path); 0: no wgmma path for this type yet
 
 
 WMMA_TYPES = {
@@ -452,7 +492,7 @@ WMMA_TYPES = {
     ("bfloat16", "fp32"): WmmaType("__nv_bfloat16", "float", 2, 4, (16, 16, 16), (8, 0), "__nv_bfloat16",
                                    (16, 8, 16), "bf16", (8, 0)),
     ("float32", "tf32"): WmmaType("float", "float", 4, 4, (16, 16, 8), (8, 0), "wmma::precision::tf32",
-                                  (16, 8, 8), "tf32", (8, 0)),
+                                  (16, 8, 8), "tf32", (8, 0), wgmma_k=8),
     # mma.sync m16n8k8 in FP64 is new in sm_90 (sm_80 has only the m8n8k4 that WMMA uses)
     ("float64", "fp64"): WmmaType("double", "double", 8, 8, (8, 8, 4), (8, 0), "double",
                                   (16, 8, 8), "f64", (9, 0)),
@@ -472,6 +512,22 @@ MMA_REGISTER_OVERHEAD_TF32 = 56  # the round-to-TF32 conversions need temporarie
 MMA_TAIL_REGISTERS_16BIT = 60
 MMA_TAIL_REGISTERS_PER_PASS = 12
 MMA_TAIL_REGISTERS = 10
+# The wgmma path (fitted the same way on 42 variants; see WmmaConfig._wgmma_registers)
+WGMMA_REGISTER_OVERHEAD = 48
+WGMMA_TAIL_REGISTERS = 24
+WGMMA_ARCH = (9, 0)  # wgmma exists on sm_90a only: kernels built for it run on compute capability 9.0 alone
+WGMMA_SWIZZLE_BYTES = 128  # the shared-memory operand's rows: one 128-byte swizzle row of K
+
+
+def wgmma_swaps_operands(problem: Problem) -> bool | None:
+    """Which operand the wgmma path reads from shared memory, where its type (TF32) must be K-major:
+    B when B's K is contiguous (no swap), else A when A's is (the kernel computes C^T = B^T A^T,
+    swap), else None: neither operand has K contiguous (layout TN) and the path cannot run."""
+    if problem.trans_b:
+        return False
+    if not problem.trans_a:
+        return True
+    return None
 
 
 def wmma_type(problem: Problem) -> WmmaType | None:
@@ -510,6 +566,7 @@ class WmmaConfig(_Knobs):
     split_k: int = 1
     min_blocks: int = 1
     mma: bool = False
+    wgmma: bool = False
 
     family = "wmma"
     _label = "WMMA"
@@ -519,10 +576,11 @@ class WmmaConfig(_Knobs):
         return (
             f"wmma_{self.bm}x{self.bn}x{self.bk}_w{self.wm}x{self.wn}_v{self.vec}_s{self.stages}_{self.smem}"
             f"_g{self.group_m}_k{self.split_k}_o{self.min_blocks}" + ("_mma" if self.mma else "")
+            + ("_wgmma" if self.wgmma else "")
         )
 
     _NAME_RE = re.compile(
-        r"wmma_(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_v(\d+)_s(\d+)_([a-z]+\d*)_g(\d+)_k(\d+)_o(\d+)(_mma)?")
+        r"wmma_(\d+)x(\d+)x(\d+)_w(\d+)x(\d+)_v(\d+)_s(\d+)_([a-z]+\d*)_g(\d+)_k(\d+)_o(\d+)(_mma)?(_wgmma)?")
 
     @classmethod
     def from_name(cls, name: str) -> WmmaConfig:
@@ -531,17 +589,30 @@ class WmmaConfig(_Knobs):
             raise ValueError(f"not a WMMA config name: {name!r}")
         g = match.groups()
         return cls(*(int(x) for x in g[:7]), smem=g[7], group_m=int(g[8]), split_k=int(g[9]), min_blocks=int(g[10]),
-                   mma=bool(g[11]))
+                   mma=bool(g[11]), wgmma=bool(g[12]))
 
     # ---- derived quantities -------------------------------------------------------------------
     @property
     def threads(self) -> int:
-        return (self.bm // self.wm) * (self.bn // self.wn) * 32
+        # the wm x wn tile belongs to a warp, or with wgmma to a warpgroup of 4 warps
+        return (self.bm // self.wm) * (self.bn // self.wn) * (128 if self.wgmma else 32)
 
     def fragment(self, problem: Problem) -> tuple[int, int, int]:
-        """The m, n, k of one tensor-core instruction of this config's path."""
+        """The m, n, k of one tensor-core instruction of this config's path (wgmma: in the problem's
+        M and N, which the kernel swaps when it computes C^T)."""
         kind = wmma_type(problem)
+        if self.wgmma:
+            if wgmma_swaps_operands(problem):
+                return self.wm, 64, kind.wgmma_k
+            return 64, self.wn, kind.wgmma_k
         return kind.mma_fragment if self.mma else kind.fragment
+
+    def _wgmma_tiles(self, problem: Problem) -> tuple[int, int, int, int]:
+        """The wgmma path's block and warpgroup extents along P (wgmma's M, fed from registers)
+        and Q (its N, read from shared memory): (pb, qb, pw, qw)."""
+        if wgmma_swaps_operands(problem):
+            return self.bn, self.bm, self.wn, self.wm
+        return self.bm, self.bn, self.wm, self.wn
 
     def smem_pad(self, problem: Problem) -> int:
         """Padding of every shared-memory row, in elements."""
@@ -553,6 +624,14 @@ class WmmaConfig(_Knobs):
         if kind is None:
             return 0
         pad = self.smem_pad(problem)
+        if self.wgmma:
+            # per stage: P's padded tile in its global orientation, rounded up to the 1 KB that
+            # aligns Q's swizzled tile after it; plus 1 KB to align the first stage
+            pb, qb, _, _ = self._wgmma_tiles(problem)
+            p_trans = (not problem.trans_b) if wgmma_swaps_operands(problem) else problem.trans_a
+            p = (self.bk * (pb + pad)) if p_trans else (pb * (self.bk + pad))
+            p_bytes = -(-p * kind.itemsize // 1024) * 1024
+            return self.stages * (p_bytes + qb * self.bk * kind.itemsize) + 1024
         # each operand tile keeps its global orientation: rows of bk (k contiguous) or of bm/bn
         a = (self.bk * (self.bm + pad)) if problem.trans_a else (self.bm * (self.bk + pad))
         b = (self.bn * (self.bk + pad)) if problem.trans_b else (self.bk * (self.bn + pad))
@@ -569,6 +648,8 @@ class WmmaConfig(_Knobs):
     def estimated_registers(self, problem: Problem) -> int:
         """Accumulator and operand fragments of a warp tile, spread over 32 lanes (4-byte registers)."""
         kind = wmma_type(problem)
+        if self.wgmma:
+            return self._wgmma_registers(problem, kind)
         if self.mma:
             return self._mma_registers(problem, kind)
         _, _, fk = kind.fragment
@@ -598,6 +679,44 @@ class WmmaConfig(_Knobs):
             else MMA_TAIL_REGISTERS
         return accumulators + fragments + overhead + passes // 2 + (tail_cost if tails else 0)
 
+    def _wgmma_registers(self, problem: Problem, kind: WmmaType) -> int:
+        """The wgmma path: each warpgroup's accumulators (pw/64 blocks of qw/2 per thread), P's
+        fragments of a whole slice twice (the wgmmas of one slice read them while the next
+        slice's are loaded), addresses and loop state. Fitted with ptxas (sm_90a, CUDA 13) on 42
+        variants (9 tiles, 3 layouts, with and without tails): none spills; it overestimates
+        four-block warpgroup tiles (ptxas does not keep both fragment buffers whole there)."""
+        _, _, pw, qw = self._wgmma_tiles(problem)
+        blocks = pw // 64
+        accumulators = blocks * qw // 2
+        fragments = 2 * blocks * (self.bk // kind.wgmma_k) * 4
+        tails = any(extent % tile for extent, tile in ((problem.m, self.bm), (problem.n, self.bn), (problem.k, self.bk)))
+        return accumulators + fragments + WGMMA_REGISTER_OVERHEAD + (WGMMA_TAIL_REGISTERS if tails else 0)
+
+    def _wgmma_reasons(self, problem: Problem, device: Device, kind: WmmaType, bad) -> None:
+        """What only the wgmma path asks: the type, the architecture, the layout and its tiles."""
+        if self.mma:
+            bad("choice", "mma and wgmma are two different instruction paths; pick one")
+        if not kind.wgmma_k:
+            bad("tensor-core", f"the wgmma path computes float32/tf32 only, not {problem.dtype}/{problem.compute}")
+            return
+        if device.compute_capability != WGMMA_ARCH:
+            bad("tensor-core", f"wgmma needs compute capability {WGMMA_ARCH[0]}.{WGMMA_ARCH[1]} "
+                               f"(sm_90a), device is {device.arch}")
+        swap = wgmma_swaps_operands(problem)
+        if swap is None:
+            bad("layout", f"wgmma reads {problem.dtype} from shared memory K-major only: layout "
+                          f"{problem.layout.upper()} has K contiguous in neither A nor B")
+            return
+        if not 3 <= self.stages <= 5:
+            bad("choice", f"stages={self.stages}: the wgmma ring needs 3 to 5 stages")
+        _, _, pw, qw = self._wgmma_tiles(problem)
+        p_dim, q_dim = ("wn", "wm") if swap else ("wm", "wn")
+        atom = WGMMA_SWIZZLE_BYTES // kind.itemsize
+        if pw % 64 or qw % 8 or qw > 256 or self.bk % atom:
+            bad("fragment", f"{p_dim}={pw} must be a multiple of 64 (wgmma rows), {q_dim}={qw} a multiple "
+                            f"of 8 up to 256 (wgmma's N) and bk={self.bk} a multiple of {atom} (one "
+                            f"{WGMMA_SWIZZLE_BYTES}-byte swizzled row) for layout {problem.layout.upper()}")
+
     # ---- validity ---------------------------------------------------------------------------
     def check(self, problem: Problem, device: Device) -> list[str]:
         reasons: list[str] = []
@@ -611,7 +730,9 @@ class WmmaConfig(_Knobs):
                          f"float64/fp64, not {problem.dtype}/{problem.compute}")
             return reasons
         min_arch = kind.mma_min_arch if self.mma else kind.min_arch
-        if device.compute_capability < min_arch:
+        if self.wgmma:
+            self._wgmma_reasons(problem, device, kind, bad)
+        elif device.compute_capability < min_arch:
             path = "mma.sync" if self.mma else "WMMA"
             bad("tensor-core", f"{problem.dtype}/{problem.compute} {path} needs compute capability "
                                f"{min_arch[0]}.{min_arch[1]}, device is {device.arch}")
@@ -634,7 +755,9 @@ class WmmaConfig(_Knobs):
         fm, fn, fk = self.fragment(problem)
         # the mma path loads B fragments of two adjacent 8-column blocks at once
         wn_multiple = 2 * fn if self.mma else fn
-        if self.wm % fm or self.wn % wn_multiple or self.bk % fk:
+        if self.wgmma:
+            pass  # its fragment shapes were checked above
+        elif self.wm % fm or self.wn % wn_multiple or self.bk % fk:
             bad("fragment", f"warp tile {self.wm}x{self.wn} and bk={self.bk} must be multiples of "
                             f"{fm}x{wn_multiple}x{fk} for the {fm}x{fn}x{fk} {problem.dtype} "
                             f"{'mma.sync' if self.mma else 'WMMA'} fragment")

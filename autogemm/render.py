@@ -10,7 +10,7 @@ from pathlib import Path
 import jinja2
 
 from .config import (SimtConfig, VectorWidths, WmmaConfig, packed_vector_widths, transposed_stores,
-                     wmma_type, wmma_vector_widths)
+                     wgmma_swaps_operands, wmma_type, wmma_vector_widths)
 from .paths import template_override_dir, templates_dir
 from .problem import Problem
 
@@ -20,6 +20,13 @@ class Source:
     kernel: str  # name of the GEMM kernel function (extern "C")
     reduce_kernel: str | None  # split-K reduction kernel, when split_k > 1
     code: str
+    # "a" when the code uses architecture-specific instructions (wgmma: sm_90a), which the
+    # compilers must be asked for by name; such a cubin runs on that exact architecture only
+    arch_suffix: str = ""
+
+    def target(self, arch: str) -> str:
+        """The compiler architecture for `arch` (e.g. sm_90 -> sm_90a for wgmma kernels)."""
+        return arch if arch.endswith(self.arch_suffix) else arch + self.arch_suffix
 
     @property
     def digest(self) -> str:
@@ -94,7 +101,11 @@ def render_wmma(config: WmmaConfig, problem: Problem, widths: VectorWidths | Non
     to_acc, from_acc = _WMMA_CONVERSIONS[kind.element]
     cxx_bool = {True: "true", False: "false"}
     fm, fn, fk = config.fragment(problem)
-    code = _environment(template_override_dir()).get_template("wmma_gemm.cu.j2").render(
+    swap = wgmma_swaps_operands(problem) if config.wgmma else False
+    if swap is None:
+        raise ValueError(f"the wgmma path cannot read layout {problem.layout.upper()}: K is contiguous in neither operand")
+    template = "wgmma_gemm.cu.j2" if config.wgmma else "wmma_gemm.cu.j2"
+    code = _environment(template_override_dir()).get_template(template).render(
         kernel=name,
         config_name=config.name,
         dtype=problem.dtype,
@@ -105,6 +116,8 @@ def render_wmma(config: WmmaConfig, problem: Problem, widths: VectorWidths | Non
         precision=kind.precision,
         mma=config.mma,
         mma_shape=f"m{fm}n{fn}k{fk}",
+        swap=cxx_bool[swap],
+        qw=config.wm if swap else config.wn,  # wgmma's N
         mma_input=kind.mma_input,
         element_bytes=kind.itemsize,
         to_acc=to_acc,
@@ -125,7 +138,8 @@ def render_wmma(config: WmmaConfig, problem: Problem, widths: VectorWidths | Non
         even_n=cxx_bool[problem.n % config.bn == 0],
         even_k=cxx_bool[problem.k % config.bk == 0],
     )
-    return Source(kernel=name, reduce_kernel=f"{name}_reduce" if config.split_k > 1 else None, code=code)
+    return Source(kernel=name, reduce_kernel=f"{name}_reduce" if config.split_k > 1 else None, code=code,
+                  arch_suffix="a" if config.wgmma else "")
 
 
 def render(config: SimtConfig, problem: Problem, widths: VectorWidths | None = None) -> Source:
