@@ -204,7 +204,11 @@ _SIXTEEN_BIT_DEFAULTS = (("large", "wmma_128x256x64_w64x64_v8_s3_pad_g8_k1_o1_mm
 DEFAULT_WMMA_CONFIGS = {
     ("float16", "fp32"): _SIXTEEN_BIT_DEFAULTS,
     ("bfloat16", "fp32"): _SIXTEEN_BIT_DEFAULTS,
-    ("float32", "tf32"): (("large", "wmma_128x256x32_w64x64_v4_s3_pad32_g8_k1_o1_mma"),
+    # Hopper's wgmma first (the first for NN, the second for NT/TT: its register fit rejects the
+    # other's layout); elsewhere, and for TN, mma.sync
+    ("float32", "tf32"): (("large", "wmma_256x128x32_w256x64_v4_s4_pad32_g8_k1_o1_wgmma"),
+                          ("large", "wmma_128x256x32_w64x256_v4_s4_pad32_g8_k1_o1_wgmma"),
+                          ("large", "wmma_128x256x32_w64x64_v4_s3_pad32_g8_k1_o1_mma"),
                           ("large", "wmma_128x128x16_w32x64_v4_s4_pad_g8_k1_o1"),
                           ("medium", "wmma_64x64x16_w32x32_v4_s3_pad32_g8_k1_o1_mma"),
                           ("medium", "wmma_64x64x16_w32x32_v4_s3_pad_g8_k1_o1"),

@@ -33,6 +33,8 @@ REASON_CASES = [
     ("size", SimtConfig(), Problem(2**31, 1, 1), SM90),
     ("fragment", WmmaConfig(bk=8), Problem(64, 64, 64, dtype="float16"), SM90),
     ("tensor-core", WmmaConfig(), Problem(64, 64, 64, dtype="bfloat16"), Device.for_arch("sm_75")),
+    ("layout", WmmaConfig(256, 128, 32, 256, 64, 4, 4, "pad32", wgmma=True),
+     Problem(4096, 4096, 4096, dtype="float32", compute="tf32", trans_a=True), SM90),
 ]
 
 

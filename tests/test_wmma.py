@@ -27,6 +27,10 @@ def test_name_and_dict_round_trip():
     assert mma.name == "wmma_128x64x32_w64x32_v8_s4_pad32_g4_k2_o1_mma"
     assert config_from_name(mma.name) == mma
     assert config_from_dict(mma.to_dict()) == mma
+    wgmma = config.replace(wgmma=True)
+    assert wgmma.name == "wmma_128x64x32_w64x32_v8_s4_plain_g4_k2_o1_wgmma"
+    assert config_from_name(wgmma.name) == wgmma
+    assert config_from_dict(wgmma.to_dict()) == wgmma
 
 
 @pytest.mark.parametrize("dtype, compute, space", WMMA_KINDS)
@@ -88,6 +92,35 @@ def test_mma_path_check_reasons():
     assert any(r.startswith("registers") for r in big.check(Problem(4095, 4096, 4096, dtype="float16"), SM90))
 
 
+def test_wgmma_path_check_reasons():
+    """wgmma: TF32 on sm_90a only, one operand with K contiguous, 64-row blocks along the operand
+    fed from registers (N for NN, where the kernel computes C^T), 3-5 stages, one instruction path."""
+    tf32 = {layout: Problem.from_layout(4096, 4096, 4096, layout, dtype="float32", compute="tf32") for layout in LAYOUTS}
+    nn = WmmaConfig(256, 128, 32, 256, 64, 4, 4, "pad32", 8, 1, 1, wgmma=True)
+    assert nn.threads == 256  # two warpgroups
+    assert nn.check(tf32["nn"], SM90) == []
+    assert any(r.startswith("tensor-core: wgmma needs compute capability 9.0")
+               for r in nn.check(tf32["nn"], Device.for_arch("sm_80")))
+    assert any(r.startswith("layout") for r in nn.check(tf32["tn"], SM90))
+    # NT reads B from shared memory: the 64-row blocks run along M there
+    assert any(r.startswith("fragment") for r in nn.replace(wm=32, bm=128).check(tf32["nn"], SM90) +
+               nn.replace(wn=32, bn=64).check(tf32["nn"], SM90))
+    nt = WmmaConfig(128, 256, 32, 64, 256, 4, 4, "pad32", 8, 1, 1, wgmma=True)
+    assert nt.check(tf32["nt"], SM90) == [] and nt.check(tf32["tt"], SM90) == []
+    assert any(r.startswith("registers") for r in nt.check(tf32["nn"], SM90))
+    assert any(r.startswith("fragment") for r in nn.replace(bk=16).check(tf32["nn"], SM90))
+    assert any(r.startswith("choice") for r in nn.replace(stages=2).check(tf32["nn"], SM90))
+    assert any(r.startswith("choice") for r in nn.replace(mma=True).check(tf32["nn"], SM90))
+    half = Problem(4096, 4096, 4096, dtype="float16")
+    assert any(r.startswith("tensor-core: the wgmma path computes float32/tf32 only") for r in nn.check(half, SM90))
+    with pytest.raises(ValueError, match="layout TN"):
+        render(nn, tf32["tn"])
+    source = render(nn, tf32["nn"])
+    assert source.arch_suffix == "a" and source.target("sm_90") == "sm_90a"
+    assert "constexpr bool SWAP = true;" in source.code
+    assert "constexpr bool SWAP = false;" in render(nt, tf32["nt"]).code
+
+
 @pytest.mark.parametrize("dtype, compute, space", WMMA_KINDS)
 def test_every_valid_config_renders(dtype, compute, space):
     problem = Problem(4096, 4096, 4096, dtype=dtype, compute=compute)
@@ -114,6 +147,7 @@ def _variants(arch):
         # six of the sample, the mma.sync path among them where the device has it
         chosen = sample[:4] + [c for c in sample[4:] if c.mma][:2]
         chosen += sample[4 : 4 + 6 - len(chosen)]
+        chosen += [c for c in sample if c.wgmma and c not in chosen][:3]  # sm_90a only
         for i, config in enumerate(chosen):
             m, n, k = SHAPES[i % len(SHAPES)]
             problem = Problem.from_layout(m, n, k, LAYOUTS[i % 4], dtype=dtype, compute=compute)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from autogemm.config import WmmaConfig
 from autogemm.problem import Device, Problem
 from autogemm.space import SearchSpace
 
@@ -17,7 +18,8 @@ WMMA_KINDS = (
 def wmma_sample(dtype: str, compute: str, space: str, count: int, seed: int, device: Device | None = None) -> list:
     """`count` configs of the space valid for a 4096^3 problem of the dtype, including every
     stage count with plain and 16-byte padded rows, each wider padding, and the mma.sync path at
-    every stage count and with a single k-step per slice (where the device has it)."""
+    every stage count and with a single k-step per slice (where the device has it), and the wgmma
+    path at every stage count and BK = 64 (TF32 on sm_90)."""
     device = device or Device.for_arch("sm_90")
     problem = Problem(4096, 4096, 4096, dtype=dtype, compute=compute)
     configs = {c.name: c for c in SearchSpace.load(space).sample(count, problem, device, seed=seed)}
@@ -49,4 +51,18 @@ def wmma_sample(dtype: str, compute: str, space: str, count: int, seed: int, dev
             if not candidate.check(problem, device):
                 configs[candidate.name] = candidate
                 break
+    # Hopper's wgmma path: every stage count and a two-row (BK = 64) slice, from the shipped defaults
+    wgmma_bases = [c for c in configs.values() if c.wgmma] + [WmmaConfig.from_name(name) for name in WGMMA_BASES]
+    wanted = [dict(stages=3), dict(stages=4), dict(stages=5), dict(bk=64, stages=3)]
+    for change in wanted:
+        if not any(c.wgmma and all(getattr(c, k) == v for k, v in change.items()) for c in configs.values()):
+            for base in wgmma_bases:
+                candidate = base.replace(**change)
+                if not candidate.check(problem, device):
+                    configs[candidate.name] = candidate
+                    break
     return sorted(configs.values(), key=lambda c: c.name)
+
+
+WGMMA_BASES = ("wmma_256x128x32_w256x64_v4_s4_pad32_g8_k1_o1_wgmma", "wmma_128x128x32_w128x64_v4_s4_pad32_g8_k1_o1_wgmma",
+               "wmma_64x128x32_w64x128_v4_s5_pad_g8_k1_o1_wgmma")
