@@ -269,7 +269,8 @@ class SimtConfig(_Knobs):
         if self.mma:
             bad("choice", "mma and wgmma are two different instruction paths; pick one")
         if not kind.wgmma_k:
-            bad("tensor-core", f"the wgmma path computes float32/tf32 only, not {problem.dtype}/{problem.compute}")
+            bad("tensor-core", f"the wgmma path computes float32/tf32, float16 and bfloat16, "
+                               f"not {problem.dtype}/{problem.compute}")
             return
         if device.compute_capability != WGMMA_ARCH:
             bad("tensor-core", f"wgmma needs compute capability {WGMMA_ARCH[0]}.{WGMMA_ARCH[1]} "
@@ -483,14 +484,14 @@ class WmmaType:
     mma_fragment: tuple[int, int, int]  # the m, n, k of one mma.sync (the `mma` path)
     mma_input: str  # PTX type of A and B in mma.sync
     mma_min_arch: tuple[int, int]
-    wgmma_k: int = 0  # K of one wgmma (the `wgmma` path); 0: no wgmma path for this type yet
+    wgmma_k: int = 0  # K of one wgmma (the `wgmma` path); 0: no wgmma path for this type
 
 
 WMMA_TYPES = {
     ("float16", "fp32"): WmmaType("__half", "float", 2, 4, (16, 16, 16), (7, 0), "__half",
-                                  (16, 8, 16), "f16", (8, 0)),
+                                  (16, 8, 16), "f16", (8, 0), wgmma_k=16),
     ("bfloat16", "fp32"): WmmaType("__nv_bfloat16", "float", 2, 4, (16, 16, 16), (8, 0), "__nv_bfloat16",
-                                   (16, 8, 16), "bf16", (8, 0)),
+                                   (16, 8, 16), "bf16", (8, 0), wgmma_k=16),
     ("float32", "tf32"): WmmaType("float", "float", 4, 4, (16, 16, 8), (8, 0), "wmma::precision::tf32",
                                   (16, 8, 8), "tf32", (8, 0), wgmma_k=8),
     # mma.sync m16n8k8 in FP64 is new in sm_90 (sm_80 has only the m8n8k4 that WMMA uses)
@@ -520,7 +521,8 @@ WGMMA_SWIZZLE_BYTES = 128  # the shared-memory operand's rows: one 128-byte swiz
 
 
 def wgmma_swaps_operands(problem: Problem) -> bool | None:
-    """Which operand the wgmma path reads from shared memory, where its type (TF32) must be K-major:
+    """Which operand the wgmma path reads from shared memory, K-major (TF32 allows nothing else;
+    the 16-bit types could be transposed there, which the template does not use):
     B when B's K is contiguous (no swap), else A when A's is (the kernel computes C^T = B^T A^T,
     swap), else None: neither operand has K contiguous (layout TN) and the path cannot run."""
     if problem.trans_b:
@@ -697,7 +699,8 @@ class WmmaConfig(_Knobs):
         if self.mma:
             bad("choice", "mma and wgmma are two different instruction paths; pick one")
         if not kind.wgmma_k:
-            bad("tensor-core", f"the wgmma path computes float32/tf32 only, not {problem.dtype}/{problem.compute}")
+            bad("tensor-core", f"the wgmma path computes float32/tf32, float16 and bfloat16, "
+                               f"not {problem.dtype}/{problem.compute}")
             return
         if device.compute_capability != WGMMA_ARCH:
             bad("tensor-core", f"wgmma needs compute capability {WGMMA_ARCH[0]}.{WGMMA_ARCH[1]} "

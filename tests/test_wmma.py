@@ -93,7 +93,7 @@ def test_mma_path_check_reasons():
 
 
 def test_wgmma_path_check_reasons():
-    """wgmma: TF32 on sm_90a only, one operand with K contiguous, 64-row blocks along the operand
+    """wgmma: TF32, FP16, BF16 on sm_90a only, one operand with K contiguous, 64-row blocks along the operand
     fed from registers (N for NN, where the kernel computes C^T), 3-5 stages, one instruction path."""
     tf32 = {layout: Problem.from_layout(4096, 4096, 4096, layout, dtype="float32", compute="tf32") for layout in LAYOUTS}
     nn = WmmaConfig(256, 128, 32, 256, 64, 4, 4, "pad32", 8, 1, 1, wgmma=True)
@@ -111,8 +111,12 @@ def test_wgmma_path_check_reasons():
     assert any(r.startswith("fragment") for r in nn.replace(bk=16).check(tf32["nn"], SM90))
     assert any(r.startswith("choice") for r in nn.replace(stages=2).check(tf32["nn"], SM90))
     assert any(r.startswith("choice") for r in nn.replace(mma=True).check(tf32["nn"], SM90))
+    double = Problem(4096, 4096, 4096, dtype="float64")
+    assert any(r.startswith("tensor-core: the wgmma path computes") for r in nn.check(double, SM90))
+    # 16-bit types: m64nNk16, a 128-byte row is 64 elements of K
     half = Problem(4096, 4096, 4096, dtype="float16")
-    assert any(r.startswith("tensor-core: the wgmma path computes float32/tf32 only") for r in nn.check(half, SM90))
+    assert any(r.startswith("fragment") for r in nn.check(half, SM90))
+    assert nn.replace(bk=64, vec=8, smem="pad").check(half, SM90) == []
     with pytest.raises(ValueError, match="layout TN"):
         render(nn, tf32["tn"])
     source = render(nn, tf32["nn"])

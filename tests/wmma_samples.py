@@ -19,7 +19,7 @@ def wmma_sample(dtype: str, compute: str, space: str, count: int, seed: int, dev
     """`count` configs of the space valid for a 4096^3 problem of the dtype, including every
     stage count with plain and 16-byte padded rows, each wider padding, and the mma.sync path at
     every stage count and with a single k-step per slice (where the device has it), and the wgmma
-    path at every stage count and BK = 64 (TF32 on sm_90)."""
+    path at every stage count (TF32, FP16, BF16 on sm_90)."""
     device = device or Device.for_arch("sm_90")
     problem = Problem(4096, 4096, 4096, dtype=dtype, compute=compute)
     configs = {c.name: c for c in SearchSpace.load(space).sample(count, problem, device, seed=seed)}
@@ -51,7 +51,7 @@ def wmma_sample(dtype: str, compute: str, space: str, count: int, seed: int, dev
             if not candidate.check(problem, device):
                 configs[candidate.name] = candidate
                 break
-    # Hopper's wgmma path: every stage count and a two-row (BK = 64) slice, from the shipped defaults
+    # Hopper's wgmma path: every stage count and, for TF32, a two-row (BK = 64) slice
     wgmma_bases = [c for c in configs.values() if c.wgmma] + [WmmaConfig.from_name(name) for name in WGMMA_BASES]
     wanted = [dict(stages=3), dict(stages=4), dict(stages=5), dict(bk=64, stages=3)]
     for change in wanted:
@@ -65,4 +65,6 @@ def wmma_sample(dtype: str, compute: str, space: str, count: int, seed: int, dev
 
 
 WGMMA_BASES = ("wmma_256x128x32_w256x64_v4_s4_pad32_g8_k1_o1_wgmma", "wmma_128x128x32_w128x64_v4_s4_pad32_g8_k1_o1_wgmma",
-               "wmma_64x128x32_w64x128_v4_s5_pad_g8_k1_o1_wgmma")
+               "wmma_64x128x32_w64x128_v4_s5_pad_g8_k1_o1_wgmma",  # TF32 (BK = 32: one 128-byte row)
+               "wmma_256x128x64_w256x64_v8_s4_pad_g8_k1_o1_wgmma", "wmma_128x128x64_w128x64_v8_s4_pad_g8_k1_o1_wgmma",
+               "wmma_64x128x64_w64x128_v8_s5_pad_g8_k1_o1_wgmma")  # 16-bit (BK = 64)
