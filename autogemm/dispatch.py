@@ -196,7 +196,10 @@ def size_class(problem: Problem) -> str:
 # Tensor-core defaults per (dtype, compute): (size class, config) pairs, largest first. The mma.sync
 # ones were the fastest found by hand at 4096^3 on an H100 (NOTES.md); the WMMA ones stay as the
 # fallback where mma.sync cannot run (FP64 before sm_90) and for small problems.
-_SIXTEEN_BIT_DEFAULTS = (("large", "wmma_128x256x64_w64x64_v8_s3_pad_g8_k1_o1_mma"),
+# Hopper's wgmma first (the first for NN, the second for NT/TT), then mma.sync (other devices, TN)
+_SIXTEEN_BIT_DEFAULTS = (("large", "wmma_256x128x64_w256x64_v8_s4_pad_g8_k1_o1_wgmma"),
+                         ("large", "wmma_128x256x64_w64x256_v8_s4_pad_g8_k1_o1_wgmma"),
+                         ("large", "wmma_128x256x64_w64x64_v8_s3_pad_g8_k1_o1_mma"),
                          ("large", "wmma_128x128x32_w64x64_v8_s3_pad_g8_k1_o1"),
                          ("medium", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1_mma"),
                          ("medium", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1"),
