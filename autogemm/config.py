@@ -251,45 +251,6 @@ class SimtConfig(_Knobs):
     def tiles_k(self, problem: Problem) -> int:
         return -(-problem.k // self.bk)
 
-    def _wgmma_registers(self, problem: Problem, kind: WmmaType) -> int:
-        """The wgmma path: each warpgroup's accumulators (pw/64 blocks of qw/2 per thread), P's
-        fragments of a whole slice twice (the wgmmas of one slice read them while the next
-        slice's are loaded), addresses and loop state. Fitted with ptxas (sm_90a, CUDA 13) on 42
-        variants (9 tiles, 3 layouts, with and without tails): none spills; it overestimates
-        four-block warpgroup tiles (ptxas does not keep both fragment buffers whole there)."""
-        _, _, pw, qw = self._wgmma_tiles(problem)
-        blocks = pw // 64
-        accumulators = blocks * qw // 2
-        fragments = 2 * blocks * (self.bk // kind.wgmma_k) * 4
-        tails = any(extent % tile for extent, tile in ((problem.m, self.bm), (problem.n, self.bn), (problem.k, self.bk)))
-        return accumulators + fragments + WGMMA_REGISTER_OVERHEAD + (WGMMA_TAIL_REGISTERS if tails else 0)
-
-    def _wgmma_reasons(self, problem: Problem, device: Device, kind: WmmaType, bad) -> None:
-        """What only the wgmma path asks: the type, the architecture, the layout and its tiles."""
-        if self.mma:
-            bad("choice", "mma and wgmma are two different instruction paths; pick one")
-        if not kind.wgmma_k:
-            bad("tensor-core", f"the wgmma path computes float32/tf32, float16 and bfloat16, "
-                               f"not {problem.dtype}/{problem.compute}")
-            return
-        if device.compute_capability != WGMMA_ARCH:
-            bad("tensor-core", f"wgmma needs compute capability {WGMMA_ARCH[0]}.{WGMMA_ARCH[1]} "
-                               f"(sm_90a), device is {device.arch}")
-        swap = wgmma_swaps_operands(problem)
-        if swap is None:
-            bad("layout", f"wgmma reads {problem.dtype} from shared memory K-major only: layout "
-                          f"{problem.layout.upper()} has K contiguous in neither A nor B")
-            return
-        if not 3 <= self.stages <= 5:
-            bad("choice", f"stages={self.stages}: the wgmma ring needs 3 to 5 stages")
-        _, _, pw, qw = self._wgmma_tiles(problem)
-        p_dim, q_dim = ("wn", "wm") if swap else ("wm", "wn")
-        atom = WGMMA_SWIZZLE_BYTES // kind.itemsize
-        if pw % 64 or qw % 8 or qw > 256 or self.bk % atom:
-            bad("fragment", f"{p_dim}={pw} must be a multiple of 64 (wgmma rows), {q_dim}={qw} a multiple "
-                            f"of 8 up to 256 (wgmma's N) and bk={self.bk} a multiple of {atom} (one "
-                            f"{WGMMA_SWIZZLE_BYTES}-byte swizzled row) for layout {problem.layout.upper()}")
-
     # ---- validity ---------------------------------------------------------------------------
     def check(self, problem: Problem, device: Device) -> list[str]:
         reasons: list[str] = []
