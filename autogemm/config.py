@@ -515,6 +515,9 @@ class WmmaConfig(_Knobs):
     on 16x8 blocks, fragments loaded with `ldmatrix` (16-bit types, and TF32 where K is contiguous
     in shared memory) or element by element, accumulators written straight from registers
     (name suffix `_mma`; FP64 then needs sm_90's m16n8k8).
+    wgmma: Hopper's warpgroup `wgmma.mma_async` (TF32, FP16, BF16 on sm_90a; name suffix `_wgmma`,
+    its own skeleton): wm x wn is then a warpgroup's tile (4 warps), the operand whose K is
+    contiguous is read from 128-byte-swizzled shared memory and the other from registers; 3-5 stages.
     """
 
     bm: int = 128
@@ -719,9 +722,8 @@ class WmmaConfig(_Knobs):
         fm, fn, fk = self.fragment(problem)
         # the mma path loads B fragments of two adjacent 8-column blocks at once
         wn_multiple = 2 * fn if self.mma else fn
-        if self.wgmma:
-            pass  # its fragment shapes were checked above
-        elif self.wm % fm or self.wn % wn_multiple or self.bk % fk:
+        # (the wgmma path's shapes were checked with its other reasons)
+        if not self.wgmma and (self.wm % fm or self.wn % wn_multiple or self.bk % fk):
             bad("fragment", f"warp tile {self.wm}x{self.wn} and bk={self.bk} must be multiples of "
                             f"{fm}x{wn_multiple}x{fk} for the {fm}x{fn}x{fk} {problem.dtype} "
                             f"{'mma.sync' if self.mma else 'WMMA'} fragment")
