@@ -9,12 +9,11 @@ The GPU-facing parts (compilation, launching, tuning) import CuPy and Optuna laz
 configurations, search spaces and rendering work on machines without a GPU.
 """
 
-from .config import SimtConfig
 from .dispatch import explain, matmul, reset
+from .families import SimtConfig, TensorCoreConfig, config_from_dict, config_from_name
 from .problem import Device, Problem
 from .render import render
-
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def tune(problem_or_m, n: int | None = None, k: int | None = None, *, batch: int = 1, dtype: str = "float32",
@@ -36,4 +35,5 @@ def tune(problem_or_m, n: int | None = None, k: int | None = None, *, batch: int
     return result
 
 
-__all__ = ["Device", "Problem", "SimtConfig", "explain", "matmul", "render", "reset", "tune", "__version__"]
+__all__ = ["Device", "Problem", "SimtConfig", "TensorCoreConfig", "config_from_dict", "config_from_name", "explain",
+           "matmul", "render", "reset", "tune", "__version__"]

@@ -4,7 +4,9 @@ Documents live in ``<cache dir>/tuned/<device-slug>.json`` (the user's, written 
 the tuned results shipped with autogemm (read after the user's). Writes are atomic (temporary file
 + rename) under a file lock, so concurrent tuners lose nothing. A corrupt document is reported,
 moved aside and rebuilt; a record whose template hash differs from the current templates is
-ignored by lookups and shown as stale by listings.
+ignored by lookups and shown as stale by listings. The hash is that of the record's own kernel
+template and what it includes, so that editing one family's templates leaves the others' records
+current.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from .config import config_from_dict
+from .families import config_from_dict
 from .paths import shipped_cache_dir, user_cache_dir
 from .problem import Problem
-from .render import template_hash
+from .render import kernel_template_hash
 
 FORMAT = 1
 
@@ -45,7 +47,7 @@ class Record:
     cublas_tflops: float
     ratio: float  # cuBLAS time / kernel time, measured in the same run
     rel_error: float
-    template_hash: str
+    template_hash: str  # render.kernel_template_hash of the config's template when it was tuned
     device: str  # device name as the driver reports it
     versions: dict = field(default_factory=dict)
     date: str = ""
@@ -72,7 +74,10 @@ class Record:
 
     @property
     def stale(self) -> bool:
-        return self.template_hash != template_hash()
+        try:
+            return self.template_hash != kernel_template_hash(self.config_object.template)
+        except (TypeError, ValueError):  # a config no family reads any more is never current
+            return True
 
 
 def now() -> str:
@@ -81,7 +86,7 @@ def now() -> str:
 
 def runtime_versions() -> dict:
     """autogemm, CuPy, CUDA runtime, driver and NVRTC versions (a change can break a kernel)."""
-    from . import __version__
+    from .version import __version__
 
     versions = {"autogemm": __version__}
     try:

@@ -20,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from .paths import user_cache_dir
+from .paths import cubin_dir, user_cache_dir
 from .render import Source
 
 NVRTC_OPTIONS = ("-std=c++17",)
@@ -71,17 +71,23 @@ class ResourceUsage:
         return self.spill_store_bytes + self.spill_load_bytes
 
 
+# where a CUDA toolkit's nvcc is when it is neither on PATH nor named by $CUDA_HOME / $CUDA_PATH
+NVCC_FALLBACKS = ("/usr/local/cuda/bin/nvcc",)
+
+
 def find_nvcc() -> str:
+    """The nvcc to compile with: on PATH, in $CUDA_HOME/bin or $CUDA_PATH/bin, or a usual place;
+    raises NvccNotFound naming where it looked."""
     candidates = [shutil.which("nvcc")]
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):
             candidates.append(str(Path(os.environ[var]) / "bin" / "nvcc"))
-    candidates.append("/usr/local/cuda/bin/nvcc")
+    candidates += NVCC_FALLBACKS
     for candidate in candidates:
         if candidate and Path(candidate).is_file():
             return candidate
     raise NvccNotFound(
-        "nvcc was not found (looked on PATH, in $CUDA_HOME/bin and /usr/local/cuda/bin); "
+        f"nvcc was not found (looked on PATH, in $CUDA_HOME/bin, $CUDA_PATH/bin and {', '.join(NVCC_FALLBACKS)}); "
         "install the CUDA toolkit to compile kernels without a GPU"
     )
 
@@ -129,7 +135,7 @@ def _cubin_path(source: Source, arch: str) -> Path:
     from cupy.cuda import compiler
 
     major, minor = compiler._get_nvrtc_version()
-    return user_cache_dir() / "cubin" / f"{source.kernel[:80]}-{source.digest}-{arch}-nvrtc{major}.{minor}.cubin"
+    return cubin_dir() / f"{source.kernel[:80]}-{source.digest}-{arch}-nvrtc{major}.{minor}.cubin"
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,29 +1,21 @@
 """Turning a configuration into a verified measurement, for the tuner.
 
 Candidates compile in worker processes ahead of time (`start`) while the GPU verifies and times
-earlier ones (`finish`). `IsolatedEvaluator` (the tuner's default) measures in a separate process
-that owns the GPU context, so that a candidate that faults, hangs or kills that process costs one
-failed trial and a restart, not the tune; `GpuEvaluator` measures in this process.
-`RecordedEvaluator` replays a table of measurements captured from a real GPU run, so that the
-search itself can be tested and compared without a GPU.
+earlier ones (`finish`). `GpuEvaluator` measures in this process; `isolate.IsolatedEvaluator` (the
+tuner's default) in a separate process that owns the GPU context; `recorded.RecordedEvaluator`
+replays measurements captured from a real GPU run, so that the search can be tested without one.
 Failures are values: every outcome is a `Measurement`, with a failure kind when it is not usable.
 """
 
 from __future__ import annotations
 
-import json
-import multiprocessing
-import os
-import time
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass, fields
-from pathlib import Path
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from .bench import cublas_runner, poison, random_uniform, reference_gemm, relative_error, rotation_count, time_calls, tolerance, warm_up
 from .compile import CompileError, compile_pool, compile_to_cubin
-from .config import SimtConfig
 from .problem import Device, Problem
 from .render import render
 
@@ -169,7 +161,7 @@ class GpuMeasurer:
         return Measurement(ok=True, time_ms=ms, tflops=self.problem.flops / ms / 1e9, rel_error=error)
 
 
-class _CompileAhead(Evaluator):
+class CompileAheadEvaluator(Evaluator):
     """Compiles candidates in worker processes while earlier ones are measured; retimes finalists
     through `_remeasure` and `_cublas`, which subclasses route to where the GPU context lives."""
 
@@ -177,7 +169,7 @@ class _CompileAhead(Evaluator):
         self._jobs = jobs
         self._pool = compile_pool(jobs)
 
-    def start(self, config: SimtConfig):
+    def start(self, config):
         source = render(config, self.problem)
         try:
             future = self._pool.submit(compile_to_cubin, source, self.device.arch)
@@ -248,7 +240,7 @@ class _CompileAhead(Evaluator):
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-class GpuEvaluator(_CompileAhead):
+class GpuEvaluator(CompileAheadEvaluator):
     """Measures in this process. A kernel that corrupts the CUDA context ends the tune (with a
     clear error): use `IsolatedEvaluator` to survive that."""
 
@@ -270,213 +262,3 @@ class GpuEvaluator(_CompileAhead):
 
 class FatalEvaluationError(RuntimeError):
     """Measuring cannot go on (the GPU context is lost, or the measuring process cannot start)."""
-
-
-def candidate_timeout(problem: Problem, device: Device) -> float:
-    """Seconds one candidate may take in the measuring process (verification, ~40 timed runs and
-    the reference): generous for a kernel at 5% of the device's FP32 peak, plus 10 s of slack."""
-    clock_hz = (device.clock_khz or 2_000_000) * 1e3
-    peak = device.sm_count * 128 * 2 * clock_hz  # FP32 FMA lanes per SM on sm_80/sm_90
-    return 10.0 + 100.0 * problem.flops / (0.05 * peak)
-
-
-def _measuring_process(conn, problem_key: str, ordinal: int, seed: int) -> None:
-    """Body of the isolated measuring process: owns the CUDA context, answers requests."""
-    import cupy
-
-    from .config import config_from_dict
-
-    try:
-        cupy.cuda.Device(ordinal).use()
-        measurer = GpuMeasurer(Problem.from_key(problem_key), Device.current(ordinal), seed)
-    except Exception as exc:  # report, do not hang the parent
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
-        return
-    conn.send(("ready", measurer.cublas_ms))
-    while True:
-        try:
-            request = conn.recv()
-        except EOFError:
-            return
-        if request[0] == "stop":
-            return
-        if request[0] == "cublas":
-            conn.send(("ok", measurer.time_cublas(request[1])))
-            continue
-        _, config_data, best_ms, repeats, final = request
-        measurement = measurer.measure(config_from_dict(config_data), best_ms, repeats, final)
-        conn.send(("ok", asdict(measurement)))
-        if measurer.poisoned:
-            os._exit(3)  # the context is gone: let the parent start a fresh process
-
-
-class IsolatedEvaluator(_CompileAhead):
-    """Measures in a separate process that owns the GPU context. A candidate that kills it, faults
-    the context or outlives `timeout` seconds fails with kind crash or timeout; the process is
-    restarted (the cost is counted in `restarts` and `restart_s`) and the tune goes on."""
-
-    def __init__(self, problem: Problem, device: Device, jobs: int, seed: int = 0, timeout: float | None = None):
-        self.problem, self.device = problem, device
-        self.timeout = timeout or candidate_timeout(problem, device)
-        self._seed = seed
-        self._ctx = multiprocessing.get_context("spawn")
-        self._process = None
-        self._conn = None
-        self._cublas_ms: float | None = None
-        self.restarts = 0
-        self.restart_s = 0.0
-        self._start_pool(jobs)
-        # The measuring process starts in the background: its start-up (interpreter, CUDA context,
-        # inputs, cuBLAS baseline) overlaps with the tuner's set-up and the first compilations.
-        self._spawn()
-
-    @property
-    def cublas_ms(self) -> float:
-        self._ready()
-        return self._cublas_ms
-
-    def _spawn(self) -> None:
-        parent, child = self._ctx.Pipe()
-        self._process = self._ctx.Process(target=_measuring_process, name="autogemm-measure",
-                                          args=(child, self.problem.key, self.device.ordinal, self._seed), daemon=True)
-        self._process.start()
-        child.close()
-        self._conn = parent
-        self._starting = True
-
-    def _ready(self) -> None:
-        """Waits until the measuring process has started and measured cuBLAS."""
-        if not self._starting:
-            return
-        self._starting = False
-        if not self._conn.poll(STARTUP_TIMEOUT_S):
-            self._kill()
-            raise FatalEvaluationError(f"the measuring process did not start within {STARTUP_TIMEOUT_S:g} s")
-        try:
-            kind, value = self._conn.recv()
-        except EOFError:
-            raise FatalEvaluationError(f"the measuring process died while starting (exit code {self._process.exitcode})") from None
-        if kind != "ready":
-            raise FatalEvaluationError(f"the measuring process could not start: {value}")
-        if self._cublas_ms is None:  # the first start's baseline stands for the whole tune
-            self._cublas_ms = value
-
-    def _kill(self) -> None:
-        if self._process is not None and self._process.is_alive():
-            self._process.kill()
-        if self._process is not None:
-            self._process.join(30)
-        if self._conn is not None:
-            self._conn.close()
-        self._process = self._conn = None
-
-    def _restart(self) -> None:
-        started = time.perf_counter()
-        self._kill()
-        self._spawn()
-        self._ready()
-        self.restarts += 1
-        self.restart_s += time.perf_counter() - started
-
-    def _request(self, message, timeout: float):
-        """Sends a request; returns ('ok', value) or a failure Measurement after restarting."""
-        self._ready()
-        try:
-            self._conn.send(message)
-            if not self._conn.poll(timeout):
-                self._restart()
-                return Measurement.failure("timeout", f"no answer within {timeout:.1f} s (hung kernel?); "
-                                                      "the measuring process was killed and restarted")
-            kind, value = self._conn.recv()
-        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
-            code = self._process.exitcode if self._process is not None else None
-            if self._process is not None:
-                self._process.join(5)
-                code = self._process.exitcode
-            self._restart()
-            how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-            return Measurement.failure("crash", f"the measuring process died ({how}); restarted")
-        if self._process is not None and not self._process.is_alive() or (
-                isinstance(value, dict) and value.get("kind") == "crash"):
-            self._restart()  # it faulted the context and exited after answering
-        return kind, value
-
-    def _remeasure(self, config, best_ms, repeats: int, final: bool) -> Measurement:
-        answer = self._request(("measure", config.to_dict(), best_ms, repeats, final), self.timeout)
-        if isinstance(answer, Measurement):
-            return answer
-        return Measurement(**answer[1])
-
-    def _cublas(self, repeats: int) -> float:
-        answer = self._request(("cublas", repeats), self.timeout)
-        if isinstance(answer, Measurement):
-            raise FatalEvaluationError(f"cuBLAS timing failed: {answer.message}")
-        return answer[1]
-
-    def close(self) -> None:
-        super().close()
-        if self._conn is not None:
-            try:
-                self._conn.send(("stop",))
-            except (BrokenPipeError, OSError):
-                pass
-        if self._process is not None:
-            self._process.join(10)
-        self._kill()
-
-
-STARTUP_TIMEOUT_S = 180.0
-
-
-# ---- recorded tables ------------------------------------------------------------------------------
-@dataclass
-class RecordedTable:
-    """Measurements of every configuration of a space, captured from one GPU run."""
-
-    problem: Problem
-    device: Device
-    cublas_ms: float
-    rows: dict[str, Measurement]
-    header: dict
-
-    @classmethod
-    def load(cls, path: str | Path) -> RecordedTable:
-        lines = Path(path).read_text().splitlines()
-        header = json.loads(lines[0])
-        device_fields = {f.name for f in fields(Device)}
-        device_data = {k: v for k, v in header["device"].items() if k in device_fields}
-        device_data["compute_capability"] = tuple(device_data["compute_capability"])
-        rows = {}
-        for line in lines[1:]:
-            row = json.loads(line)
-            name = row.pop("config")
-            rows[name] = Measurement(**row)
-        return cls(Problem.from_key(header["problem"]), Device(**device_data), header["cublas_ms"], rows, header)
-
-    def write(self, path: str | Path) -> None:
-        with open(path, "w") as out:
-            out.write(json.dumps(self.header) + "\n")
-            for name, m in sorted(self.rows.items()):
-                out.write(json.dumps({"config": name, **m.to_json()}) + "\n")
-
-    @property
-    def best(self) -> tuple[str, Measurement]:
-        return max(((n, m) for n, m in self.rows.items() if m.ok), key=lambda item: item[1].tflops)
-
-
-class RecordedEvaluator(Evaluator):
-    def __init__(self, table: RecordedTable):
-        self.table = table
-        self.problem, self.device, self.cublas_ms = table.problem, table.device, table.cublas_ms
-
-    def start(self, config):
-        return config
-
-    def finish(self, handle, best_ms: float | None) -> Measurement:
-        measured = self.table.rows.get(handle.name)
-        if measured is None:
-            return Measurement.failure("unrecorded", f"{handle.name} is not in the recorded table")
-        return measured
-
-    def retime(self, configs: list) -> tuple[list[Measurement], float]:
-        return [self.finish(c, None) for c in configs], self.cublas_ms

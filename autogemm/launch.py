@@ -1,5 +1,7 @@
-"""Runs a configuration on CuPy operands: derives the problem and strides from the arrays, picks the
-vector widths their alignment allows, compiles (once) and launches with the grid of the config."""
+"""Runs a configuration on CuPy operands: derives the problem and layouts from the arrays (the
+operand model of `operands`), picks the vector widths their alignment allows, compiles (once) and
+launches with the grid the config asks for ("tiles": a block per output tile, batch and K split,
+with a split-K reduction; "stream_k": a persistent grid with a partial-sum workspace)."""
 
 from __future__ import annotations
 
@@ -9,33 +11,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import dtypes
 from .compile import CompiledKernel, CompileError, compile_source
-from .config import SimtConfig, VectorWidths, WmmaConfig, widest_vector, wmma_type
-from .problem import COMPUTE_MODES, Device, Problem
+from .families import GemmConfig, VectorWidths
+from .operands import KernelOperand, describe, validate
+from .problem import Device, Problem
 from .render import render
 
-# How each dtype is held in CuPy arrays. CuPy has no bfloat16: bfloat16 operands are uint16 arrays
-# of the raw bits (`bench.to_bfloat16` makes them; PyTorch bfloat16 tensors view as such).
-STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16, "float64": np.float64}
-_STORED = {np.dtype(v): k for k, v in STORAGE.items()}
-
-
-def dtype_of(array, name: str) -> str:
-    """The GEMM dtype of a CuPy array (uint16 holds bfloat16 bits)."""
-    dtype = _STORED.get(np.dtype(array.dtype))
-    if dtype is None:
-        raise TypeError(f"{name} has dtype {array.dtype}; supported: float32, float16, float64 "
-                        "and bfloat16 (as uint16 bits)")
-    return dtype
-
-
-def compute_mode(config, dtype: str) -> str:
-    """The compute mode a config family implies for a dtype (WMMA on float32 means TF32)."""
-    if config.family == "wmma" and dtype == "float32":
-        return "tf32"
-    return COMPUTE_MODES[dtype][0]
-
-_REDUCE_THREADS = 256
+REDUCE_THREADS = 256
+REDUCE_GRID_MAX = 65535  # blocks of the split-K reduction (it loops over the rest)
+WORKSPACE_ROW_ALIGN = 4  # partial-sum rows padded to 4 elements, so they are stored as vectors
 
 
 @functools.lru_cache(maxsize=None)
@@ -49,60 +34,19 @@ def current_device() -> Device:
     return device_info(cupy.cuda.Device().id)
 
 
-@dataclass(frozen=True)
-class Operand:
-    """A matrix operand as the kernel sees it: rows of unit stride, a row pitch and a batch stride."""
-
-    rows: int
-    cols: int
-    ld: int  # elements between consecutive rows
-    batch: int  # 1 for a 2-D operand (broadcast over the batch with stride 0)
-    batch_stride: int  # elements between consecutive matrices
-    pointer: int
-
-    @classmethod
-    def of(cls, array, name: str) -> Operand:
-        if array.ndim not in (2, 3):
-            raise ValueError(f"{name} must be 2-D or 3-D (batched), got {array.ndim}-D of shape {array.shape}")
-        item = array.itemsize
-        strides = [s // item for s in array.strides]
-        if any(s * item != t for s, t in zip(strides, array.strides)):
-            raise ValueError(f"{name} has strides {array.strides} that are not multiples of its element size")
-        rows, cols = array.shape[-2:]
-        if cols > 1 and strides[-1] != 1:
-            raise ValueError(f"{name} must have unit stride along its last axis, has strides {array.strides}")
-        ld = strides[-2] if rows > 1 else max(cols, 1)
-        if rows > 1 and ld < cols:
-            raise ValueError(f"{name} rows overlap: row stride {ld} < row length {cols}")
-        batch = array.shape[0] if array.ndim == 3 else 1
-        batch_stride = (strides[0] if batch > 1 else rows * ld) if array.ndim == 3 else 0
-        return cls(rows, cols, ld, batch, batch_stride, array.data.ptr)
-
-    def vector_width(self, limit: int, itemsize: int = 4) -> int:
-        """Widest access the operand's pointer, row pitch and batch stride all stay aligned to."""
-        if self.pointer % itemsize:
-            return 1
-        return widest_vector(limit, self.ld, self.batch_stride, self.pointer // itemsize)
-
-
-def vector_widths(config, a: Operand, b: Operand, c: Operand, itemsize: int = 4) -> VectorWidths:
-    """The widest accesses, up to the config's `vec`, that the operands' alignment allows. Split-K
-    writes its partial products to an aligned workspace (the reduction is scalar), so C then gets
-    the config's width whatever its alignment. WMMA kernels write C element by element."""
-    if config.family == "wmma":
-        return VectorWidths(a=a.vector_width(config.vec, itemsize), b=b.vector_width(config.vec, itemsize), c=1)
-    return VectorWidths(
-        a=a.vector_width(config.vec),
-        b=b.vector_width(config.vec),
-        c=config.vec if config.split_k > 1 else c.vector_width(config.vec),
-    )
+def compute_for(config: GemmConfig, dtype: str) -> str:
+    """The compute mode a family implies for a dtype (the tensor-core family on float32: TF32)."""
+    compute = config.compute_for(dtype)
+    if compute is None:
+        raise TypeError(f"the {config.label} family has no kernel for {dtype}; it computes {config.computes_names()}")
+    return compute
 
 
 @dataclass
 class PreparedGemm:
     """A kernel compiled for one problem class, with its launch geometry."""
 
-    config: SimtConfig | WmmaConfig
+    config: GemmConfig
     problem: Problem
     kernel: CompiledKernel
     grid: tuple[int, int, int]
@@ -111,7 +55,7 @@ class PreparedGemm:
     tiles_per_split: int
 
 
-def prepare(config, problem: Problem, widths: VectorWidths | None = None,
+def prepare(config: GemmConfig, problem: Problem, widths: VectorWidths | None = None,
             device: Device | None = None) -> PreparedGemm:
     device = device or current_device()
     reasons = config.check(problem, device)
@@ -120,25 +64,16 @@ def prepare(config, problem: Problem, widths: VectorWidths | None = None,
     source = render(config, problem, widths)
     smem = config.smem_bytes(problem)
     kernel = compile_source(source, device.arch, smem)
-    if getattr(config, "max_registers", 0) and kernel.local_bytes:
+    if config.register_cap and kernel.local_bytes:
         # an explicit register cap is allowed somewhat under the estimate; where ptxas had to spill
         # under it, the kernel is not worth running
         raise CompileError(f"{source.kernel}: spills to local memory ({kernel.local_bytes} bytes per thread) "
-                           f"under max_registers={config.max_registers}", "", None)
-    tiles_k = config.tiles_k(problem)
-    tiles = -(-problem.m // config.bm) * -(-problem.n // config.bn)
-    grid = (tiles, problem.batch * config.split_k, 1)
-    if getattr(config, "stream_k", False):
+                           f"under max_registers={config.register_cap}", "", None)
+    grid = config.grid(problem)
+    if config.launch_kind == "stream_k":
         grid = (stream_k_blocks(kernel, config.threads, smem, device), 1, 1)
-    return PreparedGemm(
-        config=config,
-        problem=problem,
-        kernel=kernel,
-        grid=grid,
-        block=(config.threads, 1, 1),
-        smem=smem,
-        tiles_per_split=-(-tiles_k // config.split_k),
-    )
+    return PreparedGemm(config=config, problem=problem, kernel=kernel, grid=grid, block=(config.threads, 1, 1),
+                        smem=smem, tiles_per_split=config.tiles_per_split(problem))
 
 
 def stream_k_blocks(kernel: CompiledKernel, threads: int, smem: int, device: Device) -> int:
@@ -150,53 +85,72 @@ def stream_k_blocks(kernel: CompiledKernel, threads: int, smem: int, device: Dev
     return max(1, per_sm * device.sm_count)
 
 
-def gemm(config, a, b, c=None, *, trans_a: bool = False, trans_b: bool = False,
+def gemm(config: GemmConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bool = False,
          alpha: float = 1.0, beta: float = 0.0, stream=None):
     """C = alpha * op(A) @ op(B) + beta * C with the kernel of `config`; returns C.
 
     `a` is stored M×K (or K×M with trans_a), `b` K×N (or N×K with trans_b), each 2-D or 3-D
     (a 2-D operand is shared by every matrix of the batch), rows of unit stride. C is M×N
-    row-major and is allocated when not given (then beta is ignored).
+    row-major and is allocated when not given (then beta is ignored). bfloat16 operands may be
+    uint16 arrays of the raw bits.
     """
     run, c = bind(config, a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
     run(stream)
     return c
 
 
-def bind(config, a, b, c=None, *, trans_a: bool = False, trans_b: bool = False,
+@dataclass(frozen=True)
+class Call:
+    """A GEMM call resolved against a config, without touching the GPU: the problem it is (None when
+    there is nothing to multiply: M, N or K is 0), the vector widths the operands' alignment allows,
+    and the operands as the kernel reads them."""
+
+    problem: Problem | None
+    widths: VectorWidths | None
+    a: KernelOperand
+    b: KernelOperand
+    c: KernelOperand
+    k: int
+
+
+def resolve(config: GemmConfig, a, b, c, *, trans_a: bool = False, trans_b: bool = False,
+            alpha: float = 1.0, beta: float = 0.0) -> Call:
+    """Validates the operands of `gemm` (C given) for `config`; raises TypeError/ValueError naming
+    the fault."""
+    info_a, info_b = describe(a, "A", bfloat16_bits=True), describe(b, "B", bfloat16_bits=True)
+    compute = compute_for(config, info_a.dtype)
+    op_a = info_a.transposed() if trans_a else info_a
+    op_b = info_b.transposed() if trans_b else info_b
+    info_c = describe(c, "C", bfloat16_bits=True)
+    shape, _ = validate(op_a, op_b, info_c, alpha, beta, compute)
+    m, n = shape[-2:]
+    k = op_a.shape[-1]
+    a_, b_, c_ = info_a.storage(trans_a), info_b.storage(trans_b), info_c.storage(False)
+    if min(m, n, k) == 0:
+        return Call(None, None, a_, b_, c_, k)
+    problem = Problem(m, n, k, batch=shape[0] if len(shape) == 3 else 1, dtype=info_a.dtype, compute=compute,
+                      trans_a=trans_a, trans_b=trans_b)
+    return Call(problem, config.vector_widths(a_, b_, c_, info_a.itemsize), a_, b_, c_, k)
+
+
+def bind(config: GemmConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bool = False,
          alpha: float = 1.0, beta: float = 0.0):
     """Validates the operands, compiles the kernel and returns (run, c): `run(stream=None)`
     launches it with every argument prepared, for repeated calls (timing, tuning)."""
     import cupy
 
-    dtype = dtype_of(a, "A")
-    if dtype_of(b, "B") != dtype:
-        raise TypeError(f"A and B differ in dtype: {a.dtype} and {b.dtype}")
-    compute = compute_mode(config, dtype)
-    if config.family == "wmma" and wmma_type(Problem(1, 1, 1, dtype=dtype, compute=compute)) is None:
-        raise TypeError(f"the WMMA family has no kernel for {dtype}")
-    if config.family == "simt" and dtype != "float32":
-        raise TypeError(f"A has dtype {a.dtype}; the SIMT family computes float32")
-    opa, opb = Operand.of(a, "A"), Operand.of(b, "B")
-    m, k = (opa.cols, opa.rows) if trans_a else (opa.rows, opa.cols)
-    k_b, n = (opb.cols, opb.rows) if trans_b else (opb.rows, opb.cols)
-    if k != k_b:
-        raise ValueError(f"inner dimensions differ: op(A) is {m}x{k}, op(B) is {k_b}x{n}")
-    batch = max(opa.batch, opb.batch)
-    if opa.batch not in (1, batch) or opb.batch not in (1, batch):
-        raise ValueError(f"batch sizes differ: A has {opa.batch}, B has {opb.batch}")
     if c is None:
-        c = cupy.empty((batch, m, n) if a.ndim == 3 or b.ndim == 3 else (m, n), dtype=a.dtype)
+        info_a, info_b = describe(a, "A", bfloat16_bits=True), describe(b, "B", bfloat16_bits=True)
+        shape, _ = validate(info_a.transposed() if trans_a else info_a, info_b.transposed() if trans_b else info_b,
+                            None, alpha, 0.0, compute_for(config, info_a.dtype))
+        c = cupy.empty(shape, dtype=a.dtype)
         beta = 0.0
-    if c.dtype != a.dtype:
-        raise TypeError(f"C has dtype {c.dtype}; expected {a.dtype}")
-    opc = Operand.of(c, "C")
-    if (opc.rows, opc.cols) != (m, n) or opc.batch != batch:
-        raise ValueError(f"C has shape {c.shape}, expected {(batch, m, n) if batch > 1 else (m, n)}")
-    if m == 0 or n == 0:
-        return (lambda stream=None: None), c
-    if k == 0:  # no products: C = beta * C, and beta == 0 must not propagate what C held
-        def scale(stream=None):
+    call = resolve(config, a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+    if call.problem is None:
+        if c.size == 0:
+            return (lambda stream=None: None), c
+
+        def scale(stream=None):  # no products: C = beta * C, and beta == 0 must not propagate what C held
             with stream if stream is not None else contextlib.nullcontext():
                 if beta == 0:
                     c.fill(0)
@@ -204,55 +158,53 @@ def bind(config, a, b, c=None, *, trans_a: bool = False, trans_b: bool = False,
                     c[...] *= beta
         return scale, c
 
-    problem = Problem(m, n, k, batch=batch, dtype=dtype, compute=compute, trans_a=trans_a, trans_b=trans_b)
-    prepared = prepare(config, problem, vector_widths(config, opa, opb, opc, a.itemsize))
-    launch = launcher(prepared, opa.ld, opb.ld, opc.ld, opa.batch_stride, opb.batch_stride, opc.batch_stride)
+    launch = launcher(prepare(config, call.problem, call.widths), call.a, call.b, call.c)
 
     def run(stream=None):
-        launch(opa.pointer, opb.pointer, opc.pointer, alpha, beta, stream)
+        launch(call.a.pointer, call.b.pointer, call.c.pointer, alpha, beta, stream)
 
     return run, c
 
 
-def launcher(prepared: PreparedGemm, lda: int, ldb: int, ldc: int, stride_a: int, stride_b: int, stride_c: int):
+def launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand):
     """`launch(pa, pb, pc, alpha, beta, stream)` for operands of these pitches and batch strides
-    (elements): every argument but the pointers and scalars is built once, here."""
+    (their pointers are given at each launch): every other argument is built once, here."""
     import cupy
 
     problem, config = prepared.problem, prepared.config
     i32, i64 = np.int32, np.int64
-    # alpha and beta in the accumulator's type; split-K partials too
-    f32 = np.float64 if problem.dtype == "float64" else np.float32
+    scalar = np.dtype(dtypes.lookup(problem.dtype, problem.compute).accumulator_storage).type  # alpha, beta
     function = prepared.kernel.gemm.kernel  # the loaded CUDA function: CuPy's leanest launch
     grid, block, smem = prepared.grid, prepared.block, prepared.smem
     m, n, batch = problem.m, problem.n, problem.batch
     tiles = i32(prepared.tiles_per_split)
     if config.split_k == 1:
-        head = (i32(m), i32(n), i32(problem.k), i32(lda), i32(ldb), i32(ldc),
-                i64(stride_a), i64(stride_b), i64(stride_c))
-        if getattr(config, "stream_k", False):
+        head = (i32(m), i32(n), i32(problem.k), i32(a.ld), i32(b.ld), i32(c.ld),
+                i64(a.batch_stride), i64(b.batch_stride), i64(c.batch_stride))
+        if config.launch_kind == "stream_k":
             return _stream_k_launcher(prepared, head)
 
         def launch(pa, pb, pc, alpha, beta, stream=None):
-            function(grid, block, (np.uintp(pa), np.uintp(pb), np.uintp(pc), *head, f32(alpha), f32(beta), tiles),
+            function(grid, block, (np.uintp(pa), np.uintp(pb), np.uintp(pc), *head, scalar(alpha), scalar(beta), tiles),
                      shared_mem=smem, stream=stream)
 
         return launch
 
-    ldw = -(-n // 4) * 4  # 16-byte aligned rows, so the partials are stored as vectors
+    ldw = -(-n // WORKSPACE_ROW_ALIGN) * WORKSPACE_ROW_ALIGN
     stride_w = m * ldw
-    head = (i32(m), i32(n), i32(problem.k), i32(lda), i32(ldb), i32(ldw), i64(stride_a), i64(stride_b), i64(stride_w))
-    tail = (i32(m), i32(n), i32(ldw), i64(stride_w), i32(ldc), i64(stride_c), i32(batch))
+    head = (i32(m), i32(n), i32(problem.k), i32(a.ld), i32(b.ld), i32(ldw),
+            i64(a.batch_stride), i64(b.batch_stride), i64(stride_w))
+    tail = (i32(m), i32(n), i32(ldw), i64(stride_w), i32(c.ld), i64(c.batch_stride), i32(batch))
     reduce = prepared.kernel.reduce
-    reduce_grid = (min(-(-(batch * m * n) // _REDUCE_THREADS), 65535), 1, 1)
+    reduce_grid = (min(-(-(batch * m * n) // REDUCE_THREADS), REDUCE_GRID_MAX), 1, 1)
 
     def launch_split(pa, pb, pc, alpha, beta, stream=None):
         # The workspace comes from CuPy's pool per call, ordered on the launch stream.
         with stream if stream is not None else contextlib.nullcontext():
-            workspace = cupy.empty((batch * config.split_k, m, ldw), dtype=f32)
-        function(grid, block, (np.uintp(pa), np.uintp(pb), workspace, *head, f32(1.0), f32(0.0), tiles),
+            workspace = cupy.empty((batch * config.split_k, m, ldw), dtype=scalar)
+        function(grid, block, (np.uintp(pa), np.uintp(pb), workspace, *head, scalar(1.0), scalar(0.0), tiles),
                  shared_mem=smem, stream=stream)
-        reduce(reduce_grid, (_REDUCE_THREADS, 1, 1), (workspace, np.uintp(pc), *tail, f32(alpha), f32(beta)),
+        reduce(reduce_grid, (REDUCE_THREADS, 1, 1), (workspace, np.uintp(pc), *tail, scalar(alpha), scalar(beta)),
                stream=stream)
 
     return launch_split
@@ -268,7 +220,7 @@ def _stream_k_launcher(prepared: PreparedGemm, head: tuple):
     problem, config = prepared.problem, prepared.config
     function = prepared.kernel.gemm.kernel
     grid, block, smem = prepared.grid, prepared.block, prepared.smem
-    tiles = -(-problem.m // config.bm) * -(-problem.n // config.bn) * problem.batch
+    tiles = config.output_tiles(problem) * problem.batch
     partial_floats = 2 * grid[0] * config.bm * config.bn
     batch = np.int32(problem.batch)
 

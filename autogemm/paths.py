@@ -57,6 +57,16 @@ def user_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("autogemm", appauthor=False))
 
 
+def cubin_dir() -> Path:
+    """Where compiled kernels are kept (keyed by source digest, architecture and compiler version,
+    so that any number of processes can share them): ``$AUTOGEMM_CUBIN_DIR`` if set, else
+    ``cubin/`` in the cache directory."""
+    import os
+
+    override = os.environ.get("AUTOGEMM_CUBIN_DIR")
+    return Path(override).expanduser() if override else user_cache_dir() / "cubin"
+
+
 def shipped_cache_dir() -> Path | None:
     """Tuned results shipped with autogemm: the repository's ``cache/``, which a wheel carries as
     ``autogemm/tuned``. None when there is none."""

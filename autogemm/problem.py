@@ -10,14 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-DTYPES = ("float32", "float16", "bfloat16", "float64")
-# Compute modes per dtype; the first is the default. "tf32" rounds FP32 inputs to TF32 on tensor cores.
-COMPUTE_MODES = {
-    "float32": ("fp32", "tf32"),
-    "float16": ("fp32",),
-    "bfloat16": ("fp32",),
-    "float64": ("fp64",),
-}
+from . import dtypes
+
 LAYOUTS = ("nn", "nt", "tn", "tt")
 
 
@@ -39,15 +33,7 @@ class Problem:
                 raise TypeError(f"Problem.{dim} must be an int, got {value!r}")
             if value < 1:
                 raise ValueError(f"Problem.{dim} must be >= 1, got {value}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"unsupported dtype {self.dtype!r}; supported: {', '.join(DTYPES)}")
-        if not self.compute:
-            object.__setattr__(self, "compute", COMPUTE_MODES[self.dtype][0])
-        if self.compute not in COMPUTE_MODES[self.dtype]:
-            raise ValueError(
-                f"compute mode {self.compute!r} is not available for {self.dtype}; "
-                f"choose from {', '.join(COMPUTE_MODES[self.dtype])}"
-            )
+        object.__setattr__(self, "compute", dtypes.lookup(self.dtype, self.compute).compute)
 
     @classmethod
     def from_layout(cls, m: int, n: int, k: int, layout: str = "nn", **kwargs) -> Problem:
@@ -82,18 +68,20 @@ class Problem:
         return f"{batch}{self.m}×{self.n}×{self.k} {self.dtype}/{self.compute} {self.layout.upper()}"
 
 
+REGISTERS_PER_BLOCK = 65536  # the register file a block may use, on every architecture below
+
 # Architecture limits from the CUDA C++ Programming Guide (compute capability tables). They are used
 # only where no GPU can be queried (rendering and `nvcc` checks on a build machine); on a GPU,
 # `Device.current()` reads every limit from the device itself.
 _ARCH_LIMITS = {
     # cc: (shared memory per block with opt-in, shared memory per SM, registers per block,
     #      threads per block, threads per SM)
-    (7, 0): (96 * 1024, 96 * 1024, 65536, 1024, 2048),
-    (7, 5): (64 * 1024, 64 * 1024, 65536, 1024, 1024),
-    (8, 0): (163 * 1024, 164 * 1024, 65536, 1024, 2048),
-    (8, 6): (99 * 1024, 100 * 1024, 65536, 1024, 1536),
-    (8, 9): (99 * 1024, 100 * 1024, 65536, 1024, 1536),
-    (9, 0): (227 * 1024, 228 * 1024, 65536, 1024, 2048),
+    (7, 0): (96 * 1024, 96 * 1024, REGISTERS_PER_BLOCK, 1024, 2048),
+    (7, 5): (64 * 1024, 64 * 1024, REGISTERS_PER_BLOCK, 1024, 1024),
+    (8, 0): (163 * 1024, 164 * 1024, REGISTERS_PER_BLOCK, 1024, 2048),
+    (8, 6): (99 * 1024, 100 * 1024, REGISTERS_PER_BLOCK, 1024, 1536),
+    (8, 9): (99 * 1024, 100 * 1024, REGISTERS_PER_BLOCK, 1024, 1536),
+    (9, 0): (227 * 1024, 228 * 1024, REGISTERS_PER_BLOCK, 1024, 2048),
 }
 
 
@@ -104,7 +92,7 @@ class Device:
     sm_count: int
     smem_per_block: int = 48 * 1024
     smem_per_block_optin: int = 48 * 1024
-    regs_per_block: int = 65536
+    regs_per_block: int = REGISTERS_PER_BLOCK
     max_threads_per_block: int = 1024
     smem_per_sm: int = 64 * 1024
     max_threads_per_sm: int = 2048

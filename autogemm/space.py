@@ -1,5 +1,7 @@
 """Search spaces as data: the choices of each knob and the constraints between them, loaded from a
-TOML file of `search_spaces/`, enumerated by backtracking and sampled reproducibly."""
+TOML file of `search_spaces/`, enumerated by backtracking and sampled reproducibly. Expressions
+may use the named constants of the space's family (`space_constants`: facts of the hardware and of
+the pipeline, such as WARP or FIRST_ASYNC_STAGE), so that no such number is written out in a file."""
 
 from __future__ import annotations
 
@@ -12,24 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from .config import SimtConfig, WmmaConfig
+from . import dtypes, families
 from .paths import search_spaces_dir
 from .problem import Device, Problem
 
-_FAMILIES = {"simt": SimtConfig, "wmma": WmmaConfig}
-
-# The shipped space for each (dtype, compute mode): the family is picked by what is computed.
-DEFAULT_SPACES = {
-    ("float32", "fp32"): "simt",
-    ("float32", "tf32"): "wmma_tf32",
-    ("float16", "fp32"): "wmma_fp16",
-    ("bfloat16", "fp32"): "wmma_bf16",
-    ("float64", "fp64"): "wmma_fp64",
-}
-
 
 def default_space_name(problem) -> str:
-    return DEFAULT_SPACES[(problem.dtype, problem.compute)]
+    """The shipped space for a problem: the family is picked by the dtype and compute mode."""
+    return dtypes.lookup(problem.dtype, problem.compute).space
 
 # The expression language of constraints: arithmetic, comparisons, boolean logic, x if c else y, min/max.
 _ALLOWED_NODES = (
@@ -76,8 +68,9 @@ class SearchSpace:
                  constraints: list[_Expression]):
         self.path = path
         self.family = family
-        self.config_class = _FAMILIES[family]
-        self.fields = tuple(self.config_class.__dataclass_fields__)
+        self.config_class = families.get(family)
+        self.fields = tuple(knob.name for knob in self.config_class.knobs)
+        self.constants = dict(self.config_class.space_constants)
         self.knobs = knobs
         self.derived = derived
         self.constraints = constraints
@@ -89,7 +82,7 @@ class SearchSpace:
 
     def evaluate(self, knob_values: dict) -> tuple[object | None, list[str]]:
         """Knob values -> (config, []) or (None, the constraints they break)."""
-        values = dict(knob_values)
+        values = {**self.constants, **knob_values}
         try:
             for name, expr in self.derived.items():
                 values[name] = expr(values)
@@ -113,9 +106,11 @@ class SearchSpace:
         except tomllib.TOMLDecodeError as exc:
             raise SpaceError(f"{path}: not valid TOML: {exc}") from None
         family = data.get("family")
-        if family not in _FAMILIES:
-            raise SpaceError(f"{path}: family must be one of {', '.join(_FAMILIES)}, got {family!r}")
-        fields = list(_FAMILIES[family].__dataclass_fields__)
+        known_families = [f.family for f in families.all_families()]
+        if family not in known_families:
+            raise SpaceError(f"{path}: family must be one of {', '.join(known_families)}, got {family!r}")
+        config_class = families.get(family)
+        fields = [knob.name for knob in config_class.knobs]
         raw_knobs = data.get("knobs", {})
         knobs = {}
         for name, values in raw_knobs.items():
@@ -133,7 +128,7 @@ class SearchSpace:
             raise SpaceError(f"{path}: config fields neither searched nor derived: {', '.join(missing)}")
         rules = data.get("constraints", {}).get("rules", [])
         constraints = [_Expression.parse(text, f"{path}: constraint") for text in rules]
-        known = set(knobs) | set(derived)
+        known = set(knobs) | set(derived) | set(config_class.space_constants)
         used = set()
         for expr in [*derived.values(), *constraints]:
             if expr.names - known:
@@ -161,7 +156,7 @@ class SearchSpace:
     @functools.cached_property
     def _schedule(self) -> list[tuple[str, list[tuple[str, _Expression]], list[_Expression]]]:
         """For each knob in order: derived values and constraints that become computable once it is set."""
-        bound: set[str] = set()
+        bound: set[str] = set(self.constants)
         pending_derived = dict(self.derived)
         pending_rules = list(self.constraints)
         schedule = []
@@ -203,7 +198,7 @@ class SearchSpace:
     def all_configs(self) -> tuple:
         """Every configuration the space's constraints allow (independent of problem and device)."""
         configs = {}
-        for values in self._walk(0, {}):
+        for values in self._walk(0, dict(self.constants)):
             config = self.config_class(**{f: values[f] for f in self.fields})
             configs.setdefault(config.name, config)
         return tuple(configs.values())

@@ -9,24 +9,22 @@ goes on. At the end the best few are re-timed together with cuBLAS and the winne
 
 from __future__ import annotations
 
-import hashlib
 import os
-import queue
 import sys
-import threading
 import time
-import warnings
 from collections import deque
 from dataclasses import dataclass, field
 
 import optuna
 
 from .cache import Record, TuningCache, now, runtime_versions
-from .evaluate import Evaluator, FatalEvaluationError, GpuEvaluator, IsolatedEvaluator, Measurement
-from .paths import user_cache_dir
+from .evaluate import Evaluator, FatalEvaluationError, GpuEvaluator, Measurement
+from .isolate import IsolatedEvaluator
 from .problem import Device, Problem
-from .render import template_hash
+from .render import kernel_template_hash
 from .space import SearchSpace, default_space_name
+from .study import (StudyLocked, StudyWriter, ask_params, best_configs, default_storage, lock_study, make_sampler,
+                    study_name_for, tell_trials)
 
 DEFAULT_TRIALS = 400
 DEFAULT_TIMEOUT_S = 90.0
@@ -35,7 +33,6 @@ FINALISTS = 5
 MAX_IDLE_PROPOSALS = 300
 # Consecutive failed candidates after which the search stops (a broken toolchain or GPU, say).
 MAX_CONSECUTIVE_FAILURES = 50
-SAMPLERS = ("tpe", "random", "grid")
 
 
 class TuneError(RuntimeError):
@@ -101,31 +98,6 @@ class TuneResult:
         }
 
 
-def default_storage() -> str:
-    path = user_cache_dir() / "studies.db"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{path}"
-
-
-def study_name_for(problem: Problem, device: Device, space: SearchSpace) -> str:
-    # The template hash is part of the name: timings of other template versions do not carry over.
-    return f"{device.slug}:{problem.key}:{space.name}:{template_hash()}"
-
-
-def make_sampler(kind: str, seed: int | None, space: SearchSpace) -> optuna.samplers.BaseSampler:
-    if kind == "tpe":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            # multivariate: tile knobs interact; constant_liar: candidates compiling ahead of
-            # their results are not proposed again
-            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=12, multivariate=True, constant_liar=True)
-    if kind == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if kind == "grid":
-        return _GridSampler({k: list(v) for k, v in space.knobs.items()}, seed=seed)
-    raise ValueError(f"unknown sampler {kind!r}; choose from {', '.join(SAMPLERS)}")
-
-
 class _Progress:
     """tqdm bar of measured trials with the best TFLOP/s and ratio to cuBLAS so far."""
 
@@ -152,29 +124,6 @@ class _Progress:
     def close(self) -> None:
         if self.bar:
             self.bar.close()
-
-
-class _GridSampler(optuna.samplers.GridSampler):
-    """Optuna's grid sampler stops its study once the grid is exhausted, which only works inside
-    study.optimize(); this loop uses ask and tell and ends on its own when proposals repeat."""
-
-    def after_trial(self, study, trial, state, values) -> None:
-        pass
-
-
-def _ask_params(trial: optuna.Trial, space: SearchSpace) -> dict:
-    return {knob: trial.suggest_categorical(knob, list(choices)) for knob, choices in space.knobs.items()}
-
-
-def _finalists(study: optuna.Study, space: SearchSpace, limit: int) -> list:
-    """The best distinct configurations measured in the study (earlier runs included)."""
-    seen: dict[str, float] = {}
-    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        name = t.user_attrs.get("config")
-        if name and t.value is not None and t.value > seen.get(name, 0.0):
-            seen[name] = t.value
-    best = sorted(seen, key=seen.get, reverse=True)[:limit]
-    return [space.config_class.from_name(name) for name in best]
 
 
 def tune(
@@ -215,7 +164,10 @@ def tune(
     name = study_name or study_name_for(problem, device, space)
     lock = None
     if storage != ":memory:":
-        lock = _lock_study(name)
+        try:
+            lock = lock_study(name)
+        except StudyLocked as exc:
+            raise TuneError(str(exc)) from None
     try:
         return _tune(problem, device, name, trials=trials, timeout=timeout, seed=seed, sampler=sampler,
                      space=space, storage=storage, jobs=jobs, evaluator=evaluator, cache=cache, progress=progress,
@@ -224,22 +176,6 @@ def tune(
     finally:
         if lock is not None:
             lock.release()
-
-
-def _lock_study(name: str):
-    """One tuner per study at a time on this machine: a second one is refused, with the reason."""
-    from filelock import FileLock, Timeout
-
-    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
-    path = user_cache_dir() / "locks" / f"tune-{digest}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        raise TuneError(f"another autogemm tune is already running study {name} on this machine "
-                        f"(lock {path}); wait for it to finish, or give a different --study-name") from None
-    return lock
 
 
 def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, storage, jobs, evaluator, cache,
@@ -263,7 +199,7 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
     if persistent is not None:
         finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
         study.add_trials(persistent.get_trials(deepcopy=False, states=finished))
-    writer = _StudyWriter(persistent)
+    writer = StudyWriter(persistent)
     completed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     known: dict[str, float] = {t.user_attrs["config"]: t.value for t in completed if "config" in t.user_attrs}
     failed_before: dict[str, Measurement] = {  # a failed config is not measured twice
@@ -299,7 +235,7 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
             time_ms=measurement.time_ms, tflops=measurement.tflops, cublas_ms=cublas_ms,
             cublas_tflops=problem.flops / cublas_ms / 1e9, ratio=cublas_ms / measurement.time_ms,
             rel_error=measurement.rel_error if measurement.rel_error is not None else float("nan"),
-            template_hash=template_hash(), device=device.name, versions=runtime_versions(), date=now(),
+            template_hash=kernel_template_hash(config.template), device=device.name, versions=runtime_versions(), date=now(),
             trials={"valid": valid, "rejected": rejected, "failed": failed}, wall_s=time.perf_counter() - started,
             study=name, provisional=provisional,
         )
@@ -312,7 +248,7 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
             while (len(pending) < lookahead and valid + len(pending) < trials and not out_of_time()
                    and idle_asks < MAX_IDLE_PROPOSALS):
                 trial = study.ask()
-                config, broken = space.evaluate(_ask_params(trial, space))
+                config, broken = space.evaluate(ask_params(trial, space))
                 reasons = [f"space: {rule}" for rule in broken] if config is None else config.check(problem, device)
                 if reasons:
                     trial.set_user_attr("rejected", reasons)
@@ -323,7 +259,7 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
                 trial.set_user_attr("config", config.name)
                 if config.name in failed_before:
                     trial.set_user_attr("duplicate", True)
-                    _record(study, writer, [trial], failed_before[config.name])
+                    tell_trials(study, writer, [trial], failed_before[config.name])
                     duplicates += 1
                     idle_asks += 1
                     continue
@@ -345,7 +281,7 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
                 break  # the sampler proposes nothing new
             config, asked, handle = pending.popleft()
             measurement = evaluator.finish(handle, best_ms)
-            _record(study, writer, asked, measurement)
+            tell_trials(study, writer, asked, measurement)
             if measurement.ok:
                 valid += 1
                 consecutive_failures = 0
@@ -368,12 +304,12 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
     finally:
         for _, asked, handle in pending:
             evaluator.cancel(handle)
-            _record(study, writer, asked, Measurement.failure("cancelled", "tuning stopped before it was measured"))
+            tell_trials(study, writer, asked, Measurement.failure("cancelled", "tuning stopped before it was measured"))
         progress_bar.close()
         writer.close()
 
     try:
-        finalists = _finalists(study, space, FINALISTS)
+        finalists = best_configs(study, space, FINALISTS)
         if not finalists:
             raise TuneError(
                 f"no configuration of {space.path.name} was measured for {problem} "
@@ -414,55 +350,6 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
         history=history, failures=failures, stopped=stopped,
         restarts=evaluator.restarts, restart_s=evaluator.restart_s,
     )
-
-
-def _record(study: optuna.Study, writer: _StudyWriter, asked: list, measurement: Measurement) -> None:
-    for index, trial in enumerate(asked):
-        if index:
-            trial.set_user_attr("duplicate", True)
-        if measurement.ok:
-            trial.set_user_attr("time_ms", measurement.time_ms)
-            if measurement.rel_error is not None:
-                trial.set_user_attr("rel_error", measurement.rel_error)
-            writer.put(study.tell(trial, measurement.tflops))
-        else:
-            trial.set_user_attr("failure", measurement.kind)
-            trial.set_user_attr("message", measurement.message[:1000])
-            writer.put(study.tell(trial, state=optuna.trial.TrialState.FAIL))
-
-
-class _StudyWriter:
-    """Copies finished trials into the persistent study from a background thread, so that the
-    storage's latency (milliseconds per write for SQLite) never holds up the search."""
-
-    def __init__(self, persistent: optuna.Study | None):
-        self.persistent = persistent
-        self.queue: queue.Queue = queue.Queue()
-        self.error: Exception | None = None
-        self.thread = None
-        if persistent is not None:
-            self.thread = threading.Thread(target=self._run, name="autogemm-study-writer", daemon=True)
-            self.thread.start()
-
-    def put(self, trial: optuna.trial.FrozenTrial) -> None:
-        if self.thread is not None:
-            self.queue.put(trial)
-
-    def _run(self) -> None:
-        while (trial := self.queue.get()) is not None:
-            if self.error is None:
-                try:
-                    self.persistent.add_trial(trial)
-                except Exception as exc:  # a storage failure must not end the tune: report it
-                    self.error = exc
-                    print(f"autogemm: could not write to the study storage ({exc}); "
-                          "the search goes on, this run's trials will not be resumable", file=sys.stderr)
-
-    def close(self) -> None:
-        if self.thread is not None:
-            self.queue.put(None)
-            self.thread.join()
-            self.thread = None
 
 
 def default_jobs() -> int:

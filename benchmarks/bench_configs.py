@@ -24,7 +24,7 @@ import report  # noqa: E402
 
 from autogemm.bench import random_uniform, reference_gemm, relative_error, time_gpu  # noqa: E402
 from autogemm.compile import CompileError, compile_many  # noqa: E402
-from autogemm.config import SimtConfig  # noqa: E402
+from autogemm.families import SimtConfig  # noqa: E402
 from autogemm.launch import bind, current_device  # noqa: E402
 from autogemm.problem import Problem  # noqa: E402
 from autogemm.render import render  # noqa: E402

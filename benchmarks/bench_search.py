@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report  # noqa: E402
 
 from autogemm.cache import TuningCache  # noqa: E402
-from autogemm.evaluate import RecordedEvaluator, RecordedTable  # noqa: E402
+from autogemm.recorded import RecordedEvaluator, RecordedTable  # noqa: E402
 from autogemm.space import SearchSpace  # noqa: E402
 from autogemm.tuner import tune  # noqa: E402
 

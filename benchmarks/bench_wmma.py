@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report  # noqa: E402
 
 from autogemm.cache import TuningCache  # noqa: E402
-from autogemm.dispatch import default_config  # noqa: E402
+from autogemm.select import default_config  # noqa: E402
 from autogemm.evaluate import GpuMeasurer  # noqa: E402
 from autogemm.launch import current_device  # noqa: E402
 from autogemm.problem import Problem  # noqa: E402

@@ -13,9 +13,10 @@ import sys
 import cupy
 
 from autogemm.bench import cublas_runner, random_uniform
-from autogemm.config import config_from_name
-from autogemm.launch import bind, compute_mode
-from autogemm.problem import DTYPES, Problem
+from autogemm.dtypes import DTYPES
+from autogemm.families import config_from_name
+from autogemm.launch import bind, compute_for
+from autogemm.problem import Problem
 
 
 def main(argv=None) -> int:
@@ -26,7 +27,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     config = config_from_name(args.config)
-    compute = compute_mode(config, args.dtype)  # a WMMA config on float32 computes in TF32
+    compute = compute_for(config, args.dtype)  # a tensor-core config on float32 computes in TF32
     problem = Problem(args.size, args.size, args.size, dtype=args.dtype, compute=compute)
     a = random_uniform((args.size, args.size), args.dtype, seed=1)
     b = random_uniform((args.size, args.size), args.dtype, seed=2)

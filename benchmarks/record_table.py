@@ -17,7 +17,8 @@ import sys
 import time
 
 from autogemm.cache import now, runtime_versions
-from autogemm.evaluate import GpuEvaluator, RecordedTable
+from autogemm.evaluate import GpuEvaluator
+from autogemm.recorded import RecordedTable
 from autogemm.launch import current_device
 from autogemm.problem import Problem
 from autogemm.render import template_hash

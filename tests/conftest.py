@@ -1,10 +1,30 @@
-"""Test setup: GPU tests (marked `gpu`) are skipped automatically where no CUDA GPU is usable."""
+"""Test setup: GPU tests (marked `gpu`) are skipped automatically where no CUDA GPU is usable; the
+exhaustive GPU samples (marked `exhaustive`) run only with `--exhaustive`. Every test keeps tuned
+results and studies in a cache directory of its own; compiled kernels, which are keyed by their
+source digest, are shared by the whole session (so that kernels compiled ahead in parallel serve
+every test)."""
 
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--exhaustive", action="store_true",
+                     help="also run the exhaustive GPU samples (tests marked exhaustive; minutes on an H100)")
+
+
+def pytest_configure(config):
+    try:
+        from hypothesis import settings
+    except ImportError:
+        return
+    settings.register_profile("quick", max_examples=20, derandomize=True)
+    settings.register_profile("exhaustive", max_examples=80)
+    settings.load_profile("exhaustive" if config.getoption("--exhaustive") else "quick")
 
 
 @functools.lru_cache(maxsize=1)
@@ -21,17 +41,32 @@ def gpu_available() -> tuple[bool, str]:
 
 
 def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--exhaustive"):
+        skip = pytest.mark.skip(reason="an exhaustive sample: run with --exhaustive")
+        for item in items:
+            if "exhaustive" in item.keywords:
+                item.add_marker(skip)
     ok, why = gpu_available()
-    if ok:
-        return
-    skip = pytest.mark.skip(reason=why)
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    if not ok:
+        skip = pytest.mark.skip(reason=why)
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_cubins(tmp_path_factory):
+    before = os.environ.get("AUTOGEMM_CUBIN_DIR")
+    os.environ["AUTOGEMM_CUBIN_DIR"] = str(tmp_path_factory.mktemp("cubin"))
+    yield
+    if before is None:
+        os.environ.pop("AUTOGEMM_CUBIN_DIR", None)
+    else:
+        os.environ["AUTOGEMM_CUBIN_DIR"] = before
 
 
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
-    """Every test reads and writes tuned results, studies and compiled kernels in a cache
-    directory of its own, never the user's."""
+    """Every test reads and writes tuned results and studies in a cache directory of its own,
+    never the user's."""
     monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from autogemm.cache import TuningCache
-from autogemm.evaluate import RecordedEvaluator, RecordedTable
+from autogemm.recorded import RecordedEvaluator, RecordedTable
 from autogemm.tuner import tune
 
 DATA = Path(__file__).parent / "data"

@@ -10,9 +10,9 @@ import warnings
 import pytest
 
 from autogemm.cache import CacheWarning, Record, TuningCache
-from autogemm.config import SimtConfig
+from autogemm.families import SimtConfig
 from autogemm.problem import Problem
-from autogemm.render import template_hash
+from autogemm.render import kernel_template_hash
 
 SLUG = "test-gpu-sm90"
 
@@ -23,7 +23,7 @@ def make_record(m: int, ratio: float = 1.0, stale: bool = False) -> Record:
         problem=Problem(m, 64, 64).key, family="simt",
         config={k: v for k, v in config.to_dict().items() if k != "family"}, config_name=config.name,
         time_ms=1.0, tflops=1.0, cublas_ms=ratio, cublas_tflops=1.0 / ratio, ratio=ratio, rel_error=1e-7,
-        template_hash="0" * 16 if stale else template_hash(), device="Test GPU",
+        template_hash="0" * 16 if stale else kernel_template_hash(config.template), device="Test GPU",
     )
 
 
@@ -113,3 +113,26 @@ def test_writes_leave_no_temporary_files(tmp_path):
         warnings.simplefilter("error")
         cache.store(make_record(64), SLUG)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{SLUG}.json", f"{SLUG}.json.lock"]
+
+
+def test_records_of_earlier_versions_still_load(tmp_path):
+    """A tensor-core record as autogemm wrote it before the `instruction` knob (two booleans) and
+    before records carried their kernel template's hash: it loads, reads as the same config, and
+    is stale (its templates have changed since), so lookups pass it over and listings show it."""
+    old = {"problem": "float16/fp32/nn/b1/4096x4096x4096", "family": "wmma",
+           "config": {"bm": 256, "bn": 128, "bk": 64, "wm": 256, "wn": 64, "vec": 8, "stages": 4, "smem": "pad",
+                      "group_m": 8, "split_k": 1, "min_blocks": 1, "mma": False, "wgmma": True},
+           "config_name": "wmma_256x128x64_w256x64_v8_s4_pad_g8_k1_o1_wgmma", "time_ms": 0.23, "tflops": 598.5,
+           "cublas_ms": 0.19, "cublas_tflops": 733.9, "ratio": 0.816, "rel_error": 1e-4,
+           "template_hash": "6c3bd6f9a2c0e8d1", "device": "NVIDIA H100 80GB HBM3", "versions": {"autogemm": "0.1.0"},
+           "date": "2026-11-22T10:00:00+00:00", "trials": {"valid": 150}, "wall_s": 40.0, "study": "x",
+           "provisional": False}
+    path = TuningCache(tmp_path, shipped=False).path(SLUG)
+    path.write_text(json.dumps({"format": 1, "device": SLUG, "entries": {old["problem"]: old}}))
+    cache = TuningCache(tmp_path, shipped=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not reported as corrupt
+        ((source, record),) = cache.records(SLUG)
+    assert record.config_object.name == old["config_name"] and record.config_object.instruction == "wgmma"
+    assert record.stale
+    assert cache.lookup(Problem.from_key(old["problem"]), SLUG) is None

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from autogemm.cli import main
-from autogemm.config import SimtConfig
+from autogemm.families import SimtConfig
 
 
 def run_cli(capsys, *argv):
@@ -24,7 +24,7 @@ def test_render_prints_source_for_json_config(capsys):
 
 
 def test_render_json_config_takes_the_family_of_the_dtype(capsys):
-    knobs = {"mma": True, "bm": 64, "bn": 64, "wm": 32, "wn": 32}
+    knobs = {"instruction": "mma", "bm": 64, "bn": 64, "wm": 32, "wn": 32}
     code, out, _ = run_cli(capsys, "render", "--config", json.dumps(knobs), "--dtype", "float16")
     assert code == 0
     assert "ag_wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1_mma_float16" in out and "mma.sync.aligned.m16n8k16" in out

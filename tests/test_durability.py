@@ -16,7 +16,7 @@ import optuna
 import pytest
 
 from autogemm.cache import CacheWarning, TuningCache
-from autogemm.evaluate import RecordedEvaluator, RecordedTable
+from autogemm.recorded import RecordedEvaluator, RecordedTable
 from autogemm.tuner import TuneError, tune
 
 HERE = Path(__file__).parent

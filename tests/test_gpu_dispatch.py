@@ -27,7 +27,8 @@ def _reference(a, b, alpha=1.0, beta=0.0, c=None):
     return out + beta * c.astype(np.float64) if c is not None and beta else out
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# examples: 20 in the quick tier, 80 with --exhaustive (hypothesis profiles, tests/conftest.py)
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     m=st.integers(1, 700), n=st.integers(1, 700), k=st.integers(1, 700),
     trans_a=st.booleans(), trans_b=st.booleans(), batch=st.sampled_from([None, 1, 3]),
@@ -73,6 +74,24 @@ def test_tuned_entry_is_used_and_explained():
     near = autogemm.explain(_random((250, 260), 3), _random((260, 240), 4))
     assert near["source"] == "nearest" and near["config"] == result.config.name
     cupy.cuda.Device().synchronize()
+
+
+def test_an_output_that_is_not_row_major_gets_the_right_values():
+    """out= a transposed view (or any other strides): the kernel writes rows of unit stride, so the
+    result goes through a contiguous buffer (an earlier version wrote it with the wrong pitch)."""
+    import cupy
+
+    a, b = _random((40, 30), 1), _random((30, 50), 2)
+    base = _random((50, 40), 3)
+    out = base.T  # 40 x 50, column-major
+    before = out.copy()
+    result = autogemm.matmul(a, b, out=out, alpha=2.0, beta=0.5)
+    assert result is out
+    assert relative_error(base.T, _reference(a, b, 2.0, 0.5, before)) <= 1e-5
+    wide = cupy.full((40, 120), np.nan, dtype=np.float32)
+    autogemm.matmul(a, b, out=wide[:, ::2][:, :50])  # every other column of a wider array
+    assert relative_error(wide[:, ::2][:, :50], _reference(a, b)) <= 1e-5
+    assert bool(cupy.isnan(wide[:, 1::2]).all())  # the columns in between are untouched
 
 
 def test_zero_sizes_and_nan_propagation():

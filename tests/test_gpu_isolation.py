@@ -62,23 +62,23 @@ def test_cache_verify_drops_a_wrong_kernel(tmp_path):
     """A cached record whose kernel now computes wrong (here: the broken template behind its
     name) is dropped by `cache verify`."""
     from autogemm.cache import Record, TuningCache
-    from autogemm.config import SimtConfig
+    from autogemm.families import SimtConfig
     from autogemm.launch import current_device
     from autogemm.problem import Problem
 
+    wrong = SimtConfig(64, 64, 8, 32, 32, 4, 8, 4, 4, 2, "pad", 6, 1)  # group_m 6: wrong result
     env_dir = os.environ.get("AUTOGEMM_TEMPLATE_DIR")
     os.environ["AUTOGEMM_TEMPLATE_DIR"] = str(HERE / "broken_templates")
     try:
-        from autogemm.render import template_hash
+        from autogemm.render import kernel_template_hash
 
-        current_hash = template_hash()
+        current_hash = kernel_template_hash(wrong.template)
     finally:
         if env_dir is None:
             os.environ.pop("AUTOGEMM_TEMPLATE_DIR")
         else:
             os.environ["AUTOGEMM_TEMPLATE_DIR"] = env_dir
     device = current_device()
-    wrong = SimtConfig(64, 64, 8, 32, 32, 4, 8, 4, 4, 2, "pad", 6, 1)  # group_m 6: wrong result
     problem = Problem(256, 256, 256)
     record = Record(problem=problem.key, family="simt", config={k: v for k, v in wrong.to_dict().items() if k != "family"},
                     config_name=wrong.name, time_ms=1.0, tflops=1.0, cublas_ms=1.0, cublas_tflops=1.0, ratio=1.0,

@@ -1,58 +1,88 @@
-"""Every sampled valid configuration renders, deterministically, with its knobs in the code."""
+"""Rendering: a pairwise-covering sample of every shipped space renders, with its knobs in the code;
+sources are the same bytes in any process and match the recorded snapshot; template hashes follow
+the templates; the shape enters only through tile multiples."""
 
 from __future__ import annotations
 
+import functools
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from autogemm.config import SimtConfig
-from autogemm.problem import LAYOUTS, Device, Problem
-from autogemm.render import VectorWidths, packed_vector_widths, render, template_hash
+from autogemm.families import SimtConfig, TensorCoreConfig, VectorWidths, config_from_name
+from autogemm.paths import templates_dir
+from autogemm.problem import Device, Problem
+from autogemm.render import kernel_template_hash, render, template_hash
 from autogemm.space import SearchSpace
+from samples import KINDS, covering_sample
 
 SM90 = Device.for_arch("sm_90")
-SHAPES = [(4096, 4096, 4096), (127, 129, 65), (1, 1, 1), (255, 257, 1023)]
+HERE = Path(__file__).parent
+SNAPSHOT = HERE / "data" / "render_snapshot.json"
 
 
-def _variants(count: int):
-    configs = SearchSpace.load().sample(count, Problem(4096, 4096, 4096), SM90, seed=11)
-    for i, config in enumerate(configs):
-        m, n, k = SHAPES[i % len(SHAPES)]
-        problem = Problem.from_layout(m, n, k, LAYOUTS[i % 4])
-        if config.check(problem, SM90):
-            problem = Problem.from_layout(4096, 4096, 4096, LAYOUTS[i % 4])
-        yield config, problem
-
-
-def test_sample_of_300_valid_configs_renders():
-    rendered = 0
-    for config, problem in _variants(300):
+@pytest.mark.parametrize("dtype, compute, space", KINDS, ids=[k[2] for k in KINDS])
+def test_a_pairwise_covering_sample_renders(dtype, compute, space):
+    loaded = SearchSpace.load(space)
+    sample = covering_sample(loaded, dtype, compute, SM90, seed=11)
+    assert len(sample) >= 40
+    assert {p.layout for _, p in sample} == {"nn", "nt", "tn", "tt"}
+    for field in loaded.fields:  # every value the space gives a knob is rendered at least once
+        values = {getattr(c, field) for c, _ in sample}
+        drawn = {getattr(c, field) for c in loaded.sample(300, Problem(4096, 4096, 4096, dtype=dtype, compute=compute),
+                                                          SM90, seed=11)}
+        assert drawn <= values, (field, drawn - values)
+    kernels = set()
+    for config, problem in sample:
         source = render(config, problem)
-        assert source.kernel in source.code
-        assert f"constexpr int BM = {config.bm}, BN = {config.bn}, BK = {config.bk};" in source.code
-        assert f"constexpr int STAGES = {config.stages};" in source.code
-        assert ("cp.async" in source.code) == (config.stages >= 3)
+        code = source.code
+        assert f"{source.kernel}(" in code
+        assert f"constexpr int BM = {config.bm}, BN = {config.bn}, BK = {config.bk};" in code
+        assert f"constexpr int STAGES = {config.stages};" in code
         assert (source.reduce_kernel is not None) == (config.split_k > 1)
-        rendered += 1
-    assert rendered == 300
+        assert (f"{source.reduce_kernel}(" in code) == (config.split_k > 1)
+        if isinstance(config, SimtConfig):
+            assert ("cp.async" in code) == (config.stages >= 3)
+        else:
+            assert f"__launch_bounds__(THREADS, {config.min_blocks})" in code
+            assert ("wgmma.mma_async" in code) == (config.instruction == "wgmma")
+            assert ("mma.sync.aligned" in code) == (config.instruction == "mma")
+        kernels.add(source.kernel)
+    assert len(kernels) == len(sample)  # one distinct kernel per (config, problem class)
+
+
+@functools.lru_cache(maxsize=1)
+def _snapshot() -> dict:
+    return json.loads(SNAPSHOT.read_text())
+
+
+def _snapshot_render(key: str):
+    name, problem_key, widths = key.split("|")
+    return render(config_from_name(name), Problem.from_key(problem_key),
+                  None if widths == "packed" else VectorWidths(*map(int, widths)))
+
+
+def test_rendered_sources_match_the_snapshot():
+    """The digests of ~1800 rendered kernels (every shipped space, several layouts and tails,
+    packed and narrowest widths) are recorded in tests/data/render_snapshot.json; a template
+    change that alters one shows here, by family. After checking that such a change is meant
+    (for a refactor: the cubins' SASS unchanged), record it with `python tests/render_snapshot.py`."""
+    changed = [key for key, digest in _snapshot().items() if _snapshot_render(key).digest != digest]
+    assert len(_snapshot()) > 1000
+    assert not changed, f"{len(changed)} kernels render differently, e.g. {changed[:3]}"
 
 
 def test_rendering_is_deterministic_across_processes():
-    config = SimtConfig(stages=3, smem="swizzle", split_k=2)
-    problem = Problem.from_layout(255, 257, 1023, "tn")
-    here = render(config, problem)
-    assert render(config, problem) == here
-    code = (
-        "from autogemm.config import SimtConfig; from autogemm.problem import Problem; "
-        "from autogemm.render import render; "
-        "print(render(SimtConfig(stages=3, smem='swizzle', split_k=2), "
-        "Problem.from_layout(255, 257, 1023, 'tn')).digest)"
-    )
-    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert other.stdout.strip() == here.digest
+    keys = sorted(_snapshot())[::97]
+    script = ("import sys, json; sys.path.insert(0, sys.argv[1]); from test_render import _snapshot_render; "
+              "print(json.dumps([_snapshot_render(k).digest for k in json.loads(sys.argv[2])]))")
+    other = subprocess.run([sys.executable, "-c", script, str(HERE), json.dumps(keys)], capture_output=True, text=True,
+                           check=True)
+    assert json.loads(other.stdout) == [_snapshot_render(k).digest for k in keys]
 
 
 def test_shape_enters_only_through_tile_multiples():
@@ -63,23 +93,41 @@ def test_shape_enters_only_through_tile_multiples():
 
 def test_vector_widths_follow_alignment_of_packed_operands():
     config = SimtConfig(vec=4)
-    assert packed_vector_widths(config, Problem(128, 128, 128)) == VectorWidths(4, 4, 4)
-    assert packed_vector_widths(config, Problem(128, 130, 1023)) == VectorWidths(1, 2, 2)
-    assert packed_vector_widths(config, Problem.from_layout(126, 128, 1023, "tn")) == VectorWidths(2, 4, 4)
+    assert config.packed_widths(Problem(128, 128, 128)) == VectorWidths(4, 4, 4)
+    assert config.packed_widths(Problem(128, 130, 1023)) == VectorWidths(1, 2, 2)
+    assert config.packed_widths(Problem.from_layout(126, 128, 1023, "tn")) == VectorWidths(2, 4, 4)
     with pytest.raises(ValueError, match="vector width 4 for A"):
         render(SimtConfig(vec=2), Problem(64, 64, 64), VectorWidths(4, 2, 2))
+    assert TensorCoreConfig().packed_widths(Problem(64, 64, 60, dtype="float16")) == VectorWidths(4, 8, 1)
 
 
-def test_template_hash_is_stable():
-    assert template_hash() == template_hash()
-    assert len(template_hash()) == 16
+def _override(tmp_path: Path, monkeypatch, name: str, extra: str) -> None:
+    """An override directory in which template `name` differs from the shipped one by `extra`."""
+    folder = tmp_path / "override"
+    folder.mkdir(exist_ok=True)
+    shutil.copy(templates_dir() / name, folder / name)
+    with open(folder / name, "a") as out:
+        out.write(extra)
+    monkeypatch.setenv("AUTOGEMM_TEMPLATE_DIR", str(folder))
+
+
+def test_template_hashes_follow_the_templates(tmp_path, monkeypatch):
+    before = template_hash()
+    simt = kernel_template_hash("simt_gemm.cu.j2")
+    wgmma = kernel_template_hash("wgmma_gemm.cu.j2")
+    assert len({simt, wgmma}) == 2 and len(before) == 16
+    _override(tmp_path, monkeypatch, "wgmma_gemm.cu.j2", "// changed\n")
+    assert template_hash() != before
+    assert kernel_template_hash("wgmma_gemm.cu.j2") != wgmma
+    assert kernel_template_hash("simt_gemm.cu.j2") == simt  # the SIMT kernel does not include it
+    _override(tmp_path, monkeypatch, "common.cuh.j2", "{# changed #}\n")  # included by every skeleton
+    assert kernel_template_hash("simt_gemm.cu.j2") != simt
 
 
 @pytest.mark.parametrize("group_m", [3, 5, 6, 7, 9])
 def test_fault_injecting_test_template_still_finds_its_marker(monkeypatch, group_m):
     """The GPU isolation tests inject faults through tests/broken_templates, which splices them in
     front of the shipped template's epilogue marker; if the marker moves, the faults vanish."""
-    # (the Jinja environment is cached per template directory, so nothing leaks into other tests)
-    monkeypatch.setenv("AUTOGEMM_TEMPLATE_DIR", str(Path(__file__).parent / "broken_templates"))
+    monkeypatch.setenv("AUTOGEMM_TEMPLATE_DIR", str(HERE / "broken_templates"))
     config = SimtConfig(64, 64, 8, 32, 32, 4, 8, 4, 4, 2, "pad", group_m, 1)
     assert "// FAULT" in render(config, Problem(512, 512, 512)).code

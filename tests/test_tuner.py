@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from autogemm.cache import TuningCache
-from autogemm.evaluate import Measurement, RecordedEvaluator, RecordedTable
+from autogemm.evaluate import Measurement
+from autogemm.recorded import RecordedEvaluator, RecordedTable
 from autogemm.space import SearchSpace
 from autogemm.tuner import TuneError, tune
 

@@ -1,0 +1,119 @@
+"""The `autogemm` command: a thin argparse layer over the library. One module per group of
+commands (`kernels`: render, check; `tuning`: tune, bench; `cache`); this one builds the parser."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..families import SimtConfig
+from .arguments import CliError, add_problem_arguments, positive_int
+from .cache import cmd_cache
+from .kernels import cmd_check, cmd_render
+from .tuning import cmd_bench, cmd_tune
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autogemm",
+        description="Generate, tune and serve CUDA GEMM kernels. Kernels are rendered from Jinja2 "
+        "templates, compiled with NVRTC (or nvcc without a GPU), searched with Optuna per problem "
+        "and device, verified against a float64 reference, and cached.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    render_p = sub.add_parser("render", help="print the CUDA source of one configuration",
+                              description="Print the CUDA source that a configuration renders to. The "
+                              "problem only decides the layout and which tails need bounds checks.")
+    render_p.add_argument("--config", required=True,
+                          help=f"JSON object of knobs (missing ones default), e.g. '{{\"bm\": 64}}', or a name like {SimtConfig().name}")
+    render_p.add_argument("--arch", help="validate against this architecture's limits (default sm_90)")
+    render_p.add_argument("--force", action="store_true", help="render even if check() rejects the config")
+    add_problem_arguments(render_p, m_required=False, default_size=4096)
+    render_p.set_defaults(handler=cmd_render)
+
+    check_p = sub.add_parser("check", help="compile a sample of a search space with nvcc and report resources",
+                             description="Render and compile a sample of a search space with nvcc (no GPU "
+                             "needed) and print registers, spills and shared memory per variant. Exits 1 "
+                             "if any variant fails to compile or spills registers.")
+    check_p.add_argument("--space", help="search-space TOML file or shipped name (default: the one for the dtype: simt, "
+                         "wmma_tf32, wmma_fp16, wmma_bf16, wmma_fp64)")
+    check_p.add_argument("--arch", default="sm_90", help="target architecture (default sm_90)")
+    check_p.add_argument("--count", type=positive_int, default=12, help="variants to compile (default 12)")
+    check_p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    check_p.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1, help="parallel nvcc processes")
+    add_problem_arguments(check_p, m_required=False, default_size=4096)
+    check_p.set_defaults(handler=cmd_check)
+
+    from ..study import SAMPLERS
+    from ..tuner import DEFAULT_TIMEOUT_S, DEFAULT_TRIALS, default_jobs
+
+    tune_p = sub.add_parser(
+        "tune", help="search the best kernel for a problem on this GPU and cache it",
+        description="Search kernel configurations for one GEMM problem on the current GPU with Optuna. "
+        "Every candidate is verified against a float64 reference before it is timed; cuBLAS "
+        "(cupy.matmul) is timed on the same inputs in the same run. The best few are re-timed "
+        "together at the end, and the winner is cached for autogemm.matmul. The study is kept, so "
+        "running the same command again resumes and adds --trials more. Ctrl-C stops and keeps the "
+        "best verified result so far.")
+    add_problem_arguments(tune_p, m_required=True)
+    search = tune_p.add_argument_group("search")
+    search.add_argument("--trials", type=positive_int, default=DEFAULT_TRIALS,
+                        help=f"measured (valid) candidates to try in this run (default {DEFAULT_TRIALS})")
+    search.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help=f"seconds of search before the final re-timing (default {DEFAULT_TIMEOUT_S:g})")
+    search.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    search.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="Optuna sampler (default tpe)")
+    search.add_argument("--space", help="search-space TOML file or shipped name (default: the one for the dtype and compute mode)")
+    search.add_argument("--storage", help="Optuna storage URL (default: SQLite in the cache directory; "
+                                          "':memory:' keeps nothing)")
+    search.add_argument("--study-name", help="study name (default: device, problem, space and template version)")
+    search.add_argument("--jobs", type=positive_int, default=default_jobs(),
+                        help=f"parallel compile workers (default {default_jobs()})")
+    safety = tune_p.add_argument_group("fault isolation")
+    safety.add_argument("--candidate-timeout", type=float, metavar="SECONDS",
+                        help="time one candidate may take before it counts as hung and its measuring process "
+                             "is killed and restarted (default: from the problem's flops and the GPU's peak)")
+    safety.add_argument("--no-isolation", action="store_true",
+                        help="measure in this process: a little less overhead, but a faulting or hanging "
+                             "kernel ends the tune")
+    tune_p.add_argument("--json", action="store_true", help="print the result as JSON (no progress bar)")
+    tune_p.set_defaults(handler=cmd_tune)
+
+    bench_p = sub.add_parser("bench", help="re-time the cached kernel of a problem against cuBLAS",
+                             description="Verify and re-time the cached kernel of a problem on this GPU, "
+                             "interleaved with cuBLAS (cupy.matmul) on the same inputs, and print the ratio.")
+    add_problem_arguments(bench_p, m_required=True)
+    bench_p.add_argument("--rounds", type=positive_int, default=5, help="interleaved timing rounds (default 5)")
+    bench_p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    bench_p.add_argument("--json", action="store_true", help="print the result as JSON")
+    bench_p.set_defaults(handler=cmd_bench)
+
+    cache_p = sub.add_parser("cache", help="list, show, export, import or clear tuned results",
+                             description="Manage tuned results: list (every record, stale ones marked), "
+                             "show KEY (records of a problem key), verify [--all] (re-verify this GPU's cached "
+                             "kernels on fresh inputs, each in an isolated process, and drop the wrong ones), "
+                             "export FILE, import FILE, clear [--yes]. "
+                             "User results live in $AUTOGEMM_CACHE_DIR or the user cache directory; results "
+                             "shipped with autogemm are listed too and read after the user's.")
+    cache_p.add_argument("action", choices=("list", "show", "verify", "export", "import", "clear"))
+    cache_p.add_argument("key", nargs="?", help="problem key (show) or file (export, import)")
+    cache_p.add_argument("--yes", action="store_true", help="clear without asking")
+    cache_p.add_argument("--all", action="store_true",
+                         help="verify: also the shipped results for this GPU (reported, not dropped)")
+    cache_p.set_defaults(handler=cmd_cache)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except CliError as exc:
+        print(f"autogemm {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"autogemm {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,83 @@
+"""Arguments the `autogemm` commands share: the problem, a configuration given as JSON or by name,
+the architecture to check against, and the error type that prints as one line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..families import config_from_dict, config_from_name, family_for
+from ..problem import LAYOUTS, Device, Problem
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_problem_arguments(parser: argparse.ArgumentParser, m_required: bool, default_size: int | None = None) -> None:
+    group = parser.add_argument_group("problem")
+    group.add_argument("--M", "-M", dest="m", type=positive_int, required=m_required, default=default_size,
+                       help="rows of C and op(A)" + ("" if m_required else f" (default {default_size})"))
+    group.add_argument("--N", "-N", dest="n", type=positive_int, help="columns of C and op(B) (default: M)")
+    group.add_argument("--K", "-K", dest="k", type=positive_int, help="inner dimension (default: M)")
+    group.add_argument("--batch", type=positive_int, default=1, help="matrices in the strided batch (default 1)")
+    group.add_argument("--layout", choices=LAYOUTS, help="storage of A and B: n = as is, t = transposed (default nn)")
+    group.add_argument("--trans-a", action="store_true", help="A is stored K×M (layouts tn, tt)")
+    group.add_argument("--trans-b", action="store_true", help="B is stored N×K (layouts nt, tt)")
+    group.add_argument("--dtype", default="float32", help="element type (default float32)")
+    group.add_argument("--compute", default="", help="compute mode (default: the dtype's exact mode, fp32 for float32)")
+
+
+def problem_from_args(args: argparse.Namespace) -> Problem:
+    trans_a, trans_b = args.trans_a, args.trans_b
+    if args.layout:
+        if trans_a or trans_b:
+            raise CliError("give either --layout or --trans-a/--trans-b, not both")
+        trans_a, trans_b = args.layout[0] == "t", args.layout[1] == "t"
+    try:
+        return Problem(args.m, args.n or args.m, args.k or args.m, batch=args.batch, dtype=args.dtype,
+                       compute=args.compute, trans_a=trans_a, trans_b=trans_b)
+    except (TypeError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+
+
+def parse_config(text: str, problem: Problem):
+    """A config as a JSON object of knobs (missing knobs take their defaults; the family is the one
+    that computes the problem's dtype unless the object names one) or a config name."""
+    family = family_for(problem.dtype, problem.compute)
+    text = text.strip()
+    if not text.startswith("{"):
+        try:
+            return config_from_name(text)
+        except ValueError as exc:
+            raise CliError(f"--config: {exc}; give a JSON object of knobs or a config name such as "
+                           f"{family().name}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"--config is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise CliError("--config must be a JSON object of knobs")
+    try:
+        return config_from_dict({"family": family.family, **data})
+    except (TypeError, ValueError) as exc:
+        raise CliError(f"--config: {exc}") from None
+
+
+def device_for(arch: str | None) -> Device:
+    if arch:
+        try:
+            return Device.for_arch(arch)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+    return Device.for_arch("sm_90")

@@ -1,0 +1,107 @@
+"""`autogemm cache`: list, show, verify, export, import and clear tuned results."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .arguments import CliError
+from .tuning import require_gpu
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from ..cache import TuningCache
+
+    cache = TuningCache()
+    if args.action == "list":
+        rows = []
+        for slug in cache.devices():
+            for source, record in cache.records(slug):
+                status = "stale (templates changed)" if record.stale else "ok"
+                rows.append((slug, source, record.problem, record.config_name, f"{record.tflops:.1f}",
+                             f"{record.ratio:.3f}", record.date[:10], status))
+        if not rows:
+            print(f"no tuned kernels in {cache.directory}" + (f" or {cache.shipped}" if cache.shipped else ""))
+            return 0
+        header = ("device", "source", "problem", "config", "TFLOP/s", "vs cuBLAS", "date", "status")
+        widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+        for row in [header] + rows:
+            print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
+        return 0
+    if args.action == "show":
+        if not args.key:
+            raise CliError("cache show needs a problem key, e.g. float32/fp32/nn/b1/4096x4096x4096")
+        matches = [{"device": slug, "source": source, **record.to_json()}
+                   for slug in cache.devices() for source, record in cache.records(slug) if record.problem == args.key]
+        if not matches:
+            raise CliError(f"no cached entry for {args.key}")
+        print(json.dumps(matches, indent=2))
+        return 0
+    if args.action == "export":
+        if not args.key:
+            raise CliError("cache export needs a destination file")
+        count = cache.export(args.key)
+        print(f"exported {count} records to {args.key}")
+        return 0
+    if args.action == "import":
+        if not args.key:
+            raise CliError("cache import needs a file written by cache export")
+        try:
+            count = cache.import_bundle(args.key)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        print(f"merged {count} records from {args.key} into {cache.directory}")
+        return 0
+    if args.action == "verify":
+        return _cache_verify(cache, include_shipped=args.all)
+    if args.action == "clear":
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise CliError("cache clear deletes every tuned result in " f"{cache.directory}; add --yes to confirm")
+            answer = input(f"delete every tuned result in {cache.directory}? [y/N] ")
+            if answer.strip().lower() not in ("y", "yes"):
+                print("nothing deleted")
+                return 1
+        removed = cache.clear()
+        print(f"removed {len(removed)} cache files from {cache.directory}")
+        return 0
+    raise CliError(f"unknown cache action {args.action!r}")
+
+
+def _cache_verify(cache, include_shipped: bool) -> int:
+    """Re-verifies every current record of this GPU; drops the user's that fail."""
+    from ..evaluate import FatalEvaluationError
+    from ..isolate import IsolatedEvaluator
+    from ..launch import current_device
+
+    require_gpu()
+    device = current_device()
+    records = [(source, r) for source, r in cache.records(device.slug, include_shipped=include_shipped) if not r.stale]
+    if not records:
+        print(f"nothing to verify for {device.name} in {cache.directory}")
+        return 0
+    bad = 0
+    for source, record in records:
+        problem = record.problem_object
+        try:
+            evaluator = IsolatedEvaluator(problem, device, jobs=1)
+        except FatalEvaluationError as exc:
+            raise CliError(str(exc)) from None
+        try:
+            result = evaluator.verify(record.config_object)
+        finally:
+            evaluator.close()
+        if result.ok:
+            print(f"ok      {record.problem:<40} {record.config_name}  rel. error {result.rel_error:.1e}, "
+                  f"{result.tflops:.1f} TFLOP/s (cached {record.tflops:.1f})")
+            continue
+        bad += 1
+        if source == "user":
+            cache.remove(device.slug, record.problem)
+            action = "dropped"
+        else:
+            action = "shipped, kept"
+        print(f"FAILED  {record.problem:<40} {record.config_name}  {result.kind}: {result.message[:120]} ({action})")
+    print(f"{len(records) - bad}/{len(records)} cached kernels verified on {device.name}")
+    return 1 if bad else 0

@@ -1,0 +1,69 @@
+"""`autogemm render` and `autogemm check`: a configuration's CUDA source, and nvcc's resource report
+of a sample of a search space (neither needs a GPU)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+from .arguments import CliError, device_for, parse_config, problem_from_args
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from ..render import render
+
+    problem = problem_from_args(args)
+    config = parse_config(args.config, problem)
+    reasons = config.check(problem, device_for(args.arch))
+    if reasons and not args.force:
+        raise CliError(f"config {config.name} cannot run {problem}:\n  " + "\n  ".join(reasons)
+                       + "\n(--force renders it anyway)")
+    sys.stdout.write(render(config, problem).code)
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from ..compile import CompileError, NvccNotFound, find_nvcc, nvcc_resources
+    from ..render import render
+    from ..space import SearchSpace, SpaceError, default_space_name
+
+    problem = problem_from_args(args)
+    try:
+        find_nvcc()
+        space = SearchSpace.load(args.space or default_space_name(problem))
+    except (NvccNotFound, SpaceError) as exc:
+        raise CliError(str(exc)) from None
+    device = device_for(args.arch)
+    configs = space.sample(args.count, problem, device, seed=args.seed)
+    if not configs:
+        raise CliError(f"no configuration of {space.path} is valid for {problem} on {device.arch}")
+    print(f"compiling {len(configs)} variants of {space.path.name} for {problem} with nvcc -arch={device.arch}",
+          file=sys.stderr)
+
+    def compile_one(config):
+        source = render(config, problem)
+        try:
+            return config, nvcc_resources(source, device.arch)[source.kernel], None
+        except CompileError as exc:
+            return config, None, str(exc).splitlines()[0]
+
+    failures = 0
+    header = f"{'config':<48} {'regs':>5} {'spill B':>8} {'stack B':>8} {'smem B':>8}"
+    print(header)
+    print("-" * len(header))
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for config, usage, error in pool.map(compile_one, configs):
+            if error:
+                failures += 1
+                print(f"{config.name:<48} compile error: {error}")
+                continue
+            smem = config.smem_bytes(problem)
+            spills = bool(usage.spills or usage.stack_bytes)
+            capped = bool(config.register_cap)
+            # under an explicit max_registers a spill is a possible outcome, refused when loaded
+            flag = ("  <- spills (refused when loaded: max_registers)" if capped else "  <- spills") if spills else ""
+            failures += spills and not capped
+            print(f"{config.name:<48} {usage.registers:>5} {usage.spills:>8} {usage.stack_bytes:>8} {smem:>8}{flag}")
+    print(f"\n{len(configs) - failures}/{len(configs)} variants compiled without spills", file=sys.stderr)
+    return 1 if failures else 0

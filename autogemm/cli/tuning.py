@@ -1,0 +1,118 @@
+"""`autogemm tune` and `autogemm bench`: search the best kernel of a problem on this GPU, and re-time
+a cached one against cuBLAS in the same run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..problem import Problem
+from .arguments import CliError, problem_from_args
+
+
+def _format_result(result) -> str:
+    config = result.config
+    knobs = " ".join(f"{k}={v}" for k, v in config.to_dict().items() if k != "family")
+    failures = ", ".join(f"{n} {k}" for k, n in sorted(result.failures.items())) or "none"
+    rows = [
+        ("problem", str(result.problem)),
+        ("device", f"{result.device.name} ({result.device.arch}, {result.device.sm_count} SMs)"),
+        ("best config", config.name),
+        ("knobs", knobs),
+        ("TFLOP/s", f"{result.tflops:.2f}"),
+        ("cuBLAS TFLOP/s", f"{result.cublas_tflops:.2f}  (cupy.matmul, same run)"),
+        ("ratio", f"{result.ratio:.3f}x cuBLAS"),
+        ("rel. error", f"{result.rel_error:.2e}" if result.rel_error == result.rel_error else "n/a"),
+        ("trials", f"{result.valid} valid, {result.rejected} rejected, {result.failed} failed ({failures}), "
+                   f"{result.duplicates} repeats; {result.study_trials} measured in the study"),
+        ("wall time", f"{result.wall_s:.1f} s" + (f"  ({result.restarts} measuring-process restarts, "
+                                                  f"{result.restart_s:.1f} s)" if result.restarts else "")),
+        *([("stopped", f"{result.stopped}: best verified result so far kept, not re-timed")] if result.stopped else []),
+        ("cached in", result.cache_path or "-"),
+        ("study", f"{result.study_name} @ {result.storage or 'memory'}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from ..evaluate import FatalEvaluationError
+    from ..space import SearchSpace, SpaceError, default_space_name
+    from ..tuner import TuneError, tune
+
+    problem = problem_from_args(args)
+    try:
+        space = SearchSpace.load(args.space or default_space_name(problem))
+    except SpaceError as exc:
+        raise CliError(str(exc)) from None
+    if space.config_class.compute_for(problem.dtype) != problem.compute:
+        raise CliError(f"--space {args.space}: a {space.family} space cannot compute {problem.dtype}/{problem.compute}; "
+                       f"its family computes {space.config_class.computes_names()}")
+    require_gpu()
+    try:
+        result = tune(problem, trials=args.trials, timeout=args.timeout, seed=args.seed, sampler=args.sampler,
+                      space=space, storage=args.storage, study_name=args.study_name, jobs=args.jobs,
+                      progress=not args.json, isolate=not args.no_isolation,
+                      candidate_timeout=args.candidate_timeout)
+    except (TuneError, FatalEvaluationError) as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        print(_format_result(result))
+    return 0
+
+
+def require_gpu() -> None:
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no device")
+    except Exception as exc:
+        raise CliError(f"a CUDA GPU is needed for this command ({type(exc).__name__}: {exc})") from None
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from ..cache import TuningCache
+    from ..evaluate import GpuEvaluator
+    from ..launch import current_device
+    from ..tuner import default_jobs
+
+    problem = problem_from_args(args)
+    require_gpu()
+    device = current_device()
+    found = TuningCache().lookup(problem, device.slug)
+    if found is None:
+        raise CliError(f"no tuned kernel for {problem} on {device.name}; run: autogemm tune {_problem_flags(problem)}")
+    record, source = found
+    evaluator = GpuEvaluator(problem, device, jobs=min(2, default_jobs()), seed=args.seed)
+    try:
+        (measured,), cublas_ms = evaluator.retime([record.config_object], rounds=args.rounds)
+    finally:
+        evaluator.close()
+    if not measured.ok:
+        raise CliError(f"cached kernel {record.config_name} failed: {measured.kind}: {measured.message}")
+    ratio = cublas_ms / measured.time_ms
+    out = {
+        "problem": problem.key, "device": device.name, "config": record.config_name, "source": source,
+        "time_ms": measured.time_ms, "tflops": measured.tflops, "cublas_ms": cublas_ms,
+        "cublas_tflops": problem.flops / cublas_ms / 1e9, "ratio": ratio, "rel_error": measured.rel_error,
+        "tuned_ratio": record.ratio,
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{problem} on {device.name}: {record.config_name} ({source} cache)\n"
+              f"  {measured.tflops:.2f} TFLOP/s vs cuBLAS {out['cublas_tflops']:.2f} TFLOP/s: {ratio:.3f}x "
+              f"(tuned at {record.ratio:.3f}x); rel. error {measured.rel_error:.1e}")
+    return 0
+
+
+def _problem_flags(problem: Problem) -> str:
+    flags = f"--M {problem.m} --N {problem.n} --K {problem.k}"
+    if problem.batch > 1:
+        flags += f" --batch {problem.batch}"
+    if problem.layout != "nn":
+        flags += f" --layout {problem.layout}"
+    return flags

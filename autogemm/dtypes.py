@@ -1,0 +1,96 @@
+"""The element types autogemm multiplies: one row per (dtype, compute mode). This is the only table of
+dtype facts in the package (sizes, storage, the family and search space that serve a row, the
+verification tolerance, C++ types and conversions, tensor-core instruction shapes). It imports
+nothing from autogemm, so every other module can read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TensorCoreShapes:
+    """The tensor-core instructions that exist for one row (m, n, k of one instruction)."""
+
+    wmma: tuple[int, int, int]  # one nvcuda::wmma fragment
+    wmma_precision: str  # the WMMA fragment's element type for A and B
+    wmma_arch: tuple[int, int]  # first compute capability with that fragment
+    mma: tuple[int, int, int]  # one PTX mma.sync
+    mma_input: str  # PTX type of A and B in mma.sync
+    mma_arch: tuple[int, int]
+    wgmma_k: int = 0  # K of one Hopper wgmma; 0: no wgmma for this type
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str  # the element type of A, B and C, as NumPy names it ("float32", "bfloat16", ...)
+    compute: str  # the arithmetic: "fp32", "tf32" (FP32 inputs rounded to TF32 on tensor cores), "fp64"
+    itemsize: int
+    # NumPy dtype of the buffers autogemm makes itself (CuPy has no bfloat16 of its own: those hold
+    # the raw bits as uint16)
+    storage: str
+    # how users' arrays spell the type: NumPy dtype names and __cuda_array_interface__ typestrs
+    array_names: tuple[str, ...]
+    family: str  # the kernel family that computes this row
+    space: str  # its shipped search space (search_spaces/<space>.toml)
+    tolerance: float  # relative error (to float64) a correct kernel stays under at K = 4096
+    element: str  # C++ type of A, B and C
+    accumulator: str  # C++ type of accumulators, alpha, beta and split-K partials
+    accumulator_size: int
+    to_acc: str  # C++ expression: element x -> accumulator
+    from_acc: str  # C++ expression: accumulator x -> element
+    tensor_core: TensorCoreShapes | None = None
+
+    @property
+    def accumulator_storage(self) -> str:
+        """NumPy dtype of alpha, beta and split-K partials."""
+        return "float64" if self.accumulator == "double" else "float32"
+
+
+ROWS: tuple[DType, ...] = (
+    # the first row of a dtype is its default compute mode
+    DType("float32", "fp32", 4, "float32", ("float32", "<f4"), "simt", "simt", 1e-5,
+          "float", "float", 4, "x", "x"),
+    DType("float32", "tf32", 4, "float32", ("float32", "<f4"), "wmma", "wmma_tf32", 5e-3,
+          "float", "float", 4, "x", "x",
+          TensorCoreShapes((16, 16, 8), "wmma::precision::tf32", (8, 0), (16, 8, 8), "tf32", (8, 0), wgmma_k=8)),
+    DType("float16", "fp32", 2, "float16", ("float16", "<f2"), "wmma", "wmma_fp16", 1e-2,
+          "__half", "float", 4, "__half2float(x)", "__float2half_rn(x)",
+          TensorCoreShapes((16, 16, 16), "__half", (7, 0), (16, 8, 16), "f16", (8, 0), wgmma_k=16)),
+    DType("bfloat16", "fp32", 2, "uint16", ("bfloat16", "|V2", "<V2"), "wmma", "wmma_bf16", 1e-2,
+          "__nv_bfloat16", "float", 4, "__bfloat162float(x)", "__float2bfloat16_rn(x)",
+          TensorCoreShapes((16, 16, 16), "__nv_bfloat16", (8, 0), (16, 8, 16), "bf16", (8, 0), wgmma_k=16)),
+    # mma.sync m16n8k8 in FP64 is new in sm_90 (sm_80 has only the m8n8k4 that WMMA uses)
+    DType("float64", "fp64", 8, "float64", ("float64", "<f8"), "wmma", "wmma_fp64", 1e-12,
+          "double", "double", 8, "x", "x",
+          TensorCoreShapes((8, 8, 4), "double", (8, 0), (16, 8, 8), "f64", (9, 0))),
+)
+
+DTYPES: tuple[str, ...] = tuple(dict.fromkeys(row.name for row in ROWS))
+# compute modes per dtype, the default first
+COMPUTE_MODES: dict[str, tuple[str, ...]] = {
+    name: tuple(row.compute for row in ROWS if row.name == name) for name in DTYPES
+}
+_BY_KEY = {(row.name, row.compute): row for row in ROWS}
+_BY_ARRAY_NAME = {spelling: row.name for row in ROWS for spelling in row.array_names}
+
+
+def find(dtype: str, compute: str) -> DType | None:
+    return _BY_KEY.get((dtype, compute))
+
+
+def lookup(dtype: str, compute: str = "") -> DType:
+    """The row of a dtype and compute mode (empty: the default mode); ValueError names the choices."""
+    if dtype not in COMPUTE_MODES:
+        raise ValueError(f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}")
+    row = _BY_KEY.get((dtype, compute or COMPUTE_MODES[dtype][0]))
+    if row is None:
+        raise ValueError(f"compute mode {compute!r} is not available for {dtype}; "
+                         f"choose from {', '.join(COMPUTE_MODES[dtype])}")
+    return row
+
+
+def from_array_name(name: str) -> str | None:
+    """The dtype of an array whose NumPy dtype name or typestr is `name`; None if unsupported."""
+    return _BY_ARRAY_NAME.get(name)

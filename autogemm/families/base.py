@@ -1,0 +1,215 @@
+"""What every tiled GEMM family shares: a block tile BM x BN walking K in BK slices, a batch and
+split-K on the grid's second axis, the launch limits every kernel obeys, and the vector widths an
+operand's alignment allows. A family subclasses `GemmConfig` with a knob table (bm, bn, bk,
+split_k and min_blocks at least) and fills in what differs: `threads`, `check`, `template` and
+`context`; where it vectorizes or uses shared memory, also `smem_bytes` and the width rules.
+
+Every kernel takes the same arguments: A, B, C, M, N, K, lda, ldb, ldc, the three batch strides,
+alpha, beta, and the K tiles per split; its grid is (output tiles, batch x split_k).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .. import dtypes
+from ..problem import Device, Problem
+from .knobs import Config, Knob
+
+INT32_MAX = 2**31 - 1  # the kernels index M, N, K and tile counts with 32-bit ints
+GRID_Y_MAX = 65535  # the grid's second axis (batch x split_k), a CUDA limit
+MAX_REGISTERS_PER_THREAD = 255  # what ptxas can give one thread, on every architecture since sm_30
+REGISTER_GRANULE = 8  # registers are allocated per thread in multiples of 8
+# a block's shared memory is reserved with this much more for the driver (sm_80 and later)
+SMEM_RESERVED_PER_BLOCK = 1024
+
+
+def tile_knobs(bm: int, bn: int, bk: int, wm: int, wn: int, **bk_rules) -> tuple[Knob, ...]:
+    """The block tile BM x BN x BK and the warp tile WM x WN every tiled family has (powers of two),
+    with the family's defaults; a name starts "BMxBNxBK_wWMxWN"."""
+    return (Knob("bm", int, bm, join="", power_of_two=True),
+            Knob("bn", int, bn, join="x", power_of_two=True),
+            Knob("bk", int, bk, join="x", power_of_two=True, **bk_rules),
+            Knob("wm", int, wm, code="w", power_of_two=True),
+            Knob("wn", int, wn, join="x", power_of_two=True))
+
+
+def grid_knobs() -> tuple[Knob, ...]:
+    """The grid knobs every tiled family has: the block-swizzle group height for L2 reuse (1: tiles
+    in row-major order), K split over blocks and reduced in a second pass (1: off), and the blocks
+    per SM the registers must leave room for (__launch_bounds__); written "_gG_kK_oO"."""
+    return (Knob("group_m", int, 8, code="g", low=1),
+            Knob("split_k", int, 1, code="k", low=1),
+            Knob("min_blocks", int, 1, code="o", low=1))
+
+
+@dataclass(frozen=True)
+class VectorWidths:
+    """Widths (elements) of the global accesses to A, B and C compiled into a kernel. A config's
+    `vec` is the widest it may use; an operand whose pointer or leading dimension is not aligned to
+    it gets a narrower variant of the kernel instead of a failure."""
+
+    a: int
+    b: int
+    c: int
+
+    def __str__(self) -> str:
+        return f"{self.a}{self.b}{self.c}"
+
+
+def widest_vector(limit: int, *multiples_of: int) -> int:
+    """The widest of 8, 4, 2, 1 that is <= limit and divides every given number."""
+    for width in (8, 4, 2, 1):
+        if width <= limit and all(x % width == 0 for x in multiples_of):
+            return width
+    return 1
+
+
+def packed_leading_dimensions(problem: Problem) -> tuple[int, int]:
+    """Row pitches of A and B stored densely (a row is as long as the stored matrix is wide)."""
+    return (problem.m if problem.trans_a else problem.k, problem.k if problem.trans_b else problem.n)
+
+
+class GemmConfig(Config):
+    """A tiled GEMM configuration. Subclasses provide `threads`, `check`, `template` and `context`."""
+
+    template: ClassVar[str] = ""  # the kernel skeleton in templates/ (a property where it varies)
+    arch_suffix: ClassVar[str] = ""  # "a" for kernels that use architecture-specific instructions
+    # "tiles": a block per output tile, batch and K split; "stream_k": a persistent grid
+    launch_kind: ClassVar[str] = "tiles"
+    register_cap: ClassVar[int] = 0  # an explicit register cap per thread (0: from min_blocks)
+    # named constants the family's search-space expressions may use (facts of the hardware and pipeline)
+    space_constants: ClassVar[dict] = {}
+    template_dir: ClassVar[str | None] = None  # where a family from outside the package keeps its templates
+
+    @classmethod
+    def computes(cls) -> tuple[dtypes.DType, ...]:
+        """The (dtype, compute) rows this family computes: by default those `dtypes` assigns to it."""
+        return tuple(row for row in dtypes.ROWS if row.family == cls.family)
+
+    @classmethod
+    def compute_for(cls, dtype: str) -> str | None:
+        """The compute mode this family uses for a dtype (the tensor-core family on float32: TF32)."""
+        return next((row.compute for row in cls.computes() if row.name == dtype), None)
+
+    @classmethod
+    def computes_names(cls) -> str:
+        """The rows this family computes, for messages: "float16/fp32, ... and float64/fp64"."""
+        names = [f"{row.name}/{row.compute}" for row in cls.computes()]
+        return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+    def smem_bytes(self, problem: Problem) -> int:
+        """Dynamic shared memory of the kernel."""
+        return 0
+
+    def packed_widths(self, problem: Problem) -> VectorWidths:
+        """Vector widths for densely packed operands (a family that vectorizes says which)."""
+        return VectorWidths(1, 1, 1)
+
+    def vector_widths(self, a, b, c, itemsize: int) -> VectorWidths:
+        """Vector widths the operands' alignment allows (`operands.KernelOperand`s)."""
+        return VectorWidths(1, 1, 1)
+
+    def check_widths(self, widths: VectorWidths) -> None:
+        if widths != VectorWidths(1, 1, 1):
+            raise ValueError(f"{self.label} kernels access memory element by element, not with widths {widths}")
+
+    def kernel_name(self, problem: Problem, widths: VectorWidths) -> str:
+        """The kernel's function name: everything that makes its source differ."""
+        return (f"ag_{self.name}_{problem.dtype}_{problem.compute}_{problem.layout}_e{self.even(problem)}"
+                f"_v{widths}")
+
+    def tiles_k(self, problem: Problem) -> int:
+        return -(-problem.k // self.bk)
+
+    def output_tiles(self, problem: Problem) -> int:
+        return -(-problem.m // self.bm) * -(-problem.n // self.bn)
+
+    def tiles_per_split(self, problem: Problem) -> int:
+        return -(-self.tiles_k(problem) // self.split_k)
+
+    def grid(self, problem: Problem) -> tuple[int, int, int]:
+        """The launch grid of the "tiles" kind: output tiles, then batch x K splits."""
+        return (self.output_tiles(problem), problem.batch * self.split_k, 1)
+
+    def even(self, problem: Problem) -> str:
+        """Which of M, N, K are multiples of the block tile ("1") and so need no bounds checks."""
+        return "".join("1" if extent % tile == 0 else "0"
+                       for extent, tile in ((problem.m, self.bm), (problem.n, self.bn), (problem.k, self.bk)))
+
+    def reduce_kernel(self, kernel: str) -> str | None:
+        """The split-K reduction kernel that comes with `kernel`, if any."""
+        return f"{kernel}_reduce" if self.split_k > 1 else None
+
+    def register_limit(self, device: Device) -> int:
+        """Registers per thread that `min_blocks` blocks of this size per SM leave."""
+        per_thread = device.regs_per_block // max(self.threads * self.min_blocks, 1)
+        return min(MAX_REGISTERS_PER_THREAD, per_thread - per_thread % REGISTER_GRANULE)
+
+    def launch_reasons(self, problem: Problem, device: Device, smem: int, bad, cp_async: bool = False) -> None:
+        """Occupancy, cp.async (when the kernel uses it), split-K, grid and index-width limits,
+        reported through `bad`."""
+        threads = self.threads
+        if self.min_blocks > 1:
+            if threads * self.min_blocks > device.max_threads_per_sm:
+                bad("occupancy", f"{self.min_blocks} blocks of {threads} threads exceed the "
+                                 f"{device.max_threads_per_sm} threads of an SM")
+            if (smem + SMEM_RESERVED_PER_BLOCK) * self.min_blocks > device.smem_per_sm:
+                bad("occupancy", f"{self.min_blocks} blocks of {smem} bytes exceed the "
+                                 f"{device.smem_per_sm} bytes of shared memory of an SM")
+        if cp_async and device.compute_capability < (8, 0):
+            bad("cp-async", f"{self.stages} stages need cp.async (compute capability 8.0), device is {device.arch}")
+        tiles_k = self.tiles_k(problem)
+        if self.split_k > tiles_k:
+            bad("split-k", f"split_k={self.split_k} exceeds the {tiles_k} K tiles of K={problem.k}")
+        if problem.batch * self.split_k > GRID_Y_MAX:
+            bad("grid", f"batch {problem.batch} x split_k {self.split_k} exceeds the grid limit {GRID_Y_MAX}")
+        tiles = self.output_tiles(problem)
+        if tiles > INT32_MAX:
+            bad("grid", f"{tiles} blocks exceed the grid limit {INT32_MAX}")
+        if self.launch_kind == "stream_k" and tiles * problem.batch * tiles_k > INT32_MAX:
+            bad("size", f"{tiles * problem.batch * tiles_k} stream-K iterations exceed the kernel's 32-bit count")
+        if max(problem.m, problem.n, problem.k) > INT32_MAX:
+            bad("size", "a dimension exceeds 2^31-1, beyond the kernel's 32-bit indexing")
+
+    @staticmethod
+    def reason_collector() -> tuple[list[str], object]:
+        """(reasons, bad): `bad(code, message)` appends "code: message" to reasons."""
+        reasons: list[str] = []
+
+        def bad(code: str, message: str) -> None:
+            reasons.append(f"{code}: {message}")
+
+        return reasons, bad
+
+
+class VectorizedLoads:
+    """The vector-width rules of a family with a `vec` knob: A and B load up to `vec` elements at
+    once where their alignment allows it; C as `c_width` says (by default element by element).
+    Mixed in before GemmConfig."""
+
+    widths_allowed: ClassVar[tuple[int, ...]] = (1, 2, 4, 8)
+    vectorized_c: ClassVar[bool] = False  # whether C's width is checked (and may exceed 1)
+
+    def c_width(self, aligned) -> int:
+        """C's width, given `aligned()`: the widest C's alignment allows."""
+        return 1
+
+    def packed_widths(self, problem: Problem) -> VectorWidths:
+        """Vector widths for densely packed operands (leading dimension = row length)."""
+        lda, ldb = packed_leading_dimensions(problem)
+        return VectorWidths(a=widest_vector(self.vec, lda), b=widest_vector(self.vec, ldb),
+                            c=self.c_width(lambda: widest_vector(self.vec, problem.n)))
+
+    def vector_widths(self, a, b, c, itemsize: int) -> VectorWidths:
+        """The widest accesses, up to `vec`, that the operands' alignment allows."""
+        return VectorWidths(a=a.vector_width(self.vec, itemsize), b=b.vector_width(self.vec, itemsize),
+                            c=self.c_width(lambda: c.vector_width(self.vec, itemsize)))
+
+    def check_widths(self, widths: VectorWidths) -> None:
+        named = (("A", widths.a), ("B", widths.b)) + ((("C", widths.c),) if self.vectorized_c else ())
+        allowed = ", ".join(map(str, self.widths_allowed[:-1])) + f" or {self.widths_allowed[-1]}"
+        for operand, width in named:
+            if width not in self.widths_allowed or width > self.vec:
+                raise ValueError(f"vector width {width} for {operand} must be {allowed} and <= config vec {self.vec}")

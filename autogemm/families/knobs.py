@@ -1,0 +1,155 @@
+"""Knob tables. A family declares each of its knobs once (its type, the values it may take, how it
+is written in a configuration's name) and its config class gets, from that table alone: its fields
+(a frozen dataclass), its name and the parsing of names (a pattern built from the table, never
+written by hand), its dict form, and the checks of single knob values (reason code "choice").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping
+
+_UNSET = object()
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    kind: type  # int, bool or str: the exact type of every value
+    default: Any
+    code: str = ""  # written in front of the value in the config's name ("s" of "_s3")
+    join: str = "_"  # written in front of the code: "_" starts a part of the name, "x" or "" continue one
+    choices: tuple = ()  # the values allowed (empty: any the other rules allow)
+    low: int | None = None  # smallest allowed value of an int knob
+    high: int | None = None  # largest
+    power_of_two: bool = False
+    # a value written as nothing in the name (the knob's "off" position), exempt from low/high
+    omitted: Any = _UNSET
+    words: Mapping | None = None  # value -> the text written for it instead of code + value
+    why: str = ""  # said in a range reason: why the bound (or, with `omitted`, what "off" means)
+
+    def write(self, value) -> str:
+        """This knob's part of a config name (empty when omitted)."""
+        if self.is_omitted(value):
+            return ""
+        text = self.words[value] if self.words and value in self.words else f"{self.code}{value}"
+        return self.join + text
+
+    def is_omitted(self, value) -> bool:
+        return self.omitted is not _UNSET and type(value) is type(self.omitted) and value == self.omitted
+
+    def pattern(self) -> str:
+        """A regular-expression group matching this knob's part of a name."""
+        if self.words:
+            alternatives = list(self.words.values())
+        elif self.choices:
+            alternatives = [str(c) for c in self.choices]
+        else:
+            alternatives = [r"\d+" if self.kind is int else "[a-z0-9]+"]
+        escaped = [a if a in (r"\d+", "[a-z0-9]+") else re.escape(a) for a in
+                   sorted(alternatives, key=len, reverse=True)]
+        body = re.escape(self.join) + (re.escape(self.code) if not self.words else "")
+        body += f"(?P<{self.name}>{'|'.join(escaped)})"
+        return f"(?:{body})?" if self.omitted is not _UNSET else body
+
+    def parse(self, text: str | None):
+        if text is None:
+            return self.omitted
+        if self.words:
+            return next(value for value, word in self.words.items() if word == text)
+        return int(text) if self.kind is int else text
+
+    def reasons(self, value) -> list[str]:
+        """Why `value` is not one this knob takes (empty when it is)."""
+        shown = repr(value) if self.kind is str else str(value)
+        if type(value) is not self.kind:
+            wanted = {bool: "true or false", int: "an int", str: "a string"}[self.kind]
+            return [f"{self.name}={value!r} must be {wanted}"]
+        if self.is_omitted(value):
+            return []
+        out = []
+        if self.choices and value not in self.choices:
+            out.append(f"{self.name}={shown} must be one of {', '.join(map(str, self.choices))}")
+        if self.power_of_two and not (value >= 1 and value & (value - 1) == 0):
+            out.append(f"{self.name}={value} must be a power of two")
+        if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
+            why = f" ({self.why})" if self.why else ""
+            if self.high is None:
+                bound = f">= {self.low}{why}"
+            elif self.omitted is not _UNSET:  # the "off" value and what it means, then the range
+                bound = f"{self.omitted}{why} or {self.low} to {self.high}"
+            else:
+                bound = f"{self.low} to {self.high}{why}"
+            out.append(f"{self.name}={value} must be {bound}")
+        return out
+
+
+class Config:
+    """Base of every family's config class. A subclass sets `family` (the key in records and
+    registries), `label` (how messages name it), `name_prefix` and `knobs`; its fields, name,
+    parsing and dict form follow from `knobs`."""
+
+    family: ClassVar[str] = ""
+    label: ClassVar[str] = ""
+    name_prefix: ClassVar[str] = ""
+    knobs: ClassVar[tuple[Knob, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "knobs" not in cls.__dict__:
+            return
+        for before, knob in zip(cls.knobs, cls.knobs[1:]):
+            if knob.join == "" and not (before.words or before.choices or before.kind is not int):
+                raise TypeError(f"{cls.__name__}: {knob.name} follows {before.name} with no separator, "
+                                f"so {before.name} needs a finite list of choices to be parsed")
+        # the knobs become the fields of a frozen dataclass, in table order (positional arguments too)
+        cls.__annotations__ = {**{k.name: k.kind for k in cls.knobs},
+                               **{k: v for k, v in cls.__dict__.get("__annotations__", {}).items()
+                                  if str(v).startswith("ClassVar")}}
+        for knob in cls.knobs:
+            setattr(cls, knob.name, knob.default)
+        dataclasses.dataclass(frozen=True)(cls)
+        cls._name_pattern = re.compile(re.escape(cls.name_prefix) + "".join(k.pattern() for k in cls.knobs))
+
+    # ---- names ---------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.name_prefix + "".join(k.write(getattr(self, k.name)) for k in self.knobs)
+
+    @classmethod
+    def from_name(cls, name: str):
+        match = cls._name_pattern.fullmatch(name)
+        config = cls(**{k.name: k.parse(match.group(k.name)) for k in cls.knobs}) if match else None
+        if config is None or config.name != name:  # e.g. "_k01": parses, but is not how k1 is written
+            raise ValueError(f"not a {cls.label} config name: {name!r}")
+        return config
+
+    # ---- dict form -------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {"family": self.family, **{k.name: getattr(self, k.name) for k in self.knobs}}
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        data = cls.upgrade_dict(dict(data))
+        family = data.pop("family", cls.family)
+        if family != cls.family:
+            raise ValueError(f"config family {family!r} is not {cls.family!r}")
+        unknown = set(data) - {k.name for k in cls.knobs}
+        if unknown:
+            raise ValueError(f"unknown {cls.label} config knobs: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+    @classmethod
+    def upgrade_dict(cls, data: dict) -> dict:
+        """Rewrites the dict form of an earlier version of the family (cache records) into today's."""
+        return data
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+    # ---- single knob values ----------------------------------------------------------------------
+    def knob_reasons(self) -> list[str]:
+        """'choice' reasons for every knob whose value is not one the table allows."""
+        return [f"choice: {reason}" for k in self.knobs for reason in k.reasons(getattr(self, k.name))]

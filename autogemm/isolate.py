@@ -1,0 +1,169 @@
+"""Measuring in a separate process that owns the GPU context (the tuner's default): a candidate
+that faults the context, hangs past its time or kills the process costs one failed trial (kind
+"crash" or "timeout") and a restart of the process, not the tune."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from dataclasses import asdict
+
+from .evaluate import FatalEvaluationError, GpuMeasurer, Measurement, CompileAheadEvaluator
+from .problem import Device, Problem
+
+# a new measuring process starts an interpreter, a CUDA context, its inputs and the cuBLAS baseline
+STARTUP_TIMEOUT_S = 180.0
+
+def candidate_timeout(problem: Problem, device: Device) -> float:
+    """Seconds one candidate may take in the measuring process (verification, ~40 timed runs and
+    the reference): generous for a kernel at 5% of the device's FP32 peak, plus 10 s of slack."""
+    clock_hz = (device.clock_khz or 2_000_000) * 1e3
+    peak = device.sm_count * 128 * 2 * clock_hz  # FP32 FMA lanes per SM on sm_80/sm_90
+    return 10.0 + 100.0 * problem.flops / (0.05 * peak)
+
+
+def _measuring_process(conn, problem_key: str, ordinal: int, seed: int) -> None:
+    """Body of the isolated measuring process: owns the CUDA context, answers requests."""
+    import cupy
+
+    from .families import config_from_dict
+
+    try:
+        cupy.cuda.Device(ordinal).use()
+        measurer = GpuMeasurer(Problem.from_key(problem_key), Device.current(ordinal), seed)
+    except Exception as exc:  # report, do not hang the parent
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", measurer.cublas_ms))
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        if request[0] == "stop":
+            return
+        if request[0] == "cublas":
+            conn.send(("ok", measurer.time_cublas(request[1])))
+            continue
+        _, config_data, best_ms, repeats, final = request
+        measurement = measurer.measure(config_from_dict(config_data), best_ms, repeats, final)
+        conn.send(("ok", asdict(measurement)))
+        if measurer.poisoned:
+            os._exit(3)  # the context is gone: let the parent start a fresh process
+
+
+class IsolatedEvaluator(CompileAheadEvaluator):
+    """Measures in a separate process that owns the GPU context. A candidate that kills it, faults
+    the context or outlives `timeout` seconds fails with kind crash or timeout; the process is
+    restarted (the cost is counted in `restarts` and `restart_s`) and the tune goes on."""
+
+    def __init__(self, problem: Problem, device: Device, jobs: int, seed: int = 0, timeout: float | None = None):
+        self.problem, self.device = problem, device
+        self.timeout = timeout or candidate_timeout(problem, device)
+        self._seed = seed
+        self._ctx = multiprocessing.get_context("spawn")
+        self._process = None
+        self._conn = None
+        self._cublas_ms: float | None = None
+        self.restarts = 0
+        self.restart_s = 0.0
+        self._start_pool(jobs)
+        # The measuring process starts in the background: its start-up (interpreter, CUDA context,
+        # inputs, cuBLAS baseline) overlaps with the tuner's set-up and the first compilations.
+        self._spawn()
+
+    @property
+    def cublas_ms(self) -> float:
+        self._ready()
+        return self._cublas_ms
+
+    def _spawn(self) -> None:
+        parent, child = self._ctx.Pipe()
+        self._process = self._ctx.Process(target=_measuring_process, name="autogemm-measure",
+                                          args=(child, self.problem.key, self.device.ordinal, self._seed), daemon=True)
+        self._process.start()
+        child.close()
+        self._conn = parent
+        self._starting = True
+
+    def _ready(self) -> None:
+        """Waits until the measuring process has started and measured cuBLAS."""
+        if not self._starting:
+            return
+        self._starting = False
+        if not self._conn.poll(STARTUP_TIMEOUT_S):
+            self._kill()
+            raise FatalEvaluationError(f"the measuring process did not start within {STARTUP_TIMEOUT_S:g} s")
+        try:
+            kind, value = self._conn.recv()
+        except EOFError:
+            raise FatalEvaluationError(f"the measuring process died while starting (exit code {self._process.exitcode})") from None
+        if kind != "ready":
+            raise FatalEvaluationError(f"the measuring process could not start: {value}")
+        if self._cublas_ms is None:  # the first start's baseline stands for the whole tune
+            self._cublas_ms = value
+
+    def _kill(self) -> None:
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+        if self._process is not None:
+            self._process.join(30)
+        if self._conn is not None:
+            self._conn.close()
+        self._process = self._conn = None
+
+    def _restart(self) -> None:
+        started = time.perf_counter()
+        self._kill()
+        self._spawn()
+        self._ready()
+        self.restarts += 1
+        self.restart_s += time.perf_counter() - started
+
+    def _request(self, message, timeout: float):
+        """Sends a request; returns ('ok', value) or a failure Measurement after restarting."""
+        self._ready()
+        try:
+            self._conn.send(message)
+            if not self._conn.poll(timeout):
+                self._restart()
+                return Measurement.failure("timeout", f"no answer within {timeout:.1f} s (hung kernel?); "
+                                                      "the measuring process was killed and restarted")
+            kind, value = self._conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
+            code = self._process.exitcode if self._process is not None else None
+            if self._process is not None:
+                self._process.join(5)
+                code = self._process.exitcode
+            self._restart()
+            how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+            return Measurement.failure("crash", f"the measuring process died ({how}); restarted")
+        if self._process is not None and not self._process.is_alive() or (
+                isinstance(value, dict) and value.get("kind") == "crash"):
+            self._restart()  # it faulted the context and exited after answering
+        return kind, value
+
+    def _remeasure(self, config, best_ms, repeats: int, final: bool) -> Measurement:
+        answer = self._request(("measure", config.to_dict(), best_ms, repeats, final), self.timeout)
+        if isinstance(answer, Measurement):
+            return answer
+        return Measurement(**answer[1])
+
+    def _cublas(self, repeats: int) -> float:
+        answer = self._request(("cublas", repeats), self.timeout)
+        if isinstance(answer, Measurement):
+            raise FatalEvaluationError(f"cuBLAS timing failed: {answer.message}")
+        return answer[1]
+
+    def close(self) -> None:
+        super().close()
+        if self._conn is not None:
+            try:
+                self._conn.send(("stop",))
+            except (BrokenPipeError, OSError):
+                pass
+        if self._process is not None:
+            self._process.join(10)
+        self._kill()
+

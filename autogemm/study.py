@@ -1,0 +1,139 @@
+"""The Optuna side of a tune: where studies are stored and what they are called, the samplers, one
+tuner per study at a time on a machine, and the background writer that copies finished trials
+into the persistent study (so that the storage's latency never holds up the search)."""
+
+from __future__ import annotations
+
+import hashlib
+import queue
+import sys
+import threading
+import warnings
+
+import optuna
+
+from .evaluate import Measurement
+from .paths import user_cache_dir
+from .problem import Device, Problem
+from .render import template_hash
+from .space import SearchSpace
+
+SAMPLERS = ("tpe", "random", "grid")
+
+
+class StudyLocked(RuntimeError):
+    """Another tuner is running the same study on this machine."""
+
+
+def default_storage() -> str:
+    path = user_cache_dir() / "studies.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def study_name_for(problem: Problem, device: Device, space: SearchSpace) -> str:
+    # The template hash is part of the name: timings of other template versions do not carry over.
+    return f"{device.slug}:{problem.key}:{space.name}:{template_hash()}"
+
+
+def make_sampler(kind: str, seed: int | None, space: SearchSpace) -> optuna.samplers.BaseSampler:
+    if kind == "tpe":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            # multivariate: tile knobs interact; constant_liar: candidates compiling ahead of
+            # their results are not proposed again
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=12, multivariate=True, constant_liar=True)
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "grid":
+        return GridSampler({k: list(v) for k, v in space.knobs.items()}, seed=seed)
+    raise ValueError(f"unknown sampler {kind!r}; choose from {', '.join(SAMPLERS)}")
+
+
+class GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler stops its study once the grid is exhausted, which only works inside
+    study.optimize(); this loop uses ask and tell and ends on its own when proposals repeat."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        pass
+
+
+def ask_params(trial: optuna.Trial, space: SearchSpace) -> dict:
+    """Draws every knob of the space through Optuna's trial."""
+    return {knob: trial.suggest_categorical(knob, list(choices)) for knob, choices in space.knobs.items()}
+
+
+def best_configs(study: optuna.Study, space: SearchSpace, limit: int) -> list:
+    """The best distinct configurations measured in the study (earlier runs included)."""
+    seen: dict[str, float] = {}
+    for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+        name = t.user_attrs.get("config")
+        if name and t.value is not None and t.value > seen.get(name, 0.0):
+            seen[name] = t.value
+    best = sorted(seen, key=seen.get, reverse=True)[:limit]
+    return [space.config_class.from_name(name) for name in best]
+
+
+def lock_study(name: str):
+    """One tuner per study at a time on this machine: a second one is refused, with the reason."""
+    from filelock import FileLock, Timeout
+
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    path = user_cache_dir() / "locks" / f"tune-{digest}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise StudyLocked(f"another autogemm tune is already running study {name} on this machine "
+                        f"(lock {path}); wait for it to finish, or give a different --study-name") from None
+    return lock
+
+
+def tell_trials(study: optuna.Study, writer: StudyWriter, asked: list, measurement: Measurement) -> None:
+    for index, trial in enumerate(asked):
+        if index:
+            trial.set_user_attr("duplicate", True)
+        if measurement.ok:
+            trial.set_user_attr("time_ms", measurement.time_ms)
+            if measurement.rel_error is not None:
+                trial.set_user_attr("rel_error", measurement.rel_error)
+            writer.put(study.tell(trial, measurement.tflops))
+        else:
+            trial.set_user_attr("failure", measurement.kind)
+            trial.set_user_attr("message", measurement.message[:1000])
+            writer.put(study.tell(trial, state=optuna.trial.TrialState.FAIL))
+
+
+class StudyWriter:
+    """Copies finished trials into the persistent study from a background thread, so that the
+    storage's latency (milliseconds per write for SQLite) never holds up the search."""
+
+    def __init__(self, persistent: optuna.Study | None):
+        self.persistent = persistent
+        self.queue: queue.Queue = queue.Queue()
+        self.error: Exception | None = None
+        self.thread = None
+        if persistent is not None:
+            self.thread = threading.Thread(target=self._run, name="autogemm-study-writer", daemon=True)
+            self.thread.start()
+
+    def put(self, trial: optuna.trial.FrozenTrial) -> None:
+        if self.thread is not None:
+            self.queue.put(trial)
+
+    def _run(self) -> None:
+        while (trial := self.queue.get()) is not None:
+            if self.error is None:
+                try:
+                    self.persistent.add_trial(trial)
+                except Exception as exc:  # a storage failure must not end the tune: report it
+                    self.error = exc
+                    print(f"autogemm: could not write to the study storage ({exc}); "
+                          "the search goes on, this run's trials will not be resumable", file=sys.stderr)
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self.queue.put(None)
+            self.thread.join()
+            self.thread = None

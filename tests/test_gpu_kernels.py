@@ -1,0 +1,96 @@
+"""The quick GPU tier of the kernels: a hand-picked config for every family and instruction path
+and every pipeline kind (single buffer, register double buffer, cp.async rings, split-K, stream-K,
+register staging, an explicit register cap), each on every edge shape (1x1x1, primes, K = 1,
+tails, batches with alpha/beta, misaligned views, two whole tiles) in layouts taken in turn,
+against float64 with outputs poisoned with NaN. Every kernel is compiled ahead, in parallel.
+The exhaustive samples are in test_gpu_samples.py (pytest --exhaustive)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autogemm.families import config_from_name
+from gpu_cases import EDGE_CASES, execute, precompile, runs_for
+
+pytestmark = pytest.mark.gpu
+
+QUICK = (
+    # (dtype, compute, config)
+    ("float32", "fp32", "128x128x8_w32x64_t8x8_v44_s1_pad_g8_k1_o1_sk"),  # single buffer, stream-K
+    ("float32", "fp32", "128x256x8_w64x64_t8x16_v44_s2_swizzle_g8_k1_o1"),  # register double buffer, swizzle
+    ("float32", "fp32", "128x128x16_w32x64_t8x8_v44_s3_pad_g8_k1_o1_r_sk"),  # ring, A staged in registers, stream-K
+    ("float32", "fp32", "64x64x16_w32x32_t4x8_v44_s4_swizzle_g4_k4_o2"),  # 4-stage ring, split-K, 2 blocks per SM
+    ("float32", "fp32", "16x32x8_w16x16_t2x4_v12_s2_plain_g1_k1_o4"),  # tiny tiles, scalar loads
+    ("float32", "fp32", "64x128x16_w32x64_t8x8_v44_s3_pad_g8_k2_o1_r_reg160"),  # explicit register cap, split-K
+    ("float16", "fp32", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1"),
+    ("float16", "fp32", "wmma_64x64x32_w32x32_v8_s2_pad_g8_k4_o1_mma"),
+    ("float16", "fp32", "wmma_128x128x64_w128x64_v8_s4_pad_g8_k1_o1_wgmma"),
+    ("bfloat16", "fp32", "wmma_32x64x32_w16x32_v8_s1_plain_g1_k1_o1"),
+    ("bfloat16", "fp32", "wmma_64x64x32_w32x32_v8_s5_pad_g8_k1_o1_mma"),
+    ("bfloat16", "fp32", "wmma_128x128x64_w128x64_v8_s3_pad_g8_k1_o1_wgmma"),
+    ("float32", "tf32", "wmma_64x64x16_w32x32_v4_s3_pad_g8_k1_o1"),
+    ("float32", "tf32", "wmma_64x64x16_w32x32_v4_s3_pad32_g8_k1_o1_mma"),
+    ("float32", "tf32", "wmma_64x128x32_w64x128_v4_s5_pad_g8_k1_o1_wgmma"),
+    ("float64", "fp64", "wmma_32x32x4_w16x16_v1_s3_pad_g8_k2_o1"),
+    ("float64", "fp64", "wmma_32x32x8_w16x16_v2_s4_pad64_g8_k1_o1_mma"),
+)
+
+
+def _device():
+    from autogemm.launch import current_device
+
+    return current_device()
+
+
+def _runs(index: int, device):
+    dtype, compute, name = QUICK[index]
+    return runs_for(config_from_name(name), dtype, compute, device, offset=index)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled_ahead():
+    device = _device()
+    return precompile([run for index in range(len(QUICK)) for run in _runs(index, device)], device)
+
+
+def test_the_tier_covers_every_path_layout_and_edge_shape():
+    device = _device()
+    ran: dict = {}
+    for index in range(len(QUICK)):
+        for run in _runs(index, device):
+            path = (run.config.family, getattr(run.config, "instruction", "simt"), run.dtype, run.compute)
+            ran.setdefault(path, set()).add((run.case.name, run.layout))
+    assert len(ran) == 12  # SIMT; WMMA, mma.sync and wgmma per 16-bit type and TF32; WMMA and mma.sync for FP64
+    for path, done in ran.items():
+        assert {case.name for case in EDGE_CASES} <= {name for name, _ in done}, path
+        layouts = {layout for _, layout in done}
+        assert layouts == ({"nn", "nt", "tt"} if path[1] == "wgmma" else {"nn", "nt", "tn", "tt"}), path
+
+
+@pytest.mark.parametrize("index", range(len(QUICK)), ids=[f"{d}-{c}-{n}" for d, c, n in QUICK])
+def test_config_matches_float64_on_every_edge_shape(index):
+    device = _device()
+    runs = _runs(index, device)
+    assert len(runs) == len(EDGE_CASES) + 1, f"{QUICK[index][2]} can run only {[str(r) for r in runs]}"
+    for seed, run in enumerate(runs):
+        execute(run, device, seed=100 * seed + index)
+
+
+def test_stream_k_counters_are_reset_for_the_next_launch():
+    """Stream-K blocks sharing a tile count themselves in per-tile counters that the finisher
+    zeroes; launch after launch the result must stay right (primes: shares straddle tiles)."""
+    import cupy
+
+    from autogemm.bench import random_uniform, reference_gemm, relative_error
+    from autogemm.launch import bind
+
+    config = config_from_name(QUICK[2][2])
+    a, b = random_uniform((331, 2039), seed=11), random_uniform((509, 2039), seed=12)
+    c0 = random_uniform((331, 509), seed=13)
+    expected = reference_gemm(a, b, c0, trans_b=True, alpha=1.0, beta=0.5)
+    for launch in range(3):
+        c = c0.copy()
+        run, _ = bind(config, a, b, c, trans_b=True, beta=0.5)
+        run()
+        cupy.cuda.Device().synchronize()
+        assert relative_error(c, expected) <= 1e-5, f"launch {launch}"

@@ -1,0 +1,87 @@
+"""Knob tables: a config class's fields, names, name parsing, dict form and single-knob checks all
+come from its table."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autogemm.families.knobs import Config, Knob
+
+
+class Sample(Config):
+    family = "sample"
+    label = "sample"
+    name_prefix = "s_"
+    knobs = (
+        Knob("bm", int, 64, join="", power_of_two=True),
+        Knob("bn", int, 32, join="x", power_of_two=True),
+        Knob("vec", int, 4, code="v", choices=(1, 2, 4)),
+        Knob("width", int, 2, join="", choices=(1, 2, 4)),
+        Knob("mode", str, "fast", choices=("fast", "safe")),
+        Knob("depth", int, 3, code="d", low=1, high=5),
+        Knob("flag", bool, False, omitted=False, words={True: "f"}),
+        Knob("cap", int, 0, code="cap", low=16, high=255, omitted=0, why="none"),
+    )
+
+
+def test_fields_come_from_the_table_in_order():
+    assert [f.name for f in dataclasses.fields(Sample)] == [k.name for k in Sample.knobs]
+    assert Sample(128).bm == 128 and Sample().bn == 32  # positional and default values
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Sample().bm = 1
+    assert len({Sample(), Sample()}) == 1
+
+
+def test_names_are_written_and_parsed_from_the_table():
+    plain = Sample()
+    assert plain.name == "s_64x32_v42_fast_d3"
+    full = Sample(bm=128, vec=1, width=4, mode="safe", depth=5, flag=True, cap=200)
+    assert full.name == "s_128x32_v14_safe_d5_f_cap200"
+    for config in (plain, full):
+        assert Sample.from_name(config.name) == config
+
+
+@pytest.mark.parametrize("name", [
+    "s_64x32_v42_fast",  # a knob missing
+    "s_64x32_v42_fast_d3_x",  # something after the last knob
+    "s_64x32_v33_fast_d3",  # a concatenated knob outside its choices cannot be split
+    "s_64x32_v42_fast_d03",  # parses, but is not how depth 3 is written
+    "x_64x32_v42_fast_d3",  # another prefix
+])
+def test_names_that_are_not_canonical_are_refused(name):
+    with pytest.raises(ValueError, match="not a sample config name"):
+        Sample.from_name(name)
+
+
+def test_a_table_that_cannot_be_parsed_is_refused_when_the_class_is_made():
+    with pytest.raises(TypeError, match="b follows a with no separator"):
+        class Bad(Config):  # noqa: F841
+            family = "bad"
+            knobs = (Knob("a", int, 1), Knob("b", int, 1, join=""))
+
+
+def test_dict_form_round_trips_and_names_unknown_knobs():
+    config = Sample(flag=True, cap=32)
+    assert config.to_dict() == {"family": "sample", "bm": 64, "bn": 32, "vec": 4, "width": 2, "mode": "fast",
+                                "depth": 3, "flag": True, "cap": 32}
+    assert Sample.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match="unknown sample config knobs: colour"):
+        Sample.from_dict({"colour": 1})
+    with pytest.raises(ValueError, match="config family 'other' is not 'sample'"):
+        Sample.from_dict({"family": "other"})
+
+
+def test_single_knob_checks():
+    assert Sample().knob_reasons() == []
+    reasons = Sample(bm=96, vec=3, mode="slow", depth=9, flag=1, cap=8).knob_reasons()
+    assert reasons == [
+        "choice: bm=96 must be a power of two",
+        "choice: vec=3 must be one of 1, 2, 4",
+        "choice: mode='slow' must be one of fast, safe",
+        "choice: depth=9 must be 1 to 5",
+        "choice: flag=1 must be true or false",
+        "choice: cap=8 must be 0 (none) or 16 to 255",
+    ]
+    assert Sample(bm=True).knob_reasons() == ["choice: bm=True must be an int"]
