@@ -121,3 +121,28 @@ def test_sample_compiles_without_spills(arch):
     assert {c.stages for c, *_ in simt} == {1, 2, 3, 4}, "the SIMT sample lacks pipeline depths"
     paths = {c.instruction for c, *_ in tensor_core}
     assert paths == ({"wmma", "mma", "wgmma"} if arch == "sm_90" else {"wmma", "mma"}), paths
+
+
+# one of each shared-memory formula: SIMT (padded transposed A), WMMA with the epilogue's staging
+# larger than the pipeline, mma.sync, and wgmma (P's tile rounded up to the swizzle period)
+SMEM_CASES = [
+    ("64x128x16_w32x64_t8x8_v44_s3_pad_g8_k1_o1", Problem(256, 256, 256)),
+    ("wmma_128x64x32_w32x16_v4_s1_plain_g1_k4_o1", Problem(256, 256, 256, dtype="float16")),
+    ("wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1_mma", Problem.from_layout(256, 256, 256, "tn", dtype="float16")),
+    ("wmma_128x128x64_w128x64_v8_s4_pad_g8_k1_o1_wgmma", Problem(256, 256, 256, dtype="bfloat16")),
+]
+
+
+@pytest.mark.parametrize("name, problem", SMEM_CASES, ids=[n for n, _ in SMEM_CASES])
+def test_the_kernel_refuses_a_shared_memory_figure_other_than_its_own(name, problem, monkeypatch):
+    """The launch reserves `smem_bytes` (computed once, in Python); each skeleton asserts at compile
+    time that its layout fills exactly that. The compiled samples above agree; a figure off by 16
+    bytes does not compile."""
+    from autogemm.families import config_from_name
+
+    config = config_from_name(name)
+    right = config.smem_bytes(problem)
+    assert f"SMEM_BYTES = {right};" in render(config, problem).code
+    monkeypatch.setattr(type(config), "smem_bytes", lambda self, p: right + 16)
+    with pytest.raises(CompileError, match="fills exactly the shared memory the launch reserves"):
+        nvcc_resources(render(config, problem), "sm_90")

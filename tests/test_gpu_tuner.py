@@ -28,9 +28,9 @@ def test_tune_caches_a_verified_kernel_and_resumes():
     from autogemm.launch import current_device, gemm
     from autogemm.problem import Problem
 
-    first = _tune("--M", "1024", "--trials", "20", "--timeout", "300")
-    assert first["trials"]["valid"] == 20
-    assert first["trials"]["in_study"] == 20
+    first = _tune("--M", "1024", "--trials", "10", "--timeout", "300")
+    assert first["trials"]["valid"] == 10
+    assert first["trials"]["in_study"] == 10
     assert first["ratio"] > 0 and first["rel_error"] <= 1e-5
 
     problem = Problem(1024, 1024, 1024)
@@ -44,13 +44,13 @@ def test_tune_caches_a_verified_kernel_and_resumes():
     gemm(record.config_object, a, b, c)
     assert relative_error(c, reference_gemm(a, b)) <= 1e-5
 
-    second = _tune("--M", "1024", "--trials", "5", "--timeout", "300")
-    assert second["trials"]["valid"] == 5
-    assert second["trials"]["in_study"] == 25  # resumed: the first run's 20 are still there
+    second = _tune("--M", "1024", "--trials", "3", "--timeout", "300")
+    assert second["trials"]["valid"] == 3
+    assert second["trials"]["in_study"] == 13  # resumed: the first run's 10 are still there
     assert second["study"] == first["study"]
 
 
 def test_tune_odd_shape_and_layout():
-    out = _tune("--M", "127", "--N", "257", "--K", "65", "--layout", "tn", "--trials", "8", "--timeout", "300")
+    out = _tune("--M", "127", "--N", "257", "--K", "65", "--layout", "tn", "--trials", "5", "--timeout", "300")
     assert out["problem"] == "float32/fp32/tn/b1/127x257x65"
     assert out["rel_error"] <= 1e-5

@@ -7,6 +7,7 @@ fragment is one vector load). The knobs below say what each one does.
 
 from __future__ import annotations
 
+from .. import dtypes
 from ..problem import REGISTERS_PER_BLOCK, Device, Problem
 from .base import (MAX_REGISTERS_PER_THREAD, REGISTER_GRANULE, GemmConfig, VectorizedLoads, VectorWidths, grid_knobs,
                    tile_knobs)
@@ -232,7 +233,9 @@ class SimtConfig(VectorizedLoads, GemmConfig):
         staged_a, staged_b = self.registers_staged(problem)
         cxx = {True: "true", False: "false"}
         even_m, even_n, even_k = (flag == "1" for flag in self.even(problem))
+        row = dtypes.lookup(problem.dtype, problem.compute)
         return dict(
+            to_acc=row.to_acc, from_acc=row.from_acc, smem_bytes=self.smem_bytes(problem),
             layout=problem.layout.upper(), trans_a=problem.trans_a, trans_b=problem.trans_b,
             bm=self.bm, bn=self.bn, bk=self.bk, wm=self.wm, wn=self.wn, tm=self.tm, tn=self.tn,
             vec_frag=self.vec_frag, va=widths.a, vb=widths.b, vc=widths.c,
