@@ -1,16 +1,15 @@
 """The exhaustive GPU samples (run with `pytest -m gpu --exhaustive`): a diverse sample of 40+ SIMT
-configs and 20+ tensor-core configs per type (every stage count, padding and instruction path),
-the built-in defaults of every type on every edge shape in every layout, and stream-K launch after
-launch on shapes that make blocks share tiles, all against float64. Kernels compile ahead, in
-parallel, per module."""
+configs and 20+ tensor-core configs per type (every stage count, padding and instruction path) on
+every edge shape, and stream-K launch after launch on shapes that make blocks share tiles, all
+against float64. Kernels compile ahead, in parallel. The built-in defaults are in
+test_gpu_defaults.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from autogemm.families import SimtConfig, config_from_name, family_for
-from autogemm.problem import LAYOUTS, Problem
-from gpu_cases import EDGE_CASES, Case, Run, execute, precompile, runs_for
+from autogemm.families import SimtConfig, config_from_name
+from gpu_cases import Case, Run, execute, precompile, runs_for
 from samples import TENSOR_CORE_KINDS, diverse_sample, tensor_core_sample
 
 pytestmark = [pytest.mark.gpu, pytest.mark.exhaustive]
@@ -43,16 +42,6 @@ def _sampled():
     return out
 
 
-def _default_runs(device):
-    runs = []
-    for dtype, compute, _ in TENSOR_CORE_KINDS + (("float32", "fp32", "simt"),):
-        family = family_for(dtype, compute)
-        for _, name in family.defaults(Problem(1, 1, 1, dtype=dtype, compute=compute)):
-            for layout in LAYOUTS:
-                runs += [Run(config_from_name(name), case, layout, dtype, compute) for case in EDGE_CASES]
-    return [run for run in runs if run.runnable(device) is not None]
-
-
 def pytest_generate_tests(metafunc):
     if "sampled" in metafunc.fixturenames:
         exhaustive = metafunc.config.getoption("--exhaustive")
@@ -66,7 +55,6 @@ def compiled_ahead(request):
         return 0
     device = _device()
     runs = [run for i, (d, c, x) in enumerate(_sampled()) for run in runs_for(x, d, c, device, offset=i)]
-    runs += _default_runs(device)
     runs += [Run(config_from_name(n), case, layout) for n in STREAM_K_CONFIGS for case, layout in STREAM_K_CASES]
     return precompile(runs, device)
 
@@ -83,22 +71,6 @@ def test_sampled_config_matches_float64(sampled):
         except Exception as exc:  # ptxas spilled under an explicit register cap: refused, as intended
             if "under max_registers" not in str(exc):
                 raise
-
-
-@pytest.mark.parametrize("dtype, compute", [(d, c) for d, c, _ in TENSOR_CORE_KINDS] + [("float32", "fp32")])
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_defaults_run_every_edge_shape(dtype, compute, layout):
-    """The dispatcher's built-in defaults cover every edge shape in every layout: for each case,
-    at least one of the type's defaults runs it, and each that can is right."""
-    device = _device()
-    family = family_for(dtype, compute)
-    for case in EDGE_CASES:
-        runs = [Run(config_from_name(name), case, layout, dtype, compute)
-                for _, name in family.defaults(Problem(1, 1, 1, dtype=dtype, compute=compute))]
-        runnable = [run for run in runs if run.runnable(device) is not None]
-        assert runnable, f"no default runs {case.name} {layout}"
-        for seed, run in enumerate(runnable):
-            execute(run, device, seed=10 * seed)
 
 
 @pytest.mark.parametrize("name", STREAM_K_CONFIGS)
