@@ -2,8 +2,8 @@
 code before families became data): for a fixed sample of every shipped search space (knob draws,
 valid samples, seeds, defaults), config names round-trip to the same names, the dict forms of
 that time still load, and check() gives the same reasons, in the same order, on 11 problems and
-three architectures. Hand-made faulty configs give the same reason codes; the few messages worded
-anew are listed in REWORDED."""
+three architectures; each type's built-in defaults are the same. Hand-made faulty configs give the
+same reason codes; the few messages worded anew are listed in REWORDED."""
 
 from __future__ import annotations
 
@@ -80,6 +80,16 @@ def test_check_reasons_are_unchanged(space):
             assert config.check(_problem(key), _device(arch)) == expected, (entry["name"], where)
             compared += 1
     assert compared >= 120 * 33
+
+
+@pytest.mark.parametrize("kind", ["float32/fp32", "float32/tf32", "float16/fp32", "bfloat16/fp32", "float64/fp64"])
+def test_the_built_in_defaults_are_unchanged(kind):
+    """What `matmul` serves where nothing was tuned: each type's defaults, in order."""
+    from autogemm.families import family_for
+
+    dtype, compute = kind.split("/")
+    problem = Problem(1, 1, 1, dtype=dtype, compute=compute)
+    assert [list(d) for d in family_for(dtype, compute).defaults(problem)] == golden()["defaults"][kind]
 
 
 def test_hand_made_faults_give_the_same_reasons():
