@@ -4,7 +4,7 @@ of the revision before the change), and where the sources differ compiles both w
 compares their SASS (`cuobjdump -sass`). Needs nvcc, no GPU.
 
     git worktree add /tmp/before HEAD~1
-    python tests/compare_sass.py /tmp/before [--every 12] [--jobs 2]
+    python tests/compare_sass.py /tmp/before [--every 12] [--jobs 2] [--match wmma_64x64x16]
 
 Prints how many sources were identical, how many differed with identical SASS, and lists any whose
 SASS differs (exit status 1 then).
@@ -66,8 +66,12 @@ def main(argv=None) -> int:
     parser.add_argument("--every", type=int, default=12, help="compile every n-th kernel whose source differs")
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--match", action="append", default=[],
+                        help="only kernels whose key contains this text (repeatable)")
     args = parser.parse_args(argv)
     keys = sorted(json.loads((HERE / "data" / "render_snapshot.json").read_text()))
+    if args.match:
+        keys = [k for k in keys if any(text in k for text in args.match)]
     before, after = render_all(args.before, keys), render_all(ROOT, keys)
     same = [k for k in keys if before[k][2] == after[k][2]]
     differ = [k for k in keys if k not in same]
