@@ -51,12 +51,15 @@ def render_all(root: Path, keys: list[str]) -> dict:
     return json.loads(proc.stdout)
 
 
-def sass(code: str, kernel: str, arch: str, folder: Path) -> str:
+def sass(code: str, kernel: str, arch: str, folder: Path) -> str | None:
+    """The kernel's SASS, or None when it does not compile for `arch` (e.g. FP64 mma.sync on sm_80)."""
     source = folder / f"{kernel}.cu"
     cubin = source.with_suffix(".cubin")
     source.write_text(code)
-    subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-std=c++17", "-o", str(cubin), str(source)], check=True,
-                   capture_output=True, text=True)
+    built = subprocess.run(["nvcc", "-cubin", f"-arch={arch}", "-std=c++17", "-o", str(cubin), str(source)],
+                           capture_output=True, text=True)
+    if built.returncode:
+        return None
     return subprocess.run(["cuobjdump", "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
 
 
@@ -73,6 +76,8 @@ def main(argv=None) -> int:
     if args.match:
         keys = [k for k in keys if any(text in k for text in args.match)]
     before, after = render_all(args.before, keys), render_all(ROOT, keys)
+    if args.arch != "sm_90":  # architecture-specific kernels (wgmma: sm_90a) exist for sm_90 only
+        keys = [k for k in keys if not after[k][1]]
     same = [k for k in keys if before[k][2] == after[k][2]]
     differ = [k for k in keys if k not in same]
     # every n-th, and at least one of each (skeleton, dtype) whose sources differ
@@ -91,14 +96,17 @@ def main(argv=None) -> int:
             (new_dir := folder / "after" / str(abs(hash(key)))).mkdir(parents=True)
             kernel, suffix, _ = after[key]
             arch = args.arch + suffix
-            return key, sass(before[key][2], before[key][0], arch, old_dir) == sass(after[key][2], kernel, arch, new_dir)
+            old_sass, new_sass = sass(before[key][2], before[key][0], arch, old_dir), sass(after[key][2], kernel, arch, new_dir)
+            return key, ("skipped" if old_sass is None and new_sass is None else old_sass == new_sass)
 
         with ThreadPoolExecutor(args.jobs) as pool:
             results = dict(pool.map(compare, sorted(chosen)))
-    changed = [k for k, identical in results.items() if not identical]
-    print(f"{len(keys)} kernels: {len(same)} sources identical, {len(differ)} differ; "
-          f"{len(results)} of those compiled ({args.arch}): {len(results) - len(changed)} with identical SASS, "
-          f"{len(changed)} with different SASS")
+    skipped = [k for k, outcome in results.items() if outcome == "skipped"]
+    changed = [k for k, outcome in results.items() if outcome is False]
+    compiled = len(results) - len(skipped)
+    print(f"{len(keys)} kernels: {len(same)} sources identical, {len(differ)} differ; {compiled} of those compiled "
+          f"({args.arch}; {len(skipped)} exist for neither version there): {compiled - len(changed)} with identical "
+          f"SASS, {len(changed)} with different SASS")
     for key in changed:
         print("  SASS differs:", key)
     return 1 if changed else 0
