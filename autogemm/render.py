@@ -112,13 +112,17 @@ def kernel_template_hash(template: str) -> str:
     return _kernel_template_hash(template, *dirs, _stamp(*dirs))
 
 
-def render(config, problem: Problem, widths: VectorWidths | None = None) -> Source:
+def render(config, problem: Problem, widths: VectorWidths | None = None, *, force: bool = False) -> Source:
     """Renders the kernel of `config` for `problem`'s dtype, layout and shape class.
 
     The shape enters only through which of M, N, K are multiples of the block tile (tails need
     bounds checks, multiples do not); M, N, K themselves are kernel arguments. `widths` are the
-    operands' vector widths (default: those of densely packed operands).
+    operands' vector widths (default: those of densely packed operands). A knob of the wrong type,
+    or (unless `force`, for experiments) out of its range, never reaches the source: ValueError.
     """
+    reasons = config.knob_reasons(ranges=not force)
+    if reasons:
+        raise ValueError(f"config {config.name} is not rendered: " + "; ".join(r.removeprefix("choice: ") for r in reasons))
     if widths is None:
         widths = config.packed_widths(problem)
     config.check_widths(widths)

@@ -51,6 +51,10 @@ def test_render_accepts_a_config_name_and_layout(capsys):
         (["render", "--config", '{"family": "wmma", "colour": 1}'], "unknown WMMA config knobs: colour"),
         (["render", "--config", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1"], "dtype: the WMMA template computes"),
         (["tune", "--M", "64", "--dtype", "float16", "--space", "simt"], "a simt space cannot compute float16/fp32"),
+        (["render", "--config", '{"group_m": 4294967296}'], "group_m=4294967296 must be 1 to 1024"),
+        (["render", "--config", '{"bm": 1.5}'], "bm=1.5 must be an int"),
+        (["render", "--force", "--config", '{"stream_k": 1}'], "stream_k=1 must be true or false"),
+        (["render", "--config", "128x128x8_w32x64_t8x8_v44_s2_pad_g0_k1_o1"], "group_m=0 must be 1 to 1024"),
     ],
 )
 def test_render_errors_are_clear(capsys, argv, message):

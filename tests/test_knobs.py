@@ -4,6 +4,7 @@ come from its table."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
@@ -15,8 +16,8 @@ class Sample(Config):
     label = "sample"
     name_prefix = "s_"
     knobs = (
-        Knob("bm", int, 64, join="", power_of_two=True),
-        Knob("bn", int, 32, join="x", power_of_two=True),
+        Knob("bm", int, 64, join="", power_of_two=True, low=1, high=1024),
+        Knob("bn", int, 32, join="x", power_of_two=True, low=1, high=1024),
         Knob("vec", int, 4, code="v", choices=(1, 2, 4)),
         Knob("width", int, 2, join="", choices=(1, 2, 4)),
         Knob("mode", str, "fast", choices=("fast", "safe")),
@@ -59,7 +60,11 @@ def test_a_table_that_cannot_be_parsed_is_refused_when_the_class_is_made():
     with pytest.raises(TypeError, match="b follows a with no separator"):
         class Bad(Config):  # noqa: F841
             family = "bad"
-            knobs = (Knob("a", int, 1), Knob("b", int, 1, join=""))
+            knobs = (Knob("a", int, 1, low=0, high=9), Knob("b", int, 1, join="", low=0, high=9))
+    with pytest.raises(TypeError, match="int knob a needs choices or a range"):
+        class Unbounded(Config):  # noqa: F841
+            family = "unbounded"
+            knobs = (Knob("a", int, 1, low=0),)
 
 
 def test_dict_form_round_trips_and_names_unknown_knobs():
@@ -85,3 +90,31 @@ def test_single_knob_checks():
         "choice: cap=8 must be 0 (none) or 16 to 255",
     ]
     assert Sample(bm=True).knob_reasons() == ["choice: bm=True must be an int"]
+    assert Sample(bm=2048).knob_reasons() == ["choice: bm=2048 must be 1 to 1024"]
+
+
+@pytest.mark.parametrize("knobs, message", [
+    ({"bm": True}, "bm=True must be an int"),
+    ({"bm": 128.0}, "bm=128.0 must be an int"),
+    ({"bm": "128"}, "bm='128' must be an int"),
+    ({"flag": 1}, "flag=1 must be true or false"),
+    ({"mode": None}, "mode=None must be a string"),
+    ({"bm": 4294967296}, "bm=4294967296 must be 1 to 1024"),
+    ({"depth": 2**31}, "depth=2147483648 must be 1 to 5"),
+])
+def test_dicts_from_files_and_the_command_line_are_validated(knobs, message):
+    with pytest.raises(ValueError, match=re.escape(f"invalid sample config: {message}")):
+        Sample.from_dict(knobs)
+
+
+def test_experiments_may_skip_ranges_but_never_types():
+    assert Sample.from_dict({"bm": 96, "depth": 9}, ranges=False) == Sample(bm=96, depth=9)
+    with pytest.raises(ValueError, match="bm=1.5 must be an int"):
+        Sample.from_dict({"bm": 1.5}, ranges=False)
+    with pytest.raises(ValueError, match="must be an object of knobs, got list"):
+        Sample.from_dict([1, 2])
+
+
+def test_names_naming_values_out_of_range_are_refused():
+    with pytest.raises(ValueError, match="depth=9 must be 1 to 5"):
+        Sample.from_name("s_64x32_v42_fast_d9")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -131,3 +132,22 @@ def test_fault_injecting_test_template_still_finds_its_marker(monkeypatch, group
     monkeypatch.setenv("AUTOGEMM_TEMPLATE_DIR", str(HERE / "broken_templates"))
     config = SimtConfig(64, 64, 8, 32, 32, 4, 8, 4, 4, 2, "pad", group_m, 1)
     assert "// FAULT" in render(config, Problem(512, 512, 512)).code
+
+
+@pytest.mark.parametrize("knobs, message", [
+    ({"group_m": 2**32}, "group_m=4294967296 must be 1 to 1024"),  # nvcc: GROUP_M = 0, then a division by zero
+    ({"split_k": 2**31}, "split_k=2147483648 must be 1 to 65535"),  # INT_MIN in the kernel
+    ({"stream_k": 1}, "stream_k=1 must be true or false"),
+    ({"bk": 1.5}, "bk=1.5 must be an int"),
+])
+def test_knobs_of_the_wrong_type_or_range_never_reach_the_source(knobs, message):
+    config = SimtConfig().replace(**knobs)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        render(config, Problem(256, 256, 256))
+
+
+def test_experiments_may_render_out_of_range_knobs_but_not_wrong_types():
+    source = render(SimtConfig(group_m=3000), Problem(256, 256, 256), force=True)
+    assert "constexpr int GROUP_M = 3000;" in source.code
+    with pytest.raises(ValueError, match="group_m=True must be an int"):
+        render(SimtConfig(group_m=True), Problem(256, 256, 256), force=True)

@@ -29,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
     render_p.add_argument("--config", required=True,
                           help=f"JSON object of knobs (missing ones default), e.g. '{{\"bm\": 64}}', or a name like {SimtConfig().name}")
     render_p.add_argument("--arch", help="validate against this architecture's limits (default sm_90)")
-    render_p.add_argument("--force", action="store_true", help="render even if check() rejects the config")
+    render_p.add_argument("--force", action="store_true",
+                          help="render even if check() rejects the config or a knob is out of its range "
+                               "(for experiments; knobs of the wrong type are refused all the same)")
     add_problem_arguments(render_p, m_required=False, default_size=4096)
     render_p.set_defaults(handler=cmd_render)
 

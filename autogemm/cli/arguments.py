@@ -51,14 +51,15 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
         raise CliError(str(exc)) from None
 
 
-def parse_config(text: str, problem: Problem):
+def parse_config(text: str, problem: Problem, ranges: bool = True):
     """A config as a JSON object of knobs (missing knobs take their defaults; the family is the one
-    that computes the problem's dtype unless the object names one) or a config name."""
+    that computes the problem's dtype unless the object names one) or a config name. Every knob
+    must have its exact type and (unless `ranges` is false) a value of its range."""
     family = family_for(problem.dtype, problem.compute)
     text = text.strip()
     if not text.startswith("{"):
         try:
-            return config_from_name(text)
+            return config_from_name(text, ranges)
         except ValueError as exc:
             raise CliError(f"--config: {exc}; give a JSON object of knobs or a config name such as "
                            f"{family().name}") from None
@@ -69,7 +70,7 @@ def parse_config(text: str, problem: Problem):
     if not isinstance(data, dict):
         raise CliError("--config must be a JSON object of knobs")
     try:
-        return config_from_dict({"family": family.family, **data})
+        return config_from_dict({"family": family.family, **data}, ranges)
     except (TypeError, ValueError) as exc:
         raise CliError(f"--config: {exc}") from None
 

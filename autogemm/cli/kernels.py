@@ -14,12 +14,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     from ..render import render
 
     problem = problem_from_args(args)
-    config = parse_config(args.config, problem)
+    config = parse_config(args.config, problem, ranges=not args.force)
     reasons = config.check(problem, device_for(args.arch))
     if reasons and not args.force:
         raise CliError(f"config {config.name} cannot run {problem}:\n  " + "\n  ".join(reasons)
                        + "\n(--force renders it anyway)")
-    sys.stdout.write(render(config, problem).code)
+    sys.stdout.write(render(config, problem, force=args.force).code)
     return 0
 
 

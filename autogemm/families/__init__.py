@@ -68,19 +68,26 @@ def family_for(dtype: str, compute: str = "") -> type[GemmConfig]:
     return get(dtypes.lookup(dtype, compute).family)
 
 
-def config_from_dict(data: dict) -> GemmConfig:
-    """A configuration of any family from its dict form (`to_dict()`, or a record's)."""
-    return get(data.get("family", SimtConfig.family)).from_dict(data)
+def config_from_dict(data: dict, ranges: bool = True) -> GemmConfig:
+    """A configuration of any family from its dict form (`to_dict()`, or a record's), every knob of
+    its exact type and (unless `ranges` is false) in its range; ValueError otherwise."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a config must be an object of knobs, got {type(data).__name__}")
+    family = data.get("family", SimtConfig.family)
+    if not isinstance(family, str):
+        raise ValueError(f"config family must be a string, got {family!r}")
+    return get(family).from_dict(data, ranges)
 
 
-def config_from_name(name: str) -> GemmConfig:
-    """A configuration of any family from its name; families are told apart by their name prefix."""
+def config_from_name(name: str, ranges: bool = True) -> GemmConfig:
+    """A configuration of any family from its name; families are told apart by their name prefix.
+    ValueError if no family reads it, or (unless `ranges` is false) it names values out of range."""
     candidates = sorted((f for f in _FAMILIES.values() if name.startswith(f.name_prefix)),
                         key=lambda f: len(f.name_prefix), reverse=True)
     first_error = None
     for family in candidates:
         try:
-            return family.from_name(name)
+            return family.from_name(name, ranges)
         except ValueError as exc:
             first_error = first_error or exc
     raise first_error or ValueError(f"not a config name of any family: {name!r}")

@@ -23,25 +23,33 @@ MAX_REGISTERS_PER_THREAD = 255  # what ptxas can give one thread, on every archi
 REGISTER_GRANULE = 8  # registers are allocated per thread in multiples of 8
 # a block's shared memory is reserved with this much more for the driver (sm_80 and later)
 SMEM_RESERVED_PER_BLOCK = 1024
+# The ranges of the knobs every tiled family has: a tile side beyond the 1024 threads a block may
+# have, or a K slice beyond 256, fits no device's shared memory and registers; more resident blocks
+# per SM than 32 exist on no architecture; GROUP_M beyond 1024 tile rows groups nothing more.
+MAX_TILE = 1024
+MAX_BK = 256
+MAX_GROUP_M = 1024
+MAX_BLOCKS_PER_SM = 32
 
 
 def tile_knobs(bm: int, bn: int, bk: int, wm: int, wn: int, **bk_rules) -> tuple[Knob, ...]:
     """The block tile BM x BN x BK and the warp tile WM x WN every tiled family has (powers of two),
     with the family's defaults; a name starts "BMxBNxBK_wWMxWN"."""
-    return (Knob("bm", int, bm, join="", power_of_two=True),
-            Knob("bn", int, bn, join="x", power_of_two=True),
-            Knob("bk", int, bk, join="x", power_of_two=True, **bk_rules),
-            Knob("wm", int, wm, code="w", power_of_two=True),
-            Knob("wn", int, wn, join="x", power_of_two=True))
+    side = dict(power_of_two=True, low=1, high=MAX_TILE)
+    return (Knob("bm", int, bm, join="", **side),
+            Knob("bn", int, bn, join="x", **side),
+            Knob("bk", int, bk, join="x", power_of_two=True, **{"low": 1, "high": MAX_BK, **bk_rules}),
+            Knob("wm", int, wm, code="w", **side),
+            Knob("wn", int, wn, join="x", **side))
 
 
 def grid_knobs() -> tuple[Knob, ...]:
     """The grid knobs every tiled family has: the block-swizzle group height for L2 reuse (1: tiles
     in row-major order), K split over blocks and reduced in a second pass (1: off), and the blocks
     per SM the registers must leave room for (__launch_bounds__); written "_gG_kK_oO"."""
-    return (Knob("group_m", int, 8, code="g", low=1),
-            Knob("split_k", int, 1, code="k", low=1),
-            Knob("min_blocks", int, 1, code="o", low=1))
+    return (Knob("group_m", int, 8, code="g", low=1, high=MAX_GROUP_M),
+            Knob("split_k", int, 1, code="k", low=1, high=GRID_Y_MAX),
+            Knob("min_blocks", int, 1, code="o", low=1, high=MAX_BLOCKS_PER_SM))
 
 
 @dataclass(frozen=True)

@@ -61,14 +61,18 @@ class Knob:
             return next(value for value, word in self.words.items() if word == text)
         return int(text) if self.kind is int else text
 
-    def reasons(self, value) -> list[str]:
-        """Why `value` is not one this knob takes (empty when it is)."""
-        shown = repr(value) if self.kind is str else str(value)
-        if type(value) is not self.kind:
-            wanted = {bool: "true or false", int: "an int", str: "a string"}[self.kind]
-            return [f"{self.name}={value!r} must be {wanted}"]
+    def type_reason(self, value) -> str | None:
+        """Why `value` is not of this knob's exact type (bool is not int, int is not bool)."""
+        if type(value) is self.kind:
+            return None
+        wanted = {bool: "true or false", int: "an int", str: "a string"}[self.kind]
+        return f"{self.name}={value!r} must be {wanted}"
+
+    def range_reasons(self, value) -> list[str]:
+        """Why `value` (of the right type) is not one of this knob's values."""
         if self.is_omitted(value):
             return []
+        shown = repr(value) if self.kind is str else str(value)
         out = []
         if self.choices and value not in self.choices:
             out.append(f"{self.name}={shown} must be one of {', '.join(map(str, self.choices))}")
@@ -85,6 +89,13 @@ class Knob:
             out.append(f"{self.name}={value} must be {bound}")
         return out
 
+    def reasons(self, value, ranges: bool = True) -> list[str]:
+        """Why `value` is not one this knob takes (empty when it is); without `ranges`, its type only."""
+        reason = self.type_reason(value)
+        if reason:
+            return [reason]
+        return self.range_reasons(value) if ranges else []
+
 
 class Config:
     """Base of every family's config class. A subclass sets `family` (the key in records and
@@ -100,6 +111,9 @@ class Config:
         super().__init_subclass__(**kwargs)
         if "knobs" not in cls.__dict__:
             return
+        for knob in cls.knobs:
+            if knob.kind is int and not knob.choices and (knob.low is None or knob.high is None):
+                raise TypeError(f"{cls.__name__}: int knob {knob.name} needs choices or a range (low and high)")
         for before, knob in zip(cls.knobs, cls.knobs[1:]):
             if knob.join == "" and not (before.words or before.choices or before.kind is not int):
                 raise TypeError(f"{cls.__name__}: {knob.name} follows {before.name} with no separator, "
@@ -119,27 +133,33 @@ class Config:
         return self.name_prefix + "".join(k.write(getattr(self, k.name)) for k in self.knobs)
 
     @classmethod
-    def from_name(cls, name: str):
+    def from_name(cls, name: str, ranges: bool = True):
+        """The config a name stands for; ValueError if the name is not one, or (unless `ranges` is
+        false) names values the family does not take."""
         match = cls._name_pattern.fullmatch(name)
         config = cls(**{k.name: k.parse(match.group(k.name)) for k in cls.knobs}) if match else None
         if config is None or config.name != name:  # e.g. "_k01": parses, but is not how k1 is written
             raise ValueError(f"not a {cls.label} config name: {name!r}")
-        return config
+        return config.validated(ranges)
 
     # ---- dict form -------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         return {"family": self.family, **{k.name: getattr(self, k.name) for k in self.knobs}}
 
     @classmethod
-    def from_dict(cls, data: dict):
+    def from_dict(cls, data: dict, ranges: bool = True):
+        """A config from its dict form (JSON, a cache record, the command line): every knob of its
+        exact type and, unless `ranges` is false (experiments), within its range; ValueError otherwise."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a {cls.label} config must be an object of knobs, got {type(data).__name__}")
         data = cls.upgrade_dict(dict(data))
         family = data.pop("family", cls.family)
         if family != cls.family:
             raise ValueError(f"config family {family!r} is not {cls.family!r}")
         unknown = set(data) - {k.name for k in cls.knobs}
         if unknown:
-            raise ValueError(f"unknown {cls.label} config knobs: {', '.join(sorted(unknown))}")
-        return cls(**data)
+            raise ValueError(f"unknown {cls.label} config knobs: {', '.join(sorted(map(str, unknown)))}")
+        return cls(**data).validated(ranges)
 
     @classmethod
     def upgrade_dict(cls, data: dict) -> dict:
@@ -150,6 +170,15 @@ class Config:
         return dataclasses.replace(self, **changes)
 
     # ---- single knob values ----------------------------------------------------------------------
-    def knob_reasons(self) -> list[str]:
-        """'choice' reasons for every knob whose value is not one the table allows."""
-        return [f"choice: {reason}" for k in self.knobs for reason in k.reasons(getattr(self, k.name))]
+    def knob_reasons(self, ranges: bool = True) -> list[str]:
+        """'choice' reasons for every knob whose value is not one the table allows (without
+        `ranges`: only those of the wrong type)."""
+        return [f"choice: {reason}" for k in self.knobs for reason in k.reasons(getattr(self, k.name), ranges)]
+
+    def validated(self, ranges: bool = True):
+        """This config, if every knob has its exact type (and, with `ranges`, a value the table
+        allows); ValueError naming every knob that does not."""
+        reasons = [r.removeprefix("choice: ") for r in self.knob_reasons(ranges)]
+        if reasons:
+            raise ValueError(f"invalid {self.label} config: " + "; ".join(reasons))
+        return self

@@ -15,6 +15,8 @@ from .knobs import Knob
 
 VECTOR_WIDTHS = (1, 2, 4)  # floats per global or shared-memory access (4 = 16 bytes)
 FIRST_ASYNC_STAGE = 3  # stages 1-2 stage slices in registers; from 3 on they are a cp.async ring
+MAX_STAGES = 8  # a deeper ring of any useful tile does not fit a block's shared memory
+MAX_THREAD_TILE = 64  # outputs per lane along M or N: more accumulators than registers
 SMEM_PAD_FLOATS = 4  # one 16-byte vector: keeps LDS.128 aligned and shifts each row by 4 banks
 STREAM_K_STATIC_SMEM = 16  # the stream-K kernel's flag telling a block it finishes a shared tile
 WARP = 32
@@ -22,13 +24,13 @@ WARP = 32
 KNOBS = (
     *tile_knobs(128, 128, 8, 32, 64, low=2, why="fragments are double-buffered per k pair"),
     # thread tile: outputs per lane, in vec_frag-wide chunks spread across the warp tile
-    Knob("tm", int, 8, code="t", power_of_two=True),
-    Knob("tn", int, 8, join="x", power_of_two=True),
+    Knob("tm", int, 8, code="t", power_of_two=True, low=1, high=MAX_THREAD_TILE),
+    Knob("tn", int, 8, join="x", power_of_two=True, low=1, high=MAX_THREAD_TILE),
     # width of global loads, and of shared-memory fragment loads (4 = LDS.128)
     Knob("vec", int, 4, code="v", choices=VECTOR_WIDTHS),
     Knob("vec_frag", int, 4, join="", choices=VECTOR_WIDTHS),
     # 1 single buffer, 2 double buffer with register prefetch, >= 3 a cp.async ring
-    Knob("stages", int, 2, code="s", low=1),
+    Knob("stages", int, 2, code="s", low=1, high=MAX_STAGES),
     # layout of an operand whose shared-memory store is a transpose: padded rows or XOR swizzle
     Knob("smem", str, "pad", choices=("plain", "pad", "swizzle")),
     *grid_knobs(),

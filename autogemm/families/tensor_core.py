@@ -34,7 +34,7 @@ KNOBS = (
     # the warp tile is a grid of instruction blocks; with wgmma it is a warpgroup's tile
     *tile_knobs(128, 128, 32, 64, 64),
     # elements per global load (cp.async copies of 4, 8 or 16 bytes)
-    Knob("vec", int, 8, code="v", power_of_two=True),
+    Knob("vec", int, 8, code="v", power_of_two=True, low=1, high=MAX_LOAD_BYTES),
     # 1 single buffer, 2-5 a cp.async ring
     Knob("stages", int, 3, code="s", low=1, high=5),
     # padding of every shared-memory row (operands stay in their global orientation there)
