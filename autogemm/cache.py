@@ -2,21 +2,26 @@
 
 Documents live in ``<cache dir>/tuned/<device-slug>.json`` (the user's, written by tuning) and in
 the tuned results shipped with autogemm (read after the user's). Writes are atomic (temporary file
-+ rename) under a file lock, so concurrent tuners lose nothing. A corrupt document is reported,
-moved aside and rebuilt; a record whose template hash differs from the current templates is
-ignored by lookups and shown as stale by listings. The hash is that of the record's own kernel
-template and what it includes, so that editing one family's templates leaves the others' records
-current.
++ rename, fsynced, mode 0644 so that a team can share the directory) under a file lock, so
+concurrent tuners lose nothing; reads take no lock, so a read-only cache (a shared mount) serves
+read-only. Nothing read from a file is trusted: a document that is not one is moved aside (or
+ignored where it cannot be moved), and every record is validated (types, ranges, a config some
+family reads) before use; a bad one is skipped with a warning naming the file and the key. Device
+names become file names only in the form `Device.slug` gives them. A record whose template hash
+differs from its kernel template's today is ignored by lookups and shown as stale by listings.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
+import math
 import os
+import re
 import tempfile
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from filelock import FileLock
@@ -27,10 +32,26 @@ from .problem import Problem
 from .render import kernel_template_hash
 
 FORMAT = 1
+# the form Device.slug gives a device's name: lowercase letters and digits in hyphenated words
+DEVICE_SLUG = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+FILE_MODE = 0o644
 
 
 class CacheWarning(UserWarning):
     pass
+
+
+def check_slug(slug) -> str:
+    """`slug` if it is a device slug (so a file name inside the cache directory); ValueError otherwise."""
+    if not isinstance(slug, str) or not DEVICE_SLUG.fullmatch(slug):
+        raise ValueError(f"not a device name autogemm writes: {str(slug)[:80]!r} "
+                         "(expected lowercase words joined by hyphens, like nvidia-h100-80gb-hbm3-sm90)")
+    return slug
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass
@@ -60,13 +81,42 @@ class Record:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> Record:
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_json(cls, data) -> Record:
+        """A record read from a file, every field checked; ValueError naming the first fault."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a record must be an object, got {type(data).__name__}")
+        known = {f.name: f for f in fields(cls)}
+        missing = [name for name, f in known.items()
+                   if f.default is MISSING and f.default_factory is MISSING and name not in data]
+        if missing:
+            raise ValueError(f"missing {', '.join(missing)}")
+        values = {name: data[name] for name in known if name in data}
+        for name in ("problem", "family", "config_name", "template_hash", "device", "date", "study"):
+            if name in values and not isinstance(values[name], str):
+                raise ValueError(f"{name} must be a string, got {_shown(values[name])}")
+        for name in ("time_ms", "tflops", "cublas_ms", "cublas_tflops", "ratio"):
+            value = values[name]
+            if type(value) not in (int, float) or not math.isfinite(value) or value <= 0:
+                raise ValueError(f"{name} must be a positive number, got {_shown(value)}")
+        for name, allow_nan in (("rel_error", True), ("wall_s", False)):
+            value = values.get(name, 0.0)
+            if type(value) not in (int, float) or (math.isnan(value) and not allow_nan) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0, got {_shown(value)}")
+        for name in ("config", "versions", "trials"):
+            if name in values and not isinstance(values[name], dict):
+                raise ValueError(f"{name} must be an object, got {_shown(values[name])}")
+        if type(values.get("provisional", False)) is not bool:
+            raise ValueError(f"provisional must be true or false, got {_shown(values['provisional'])}")
+        Problem.from_key(values["problem"])
+        record = cls(**values)
+        config = config_from_dict({**record.config, "family": record.family})
+        if config.name != record.config_name:
+            raise ValueError(f"config_name {_shown(record.config_name)} is not its config's name {config.name!r}")
+        return record
 
-    @property
+    @functools.cached_property
     def config_object(self):
-        return config_from_dict({"family": self.family, **self.config})
+        return config_from_dict({**self.config, "family": self.family})
 
     @property
     def problem_object(self) -> Problem:
@@ -108,6 +158,41 @@ def _empty_document(device_slug: str) -> dict:
     return {"format": FORMAT, "device": device_slug, "entries": {}}
 
 
+def valid_records(document: dict, where) -> dict[str, Record]:
+    """The records of a document that pass validation, by key; one warning for the rest."""
+    good, bad = {}, []
+    for key, entry in document["entries"].items():
+        try:
+            record = Record.from_json(entry)
+            if record.problem != key:
+                raise ValueError(f"it is the record of {record.problem}")
+        except (TypeError, ValueError) as exc:
+            bad.append(f"{_shown(key)} ({exc})")
+            continue
+        good[key] = record
+    if bad:
+        warnings.warn(f"autogemm cache {where}: skipped {len(bad)} bad record(s): " + "; ".join(bad[:3])
+                      + ("; ..." if len(bad) > 3 else ""), CacheWarning, stacklevel=3)
+    return good
+
+
+def write_json(path: Path, document: dict) -> None:
+    """Writes atomically (temporary file in the same directory, fsync, rename), mode 0644; on any
+    failure (a full disk, say) the old file stays and no temporary file is left."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(document, out, indent=1, sort_keys=True)
+            out.flush()
+            os.fchmod(out.fileno(), FILE_MODE)
+            os.fsync(out.fileno())
+        os.replace(tmp, path)  # atomic: readers see the old or the new document, never half
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 class TuningCache:
     """Tuned results of the user (read-write) and of the shipped cache (read-only)."""
 
@@ -119,111 +204,103 @@ class TuningCache:
 
     # ---- files ---------------------------------------------------------------------------------
     def path(self, device_slug: str) -> Path:
-        return self.directory / f"{device_slug}.json"
+        return self.directory / f"{check_slug(device_slug)}.json"
 
     def _lock(self, device_slug: str) -> FileLock:
+        """The lock of a device's document (writers only); OSError where the cache is not writable."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.path(device_slug)) + ".lock", timeout=60)
+        return FileLock(str(self.path(device_slug)) + ".lock", timeout=60, mode=FILE_MODE)
 
-    def _read(self, path: Path, device_slug: str, repair: bool) -> dict:
-        """Reads a document; a corrupt one is reported and (with `repair`) moved aside."""
+    def _load(self, path: Path, device_slug: str, repair: bool) -> dict:
+        """A document as its file holds it (its records unchecked). One that is not a document is
+        reported and, with `repair` and where the directory can be written, moved aside."""
         try:
             text = path.read_text()
         except FileNotFoundError:
+            return _empty_document(device_slug)
+        except (OSError, UnicodeDecodeError) as exc:
+            warnings.warn(f"autogemm cache {path} cannot be read ({exc}); ignoring it", CacheWarning, stacklevel=3)
             return _empty_document(device_slug)
         try:
             document = json.loads(text)
             if not isinstance(document, dict) or not isinstance(document.get("entries"), dict):
                 raise ValueError("no 'entries' object")
-            if document.get("format") != FORMAT:
-                raise ValueError(f"unknown format {document.get('format')!r}")
-            for key, entry in document["entries"].items():
-                Record.from_json(entry)
-                Problem.from_key(key)
+            if type(document.get("format")) is not int or document["format"] != FORMAT:
+                raise ValueError(f"unknown format {_shown(document.get('format'))}")
             return document
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, RecursionError) as exc:
+            problem = f"autogemm cache {path} is corrupt ({str(exc)[:200]})"
             if repair:
                 stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
                 aside = path.with_name(f"{path.name}.corrupt-{stamp}")
-                os.replace(path, aside)
-                warnings.warn(f"autogemm cache {path} is corrupt ({exc}); moved it to {aside} and started afresh",
-                              CacheWarning, stacklevel=3)
+                try:
+                    with self._lock(device_slug):
+                        if path.read_text() == text:  # nobody rewrote it meanwhile
+                            os.replace(path, aside)
+                    warnings.warn(f"{problem}; moved it to {aside} and started afresh", CacheWarning, stacklevel=3)
+                except OSError as move_error:
+                    warnings.warn(f"{problem}; ignoring it (cannot move it aside: {move_error})", CacheWarning,
+                                  stacklevel=3)
             else:
-                warnings.warn(f"autogemm cache {path} is corrupt ({exc}); ignoring it", CacheWarning, stacklevel=3)
+                warnings.warn(f"{problem}; ignoring it", CacheWarning, stacklevel=3)
             return _empty_document(device_slug)
-
-    def _write(self, path: Path, document: dict) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as out:
-                json.dump(document, out, indent=1, sort_keys=True)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, path)  # atomic: readers see the old or the new document, never half
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
     def document(self, device_slug: str) -> dict:
-        """The user's document for a device (corruption repaired under the lock)."""
-        path = self.path(device_slug)
-        if not path.exists():
-            return _empty_document(device_slug)
-        with self._lock(device_slug):
-            return self._read(path, device_slug, repair=True)
+        """The user's document for a device, as its file holds it (a corrupt one set aside)."""
+        return self._load(self.path(device_slug), device_slug, repair=True)
 
     def shipped_document(self, device_slug: str) -> dict:
         if self.shipped is None:
             return _empty_document(device_slug)
-        return self._read(self.shipped / f"{device_slug}.json", device_slug, repair=False)
+        return self._load(self.shipped / f"{check_slug(device_slug)}.json", device_slug, repair=False)
 
     # ---- queries -------------------------------------------------------------------------------
+    def _sources(self, device_slug: str, include_shipped: bool = True):
+        yield "user", valid_records(self.document(device_slug), self.path(device_slug))
+        if include_shipped and self.shipped is not None:
+            yield "shipped", valid_records(self.shipped_document(device_slug), self.shipped / f"{device_slug}.json")
+
     def lookup(self, problem: Problem, device_slug: str) -> tuple[Record, str] | None:
         """The current (not stale) record for a problem: the user's first, then the shipped one."""
-        for source, document in (("user", self.document(device_slug)), ("shipped", self.shipped_document(device_slug))):
-            entry = document["entries"].get(problem.key)
-            if entry:
-                record = Record.from_json(entry)
-                if not record.stale:
-                    return record, source
+        for source, records in self._sources(device_slug):
+            record = records.get(problem.key)
+            if record is not None and not record.stale:
+                return record, source
         return None
 
     def records(self, device_slug: str, include_shipped: bool = True) -> list[tuple[str, Record]]:
-        """Every record of a device, current or stale, as (source, record)."""
-        out = [("user", Record.from_json(e)) for e in self.document(device_slug)["entries"].values()]
-        if include_shipped:
-            out += [("shipped", Record.from_json(e)) for e in self.shipped_document(device_slug)["entries"].values()]
-        return out
+        """Every valid record of a device, current or stale, as (source, record)."""
+        return [(source, r) for source, records in self._sources(device_slug, include_shipped) for r in records.values()]
 
     def devices(self, include_shipped: bool = True) -> list[str]:
         folders = [self.directory] + ([self.shipped] if include_shipped and self.shipped else [])
         slugs = {p.stem for folder in folders if folder.is_dir() for p in folder.glob("*.json")}
-        return sorted(slugs)
+        return sorted(s for s in slugs if DEVICE_SLUG.fullmatch(s))
 
-    # ---- updates -------------------------------------------------------------------------------
+    # ---- updates (OSError where the cache cannot be written) -----------------------------------
     def store(self, record: Record, device_slug: str, *, keep_better: bool = True) -> Path:
         """Adds a record. With `keep_better`, an existing current record with a better ratio to
-        cuBLAS (the figure that is comparable between runs) is kept instead."""
+        cuBLAS (the figure that is comparable between runs) is kept instead. Other entries of the
+        document, even ones this version cannot read, are kept as they are."""
         path = self.path(device_slug)
         with self._lock(device_slug):
-            document = self._read(path, device_slug, repair=True)
-            old = document["entries"].get(record.problem)
-            if keep_better and old:
-                previous = Record.from_json(old)
-                if not previous.stale and not previous.provisional and previous.ratio > record.ratio:
-                    return path
+            document = self._load(path, device_slug, repair=True)
+            previous = valid_records({"entries": {k: v for k, v in document["entries"].items() if k == record.problem}},
+                                     path).get(record.problem)
+            if keep_better and previous is not None and not previous.stale and not previous.provisional \
+                    and previous.ratio > record.ratio:
+                return path
             document["entries"][record.problem] = record.to_json()
-            self._write(path, document)
+            write_json(path, document)
         return path
 
     def remove(self, device_slug: str, problem_key: str) -> bool:
         path = self.path(device_slug)
         with self._lock(device_slug):
-            document = self._read(path, device_slug, repair=True)
+            document = self._load(path, device_slug, repair=True)
             if document["entries"].pop(problem_key, None) is None:
                 return False
-            self._write(path, document)
+            write_json(path, document)
         return True
 
     def clear(self) -> list[Path]:
@@ -236,33 +313,45 @@ class TuningCache:
         return removed
 
     def export(self, destination: Path | str) -> int:
-        """Writes every user document into one bundle; returns the number of records."""
-        bundle = {"format": FORMAT, "devices": {slug: self.document(slug) for slug in self.devices(include_shipped=False)}}
-        self._write(Path(destination), bundle)
-        return sum(len(d["entries"]) for d in bundle["devices"].values())
+        """Writes the valid records of every user document into one bundle; returns their number."""
+        devices = {slug: {"format": FORMAT, "device": slug,
+                          "entries": {k: r.to_json() for _, records in self._sources(slug, False) for k, r in records.items()}}
+                   for slug in self.devices(include_shipped=False)}
+        write_json(Path(destination), {"format": FORMAT, "devices": devices})
+        return sum(len(d["entries"]) for d in devices.values())
 
     def import_bundle(self, source: Path | str) -> int:
-        """Merges a bundle written by `export` (or one device document); returns records taken."""
+        """Merges a bundle written by `export` (or one device document); returns records taken.
+        The whole bundle is checked first, device names and every record: if anything is wrong,
+        ValueError names it and nothing is written."""
         try:
             data = json.loads(Path(source).read_text())
         except FileNotFoundError:
             raise ValueError(f"no such file: {source}") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{source} is not JSON: {exc}") from None
-        if isinstance(data, dict) and "devices" in data:
+        except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{source} is not JSON: {str(exc)[:200]}") from None
+        if isinstance(data, dict) and isinstance(data.get("devices"), dict):
             documents = data["devices"]
-        elif isinstance(data, dict) and "entries" in data and "device" in data:
+        elif isinstance(data, dict) and isinstance(data.get("entries"), dict) and "device" in data:
             documents = {data["device"]: data}
         else:
             raise ValueError(f"{source} is not an autogemm cache export")
-        taken = 0
+        staged = []
         for slug, document in documents.items():
-            for entry in document.get("entries", {}).values():
+            try:
+                check_slug(slug)
+            except ValueError as exc:
+                raise ValueError(f"{source}: {exc}; nothing imported") from None
+            if not isinstance(document, dict) or not isinstance(document.get("entries"), dict):
+                raise ValueError(f"{source}: the document of {slug} has no 'entries' object; nothing imported")
+            for key, entry in document["entries"].items():
                 try:
                     record = Record.from_json(entry)
-                    Problem.from_key(record.problem)
+                    if record.problem != key:
+                        raise ValueError(f"it is the record of {record.problem}")
                 except (TypeError, ValueError) as exc:
-                    raise ValueError(f"{source}: bad record for {slug}: {exc}") from None
-                self.store(record, slug)
-                taken += 1
-        return taken
+                    raise ValueError(f"{source}: bad record {_shown(key)} of {slug}: {exc}; nothing imported") from None
+                staged.append((record, slug))
+        for record, slug in staged:
+            self.store(record, slug)
+        return len(staged)

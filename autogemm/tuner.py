@@ -63,6 +63,7 @@ class TuneResult:
     stopped: str = ""  # why the search ended early (Ctrl-C, a lost GPU context), if it did
     restarts: int = 0  # measuring-process restarts after crashes and timeouts
     restart_s: float = 0.0
+    cache_error: str = ""  # why the result could not be cached (a read-only or full cache), if it could not
 
     @property
     def cublas_tflops(self) -> float:
@@ -95,6 +96,7 @@ class TuneResult:
             "stopped": self.stopped,
             "restarts": self.restarts,
             "restart_s": self.restart_s,
+            "cache_error": self.cache_error,
         }
 
 
@@ -188,6 +190,19 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
         else:
             evaluator = GpuEvaluator(problem, device, jobs or default_jobs(), seed=seed or 0)
     cache = cache if cache is not None else TuningCache()
+    cache_errors: list[str] = []
+
+    def keep(record: Record):
+        """Caches a record; where the cache cannot be written (read-only, full), says so once and
+        goes on: the tune's result is reported all the same."""
+        try:
+            return cache.store(record, device.slug)
+        except OSError as exc:
+            if not cache_errors:
+                print(f"autogemm: cannot write tuned results to {cache.directory} ({exc}); the tune goes on, "
+                      "its result will not be cached", file=sys.stderr)
+            cache_errors.append(f"{type(exc).__name__}: {exc}")
+            return None
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     # The sampler works on an in-memory study (fast asks and tells); every finished trial is also
     # written, from a background thread, to the persistent study, from which a rerun resumes.
@@ -290,7 +305,7 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
                 if best_ms is None or measurement.time_ms < best_ms:
                     best_ms = measurement.time_ms
                     # Kept as it is found: a killed tune still leaves its best verified kernel.
-                    cache.store(record_for(config, measurement, evaluator.cublas_ms, provisional=True), device.slug)
+                    keep(record_for(config, measurement, evaluator.cublas_ms, provisional=True))
             else:
                 failed += 1
                 consecutive_failures += 1
@@ -341,14 +356,14 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
     record = record_for(winner, chosen, cublas_ms, provisional=False)
     record.trials["in_study"] = study_trials
     record.wall_s = wall
-    cache_path = cache.store(record, device.slug)
+    cache_path = keep(record)
     return TuneResult(
         problem=problem, device=device, config=winner, time_ms=chosen.time_ms, tflops=chosen.tflops,
         rel_error=record.rel_error, cublas_ms=cublas_ms, valid=valid, rejected=rejected, failed=failed,
         duplicates=duplicates, study_trials=study_trials, wall_s=wall, study_name=name,
-        storage=storage, cache_path=str(cache_path), interrupted=interrupted,
+        storage=storage, cache_path=str(cache_path) if cache_path else None, interrupted=interrupted,
         history=history, failures=failures, stopped=stopped,
-        restarts=evaluator.restarts, restart_s=evaluator.restart_s,
+        restarts=evaluator.restarts, restart_s=evaluator.restart_s, cache_error=cache_errors[-1] if cache_errors else "",
     )
 
 

@@ -3,13 +3,15 @@ records are ignored, export and import round-trip."""
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing
+import os
 import warnings
 
 import pytest
 
-from autogemm.cache import CacheWarning, Record, TuningCache
+from autogemm.cache import CacheWarning, Record, TuningCache, check_slug
 from autogemm.families import SimtConfig
 from autogemm.problem import Problem
 from autogemm.render import kernel_template_hash
@@ -49,7 +51,7 @@ def test_four_processes_writing_fifty_entries_each_lose_nothing(tmp_path):
 
 
 @pytest.mark.parametrize("content", ['{"format": 1, "entries": {"float32/fp', "garbage \x00\x01", "[1, 2, 3]",
-                                     '{"format": 1, "device": "x", "entries": {"not a key": {}}}'])
+                                     '{"format": 1, "entries": []}', "[" * 100000 + "]" * 100000])
 def test_corrupt_file_is_moved_aside_with_a_warning(tmp_path, content):
     cache = TuningCache(tmp_path, shipped=False)
     path = cache.path(SLUG)
@@ -136,3 +138,117 @@ def test_records_of_earlier_versions_still_load(tmp_path):
     assert record.config_object.name == old["config_name"] and record.config_object.instruction == "wgmma"
     assert record.stale
     assert cache.lookup(Problem.from_key(old["problem"]), SLUG) is None
+
+
+def _bad_entries() -> dict:
+    good = make_record(96).to_json()
+    return {
+        "float32/fp32/nn/b1/1x64x64": [1, 2],  # not an object
+        "float32/fp32/nn/b1/2x64x64": {**make_record(2).to_json(), "config": {**good["config"], "bm": "128"}},
+        "float32/fp32/nn/b1/3x64x64": {**make_record(3).to_json(), "config": {**good["config"], "colour": 1}},
+        "float32/fp32/nn/b1/4x64x64": {**make_record(4).to_json(), "ratio": "fast"},
+        "float32/fp32/nn/b1/5x64x64": {**make_record(5).to_json(), "date": 20261123},
+        "float32/fp32/nn/b1/6x64x64": {**make_record(6).to_json(), "problem": "not a key"},
+        "float32/fp32/nn/b1/7x64x64": {**make_record(7).to_json(), "config": {**good["config"], "group_m": 2**32}},
+        "float32/fp32/nn/b1/8x64x64": {**make_record(8).to_json(), "config_name": "128x128x8_other"},
+    }
+
+
+def test_bad_records_are_skipped_with_one_warning_and_the_rest_served(tmp_path):
+    from autogemm.dispatch import Dispatcher
+    from autogemm.problem import Device
+
+    cache = TuningCache(tmp_path, shipped=False)
+    cache.store(make_record(96), SLUG)
+    document = json.loads(cache.path(SLUG).read_text())
+    document["entries"].update(_bad_entries())
+    cache.path(SLUG).write_text(json.dumps(document))
+    with pytest.warns(CacheWarning, match=r"skipped 8 bad record\(s\): '.*1x64x64' \(a record must be an object") as caught:
+        assert [r.problem for _, r in cache.records(SLUG)] == [Problem(96, 64, 64).key]
+    assert len(caught) == 1 and str(cache.path(SLUG)) in str(caught[0].message)
+    with pytest.warns(CacheWarning):
+        assert cache.lookup(Problem(96, 64, 64), SLUG) is not None
+    # the file is kept (nothing of it lost), and selection for any problem keeps working
+    assert len(json.loads(cache.path(SLUG).read_text())["entries"]) == 9
+    device = Device(name="Test GPU", compute_capability=(9, 0), sm_count=132, smem_per_block_optin=227 * 1024,
+                    smem_per_sm=228 * 1024)
+    assert device.slug == SLUG
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CacheWarning)
+        for m in range(1, 9):
+            choice = Dispatcher(cache).select(Problem(m, 64, 64), device, tune=False)
+            assert choice.source in ("nearest", "default")
+    cache.store(make_record(97), SLUG)  # a store keeps the entries it cannot read
+    assert len(json.loads(cache.path(SLUG).read_text())["entries"]) == 10
+
+
+@pytest.mark.parametrize("slug", ["../../x/y", "/tmp/abs", "a/b", "UPPER", "-lead", "", "x..y", 42])
+def test_device_names_are_file_names_only_in_slug_form(slug):
+    with pytest.raises(ValueError, match="not a device name autogemm writes"):
+        check_slug(slug)
+    with pytest.raises(ValueError, match="not a device name autogemm writes"):
+        TuningCache("/nonexistent").path(slug)
+
+
+def test_an_import_naming_a_path_is_refused_and_writes_nothing(tmp_path):
+    outside = tmp_path / "x"
+    outside.mkdir()
+    (outside / "y.json").write_text('{"precious": true}')
+    record = make_record(64).to_json()
+    for slug in ("../../x/y", str(outside / "z")):
+        bundle = tmp_path / "bundle.json"
+        bundle.write_text(json.dumps({"format": 1, "devices": {
+            SLUG: {"format": 1, "device": SLUG, "entries": {record["problem"]: record}},
+            slug: {"format": 1, "device": slug, "entries": {record["problem"]: record}}}}))
+        cache = TuningCache(tmp_path / "cache" / "tuned", shipped=False)
+        with pytest.raises(ValueError, match="not a device name autogemm writes.*nothing imported"):
+            cache.import_bundle(bundle)
+    assert sorted(p.name for p in outside.iterdir()) == ["y.json"]
+    assert (outside / "y.json").read_text() == '{"precious": true}'
+    assert not (tmp_path / "cache").exists()  # not even the good device's document
+
+
+def test_an_import_with_a_bad_record_writes_nothing(tmp_path):
+    good = make_record(64).to_json()
+    bundle = tmp_path / "bundle.json"
+    bundle.write_text(json.dumps({"format": 1, "devices": {SLUG: {"format": 1, "device": SLUG, "entries": {
+        good["problem"]: good, "float32/fp32/nn/b1/4x64x64": _bad_entries()["float32/fp32/nn/b1/4x64x64"]}}}}))
+    cache = TuningCache(tmp_path / "cache", shipped=False)
+    with pytest.raises(ValueError, match="bad record.*4x64x64.*ratio must be a positive number.*nothing imported"):
+        cache.import_bundle(bundle)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_a_read_only_cache_serves_read_only(tmp_path, monkeypatch):
+    cache = TuningCache(tmp_path, shipped=False)
+    cache.store(make_record(64), SLUG)
+
+    def read_only(self, device_slug):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(TuningCache, "_lock", read_only)
+    assert cache.lookup(Problem(64, 64, 64), SLUG) is not None  # reads take no lock
+    assert len(cache.records(SLUG)) == 1
+    with pytest.raises(OSError, match="Read-only file system"):
+        cache.store(make_record(65), SLUG)
+
+
+def test_files_are_shared_0644(tmp_path):
+    cache = TuningCache(tmp_path, shipped=False)
+    cache.store(make_record(64), SLUG)
+    assert cache.path(SLUG).stat().st_mode & 0o777 == 0o644
+
+
+def test_a_full_disk_leaves_the_document_and_no_temporary_file(tmp_path, monkeypatch):
+    cache = TuningCache(tmp_path, shipped=False)
+    cache.store(make_record(64), SLUG)
+    before = cache.path(SLUG).read_text()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        cache.store(make_record(65), SLUG)
+    assert cache.path(SLUG).read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{SLUG}.json", f"{SLUG}.json.lock"]

@@ -118,3 +118,17 @@ def test_nothing_measurable_is_a_clear_error(tmp_path):
     table = dataclasses.replace(TABLE, rows={n: Measurement.failure("compile", "boom") for n in TABLE.rows})
     with pytest.raises(TuneError, match="no configuration of simt_small.toml was measured"):
         run(tmp_path, 5, evaluator=RecordedEvaluator(table), seed=0)
+
+
+class _Unwritable(TuningCache):
+    def store(self, record, device_slug, **kwargs):
+        raise OSError(28, "No space left on device")
+
+
+def test_a_cache_that_cannot_be_written_does_not_end_the_tune(tmp_path, capsys):
+    result = run(tmp_path, 15, seed=1)
+    unwritable = tune(TABLE.problem, trials=15, timeout=None, evaluator=RecordedEvaluator(TABLE), seed=1,
+                      storage=":memory:", space=small_space(), cache=_Unwritable(tmp_path / "ro", shipped=False))
+    assert unwritable.valid == 15 and unwritable.config == result.config
+    assert unwritable.cache_path is None and "No space left on device" in unwritable.cache_error
+    assert capsys.readouterr().err.count("cannot write tuned results") == 1  # said once

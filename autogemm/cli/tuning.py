@@ -28,7 +28,7 @@ def _format_result(result) -> str:
         ("wall time", f"{result.wall_s:.1f} s" + (f"  ({result.restarts} measuring-process restarts, "
                                                   f"{result.restart_s:.1f} s)" if result.restarts else "")),
         *([("stopped", f"{result.stopped}: best verified result so far kept, not re-timed")] if result.stopped else []),
-        ("cached in", result.cache_path or "-"),
+        ("cached in", result.cache_path or (f"not cached: {result.cache_error}" if result.cache_error else "-")),
         ("study", f"{result.study_name} @ {result.storage or 'memory'}"),
     ]
     width = max(len(k) for k, _ in rows)
