@@ -21,6 +21,9 @@ from autogemm.families import SimtConfig, TensorCoreConfig
 from autogemm.problem import Device, Problem
 from autogemm.render import kernel_template_hash
 
+# the warnings this test expects it checks itself, where it reads; the rest (the commands') are noise here
+pytestmark = pytest.mark.filterwarnings("ignore::autogemm.cache.CacheWarning")
+
 DEVICE = Device(name="Fuzz GPU", compute_capability=(9, 0), sm_count=132, smem_per_block_optin=227 * 1024,
                 smem_per_sm=228 * 1024)
 SLUG = DEVICE.slug
