@@ -1,16 +1,27 @@
 """The Optuna side of a tune: where studies are stored and what they are called, the samplers, one
 tuner per study at a time on a machine, and the background writer that copies finished trials
-into the persistent study (so that the storage's latency never holds up the search)."""
+into the persistent study (so that the storage's latency never holds up the search).
+
+The default storage is one SQLite file in the cache directory. Optuna creates its tables on first
+use, which races between processes that start at once: the storage is opened under a file lock,
+and writers wait for each other (a busy timeout) instead of failing with "database is locked". A
+default file that is not a database is moved aside with a warning and started afresh.
+"""
 
 from __future__ import annotations
 
+import datetime
 import hashlib
+import os
 import queue
+import sqlite3
 import sys
 import threading
 import warnings
+from pathlib import Path
 
 import optuna
+from filelock import FileLock
 
 from .evaluate import Measurement
 from .paths import user_cache_dir
@@ -21,14 +32,59 @@ from .space import SearchSpace
 SAMPLERS = ("tpe", "random", "grid")
 
 
+SQLITE_BUSY_TIMEOUT_S = 120  # how long a write waits for another process's
+
+
 class StudyLocked(RuntimeError):
     """Another tuner is running the same study on this machine."""
+
+
+class StudyStorageError(RuntimeError):
+    """The study storage cannot be opened or used."""
 
 
 def default_storage() -> str:
     path = user_cache_dir() / "studies.db"
     path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path}"
+
+
+def _sqlite_path(url: str) -> Path | None:
+    return Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") and url != "sqlite:///:memory:" else None
+
+
+def _is_database(path: Path) -> bool:
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as connection:
+            return connection.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+    except sqlite3.DatabaseError:
+        return False
+
+
+def open_study(name: str, storage: str | None) -> optuna.Study:
+    """The persistent study `name` (created if new) in `storage`: any Optuna storage URL, None for
+    the default SQLite file. SQLite storages are opened under a file lock, with a busy timeout."""
+    url = storage or default_storage()
+    path = _sqlite_path(url)
+    for attempt in range(2):
+        try:
+            if path is None:
+                return optuna.create_study(study_name=name, storage=url, direction="maximize", load_if_exists=True)
+            with FileLock(f"{path}.lock", timeout=SQLITE_BUSY_TIMEOUT_S):
+                rdb = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}})
+                return optuna.create_study(study_name=name, storage=rdb, direction="maximize", load_if_exists=True)
+        except Exception as exc:  # SQLAlchemy's errors, whatever the database
+            if storage is None and attempt == 0 and path is not None and path.exists() and not _is_database(path):
+                aside = path.with_name(f"{path.name}.corrupt-{datetime.datetime.now():%Y%m%d-%H%M%S-%f}")
+                with FileLock(f"{path}.lock", timeout=SQLITE_BUSY_TIMEOUT_S):
+                    if path.exists() and not _is_database(path):
+                        os.replace(path, aside)
+                print(f"autogemm: the study storage {path} is not a database; moved it to {aside} and started afresh",
+                      file=sys.stderr)
+                continue
+            raise StudyStorageError(f"the study storage {url} cannot be used: {type(exc).__name__}: "
+                                    f"{str(exc).splitlines()[0][:300]}") from None
+    raise AssertionError("unreachable")
 
 
 def study_name_for(problem: Problem, device: Device, space: SearchSpace) -> str:

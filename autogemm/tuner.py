@@ -23,8 +23,8 @@ from .isolate import IsolatedEvaluator
 from .problem import Device, Problem
 from .render import kernel_template_hash
 from .space import SearchSpace, default_space_name
-from .study import (StudyLocked, StudyWriter, ask_params, best_configs, default_storage, lock_study, make_sampler,
-                    study_name_for, tell_trials)
+from .study import (StudyLocked, StudyStorageError, StudyWriter, ask_params, best_configs, default_storage,
+                    lock_study, make_sampler, open_study, study_name_for, tell_trials)
 
 DEFAULT_TRIALS = 400
 DEFAULT_TIMEOUT_S = 90.0
@@ -182,13 +182,16 @@ def tune(
 
 def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, storage, jobs, evaluator, cache,
           progress, seed_configs, isolate, candidate_timeout, started) -> TuneResult:
-    owns_evaluator = evaluator is None
-    if evaluator is None:
-        if isolate:
-            evaluator = IsolatedEvaluator(problem, device, jobs or default_jobs(), seed=seed or 0,
-                                          timeout=candidate_timeout)
-        else:
-            evaluator = GpuEvaluator(problem, device, jobs or default_jobs(), seed=seed or 0)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # The sampler works on an in-memory study (fast asks and tells); every finished trial is also
+    # written, from a background thread, to the persistent study, from which a rerun resumes.
+    persistent = None
+    if storage != ":memory:":
+        try:
+            persistent = open_study(name, storage)
+        except StudyStorageError as exc:
+            raise TuneError(str(exc)) from None
+        storage = storage or default_storage()
     cache = cache if cache is not None else TuningCache()
     cache_errors: list[str] = []
 
@@ -203,13 +206,14 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
                       "its result will not be cached", file=sys.stderr)
             cache_errors.append(f"{type(exc).__name__}: {exc}")
             return None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    # The sampler works on an in-memory study (fast asks and tells); every finished trial is also
-    # written, from a background thread, to the persistent study, from which a rerun resumes.
-    persistent = None
-    if storage != ":memory:":
-        storage = storage or default_storage()
-        persistent = optuna.create_study(study_name=name, storage=storage, direction="maximize", load_if_exists=True)
+    # the evaluator (a measuring process, compile workers) starts once the study storage is open
+    owns_evaluator = evaluator is None
+    if evaluator is None:
+        if isolate:
+            evaluator = IsolatedEvaluator(problem, device, jobs or default_jobs(), seed=seed or 0,
+                                          timeout=candidate_timeout)
+        else:
+            evaluator = GpuEvaluator(problem, device, jobs or default_jobs(), seed=seed or 0)
     study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, seed, space))
     if persistent is not None:
         finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
