@@ -14,8 +14,8 @@ import os
 import threading
 from dataclasses import dataclass
 
-from . import dtypes
-from .operands import ArrayInfo, KernelOperand, describe, validate
+from . import dtypes, runtime
+from .operands import ArrayInfo, KernelOperand, describe, real_scalar, validate
 from .problem import Problem
 from .select import Choice, choose
 
@@ -109,20 +109,20 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
     Nothing is tuned unless `tune=True` or AUTOGEMM_TUNE=1 (then a problem without a cached entry
     is tuned once, with a small budget, and cached). Returns a CuPy array (`out` when given).
     """
-    import cupy
+    cupy = runtime.cupy()
 
     # Fast path: a repeated call on CuPy arrays with a known plan skips validation (it passed for
     # exactly these shapes, strides, dtypes, devices and alignments).
     if out is None and beta == 0 and compute is None and tune is None and type(a) is cupy.ndarray \
-            and type(b) is cupy.ndarray:
+            and type(b) is cupy.ndarray and type(alpha) in (int, float):
         data_a, data_b = a.data, b.data
         plan = _DISPATCHER.fast.get(_fast_key(a, b, data_a, data_b))
         if plan is not None and math.isfinite(alpha):
             return plan.call_fast(a, b, data_a.ptr, data_b.ptr, alpha)
 
+    alpha, beta = real_scalar(alpha, "alpha"), real_scalar(beta, "beta")
     ia, ib = describe(a, "a"), describe(b, "b")
     io = describe(out, "out") if out is not None else None
-    alpha, beta = float(alpha), float(beta)
     shape, compute = validate(ia, ib, io, alpha, beta, compute)
     device_a = _device_of(ia)
     device_b = _device_of(ib)
@@ -268,6 +268,7 @@ def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune) -> _Plan:
 def explain(a, b, *, out=None, compute: str | None = None, tune: bool | None = None) -> dict:
     """Which kernel `matmul(a, b, ...)` would run, and why: the source of the choice, the config
     and the figures cached with it. Runs nothing (but may compile the chosen kernel)."""
+    runtime.cupy()
     ia, ib = describe(a, "a"), describe(b, "b")
     io = describe(out, "out") if out is not None else None
     shape, compute = validate(ia, ib, io, 1.0, 0.0, compute)

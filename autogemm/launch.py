@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, runtime
 from .compile import CompiledKernel, CompileError, compile_source
 from .families import GemmConfig, VectorWidths
-from .operands import KernelOperand, describe, validate
+from .operands import KernelOperand, describe, real_scalar, validate
 from .problem import Device, Problem
 from .render import render
 
@@ -137,8 +137,8 @@ def bind(config: GemmConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bo
          alpha: float = 1.0, beta: float = 0.0):
     """Validates the operands, compiles the kernel and returns (run, c): `run(stream=None)`
     launches it with every argument prepared, for repeated calls (timing, tuning)."""
-    import cupy
-
+    cupy = runtime.cupy()
+    alpha, beta = real_scalar(alpha, "alpha"), real_scalar(beta, "beta")
     if c is None:
         info_a, info_b = describe(a, "A", bfloat16_bits=True), describe(b, "B", bfloat16_bits=True)
         shape, _ = validate(info_a.transposed() if trans_a else info_a, info_b.transposed() if trans_b else info_b,

@@ -112,6 +112,19 @@ def _unsupported(name: str, shown: str, kind: str) -> TypeError:
     return TypeError(f"{name} has unsupported dtype {shown}{described}; supported: {', '.join(dtypes.DTYPES)}")
 
 
+def real_scalar(value, name: str) -> float:
+    """A scalar argument (alpha, beta) as a float: Python and NumPy ints and floats, and 0-d real
+    arrays (NumPy, CuPy); anything else (a string, a bool, a complex) is a TypeError."""
+    if isinstance(value, bool) or isinstance(value, np.bool_):
+        raise TypeError(f"{name} must be a real number, got a bool ({value!r})")
+    if isinstance(value, (int, float, np.integer, np.floating)):
+        return float(value)
+    dtype = getattr(value, "dtype", None)
+    if getattr(value, "ndim", None) == 0 and dtype is not None and np.dtype(dtype).kind in "iuf":
+        return float(value)
+    raise TypeError(f"{name} must be a real number, got {type(value).__name__} {str(value)[:40]!r}")
+
+
 def describe(x, name: str, *, bfloat16_bits: bool = False) -> ArrayInfo:
     """An operand from a CuPy array or any object with __cuda_array_interface__. With
     `bfloat16_bits`, uint16 arrays are read as bfloat16 bits (how autogemm's own buffers hold it)."""
@@ -124,6 +137,9 @@ def describe(x, name: str, *, bfloat16_bits: bool = False) -> ArrayInfo:
             raise _unsupported(name, np_dtype.name, np_dtype.kind)
         return ArrayInfo(name, tuple(x.shape), tuple(x.strides), dtype, x.data.ptr, x.device.id)
     interface = getattr(x, "__cuda_array_interface__", None)
+    if interface is None and type(x).__module__.split(".")[0] == "torch":
+        raise TypeError(f"{name} is a PyTorch tensor on the {getattr(x, 'device', 'CPU')}; move it to the GPU "
+                        f"first, e.g. {name}.cuda()")
     if interface is None:
         raise TypeError(f"{name} must be a CuPy array or support __cuda_array_interface__ "
                         f"(PyTorch CUDA tensors, Numba device arrays); got {type(x).__name__}")

@@ -159,7 +159,9 @@ def tune(
     space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
     if evaluator is None:
         from .launch import current_device
+        from .runtime import cupy
 
+        cupy()  # says which extra to install where CuPy is missing
         device = current_device()
     else:
         device = evaluator.device

@@ -85,3 +85,31 @@ def test_console_script_help():
     result = subprocess.run([sys.executable, "-m", "autogemm.cli", "--help"], capture_output=True, text=True)
     assert result.returncode == 0
     assert "render" in result.stdout and "check" in result.stdout
+
+
+def test_exit_codes_tell_usage_errors_from_commands_that_cannot_run(capsys):
+    assert run_cli(capsys, "render", "--config", '{"bm": 1.5}')[0] == 2  # a usage error
+    with pytest.raises(SystemExit) as info:
+        main(["tune"])  # argparse: --M missing
+    assert info.value.code == 2
+    capsys.readouterr()
+    # nothing cached on this machine (or no GPU): the command cannot run
+    code, _, err = run_cli(capsys, "cache", "show", "float32/fp32/nn/b1/7x7x7")
+    assert code == 3 and "no cached entry" in err
+
+
+def test_json_commands_report_errors_as_json(capsys):
+    code, out, _ = run_cli(capsys, "tune", "--M", "64", "--dtype", "float16", "--space", "simt", "--json")
+    assert code == 2
+    assert json.loads(out) == {"error": json.loads(out)["error"], "exit_code": 2}
+    assert "cannot compute float16/fp32" in json.loads(out)["error"]
+
+
+def test_matmul_refuses_scalars_that_are_not_real_numbers():
+    pytest.importorskip("cupy", reason="matmul needs CuPy (the cuda13 or cuda12 extra); no GPU needed here")
+    import autogemm
+
+    fake = type("Fake", (), {"__cuda_array_interface__": {"shape": (4, 4), "typestr": "<f4", "data": (1 << 32, False),
+                                                           "version": 3}})()
+    with pytest.raises(TypeError, match="alpha must be a real number, got str '2'"):
+        autogemm.matmul(fake, fake, alpha="2")

@@ -5,11 +5,12 @@ messages, and the layouts kernels read operands in."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
 
-from autogemm.operands import ArrayInfo, KernelOperand, describe, validate
+from autogemm.operands import ArrayInfo, KernelOperand, describe, real_scalar, validate
 
 
 class FakeDeviceArray:
@@ -131,3 +132,24 @@ def test_bfloat16_bits_are_read_as_bfloat16_only_where_asked():
     assert describe(bits, "a", bfloat16_bits=True).dtype == "bfloat16"
     with pytest.raises(TypeError, match="a has unsupported dtype uint16"):
         describe(bits, "a")
+
+
+@pytest.mark.parametrize("value", [2, 2.5, np.float32(0.5), np.int64(3), np.array(1.5)])
+def test_real_scalars_are_taken(value):
+    assert real_scalar(value, "alpha") == float(value)
+
+
+@pytest.mark.parametrize("value, message", [("2", "alpha must be a real number, got str '2'"),
+                                            (True, "alpha must be a real number, got a bool"),
+                                            (1 + 2j, "alpha must be a real number, got complex"),
+                                            (np.array([1.0]), "alpha must be a real number, got ndarray"),
+                                            (None, "alpha must be a real number, got NoneType")])
+def test_other_scalars_are_refused(value, message):
+    with pytest.raises(TypeError, match=re.escape(message)):
+        real_scalar(value, "alpha")
+
+
+def test_a_cpu_tensor_gets_a_hint_to_move_it_to_the_gpu():
+    tensor = type("Tensor", (), {"__module__": "torch", "device": "cpu"})()
+    with pytest.raises(TypeError, match=r"a is a PyTorch tensor on the cpu; move it to the GPU first, e\.g\. a\.cuda\(\)"):
+        describe(tensor, "a")

@@ -4,11 +4,12 @@ commands (`kernels`: render, check; `tuning`: tune, bench; `cache`); this one bu
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
 from ..families import SimtConfig
-from .arguments import CliError, add_problem_arguments, positive_int
+from .arguments import EXIT_CANNOT_RUN, EXIT_USAGE, CliError, CliFailure, add_problem_arguments, positive_int
 from .cache import cmd_cache
 from .kernels import cmd_check, cmd_render
 from .tuning import cmd_bench, cmd_tune
@@ -20,6 +21,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate, tune and serve CUDA GEMM kernels. Kernels are rendered from Jinja2 "
         "templates, compiled with NVRTC (or nvcc without a GPU), searched with Optuna per problem "
         "and device, verified against a float64 reference, and cached.",
+        epilog="Exit status: 0 done; 1 the command ran and found failures (variants that spill, cached "
+        "kernels that are wrong); 2 a usage error (arguments, a config, a file given); 3 the command could "
+        "not run (no GPU or CuPy, nothing cached, the tune failed). With --json, an error is also printed "
+        "as {\"error\": ..., \"exit_code\": ...}.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -113,9 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
-    except CliError as exc:
+    except (CliError, CliFailure) as exc:
+        code = EXIT_USAGE if isinstance(exc, CliError) else EXIT_CANNOT_RUN
         print(f"autogemm {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        if getattr(args, "json", False):  # what reads the JSON learns of the failure as JSON
+            print(json.dumps({"error": str(exc), "exit_code": code}))
+        return code
     except KeyboardInterrupt:
         print(f"autogemm {args.command}: interrupted", file=sys.stderr)
         return 130

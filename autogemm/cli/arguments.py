@@ -10,8 +10,17 @@ from ..families import config_from_dict, config_from_name, family_for
 from ..problem import LAYOUTS, Device, Problem
 
 
+EXIT_FAILURES = 1  # the command ran and found failures (kernels that spill, cached kernels that are wrong)
+EXIT_USAGE = 2  # the command line, or a file it names, is wrong
+EXIT_CANNOT_RUN = 3  # the command could not run: no GPU or CuPy, nothing cached, the tune failed
+
+
 class CliError(Exception):
-    """A user error: printed as one line, exit status 2."""
+    """A usage error (arguments, a config, a file given): printed as one line, exit status 2."""
+
+
+class CliFailure(Exception):
+    """The command could not do its work (no GPU, nothing cached, the tune failed): exit status 3."""
 
 
 def positive_int(text: str) -> int:

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .arguments import CliError
+from .arguments import EXIT_FAILURES, CliError, CliFailure
 from .tuning import require_gpu
 
 
@@ -35,7 +35,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         matches = [{"device": slug, "source": source, **record.to_json()}
                    for slug in cache.devices() for source, record in cache.records(slug) if record.problem == args.key]
         if not matches:
-            raise CliError(f"no cached entry for {args.key}")
+            raise CliFailure(f"no cached entry for {args.key}")
         print(json.dumps(matches, indent=2))
         return 0
     if args.action == "export":
@@ -87,7 +87,7 @@ def _cache_verify(cache, include_shipped: bool) -> int:
         try:
             evaluator = IsolatedEvaluator(problem, device, jobs=1)
         except FatalEvaluationError as exc:
-            raise CliError(str(exc)) from None
+            raise CliFailure(str(exc)) from None
         try:
             result = evaluator.verify(record.config_object)
         finally:
@@ -104,4 +104,4 @@ def _cache_verify(cache, include_shipped: bool) -> int:
             action = "shipped, kept"
         print(f"FAILED  {record.problem:<40} {record.config_name}  {result.kind}: {result.message[:120]} ({action})")
     print(f"{len(records) - bad}/{len(records)} cached kernels verified on {device.name}")
-    return 1 if bad else 0
+    return EXIT_FAILURES if bad else 0

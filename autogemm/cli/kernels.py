@@ -7,7 +7,7 @@ import argparse
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from .arguments import CliError, device_for, parse_config, problem_from_args
+from .arguments import EXIT_FAILURES, CliError, CliFailure, device_for, parse_config, problem_from_args
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -31,8 +31,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     problem = problem_from_args(args)
     try:
         find_nvcc()
+    except NvccNotFound as exc:
+        raise CliFailure(str(exc)) from None
+    try:
         space = SearchSpace.load(args.space or default_space_name(problem))
-    except (NvccNotFound, SpaceError) as exc:
+    except SpaceError as exc:
         raise CliError(str(exc)) from None
     device = device_for(args.arch)
     configs = space.sample(args.count, problem, device, seed=args.seed)
@@ -66,4 +69,4 @@ def cmd_check(args: argparse.Namespace) -> int:
             failures += spills and not capped
             print(f"{config.name:<48} {usage.registers:>5} {usage.spills:>8} {usage.stack_bytes:>8} {smem:>8}{flag}")
     print(f"\n{len(configs) - failures}/{len(configs)} variants compiled without spills", file=sys.stderr)
-    return 1 if failures else 0
+    return EXIT_FAILURES if failures else 0

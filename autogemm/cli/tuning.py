@@ -7,7 +7,7 @@ import argparse
 import json
 
 from ..problem import Problem
-from .arguments import CliError, problem_from_args
+from .arguments import CliError, CliFailure, problem_from_args
 
 
 def _format_result(result) -> str:
@@ -55,7 +55,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                       progress=not args.json, isolate=not args.no_isolation,
                       candidate_timeout=args.candidate_timeout)
     except (TuneError, FatalEvaluationError) as exc:
-        raise CliError(str(exc)) from None
+        raise CliFailure(str(exc)) from None
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
@@ -64,13 +64,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def require_gpu() -> None:
-    try:
-        import cupy
+    from ..runtime import GpuRuntimeMissing, cupy
 
-        if cupy.cuda.runtime.getDeviceCount() < 1:
+    try:
+        if cupy().cuda.runtime.getDeviceCount() < 1:
             raise RuntimeError("no device")
+    except GpuRuntimeMissing as exc:
+        raise CliFailure(str(exc)) from None
     except Exception as exc:
-        raise CliError(f"a CUDA GPU is needed for this command ({type(exc).__name__}: {exc})") from None
+        raise CliFailure(f"a CUDA GPU is needed for this command ({type(exc).__name__}: {exc})") from None
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -84,7 +86,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     device = current_device()
     found = TuningCache().lookup(problem, device.slug)
     if found is None:
-        raise CliError(f"no tuned kernel for {problem} on {device.name}; run: autogemm tune {_problem_flags(problem)}")
+        raise CliFailure(f"no tuned kernel for {problem} on {device.name}; run: autogemm tune {_problem_flags(problem)}")
     record, source = found
     evaluator = GpuEvaluator(problem, device, jobs=min(2, default_jobs()), seed=args.seed)
     try:
@@ -92,7 +94,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     finally:
         evaluator.close()
     if not measured.ok:
-        raise CliError(f"cached kernel {record.config_name} failed: {measured.kind}: {measured.message}")
+        raise CliFailure(f"cached kernel {record.config_name} failed: {measured.kind}: {measured.message}")
     ratio = cublas_ms / measured.time_ms
     out = {
         "problem": problem.key, "device": device.name, "config": record.config_name, "source": source,
