@@ -140,12 +140,12 @@ def test_crafted_documents_and_bundles(tmp_path, monkeypatch, capsys, seed):
         served += len(records)
         # the command line on the same files, and the document as a bundle under a crafted name
         assert main(["cache", "list"]) == 0
-        assert main(["cache", "show", "float32/fp32/nn/b1/64x64x64"]) in (0, 2)
+        assert main(["cache", "show", "float32/fp32/nn/b1/64x64x64"]) in (0, 3)  # 3: nothing cached for it
         name = rng.choice([SLUG, "../../escape", str(tmp_path / "abs"), "x/y", SLUG.upper()])
         bundle = bundles / f"{index}.json"
         bundle.write_text(json.dumps({"format": 1, "devices": {name: document}}))
         assert main(["cache", "import", str(bundle)]) in (0, 2)
-        assert main(["cache", "verify"]) in (0, 1, 2)  # without a GPU: says one is needed
+        assert main(["cache", "verify"]) in (0, 1, 3)  # without a GPU: says one is needed (3)
         cache.path(SLUG).unlink(missing_ok=True)
     capsys.readouterr()
     # nothing anywhere but in the cache directory and the bundles this test wrote
