@@ -174,12 +174,30 @@ def compile_to_cubin(source: Source, arch: str) -> Path:
             cubin, _ = program.compile(options + (f"-arch={target}", "--device-as-default-execution-space"))
     except compiler.CompileException as exc:
         raise CompileError(f"NVRTC failed for {source.kernel} ({target})", str(exc), save_failed_source(source)) from None
+    try:
+        store_cubin(path, cubin)
+    except OSError as exc:  # a full or read-only disk: this candidate fails with the reason
+        raise CompileError(f"{source.kernel}: the compiled kernel could not be stored in {path.parent}", str(exc),
+                           None) from None
+    return path
+
+
+def store_cubin(path: Path, data: bytes) -> None:
+    """Writes a cubin atomically (temporary file, fsync, rename), readable by all (0644), so that
+    concurrent compilers of the same kernel never see half a file; on a failure (a full disk) no
+    temporary file is left."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "wb") as out:
-        out.write(cubin)
-    os.replace(tmp, path)  # atomic: concurrent compilers of the same kernel never see half a file
-    return path
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fchmod(out.fileno(), 0o644)
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def compile_pool(jobs: int) -> ProcessPoolExecutor:

@@ -165,31 +165,44 @@ class CompileAheadEvaluator(Evaluator):
     """Compiles candidates in worker processes while earlier ones are measured; retimes finalists
     through `_remeasure` and `_cublas`, which subclasses route to where the GPU context lives."""
 
+    # what the workers run on a source (a function importable in a fresh process)
+    compile_function = staticmethod(compile_to_cubin)
+
     def _start_pool(self, jobs: int) -> None:
         self._jobs = jobs
         self._pool = compile_pool(jobs)
 
+    def _submit(self, source):
+        try:
+            return self._pool.submit(self.compile_function, source, self.device.arch)
+        except BrokenProcessPool:  # a worker died since the last submission: a fresh pool
+            self._pool = compile_pool(self._jobs)
+            return self._pool.submit(self.compile_function, source, self.device.arch)
+
     def start(self, config):
         source = render(config, self.problem)
-        try:
-            future = self._pool.submit(compile_to_cubin, source, self.device.arch)
-        except BrokenProcessPool:
-            self._pool = compile_pool(self._jobs)
-            future = self._pool.submit(compile_to_cubin, source, self.device.arch)
-        return config, future
+        return config, self._submit(source), source
 
     def cancel(self, handle) -> None:
         handle[1].cancel()
 
     def _compiled(self, handle) -> Measurement | None:
-        """None once the candidate's cubin is ready, else the compile failure."""
+        """None once the candidate's cubin is ready, else the compile failure. When a worker dies,
+        every candidate pending in its pool fails with BrokenProcessPool: each is compiled again
+        alone, in a pool of its own, so that only the one that kills that worker too is a crash."""
+        _, future, source = handle
         try:
-            handle[1].result()
+            future.result()
         except CompileError as exc:
             return Measurement.failure("compile", str(exc))
-        except BrokenProcessPool as exc:
-            self._pool = compile_pool(self._jobs)
-            return Measurement.failure("crash", f"compile worker died: {exc}")
+        except BrokenProcessPool:
+            with compile_pool(1) as alone:
+                try:
+                    alone.submit(self.compile_function, source, self.device.arch).result()
+                except CompileError as exc:
+                    return Measurement.failure("compile", str(exc))
+                except BrokenProcessPool as exc:
+                    return Measurement.failure("crash", f"the compile worker died on this candidate: {exc}")
         return None
 
     def finish(self, handle, best_ms: float | None) -> Measurement:

@@ -146,3 +146,21 @@ def test_the_kernel_refuses_a_shared_memory_figure_other_than_its_own(name, prob
     monkeypatch.setattr(type(config), "smem_bytes", lambda self, p: right + 16)
     with pytest.raises(CompileError, match="fills exactly the shared memory the launch reserves"):
         nvcc_resources(render(config, problem), "sm_90")
+
+
+def test_cubins_are_stored_whole_shared_and_leave_nothing_behind(tmp_path, monkeypatch):
+    import errno
+
+    from autogemm.compile import store_cubin
+
+    path = tmp_path / "kernel.cubin"
+    store_cubin(path, b"\x7fELF cubin")
+    assert path.read_bytes() == b"\x7fELF cubin" and path.stat().st_mode & 0o777 == 0o644
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        store_cubin(tmp_path / "other.cubin", b"\x7fELF other")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kernel.cubin"]  # no .tmp-* left

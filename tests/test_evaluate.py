@@ -47,3 +47,30 @@ def test_candidate_time_limit_grows_with_the_work():
     device = dataclasses.replace(Device.for_arch("sm_90"), sm_count=132, clock_khz=1_980_000)
     small, large = candidate_timeout(Problem(64, 64, 64), device), candidate_timeout(Problem(8192, 8192, 8192), device)
     assert 10.0 <= small < 11.0 < large
+
+
+def test_a_dying_compile_worker_fails_only_the_candidate_that_killed_it():
+    """When a compile worker dies, every candidate pending in its pool fails with BrokenProcessPool;
+    they are compiled again, each alone: only the one that kills its worker again is a crash."""
+    from compile_stubs import compile_or_die
+
+    from autogemm.evaluate import CompileAheadEvaluator
+
+    class Evaluator(CompileAheadEvaluator):
+        compile_function = staticmethod(compile_or_die)
+
+        def __init__(self):
+            self.problem, self.device = Problem(256, 256, 256), Device.for_arch("sm_90")
+            self._start_pool(2)
+
+        def _remeasure(self, config, best_ms, repeats, final):
+            return Measurement(ok=True, time_ms=1.0, tflops=1.0)
+
+    evaluator = Evaluator()
+    try:
+        handles = [evaluator.start(SimtConfig(group_m=g)) for g in (1, 2, 3, 4, 5, 6)]
+        results = {h[0].group_m: evaluator.finish(h, None) for h in handles}
+    finally:
+        evaluator.close()
+    assert all(m.ok for g, m in results.items() if g != 3), {g: m.kind for g, m in results.items()}
+    assert results[3].kind == "crash" and "died on this candidate" in results[3].message
