@@ -158,15 +158,24 @@ def _empty_document(device_slug: str) -> dict:
     return {"format": FORMAT, "device": device_slug, "entries": {}}
 
 
+def filed_record(key: str, entry) -> Record:
+    """The record filed under `key` in a document; ValueError if it is not a valid record of that key."""
+    try:
+        record = Record.from_json(entry)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
+    if record.problem != key:
+        raise ValueError(f"it is the record of {record.problem}")
+    return record
+
+
 def valid_records(document: dict, where) -> dict[str, Record]:
     """The records of a document that pass validation, by key; one warning for the rest."""
     good, bad = {}, []
     for key, entry in document["entries"].items():
         try:
-            record = Record.from_json(entry)
-            if record.problem != key:
-                raise ValueError(f"it is the record of {record.problem}")
-        except (TypeError, ValueError) as exc:
+            record = filed_record(key, entry)
+        except ValueError as exc:
             bad.append(f"{_shown(key)} ({exc})")
             continue
         good[key] = record
@@ -346,12 +355,9 @@ class TuningCache:
                 raise ValueError(f"{source}: the document of {slug} has no 'entries' object; nothing imported")
             for key, entry in document["entries"].items():
                 try:
-                    record = Record.from_json(entry)
-                    if record.problem != key:
-                        raise ValueError(f"it is the record of {record.problem}")
-                except (TypeError, ValueError) as exc:
+                    staged.append((filed_record(key, entry), slug))
+                except ValueError as exc:
                     raise ValueError(f"{source}: bad record {_shown(key)} of {slug}: {exc}; nothing imported") from None
-                staged.append((record, slug))
         for record, slug in staged:
             self.store(record, slug)
         return len(staged)
