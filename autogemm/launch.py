@@ -113,14 +113,18 @@ class Call:
     k: int
 
 
-def resolve(config: GemmConfig, a, b, c, *, trans_a: bool = False, trans_b: bool = False,
-            alpha: float = 1.0, beta: float = 0.0) -> Call:
-    """Validates the operands of `gemm` (C given) for `config`; raises TypeError/ValueError naming
-    the fault."""
+def _describe_ab(config: GemmConfig, a, b, trans_a: bool, trans_b: bool):
+    """A and B as stored, op(A) and op(B) as validation sees them, and the compute mode."""
     info_a, info_b = describe(a, "A", bfloat16_bits=True), describe(b, "B", bfloat16_bits=True)
     compute = compute_for(config, info_a.dtype)
-    op_a = info_a.transposed() if trans_a else info_a
-    op_b = info_b.transposed() if trans_b else info_b
+    return info_a, info_b, info_a.transposed() if trans_a else info_a, info_b.transposed() if trans_b else info_b, compute
+
+
+def resolve(config: GemmConfig, a, b, c, *, trans_a: bool = False, trans_b: bool = False,
+            alpha: float = 1.0, beta: float = 0.0, described=None) -> Call:
+    """Validates the operands of `gemm` (C given) for `config`; raises TypeError/ValueError naming
+    the fault. `described`: A and B as `_describe_ab` read them, where the caller has."""
+    info_a, info_b, op_a, op_b, compute = described or _describe_ab(config, a, b, trans_a, trans_b)
     info_c = describe(c, "C", bfloat16_bits=True)
     shape, _ = validate(op_a, op_b, info_c, alpha, beta, compute)
     m, n = shape[-2:]
@@ -139,13 +143,13 @@ def bind(config: GemmConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bo
     launches it with every argument prepared, for repeated calls (timing, tuning)."""
     cupy = runtime.cupy()
     alpha, beta = real_scalar(alpha, "alpha"), real_scalar(beta, "beta")
+    described = _describe_ab(config, a, b, trans_a, trans_b)
     if c is None:
-        info_a, info_b = describe(a, "A", bfloat16_bits=True), describe(b, "B", bfloat16_bits=True)
-        shape, _ = validate(info_a.transposed() if trans_a else info_a, info_b.transposed() if trans_b else info_b,
-                            None, alpha, 0.0, compute_for(config, info_a.dtype))
+        _, _, op_a, op_b, compute = described
+        shape, _ = validate(op_a, op_b, None, alpha, 0.0, compute)
         c = cupy.empty(shape, dtype=a.dtype)
         beta = 0.0
-    call = resolve(config, a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+    call = resolve(config, a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, described=described)
     if call.problem is None:
         if c.size == 0:
             return (lambda stream=None: None), c

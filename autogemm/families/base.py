@@ -17,6 +17,7 @@ from .. import dtypes
 from ..problem import Device, Problem
 from .knobs import Config, Knob
 
+WARP = 32  # threads of a warp
 INT32_MAX = 2**31 - 1  # the kernels index M, N, K and tile counts with 32-bit ints
 GRID_Y_MAX = 65535  # the grid's second axis (batch x split_k), a CUDA limit
 MAX_REGISTERS_PER_THREAD = 255  # what ptxas can give one thread, on every architecture since sm_30
@@ -72,6 +73,11 @@ def widest_vector(limit: int, *multiples_of: int) -> int:
         if width <= limit and all(x % width == 0 for x in multiples_of):
             return width
     return 1
+
+
+def cxx_bool(value: bool) -> str:
+    """A truth value as the kernels' C++ spells it."""
+    return "true" if value else "false"
 
 
 def packed_leading_dimensions(problem: Problem) -> tuple[int, int]:
@@ -145,6 +151,10 @@ class GemmConfig(Config):
         """Which of M, N, K are multiples of the block tile ("1") and so need no bounds checks."""
         return "".join("1" if extent % tile == 0 else "0"
                        for extent, tile in ((problem.m, self.bm), (problem.n, self.bn), (problem.k, self.bk)))
+
+    def even_flags(self, problem: Problem) -> dict:
+        """EVEN_M, EVEN_N, EVEN_K as the skeletons take them (`even_m="true"`, ...)."""
+        return {f"even_{dim}": cxx_bool(flag == "1") for dim, flag in zip("mnk", self.even(problem))}
 
     def reduce_kernel(self, kernel: str) -> str | None:
         """The split-K reduction kernel that comes with `kernel`, if any."""

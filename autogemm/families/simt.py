@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from .. import dtypes
 from ..problem import REGISTERS_PER_BLOCK, Device, Problem
-from .base import (MAX_REGISTERS_PER_THREAD, REGISTER_GRANULE, GemmConfig, VectorizedLoads, VectorWidths, grid_knobs,
-                   tile_knobs)
+from .base import (MAX_REGISTERS_PER_THREAD, REGISTER_GRANULE, WARP, GemmConfig, VectorizedLoads, VectorWidths, cxx_bool,
+                   grid_knobs, tile_knobs)
 from .knobs import Knob
 
 VECTOR_WIDTHS = (1, 2, 4)  # floats per global or shared-memory access (4 = 16 bytes)
@@ -19,7 +19,6 @@ MAX_STAGES = 8  # a deeper ring of any useful tile does not fit a block's shared
 MAX_THREAD_TILE = 64  # outputs per lane along M or N: more accumulators than registers
 SMEM_PAD_FLOATS = 4  # one 16-byte vector: keeps LDS.128 aligned and shifts each row by 4 banks
 STREAM_K_STATIC_SMEM = 16  # the stream-K kernel's flag telling a block it finishes a shared tile
-WARP = 32
 
 KNOBS = (
     *tile_knobs(128, 128, 8, 32, 64, low=2, why="fragments are double-buffered per k pair"),
@@ -41,7 +40,7 @@ KNOBS = (
     # iterations shared out evenly, blocks sharing a tile adding up through a workspace
     Knob("stream_k", bool, False, omitted=False, words={True: "sk"}),
     # an explicit register cap (__maxnreg__), at most the one min_blocks implies; 0: that one
-    Knob("max_registers", int, 0, code="reg", low=16, high=255, omitted=0, why="automatic"),
+    Knob("max_registers", int, 0, code="reg", low=16, high=MAX_REGISTERS_PER_THREAD, omitted=0, why="automatic"),
 )
 
 # ---- register model -------------------------------------------------------------------------------
@@ -233,8 +232,6 @@ class SimtConfig(VectorizedLoads, GemmConfig):
         pad_a, pad_b = self.smem_pad(problem)
         a_transposed, b_transposed = transposed_stores(problem)
         staged_a, staged_b = self.registers_staged(problem)
-        cxx = {True: "true", False: "false"}
-        even_m, even_n, even_k = (flag == "1" for flag in self.even(problem))
         row = dtypes.lookup(problem.dtype, problem.compute)
         return dict(
             to_acc=row.to_acc, from_acc=row.from_acc, smem_bytes=self.smem_bytes(problem),
@@ -244,8 +241,8 @@ class SimtConfig(VectorizedLoads, GemmConfig):
             stages=self.stages, buffers=self.smem_buffers, use_cp_async=self.stages >= FIRST_ASYNC_STAGE,
             group_m=self.group_m, split_k=self.split_k, stream_k=self.stream_k,
             max_registers=self.max_registers, min_blocks=self.min_blocks,
-            even_m=cxx[even_m], even_n=cxx[even_n], even_k=cxx[even_k], pad_a=pad_a, pad_b=pad_b,
-            swizzle_a=cxx[self.smem == "swizzle" and a_transposed],
-            swizzle_b=cxx[self.smem == "swizzle" and b_transposed],
+            **self.even_flags(problem), pad_a=pad_a, pad_b=pad_b,
+            swizzle_a=cxx_bool(self.smem == "swizzle" and a_transposed),
+            swizzle_b=cxx_bool(self.smem == "swizzle" and b_transposed),
             staged_a=staged_a, staged_b=staged_b,
         )

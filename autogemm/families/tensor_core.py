@@ -18,10 +18,9 @@ from __future__ import annotations
 from .. import dtypes
 from ..problem import Device, Problem
 from . import wgmma
-from .base import GemmConfig, VectorizedLoads, VectorWidths, grid_knobs, tile_knobs
+from .base import WARP, GemmConfig, VectorizedLoads, VectorWidths, cxx_bool, grid_knobs, tile_knobs
 from .knobs import Knob
 
-WARP = 32
 FIRST_ASYNC_STAGE = 2  # every pipelined stage count is a cp.async ring
 MAX_LOAD_BYTES = 16  # the widest global load (and cp.async copy)
 # Bytes added to every shared-memory row. 16 shifts each row by 4 banks, so that the 8 rows of a
@@ -241,20 +240,17 @@ class TensorCoreConfig(VectorizedLoads, GemmConfig):
             raise ValueError(f"the wgmma path cannot read layout {problem.layout.upper()}: "
                              "K is contiguous in neither operand")
         fm, fn, fk = self.fragment(problem)
-        cxx = {True: "true", False: "false"}
-        even_m, even_n, even_k = (flag == "1" for flag in self.even(problem))
         return dict(
             dtype=problem.dtype, compute=problem.compute, layout=problem.layout.upper(),
             element=row.element, accumulator=row.accumulator, precision=row.tensor_core.wmma_precision,
-            mma=self.instruction == "mma", mma_shape=f"m{fm}n{fn}k{fk}", swap=cxx[swap],
+            mma=self.instruction == "mma", mma_shape=f"m{fm}n{fn}k{fk}", swap=cxx_bool(swap),
             qw=self.wm if swap else self.wn,  # wgmma's N
             mma_input=row.tensor_core.mma_input, element_bytes=row.itemsize,
             to_acc=row.to_acc, from_acc=row.from_acc, fm=fm, fn=fn, fk=fk,
             bm=self.bm, bn=self.bn, bk=self.bk, wm=self.wm, wn=self.wn, va=widths.a, vb=widths.b,
-            stages=self.stages, buffers=max(1, self.stages), use_cp_async=cxx[self.stages >= FIRST_ASYNC_STAGE],
+            stages=self.stages, buffers=max(1, self.stages), use_cp_async=cxx_bool(self.stages >= FIRST_ASYNC_STAGE),
             smem_bytes=self.smem_bytes(problem), warpgroup=wgmma.WARPGROUP, swizzle_bytes=wgmma.SWIZZLE_BYTES,
             swizzle_period=wgmma.SWIZZLE_PERIOD_BYTES, group_m=self.group_m, split_k=self.split_k,
             min_blocks=self.min_blocks, pad=self.smem_pad(problem),
-            trans_a=cxx[problem.trans_a], trans_b=cxx[problem.trans_b],
-            even_m=cxx[even_m], even_n=cxx[even_n], even_k=cxx[even_k],
+            trans_a=cxx_bool(problem.trans_a), trans_b=cxx_bool(problem.trans_b), **self.even_flags(problem),
         )
