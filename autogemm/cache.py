@@ -112,6 +112,7 @@ class Record:
         config = config_from_dict({**record.config, "family": record.family})
         if config.name != record.config_name:
             raise ValueError(f"config_name {_shown(record.config_name)} is not its config's name {config.name!r}")
+        record.__dict__["config_object"] = config  # parsed once: the cached property's value
         return record
 
     @functools.cached_property
@@ -169,10 +170,12 @@ def filed_record(key: str, entry) -> Record:
     return record
 
 
-def valid_records(document: dict, where) -> dict[str, Record]:
-    """The records of a document that pass validation, by key; one warning for the rest."""
+def valid_records(document: dict, where, keys=None) -> dict[str, Record]:
+    """The records of a document (of `keys` only, where given) that pass validation, by key; one
+    warning for the rest."""
     good, bad = {}, []
-    for key, entry in document["entries"].items():
+    entries = document["entries"]
+    for key, entry in (entries.items() if keys is None else ((k, entries[k]) for k in keys if k in entries)):
         try:
             record = filed_record(key, entry)
         except ValueError as exc:
@@ -264,14 +267,15 @@ class TuningCache:
         return self._load(self.shipped / f"{check_slug(device_slug)}.json", device_slug, repair=False)
 
     # ---- queries -------------------------------------------------------------------------------
-    def _sources(self, device_slug: str, include_shipped: bool = True):
-        yield "user", valid_records(self.document(device_slug), self.path(device_slug))
+    def _sources(self, device_slug: str, include_shipped: bool = True, keys=None):
+        yield "user", valid_records(self.document(device_slug), self.path(device_slug), keys)
         if include_shipped and self.shipped is not None:
-            yield "shipped", valid_records(self.shipped_document(device_slug), self.shipped / f"{device_slug}.json")
+            yield "shipped", valid_records(self.shipped_document(device_slug), self.shipped / f"{device_slug}.json", keys)
 
     def lookup(self, problem: Problem, device_slug: str) -> tuple[Record, str] | None:
-        """The current (not stale) record for a problem: the user's first, then the shipped one."""
-        for source, records in self._sources(device_slug):
+        """The current (not stale) record for a problem: the user's first, then the shipped one
+        (only that record of each document is read and checked)."""
+        for source, records in self._sources(device_slug, keys=(problem.key,)):
             record = records.get(problem.key)
             if record is not None and not record.stale:
                 return record, source
@@ -294,8 +298,7 @@ class TuningCache:
         path = self.path(device_slug)
         with self._lock(device_slug):
             document = self._load(path, device_slug, repair=True)
-            previous = valid_records({"entries": {k: v for k, v in document["entries"].items() if k == record.problem}},
-                                     path).get(record.problem)
+            previous = valid_records(document, path, keys=(record.problem,)).get(record.problem)
             if keep_better and previous is not None and not previous.stale and not previous.provisional \
                     and previous.ratio > record.ratio:
                 return path

@@ -166,8 +166,11 @@ def test_bad_records_are_skipped_with_one_warning_and_the_rest_served(tmp_path):
     with pytest.warns(CacheWarning, match=r"skipped 8 bad record\(s\): '.*1x64x64' \(a record must be an object") as caught:
         assert [r.problem for _, r in cache.records(SLUG)] == [Problem(96, 64, 64).key]
     assert len(caught) == 1 and str(cache.path(SLUG)) in str(caught[0].message)
-    with pytest.warns(CacheWarning):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CacheWarning)  # a lookup reads only its own problem's record
         assert cache.lookup(Problem(96, 64, 64), SLUG) is not None
+    with pytest.warns(CacheWarning, match=r"skipped 1 bad record\(s\): '.*4x64x64' \(ratio must be a positive"):
+        assert cache.lookup(Problem(4, 64, 64), SLUG) is None
     # the file is kept (nothing of it lost), and selection for any problem keeps working
     assert len(json.loads(cache.path(SLUG).read_text())["entries"]) == 9
     device = Device(name="Test GPU", compute_capability=(9, 0), sm_count=132, smem_per_block_optin=227 * 1024,
