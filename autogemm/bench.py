@@ -62,15 +62,23 @@ def random_uniform(shape, dtype=np.float32, seed: int | None = None):
     return values.astype(dtype)
 
 
-def reference_gemm(a, b, c=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
-    """alpha * op(A) @ op(B) + beta * C in float64 (cuBLAS DGEMM on upcast copies)."""
+def _array_module(x):
+    """NumPy for NumPy arrays, CuPy otherwise: the checks below run on either (tests use NumPy)."""
+    if isinstance(x, np.ndarray):
+        return np
     import cupy
 
-    a64 = to_float64(a)
-    b64 = to_float64(b)
-    a64 = cupy.swapaxes(a64, -1, -2) if trans_a else a64
-    b64 = cupy.swapaxes(b64, -1, -2) if trans_b else b64
-    out = alpha * cupy.matmul(a64, b64)
+    return cupy
+
+
+def _op(x, trans: bool, xp):
+    return xp.swapaxes(x, -1, -2) if trans else x
+
+
+def reference_gemm(a, b, c=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
+    """alpha * op(A) @ op(B) + beta * C in float64 (cuBLAS DGEMM on upcast copies)."""
+    xp = _array_module(a)
+    out = alpha * xp.matmul(_op(to_float64(a), trans_a, xp), _op(to_float64(b), trans_b, xp))
     if c is not None and beta != 0:
         out = out + beta * to_float64(c)
     return out
@@ -78,14 +86,80 @@ def reference_gemm(a, b, c=None, *, trans_a=False, trans_b=False, alpha=1.0, bet
 
 def relative_error(result, reference) -> float:
     """‖result − ref‖ / ‖ref‖ over every element; inf when any element is not finite."""
-    import cupy
-
+    xp = _array_module(reference)
     result = to_float64(result)
-    if not bool(cupy.isfinite(result).all()):
+    if not bool(xp.isfinite(result).all()):
         return float("inf")
-    norm = float(cupy.linalg.norm(reference.ravel()))
-    diff = float(cupy.linalg.norm((result - reference).ravel()))
+    norm = float(xp.linalg.norm(reference.ravel()))
+    diff = float(xp.linalg.norm((result - reference).ravel()))
     return diff / norm if norm > 0 else diff
+
+
+def element_bounds(a, b, c, problem, *, alpha=1.0, beta=0.0, reference):
+    """How far each element of a correct result may be from the float64 reference: the classic
+    bound for a dot product of length K, |fl(x·y) − x·y| <= γ_K |x|·|y|, taken elementwise over
+    |op(A)|·|op(B)| (so a row of large values gets the room it needs and no element gets more):
+
+        2 [ (2 u_in + K u_acc) |alpha| (|A||B|)_ij + u_acc |beta| |C_ij| + u_out |ref_ij| ] + tiny
+
+    u_in: how far the arithmetic moves an input (TF32), for both operands of a product; K u_acc:
+    accumulation in any order; u_out: rounding to the element type. The factor 2 is the margin for
+    hardware that truncates instead of rounding, for paths that round twice (through a float
+    partial sum) and for the float64 reference's own error. Far looser than a typical error (which
+    grows like sqrt(K)), far tighter than what a wrong element is off by (a missing product,
+    garbage, a stale value)."""
+    xp = _array_module(a)
+    row = dtypes.lookup(problem.dtype, problem.compute)
+    u_acc = row.accumulator_roundoff
+    magnitude = xp.matmul(_op(xp.abs(to_float64(a)), problem.trans_a, xp), _op(xp.abs(to_float64(b)), problem.trans_b, xp))
+    bound = (2 * (2 * row.input_roundoff + problem.k * u_acc) * abs(alpha)) * magnitude
+    if c is not None and beta != 0:
+        bound = bound + (2 * u_acc * abs(beta)) * xp.abs(to_float64(c))
+    return bound + (2 * row.element_roundoff) * xp.abs(reference) + row.smallest_normal
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of checking a result against the float64 reference: norm-wise (`rel_error`
+    under the dtype's `limit`) and element-wise (`over` elements outside their bound; `worst`,
+    the largest ratio of error to bound, <= 1 for a correct result)."""
+
+    rel_error: float
+    limit: float
+    over: int
+    worst: float
+    first: tuple = ()  # index of the first element outside its bound
+
+    @property
+    def ok(self) -> bool:
+        return self.rel_error <= self.limit and self.over == 0
+
+    @property
+    def message(self) -> str:
+        if self.rel_error > self.limit:
+            return f"relative error {self.rel_error:.3g} exceeds {self.limit:g}"
+        if self.over:
+            return (f"{self.over} element(s) outside the error bound (worst {self.worst:.3g}x the bound, "
+                    f"first at {self.first}); relative error {self.rel_error:.3g}")
+        return f"relative error {self.rel_error:.3g}"
+
+
+def check_result(result, a, b, problem, *, c=None, alpha=1.0, beta=0.0, reference=None) -> Verdict:
+    """Checks `result` (= alpha·op(A)·op(B) + beta·C for `problem`; `c`: C as it was before the
+    call) both norm-wise and element by element; every element must be finite."""
+    xp = _array_module(a)
+    if reference is None:
+        reference = reference_gemm(a, b, c, trans_a=problem.trans_a, trans_b=problem.trans_b, alpha=alpha, beta=beta)
+    rel = relative_error(result, reference)
+    limit = tolerance(problem)
+    values = to_float64(result)
+    if not bool(xp.isfinite(values).all()):
+        bad = xp.argwhere(~xp.isfinite(values))
+        return Verdict(float("inf"), limit, int(bad.shape[0]), float("inf"), tuple(int(i) for i in bad[0]))
+    ratio = xp.abs(values - reference) / element_bounds(a, b, c, problem, alpha=alpha, beta=beta, reference=reference)
+    over = int((ratio > 1).sum())
+    first = tuple(int(i) for i in xp.argwhere(ratio > 1)[0]) if over else ()
+    return Verdict(rel, limit, over, float(ratio.max()) if ratio.size else 0.0, first)
 
 
 @dataclass(frozen=True)

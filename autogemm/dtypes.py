@@ -47,6 +47,31 @@ class DType:
         """NumPy dtype of alpha, beta and split-K partials."""
         return "float64" if self.accumulator == "double" else "float32"
 
+    # Unit roundoffs (half an ulp at 1) for the element-wise error bound of verification.
+    @property
+    def element_roundoff(self) -> float:
+        """Rounding of a result to the element type (C is stored in it)."""
+        return ELEMENT_ROUNDOFF[self.name]
+
+    @property
+    def accumulator_roundoff(self) -> float:
+        return ELEMENT_ROUNDOFF["float64" if self.accumulator == "double" else "float32"]
+
+    @property
+    def input_roundoff(self) -> float:
+        """How far the arithmetic may move an input element: TF32 keeps 10 of FP32's 23 mantissa
+        bits (a full TF32 ulp, 2^-10, so that truncating hardware paths are allowed as well as
+        rounding ones); the other rows' products are exact in the accumulator."""
+        return 2.0**-10 if self.compute == "tf32" else 0.0
+
+    @property
+    def smallest_normal(self) -> float:
+        return SMALLEST_NORMAL[self.name]
+
+
+ELEMENT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
+SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126, "float64": 2.0**-1022}
+
 
 ROWS: tuple[DType, ...] = (
     # the first row of a dtype is its default compute mode

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .bench import cublas_runner, poison, random_uniform, reference_gemm, relative_error, rotation_count, time_calls, tolerance, warm_up
+from .bench import Verdict, check_result, cublas_runner, poison, random_uniform, rotation_count, time_calls, warm_up
 from .compile import CompileError, compile_pool, compile_to_cubin
 from .problem import Device, Problem
 from .render import render
@@ -24,7 +24,10 @@ from .render import render
 FINAL_MIN_BATCH = 3
 FINAL_SAMPLE_MS = 2.0
 
-FAILURE_KINDS = ("compile", "launch", "wrong", "timeout", "crash", "cancelled", "unrecorded")
+# compile: the compiler refused it; launch: CUDA refused to launch it; wrong: verification failed;
+# timeout/crash: it hung or killed the measuring process; oom: GPU memory ran out while measuring
+# it; error: preparing or measuring it raised anything else (a bug, reported with its traceback)
+FAILURE_KINDS = ("compile", "launch", "wrong", "timeout", "crash", "oom", "error", "cancelled", "unrecorded")
 
 
 @dataclass
@@ -42,6 +45,15 @@ class Measurement:
 
     def to_json(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v not in ("", None)}
+
+
+def failure_from_exception(exc: BaseException) -> Measurement:
+    """An unexpected exception while measuring one candidate, as its failure: kind "error", the
+    exception and the innermost frames of its traceback (where to look for the bug)."""
+    import traceback
+
+    frames = "".join(traceback.format_tb(exc.__traceback__, limit=-3))
+    return Measurement.failure("error", f"{type(exc).__name__}: {exc}\n{frames}")
 
 
 class Evaluator:
@@ -120,7 +132,9 @@ class GpuMeasurer:
         runners = [self._cublas_runner(i) for i in range(len(self._sets))]
         return time_calls(runners, repeats, min_batch=FINAL_MIN_BATCH, sample_ms=FINAL_SAMPLE_MS)
 
-    def _verify(self, config) -> float:
+    def _verify(self, config) -> Verdict:
+        """Runs the candidate once on fresh inputs into a NaN-poisoned output and checks every
+        element against the float64 reference (norm-wise and element-wise bounds)."""
         from .launch import bind
 
         seed = int(self._rng.integers(0, 2**31))
@@ -128,8 +142,7 @@ class GpuMeasurer:
         poison(c)
         run, _ = bind(config, a, b, c, trans_a=self.problem.trans_a, trans_b=self.problem.trans_b)
         run()
-        expected = reference_gemm(a, b, trans_a=self.problem.trans_a, trans_b=self.problem.trans_b)
-        return relative_error(c, expected)
+        return check_result(c, a, b, self.problem)
 
     def measure(self, config, best_ms: float | None, repeats: int = 10, final: bool = False) -> Measurement:
         """Verifies, then times. `final`: the reported figures, sampled like cuBLAS's."""
@@ -137,11 +150,10 @@ class GpuMeasurer:
 
         cupy = self._cupy
         try:
-            error = self._verify(config)
-            limit = tolerance(self.problem)
-            if not error <= limit:
-                return Measurement(ok=False, rel_error=error, kind="wrong",
-                                   message=f"relative error {error:.3g} exceeds {limit:g}")
+            verdict = self._verify(config)
+            error = verdict.rel_error
+            if not verdict.ok:
+                return Measurement(ok=False, rel_error=error, kind="wrong", message=verdict.message)
             runners = []
             for a, b, c in self._sets:
                 run, _ = bind(config, a, b, c, trans_a=self.problem.trans_a, trans_b=self.problem.trans_b)
@@ -157,7 +169,13 @@ class GpuMeasurer:
             if any(name in str(exc) for name in STICKY_CUDA_ERRORS):
                 self.poisoned = message
                 return Measurement.failure("crash", message)
+            if "OUT_OF_MEMORY" in str(exc) or "MemoryAllocation" in str(exc):
+                return Measurement.failure("oom", message)
             return Measurement.failure("launch", message)
+        except (cupy.cuda.memory.OutOfMemoryError, MemoryError) as exc:
+            return Measurement.failure("oom", f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # one candidate's bug is its failure, not the measuring process's end
+            return failure_from_exception(exc)
         return Measurement(ok=True, time_ms=ms, tflops=self.problem.flops / ms / 1e9, rel_error=error)
 
 

@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import asdict
 
-from .evaluate import FatalEvaluationError, GpuMeasurer, Measurement, CompileAheadEvaluator
+from .evaluate import CompileAheadEvaluator, FatalEvaluationError, GpuMeasurer, Measurement, failure_from_exception
 from .problem import Device, Problem
 
 # a new measuring process starts an interpreter, a CUDA context, its inputs and the cuBLAS baseline
@@ -27,8 +27,6 @@ def _measuring_process(conn, problem_key: str, ordinal: int, seed: int) -> None:
     """Body of the isolated measuring process: owns the CUDA context, answers requests."""
     import cupy
 
-    from .families import config_from_dict
-
     try:
         cupy.cuda.Device(ordinal).use()
         measurer = GpuMeasurer(Problem.from_key(problem_key), Device.current(ordinal), seed)
@@ -36,6 +34,15 @@ def _measuring_process(conn, problem_key: str, ordinal: int, seed: int) -> None:
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready", measurer.cublas_ms))
+    serve(conn, measurer)
+
+
+def serve(conn, measurer) -> None:
+    """Answers the parent's requests until it says stop or goes away. Whatever one candidate
+    raises is that candidate's failure (kind "oom" or "error"), never the end of the process; only
+    a context the candidate made unusable ends it (the parent starts a fresh one)."""
+    from .families import config_from_dict
+
     while True:
         try:
             request = conn.recv()
@@ -44,10 +51,16 @@ def _measuring_process(conn, problem_key: str, ordinal: int, seed: int) -> None:
         if request[0] == "stop":
             return
         if request[0] == "cublas":
-            conn.send(("ok", measurer.time_cublas(request[1])))
+            try:
+                conn.send(("ok", measurer.time_cublas(request[1])))
+            except Exception as exc:
+                conn.send(("failed", f"{type(exc).__name__}: {exc}"))
             continue
         _, config_data, best_ms, repeats, final = request
-        measurement = measurer.measure(config_from_dict(config_data), best_ms, repeats, final)
+        try:
+            measurement = measurer.measure(config_from_dict(config_data), best_ms, repeats, final)
+        except Exception as exc:  # anything measure() did not classify is this candidate's failure
+            measurement = failure_from_exception(exc)
         conn.send(("ok", asdict(measurement)))
         if measurer.poisoned:
             os._exit(3)  # the context is gone: let the parent start a fresh process
@@ -152,8 +165,8 @@ class IsolatedEvaluator(CompileAheadEvaluator):
 
     def _cublas(self, repeats: int) -> float:
         answer = self._request(("cublas", repeats), self.timeout)
-        if isinstance(answer, Measurement):
-            raise FatalEvaluationError(f"cuBLAS timing failed: {answer.message}")
+        if isinstance(answer, Measurement) or answer[0] != "ok":
+            raise FatalEvaluationError(f"cuBLAS timing failed: {answer.message if isinstance(answer, Measurement) else answer[1]}")
         return answer[1]
 
     def close(self) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from autogemm.evaluate import FAILURE_KINDS, Measurement
 from autogemm.isolate import candidate_timeout
 from autogemm.families import SimtConfig
@@ -74,3 +76,74 @@ def test_a_dying_compile_worker_fails_only_the_candidate_that_killed_it():
         evaluator.close()
     assert all(m.ok for g, m in results.items() if g != 3), {g: m.kind for g, m in results.items()}
     assert results[3].kind == "crash" and "died on this candidate" in results[3].message
+
+
+class _FailingMeasurer:
+    """A GpuMeasurer stand-in whose verification raises what it is given."""
+
+    def __init__(self, exc: BaseException):
+        from autogemm.evaluate import GpuMeasurer
+
+        import cupy
+
+        self.measurer = object.__new__(GpuMeasurer)
+        self.measurer.problem, self.measurer._cupy, self.measurer.poisoned = Problem(64, 64, 64), cupy, ""
+
+        def raise_it(config):
+            raise exc
+
+        self.measurer._verify = raise_it
+
+
+def _oom():
+    import cupy
+
+    return cupy.cuda.memory.OutOfMemoryError(2**40, 2**30)
+
+
+@pytest.mark.parametrize("make, kind, text", [
+    (lambda: ValueError("bad tile"), "error", "ValueError: bad tile"),
+    (lambda: TypeError("no len()"), "error", "TypeError: no len()"),
+    (_oom, "oom", "OutOfMemoryError"),
+    (lambda: MemoryError(), "oom", "MemoryError"),
+])
+def test_anything_a_candidate_raises_is_its_failure_with_a_kind(make, kind, text):
+    """Out of memory or a Python error while preparing a candidate failed it as a crash and cost a
+    restart of the measuring process; it is a failure value naming what happened."""
+    measurer = _FailingMeasurer(make()).measurer
+    result = measurer.measure(SimtConfig.from_name("64x64x8_w32x32_t4x8_v44_s2_pad_g8_k1_o1"), None)
+    assert not result.ok and result.kind == kind and kind in FAILURE_KINDS and text in result.message
+
+
+def test_the_measuring_process_answers_every_request_whatever_a_candidate_raises():
+    """The request loop of the isolated measuring process: a request whose config cannot even be
+    built, and one whose measuring raises, each get a failure answer; the loop goes on."""
+    import multiprocessing
+    import threading
+
+    from autogemm.isolate import serve
+
+    class Measurer:
+        poisoned = ""
+
+        def measure(self, config, best_ms, repeats, final):
+            raise KeyError("unexpected")
+
+        def time_cublas(self, repeats):
+            raise RuntimeError("no cuBLAS")
+
+    parent, child = multiprocessing.Pipe()
+    worker = threading.Thread(target=serve, args=(child, Measurer()), daemon=True)
+    worker.start()
+    good = SimtConfig.from_name("64x64x8_w32x32_t4x8_v44_s2_pad_g8_k1_o1").to_dict()
+    parent.send(("measure", {"family": "simt", "bm": "not a number"}, None, 3, False))
+    kind, answer = parent.recv()
+    assert kind == "ok" and answer["kind"] == "error" and "bm" in answer["message"]
+    parent.send(("measure", good, None, 3, False))
+    kind, answer = parent.recv()
+    assert kind == "ok" and answer["kind"] == "error" and "KeyError: 'unexpected'" in answer["message"]
+    parent.send(("cublas", 3))
+    assert parent.recv() == ("failed", "RuntimeError: no cuBLAS")
+    parent.send(("stop",))
+    worker.join(5)
+    assert not worker.is_alive()
