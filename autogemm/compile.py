@@ -1,13 +1,19 @@
 """CUDA source -> loaded kernel (NVRTC through CuPy) or, without a GPU, an `nvcc` resource report.
 
 GPU path: `compile_to_cubin` runs NVRTC and needs no GPU context (so worker processes can compile
-in parallel); `load` turns a cubin into launchable CuPy kernels and records their registers,
+in parallel); `load` turns a cubin into launchable CUDA functions and records their registers,
 shared and local memory. Cubins are kept on disk under the cache directory, keyed by the source
-digest, the architecture and the NVRTC version, so a kernel is compiled once per machine.
+digest, the architecture and the NVRTC version, so a kernel is compiled once per machine. Where
+the disk cannot take one (full, read-only), it is handed on and loaded from memory instead.
+
+Modules are loaded with CUDA's module API directly rather than through `cupy.RawModule`, which
+keeps every module it ever loaded for the life of the process: a tune loads hundreds of candidates,
+and `unloaded_after` lets the measuring side free each one once it has been measured.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import multiprocessing
 import os
@@ -16,6 +22,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections import OrderedDict
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,14 +162,44 @@ def _include_options() -> tuple[str, ...]:
     return ()
 
 
-def compile_to_cubin(source: Source, arch: str) -> Path:
-    """Compiles with NVRTC (no GPU context needed) and returns the cubin's path, reusing a cached one."""
+@dataclass(frozen=True)
+class UnstoredCubin:
+    """A compiled kernel the disk would not take (`reason`: the error), to be loaded from memory.
+    It crosses process boundaries (compile worker -> tuner -> measuring process) by value."""
+
+    name: str  # the file name it would have had
+    data: bytes
+    reason: str
+
+
+# Cubins that could not be stored, by file name: the last few, so that a kernel compiled in this
+# process (or handed to it with `remember`) is not compiled again while the disk stays full.
+UNSTORED_KEPT = 64
+_unstored: OrderedDict[str, UnstoredCubin] = OrderedDict()
+_unstored_lock = threading.Lock()
+
+
+def remember(cubin: UnstoredCubin) -> None:
+    with _unstored_lock:
+        _unstored[cubin.name] = cubin
+        _unstored.move_to_end(cubin.name)
+        while len(_unstored) > UNSTORED_KEPT:
+            _unstored.popitem(last=False)
+
+
+def compile_to_cubin(source: Source, arch: str) -> Path | UnstoredCubin:
+    """Compiles with NVRTC (no GPU context needed) and returns the cubin's path, reusing a cached
+    one; where it cannot be stored (a full or read-only disk) returns it as an `UnstoredCubin`."""
     from cupy.cuda import compiler
 
     target = source.target(arch)
     path = _cubin_path(source, target)
     if path.exists():
         return path
+    with _unstored_lock:
+        kept = _unstored.get(path.name)
+    if kept is not None:
+        return kept
     options = NVRTC_OPTIONS + _include_options()
     try:
         if target == arch:
@@ -176,9 +213,11 @@ def compile_to_cubin(source: Source, arch: str) -> Path:
         raise CompileError(f"NVRTC failed for {source.kernel} ({target})", str(exc), save_failed_source(source)) from None
     try:
         store_cubin(path, cubin)
-    except OSError as exc:  # a full or read-only disk: this candidate fails with the reason
-        raise CompileError(f"{source.kernel}: the compiled kernel could not be stored in {path.parent}", str(exc),
-                           None) from None
+    except OSError as exc:  # a full or read-only disk: the kernel is still good, from memory
+        unstored = UnstoredCubin(path.name, bytes(cubin), f"cannot store compiled kernels in {path.parent}: "
+                                                          f"{type(exc).__name__}: {exc}")
+        remember(unstored)
+        return unstored
     return path
 
 
@@ -223,30 +262,43 @@ def compile_many(sources: list[Source], arch: str, jobs: int) -> dict[str, Path 
 @dataclass
 class CompiledKernel:
     source: Source
-    gemm: object  # cupy.RawKernel
-    reduce: object | None  # cupy.RawKernel of the split-K reduction
+    gemm: object  # cupy.cuda.function.Function of the GEMM kernel (it holds its module)
+    reduce: object | None  # the split-K reduction's Function
     registers: int
     shared_bytes: int
     local_bytes: int
 
 
-def load(source: Source, cubin: Path, dynamic_smem: int) -> CompiledKernel:
-    """Loads a cubin on the current device; raises the kernel's dynamic shared-memory limit when
-    static and dynamic shared memory together exceed the default 48 KB of a block."""
-    import cupy
+def _attribute(function, name: str) -> int:
+    from cupy_backends.cuda.api import driver
 
-    module = cupy.RawModule(path=str(cubin))
+    return driver.funcGetAttribute(getattr(driver, f"CU_FUNC_ATTRIBUTE_{name}"), function.ptr)
+
+
+def load(source: Source, cubin: Path | UnstoredCubin, dynamic_smem: int) -> CompiledKernel:
+    """Loads a cubin (a file, or bytes that could not be stored) on the current device; raises the
+    kernel's dynamic shared-memory limit when static and dynamic shared memory together exceed the
+    default 48 KB of a block. The module is unloaded when its functions are no longer referenced."""
+    from cupy.cuda.function import Module
+    from cupy_backends.cuda.api import driver
+
+    module = Module()
+    if isinstance(cubin, UnstoredCubin):
+        module.load(cubin.data)
+    else:
+        module.load_file(str(cubin))
     gemm = module.get_function(source.kernel)
-    if gemm.shared_size_bytes + dynamic_smem > 48 * 1024:
-        gemm.max_dynamic_shared_size_bytes = dynamic_smem
+    static_smem = _attribute(gemm, "SHARED_SIZE_BYTES")
+    if static_smem + dynamic_smem > 48 * 1024:
+        driver.funcSetAttribute(gemm.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem)
     reduce = module.get_function(source.reduce_kernel) if source.reduce_kernel else None
     return CompiledKernel(
         source=source,
         gemm=gemm,
         reduce=reduce,
-        registers=gemm.num_regs,
-        shared_bytes=gemm.shared_size_bytes + dynamic_smem,
-        local_bytes=gemm.local_size_bytes,
+        registers=_attribute(gemm, "NUM_REGS"),
+        shared_bytes=static_smem + dynamic_smem,
+        local_bytes=_attribute(gemm, "LOCAL_SIZE_BYTES"),
     )
 
 
@@ -265,3 +317,17 @@ def compile_source(source: Source, arch: str, dynamic_smem: int) -> CompiledKern
     kernel = load(source, compile_to_cubin(source, arch), dynamic_smem)
     with _loaded_lock:
         return _loaded.setdefault(key, kernel)
+
+
+@contextlib.contextmanager
+def unloaded_after():
+    """Kernels first loaded inside the block are forgotten at its end, so that their modules are
+    unloaded once nothing else holds them (the measuring side: one candidate after another)."""
+    with _loaded_lock:
+        before = set(_loaded)
+    try:
+        yield
+    finally:
+        with _loaded_lock:
+            for key in [key for key in _loaded if key not in before]:
+                del _loaded[key]

@@ -9,13 +9,15 @@ Failures are values: every outcome is a `Measurement`, with a failure kind when 
 
 from __future__ import annotations
 
+import sys
+from collections import OrderedDict
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from .bench import Verdict, check_result, cublas_runner, poison, random_uniform, rotation_count, time_calls, warm_up
-from .compile import CompileError, compile_pool, compile_to_cubin
+from .compile import CompileError, UnstoredCubin, compile_pool, compile_to_cubin, remember, unloaded_after
 from .problem import Device, Problem
 from .render import render
 
@@ -64,6 +66,8 @@ class Evaluator:
     cublas_ms: float
     restarts: int = 0  # measuring processes restarted after a crash or a timeout
     restart_s: float = 0.0  # wall time those restarts cost
+    unstored: int = 0  # compiled kernels the disk would not take (measured from memory)
+    storage_error: str = ""  # why, the last time
 
     def start(self, config):
         """Begins work on a candidate (compiling, say) without blocking; returns a handle."""
@@ -146,6 +150,10 @@ class GpuMeasurer:
 
     def measure(self, config, best_ms: float | None, repeats: int = 10, final: bool = False) -> Measurement:
         """Verifies, then times. `final`: the reported figures, sampled like cuBLAS's."""
+        with unloaded_after():  # this candidate's module goes once measured: memory stays flat
+            return self._measure(config, best_ms, repeats, final)
+
+    def _measure(self, config, best_ms: float | None, repeats: int, final: bool) -> Measurement:
         from .launch import bind
 
         cupy = self._cupy
@@ -186,9 +194,28 @@ class CompileAheadEvaluator(Evaluator):
     # what the workers run on a source (a function importable in a fresh process)
     compile_function = staticmethod(compile_to_cubin)
 
+    # cubins the disk would not take, by config name, handed to wherever the candidate is measured
+    IN_MEMORY_KEPT = 64
+
     def _start_pool(self, jobs: int) -> None:
         self._jobs = jobs
         self._pool = compile_pool(jobs)
+        self._in_memory: OrderedDict[str, UnstoredCubin] = OrderedDict()
+
+    def _keep_unstored(self, config, cubin) -> None:
+        """A kernel compiled but not stored (a full or read-only disk): kept in memory for its
+        measuring, said once, counted for the tune's report."""
+        if not isinstance(cubin, UnstoredCubin):
+            return
+        remember(cubin)
+        self._in_memory[config.name] = cubin
+        self._in_memory.move_to_end(config.name)
+        while len(self._in_memory) > self.IN_MEMORY_KEPT:
+            self._in_memory.popitem(last=False)
+        if not self.unstored:
+            print(f"autogemm: {cubin.reason}; the tune goes on with kernels loaded from memory", file=sys.stderr)
+        self.unstored += 1
+        self.storage_error = cubin.reason
 
     def _submit(self, source):
         try:
@@ -208,15 +235,15 @@ class CompileAheadEvaluator(Evaluator):
         """None once the candidate's cubin is ready, else the compile failure. When a worker dies,
         every candidate pending in its pool fails with BrokenProcessPool: each is compiled again
         alone, in a pool of its own, so that only the one that kills that worker too is a crash."""
-        _, future, source = handle
+        config, future, source = handle
         try:
-            future.result()
+            self._keep_unstored(config, future.result())
         except CompileError as exc:
             return Measurement.failure("compile", str(exc))
         except BrokenProcessPool:
             with compile_pool(1) as alone:
                 try:
-                    alone.submit(self.compile_function, source, self.device.arch).result()
+                    self._keep_unstored(config, alone.submit(self.compile_function, source, self.device.arch).result())
                 except CompileError as exc:
                     return Measurement.failure("compile", str(exc))
                 except BrokenProcessPool as exc:

@@ -1,14 +1,23 @@
 """Measuring in a separate process that owns the GPU context (the tuner's default): a candidate
 that faults the context, hangs past its time or kills the process costs one failed trial (kind
-"crash" or "timeout") and a restart of the process, not the tune."""
+"crash" or "timeout") and a restart of the process, not the tune.
+
+The measuring process leads its own process group (killed whole, so nothing it started outlives
+it; Ctrl-C reaches only the tuner, which stops it in order) and dies with the tuner: a tuner that
+is killed while a hung kernel spins does not leave that kernel on the GPU."""
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import signal
+import sys
+import threading
 import time
 from dataclasses import asdict
 
+from .compile import remember
 from .evaluate import CompileAheadEvaluator, FatalEvaluationError, GpuMeasurer, Measurement, failure_from_exception
 from .problem import Device, Problem
 
@@ -23,8 +32,44 @@ def candidate_timeout(problem: Problem, device: Device) -> float:
     return 10.0 + 100.0 * problem.flops / (0.05 * peak)
 
 
-def _measuring_process(conn, problem_key: str, ordinal: int, seed: int) -> None:
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies
+PARENT_POLL_S = 1.0
+
+
+def follow_parent(parent_pid: int) -> None:
+    """Makes this process die when `parent_pid` (its parent) does, however the parent ends. Linux
+    sends SIGKILL at once (prctl; strictly when the parent's thread that started this process
+    ends, which for the tuner is the thread that runs the tune and outlives the evaluator);
+    everywhere a daemon thread also checks every second whether the process was orphaned, in case
+    the signal was set too late or is unavailable."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before the signal was set
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="autogemm-follow-parent", daemon=True).start()
+
+
+def detach(parent_pid: int) -> None:
+    """First thing a measuring process does: lead its own process group, follow its parent."""
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass
+    follow_parent(parent_pid)
+
+
+def _measuring_process(conn, problem_key: str, ordinal: int, seed: int, parent_pid: int) -> None:
     """Body of the isolated measuring process: owns the CUDA context, answers requests."""
+    detach(parent_pid)
     import cupy
 
     try:
@@ -56,7 +101,9 @@ def serve(conn, measurer) -> None:
             except Exception as exc:
                 conn.send(("failed", f"{type(exc).__name__}: {exc}"))
             continue
-        _, config_data, best_ms, repeats, final = request
+        _, config_data, best_ms, repeats, final, cubin = request
+        if cubin is not None:  # compiled but not stored: loaded from these bytes
+            remember(cubin)
         try:
             measurement = measurer.measure(config_from_dict(config_data), best_ms, repeats, final)
         except Exception as exc:  # anything measure() did not classify is this candidate's failure
@@ -71,6 +118,9 @@ class IsolatedEvaluator(CompileAheadEvaluator):
     the context or outlives `timeout` seconds fails with kind crash or timeout; the process is
     restarted (the cost is counted in `restarts` and `restart_s`) and the tune goes on."""
 
+    process_target = staticmethod(_measuring_process)  # the measuring process's body
+    KILL_WAIT_S = 30.0
+
     def __init__(self, problem: Problem, device: Device, jobs: int, seed: int = 0, timeout: float | None = None):
         self.problem, self.device = problem, device
         self.timeout = timeout or candidate_timeout(problem, device)
@@ -81,6 +131,7 @@ class IsolatedEvaluator(CompileAheadEvaluator):
         self._cublas_ms: float | None = None
         self.restarts = 0
         self.restart_s = 0.0
+        self._lingering: list = []  # killed measuring processes that had not exited yet
         self._start_pool(jobs)
         # The measuring process starts in the background: its start-up (interpreter, CUDA context,
         # inputs, cuBLAS baseline) overlaps with the tuner's set-up and the first compilations.
@@ -93,8 +144,8 @@ class IsolatedEvaluator(CompileAheadEvaluator):
 
     def _spawn(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._process = self._ctx.Process(target=_measuring_process, name="autogemm-measure",
-                                          args=(child, self.problem.key, self.device.ordinal, self._seed), daemon=True)
+        self._process = self._ctx.Process(target=self.process_target, name="autogemm-measure", daemon=True,
+                                          args=(child, self.problem.key, self.device.ordinal, self._seed, os.getpid()))
         self._process.start()
         child.close()
         self._conn = parent
@@ -118,10 +169,19 @@ class IsolatedEvaluator(CompileAheadEvaluator):
             self._cublas_ms = value
 
     def _kill(self) -> None:
-        if self._process is not None and self._process.is_alive():
-            self._process.kill()
-        if self._process is not None:
-            self._process.join(30)
+        """Kills the measuring process's group (it and anything it started). One that has not
+        exited after KILL_WAIT_S (stuck in the driver) is kept, to be waited for again at close."""
+        process = self._process
+        if process is not None:
+            if process.is_alive():
+                try:
+                    os.killpg(process.pid, signal.SIGKILL)  # no group yet if it was killed while starting
+                except OSError:
+                    pass
+                process.kill()
+            process.join(self.KILL_WAIT_S)
+            if process.is_alive():
+                self._lingering.append(process)
         if self._conn is not None:
             self._conn.close()
         self._process = self._conn = None
@@ -158,7 +218,8 @@ class IsolatedEvaluator(CompileAheadEvaluator):
         return kind, value
 
     def _remeasure(self, config, best_ms, repeats: int, final: bool) -> Measurement:
-        answer = self._request(("measure", config.to_dict(), best_ms, repeats, final), self.timeout)
+        answer = self._request(("measure", config.to_dict(), best_ms, repeats, final, self._in_memory.get(config.name)),
+                               self.timeout)
         if isinstance(answer, Measurement):
             return answer
         return Measurement(**answer[1])
@@ -179,4 +240,10 @@ class IsolatedEvaluator(CompileAheadEvaluator):
         if self._process is not None:
             self._process.join(10)
         self._kill()
+        for process in self._lingering:
+            process.join(self.KILL_WAIT_S)
+            if process.is_alive():
+                print(f"autogemm: measuring process {process.pid} did not exit after SIGKILL; a kernel it "
+                      "launched may still be running on the GPU", file=sys.stderr)
+        self._lingering.clear()
 

@@ -81,7 +81,7 @@ def stream_k_blocks(kernel: CompiledKernel, threads: int, smem: int, device: Dev
     second wave; the kernel deals the work out over whatever the grid is)."""
     from cupy_backends.cuda.api import driver
 
-    per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.gemm.kernel.ptr, threads, smem)
+    per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.gemm.ptr, threads, smem)
     return max(1, per_sm * device.sm_count)
 
 
@@ -178,7 +178,7 @@ def launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: Kern
     problem, config = prepared.problem, prepared.config
     i32, i64 = np.int32, np.int64
     scalar = np.dtype(dtypes.lookup(problem.dtype, problem.compute).accumulator_storage).type  # alpha, beta
-    function = prepared.kernel.gemm.kernel  # the loaded CUDA function: CuPy's leanest launch
+    function = prepared.kernel.gemm  # the loaded CUDA function: CuPy's leanest launch
     grid, block, smem = prepared.grid, prepared.block, prepared.smem
     m, n, batch = problem.m, problem.n, problem.batch
     tiles = i32(prepared.tiles_per_split)
@@ -222,7 +222,7 @@ def _stream_k_launcher(prepared: PreparedGemm, head: tuple):
     import cupy
 
     problem, config = prepared.problem, prepared.config
-    function = prepared.kernel.gemm.kernel
+    function = prepared.kernel.gemm
     grid, block, smem = prepared.grid, prepared.block, prepared.smem
     tiles = config.output_tiles(problem) * problem.batch
     partial_floats = 2 * grid[0] * config.bm * config.bn

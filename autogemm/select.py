@@ -26,6 +26,7 @@ class Choice:
     reason: str
     record: object | None = None  # the cache record the choice came from
     details: dict = field(default_factory=dict)
+    provisional: bool = False  # a tune of this problem was still running elsewhere when chosen
 
 
 def size_class(problem: Problem) -> str:

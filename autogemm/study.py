@@ -38,6 +38,10 @@ SQLITE_BUSY_TIMEOUT_S = 120  # how long a write waits for another process's
 class StudyLocked(RuntimeError):
     """Another tuner is running the same study on this machine."""
 
+    def __init__(self, message: str, study: str = ""):
+        super().__init__(message)
+        self.study = study
+
 
 class StudyStorageError(RuntimeError):
     """The study storage cannot be opened or used."""
@@ -130,8 +134,9 @@ def best_configs(study: optuna.Study, space: SearchSpace, limit: int) -> list:
     return [space.config_class.from_name(name) for name in best]
 
 
-def lock_study(name: str):
-    """One tuner per study at a time on this machine: a second one is refused, with the reason."""
+def lock_study(name: str, wait: float = 0.0):
+    """One tuner per study at a time on this machine: a second one is refused (after waiting up
+    to `wait` seconds for the first to finish), with the reason."""
     from filelock import FileLock, Timeout
 
     digest = hashlib.sha256(name.encode()).hexdigest()[:16]
@@ -139,11 +144,21 @@ def lock_study(name: str):
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(path))
     try:
-        lock.acquire(timeout=0)
+        lock.acquire(timeout=wait)
     except Timeout:
         raise StudyLocked(f"another autogemm tune is already running study {name} on this machine "
-                        f"(lock {path}); wait for it to finish, or give a different --study-name") from None
+                          f"(lock {path}); wait for it to finish, or give a different --study-name", name) from None
     return lock
+
+
+def wait_for_study(name: str, timeout: float) -> bool:
+    """Waits until no tune runs study `name` on this machine (at most `timeout` seconds); True if
+    none does any more."""
+    try:
+        lock_study(name, wait=timeout).release()
+    except StudyLocked:
+        return False
+    return True
 
 
 def tell_trials(study: optuna.Study, writer: StudyWriter, asked: list, measurement: Measurement) -> None:

@@ -39,6 +39,14 @@ class TuneError(RuntimeError):
     pass
 
 
+class TuneRunning(TuneError):
+    """Another tuner is running this study on this machine (`study`: its name)."""
+
+    def __init__(self, message: str, study: str):
+        super().__init__(message)
+        self.study = study
+
+
 @dataclass
 class TuneResult:
     problem: Problem
@@ -64,6 +72,8 @@ class TuneResult:
     restarts: int = 0  # measuring-process restarts after crashes and timeouts
     restart_s: float = 0.0
     cache_error: str = ""  # why the result could not be cached (a read-only or full cache), if it could not
+    unstored_kernels: int = 0  # compiled kernels the disk would not take (measured from memory)
+    storage_error: str = ""  # why
 
     @property
     def cublas_tflops(self) -> float:
@@ -97,6 +107,8 @@ class TuneResult:
             "restarts": self.restarts,
             "restart_s": self.restart_s,
             "cache_error": self.cache_error,
+            "unstored_kernels": self.unstored_kernels,
+            "storage_error": self.storage_error,
         }
 
 
@@ -171,7 +183,7 @@ def tune(
         try:
             lock = lock_study(name)
         except StudyLocked as exc:
-            raise TuneError(str(exc)) from None
+            raise TuneRunning(str(exc), name) from None
     try:
         return _tune(problem, device, name, trials=trials, timeout=timeout, seed=seed, sampler=sampler,
                      space=space, storage=storage, jobs=jobs, evaluator=evaluator, cache=cache, progress=progress,
@@ -370,6 +382,7 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
         storage=storage, cache_path=str(cache_path) if cache_path else None, interrupted=interrupted,
         history=history, failures=failures, stopped=stopped,
         restarts=evaluator.restarts, restart_s=evaluator.restart_s, cache_error=cache_errors[-1] if cache_errors else "",
+        unstored_kernels=evaluator.unstored, storage_error=evaluator.storage_error,
     )
 
 

@@ -15,3 +15,11 @@ def compile_or_die(source, arch):
         os._exit(1)
     time.sleep(0.2)
     return f"/nonexistent/{source.kernel}.cubin"
+
+
+def compile_unstored(source, arch):
+    """A compiler on a full disk: every kernel compiles, none can be stored."""
+    from autogemm.compile import UnstoredCubin
+
+    return UnstoredCubin(f"{source.kernel}.cubin", b"\x7fELF " + source.kernel.encode(),
+                         "cannot store compiled kernels in /cache/cubins: OSError: [Errno 28] No space left on device")

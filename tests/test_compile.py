@@ -164,3 +164,28 @@ def test_cubins_are_stored_whole_shared_and_leave_nothing_behind(tmp_path, monke
     with pytest.raises(OSError, match="No space left"):
         store_cubin(tmp_path / "other.cubin", b"\x7fELF other")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kernel.cubin"]  # no .tmp-* left
+
+
+def test_a_kernel_the_disk_will_not_take_comes_back_in_memory(tmp_path, monkeypatch):
+    """On a full disk a compiled kernel failed its candidate (and with every candidate failing, the
+    tune); it is returned as bytes, kept, and not compiled again while the disk stays full."""
+    import errno
+
+    from cupy.cuda import compiler
+
+    from autogemm.compile import UnstoredCubin, compile_to_cubin
+
+    calls = []
+    monkeypatch.setattr(compiler, "compile_using_nvrtc", lambda code, options, arch: calls.append(arch) or (b"\x7fELF", ""))
+    monkeypatch.setattr(compiler, "_get_nvrtc_version", lambda: (13, 0))
+    monkeypatch.setenv("AUTOGEMM_CUBIN_DIR", str(tmp_path / "cubins"))
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(compile_module, "store_cubin", full)
+    source = render(SimtConfig(), Problem(128, 128, 128))
+    first = compile_to_cubin(source, "sm_80")
+    assert isinstance(first, UnstoredCubin) and first.data == b"\x7fELF" and "No space left on device" in first.reason
+    assert compile_to_cubin(source, "sm_80") == first and calls == ["80"]  # from memory, not compiled again
+    assert not (tmp_path / "cubins").exists() or not any((tmp_path / "cubins").iterdir())

@@ -136,10 +136,10 @@ def test_the_measuring_process_answers_every_request_whatever_a_candidate_raises
     worker = threading.Thread(target=serve, args=(child, Measurer()), daemon=True)
     worker.start()
     good = SimtConfig.from_name("64x64x8_w32x32_t4x8_v44_s2_pad_g8_k1_o1").to_dict()
-    parent.send(("measure", {"family": "simt", "bm": "not a number"}, None, 3, False))
+    parent.send(("measure", {"family": "simt", "bm": "not a number"}, None, 3, False, None))
     kind, answer = parent.recv()
     assert kind == "ok" and answer["kind"] == "error" and "bm" in answer["message"]
-    parent.send(("measure", good, None, 3, False))
+    parent.send(("measure", good, None, 3, False, None))
     kind, answer = parent.recv()
     assert kind == "ok" and answer["kind"] == "error" and "KeyError: 'unexpected'" in answer["message"]
     parent.send(("cublas", 3))
@@ -147,3 +147,35 @@ def test_the_measuring_process_answers_every_request_whatever_a_candidate_raises
     parent.send(("stop",))
     worker.join(5)
     assert not worker.is_alive()
+
+
+def test_kernels_the_disk_would_not_take_are_measured_from_memory_and_counted(capsys):
+    """A full disk under the cubin store: every candidate still reaches measuring, with its cubin
+    handed along; the evaluator says so once and counts them for the tune's report."""
+    from compile_stubs import compile_unstored
+
+    from autogemm.evaluate import CompileAheadEvaluator
+
+    handed = {}
+
+    class Evaluator(CompileAheadEvaluator):
+        compile_function = staticmethod(compile_unstored)
+
+        def __init__(self):
+            self.problem, self.device = Problem(256, 256, 256), Device.for_arch("sm_90")
+            self._start_pool(2)
+
+        def _remeasure(self, config, best_ms, repeats, final):
+            handed[config.group_m] = self._in_memory.get(config.name)
+            return Measurement(ok=True, time_ms=1.0, tflops=1.0)
+
+    evaluator = Evaluator()
+    try:
+        results = [evaluator.finish(evaluator.start(SimtConfig(group_m=g)), None) for g in (1, 2, 3)]
+    finally:
+        evaluator.close()
+    assert all(m.ok for m in results)
+    assert all(cubin is not None and cubin.data.startswith(b"\x7fELF") for cubin in handed.values()) and len(handed) == 3
+    assert evaluator.unstored == 3 and "No space left on device" in evaluator.storage_error
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "loaded from memory" in line]
+    assert len(warnings) == 1, warnings

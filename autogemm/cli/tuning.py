@@ -29,6 +29,8 @@ def _format_result(result) -> str:
                                                   f"{result.restart_s:.1f} s)" if result.restarts else "")),
         *([("stopped", f"{result.stopped}: best verified result so far kept, not re-timed")] if result.stopped else []),
         ("cached in", result.cache_path or (f"not cached: {result.cache_error}" if result.cache_error else "-")),
+        *([("kernels not stored", f"{result.unstored_kernels} (measured from memory; {result.storage_error})")]
+          if result.unstored_kernels else []),
         ("study", f"{result.study_name} @ {result.storage or 'memory'}"),
     ]
     width = max(len(k) for k, _ in rows)

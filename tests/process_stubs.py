@@ -1,0 +1,49 @@
+"""Stand-ins for the measuring process, run in spawned processes by tests/test_isolate.py: they need
+no GPU. A hung kernel is played by a process that never answers; what it started by a `sleep`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+
+def hang_with_a_child(conn, problem_key, ordinal, seed, parent_pid):
+    """A measuring process that starts normally, then, asked to measure, starts a child process
+    (its pid written to $AUTOGEMM_TEST_PIDFILE) and never answers, like a kernel that spins."""
+    from autogemm.isolate import detach
+
+    detach(parent_pid)
+    conn.send(("ready", 1.0))
+    conn.recv()
+    child = subprocess.Popen(["sleep", "300"])
+    with open(os.environ["AUTOGEMM_TEST_PIDFILE"], "a") as out:
+        out.write(f"{os.getpid()} {child.pid}\n")
+    while True:
+        time.sleep(1)
+
+
+def follower(parent_pid, pidfile):
+    from autogemm.isolate import follow_parent
+
+    follow_parent(parent_pid)
+    with open(pidfile, "w") as out:
+        out.write(str(os.getpid()))
+    while True:  # busy, like a process waiting on the GPU
+        sum(range(10_000))
+
+
+def parent_of_a_follower(pidfile):
+    """Runs as a script: starts a follower (spawned, like the measuring process), then waits to be
+    killed."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    ctx.Process(target=follower, args=(os.getpid(), pidfile), daemon=False).start()
+    while True:
+        time.sleep(1)
+
+
+if __name__ == "__main__":
+    parent_of_a_follower(sys.argv[1])
