@@ -34,6 +34,7 @@ from .render import kernel_template_hash
 FORMAT = 1
 # the form Device.slug gives a device's name: lowercase letters and digits in hyphenated words
 DEVICE_SLUG = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+CUBLAS = "cublas"  # the family of records whose winner is cuBLAS itself
 FILE_MODE = 0o644
 
 
@@ -76,9 +77,19 @@ class Record:
     wall_s: float = 0.0
     study: str = ""
     provisional: bool = False  # best so far of a tune still running (or killed); replaced by its end
+    # For a cuBLAS record (family "cublas": no generated kernel beat cuBLAS by more than the noise):
+    # the best generated kernel it measured, {"family", "config", "config_name", "ratio"}
+    best_generated: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        if not self.best_generated:
+            del data["best_generated"]
+        return data
+
+    @property
+    def is_cublas(self) -> bool:
+        return self.family == CUBLAS
 
     @classmethod
     def from_json(cls, data) -> Record:
@@ -107,8 +118,17 @@ class Record:
                 raise ValueError(f"{name} must be an object, got {_shown(values[name])}")
         if type(values.get("provisional", False)) is not bool:
             raise ValueError(f"provisional must be true or false, got {_shown(values['provisional'])}")
+        if "best_generated" in values and not isinstance(values["best_generated"], dict):
+            raise ValueError(f"best_generated must be an object, got {_shown(values['best_generated'])}")
         Problem.from_key(values["problem"])
         record = cls(**values)
+        if record.is_cublas:
+            if record.config or record.config_name != CUBLAS:
+                raise ValueError(f"a cuBLAS record has no config, got {_shown(record.config)} named {_shown(record.config_name)}")
+            record.__dict__["config_object"] = None
+            if record.best_generated:
+                record.__dict__["best_generated_object"] = _best_generated(record.best_generated)
+            return record
         config = config_from_dict({**record.config, "family": record.family})
         if config.name != record.config_name:
             raise ValueError(f"config_name {_shown(record.config_name)} is not its config's name {config.name!r}")
@@ -117,7 +137,12 @@ class Record:
 
     @functools.cached_property
     def config_object(self):
-        return config_from_dict({**self.config, "family": self.family})
+        """The generated kernel's config; None for a cuBLAS record."""
+        return None if self.is_cublas else config_from_dict({**self.config, "family": self.family})
+
+    @functools.cached_property
+    def best_generated_object(self):
+        return _best_generated(self.best_generated) if self.best_generated else None
 
     @property
     def problem_object(self) -> Problem:
@@ -125,10 +150,26 @@ class Record:
 
     @property
     def stale(self) -> bool:
+        """Measured with templates that have changed since: a generated winner's own, or for a
+        cuBLAS record the template of the kernels it beat (new kernels might win now)."""
         try:
-            return self.template_hash != kernel_template_hash(self.config_object.template)
+            config = self.best_generated_object if self.is_cublas else self.config_object
+            if config is None:
+                return bool(self.template_hash)
+            return self.template_hash != kernel_template_hash(config.template)
         except (TypeError, ValueError):  # a config no family reads any more is never current
             return True
+
+
+def _best_generated(data: dict):
+    """The config of a cuBLAS record's best generated kernel, checked like a record's."""
+    config = config_from_dict({**data.get("config", {}), "family": data.get("family")})
+    if data.get("config_name") != config.name:
+        raise ValueError(f"best_generated config_name {_shown(data.get('config_name'))} is not its config's name")
+    ratio = data.get("ratio")
+    if type(ratio) not in (int, float) or not math.isfinite(ratio) or ratio <= 0:
+        raise ValueError(f"best_generated ratio must be a positive number, got {_shown(ratio)}")
+    return config
 
 
 def now() -> str:

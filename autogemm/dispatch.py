@@ -1,6 +1,6 @@
 """`matmul()` and `explain()`: validate the operands (the operand model of `operands`), pick a
-kernel (plan memo -> `select`: cache, nearest tuned shape, default -> cupy.matmul) and launch it on
-the operands' GPU and the current stream.
+kernel (plan memo -> `select`: the exact record, a config predicted to beat cuBLAS, else cuBLAS
+through cupy.matmul) and launch it on the operands' GPU and the current stream.
 
 Validation happens before anything touches the GPU and names the problem. A call's "plan" (kernel,
 launch geometry, vector widths) is memoized per (device, shapes, strides, alignment), so that a
@@ -154,7 +154,8 @@ class Dispatcher:
         if exact is None:  # tuned, but the cache could not keep it
             return None, False
         choice = choose(problem, device, exact, [])
-        choice.source, choice.reason = "autotune", f"tuned now ({result.valid} trials, {result.ratio:.3f}x cuBLAS)"
+        kept = f"cuBLAS kept, best generated kernel {result.ratio:.3f}x" if result.kept_cublas else f"{result.ratio:.3f}x cuBLAS"
+        choice.source, choice.reason = "autotune", f"tuned now ({result.valid} trials, {kept})"
         return choice, False
 
 
@@ -298,7 +299,7 @@ class _Plan:
                 out_arr = cupy.empty(self.shape, dtype=self.dtype)
             a_arr, b_arr = _as_cupy(a), _as_cupy(b)
             if self.launch is None:
-                product = cupy.matmul(a_arr, b_arr)
+                product = _cublas_matmul(a_arr, b_arr, self.problem.compute)
                 if beta == 0:
                     out_arr[...] = product if alpha == 1 else alpha * product
                 else:
@@ -314,6 +315,24 @@ class _Plan:
             if self.copy_out:
                 out_arr[...] = target
             return out_arr
+
+
+def _cublas_matmul(a, b, compute: str):
+    """cupy.matmul, in TF32 mode where the call asked for TF32 (CuPy's compute-type switch, set
+    for the call and restored)."""
+    import cupy
+
+    if compute != "tf32":
+        return cupy.matmul(a, b)
+    import numpy as np
+    from cupy._core import _routines_linalg as linalg
+
+    before = linalg.get_compute_type(np.float32)
+    linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
+    try:
+        return cupy.matmul(a, b)
+    finally:
+        linalg.set_compute_type(np.float32, before)
 
 
 def _writes_in_place(out: ArrayInfo, m: int, n: int) -> KernelOperand | None:
@@ -362,8 +381,9 @@ def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune) -> _Plan:
 
 
 def explain(a, b, *, out=None, compute: str | None = None, tune: bool | None = None) -> dict:
-    """Which kernel `matmul(a, b, ...)` would run, and why: the source of the choice, the config
-    and the figures cached with it. Runs nothing (but may compile the chosen kernel)."""
+    """Which kernel `matmul(a, b, ...)` would run, and why: the source of the choice, the config,
+    the figures cached with it and the candidates the model weighed (each with its predicted ratio
+    to cuBLAS and the ratio it needed). Runs nothing (but may compile the chosen kernel)."""
     runtime.cupy()
     ia, ib = describe(a, "a"), describe(b, "b")
     io = describe(out, "out") if out is not None else None
@@ -385,6 +405,7 @@ def explain(a, b, *, out=None, compute: str | None = None, tune: bool | None = N
         "source": choice.source,
         "config": choice.config.name if choice.config else None,
         "reason": choice.reason,
+        "candidates": choice.details.get("candidates", []),
         "copies": [x.name for x, lay in ((ia, layout_a), (ib, layout_b)) if lay is None],
         "cached": None if record is None else {
             "problem": record.problem, "tflops": record.tflops, "cublas_tflops": record.cublas_tflops,

@@ -25,6 +25,8 @@ from .render import render
 # host overhead (cupy.matmul's is 15-25 us a call) stays out of the figures that get reported.
 FINAL_MIN_BATCH = 3
 FINAL_SAMPLE_MS = 2.0
+# The least run-to-run spread assumed of a timing (H100 re-timings of one kernel differ by ~1%)
+MIN_NOISE = 0.01
 
 # compile: the compiler refused it; launch: CUDA refused to launch it; wrong: verification failed;
 # timeout/crash: it hung or killed the measuring process; oom: GPU memory ran out while measuring
@@ -68,6 +70,9 @@ class Evaluator:
     restart_s: float = 0.0  # wall time those restarts cost
     unstored: int = 0  # compiled kernels the disk would not take (measured from memory)
     storage_error: str = ""  # why, the last time
+    # relative spread of the last retime's cuBLAS figures (half their range over the median, at
+    # least MIN_NOISE): a generated kernel must beat cuBLAS by more to be kept over it
+    retime_noise: float = 0.01
 
     def start(self, config):
         """Begins work on a candidate (compiling, say) without blocking; returns a handle."""
@@ -285,6 +290,8 @@ class CompileAheadEvaluator(Evaluator):
                 else:
                     failures[i] = m
             cublas.append(self._cublas(5))
+        cublas_ms = float(np.median(cublas))
+        self.retime_noise = max(MIN_NOISE, (max(cublas) - min(cublas)) / (2 * cublas_ms))
         out = []
         for i in range(len(configs)):
             if i in failures:
@@ -292,7 +299,7 @@ class CompileAheadEvaluator(Evaluator):
             else:
                 ms = float(np.median(samples[i]))
                 out.append(Measurement(ok=True, time_ms=ms, tflops=self.problem.flops / ms / 1e9, rel_error=errors[i]))
-        return out, float(np.median(cublas))
+        return out, cublas_ms
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

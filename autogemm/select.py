@@ -1,16 +1,22 @@
-"""Which kernel serves a problem, as a pure function of the cache's contents: the exact record, else
-the record of the nearest tuned shape (same dtype, compute mode and layout), else the family's
-built-in default for the problem's size, else cuBLAS through cupy.matmul."""
+"""Which kernel serves a problem, as a pure function of the cache's contents, in this order of
+trust: the exact record (a generated kernel, or cuBLAS where the tune kept it); else a tuned config
+the model of `predict` expects to beat cuBLAS here by a margin; else cuBLAS through cupy.matmul.
+Only where cupy.matmul cannot serve the dtype (bfloat16) does the family's built-in default for the
+problem's size come in."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from . import dtypes
+from . import dtypes, predict
 from .families import GemmConfig, config_from_name, family_for
 from .problem import Problem
 
+# (dtype, compute) that cupy.matmul computes with cuBLAS as asked (TF32 through CuPy's compute-type
+# switch); bfloat16 it does not, so an untuned bfloat16 problem gets the built-in default kernel.
+CUBLAS_SERVES = {("float32", "fp32"), ("float32", "tf32"), ("float16", "fp32"), ("float64", "fp64")}
+SHOWN_CANDIDATES = 8  # candidates `explain` lists
 # Output sizes (M x N x batch) from which a problem counts as "large" or "medium" for the defaults.
 LARGE_OUTPUTS = 2048 * 2048
 MEDIUM_OUTPUTS = 256 * 256
@@ -21,7 +27,7 @@ MAX_DEFAULT_SPLIT_K = 8
 
 @dataclass
 class Choice:
-    source: str  # "cache", "shipped cache", "nearest", "default", "cupy", "autotune"
+    source: str  # "cache", "shipped cache", "predicted", "default", "cupy", "autotune"
     config: GemmConfig | None
     reason: str
     record: object | None = None  # the cache record the choice came from
@@ -56,33 +62,35 @@ def default_config(problem: Problem, device) -> GemmConfig | None:
     return None
 
 
-def log_distance(p: Problem, q: Problem) -> float:
-    return math.sqrt(sum(math.log(x / y) ** 2 for x, y in ((p.m, q.m), (p.n, q.n), (p.k, q.k), (p.batch, q.batch))))
-
-
 def choose(problem: Problem, device, exact, records) -> Choice:
     """Pure selection over cache contents: `exact` is (record, source) of this problem or None;
-    `records` are the device's current records (for the nearest shape)."""
+    `records` are the device's current records (the model's evidence). `details["candidates"]`
+    lists what the model considered, for `explain`."""
     if dtypes.find(problem.dtype, problem.compute) is None:
         return Choice("cupy", None, f"no template for {problem.dtype}/{problem.compute} yet: cupy.matmul")
     if exact is not None:
         record, source = exact
+        where = "shipped cache" if source == "shipped" else "cache"
+        if record.is_cublas:
+            lost = f"; best generated kernel {record.best_generated['ratio']:.3f}x" if record.best_generated else ""
+            return Choice(where, None, f"tuned for this problem: cuBLAS kept{lost} ({record.date[:10]})", record)
         config = record.config_object
         if not config.check(problem, device):
-            where = "shipped cache" if source == "shipped" else "cache"
             return Choice(where, config, f"tuned for this problem ({record.ratio:.3f}x cuBLAS on {record.date[:10]})",
                           record)
-    same_kind = [r for r in records
-                 if (r.problem_object.dtype, r.problem_object.compute, r.problem_object.layout)
-                 == (problem.dtype, problem.compute, problem.layout)]
-    for record in sorted(same_kind, key=lambda r: log_distance(problem, r.problem_object)):
-        config = record.config_object
-        if config.check(problem, device) and config.split_k > 1:
-            config = config.replace(split_k=max(1, min(config.split_k, config.tiles_k(problem))))
-        if not config.check(problem, device):
-            return Choice("nearest", config, f"tuned for the nearest shape {record.problem} "
-                          f"(log-distance {log_distance(problem, record.problem_object):.2f})", record)
+    considered = predict.candidates(problem, device, records)
+    details = {"candidates": [c.to_json() for c in considered[:SHOWN_CANDIDATES]]}
+    best = considered[0] if considered else None
+    if best is not None and best.wins:
+        return Choice("predicted", best.config,
+                      f"predicted {best.predicted_ratio:.3f}x cuBLAS (needs {best.needed_ratio:.3f}x) from its "
+                      f"{best.measured_ratio:.3f}x on {best.source}", details=details)
+    why = (f"no tuned config is predicted to beat cuBLAS by the margin (best {best.predicted_ratio:.3f}x, "
+           f"needs {best.needed_ratio:.3f}x)" if best is not None else "nothing tuned for this dtype on this GPU")
+    if (problem.dtype, problem.compute) in CUBLAS_SERVES:
+        return Choice("cupy", None, f"{why}: cuBLAS through cupy.matmul", details=details)
     config = default_config(problem, device)
     if config is not None:
-        return Choice("default", config, f"built-in {size_class(problem)}-problem configuration (nothing tuned nearby)")
-    return Choice("cupy", None, "no configuration of the template can run this problem: cupy.matmul")
+        return Choice("default", config, f"{why}; cupy.matmul has no {problem.dtype}: built-in "
+                      f"{size_class(problem)}-problem configuration", details=details)
+    return Choice("cupy", None, "no configuration of the template can run this problem: cupy.matmul", details=details)

@@ -9,6 +9,7 @@ goes on. At the end the best few are re-timed together with cuBLAS and the winne
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -17,9 +18,10 @@ from dataclasses import dataclass, field
 
 import optuna
 
-from .cache import Record, TuningCache, now, runtime_versions
-from .evaluate import Evaluator, FatalEvaluationError, GpuEvaluator, Measurement
+from .cache import CUBLAS, Record, TuningCache, now, runtime_versions
+from .evaluate import MIN_NOISE, Evaluator, FatalEvaluationError, GpuEvaluator, Measurement
 from .isolate import IsolatedEvaluator
+from .predict import candidates, log_distance, tuned_configs
 from .problem import Device, Problem
 from .render import kernel_template_hash
 from .space import SearchSpace, default_space_name
@@ -33,6 +35,9 @@ FINALISTS = 5
 MAX_IDLE_PROPOSALS = 300
 # Consecutive failed candidates after which the search stops (a broken toolchain or GPU, say).
 MAX_CONSECUTIVE_FAILURES = 50
+# Known configs enqueued before the search: the model's best predictions, the nearest winners.
+SEEDED_PREDICTIONS = 3
+SEEDED_NEAREST = 3
 
 
 class TuneError(RuntimeError):
@@ -74,6 +79,11 @@ class TuneResult:
     cache_error: str = ""  # why the result could not be cached (a read-only or full cache), if it could not
     unstored_kernels: int = 0  # compiled kernels the disk would not take (measured from memory)
     storage_error: str = ""  # why
+    # True when no generated kernel beat cuBLAS by more than `noise`: cuBLAS is what was cached and
+    # what matmul serves; `config` and `ratio` are then the best generated kernel's
+    kept_cublas: bool = False
+    noise: float = 0.0  # relative spread of the final cuBLAS timings
+    seeded: int = 0  # configs enqueued from what was known (cache, model) before the search
 
     @property
     def cublas_tflops(self) -> float:
@@ -107,6 +117,9 @@ class TuneResult:
             "restarts": self.restarts,
             "restart_s": self.restart_s,
             "cache_error": self.cache_error,
+            "kept_cublas": self.kept_cublas,
+            "noise": self.noise,
+            "seeded": self.seeded,
             "unstored_kernels": self.unstored_kernels,
             "storage_error": self.storage_error,
         }
@@ -242,11 +255,16 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
     }
     if known and progress:
         print(f"resuming study {name} ({len(known)} configurations measured)", file=sys.stderr)
-    if seed_configs and not study.trials:
-        for config in space.seeds:
+    seeded = 0
+    if seed_configs:
+        # What is known comes first (what serves this problem now, the nearest tuned problems'
+        # winners, the model's best predictions): a tune never ends below what was serving. The
+        # space's own seeds follow in a new study.
+        for config in known_configs(problem, device, cache, space) + (space.seeds if not study.trials else []):
             values = space.knob_values(config)
             if values is not None and not config.check(problem, device):
                 study.enqueue_trial(values, skip_if_exists=True)
+                seeded += 1
 
     progress_bar = _Progress(progress, trials, problem, evaluator)
     deadline = None if timeout is None else started + timeout
@@ -356,6 +374,7 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
                 raise TuneError("interrupted before any configuration was measured")
             chosen = Measurement(ok=True, time_ms=ms, tflops=known[winner.name])
             cublas_ms = evaluator.cublas_ms
+            noise = MIN_NOISE
         else:
             remeasured, cublas_ms = evaluator.retime(finalists)
             ranked = sorted((m.time_ms, i) for i, m in enumerate(remeasured) if m.ok)
@@ -364,6 +383,7 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
             winner, chosen = finalists[ranked[0][1]], remeasured[ranked[0][1]]
             if chosen.rel_error is None:
                 chosen.rel_error = next((m.rel_error for m in remeasured if m.ok and m.rel_error), None)
+            noise = evaluator.retime_noise
     finally:
         if owns_evaluator:
             evaluator.close()
@@ -372,18 +392,53 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
     study_trials = sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
                        if "config" in t.user_attrs and not t.user_attrs.get("duplicate"))
     record = record_for(winner, chosen, cublas_ms, provisional=False)
+    rel_error = record.rel_error  # the best generated kernel's, whichever is kept
+    kept_cublas = record.ratio <= 1 + noise
+    if kept_cublas:  # within the noise of cuBLAS or slower: cuBLAS is the winner, with its figures
+        record = cublas_record(record)
     record.trials["in_study"] = study_trials
     record.wall_s = wall
     cache_path = keep(record)
     return TuneResult(
         problem=problem, device=device, config=winner, time_ms=chosen.time_ms, tflops=chosen.tflops,
-        rel_error=record.rel_error, cublas_ms=cublas_ms, valid=valid, rejected=rejected, failed=failed,
+        rel_error=rel_error, cublas_ms=cublas_ms, valid=valid, rejected=rejected, failed=failed,
         duplicates=duplicates, study_trials=study_trials, wall_s=wall, study_name=name,
         storage=storage, cache_path=str(cache_path) if cache_path else None, interrupted=interrupted,
         history=history, failures=failures, stopped=stopped,
         restarts=evaluator.restarts, restart_s=evaluator.restart_s, cache_error=cache_errors[-1] if cache_errors else "",
         unstored_kernels=evaluator.unstored, storage_error=evaluator.storage_error,
+        kept_cublas=kept_cublas, noise=noise, seeded=seeded,
     )
+
+
+def cublas_record(generated: Record) -> Record:
+    """The record of a tune that kept cuBLAS: cuBLAS's figures, and the generated kernel it beat
+    (whose template's hash makes the record stale once the templates change)."""
+    return dataclasses.replace(
+        generated, family=CUBLAS, config={}, config_name=CUBLAS, time_ms=generated.cublas_ms,
+        tflops=generated.cublas_tflops, ratio=1.0, rel_error=float("nan"),
+        best_generated={"family": generated.family, "config": generated.config, "config_name": generated.config_name,
+                        "ratio": generated.ratio, "tflops": generated.tflops, "rel_error": generated.rel_error},
+    )
+
+
+def known_configs(problem: Problem, device: Device, cache: TuningCache, space: SearchSpace) -> list:
+    """Configs of the space's family worth measuring first: this problem's record (its winner, or
+    the generated kernel a cuBLAS record beat), the model's best predictions from the device's
+    other records, and the winners of the nearest tuned problems."""
+    records = [r for _, r in cache.records(device.slug) if not r.stale]
+    family = space.config_class.family
+    out: list = []
+    exact = cache.lookup(problem, device.slug)
+    if exact is not None:
+        out += [config for config, _ in tuned_configs(exact[0])]
+    out += [c.config for c in candidates(problem, device, records)[:SEEDED_PREDICTIONS]]
+    same_kind = [r for r in records if r.problem_object.dtype == problem.dtype
+                 and r.problem_object.compute == problem.compute]
+    for record in sorted(same_kind, key=lambda r: log_distance(problem, r.problem_object))[:SEEDED_NEAREST]:
+        out += [config for config, _ in tuned_configs(record)]
+    unique = {c.name: c for c in out if c.family == family}
+    return list(unique.values())
 
 
 def default_jobs() -> int:

@@ -1,7 +1,13 @@
 """autogemm.matmul on a GPU: random shapes, layouts, batches and alpha/beta against float64;
-PyTorch tensors in and out; every documented bad input raises its error before launching."""
+PyTorch tensors in and out; every documented bad input raises its error before launching.
+
+Untuned problems are served by cuBLAS; so that these tests exercise the generated kernels through
+`matmul`, the module's tests run with the built-in defaults serving instead (`generated_kernels`),
+except those about cuBLAS serving (`cublas_serving`)."""
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import pytest
@@ -12,6 +18,34 @@ import autogemm
 from autogemm.bench import relative_error
 
 pytestmark = pytest.mark.gpu
+
+
+@contextlib.contextmanager
+def _serving(dtypes_cublas_serves):
+    import autogemm.select as select
+
+    saved = select.CUBLAS_SERVES
+    select.CUBLAS_SERVES = dtypes_cublas_serves
+    autogemm.reset()
+    try:
+        yield
+    finally:
+        select.CUBLAS_SERVES = saved
+        autogemm.reset()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def generated_kernels():
+    """Untuned problems get the built-in default kernels, not cuBLAS."""
+    with _serving(set()):
+        yield
+
+
+def cublas_serving():
+    import autogemm.select as select
+
+    return _serving(select.CUBLAS_SERVES | {("float32", "fp32"), ("float32", "tf32"), ("float16", "fp32"),
+                                            ("float64", "fp64")})
 
 
 def _random(shape, seed):
@@ -57,6 +91,11 @@ def test_matches_float64(m, n, k, trans_a, trans_b, batch, broadcast, scaled, se
 
 
 def test_tuned_entry_is_used_and_explained():
+    with cublas_serving():
+        _check_tuned_entry()
+
+
+def _check_tuned_entry():
     import cupy
 
     from autogemm.cache import TuningCache
@@ -65,14 +104,22 @@ def test_tuned_entry_is_used_and_explained():
     result = autogemm.tune(256, trials=8, timeout=120)
     a, b = _random((256, 256), 1), _random((256, 256), 2)
     explanation = autogemm.explain(a, b)
-    assert explanation["source"] == "cache" and explanation["config"] == result.config.name
-    assert explanation["cached"]["ratio"] == pytest.approx(result.ratio)
+    assert explanation["source"] == "cache"
+    if result.kept_cublas:  # no generated kernel beat cuBLAS by more than the noise: cuBLAS serves
+        assert explanation["config"] is None and "cuBLAS kept" in explanation["reason"]
+    else:
+        assert explanation["config"] == result.config.name
+        assert explanation["cached"]["ratio"] == pytest.approx(result.ratio)
     c = autogemm.matmul(a, b)
     assert relative_error(c, _reference(a, b)) <= 1e-5
     assert TuningCache().lookup(autogemm.Problem(256, 256, 256), current_device().slug) is not None
-    # a shape never tuned borrows the nearest tuned one
+    # a shape never tuned: the tuned config is a candidate of the model, chosen only if it is
+    # predicted to beat cuBLAS by the margin
     near = autogemm.explain(_random((250, 260), 3), _random((260, 240), 4))
-    assert near["source"] == "nearest" and near["config"] == result.config.name
+    considered = {c["config"]: c for c in near["candidates"]}
+    assert result.config.name in considered
+    best = near["candidates"][0]
+    assert (near["source"], near["config"]) == (("predicted", best["config"]) if best["wins"] else ("cupy", None))
     cupy.cuda.Device().synchronize()
 
 
@@ -118,6 +165,38 @@ def test_other_dtypes_run_the_tensor_core_family(dtype, compute, limit):
     c = autogemm.matmul(a, b, compute=compute)
     assert c.dtype == dtype
     assert relative_error(c, _reference(a, b)) <= limit
+
+
+def test_untuned_problems_and_cublas_records_are_served_by_cublas():
+    """With nothing tuned, and for a problem whose tune kept cuBLAS, matmul is cupy.matmul (TF32
+    mode where TF32 was asked for)."""
+    from autogemm.cache import Record, TuningCache
+    from autogemm.families import SimtConfig
+    from autogemm.launch import current_device
+    from autogemm.render import kernel_template_hash
+    from autogemm.tuner import cublas_record
+
+    with cublas_serving():
+        for dtype, compute, limit in ((np.float32, None, 1e-5), (np.float32, "tf32", 5e-3), (np.float16, None, 1e-2),
+                                      (np.float64, None, 1e-12)):
+            a, b = _random((70, 45), 1).astype(dtype), _random((45, 33), 2).astype(dtype)
+            explained = autogemm.explain(a, b, compute=compute)
+            assert (explained["source"], explained["config"]) == ("cupy", None) and "nothing tuned" in explained["reason"]
+            assert relative_error(autogemm.matmul(a, b, compute=compute), _reference(a, b)) <= limit
+        device = current_device()
+        problem = autogemm.Problem(96, 80, 64)
+        config = SimtConfig()
+        generated = Record(problem=problem.key, family="simt", config={k: v for k, v in config.to_dict().items()
+                                                                        if k != "family"},
+                           config_name=config.name, time_ms=1.0, tflops=1.0, cublas_ms=0.9, cublas_tflops=1.1,
+                           ratio=0.9, rel_error=1e-7, template_hash=kernel_template_hash(config.template),
+                           device=device.name)
+        TuningCache().store(cublas_record(generated), device.slug)
+        autogemm.reset()
+        a, b = _random((96, 64), 3), _random((64, 80), 4)
+        explained = autogemm.explain(a, b)
+        assert (explained["source"], explained["config"]) == ("cache", None) and "cuBLAS kept" in explained["reason"]
+        assert relative_error(autogemm.matmul(a, b, alpha=2.0), _reference(a, b, 2.0)) <= 1e-5
 
 
 def test_pytorch_tensors_in_and_out():

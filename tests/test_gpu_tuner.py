@@ -25,6 +25,7 @@ def test_tune_caches_a_verified_kernel_and_resumes():
 
     from autogemm.bench import random_uniform, reference_gemm, relative_error
     from autogemm.cache import TuningCache
+    from autogemm.families import config_from_name
     from autogemm.launch import current_device, gemm
     from autogemm.problem import Problem
 
@@ -37,11 +38,12 @@ def test_tune_caches_a_verified_kernel_and_resumes():
     found = TuningCache().lookup(problem, current_device().slug)
     assert found is not None
     record, source = found
-    assert source == "user" and record.config_name == first["config"]
+    # the best generated kernel, or cuBLAS where it did not beat cuBLAS by more than the noise
+    assert source == "user" and record.config_name == ("cublas" if first["kept_cublas"] else first["config"])
 
     a, b = random_uniform((1024, 1024), seed=91), random_uniform((1024, 1024), seed=92)
     c = cupy.full((1024, 1024), np.nan, dtype=np.float32)
-    gemm(record.config_object, a, b, c)
+    gemm(config_from_name(first["config"]), a, b, c)
     assert relative_error(c, reference_gemm(a, b)) <= 1e-5
 
     second = _tune("--M", "1024", "--trials", "3", "--timeout", "300")

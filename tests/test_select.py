@@ -1,7 +1,10 @@
-"""Kernel selection as a pure function over cache records (no GPU): the exact record first, then
-the nearest tuned shape of the same dtype and layout, then the family's built-in defaults."""
+"""Kernel selection as a pure function over cache records (no GPU): the exact record first (a
+generated kernel or cuBLAS), then a tuned config the model predicts to beat cuBLAS by the margin,
+then cuBLAS (the built-in defaults only where cupy.matmul cannot serve the dtype)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -10,8 +13,10 @@ from autogemm.families import SimtConfig
 from autogemm.problem import Device, Problem
 from autogemm.render import kernel_template_hash
 from autogemm.select import choose, default_config
+from autogemm.tuner import cublas_record
 
 SM90 = Device.for_arch("sm_90")
+H100 = dataclasses.replace(SM90, name="NVIDIA H100 80GB HBM3", sm_count=132)  # what the model needs: SMs
 
 
 def _record(problem: Problem, config: SimtConfig, ratio=1.0, date="2026-11-22") -> Record:
@@ -33,35 +38,51 @@ def test_choose_exact_entry_first():
     assert shipped.source == "shipped cache"
 
 
-def test_choose_nearest_by_log_distance_of_the_same_dtype_and_layout():
-    problem = Problem(3000, 3000, 3000)
-    records = [
-        _record(Problem(4096, 4096, 4096), TUNED),
-        _record(Problem(512, 512, 512), OTHER),
-        _record(Problem.from_layout(3000, 3000, 3000, "tn"), OTHER),  # other layout: not a candidate
-    ]
-    choice = choose(problem, SM90, None, records)
-    assert (choice.source, choice.config) == ("nearest", TUNED)
-    assert "4096x4096x4096" in choice.reason
+def test_a_cublas_record_serves_cublas():
+    problem = Problem(4096, 4096, 4096)
+    kept = cublas_record(_record(problem, TUNED, ratio=0.93))
+    choice = choose(problem, SM90, (kept, "user"), [kept])
+    assert (choice.source, choice.config) == ("cache", None)
+    assert "cuBLAS kept; best generated kernel 0.930x" in choice.reason
 
 
-def test_choose_nearest_clamps_split_k_to_the_k_tiles():
+def test_a_config_predicted_to_win_by_the_margin_is_chosen():
+    """Near the tuned shape, with the same fill of the GPU, the measured win carries over."""
+    records = [_record(Problem(4096, 4096, 4096), TUNED, ratio=1.10), _record(Problem(512, 512, 512), OTHER, ratio=1.2)]
+    choice = choose(Problem(4096, 4224, 4096), H100, None, records)
+    assert (choice.source, choice.config) == ("predicted", TUNED)
+    assert "from its 1.100x on float32/fp32/nn/b1/4096x4096x4096" in choice.reason
+    assert [c["config"] for c in choice.details["candidates"]][0] == TUNED.name
+
+
+def test_shapes_that_leave_the_gpu_idle_go_to_cublas():
+    """The issue's cases: a 128-wide tile on M = 127 or N = 64 leaves most SMs idle; the nearest
+    shape's config ran at 0.13x there. The model predicts the loss and keeps cuBLAS."""
+    records = [_record(Problem(4096, 4096, 4096), OTHER, ratio=1.05)]
+    for problem in (Problem(127, 4096, 4096), Problem(8192, 64, 8192)):
+        choice = choose(problem, H100, None, records)
+        assert choice.source == "cupy" and choice.config is None, choice.reason
+        (candidate,) = choice.details["candidates"]
+        assert candidate["predicted_ratio"] < 0.7 and not candidate["wins"]
+
+
+def test_the_model_clamps_split_k_to_the_k_tiles():
     split = TUNED.replace(split_k=8)
-    choice = choose(Problem(64, 64, 32), SM90, None, [_record(Problem(64, 64, 4096), split)])
-    assert choice.source == "nearest" and choice.config.split_k == 2
+    choice = choose(Problem(64, 64, 32), H100, None, [_record(Problem(64, 64, 4096), split, ratio=3.0)])
+    assert choice.details["candidates"][0]["config"] == split.replace(split_k=2).name
 
 
-def test_choose_default_then_cupy():
-    choice = choose(Problem(100, 100, 100), SM90, None, [])
-    assert choice.source == "default" and not choice.config.check(Problem(100, 100, 100), SM90)
-    long_k = default_config(Problem(32, 32, 65536), SM90)
-    assert long_k.split_k > 1
-    for problem in (Problem(64, 64, 64, dtype="float16"), Problem(64, 64, 64, compute="tf32"),
-                    Problem(64, 64, 64, dtype="bfloat16"), Problem(64, 64, 64, dtype="float64")):
+def test_with_nothing_tuned_cublas_serves_and_bfloat16_gets_the_default():
+    for problem in (Problem(100, 100, 100), Problem(64, 64, 64, dtype="float16"), Problem(64, 64, 64, compute="tf32"),
+                    Problem(64, 64, 64, dtype="float64")):
         choice = choose(problem, SM90, None, [])
-        assert choice.source == "default" and choice.config.family == "wmma"
+        assert choice.source == "cupy" and choice.config is None and "nothing tuned" in choice.reason
+    choice = choose(Problem(64, 64, 64, dtype="bfloat16"), SM90, None, [])
+    assert choice.source == "default" and choice.config.family == "wmma"
     # no tensor-core path for bfloat16 before sm_80: cupy.matmul
     assert choose(Problem(64, 64, 64, dtype="bfloat16"), Device.for_arch("sm_75"), None, []).source == "cupy"
+    long_k = default_config(Problem(32, 32, 65536), SM90)
+    assert long_k.split_k > 1
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 1, 1), (1, 700, 3), (4096, 4096, 4096), (127, 129, 65), (7, 3, 100000)])

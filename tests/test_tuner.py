@@ -77,12 +77,13 @@ def test_failures_are_skipped_and_never_chosen(tmp_path):
 
 
 def test_result_is_cached_with_the_same_run_cublas_figure(tmp_path):
-    result = run(tmp_path, 20, seed=1)
+    slower_cublas = dataclasses.replace(TABLE, cublas_ms=BEST.time_ms * 1.2)  # so that a kernel wins
+    result = run(tmp_path, 20, evaluator=RecordedEvaluator(slower_cublas), seed=1)
     record, source = TuningCache(tmp_path / "cache", shipped=False).lookup(TABLE.problem, TABLE.device.slug)
     assert source == "user"
     assert record.config_name == result.config.name
-    assert record.cublas_ms == TABLE.cublas_ms
-    assert record.ratio == pytest.approx(TABLE.cublas_ms / result.time_ms)
+    assert record.cublas_ms == slower_cublas.cublas_ms
+    assert record.ratio == pytest.approx(slower_cublas.cublas_ms / result.time_ms)
     assert record.trials["valid"] == 20
 
 
@@ -132,3 +133,42 @@ def test_a_cache_that_cannot_be_written_does_not_end_the_tune(tmp_path, capsys):
     assert unwritable.valid == 15 and unwritable.config == result.config
     assert unwritable.cache_path is None and "No space left on device" in unwritable.cache_error
     assert capsys.readouterr().err.count("cannot write tuned results") == 1  # said once
+
+
+def test_cublas_is_kept_when_no_generated_kernel_beats_it_by_more_than_the_noise(tmp_path):
+    """A tune whose best kernel is within the noise of cuBLAS (or slower) caches cuBLAS, with the
+    kernel it beat; matmul then serves cuBLAS for the problem."""
+    from autogemm.select import choose
+
+    close = dataclasses.replace(TABLE, cublas_ms=BEST.time_ms * 1.005)  # the best is 1.005x: inside 1% noise
+    result = run(tmp_path, 20, evaluator=RecordedEvaluator(close), seed=1)
+    assert result.kept_cublas and result.noise == 0.01 and result.ratio <= 1.01
+    cache = TuningCache(tmp_path / "cache", shipped=False)
+    record, _ = cache.lookup(TABLE.problem, TABLE.device.slug)
+    assert record.is_cublas and record.config_object is None and record.ratio == 1.0
+    assert record.time_ms == close.cublas_ms and record.best_generated["config_name"] == result.config.name
+    assert choose(TABLE.problem, TABLE.device, (record, "user"), []).config is None
+
+    clear_win = dataclasses.replace(TABLE, cublas_ms=BEST.time_ms * 1.05)
+    result = run(tmp_path / "again", 20, evaluator=RecordedEvaluator(clear_win), seed=1)
+    assert not result.kept_cublas
+    record, _ = TuningCache(tmp_path / "again" / "cache", shipped=False).lookup(TABLE.problem, TABLE.device.slug)
+    assert not record.is_cublas and record.config_name == result.config.name
+
+
+def test_the_tune_starts_from_what_is_known(tmp_path):
+    """A winner of a nearby problem is enqueued first: with a single trial, it is what gets measured."""
+    from autogemm.cache import Record
+    from autogemm.problem import Problem
+    from autogemm.render import kernel_template_hash
+    from autogemm.families import config_from_name
+
+    known = config_from_name(BEST_NAME)
+    nearby = Problem(TABLE.problem.m, TABLE.problem.n, TABLE.problem.k // 2)
+    cache = TuningCache(tmp_path / "cache", shipped=False)
+    cache.store(Record(problem=nearby.key, family=known.family,
+                       config={k: v for k, v in known.to_dict().items() if k != "family"}, config_name=known.name,
+                       time_ms=1.0, tflops=1.0, cublas_ms=1.1, cublas_tflops=1.0, ratio=1.1, rel_error=1e-7,
+                       template_hash=kernel_template_hash(known.template), device=TABLE.device.name), TABLE.device.slug)
+    result = run(tmp_path, 1, sampler="random", seed=3)
+    assert result.seeded >= 1 and result.config.name == known.name

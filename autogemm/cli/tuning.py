@@ -17,6 +17,8 @@ def _format_result(result) -> str:
     rows = [
         ("problem", str(result.problem)),
         ("device", f"{result.device.name} ({result.device.arch}, {result.device.sm_count} SMs)"),
+        ("serves", f"cuBLAS (kept: best generated kernel {result.ratio:.3f}x, noise {result.noise:.1%})"
+         if result.kept_cublas else f"the generated kernel ({result.ratio:.3f}x cuBLAS, noise {result.noise:.1%})"),
         ("best config", config.name),
         ("knobs", knobs),
         ("TFLOP/s", f"{result.tflops:.2f}"),
@@ -90,6 +92,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if found is None:
         raise CliFailure(f"no tuned kernel for {problem} on {device.name}; run: autogemm tune {_problem_flags(problem)}")
     record, source = found
+    if record.is_cublas:
+        lost = f" (best generated kernel {record.best_generated['ratio']:.3f}x)" if record.best_generated else ""
+        print(f"{problem} on {device.name}: the {source} cache keeps cuBLAS{lost}; matmul serves cupy.matmul. "
+              f"Run `autogemm tune {_problem_flags(problem)}` to search again.")
+        return 0
     evaluator = GpuEvaluator(problem, device, jobs=min(2, default_jobs()), seed=args.seed)
     try:
         (measured,), cublas_ms = evaluator.retime([record.config_object], rounds=args.rounds)
