@@ -227,10 +227,12 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
         tune = os.environ.get("AUTOGEMM_TUNE", "") not in ("", "0")
 
     with cupy.cuda.Device(device_a):
-        out_arr = _as_cupy(out) if out is not None else cupy.empty(shape, dtype=_cupy_dtype(ia.dtype))
         m, n = shape[-2:]
         k = ia.shape[-1]
-        if out_arr.size == 0:
+        if out is None and (math.prod(shape) == 0 or k == 0):
+            out = cupy.empty(shape, dtype=_cupy_dtype(ia.dtype))
+        out_arr = _as_cupy(out) if out is not None else None  # None: made by the plan (cuBLAS makes its own)
+        if out_arr is not None and out_arr.size == 0:
             return out_arr
         if k == 0:  # no products: beta * out, or zeros (beta == 0 never reads out)
             if beta == 0:
@@ -238,15 +240,30 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
             else:
                 out_arr *= beta
             return out_arr
+        # a fresh output is C-contiguous and 256-byte aligned (CuPy's pool): its layout is known
+        out_layout = (out_arr.strides, out_arr.data.ptr % 16) if out_arr is not None \
+            else (_contiguous_strides(shape, dtypes.lookup(ia.dtype).itemsize), 0)
         key = (ia.shape, ia.strides, ib.shape, ib.strides, ia.dtype, compute, ia.pointer % 16, ib.pointer % 16,
-               device_a, out_arr.strides, out_arr.data.ptr % 16, bool(tune))
+               device_a, *out_layout, bool(tune))
         fast_key = None
         if out is None and compute == "fp32" and ia.dtype == "float32" and type(a) is cupy.ndarray \
                 and type(b) is cupy.ndarray:
             fast_key = _fast_key(a, b, a.data, b.data)
-        plan = _DISPATCHER.plan_for(key, lambda: _make_plan(a, ia, b, ib, out_arr, shape, compute, device_a, tune),
-                                    fast_key)
+
+        def build():
+            target = out_arr if out_arr is not None else cupy.empty(shape, dtype=_cupy_dtype(ia.dtype))
+            return _make_plan(a, ia, b, ib, target, shape, compute, device_a, tune)
+
+        plan = _DISPATCHER.plan_for(key, build, fast_key)
         return plan.call(a, b, out_arr, alpha, beta)
+
+
+def _contiguous_strides(shape: tuple, itemsize: int) -> tuple:
+    strides, step = [], itemsize
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= extent
+    return tuple(reversed(strides))
 
 
 def _cupy_dtype(name: str):
@@ -285,7 +302,11 @@ class _Plan:
         kernel needs no copies and the operands' device is current, no device switch either."""
         import cupy
 
-        if self.launch is None or self.copy_a or self.copy_b or cupy.cuda.runtime.getDevice() != self.device:
+        if cupy.cuda.runtime.getDevice() != self.device:
+            return self.call(a, b, None, alpha, 0.0)
+        if self.launch is None:  # cuBLAS: exactly the user's cupy.matmul (FP32: the fast path's only mode)
+            return cupy.matmul(a, b) if alpha == 1 else _cublas_call(a, b, None, alpha, 0.0, "fp32")
+        if self.copy_a or self.copy_b:
             return self.call(a, b, None, alpha, 0.0)
         out_arr = cupy.empty(self.shape, dtype=self.dtype)
         self.launch(pointer_a, pointer_b, out_arr.data.ptr, alpha, 0.0, cupy.cuda.get_current_stream())
@@ -295,16 +316,11 @@ class _Plan:
         import cupy
 
         with cupy.cuda.Device(self.device):
-            if out_arr is None:
-                out_arr = cupy.empty(self.shape, dtype=self.dtype)
             a_arr, b_arr = _as_cupy(a), _as_cupy(b)
             if self.launch is None:
-                product = _cublas_matmul(a_arr, b_arr, self.problem.compute)
-                if beta == 0:
-                    out_arr[...] = product if alpha == 1 else alpha * product
-                else:
-                    out_arr[...] = alpha * product + beta * out_arr
-                return out_arr
+                return _cublas_call(a_arr, b_arr, out_arr, alpha, beta, self.problem.compute)
+            if out_arr is None:
+                out_arr = cupy.empty(self.shape, dtype=self.dtype)
             if self.copy_a:
                 a_arr = cupy.ascontiguousarray(a_arr)
             if self.copy_b:
@@ -317,22 +333,40 @@ class _Plan:
             return out_arr
 
 
-def _cublas_matmul(a, b, compute: str):
-    """cupy.matmul, in TF32 mode where the call asked for TF32 (CuPy's compute-type switch, set
-    for the call and restored)."""
+def _cublas_matmul(a, b, compute: str, out=None):
+    """cupy.matmul (into `out` when given), in TF32 mode where the call asked for TF32 (CuPy's
+    compute-type switch, set for the call and restored)."""
     import cupy
 
     if compute != "tf32":
-        return cupy.matmul(a, b)
+        return cupy.matmul(a, b, out=out)
     import numpy as np
     from cupy._core import _routines_linalg as linalg
 
     before = linalg.get_compute_type(np.float32)
     linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
     try:
-        return cupy.matmul(a, b)
+        return cupy.matmul(a, b, out=out)
     finally:
         linalg.set_compute_type(np.float32, before)
+
+
+def _cublas_call(a, b, out, alpha: float, beta: float, compute: str):
+    """alpha · a @ b (+ beta · out) through cuBLAS with no more work than the user's own
+    cupy.matmul would do: the product goes straight into a fresh array or into `out`; only alpha
+    and beta cost an element-wise pass."""
+    if out is None:
+        product = _cublas_matmul(a, b, compute)
+        if alpha != 1:
+            product *= alpha
+        return product
+    if beta == 0:
+        _cublas_matmul(a, b, compute, out=out)
+        if alpha != 1:
+            out *= alpha
+        return out
+    out[...] = alpha * _cublas_matmul(a, b, compute) + beta * out
+    return out
 
 
 def _writes_in_place(out: ArrayInfo, m: int, n: int) -> KernelOperand | None:

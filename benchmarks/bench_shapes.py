@@ -1,0 +1,210 @@
+"""`autogemm.matmul` against the `cupy.matmul` it replaces, over the public shape suite
+(benchmarks/shapes.toml), in one run: for each shape, single calls of each alternate between CUDA
+events and the ratio is the median over the pairs (cuBLAS time / autogemm time; > 1: autogemm is
+faster). Three ways of meeting a shape:
+
+    empty     nothing tuned: what a new user gets
+    tuned     each problem of the suite tuned first (--budget seconds each), then measured
+    loo       leave-one-out: each shape measured with every other shape's tuned record but its
+              own (the prediction at work); needs a cache of tuned records (--from, as `tuned`
+              leaves it)
+
+Writes benchmarks/results/shapes-<device>-<mode>.md (and .json): per-shape rows, geomeans per dtype.
+
+    python benchmarks/bench_shapes.py empty
+    python benchmarks/bench_shapes.py tuned --budget 30 --keep-cache /tmp/suite-cache
+    python benchmarks/bench_shapes.py loo --from /tmp/suite-cache
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+SUITE_COMPUTE = {"float32": ("float32", "fp32"), "tf32": ("float32", "tf32"), "float16": ("float16", "fp32"),
+                 "bfloat16": ("bfloat16", "fp32"), "float64": ("float64", "fp64")}
+
+
+def load_suite(path: Path):
+    from autogemm.problem import Problem
+
+    data = tomllib.loads(path.read_text())
+    unknown = set(data) - set(SUITE_COMPUTE)
+    if unknown:
+        raise SystemExit(f"{path}: unknown suite keys {sorted(unknown)}; use {sorted(SUITE_COMPUTE)}")
+    problems = []
+    for key, shapes in data.items():
+        dtype, compute = SUITE_COMPUTE[key]
+        for shape in shapes:
+            if len(shape) != 3 or not all(type(x) is int and x > 0 for x in shape):
+                raise SystemExit(f"{path}: {key}: a shape is [M, N, K] of positive integers, got {shape!r}")
+            problems.append(Problem(*shape, dtype=dtype, compute=compute))
+    return problems
+
+
+def operands(problem, seed: int):
+    from autogemm.bench import random_uniform
+
+    dtype = problem.dtype
+    a = random_uniform((problem.m, problem.k), dtype, seed=seed)
+    b = random_uniform((problem.k, problem.n), dtype, seed=seed + 1)
+    if dtype == "bfloat16":  # users hold bfloat16 as ml_dtypes arrays; autogemm takes them zero-copy
+        import ml_dtypes
+
+        a, b = a.view(ml_dtypes.bfloat16), b.view(ml_dtypes.bfloat16)
+    return a, b
+
+
+def baseline(problem, a, b):
+    """The call autogemm replaces: cupy.matmul (TF32 mode for tf32); for bfloat16, which
+    cupy.matmul does not compute, cublasGemmEx as bench.cublas_runner makes it."""
+    import cupy
+
+    from autogemm.bench import cublas_runner
+
+    if problem.dtype == "bfloat16":
+        c = cupy.empty((problem.m, problem.n), dtype=np.uint16)
+        return cublas_runner(problem, a.view(np.uint16), b.view(np.uint16), c)
+    if problem.compute == "tf32":
+        c = cupy.empty((problem.m, problem.n), dtype=np.float32)
+        return cublas_runner(problem, a, b, c)
+    return lambda: cupy.matmul(a, b)
+
+
+def measure(problem, pairs: int, seed: int) -> dict:
+    import cupy
+
+    import autogemm
+
+    a, b = operands(problem, seed)
+    compute = problem.compute if problem.compute == "tf32" else None
+    ours = lambda: autogemm.matmul(a, b, compute=compute)  # noqa: E731
+    theirs = baseline(problem, a, b)
+    explained = autogemm.explain(a, b, compute=compute)
+    for _ in range(3):  # plans, compilation, clocks
+        ours(), theirs()
+    cupy.cuda.Device().synchronize()
+    events = [cupy.cuda.Event() for _ in range(3)]
+    ratios, ours_ms, theirs_ms = [], [], []
+    for i in range(pairs):
+        first, second = (ours, theirs) if i % 2 == 0 else (theirs, ours)  # alternate which goes first
+        events[0].record()
+        first()
+        events[1].record()
+        second()
+        events[2].record()
+        events[2].synchronize()
+        t1, t2 = cupy.cuda.get_elapsed_time(events[0], events[1]), cupy.cuda.get_elapsed_time(events[1], events[2])
+        mine, base = (t1, t2) if first is ours else (t2, t1)
+        ours_ms.append(mine)
+        theirs_ms.append(base)
+        ratios.append(base / mine)
+    return {"problem": problem.key, "dtype": problem.dtype, "compute": problem.compute,
+            "shape": [problem.m, problem.n, problem.k], "ratio": statistics.median(ratios),
+            "autogemm_ms": statistics.median(ours_ms), "cupy_ms": statistics.median(theirs_ms),
+            "tflops": problem.flops / statistics.median(ours_ms) / 1e9, "source": explained["source"],
+            "config": explained["config"], "reason": explained["reason"]}
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def write(rows: list[dict], mode: str, note: str) -> Path:
+    from autogemm.launch import current_device
+
+    device = current_device()
+    out = HERE / "results" / f"shapes-{device.slug}-{mode}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    groups: dict[str, list[float]] = {}
+    for row in rows:
+        groups.setdefault(f"{row['dtype']}/{row['compute']}", []).append(row["ratio"])
+    lines = [f"# Shape suite on {device.name}: {mode}", "", note, "",
+             "| problem | autogemm ms | cupy.matmul ms | ratio | served by |", "| --- | ---: | ---: | ---: | --- |"]
+    for row in rows:
+        served = row["config"] or row["source"]
+        lines.append(f"| {row['problem']} | {row['autogemm_ms']:.4f} | {row['cupy_ms']:.4f} | {row['ratio']:.3f} | "
+                     f"{row['source']}: {served} |")
+    lines += ["", "| dtype | shapes | geomean | min |", "| --- | ---: | ---: | ---: |"]
+    for group, ratios in groups.items():
+        lines.append(f"| {group} | {len(ratios)} | {geomean(ratios):.3f} | {min(ratios):.3f} |")
+    lines.append(f"| all | {len(rows)} | {geomean(r['ratio'] for r in rows):.3f} | {min(r['ratio'] for r in rows):.3f} |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    out.with_suffix(".json").write_text(json.dumps({"mode": mode, "note": note, "device": device.name, "rows": rows},
+                                                   indent=1))
+    print("\n".join(lines))
+    return out.with_suffix(".md")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("mode", choices=("empty", "tuned", "loo"))
+    parser.add_argument("--suite", type=Path, default=HERE / "shapes.toml")
+    parser.add_argument("--pairs", type=int, default=40, help="timed pairs per shape (median; default 40)")
+    parser.add_argument("--budget", type=float, default=30.0, help="tuned: seconds of tuning per problem")
+    parser.add_argument("--keep-cache", type=Path, help="tuned: keep the tuned cache in this directory")
+    parser.add_argument("--from", dest="source", type=Path, help="loo: the cache directory a `tuned` run kept")
+    parser.add_argument("--only", help="only problems whose key contains this text")
+    args = parser.parse_args()
+    if args.pairs < 1:
+        parser.error("--pairs must be >= 1")
+    problems = [p for p in load_suite(args.suite) if not args.only or args.only in p.key]
+
+    import autogemm
+    from autogemm.cache import TuningCache
+    from autogemm.launch import current_device
+
+    device = current_device()
+    rows = []
+    if args.mode == "empty":
+        os.environ["AUTOGEMM_CACHE_DIR"] = tempfile.mkdtemp(prefix="autogemm-empty-")
+        for i, problem in enumerate(problems):
+            rows.append(measure(problem, args.pairs, seed=10 * i))
+        note = f"An empty cache; {args.pairs} alternating pairs per shape, median ratio."
+    elif args.mode == "tuned":
+        directory = args.keep_cache or Path(tempfile.mkdtemp(prefix="autogemm-tuned-"))
+        os.environ["AUTOGEMM_CACHE_DIR"] = str(directory)
+        started = time.perf_counter()
+        for problem in problems:
+            result = autogemm.tune(problem, trials=10_000, timeout=args.budget)
+            print(f"tuned {problem.key}: {'cuBLAS kept' if result.kept_cublas else result.config.name} "
+                  f"({result.ratio:.3f}x, {result.wall_s:.1f} s)", file=sys.stderr)
+        autogemm.reset()
+        for i, problem in enumerate(problems):
+            rows.append(measure(problem, args.pairs, seed=10 * i))
+        note = (f"Each problem tuned first with a {args.budget:g} s budget (search; re-timing on top), "
+                f"{time.perf_counter() - started:.0f} s in all; cache kept in {directory}.")
+    else:
+        if args.source is None:
+            parser.error("loo needs --from DIR, the cache a `tuned` run kept")
+        tuned = TuningCache(args.source, shipped=False)
+        records = tuned.records(device.slug, include_shipped=False)
+        for i, problem in enumerate(problems):
+            directory = Path(tempfile.mkdtemp(prefix="autogemm-loo-"))
+            cache = TuningCache(directory, shipped=False)
+            for _, record in records:
+                if record.problem != problem.key:
+                    cache.store(record, device.slug, keep_better=False)
+            os.environ["AUTOGEMM_CACHE_DIR"] = str(directory)
+            autogemm.reset()
+            rows.append(measure(problem, args.pairs, seed=10 * i))
+        note = f"Leave-one-out: each shape with the records of {args.source} but its own."
+    write(rows, args.mode, note)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
