@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import dtypes
+from .runtime import cublas_matmul
 
 # TF32 rounds every operand to 10 mantissa bits, so its error grows like sqrt(K) beyond this K
 TF32_TOLERANCE_K = 4096
@@ -244,19 +245,7 @@ def cublas_runner(problem, a, b, c):
     swap = cupy.swapaxes
     op_a = swap(a, -1, -2) if problem.trans_a else a
     op_b = swap(b, -1, -2) if problem.trans_b else b
-    if problem.compute == "tf32":
-        from cupy._core import _routines_linalg as linalg
-
-        def run_tf32():
-            before = linalg.get_compute_type(np.float32)
-            linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
-            try:
-                cupy.matmul(op_a, op_b, out=c)
-            finally:
-                linalg.set_compute_type(np.float32, before)
-
-        return run_tf32
-    return lambda: cupy.matmul(op_a, op_b, out=c)
+    return lambda: cublas_matmul(op_a, op_b, problem.compute, out=c)
 
 
 def _bfloat16_gemm(problem, a, b, c):

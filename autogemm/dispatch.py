@@ -18,6 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from . import dtypes, runtime
+from .runtime import cublas_matmul
 from .operands import ArrayInfo, KernelOperand, describe, real_scalar, validate
 from .problem import Problem
 from .select import Choice, choose
@@ -333,39 +334,21 @@ class _Plan:
             return out_arr
 
 
-def _cublas_matmul(a, b, compute: str, out=None):
-    """cupy.matmul (into `out` when given), in TF32 mode where the call asked for TF32 (CuPy's
-    compute-type switch, set for the call and restored)."""
-    import cupy
-
-    if compute != "tf32":
-        return cupy.matmul(a, b, out=out)
-    import numpy as np
-    from cupy._core import _routines_linalg as linalg
-
-    before = linalg.get_compute_type(np.float32)
-    linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
-    try:
-        return cupy.matmul(a, b, out=out)
-    finally:
-        linalg.set_compute_type(np.float32, before)
-
-
 def _cublas_call(a, b, out, alpha: float, beta: float, compute: str):
     """alpha · a @ b (+ beta · out) through cuBLAS with no more work than the user's own
     cupy.matmul would do: the product goes straight into a fresh array or into `out`; only alpha
     and beta cost an element-wise pass."""
     if out is None:
-        product = _cublas_matmul(a, b, compute)
+        product = cublas_matmul(a, b, compute)
         if alpha != 1:
             product *= alpha
         return product
     if beta == 0:
-        _cublas_matmul(a, b, compute, out=out)
+        cublas_matmul(a, b, compute, out=out)
         if alpha != 1:
             out *= alpha
         return out
-    out[...] = alpha * _cublas_matmul(a, b, compute) + beta * out
+    out[...] = alpha * cublas_matmul(a, b, compute) + beta * out
     return out
 
 
