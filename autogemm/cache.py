@@ -13,6 +13,7 @@ differs from its kernel template's today is ignored by lookups and shown as stal
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import functools
 import json
@@ -159,6 +160,17 @@ class Record:
             return self.template_hash != kernel_template_hash(config.template)
         except (TypeError, ValueError):  # a config no family reads any more is never current
             return True
+
+
+def cublas_record(generated: Record) -> Record:
+    """The record of a tune that kept cuBLAS: cuBLAS's figures, and the generated kernel it beat
+    (whose template's hash makes the record stale once the templates change)."""
+    return dataclasses.replace(
+        generated, family=CUBLAS, config={}, config_name=CUBLAS, time_ms=generated.cublas_ms,
+        tflops=generated.cublas_tflops, ratio=1.0, rel_error=float("nan"),
+        best_generated={"family": generated.family, "config": generated.config, "config_name": generated.config_name,
+                        "ratio": generated.ratio, "tflops": generated.tflops, "rel_error": generated.rel_error},
+    )
 
 
 def _best_generated(data: dict):

@@ -11,154 +11,15 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import time
-import warnings
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from . import dtypes, runtime
-from .runtime import cublas_matmul
 from .operands import ArrayInfo, KernelOperand, describe, real_scalar, validate
+from .planning import PROVISIONAL_PLAN_S, Dispatcher
 from .problem import Problem
-from .select import Choice, choose
-
-AUTOTUNE_TRIALS = 40
-AUTOTUNE_TIMEOUT_S = 30.0
-
-
-# ---- plans and launches ---------------------------------------------------------------------------
-MAX_PLANS = 1024  # plans memoized per process (least recently used go first)
-# A call that finds another process tuning its problem waits this long for that tune's result,
-# then serves the best it has without tuning, and plans again after PROVISIONAL_PLAN_S.
-WAIT_FOR_TUNE_S = 2 * AUTOTUNE_TIMEOUT_S
-PROVISIONAL_PLAN_S = 30.0
-
-
-class Dispatcher:
-    """Per-process state of `matmul`: the plan memo, the cache, and the coordination of threads.
-
-    Many threads may call with a shape nobody planned yet: one builds the plan (cache lookup,
-    compilation, a tune when asked for), the others wait for it. Tunes run one at a time per GPU
-    in this process (concurrent tunes would time each other), and a tune of the same problem
-    running in another process is waited for, not raced."""
-
-    def __init__(self, cache=None):
-        self.plans: OrderedDict = OrderedDict()  # full key (shapes, strides, dtype, ..., out) -> plan
-        self.fast: dict = {}  # key of the fast path (CuPy operands, no out, alpha only) -> plan
-        self.lock = threading.Lock()
-        self._building: dict = {}  # plan key -> Event set when the thread building it is done
-        self._tune_locks: dict[int, threading.Lock] = {}  # GPU ordinal -> held while tuning on it
-        self._cache = cache
-
-    @property
-    def cache(self):
-        """The cache given at construction, else the user's (its directory read on each use, so
-        that $AUTOGEMM_CACHE_DIR set after import is honoured)."""
-        if self._cache is not None:
-            return self._cache
-        from .cache import TuningCache
-
-        return TuningCache()
-
-    def clear(self) -> None:
-        """Forgets every plan (after tuning, say, so that the next call looks at the cache again)."""
-        with self.lock:
-            self.plans.clear()
-            self.fast.clear()
-
-    def plan_for(self, key, build, fast_key=None):
-        """The plan memoized under `key`, or the one `build()` makes: one thread builds it while
-        the others asking for the same key wait (if it fails, each of them tries in turn)."""
-        while True:
-            plan = self.plans.get(key)
-            if plan is not None and not plan.expired():
-                try:
-                    self.plans.move_to_end(key)
-                except KeyError:  # evicted meanwhile by another thread: still good for this call
-                    pass
-                return plan
-            with self.lock:
-                pending = self._building.get(key)
-                mine = pending is None
-                if mine:
-                    pending = self._building[key] = threading.Event()
-            if not mine:
-                pending.wait()
-                continue
-            try:
-                plan = build()
-                self._keep(key, plan, fast_key)
-                return plan
-            finally:
-                with self.lock:
-                    del self._building[key]
-                pending.set()
-
-    def _keep(self, key, plan, fast_key) -> None:
-        with self.lock:
-            old = self.plans.pop(key, None)
-            if old is not None:
-                self._forget_fast(old)
-            self.plans[key] = plan
-            if fast_key is not None and plan.provisional_until is None:
-                self.fast[fast_key] = plan
-                plan.fast_key = fast_key
-            while len(self.plans) > MAX_PLANS:
-                _, evicted = self.plans.popitem(last=False)
-                self._forget_fast(evicted)
-
-    def _forget_fast(self, plan) -> None:
-        if plan.fast_key is not None and self.fast.get(plan.fast_key) is plan:
-            del self.fast[plan.fast_key]
-
-    # -- selection with side effects (cache reads, autotuning) --
-    def select(self, problem: Problem, device, tune: bool) -> Choice:
-        slug = device.slug
-        exact = self.cache.lookup(problem, slug)
-        provisional = False
-        if exact is None and tune and dtypes.find(problem.dtype, problem.compute) is not None:
-            choice, provisional = self._tune(problem, device)
-            if choice is not None:
-                return choice
-            exact = self.cache.lookup(problem, slug)
-        records = [r for _, r in self.cache.records(slug) if not r.stale]
-        choice = choose(problem, device, exact, records)
-        choice.provisional = provisional
-        return choice
-
-    def _tune(self, problem: Problem, device) -> tuple[Choice | None, bool]:
-        """Tunes `problem` (one tune at a time per GPU in this process; a thread that waited finds
-        the result of the one before it in the cache). Returns (the tuned choice or None, whether a
-        tune of it was still running elsewhere). A tune that fails is a warning, not an error:
-        the call is served without it."""
-        from .tuner import TuneError, TuneRunning
-        from .tuner import tune as run_tune
-
-        with self.lock:
-            gpu_lock = self._tune_locks.setdefault(device.ordinal, threading.Lock())
-        with gpu_lock:
-            exact = self.cache.lookup(problem, device.slug)  # tuned by a thread that held the lock first
-            if exact is not None:
-                return choose(problem, device, exact, []), False
-            try:
-                result = run_tune(problem, trials=AUTOTUNE_TRIALS, timeout=AUTOTUNE_TIMEOUT_S, cache=self.cache)
-            except TuneRunning as exc:  # another process tunes it: its result is worth waiting for
-                from .study import wait_for_study
-
-                finished = wait_for_study(exc.study, WAIT_FOR_TUNE_S)
-                return None, not finished
-            except TuneError as exc:
-                warnings.warn(f"autogemm: tuning {problem} failed ({exc}); served without tuning", stacklevel=4)
-                return None, False
-        exact = self.cache.lookup(problem, device.slug)
-        if exact is None:  # tuned, but the cache could not keep it
-            return None, False
-        choice = choose(problem, device, exact, [])
-        kept = f"cuBLAS kept, best generated kernel {result.ratio:.3f}x" if result.kept_cublas else f"{result.ratio:.3f}x cuBLAS"
-        choice.source, choice.reason = "autotune", f"tuned now ({result.valid} trials, {kept})"
-        return choice, False
-
+from .runtime import cublas_matmul
+from .select import Choice
 
 _DISPATCHER = Dispatcher()
 

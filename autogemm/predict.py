@@ -26,6 +26,9 @@ WIN_MARGIN = 0.03
 DISTANCE_MARGIN = 0.05
 OTHER_LAYOUT_MARGIN = 0.05
 THREADS_PER_SM = 2048  # a fallback where a device does not say
+# Known configs a tune enqueues before its search: the best predictions, the nearest winners.
+SEEDED_PREDICTIONS = 3
+SEEDED_NEAREST = 3
 
 
 def log_distance(p: Problem, q: Problem) -> float:
@@ -122,3 +125,22 @@ def candidates(problem: Problem, device: Device, records) -> list[Candidate]:
             out.append(Candidate(config, record.problem, ratio, predicted, needed, note))
     out.sort(key=lambda c: c.predicted_ratio - c.needed_ratio, reverse=True)
     return out
+
+
+def known_configs(problem: Problem, device: Device, cache, space) -> list:
+    """Configs of the space's family worth measuring first in a tune (`cache`: a TuningCache): this problem's record (its winner, or
+    the generated kernel a cuBLAS record beat), the model's best predictions from the device's
+    other records, and the winners of the nearest tuned problems."""
+    records = [r for _, r in cache.records(device.slug) if not r.stale]
+    family = space.config_class.family
+    out: list = []
+    exact = cache.lookup(problem, device.slug)
+    if exact is not None:
+        out += [config for config, _ in tuned_configs(exact[0])]
+    out += [c.config for c in candidates(problem, device, records)[:SEEDED_PREDICTIONS]]
+    same_kind = [r for r in records if r.problem_object.dtype == problem.dtype
+                 and r.problem_object.compute == problem.compute]
+    for record in sorted(same_kind, key=lambda r: log_distance(problem, r.problem_object))[:SEEDED_NEAREST]:
+        out += [config for config, _ in tuned_configs(record)]
+    unique = {c.name: c for c in out if c.family == family}
+    return list(unique.values())

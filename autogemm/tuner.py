@@ -9,7 +9,6 @@ goes on. At the end the best few are re-timed together with cuBLAS and the winne
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
@@ -18,10 +17,10 @@ from dataclasses import dataclass, field
 
 import optuna
 
-from .cache import CUBLAS, Record, TuningCache, now, runtime_versions
+from .cache import Record, TuningCache, cublas_record, now, runtime_versions
 from .evaluate import MIN_NOISE, Evaluator, FatalEvaluationError, GpuEvaluator, Measurement
 from .isolate import IsolatedEvaluator
-from .predict import candidates, log_distance, tuned_configs
+from .predict import known_configs
 from .problem import Device, Problem
 from .render import kernel_template_hash
 from .space import SearchSpace, default_space_name
@@ -35,9 +34,6 @@ FINALISTS = 5
 MAX_IDLE_PROPOSALS = 300
 # Consecutive failed candidates after which the search stops (a broken toolchain or GPU, say).
 MAX_CONSECUTIVE_FAILURES = 50
-# Known configs enqueued before the search: the model's best predictions, the nearest winners.
-SEEDED_PREDICTIONS = 3
-SEEDED_NEAREST = 3
 
 
 class TuneError(RuntimeError):
@@ -409,36 +405,6 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
         unstored_kernels=evaluator.unstored, storage_error=evaluator.storage_error,
         kept_cublas=kept_cublas, noise=noise, seeded=seeded,
     )
-
-
-def cublas_record(generated: Record) -> Record:
-    """The record of a tune that kept cuBLAS: cuBLAS's figures, and the generated kernel it beat
-    (whose template's hash makes the record stale once the templates change)."""
-    return dataclasses.replace(
-        generated, family=CUBLAS, config={}, config_name=CUBLAS, time_ms=generated.cublas_ms,
-        tflops=generated.cublas_tflops, ratio=1.0, rel_error=float("nan"),
-        best_generated={"family": generated.family, "config": generated.config, "config_name": generated.config_name,
-                        "ratio": generated.ratio, "tflops": generated.tflops, "rel_error": generated.rel_error},
-    )
-
-
-def known_configs(problem: Problem, device: Device, cache: TuningCache, space: SearchSpace) -> list:
-    """Configs of the space's family worth measuring first: this problem's record (its winner, or
-    the generated kernel a cuBLAS record beat), the model's best predictions from the device's
-    other records, and the winners of the nearest tuned problems."""
-    records = [r for _, r in cache.records(device.slug) if not r.stale]
-    family = space.config_class.family
-    out: list = []
-    exact = cache.lookup(problem, device.slug)
-    if exact is not None:
-        out += [config for config, _ in tuned_configs(exact[0])]
-    out += [c.config for c in candidates(problem, device, records)[:SEEDED_PREDICTIONS]]
-    same_kind = [r for r in records if r.problem_object.dtype == problem.dtype
-                 and r.problem_object.compute == problem.compute]
-    for record in sorted(same_kind, key=lambda r: log_distance(problem, r.problem_object))[:SEEDED_NEAREST]:
-        out += [config for config, _ in tuned_configs(record)]
-    unique = {c.name: c for c in out if c.family == family}
-    return list(unique.values())
 
 
 def default_jobs() -> int:

@@ -155,7 +155,7 @@ def _bad_entries() -> dict:
 
 
 def test_bad_records_are_skipped_with_one_warning_and_the_rest_served(tmp_path):
-    from autogemm.dispatch import Dispatcher
+    from autogemm.planning import Dispatcher
     from autogemm.problem import Device
 
     cache = TuningCache(tmp_path, shipped=False)

@@ -51,24 +51,31 @@ def test_candidate_time_limit_grows_with_the_work():
     assert 10.0 <= small < 11.0 < large
 
 
-def test_a_dying_compile_worker_fails_only_the_candidate_that_killed_it():
-    """When a compile worker dies, every candidate pending in its pool fails with BrokenProcessPool;
-    they are compiled again, each alone: only the one that kills its worker again is a crash."""
-    from compile_stubs import compile_or_die
-
+def _compiling_evaluator(compile_function, on_measure=None):
+    """A compile-ahead evaluator whose workers run `compile_function` (a stand-in of
+    tests/compile_stubs.py) and whose measuring always succeeds (after `on_measure(self, config)`)."""
     from autogemm.evaluate import CompileAheadEvaluator
 
     class Evaluator(CompileAheadEvaluator):
-        compile_function = staticmethod(compile_or_die)
-
         def __init__(self):
             self.problem, self.device = Problem(256, 256, 256), Device.for_arch("sm_90")
             self._start_pool(2)
 
         def _remeasure(self, config, best_ms, repeats, final):
+            if on_measure is not None:
+                on_measure(self, config)
             return Measurement(ok=True, time_ms=1.0, tflops=1.0)
 
-    evaluator = Evaluator()
+    Evaluator.compile_function = staticmethod(compile_function)
+    return Evaluator()
+
+
+def test_a_dying_compile_worker_fails_only_the_candidate_that_killed_it():
+    """When a compile worker dies, every candidate pending in its pool fails with BrokenProcessPool;
+    they are compiled again, each alone: only the one that kills its worker again is a crash."""
+    from compile_stubs import compile_or_die
+
+    evaluator = _compiling_evaluator(compile_or_die)
     try:
         handles = [evaluator.start(SimtConfig(group_m=g)) for g in (1, 2, 3, 4, 5, 6)]
         results = {h[0].group_m: evaluator.finish(h, None) for h in handles}
@@ -154,22 +161,12 @@ def test_kernels_the_disk_would_not_take_are_measured_from_memory_and_counted(ca
     handed along; the evaluator says so once and counts them for the tune's report."""
     from compile_stubs import compile_unstored
 
-    from autogemm.evaluate import CompileAheadEvaluator
-
     handed = {}
 
-    class Evaluator(CompileAheadEvaluator):
-        compile_function = staticmethod(compile_unstored)
+    def remember(evaluator, config):
+        handed[config.group_m] = evaluator._in_memory.get(config.name)
 
-        def __init__(self):
-            self.problem, self.device = Problem(256, 256, 256), Device.for_arch("sm_90")
-            self._start_pool(2)
-
-        def _remeasure(self, config, best_ms, repeats, final):
-            handed[config.group_m] = self._in_memory.get(config.name)
-            return Measurement(ok=True, time_ms=1.0, tflops=1.0)
-
-    evaluator = Evaluator()
+    evaluator = _compiling_evaluator(compile_unstored, remember)
     try:
         results = [evaluator.finish(evaluator.start(SimtConfig(group_m=g)), None) for g in (1, 2, 3)]
     finally:

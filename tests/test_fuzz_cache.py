@@ -16,7 +16,7 @@ import pytest
 
 from autogemm.cache import CacheWarning, Record, TuningCache
 from autogemm.cli import main
-from autogemm.dispatch import Dispatcher
+from autogemm.planning import Dispatcher
 from autogemm.families import SimtConfig, TensorCoreConfig
 from autogemm.problem import Device, Problem
 from autogemm.render import kernel_template_hash

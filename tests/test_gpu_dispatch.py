@@ -15,15 +15,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import autogemm
+import autogemm.select as select
 from autogemm.bench import relative_error
 
 pytestmark = pytest.mark.gpu
+CUBLAS_SERVES = select.CUBLAS_SERVES  # as the package has it, before this module's fixture changes it
 
 
 @contextlib.contextmanager
 def _serving(dtypes_cublas_serves):
-    import autogemm.select as select
-
     saved = select.CUBLAS_SERVES
     select.CUBLAS_SERVES = dtypes_cublas_serves
     autogemm.reset()
@@ -42,10 +42,7 @@ def generated_kernels():
 
 
 def cublas_serving():
-    import autogemm.select as select
-
-    return _serving(select.CUBLAS_SERVES | {("float32", "fp32"), ("float32", "tf32"), ("float16", "fp32"),
-                                            ("float64", "fp64")})
+    return _serving(CUBLAS_SERVES)
 
 
 def _random(shape, seed):
@@ -170,11 +167,10 @@ def test_other_dtypes_run_the_tensor_core_family(dtype, compute, limit):
 def test_untuned_problems_and_cublas_records_are_served_by_cublas():
     """With nothing tuned, and for a problem whose tune kept cuBLAS, matmul is cupy.matmul (TF32
     mode where TF32 was asked for)."""
-    from autogemm.cache import Record, TuningCache
+    from autogemm.cache import TuningCache, cublas_record
     from autogemm.families import SimtConfig
     from autogemm.launch import current_device
-    from autogemm.render import kernel_template_hash
-    from autogemm.tuner import cublas_record
+    from test_select import _record
 
     with cublas_serving():
         for dtype, compute, limit in ((np.float32, None, 1e-5), (np.float32, "tf32", 5e-3), (np.float16, None, 1e-2),
@@ -184,13 +180,7 @@ def test_untuned_problems_and_cublas_records_are_served_by_cublas():
             assert (explained["source"], explained["config"]) == ("cupy", None) and "nothing tuned" in explained["reason"]
             assert relative_error(autogemm.matmul(a, b, compute=compute), _reference(a, b)) <= limit
         device = current_device()
-        problem = autogemm.Problem(96, 80, 64)
-        config = SimtConfig()
-        generated = Record(problem=problem.key, family="simt", config={k: v for k, v in config.to_dict().items()
-                                                                        if k != "family"},
-                           config_name=config.name, time_ms=1.0, tflops=1.0, cublas_ms=0.9, cublas_tflops=1.1,
-                           ratio=0.9, rel_error=1e-7, template_hash=kernel_template_hash(config.template),
-                           device=device.name)
+        generated = _record(autogemm.Problem(96, 80, 64), SimtConfig(), ratio=0.9)
         TuningCache().store(cublas_record(generated), device.slug)
         autogemm.reset()
         a, b = _random((96, 64), 3), _random((64, 80), 4)

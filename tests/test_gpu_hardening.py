@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from test_isolate import gone, wait_until_gone
+
 pytestmark = pytest.mark.gpu
 
 HERE = Path(__file__).parent
@@ -163,13 +165,11 @@ def test_a_killed_tuner_leaves_no_hung_kernel_behind(tmp_path):
     try:
         measuring = int(tuner.stdout.readline())
         time.sleep(8)  # compiled and spinning by now
-        assert tuner.poll() is None and _alive(measuring)
+        assert tuner.poll() is None and not gone(measuring)
         tuner.send_signal(signal.SIGKILL)
         tuner.wait()
         deadline = time.monotonic() + 60
-        while _alive(measuring) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not _alive(measuring), "the measuring process outlived the killed tuner"
+        assert wait_until_gone(measuring, 60), "the measuring process outlived the killed tuner"
         while str(measuring) in _gpu_processes() and time.monotonic() < deadline:
             time.sleep(0.5)  # the driver tears the context (and the spinning kernel) down
         assert str(measuring) not in _gpu_processes(), "its context is still on the GPU"
@@ -180,14 +180,6 @@ def test_a_killed_tuner_leaves_no_hung_kernel_behind(tmp_path):
 def _gpu_processes() -> list[str]:
     return subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
                           capture_output=True, text=True).stdout.split()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 SHAPES = [(97, 131, 64), (128, 96, 200), (33, 257, 129), (255, 255, 255), (64, 300, 17), (300, 64, 96),
@@ -203,13 +195,13 @@ def test_many_threads_on_new_shapes_with_tune_get_correct_results_from_one_tune_
     import cupy
 
     import autogemm
-    import autogemm.dispatch as dispatch
+    import autogemm.planning as planning
     import autogemm.tuner as tuner
     from autogemm.bench import check_result, random_uniform
     from autogemm.problem import Problem
 
-    monkeypatch.setattr(dispatch, "AUTOTUNE_TRIALS", 2)
-    monkeypatch.setattr(dispatch, "AUTOTUNE_TIMEOUT_S", 5.0)
+    monkeypatch.setattr(planning, "AUTOTUNE_TRIALS", 2)
+    monkeypatch.setattr(planning, "AUTOTUNE_TIMEOUT_S", 5.0)
     tunes: list[str] = []
     real_tune = tuner.tune
 

@@ -13,7 +13,7 @@ from autogemm.families import SimtConfig
 from autogemm.problem import Device, Problem
 from autogemm.render import kernel_template_hash
 from autogemm.select import choose, default_config
-from autogemm.tuner import cublas_record
+from autogemm.cache import cublas_record
 
 SM90 = Device.for_arch("sm_90")
 H100 = dataclasses.replace(SM90, name="NVIDIA H100 80GB HBM3", sm_count=132)  # what the model needs: SMs

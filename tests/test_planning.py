@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-import autogemm.dispatch as dispatch
+import autogemm.planning as planning
 import autogemm.tuner as tuner
 from autogemm.cache import TuningCache
-from autogemm.dispatch import Dispatcher
+from autogemm.planning import Dispatcher
 from autogemm.problem import Device, Problem
 from test_cache import SLUG, make_record
 
@@ -79,7 +79,7 @@ def test_when_a_build_fails_each_waiting_thread_tries_in_turn():
 
 def test_the_plan_memo_is_bounded_and_keeps_the_recently_used(monkeypatch):
     """A program with many shapes grew the memo without limit."""
-    monkeypatch.setattr(dispatch, "MAX_PLANS", 3)
+    monkeypatch.setattr(planning, "MAX_PLANS", 3)
     dispatcher = Dispatcher(cache=object())
     for key in range(3):
         dispatcher.plan_for(key, lambda key=key: Plan(key), fast_key=("fast", key))
@@ -131,7 +131,7 @@ def test_a_tune_running_in_another_process_is_waited_for_not_raised(cache, monke
     from autogemm.study import lock_study
 
     monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(cache.directory))
-    monkeypatch.setattr(dispatch, "WAIT_FOR_TUNE_S", 0.5)
+    monkeypatch.setattr(planning, "WAIT_FOR_TUNE_S", 0.5)
     name = "float32-elsewhere"
 
     def fake_tune(problem, **kwargs):
@@ -155,7 +155,7 @@ def test_a_tune_running_in_another_process_is_waited_for_not_raised(cache, monke
         cache.store(make_record(96), SLUG)
         held_elsewhere.release()
 
-    monkeypatch.setattr(dispatch, "WAIT_FOR_TUNE_S", 10.0)
+    monkeypatch.setattr(planning, "WAIT_FOR_TUNE_S", 10.0)
     threading.Thread(target=finish_elsewhere).start()
     locked.wait()
     choice = Dispatcher(cache).select(Problem(96, 64, 64), DEVICE, tune=True)
