@@ -31,6 +31,7 @@ def _free_bytes() -> int:
     return cupy.cuda.runtime.memGetInfo()[0]
 
 
+@pytest.mark.exhaustive  # 200 compilations and measurements: ~20 s, too long for the quick tier
 def test_memory_stays_flat_over_200_measured_candidates():
     """Every measured candidate's module stayed loaded (cupy.RawModule memoizes them all)."""
     from autogemm.compile import compile_many
