@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import dtypes
-from .runtime import cublas_matmul
+from .runtime import bfloat16_bits_product, cublas_product
 
 # TF32 rounds every operand to 10 mantissa bits, so its error grows like sqrt(K) beyond this K
 TF32_TOLERANCE_K = 4096
@@ -235,45 +235,13 @@ def rotation_count(bytes_per_set: int, l2_bytes: int) -> int:
 
 
 def cublas_runner(problem, a, b, c):
-    """`run()` computing C = op(A) @ op(B) with cuBLAS as a user of CuPy would get it: cupy.matmul
-    (in TF32 mode for compute "tf32"), and for bfloat16, which CuPy has no dtype for, cublasGemmEx
-    on the raw bits with FP32 accumulation."""
+    """`run()` computing C = op(A) @ op(B) with cuBLAS as a user of CuPy would get it and as
+    `matmul` serves it: cupy.matmul (in TF32 mode for compute "tf32"; on bfloat16 views of the
+    uint16 bits for bfloat16, or cublasGemmEx where CuPy has no bfloat16)."""
     import cupy
 
-    if problem.dtype == "bfloat16":
-        return _bfloat16_gemm(problem, a, b, c)
     swap = cupy.swapaxes
     op_a = swap(a, -1, -2) if problem.trans_a else a
     op_b = swap(b, -1, -2) if problem.trans_b else b
-    return lambda: cublas_matmul(op_a, op_b, problem.compute, out=c)
-
-
-def _bfloat16_gemm(problem, a, b, c):
-    """cublasGemmEx on bfloat16 bits (row-major C = op(A) op(B) as column-major C^T = op(B)^T op(A)^T)."""
-    import cupy
-    from cupy.cuda import cublas, device, runtime
-
-    compute_32f = getattr(cublas, "CUBLAS_COMPUTE_32F", 68)
-    handle = device.get_cublas_handle()
-    m, n, k = problem.m, problem.n, problem.k
-    op_a = cublas.CUBLAS_OP_T if problem.trans_a else cublas.CUBLAS_OP_N
-    op_b = cublas.CUBLAS_OP_T if problem.trans_b else cublas.CUBLAS_OP_N
-    lda = m if problem.trans_a else k
-    ldb = k if problem.trans_b else n
-    one, zero = np.array(1.0, dtype=np.float32), np.array(0.0, dtype=np.float32)
-    bf16 = runtime.CUDA_R_16BF
-    batch = problem.batch
-    mats = [(a[i] if a.ndim == 3 else a, b[i] if b.ndim == 3 else b, c[i] if c.ndim == 3 else c) for i in range(batch)]
-
-    def run():
-        mode = cublas.getPointerMode(handle)
-        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-        cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
-        try:
-            for ai, bi, ci in mats:
-                cublas.gemmEx(handle, op_b, op_a, n, m, k, one.ctypes.data, bi.data.ptr, bf16, ldb,
-                              ai.data.ptr, bf16, lda, zero.ctypes.data, ci.data.ptr, bf16, n, compute_32f, -1)
-        finally:
-            cublas.setPointerMode(handle, mode)
-
-    return run
+    product = bfloat16_bits_product() if problem.dtype == "bfloat16" else cublas_product(problem.dtype, problem.compute)
+    return lambda: product(op_a, op_b, out=c)

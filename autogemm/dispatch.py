@@ -14,14 +14,27 @@ import os
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from . import dtypes, runtime
 from .operands import ArrayInfo, KernelOperand, describe, real_scalar, validate
-from .planning import PROVISIONAL_PLAN_S, Dispatcher
+from .planning import PROVISIONAL_PLAN_S, Dispatcher, race_choice
 from .problem import Problem
-from .runtime import cublas_matmul
+from .runtime import bfloat16_gemm, cublas_product
 from .select import Choice
 
 _DISPATCHER = Dispatcher()
+_PLAIN_SCALARS = (float, int)
+_NDARRAY = None  # cupy.ndarray once CuPy is imported (the fast path compares types with it)
+_current_device = None  # cupy.cuda.runtime.getDevice, likewise
+
+
+def _bind_cupy():
+    """CuPy, with the names the fast path uses bound once."""
+    global _NDARRAY, _current_device
+    cupy = runtime.cupy()
+    _NDARRAY, _current_device = cupy.ndarray, cupy.cuda.runtime.getDevice
+    return cupy
 
 
 def reset() -> None:
@@ -46,15 +59,15 @@ def _as_cupy(x):
     return cupy.asarray(x)  # zero-copy view of a __cuda_array_interface__ object
 
 
-def _fast_key(a, b, data_a, data_b) -> tuple:
-    """What a repeated call on CuPy arrays must share with the call that made its plan: shapes,
-    strides, dtypes, 16-byte alignment and devices (`data_*`: the arrays' `.data`, read once)."""
-    return (a.shape, a.strides, b.shape, b.strides, a.dtype, b.dtype, data_a.ptr % 16, data_b.ptr % 16,
-            data_a.device_id, data_b.device_id)
+def _flag(value: bool | None, variable: str) -> bool:
+    """An on/off argument, or when it is None the environment variable (set and not "0": on)."""
+    if value is None:
+        return os.environ.get(variable, "") not in ("", "0")
+    return bool(value)
 
 
 def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: str | None = None,
-           tune: bool | None = None):
+           tune: bool | None = None, race: bool | None = None):
     """C = alpha · a @ b (+ beta · out): the cached best kernel for this problem and GPU.
 
     `a` (M×K) and `b` (K×N) are CuPy arrays or objects with __cuda_array_interface__ (PyTorch CUDA
@@ -62,19 +75,27 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
     Transposed views run as the TN/NT/TT kernels without copies; other strides are copied once.
     `compute="tf32"` opts float32 into TF32 (the tensor-core template).
     Nothing is tuned unless `tune=True` or AUTOGEMM_TUNE=1 (then a problem without a cached entry
-    is tuned once, with a small budget, and cached). Returns a CuPy array (`out` when given).
+    is tuned once, with a small budget, and cached). With `race=True` or AUTOGEMM_RACE=1, the first
+    call of a problem without a record of its own races the model's best configs against cuBLAS on
+    its operands and keeps the winner for the process (autogemm.race). Returns a CuPy array (`out`
+    when given).
     """
-    cupy = runtime.cupy()
+    # Fast path: a repeated call on CuPy arrays with a fresh output and a known plan skips
+    # validation (it passed for exactly these shapes, strides, dtypes, compute and device); what
+    # is left costs about a dictionary lookup over the cuBLAS call or the launch itself.
+    if out is None and tune is None and race is None and beta == 0 and type(a) is _NDARRAY and type(b) is _NDARRAY \
+            and type(alpha) in _PLAIN_SCALARS and (alpha == 1 or math.isfinite(alpha)):
+        data_a = a.data
+        # dtypes by number: hashing a NumPy dtype costs more than the rest of the key together
+        plan = _DISPATCHER.fast.get((a.shape, b.shape, a.strides, b.strides, a.dtype.num, b.dtype.num, compute,
+                                     data_a.device_id))
+        if plan is not None:
+            result = plan.call_fast(a, b, data_a.ptr, alpha)
+            if result is not None:
+                return result
 
-    # Fast path: a repeated call on CuPy arrays with a known plan skips validation (it passed for
-    # exactly these shapes, strides, dtypes, devices and alignments).
-    if out is None and beta == 0 and compute is None and tune is None and type(a) is cupy.ndarray \
-            and type(b) is cupy.ndarray and type(alpha) in (int, float):
-        data_a, data_b = a.data, b.data
-        plan = _DISPATCHER.fast.get(_fast_key(a, b, data_a, data_b))
-        if plan is not None and math.isfinite(alpha):
-            return plan.call_fast(a, b, data_a.ptr, data_b.ptr, alpha)
-
+    cupy = _bind_cupy()
+    requested_compute = compute  # the fast path's key holds the argument as given
     alpha, beta = real_scalar(alpha, "alpha"), real_scalar(beta, "beta")
     ia, ib = describe(a, "a"), describe(b, "b")
     io = describe(out, "out") if out is not None else None
@@ -85,8 +106,8 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
         raise ValueError(f"a is on GPU {device_a} and b on GPU {device_b}: put both on the same device")
     if io is not None and _device_of(io) != device_a:
         raise ValueError(f"out is on GPU {_device_of(io)} and the operands on GPU {device_a}")
-    if tune is None:
-        tune = os.environ.get("AUTOGEMM_TUNE", "") not in ("", "0")
+    fast_memo = tune is None and race is None  # a plan the fast path may serve (it reads neither)
+    tune, race = _flag(tune, "AUTOGEMM_TUNE"), _flag(race, "AUTOGEMM_RACE")
 
     with cupy.cuda.Device(device_a):
         m, n = shape[-2:]
@@ -106,15 +127,14 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
         out_layout = (out_arr.strides, out_arr.data.ptr % 16) if out_arr is not None \
             else (_contiguous_strides(shape, dtypes.lookup(ia.dtype).itemsize), 0)
         key = (ia.shape, ia.strides, ib.shape, ib.strides, ia.dtype, compute, ia.pointer % 16, ib.pointer % 16,
-               device_a, *out_layout, bool(tune))
+               device_a, *out_layout, tune, race)
         fast_key = None
-        if out is None and compute == "fp32" and ia.dtype == "float32" and type(a) is cupy.ndarray \
-                and type(b) is cupy.ndarray:
-            fast_key = _fast_key(a, b, a.data, b.data)
+        if out is None and fast_memo and type(a) is cupy.ndarray and type(b) is cupy.ndarray:
+            fast_key = (a.shape, b.shape, a.strides, b.strides, a.dtype.num, b.dtype.num, requested_compute, device_a)
 
         def build():
             target = out_arr if out_arr is not None else cupy.empty(shape, dtype=_cupy_dtype(ia.dtype))
-            return _make_plan(a, ia, b, ib, target, shape, compute, device_a, tune)
+            return _make_plan(a, ia, b, ib, target, shape, compute, device_a, tune, race)
 
         plan = _DISPATCHER.plan_for(key, build, fast_key)
         return plan.call(a, b, out_arr, alpha, beta)
@@ -155,21 +175,29 @@ class _Plan:
     copy_out: bool = False  # out is not row-major: the kernel writes a contiguous buffer, copied in
     provisional_until: float | None = None  # a tune of this problem runs elsewhere: plan again then
     fast_key: tuple | None = None  # its entry in the fast-path memo, if it has one
+    product: object = None  # cuBLAS for this dtype and compute: product(a, b, out=None)
+    alignment: tuple = (0, 0)  # a's and b's addresses modulo 16 that the kernel was prepared for
 
     def expired(self) -> bool:
         return self.provisional_until is not None and time.monotonic() > self.provisional_until
 
-    def call_fast(self, a, b, pointer_a: int, pointer_b: int, alpha: float):
-        """A repeated call on CuPy operands with a fresh output (matmul's fast path): when the
-        kernel needs no copies and the operands' device is current, no device switch either."""
+    def call_fast(self, a, b, pointer_a: int, alpha: float):
+        """A repeated call on CuPy operands with a fresh output (matmul's fast path), or None where
+        something the memo's key does not pin down differs from what the plan was made for (the
+        current device, b's device, the alignment a kernel's vector widths assumed, copies): then
+        the general path plans the call."""
+        data_b = b.data
+        if _current_device() != self.device or data_b.device_id != self.device:
+            return None
+        if self.launch is None:  # cuBLAS, as the user's own cupy.matmul would run it
+            if alpha == 1:
+                return self.product(a, b)
+            return _cublas_call(self.product, a, b, None, alpha, 0.0)
+        pointer_b = data_b.ptr
+        if self.copy_a or self.copy_b or (pointer_a % 16, pointer_b % 16) != self.alignment:
+            return None
         import cupy
 
-        if cupy.cuda.runtime.getDevice() != self.device:
-            return self.call(a, b, None, alpha, 0.0)
-        if self.launch is None:  # cuBLAS: exactly the user's cupy.matmul (FP32: the fast path's only mode)
-            return cupy.matmul(a, b) if alpha == 1 else _cublas_call(a, b, None, alpha, 0.0, "fp32")
-        if self.copy_a or self.copy_b:
-            return self.call(a, b, None, alpha, 0.0)
         out_arr = cupy.empty(self.shape, dtype=self.dtype)
         self.launch(pointer_a, pointer_b, out_arr.data.ptr, alpha, 0.0, cupy.cuda.get_current_stream())
         return out_arr
@@ -180,7 +208,7 @@ class _Plan:
         with cupy.cuda.Device(self.device):
             a_arr, b_arr = _as_cupy(a), _as_cupy(b)
             if self.launch is None:
-                return _cublas_call(a_arr, b_arr, out_arr, alpha, beta, self.problem.compute)
+                return _cublas_call(self.product, a_arr, b_arr, out_arr, alpha, beta)
             if out_arr is None:
                 out_arr = cupy.empty(self.shape, dtype=self.dtype)
             if self.copy_a:
@@ -195,21 +223,26 @@ class _Plan:
             return out_arr
 
 
-def _cublas_call(a, b, out, alpha: float, beta: float, compute: str):
-    """alpha · a @ b (+ beta · out) through cuBLAS with no more work than the user's own
-    cupy.matmul would do: the product goes straight into a fresh array or into `out`; only alpha
-    and beta cost an element-wise pass."""
+def _cublas_call(product, a, b, out, alpha: float, beta: float):
+    """alpha · a @ b (+ beta · out) through cuBLAS (`product`, runtime.cublas_product's) with no
+    more work than the user's own call would do: the product goes straight into a fresh array or
+    into `out`; only alpha and beta cost an element-wise pass (bfloat16: none, cublasGemmEx takes
+    them, and CuPy's element-wise bfloat16 arithmetic is not needed)."""
+    if a.dtype.kind == "V":  # bfloat16 (ml_dtypes' kind)
+        if alpha == 1 and beta == 0 and out is None:
+            return product(a, b)
+        return bfloat16_gemm(a, b, out=out, alpha=alpha, beta=beta)
     if out is None:
-        product = cublas_matmul(a, b, compute)
+        result = product(a, b)
         if alpha != 1:
-            product *= alpha
-        return product
+            result *= alpha
+        return result
     if beta == 0:
-        cublas_matmul(a, b, compute, out=out)
+        product(a, b, out=out)
         if alpha != 1:
             out *= alpha
         return out
-    out[...] = alpha * cublas_matmul(a, b, compute) + beta * out
+    out[...] = alpha * product(a, b) + beta * out
     return out
 
 
@@ -224,10 +257,10 @@ def _writes_in_place(out: ArrayInfo, m: int, n: int) -> KernelOperand | None:
     return layout
 
 
-def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune) -> _Plan:
+def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune, race) -> _Plan:
     import cupy
 
-    from .launch import device_info, launcher, prepare
+    from .launch import device_info
 
     device = device_info(device_id)
     layout_a, layout_b = ia.layout(), ib.layout()
@@ -244,24 +277,72 @@ def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune) -> _Plan:
     choice = _DISPATCHER.select(problem, device, tune)
     layout_c = _writes_in_place(describe(out_arr, "out"), m, n)
     plan = _Plan(choice, problem, shape, out_arr.dtype, device_id, copy_a=copy_a, copy_b=copy_b,
-                 copy_out=layout_c is None,
+                 copy_out=layout_c is None, product=cublas_product(problem.dtype, compute),
+                 alignment=(a_arr.data.ptr % 16, b_arr.data.ptr % 16),
                  provisional_until=time.monotonic() + PROVISIONAL_PLAN_S if choice.provisional else None)
-    if choice.config is None:
-        return plan
-    config = choice.config
     if layout_c is None:  # the kernel writes a contiguous buffer of this shape, copied into out
         layout_c = describe(cupy.empty(shape, dtype=out_arr.dtype), "out").layout()
-    widths = config.vector_widths(layout_a, layout_b, layout_c, out_arr.itemsize)
-    prepared = prepare(config, problem, widths, device)
+
+    launches: dict = {}  # config name -> (launch, prepared): the race's winner is not prepared twice
+
+    def kernel_launch(config):
+        if config.name not in launches:
+            widths = config.vector_widths(layout_a, layout_b, layout_c, out_arr.itemsize)
+            prepared = prepare(config, problem, widths, device)
+            launches[config.name] = launcher(prepared, layout_a, layout_b, layout_c), prepared
+        return launches[config.name]
+
+    from .launch import launcher, prepare
+
+    if race and choice.record is None and choice.ranked:
+        choice = plan.choice = _DISPATCHER.race(problem, device, choice, lambda: _race_entrants(
+            plan, choice, a_arr, b_arr, kernel_launch))
+    if choice.config is None:
+        return plan
+    plan.launch, prepared = kernel_launch(choice.config)
     choice.details.update(kernel=prepared.kernel.source.kernel, registers=prepared.kernel.registers)
-    plan.launch = launcher(prepared, layout_a, layout_b, layout_c)
     return plan
 
 
-def explain(a, b, *, out=None, compute: str | None = None, tune: bool | None = None) -> dict:
+def _race_entrants(plan: _Plan, choice: Choice, a_arr, b_arr, kernel_launch):
+    """(entrants, check) for race.run_race: cuBLAS and the model's best configs, each run as the
+    plan would serve it (a fresh output per call) on the call's operands; `check` compares a
+    result with cuBLAS's."""
+    import cupy
+
+    from .bench import relative_error, tolerance, to_float64
+    from .race import CUBLAS, RACE_CONFIGS
+
+    def values(x):
+        return to_float64(x.view(np.uint16) if plan.problem.dtype == "bfloat16" else x)
+
+    reference = values(plan.product(a_arr, b_arr))
+    limit = 2 * tolerance(plan.problem)
+
+    def check(result):
+        error = relative_error(values(result), reference)
+        return None if error <= limit else f"differs from cuBLAS by {error:.3g} (limit {limit:g})"
+
+    def kernel_entrant(config):
+        def run():
+            launch, _ = kernel_launch(config)  # prepared on the first call only
+            out = cupy.empty(plan.shape, dtype=plan.dtype)
+            launch(a_arr.data.ptr, b_arr.data.ptr, out.data.ptr, 1.0, 0.0, cupy.cuda.get_current_stream())
+            return out
+        return run
+
+    entrants = {CUBLAS: lambda: plan.product(a_arr, b_arr)}
+    for candidate in choice.ranked[:RACE_CONFIGS]:
+        entrants[candidate.config.name] = kernel_entrant(candidate.config)
+    return entrants, check
+
+
+def explain(a, b, *, out=None, compute: str | None = None, tune: bool | None = None,
+            race: bool | None = None) -> dict:
     """Which kernel `matmul(a, b, ...)` would run, and why: the source of the choice, the config,
     the figures cached with it and the candidates the model weighed (each with its predicted ratio
-    to cuBLAS and the ratio it needed). Runs nothing (but may compile the chosen kernel)."""
+    to cuBLAS and the ratio it needed); with racing on, the race's figures once a call has run it
+    (`race`: None before). Runs nothing (but may compile the chosen kernel)."""
     runtime.cupy()
     ia, ib = describe(a, "a"), describe(b, "b")
     io = describe(out, "out") if out is not None else None
@@ -276,6 +357,9 @@ def explain(a, b, *, out=None, compute: str | None = None, tune: bool | None = N
     problem = Problem(max(m, 1), max(n, 1), max(ia.shape[-1], 1), batch=shape[0] if len(shape) == 3 else 1,
                       dtype=ia.dtype, compute=compute, trans_a=trans_a, trans_b=trans_b)
     choice = _DISPATCHER.select(problem, device, bool(tune))
+    raced = _DISPATCHER.races.get((device.slug, problem.key)) if _flag(race, "AUTOGEMM_RACE") else None
+    if raced is not None and choice.record is None:
+        choice = race_choice(choice, raced)
     record = choice.record
     return {
         "problem": problem.key,
@@ -284,6 +368,7 @@ def explain(a, b, *, out=None, compute: str | None = None, tune: bool | None = N
         "config": choice.config.name if choice.config else None,
         "reason": choice.reason,
         "candidates": choice.details.get("candidates", []),
+        "race": choice.details.get("race"),
         "copies": [x.name for x, lay in ((ia, layout_a), (ib, layout_b)) if lay is None],
         "cached": None if record is None else {
             "problem": record.problem, "tflops": record.tflops, "cublas_tflops": record.cublas_tflops,

@@ -38,6 +38,7 @@ class Dispatcher:
         self.lock = threading.Lock()
         self._building: dict = {}  # plan key -> Event set when the thread building it is done
         self._tune_locks: dict[int, threading.Lock] = {}  # GPU ordinal -> held while tuning on it
+        self.races: dict = {}  # (device slug, problem key) -> race.RaceResult, for the process's life
         self._cache = cache
 
     @property
@@ -51,10 +52,12 @@ class Dispatcher:
         return TuningCache()
 
     def clear(self) -> None:
-        """Forgets every plan (after tuning, say, so that the next call looks at the cache again)."""
+        """Forgets every plan and race (after tuning, say, so that the next call looks at the cache
+        again)."""
         with self.lock:
             self.plans.clear()
             self.fast.clear()
+            self.races.clear()
 
     def plan_for(self, key, build, fast_key=None):
         """The plan memoized under `key`, or the one `build()` makes: one thread builds it while
@@ -100,6 +103,19 @@ class Dispatcher:
     def _forget_fast(self, plan) -> None:
         if plan.fast_key is not None and self.fast.get(plan.fast_key) is plan:
             del self.fast[plan.fast_key]
+
+    def race(self, problem: Problem, device, choice: Choice, make_entrants) -> Choice:
+        """The choice a first-call race makes for `problem` (autogemm.race), raced once per
+        problem and process: `make_entrants()` gives (entrants, check) when it has not run yet.
+        Threads planning the same key wait in plan_for; other keys of the same problem (other
+        strides, alignments) find the memoized winner."""
+        from .race import run_race
+
+        result = self.races.get((device.slug, problem.key))
+        if result is None:
+            entrants, check = make_entrants()
+            result = self.races[(device.slug, problem.key)] = run_race(entrants, check)
+        return race_choice(choice, result)
 
     # -- selection with side effects (cache reads, autotuning) --
     def select(self, problem: Problem, device, tune: bool) -> Choice:
@@ -147,3 +163,18 @@ class Dispatcher:
         kept = f"cuBLAS kept, best generated kernel {result.ratio:.3f}x" if result.kept_cublas else f"{result.ratio:.3f}x cuBLAS"
         choice.source, choice.reason = "autotune", f"tuned now ({result.valid} trials, {kept})"
         return choice, False
+
+
+def race_choice(choice: Choice, result) -> Choice:
+    """The choice a race made, keeping the model's candidates and the race's figures for `explain`."""
+    from .race import CUBLAS
+
+    details = dict(choice.details, race=result.to_json())
+    raced = len(result.times_ms) + len(result.disqualified)
+    if result.winner == CUBLAS:
+        reason = f"raced {raced} entrants on the first call: cuBLAS won ({result.times_ms[CUBLAS]:.4f} ms)"
+        return Choice("race", None, reason, details=details, ranked=choice.ranked)
+    config = next(c.config for c in choice.ranked if c.config.name == result.winner)
+    reason = (f"raced {raced} entrants on the first call: {result.margin:.3f}x cuBLAS "
+              f"({result.times_ms[result.winner]:.4f} vs {result.times_ms[CUBLAS]:.4f} ms)")
+    return Choice("race", config, reason, details=details, ranked=choice.ranked)

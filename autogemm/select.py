@@ -1,8 +1,8 @@
 """Which kernel serves a problem, as a pure function of the cache's contents, in this order of
 trust: the exact record (a generated kernel, or cuBLAS where the tune kept it); else a tuned config
-the model of `predict` expects to beat cuBLAS here by a margin; else cuBLAS through cupy.matmul.
-Only where cupy.matmul cannot serve the dtype (bfloat16) does the family's built-in default for the
-problem's size come in."""
+the model of `predict` expects to beat cuBLAS here by a margin; else cuBLAS (cupy.matmul; for
+bfloat16 where CuPy cannot compute it, cublasGemmEx). Only for a dtype cuBLAS is not asked to serve does the family's
+built-in default for the problem's size come in (the GPU tests use that to run the defaults)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from . import dtypes, predict
 from .families import GemmConfig, config_from_name, family_for
 from .problem import Problem
 
-# (dtype, compute) that cupy.matmul computes with cuBLAS as asked (TF32 through CuPy's compute-type
-# switch); bfloat16 it does not, so an untuned bfloat16 problem gets the built-in default kernel.
-CUBLAS_SERVES = {("float32", "fp32"), ("float32", "tf32"), ("float16", "fp32"), ("float64", "fp64")}
+# (dtype, compute) that cuBLAS serves when nothing generated is expected to win: through cupy.matmul
+# (TF32 with CuPy's compute-type switch; bfloat16 from CuPy 14, else cublasGemmEx; see
+# runtime.cublas_product).
+CUBLAS_SERVES = {("float32", "fp32"), ("float32", "tf32"), ("float16", "fp32"), ("bfloat16", "fp32"),
+                 ("float64", "fp64")}
 SHOWN_CANDIDATES = 8  # candidates `explain` lists
 # Output sizes (M x N x batch) from which a problem counts as "large" or "medium" for the defaults.
 LARGE_OUTPUTS = 2048 * 2048
@@ -33,6 +35,7 @@ class Choice:
     record: object | None = None  # the cache record the choice came from
     details: dict = field(default_factory=dict)
     provisional: bool = False  # a tune of this problem was still running elsewhere when chosen
+    ranked: list = field(default_factory=list)  # the model's candidates, best first (predict.Candidate)
 
 
 def size_class(problem: Problem) -> str:
@@ -79,6 +82,12 @@ def choose(problem: Problem, device, exact, records) -> Choice:
             return Choice(where, config, f"tuned for this problem ({record.ratio:.3f}x cuBLAS on {record.date[:10]})",
                           record)
     considered = predict.candidates(problem, device, records)
+    choice = _choose_untuned(problem, device, considered)
+    choice.ranked = considered
+    return choice
+
+
+def _choose_untuned(problem: Problem, device, considered) -> Choice:
     details = {"candidates": [c.to_json() for c in considered[:SHOWN_CANDIDATES]]}
     best = considered[0] if considered else None
     if best is not None and best.wins:
@@ -91,6 +100,6 @@ def choose(problem: Problem, device, exact, records) -> Choice:
         return Choice("cupy", None, f"{why}: cuBLAS through cupy.matmul", details=details)
     config = default_config(problem, device)
     if config is not None:
-        return Choice("default", config, f"{why}; cupy.matmul has no {problem.dtype}: built-in "
+        return Choice("default", config, f"{why}; cuBLAS is not asked to serve {problem.dtype}: built-in "
                       f"{size_class(problem)}-problem configuration", details=details)
     return Choice("cupy", None, "no configuration of the template can run this problem: cupy.matmul", details=details)

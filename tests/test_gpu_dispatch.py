@@ -189,6 +189,104 @@ def test_untuned_problems_and_cublas_records_are_served_by_cublas():
         assert relative_error(autogemm.matmul(a, b, alpha=2.0), _reference(a, b, 2.0)) <= 1e-5
 
 
+def test_bfloat16_is_served_by_cublas_in_every_layout_batch_and_scaling():
+    """bfloat16 through cuBLAS (cupy.matmul, and cublasGemmEx for alpha/beta): NN, NT, TN, TT views,
+    a batch with a broadcast operand, alpha/beta, an output that is not row-major."""
+    import cupy
+    import ml_dtypes
+
+    from autogemm.bench import to_bfloat16, to_float64
+
+    def bf16(shape, seed):
+        return to_bfloat16(_random(shape, seed)).view(ml_dtypes.bfloat16)
+
+    def values(x):
+        return to_float64(x.view(np.uint16))
+
+    with cublas_serving():
+        for trans_a in (False, True):
+            for trans_b in (False, True):
+                a = bf16((45, 70), 1).T if trans_a else bf16((70, 45), 1)
+                b = bf16((33, 45), 2).T if trans_b else bf16((45, 33), 2)
+                assert autogemm.explain(a, b)["source"] == "cupy"
+                for _ in range(2):  # the second call takes the fast path
+                    c = autogemm.matmul(a, b)
+                    assert c.dtype == ml_dtypes.bfloat16 and c.shape == (70, 33)
+                    assert relative_error(values(c), _reference(values(a), values(b))) <= 1e-2
+        a, b = bf16((4, 30, 20), 3), bf16((20, 10), 4)
+        c0 = bf16((4, 30, 10), 5)
+        out = c0.view(np.uint16).copy().view(ml_dtypes.bfloat16)
+        autogemm.matmul(a, b, out=out, alpha=1.5, beta=-0.5)
+        expected = _reference(values(a), values(b), 1.5, -0.5, values(c0))
+        assert relative_error(values(out), expected) <= 1e-2
+        out_t = cupy.swapaxes(cupy.swapaxes(c0.view(np.uint16), -1, -2).copy(), -1, -2).view(ml_dtypes.bfloat16)
+        assert not out_t.flags.c_contiguous  # column-major batches: through a buffer
+        autogemm.matmul(a, b, out=out_t, alpha=1.5, beta=-0.5)
+        assert relative_error(values(out_t), expected) <= 1e-2
+        assert relative_error(values(autogemm.matmul(b.T, a.swapaxes(1, 2), alpha=2.0)),
+                              _reference(values(b.T), values(a.swapaxes(1, 2)), 2.0)) <= 1e-2
+
+
+def test_the_fast_path_serves_every_dtype_and_replans_for_another_alignment():
+    """Repeated calls take the fast path (any dtype and compute mode); an operand with the same
+    shape and strides at a less aligned address must not get a kernel prepared for wider loads."""
+    import cupy
+
+    with cublas_serving():
+        for dtype, compute, limit in ((np.float32, None, 1e-5), (np.float32, "tf32", 5e-3), (np.float16, None, 1e-2),
+                                      (np.float64, None, 1e-12)):
+            a, b = _random((64, 48), 1).astype(dtype), _random((48, 40), 2).astype(dtype)
+            for alpha in (1.0, 1.0, -2.0):
+                assert relative_error(autogemm.matmul(a, b, compute=compute, alpha=alpha),
+                                      _reference(a, b, alpha)) <= limit
+    base_a, base_b = _random((33 * 16 + 4,), 3), _random((16 * 24 + 4,), 4)
+    aligned = base_a[:33 * 16].reshape(33, 16), base_b[:16 * 24].reshape(16, 24)
+    shifted = base_a[1:1 + 33 * 16].reshape(33, 16), base_b[1:1 + 16 * 24].reshape(16, 24)
+    assert aligned[0].strides == shifted[0].strides and shifted[0].data.ptr % 16 == 4
+    for a, b in (aligned, aligned, shifted, shifted, aligned):
+        assert relative_error(autogemm.matmul(a, b), _reference(a, b)) <= 1e-5
+    cupy.cuda.Device().synchronize()
+
+
+def test_the_race_caches_its_winner_per_process(monkeypatch):
+    """matmul(race=True) on a problem nobody tuned races the model's configs against cuBLAS on the
+    real operands once; later calls of the problem (and other strides of it) reuse the winner."""
+    import autogemm.race as race
+    from autogemm.cache import TuningCache
+    from autogemm.families import SimtConfig
+    from autogemm.launch import current_device
+    from test_select import _record
+
+    runs = []
+    real_run = race.run_race
+
+    def counted(entrants, check):
+        result = real_run(entrants, check)
+        runs.append(result)
+        return result
+
+    monkeypatch.setattr(race, "run_race", counted)
+    config = SimtConfig(64, 64, 16, 32, 32, 8, 4, 4, 4, 2, "pad", 8, 1, 1)
+    with cublas_serving():
+        TuningCache().store(_record(autogemm.Problem(256, 256, 256), config, ratio=0.9), current_device().slug)
+        autogemm.reset()
+        a, b = _random((200, 190), 5), _random((190, 180), 6)
+        assert autogemm.explain(a, b, race=True)["race"] is None  # not raced before a call
+        for _ in range(3):
+            assert relative_error(autogemm.matmul(a, b, race=True), _reference(a, b)) <= 1e-5
+        a_shifted = _random((200 * 190 + 1,), 7)[1:].reshape(200, 190)  # another plan of the same problem
+        assert relative_error(autogemm.matmul(a_shifted, b, race=True), _reference(a_shifted, b)) <= 1e-5
+        assert len(runs) == 1
+        (result,) = runs
+        assert set(result.times_ms) | set(result.disqualified) == {race.CUBLAS, config.name}
+        explained = autogemm.explain(a, b, race=True)
+        assert explained["source"] == "race" and explained["race"]["winner"] == result.winner
+        assert explained["config"] == (None if result.winner == race.CUBLAS else config.name)
+        monkeypatch.setenv("AUTOGEMM_RACE", "1")
+        autogemm.matmul(a.T.copy().T, b)  # a transposed layout is another problem: raced, by the variable
+        assert len(runs) == 2
+
+
 def test_pytorch_tensors_in_and_out():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():

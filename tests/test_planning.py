@@ -172,3 +172,47 @@ def test_a_failed_tune_is_a_warning_and_the_call_is_served(cache, monkeypatch):
         choice = Dispatcher(cache).select(Problem(96, 64, 64), DEVICE, tune=True)
     assert choice.source in ("cupy", "predicted")
     assert any("tuning" in str(w.message) and "no configuration was measured" in str(w.message) for w in caught)
+
+
+def test_a_race_runs_once_per_problem_and_its_winner_becomes_the_choice(monkeypatch):
+    """The first-call race (autogemm.race) is memoized per problem for the process: other plans of
+    the same problem (strides, alignment) reuse its winner; reset() forgets it."""
+    import autogemm.race as race
+    from autogemm.select import choose
+    from test_select import OTHER, TUNED, _record
+
+    races = []
+
+    def fake_run(entrants, check):
+        races.append(sorted(entrants))
+        return race.RaceResult(TUNED.name, {race.CUBLAS: 2.0, TUNED.name: 1.0, OTHER.name: 1.5})
+
+    monkeypatch.setattr(race, "run_race", fake_run)
+    records = [_record(Problem(512, 512, 512), TUNED, ratio=0.9), _record(Problem(600, 600, 600), OTHER, ratio=0.8)]
+    problem = Problem(500, 500, 500)
+    choice = choose(problem, DEVICE, None, records)
+    assert choice.source == "cupy" and [c.config for c in choice.ranked] == [TUNED, OTHER]  # the model says cuBLAS
+
+    dispatcher = Dispatcher(cache=object())
+    entrants = {race.CUBLAS: None, TUNED.name: None, OTHER.name: None}
+    raced = dispatcher.race(problem, DEVICE, choice, lambda: (entrants, None))
+    again = dispatcher.race(problem, DEVICE, choice, lambda: pytest.fail("raced twice"))
+    assert len(races) == 1 and races[0] == sorted(entrants)
+    for c in (raced, again):
+        assert (c.source, c.config) == ("race", TUNED) and "2.000x cuBLAS" in c.reason
+        assert c.details["race"]["times_ms"][race.CUBLAS] == 2.0 and c.details["candidates"]
+    dispatcher.clear()
+    dispatcher.race(problem, DEVICE, choice, lambda: (entrants, None))
+    assert len(races) == 2
+
+
+def test_a_race_cublas_wins_is_served_by_cublas():
+    import autogemm.race as race
+    from autogemm.select import choose
+    from test_select import TUNED, _record
+
+    choice = choose(Problem(500, 500, 500), DEVICE, None, [_record(Problem(512, 512, 512), TUNED, ratio=0.9)])
+    result = race.RaceResult(race.CUBLAS, {race.CUBLAS: 1.0, TUNED.name: 1.2}, {"x": "differs from cuBLAS"})
+    raced = planning.race_choice(choice, result)
+    assert (raced.source, raced.config) == ("race", None) and "cuBLAS won" in raced.reason
+    assert "raced 3 entrants" in raced.reason and result.margin == 1.0

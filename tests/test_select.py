@@ -12,6 +12,7 @@ from autogemm.cache import Record
 from autogemm.families import SimtConfig
 from autogemm.problem import Device, Problem
 from autogemm.render import kernel_template_hash
+from autogemm import select
 from autogemm.select import choose, default_config
 from autogemm.cache import cublas_record
 
@@ -72,11 +73,15 @@ def test_the_model_clamps_split_k_to_the_k_tiles():
     assert choice.details["candidates"][0]["config"] == split.replace(split_k=2).name
 
 
-def test_with_nothing_tuned_cublas_serves_and_bfloat16_gets_the_default():
+def test_with_nothing_tuned_cublas_serves_every_dtype():
     for problem in (Problem(100, 100, 100), Problem(64, 64, 64, dtype="float16"), Problem(64, 64, 64, compute="tf32"),
-                    Problem(64, 64, 64, dtype="float64")):
+                    Problem(64, 64, 64, dtype="float64"), Problem(64, 64, 64, dtype="bfloat16")):
         choice = choose(problem, SM90, None, [])
         assert choice.source == "cupy" and choice.config is None and "nothing tuned" in choice.reason
+
+
+def test_a_dtype_cublas_is_not_asked_to_serve_gets_the_default(monkeypatch):
+    monkeypatch.setattr(select, "CUBLAS_SERVES", set())
     choice = choose(Problem(64, 64, 64, dtype="bfloat16"), SM90, None, [])
     assert choice.source == "default" and choice.config.family == "wmma"
     # no tensor-core path for bfloat16 before sm_80: cupy.matmul
