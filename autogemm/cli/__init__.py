@@ -9,7 +9,7 @@ import os
 import sys
 
 from ..families import SimtConfig
-from .arguments import EXIT_CANNOT_RUN, EXIT_USAGE, CliError, CliFailure, add_problem_arguments, positive_int
+from .arguments import EXIT_CANNOT_RUN, EXIT_USAGE, CliError, CliFailure, add_problem_arguments, non_negative_int, positive_int
 from .cache import cmd_cache
 from .kernels import cmd_check, cmd_render
 from .tuning import cmd_bench, cmd_tune
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     check_p.set_defaults(handler=cmd_check)
 
     from ..study import SAMPLERS
-    from ..tuner import DEFAULT_TIMEOUT_S, DEFAULT_TRIALS, default_jobs
+    from ..tuner import CONVERGED_GAIN, DEFAULT_PATIENCE, DEFAULT_TIMEOUT_S, DEFAULT_TRIALS, default_jobs
 
     tune_p = sub.add_parser(
         "tune", help="search the best kernel for a problem on this GPU and cache it",
@@ -62,14 +62,20 @@ def build_parser() -> argparse.ArgumentParser:
         "Every candidate is verified against a float64 reference before it is timed; cuBLAS "
         "(cupy.matmul) is timed on the same inputs in the same run. The best few are re-timed "
         "together at the end, and the winner is cached for autogemm.matmul. The study is kept, so "
-        "running the same command again resumes and adds --trials more. Ctrl-C stops and keeps the "
-        "best verified result so far.")
+        "running the same command again resumes and adds --trials more. The search starts from what is "
+        "known (the config serving the problem now, the nearest tuned problems' winners, the model's "
+        "predictions) and stops at --trials, --timeout or convergence (--patience), whichever comes "
+        "first. If no kernel beats cuBLAS by more than the measured noise, cuBLAS is kept. Ctrl-C stops "
+        "and keeps the best verified result so far.")
     add_problem_arguments(tune_p, m_required=True)
     search = tune_p.add_argument_group("search")
     search.add_argument("--trials", type=positive_int, default=DEFAULT_TRIALS,
                         help=f"measured (valid) candidates to try in this run (default {DEFAULT_TRIALS})")
     search.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help=f"seconds of search before the final re-timing (default {DEFAULT_TIMEOUT_S:g})")
+    search.add_argument("--patience", type=non_negative_int, default=DEFAULT_PATIENCE, metavar="TRIALS",
+                        help=f"stop once this many measured trials in a row gain less than {100 * CONVERGED_GAIN:g}%% "
+                             f"on the best (default {DEFAULT_PATIENCE}; 0: never stop early)")
     search.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     search.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="Optuna sampler (default tpe)")
     search.add_argument("--space", help="search-space TOML file or shipped name (default: the one for the dtype and compute mode)")
@@ -77,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                                           "':memory:' keeps nothing)")
     search.add_argument("--study-name", help="study name (default: device, problem, space and template version)")
     search.add_argument("--jobs", type=positive_int, default=default_jobs(),
-                        help=f"parallel compile workers (default {default_jobs()})")
+                        help=f"parallel compile workers (default {default_jobs()}: this machine's cores)")
     safety = tune_p.add_argument_group("fault isolation")
     safety.add_argument("--candidate-timeout", type=float, metavar="SECONDS",
                         help="time one candidate may take before it counts as hung and its measuring process "

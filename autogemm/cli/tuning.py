@@ -29,7 +29,8 @@ def _format_result(result) -> str:
                    f"{result.duplicates} repeats; {result.study_trials} measured in the study"),
         ("wall time", f"{result.wall_s:.1f} s" + (f"  ({result.restarts} measuring-process restarts, "
                                                   f"{result.restart_s:.1f} s)" if result.restarts else "")),
-        *([("stopped", f"{result.stopped}: best verified result so far kept, not re-timed")] if result.stopped else []),
+        *([("stopped", f"{result.stopped}: best verified result so far kept, not re-timed")] if result.interrupted
+          else [("stopped", result.stopped)] if result.stopped else []),
         ("cached in", result.cache_path or (f"not cached: {result.cache_error}" if result.cache_error else "-")),
         *([("kernels not stored", f"{result.unstored_kernels} (measured from memory; {result.storage_error})")]
           if result.unstored_kernels else []),
@@ -57,7 +58,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         result = tune(problem, trials=args.trials, timeout=args.timeout, seed=args.seed, sampler=args.sampler,
                       space=space, storage=args.storage, study_name=args.study_name, jobs=args.jobs,
                       progress=not args.json, isolate=not args.no_isolation,
-                      candidate_timeout=args.candidate_timeout)
+                      candidate_timeout=args.candidate_timeout, patience=args.patience)
     except (TuneError, FatalEvaluationError) as exc:
         raise CliFailure(str(exc)) from None
     if args.json:
