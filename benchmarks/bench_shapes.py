@@ -1,7 +1,7 @@
 """`autogemm.matmul` against the `cupy.matmul` it replaces, over the public shape suite
 (benchmarks/shapes.toml), in one run: for each shape, single calls of each alternate between CUDA
-events and the ratio is the median over the pairs (cuBLAS time / autogemm time; > 1: autogemm is
-faster). Three ways of meeting a shape:
+events, each started on an idle GPU (its host overhead counted), and the ratio is the median over
+the pairs (cuBLAS time / autogemm time; > 1: autogemm is faster). Three ways of meeting a shape:
 
     empty     nothing tuned: what a new user gets
     tuned     each problem of the suite tuned first (--budget seconds each), then measured
@@ -13,12 +13,14 @@ Writes benchmarks/results/shapes-<device>-<mode>.md (and .json): per-shape rows,
 
     python benchmarks/bench_shapes.py empty
     python benchmarks/bench_shapes.py tuned --budget 30 --keep-cache /tmp/suite-cache
+    python benchmarks/bench_shapes.py tuned --from /tmp/suite-cache      # measure only, with those records
     python benchmarks/bench_shapes.py loo --from /tmp/suite-cache
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -67,24 +69,31 @@ def operands(problem, seed: int):
 
 
 def baseline(problem, a, b):
-    """The call autogemm replaces: cupy.matmul (TF32 mode for tf32); for bfloat16, which
-    cupy.matmul does not compute, cublasGemmEx as bench.cublas_runner makes it."""
+    """The call autogemm replaces: cupy.matmul with a fresh output, as autogemm.matmul's (for tf32
+    with CuPy switched to TF32 around the whole measurement, as a user of TF32 runs it; bfloat16
+    needs CuPy 14)."""
     import cupy
 
-    from autogemm.bench import cublas_runner
-
-    if problem.dtype == "bfloat16":
-        c = cupy.empty((problem.m, problem.n), dtype=np.uint16)
-        return cublas_runner(problem, a.view(np.uint16), b.view(np.uint16), c)
-    if problem.compute == "tf32":
-        c = cupy.empty((problem.m, problem.n), dtype=np.float32)
-        return cublas_runner(problem, a, b, c)
     return lambda: cupy.matmul(a, b)
 
 
-def measure(problem, pairs: int, seed: int) -> dict:
-    import cupy
+@contextlib.contextmanager
+def cupy_compute(compute: str):
+    """CuPy's FP32 matmuls in TF32 for compute "tf32" while the block runs."""
+    if compute != "tf32":
+        yield
+        return
+    from cupy._core import _routines_linalg as linalg
 
+    before = linalg.get_compute_type(np.float32)
+    linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
+    try:
+        yield
+    finally:
+        linalg.set_compute_type(np.float32, before)
+
+
+def measure(problem, pairs: int, seed: int) -> dict:
     import autogemm
 
     a, b = operands(problem, seed)
@@ -92,20 +101,32 @@ def measure(problem, pairs: int, seed: int) -> dict:
     ours = lambda: autogemm.matmul(a, b, compute=compute)  # noqa: E731
     theirs = baseline(problem, a, b)
     explained = autogemm.explain(a, b, compute=compute)
+    with cupy_compute(problem.compute):
+        return _timed_pairs(problem, ours, theirs, explained, pairs)
+
+
+def _timed_pairs(problem, ours, theirs, explained, pairs: int) -> dict:
+    import cupy
+
     for _ in range(3):  # plans, compilation, clocks
         ours(), theirs()
     cupy.cuda.Device().synchronize()
-    events = [cupy.cuda.Event() for _ in range(3)]
+    events = [cupy.cuda.Event() for _ in range(4)]
     ratios, ours_ms, theirs_ms = [], [], []
     for i in range(pairs):
         first, second = (ours, theirs) if i % 2 == 0 else (theirs, ours)  # alternate which goes first
+        # each call starts on an idle GPU, so that its own host overhead is in its time (were the
+        # second queued behind the first, its overhead would hide and the median of the ratios would
+        # jump between two populations: +-15% on calls under 50 us)
         events[0].record()
         first()
         events[1].record()
-        second()
+        events[1].synchronize()
         events[2].record()
-        events[2].synchronize()
-        t1, t2 = cupy.cuda.get_elapsed_time(events[0], events[1]), cupy.cuda.get_elapsed_time(events[1], events[2])
+        second()
+        events[3].record()
+        events[3].synchronize()
+        t1, t2 = cupy.cuda.get_elapsed_time(events[0], events[1]), cupy.cuda.get_elapsed_time(events[2], events[3])
         mine, base = (t1, t2) if first is ours else (t2, t1)
         ours_ms.append(mine)
         theirs_ms.append(base)
@@ -153,15 +174,17 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("mode", choices=("empty", "tuned", "loo"))
     parser.add_argument("--suite", type=Path, default=HERE / "shapes.toml")
-    parser.add_argument("--pairs", type=int, default=40, help="timed pairs per shape (median; default 40)")
+    parser.add_argument("--pairs", type=int, default=100, help="timed pairs per shape (median; default 100)")
     parser.add_argument("--budget", type=float, default=30.0, help="tuned: seconds of tuning per problem")
     parser.add_argument("--keep-cache", type=Path, help="tuned: keep the tuned cache in this directory")
-    parser.add_argument("--from", dest="source", type=Path, help="loo: the cache directory a `tuned` run kept")
-    parser.add_argument("--only", help="only problems whose key contains this text")
+    parser.add_argument("--from", dest="source", type=Path,
+                        help="loo: the cache directory a `tuned` run kept; tuned: measure with it, tune nothing")
+    parser.add_argument("--only", help="only problems whose key contains one of these comma-separated texts")
     args = parser.parse_args()
     if args.pairs < 1:
         parser.error("--pairs must be >= 1")
-    problems = [p for p in load_suite(args.suite) if not args.only or args.only in p.key]
+    wanted = args.only.split(",") if args.only else [""]
+    problems = [p for p in load_suite(args.suite) if any(text in p.key for text in wanted)]
 
     import autogemm
     from autogemm.cache import TuningCache
@@ -173,7 +196,14 @@ def main() -> int:
         os.environ["AUTOGEMM_CACHE_DIR"] = tempfile.mkdtemp(prefix="autogemm-empty-")
         for i, problem in enumerate(problems):
             rows.append(measure(problem, args.pairs, seed=10 * i))
-        note = f"An empty cache; {args.pairs} alternating pairs per shape, median ratio."
+        note = f"An empty cache; {args.pairs} alternating pairs per shape (each call on an idle GPU), median ratio."
+    elif args.mode == "tuned" and args.source is not None:
+        os.environ["AUTOGEMM_CACHE_DIR"] = str(args.source)
+        autogemm.reset()
+        for i, problem in enumerate(problems):
+            rows.append(measure(problem, args.pairs, seed=10 * i))
+        note = (f"With the tuned records of an earlier `tuned` run (each problem tuned with a {args.budget:g} s search "
+                f"budget, re-timing on top); {args.pairs} alternating pairs per shape (each call on an idle GPU), median ratio.")
     elif args.mode == "tuned":
         directory = args.keep_cache or Path(tempfile.mkdtemp(prefix="autogemm-tuned-"))
         os.environ["AUTOGEMM_CACHE_DIR"] = str(directory)
@@ -186,7 +216,7 @@ def main() -> int:
         for i, problem in enumerate(problems):
             rows.append(measure(problem, args.pairs, seed=10 * i))
         note = (f"Each problem tuned first with a {args.budget:g} s budget (search; re-timing on top), "
-                f"{time.perf_counter() - started:.0f} s in all; cache kept in {directory}.")
+                f"{time.perf_counter() - started:.0f} s in all; {args.pairs} alternating pairs per shape (each call on an idle GPU), median ratio.")
     else:
         if args.source is None:
             parser.error("loo needs --from DIR, the cache a `tuned` run kept")
@@ -201,7 +231,8 @@ def main() -> int:
             os.environ["AUTOGEMM_CACHE_DIR"] = str(directory)
             autogemm.reset()
             rows.append(measure(problem, args.pairs, seed=10 * i))
-        note = f"Leave-one-out: each shape with the records of {args.source} but its own."
+        note = (f"Leave-one-out: each shape with every tuned record of a `tuned` run but its own; {args.pairs} "
+                "alternating pairs per shape (each call on an idle GPU), median ratio.")
     write(rows, args.mode, note)
     return 0
 
