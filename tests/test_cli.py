@@ -73,6 +73,14 @@ def test_bad_sizes_are_rejected_by_the_parser(capsys, value, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value,message", [("-1", "must be >= 0, got -1"), ("x", "expected a whole number >= 0")])
+def test_a_bad_patience_is_rejected_by_the_parser(capsys, value, message):
+    with pytest.raises(SystemExit) as info:
+        main(["tune", "--M", "64", "--patience", value])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_check_compiles_a_sample_with_nvcc(capsys):
     code, out, err = run_cli(capsys, "check", "--count", "2", "--arch", "sm_90", "--seed", "4")
     assert code == 0, out + err
