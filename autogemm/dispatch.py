@@ -18,7 +18,8 @@ import numpy as np
 
 from . import dtypes, runtime
 from .operands import ArrayInfo, KernelOperand, describe, real_scalar, validate
-from .planning import PROVISIONAL_PLAN_S, Dispatcher, race_choice
+from .planning import PROVISIONAL_PLAN_S, Dispatcher
+from .race import race_choice
 from .problem import Problem
 from .runtime import bfloat16_gemm, cublas_product
 from .select import Choice
@@ -59,6 +60,12 @@ def _as_cupy(x):
     return cupy.asarray(x)  # zero-copy view of a __cuda_array_interface__ object
 
 
+def _fast_key(a, b, compute, device: int) -> tuple:
+    """The fast path's memo key of CuPy operands: what validation depended on. Dtypes by number:
+    hashing a NumPy dtype costs more than the rest of the key together."""
+    return a.shape, b.shape, a.strides, b.strides, a.dtype.num, b.dtype.num, compute, device
+
+
 def _flag(value: bool | None, variable: str) -> bool:
     """An on/off argument, or when it is None the environment variable (set and not "0": on)."""
     if value is None:
@@ -86,9 +93,7 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
     if out is None and tune is None and race is None and beta == 0 and type(a) is _NDARRAY and type(b) is _NDARRAY \
             and type(alpha) in _PLAIN_SCALARS and (alpha == 1 or math.isfinite(alpha)):
         data_a = a.data
-        # dtypes by number: hashing a NumPy dtype costs more than the rest of the key together
-        plan = _DISPATCHER.fast.get((a.shape, b.shape, a.strides, b.strides, a.dtype.num, b.dtype.num, compute,
-                                     data_a.device_id))
+        plan = _DISPATCHER.fast.get(_fast_key(a, b, compute, data_a.device_id))
         if plan is not None:
             result = plan.call_fast(a, b, data_a.ptr, alpha)
             if result is not None:
@@ -130,7 +135,7 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
                device_a, *out_layout, tune, race)
         fast_key = None
         if out is None and fast_memo and type(a) is cupy.ndarray and type(b) is cupy.ndarray:
-            fast_key = (a.shape, b.shape, a.strides, b.strides, a.dtype.num, b.dtype.num, requested_compute, device_a)
+            fast_key = _fast_key(a, b, requested_compute, device_a)
 
         def build():
             target = out_arr if out_arr is not None else cupy.empty(shape, dtype=_cupy_dtype(ia.dtype))
@@ -260,7 +265,7 @@ def _writes_in_place(out: ArrayInfo, m: int, n: int) -> KernelOperand | None:
 def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune, race) -> _Plan:
     import cupy
 
-    from .launch import device_info
+    from .launch import device_info, launcher, prepare
 
     device = device_info(device_id)
     layout_a, layout_b = ia.layout(), ib.layout()
@@ -291,8 +296,6 @@ def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune, race) -> 
             prepared = prepare(config, problem, widths, device)
             launches[config.name] = launcher(prepared, layout_a, layout_b, layout_c), prepared
         return launches[config.name]
-
-    from .launch import launcher, prepare
 
     if race and choice.record is None and choice.ranked:
         choice = plan.choice = _DISPATCHER.race(problem, device, choice, lambda: _race_entrants(

@@ -109,7 +109,7 @@ class Dispatcher:
         problem and process: `make_entrants()` gives (entrants, check) when it has not run yet.
         Threads planning the same key wait in plan_for; other keys of the same problem (other
         strides, alignments) find the memoized winner."""
-        from .race import run_race
+        from .race import race_choice, run_race
 
         result = self.races.get((device.slug, problem.key))
         if result is None:
@@ -163,18 +163,3 @@ class Dispatcher:
         kept = f"cuBLAS kept, best generated kernel {result.ratio:.3f}x" if result.kept_cublas else f"{result.ratio:.3f}x cuBLAS"
         choice.source, choice.reason = "autotune", f"tuned now ({result.valid} trials, {kept})"
         return choice, False
-
-
-def race_choice(choice: Choice, result) -> Choice:
-    """The choice a race made, keeping the model's candidates and the race's figures for `explain`."""
-    from .race import CUBLAS
-
-    details = dict(choice.details, race=result.to_json())
-    raced = len(result.times_ms) + len(result.disqualified)
-    if result.winner == CUBLAS:
-        reason = f"raced {raced} entrants on the first call: cuBLAS won ({result.times_ms[CUBLAS]:.4f} ms)"
-        return Choice("race", None, reason, details=details, ranked=choice.ranked)
-    config = next(c.config for c in choice.ranked if c.config.name == result.winner)
-    reason = (f"raced {raced} entrants on the first call: {result.margin:.3f}x cuBLAS "
-              f"({result.times_ms[result.winner]:.4f} vs {result.times_ms[CUBLAS]:.4f} ms)")
-    return Choice("race", config, reason, details=details, ranked=choice.ranked)

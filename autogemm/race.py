@@ -15,6 +15,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from .select import Choice
+
 # entrants besides cuBLAS: the model's best-predicted configs
 RACE_CONFIGS = 3
 # timed calls of each entrant (after one untimed call, which also gives the result checked)
@@ -42,7 +44,7 @@ def run_race(entrants: dict, check) -> RaceResult:
     """`entrants`: name -> run() returning its result (CUBLAS among them); `check(result)`: None
     when a result agrees with cuBLAS's, else why not. Every entrant that fails (its compile, its
     launch, its check) is disqualified; cuBLAS cannot be."""
-    import cupy
+    from .bench import time_gpu
 
     runs, disqualified = {}, {}
     for name, run in entrants.items():
@@ -58,15 +60,23 @@ def run_race(entrants: dict, check) -> RaceResult:
         else:
             runs[name] = run
     entrants[CUBLAS]()  # warm, like the others
-    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(RACE_ROUNDS):
+    for _ in range(RACE_ROUNDS):  # rounds alternate the entrants; each call timed alone
         for name, run in runs.items():
-            start.record()
-            run()
-            stop.record()
-            stop.synchronize()
-            times[name].append(cupy.cuda.get_elapsed_time(start, stop))
+            times[name].append(time_gpu(lambda _: run(), warmup=0, repeats=1).median_ms)
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     winner = min(medians, key=lambda name: (medians[name], name != CUBLAS))  # a tie goes to cuBLAS
     return RaceResult(winner, medians, disqualified)
+
+
+def race_choice(choice: Choice, result: RaceResult) -> Choice:
+    """The choice a race made, keeping the model's candidates and the race's figures for `explain`."""
+    details = dict(choice.details, race=result.to_json())
+    raced = len(result.times_ms) + len(result.disqualified)
+    if result.winner == CUBLAS:
+        reason = f"raced {raced} entrants on the first call: cuBLAS won ({result.times_ms[CUBLAS]:.4f} ms)"
+        return Choice("race", None, reason, details=details, ranked=choice.ranked)
+    config = next(c.config for c in choice.ranked if c.config.name == result.winner)
+    reason = (f"raced {raced} entrants on the first call: {result.margin:.3f}x cuBLAS "
+              f"({result.times_ms[result.winner]:.4f} vs {result.times_ms[CUBLAS]:.4f} ms)")
+    return Choice("race", config, reason, details=details, ranked=choice.ranked)

@@ -87,7 +87,7 @@ def _matrix_layout(x):
     return None
 
 
-def _batch_stride(x, batch: int) -> int:
+def _batch_stride(x) -> int:
     """Element stride between the matrices of a batch (0 for a 2-D operand broadcast)."""
     return x.strides[0] // x.itemsize if x.ndim == 3 and x.shape[0] > 1 else 0
 
@@ -125,8 +125,11 @@ def bfloat16_gemm(a, b, out=None, alpha: float = 1.0, beta: float = 0.0):
     # (cuBLAS itself gives C = beta * C for k == 0)
     handle = device.get_cublas_handle()
     bf16, compute_32f = cp.cuda.runtime.CUDA_R_16BF, getattr(cublas, "CUBLAS_COMPUTE_32F", 68)
-    scalars = _ONE_ZERO if alpha == 1 and beta == 0 else np.array([alpha, beta], dtype=np.float32)
-    pointer = _ONE_ZERO_POINTER if scalars is _ONE_ZERO else scalars.ctypes.data
+    if alpha == 1 and beta == 0:
+        pointer = _ONE_ZERO_POINTER  # no per-call ctypes lookup on the timed path
+    else:
+        scalars = np.array([alpha, beta], dtype=np.float32)  # host memory, alive until the call returns
+        pointer = scalars.ctypes.data
     op_a = cublas.CUBLAS_OP_T if layout_a[0] else cublas.CUBLAS_OP_N
     op_b = cublas.CUBLAS_OP_T if layout_b[0] else cublas.CUBLAS_OP_N
     mode = cublas.getPointerMode(handle)
@@ -139,7 +142,7 @@ def bfloat16_gemm(a, b, out=None, alpha: float = 1.0, beta: float = 0.0):
         else:
             cublas.gemmStridedBatchedEx(
                 handle, op_b, op_a, n, m, k, pointer, b.data.ptr, bf16, layout_b[1],
-                _batch_stride(b, batch), a.data.ptr, bf16, layout_a[1], _batch_stride(a, batch),
+                _batch_stride(b), a.data.ptr, bf16, layout_a[1], _batch_stride(a),
                 pointer + 4, target.data.ptr, bf16, n, m * n, batch, compute_32f, -1)
     finally:
         cublas.setPointerMode(handle, mode)

@@ -213,6 +213,6 @@ def test_a_race_cublas_wins_is_served_by_cublas():
 
     choice = choose(Problem(500, 500, 500), DEVICE, None, [_record(Problem(512, 512, 512), TUNED, ratio=0.9)])
     result = race.RaceResult(race.CUBLAS, {race.CUBLAS: 1.0, TUNED.name: 1.2}, {"x": "differs from cuBLAS"})
-    raced = planning.race_choice(choice, result)
+    raced = race.race_choice(choice, result)
     assert (raced.source, raced.config) == ("race", None) and "cuBLAS won" in raced.reason
     assert "raced 3 entrants" in raced.reason and result.margin == 1.0

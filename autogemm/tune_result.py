@@ -1,0 +1,81 @@
+"""What a tuning run found and how it went: `TuneResult`, returned by `autogemm.tune` and printed
+by `autogemm tune` (as a table, or as JSON with `to_json`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .problem import Device, Problem
+
+
+@dataclass
+class TuneResult:
+    problem: Problem
+    device: Device
+    config: object
+    time_ms: float
+    tflops: float
+    rel_error: float | None
+    cublas_ms: float
+    valid: int  # measured trials of this run
+    rejected: int  # pruned by the space's constraints or check(), never compiled
+    failed: int  # compile / launch / wrong / crash ...
+    duplicates: int  # proposals of an already measured config (answered from the study)
+    study_trials: int  # measured trials in the study, earlier runs included
+    wall_s: float
+    study_name: str
+    storage: str
+    cache_path: str | None
+    interrupted: bool
+    history: list[float] = field(default_factory=list)  # TFLOP/s of each measured trial, in order
+    failures: dict[str, int] = field(default_factory=dict)
+    stopped: str = ""  # why the search ended before its trials (converged, Ctrl-C, a lost GPU context)
+    restarts: int = 0  # measuring-process restarts after crashes and timeouts
+    restart_s: float = 0.0
+    cache_error: str = ""  # why the result could not be cached (a read-only or full cache), if it could not
+    unstored_kernels: int = 0  # compiled kernels the disk would not take (measured from memory)
+    storage_error: str = ""  # why
+    # True when no generated kernel beat cuBLAS by more than `noise`: cuBLAS is what was cached and
+    # what matmul serves; `config` and `ratio` are then the best generated kernel's
+    kept_cublas: bool = False
+    noise: float = 0.0  # relative spread of the final cuBLAS timings
+    seeded: int = 0  # configs enqueued from what was known (cache, model) before the search
+
+    @property
+    def cublas_tflops(self) -> float:
+        return self.problem.flops / self.cublas_ms / 1e9
+
+    @property
+    def ratio(self) -> float:
+        return self.cublas_ms / self.time_ms
+
+    def to_json(self) -> dict:
+        return {
+            "problem": self.problem.key,
+            "device": self.device.name,
+            "config": self.config.name,
+            "knobs": self.config.to_dict(),
+            "time_ms": self.time_ms,
+            "tflops": self.tflops,
+            "cublas_ms": self.cublas_ms,
+            "cublas_tflops": self.cublas_tflops,
+            "ratio": self.ratio,
+            "rel_error": self.rel_error,
+            "trials": {"valid": self.valid, "rejected": self.rejected, "failed": self.failed,
+                       "duplicates": self.duplicates, "in_study": self.study_trials},
+            "failures": self.failures,
+            "wall_s": self.wall_s,
+            "study": self.study_name,
+            "storage": self.storage,
+            "cache": self.cache_path,
+            "interrupted": self.interrupted,
+            "stopped": self.stopped,
+            "restarts": self.restarts,
+            "restart_s": self.restart_s,
+            "cache_error": self.cache_error,
+            "kept_cublas": self.kept_cublas,
+            "noise": self.noise,
+            "seeded": self.seeded,
+            "unstored_kernels": self.unstored_kernels,
+            "storage_error": self.storage_error,
+        }
