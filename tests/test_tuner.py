@@ -190,3 +190,8 @@ def test_stopping_at_convergence_costs_less_than_two_percent(tmp_path, seed):
     full = run(tmp_path / "full", 400, seed=seed, patience=0)
     assert full.valid == 400 and early.valid < 400 and early.stopped.startswith("converged")
     assert early.tflops >= 0.98 * full.tflops
+
+
+def test_a_negative_patience_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="patience must be >= 0, got -1"):
+        run(tmp_path, 5, patience=-1)
