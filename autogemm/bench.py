@@ -195,6 +195,32 @@ def time_gpu(run, *, warmup: int = 3, repeats: int = 20, inputs: int = 1, stream
     return Timing(statistics.median(times), min(times), repeats)
 
 
+def single_calls(ours, theirs, pairs: int) -> tuple[list[float], list[float]]:
+    """Milliseconds of `pairs` single calls of each of two zero-argument functions (ours, theirs):
+    the two alternate which goes first, and each call starts on an idle GPU, so that its own host
+    time (allocation, argument packing, the launch) is in its figure, as a user's latency. (Were the
+    second call queued behind the first, its host time would hide behind the first's GPU time.)"""
+    import cupy
+
+    events = [cupy.cuda.Event() for _ in range(4)]
+    ours_ms, theirs_ms = [], []
+    for i in range(pairs):
+        ours_first = i % 2 == 0
+        first, second = (ours, theirs) if ours_first else (theirs, ours)
+        events[0].record()
+        first()
+        events[1].record()
+        events[1].synchronize()
+        events[2].record()
+        second()
+        events[3].record()
+        events[3].synchronize()
+        t1, t2 = cupy.cuda.get_elapsed_time(events[0], events[1]), cupy.cuda.get_elapsed_time(events[2], events[3])
+        ours_ms.append(t1 if ours_first else t2)
+        theirs_ms.append(t2 if ours_first else t1)
+    return ours_ms, theirs_ms
+
+
 def time_calls(runners, repeats: int, best_ms: float | None = None, *, min_batch: int = 1,
                sample_ms: float = 0.5) -> float:
     """Median milliseconds per call of zero-argument launchers, cycling through `runners` (one per

@@ -162,14 +162,17 @@ class Record:
             return True
 
 
-def cublas_record(generated: Record) -> Record:
+def cublas_record(generated: Record, single_call_ratio: float | None = None) -> Record:
     """The record of a tune that kept cuBLAS: cuBLAS's figures, and the generated kernel it beat
-    (whose template's hash makes the record stale once the templates change)."""
+    (whose template's hash makes the record stale once the templates change), with its ratio one
+    call at a time where that decided."""
+    best = {"family": generated.family, "config": generated.config, "config_name": generated.config_name,
+            "ratio": generated.ratio, "tflops": generated.tflops, "rel_error": generated.rel_error}
+    if single_call_ratio is not None:
+        best["single_call_ratio"] = single_call_ratio
     return dataclasses.replace(
         generated, family=CUBLAS, config={}, config_name=CUBLAS, time_ms=generated.cublas_ms,
-        tflops=generated.cublas_tflops, ratio=1.0, rel_error=float("nan"),
-        best_generated={"family": generated.family, "config": generated.config, "config_name": generated.config_name,
-                        "ratio": generated.ratio, "tflops": generated.tflops, "rel_error": generated.rel_error},
+        tflops=generated.cublas_tflops, ratio=1.0, rel_error=float("nan"), best_generated=best,
     )
 
 

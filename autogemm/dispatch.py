@@ -1,6 +1,6 @@
 """`matmul()` and `explain()`: validate the operands (the operand model of `operands`), pick a
 kernel (plan memo -> `select`: the exact record, a config predicted to beat cuBLAS, else cuBLAS
-through cupy.matmul) and launch it on the operands' GPU and the current stream.
+through cublas_gemm) and launch it on the operands' GPU and the current stream.
 
 Validation happens before anything touches the GPU and names the problem. A call's "plan" (kernel,
 launch geometry, vector widths) is memoized per (device, shapes, strides, alignment), so that a
@@ -21,7 +21,7 @@ from .operands import ArrayInfo, KernelOperand, describe, real_scalar, validate
 from .planning import PROVISIONAL_PLAN_S, Dispatcher
 from .race import race_choice
 from .problem import Problem
-from .runtime import bfloat16_gemm, cublas_product
+from .cublas_gemm import cublas_launcher
 from .select import Choice
 
 _DISPATCHER = Dispatcher()
@@ -119,7 +119,7 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
         k = ia.shape[-1]
         if out is None and (math.prod(shape) == 0 or k == 0):
             out = cupy.empty(shape, dtype=_cupy_dtype(ia.dtype))
-        out_arr = _as_cupy(out) if out is not None else None  # None: made by the plan (cuBLAS makes its own)
+        out_arr = _as_cupy(out) if out is not None else None  # None: the plan makes a fresh one
         if out_arr is not None and out_arr.size == 0:
             return out_arr
         if k == 0:  # no products: beta * out, or zeros (beta == 0 never reads out)
@@ -167,21 +167,23 @@ def _cupy_dtype(name: str):
 
 @dataclass
 class _Plan:
-    """Everything a call needs but the pointers: the choice, the problem, and a launcher."""
+    """Everything a call needs but the pointers: the choice, the problem, and a launcher (of the
+    chosen kernel, or of cuBLAS: cublas_gemm's, with the same signature)."""
 
     choice: Choice
     problem: Problem
     shape: tuple
     dtype: object
     device: int
-    launch: object = None  # launch(pa, pb, pc, alpha, beta, stream); None: cupy.matmul
+    launch: object = None  # launch(pa, pb, pc, alpha, beta, stream=None), on the current stream when None
     copy_a: bool = False
     copy_b: bool = False
-    copy_out: bool = False  # out is not row-major: the kernel writes a contiguous buffer, copied in
+    copy_out: bool = False  # out is not row-major: the launch writes a contiguous buffer, copied in
     provisional_until: float | None = None  # a tune of this problem runs elsewhere: plan again then
     fast_key: tuple | None = None  # its entry in the fast-path memo, if it has one
-    product: object = None  # cuBLAS for this dtype and compute: product(a, b, out=None)
-    alignment: tuple = (0, 0)  # a's and b's addresses modulo 16 that the kernel was prepared for
+    # a's and b's addresses modulo 16 that the kernel's vector widths were chosen for; None: any
+    # (cuBLAS reads any address)
+    alignment: tuple | None = None
 
     def expired(self) -> bool:
         return self.provisional_until is not None and time.monotonic() > self.provisional_until
@@ -192,19 +194,13 @@ class _Plan:
         current device, b's device, the alignment a kernel's vector widths assumed, copies): then
         the general path plans the call."""
         data_b = b.data
-        if _current_device() != self.device or data_b.device_id != self.device:
+        if _current_device() != self.device or data_b.device_id != self.device or self.copy_a or self.copy_b:
             return None
-        if self.launch is None:  # cuBLAS, as the user's own cupy.matmul would run it
-            if alpha == 1:
-                return self.product(a, b)
-            return _cublas_call(self.product, a, b, None, alpha, 0.0)
         pointer_b = data_b.ptr
-        if self.copy_a or self.copy_b or (pointer_a % 16, pointer_b % 16) != self.alignment:
+        if self.alignment is not None and (pointer_a % 16, pointer_b % 16) != self.alignment:
             return None
-        import cupy
-
-        out_arr = cupy.empty(self.shape, dtype=self.dtype)
-        self.launch(pointer_a, pointer_b, out_arr.data.ptr, alpha, 0.0, cupy.cuda.get_current_stream())
+        out_arr = _NDARRAY(self.shape, self.dtype)
+        self.launch(pointer_a, pointer_b, out_arr.data.ptr, alpha, 0.0)
         return out_arr
 
     def call(self, a, b, out_arr, alpha: float, beta: float):
@@ -212,43 +208,33 @@ class _Plan:
 
         with cupy.cuda.Device(self.device):
             a_arr, b_arr = _as_cupy(a), _as_cupy(b)
-            if self.launch is None:
-                return _cublas_call(self.product, a_arr, b_arr, out_arr, alpha, beta)
             if out_arr is None:
                 out_arr = cupy.empty(self.shape, dtype=self.dtype)
             if self.copy_a:
                 a_arr = cupy.ascontiguousarray(a_arr)
             if self.copy_b:
                 b_arr = cupy.ascontiguousarray(b_arr)
-            target = cupy.ascontiguousarray(out_arr) if self.copy_out else out_arr  # beta reads out's values
-            self.launch(a_arr.data.ptr, b_arr.data.ptr, target.data.ptr, alpha, beta,
-                        cupy.cuda.get_current_stream())
+            target = _contiguous_copy(out_arr) if self.copy_out else out_arr  # beta reads out's values
+            self.launch(a_arr.data.ptr, b_arr.data.ptr, target.data.ptr, alpha, beta)
             if self.copy_out:
-                out_arr[...] = target
+                _copy_into(out_arr, target)
             return out_arr
 
 
-def _cublas_call(product, a, b, out, alpha: float, beta: float):
-    """alpha · a @ b (+ beta · out) through cuBLAS (`product`, runtime.cublas_product's) with no
-    more work than the user's own call would do: the product goes straight into a fresh array or
-    into `out`; only alpha and beta cost an element-wise pass (bfloat16: none, cublasGemmEx takes
-    them, and CuPy's element-wise bfloat16 arithmetic is not needed)."""
-    if a.dtype.kind == "V":  # bfloat16 (ml_dtypes' kind)
-        if alpha == 1 and beta == 0 and out is None:
-            return product(a, b)
-        return bfloat16_gemm(a, b, out=out, alpha=alpha, beta=beta)
-    if out is None:
-        result = product(a, b)
-        if alpha != 1:
-            result *= alpha
-        return result
-    if beta == 0:
-        product(a, b, out=out)
-        if alpha != 1:
-            out *= alpha
-        return out
-    out[...] = alpha * product(a, b) + beta * out
-    return out
+def _contiguous_copy(x):
+    """A C-contiguous copy of `x` (bfloat16 copied as its bits: CuPy before 14 cannot copy it)."""
+    import cupy
+
+    if x.dtype.kind == "V":
+        return cupy.ascontiguousarray(x.view(np.uint16)).view(x.dtype)
+    return cupy.ascontiguousarray(x)
+
+
+def _copy_into(out, values) -> None:
+    if out.dtype.kind == "V":
+        out.view(np.uint16)[...] = values.view(np.uint16)
+    else:
+        out[...] = values
 
 
 def _writes_in_place(out: ArrayInfo, m: int, n: int) -> KernelOperand | None:
@@ -282,8 +268,7 @@ def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune, race) -> 
     choice = _DISPATCHER.select(problem, device, tune)
     layout_c = _writes_in_place(describe(out_arr, "out"), m, n)
     plan = _Plan(choice, problem, shape, out_arr.dtype, device_id, copy_a=copy_a, copy_b=copy_b,
-                 copy_out=layout_c is None, product=cublas_product(problem.dtype, compute),
-                 alignment=(a_arr.data.ptr % 16, b_arr.data.ptr % 16),
+                 copy_out=layout_c is None,
                  provisional_until=time.monotonic() + PROVISIONAL_PLAN_S if choice.provisional else None)
     if layout_c is None:  # the kernel writes a contiguous buffer of this shape, copied into out
         layout_c = describe(cupy.empty(shape, dtype=out_arr.dtype), "out").layout()
@@ -297,17 +282,20 @@ def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune, race) -> 
             launches[config.name] = launcher(prepared, layout_a, layout_b, layout_c), prepared
         return launches[config.name]
 
+    cublas_launch = cublas_launcher(problem, layout_a, layout_b, layout_c, device.compute_capability)
     if race and choice.record is None and choice.ranked:
         choice = plan.choice = _DISPATCHER.race(problem, device, choice, lambda: _race_entrants(
-            plan, choice, a_arr, b_arr, kernel_launch))
+            plan, choice, a_arr, b_arr, kernel_launch, cublas_launch))
     if choice.config is None:
+        plan.launch = cublas_launch
         return plan
     plan.launch, prepared = kernel_launch(choice.config)
+    plan.alignment = (a_arr.data.ptr % 16, b_arr.data.ptr % 16)
     choice.details.update(kernel=prepared.kernel.source.kernel, registers=prepared.kernel.registers)
     return plan
 
 
-def _race_entrants(plan: _Plan, choice: Choice, a_arr, b_arr, kernel_launch):
+def _race_entrants(plan: _Plan, choice: Choice, a_arr, b_arr, kernel_launch, cublas_launch):
     """(entrants, check) for race.run_race: cuBLAS and the model's best configs, each run as the
     plan would serve it (a fresh output per call) on the call's operands; `check` compares a
     result with cuBLAS's."""
@@ -319,24 +307,24 @@ def _race_entrants(plan: _Plan, choice: Choice, a_arr, b_arr, kernel_launch):
     def values(x):
         return to_float64(x.view(np.uint16) if plan.problem.dtype == "bfloat16" else x)
 
-    reference = values(plan.product(a_arr, b_arr))
+    def entrant(get_launch):
+        def run():
+            out = cupy.empty(plan.shape, dtype=plan.dtype)
+            get_launch()(a_arr.data.ptr, b_arr.data.ptr, out.data.ptr, 1.0, 0.0)
+            return out
+        return run
+
+    entrants = {CUBLAS: entrant(lambda: cublas_launch)}
+    reference = values(entrants[CUBLAS]())
     limit = 2 * tolerance(plan.problem)
 
     def check(result):
         error = relative_error(values(result), reference)
         return None if error <= limit else f"differs from cuBLAS by {error:.3g} (limit {limit:g})"
 
-    def kernel_entrant(config):
-        def run():
-            launch, _ = kernel_launch(config)  # prepared on the first call only
-            out = cupy.empty(plan.shape, dtype=plan.dtype)
-            launch(a_arr.data.ptr, b_arr.data.ptr, out.data.ptr, 1.0, 0.0, cupy.cuda.get_current_stream())
-            return out
-        return run
-
-    entrants = {CUBLAS: lambda: plan.product(a_arr, b_arr)}
     for candidate in choice.ranked[:RACE_CONFIGS]:
-        entrants[candidate.config.name] = kernel_entrant(candidate.config)
+        # prepared on the first call only
+        entrants[candidate.config.name] = entrant(lambda config=candidate.config: kernel_launch(config)[0])
     return entrants, check
 
 

@@ -101,6 +101,17 @@ def serve(conn, measurer) -> None:
             except Exception as exc:
                 conn.send(("failed", f"{type(exc).__name__}: {exc}"))
             continue
+        if request[0] == "single":
+            _, config_data, cubin = request
+            if cubin is not None:
+                remember(cubin)
+            try:
+                conn.send(("ok", measurer.single_call_ratio(config_from_dict(config_data))))
+            except Exception as exc:
+                conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+            if measurer.poisoned:
+                os._exit(3)
+            continue
         _, config_data, best_ms, repeats, final, cubin = request
         if cubin is not None:  # compiled but not stored: loaded from these bytes
             remember(cubin)
@@ -223,6 +234,13 @@ class IsolatedEvaluator(CompileAheadEvaluator):
         if isinstance(answer, Measurement):
             return answer
         return Measurement(**answer[1])
+
+    def single_call_ratio(self, config) -> float | None:
+        """(None when the measuring process could not say: the back-to-back figures decide.)"""
+        answer = self._request(("single", config.to_dict(), self._in_memory.get(config.name)), self.timeout)
+        if isinstance(answer, Measurement) or answer[0] != "ok":
+            return None
+        return answer[1]
 
     def _cublas(self, repeats: int) -> float:
         answer = self._request(("cublas", repeats), self.timeout)

@@ -160,6 +160,6 @@ class Dispatcher:
         if exact is None:  # tuned, but the cache could not keep it
             return None, False
         choice = choose(problem, device, exact, [])
-        kept = f"cuBLAS kept, best generated kernel {result.ratio:.3f}x" if result.kept_cublas else f"{result.ratio:.3f}x cuBLAS"
+        kept = f"cuBLAS kept, {result.kept_reason}" if result.kept_cublas else f"{result.ratio:.3f}x cuBLAS"
         choice.source, choice.reason = "autotune", f"tuned now ({result.valid} trials, {kept})"
         return choice, False

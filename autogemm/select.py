@@ -1,7 +1,7 @@
 """Which kernel serves a problem, as a pure function of the cache's contents, in this order of
 trust: the exact record (a generated kernel, or cuBLAS where the tune kept it); else a tuned config
-the model of `predict` expects to beat cuBLAS here by a margin; else cuBLAS (cupy.matmul; for
-bfloat16 where CuPy cannot compute it, cublasGemmEx). Only for a dtype cuBLAS is not asked to serve does the family's
+the model of `predict` expects to beat cuBLAS here by a margin; else cuBLAS (the call cupy.matmul
+makes, through cublas_gemm). Only for a dtype cuBLAS is not asked to serve does the family's
 built-in default for the problem's size come in (the GPU tests use that to run the defaults)."""
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from . import dtypes, predict
 from .families import GemmConfig, config_from_name, family_for
 from .problem import Problem
 
-# (dtype, compute) that cuBLAS serves when nothing generated is expected to win: through cupy.matmul
-# (TF32 with CuPy's compute-type switch; bfloat16 from CuPy 14, else cublasGemmEx; see
-# runtime.cublas_product).
+# (dtype, compute) that cuBLAS serves when nothing generated is expected to win: the cublasGemmEx call
+# cupy.matmul makes, with less host time per call (cublas_gemm).
 CUBLAS_SERVES = {("float32", "fp32"), ("float32", "tf32"), ("float16", "fp32"), ("bfloat16", "fp32"),
                  ("float64", "fp64")}
 SHOWN_CANDIDATES = 8  # candidates `explain` lists
@@ -29,7 +28,7 @@ MAX_DEFAULT_SPLIT_K = 8
 
 @dataclass
 class Choice:
-    source: str  # "cache", "shipped cache", "predicted", "default", "cupy", "autotune"
+    source: str  # "cache", "shipped cache", "predicted", "default", "cublas", "autotune"
     config: GemmConfig | None
     reason: str
     record: object | None = None  # the cache record the choice came from
@@ -70,12 +69,15 @@ def choose(problem: Problem, device, exact, records) -> Choice:
     `records` are the device's current records (the model's evidence). `details["candidates"]`
     lists what the model considered, for `explain`."""
     if dtypes.find(problem.dtype, problem.compute) is None:
-        return Choice("cupy", None, f"no template for {problem.dtype}/{problem.compute} yet: cupy.matmul")
+        return Choice("cublas", None, f"no template for {problem.dtype}/{problem.compute} yet: cuBLAS")
     if exact is not None:
         record, source = exact
         where = "shipped cache" if source == "shipped" else "cache"
         if record.is_cublas:
-            lost = f"; best generated kernel {record.best_generated['ratio']:.3f}x" if record.best_generated else ""
+            best = record.best_generated
+            lost = f"; best generated kernel {best['ratio']:.3f}x" if best else ""
+            if best and isinstance(best.get("single_call_ratio"), (int, float)):
+                lost += f" ({best['single_call_ratio']:.3f}x one call at a time)"
             return Choice(where, None, f"tuned for this problem: cuBLAS kept{lost} ({record.date[:10]})", record)
         config = record.config_object
         if not config.check(problem, device):
@@ -97,9 +99,9 @@ def _choose_untuned(problem: Problem, device, considered) -> Choice:
     why = (f"no tuned config is predicted to beat cuBLAS by the margin (best {best.predicted_ratio:.3f}x, "
            f"needs {best.needed_ratio:.3f}x)" if best is not None else "nothing tuned for this dtype on this GPU")
     if (problem.dtype, problem.compute) in CUBLAS_SERVES:
-        return Choice("cupy", None, f"{why}: cuBLAS through cupy.matmul", details=details)
+        return Choice("cublas", None, f"{why}: cuBLAS", details=details)
     config = default_config(problem, device)
     if config is not None:
         return Choice("default", config, f"{why}; cuBLAS is not asked to serve {problem.dtype}: built-in "
                       f"{size_class(problem)}-problem configuration", details=details)
-    return Choice("cupy", None, "no configuration of the template can run this problem: cupy.matmul", details=details)
+    return Choice("cublas", None, "no configuration of the template can run this problem: cuBLAS", details=details)

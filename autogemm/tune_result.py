@@ -40,6 +40,19 @@ class TuneResult:
     kept_cublas: bool = False
     noise: float = 0.0  # relative spread of the final cuBLAS timings
     seeded: int = 0  # configs enqueued from what was known (cache, model) before the search
+    # cuBLAS's latency over the best kernel's, one call at a time (evaluate.SINGLE_CALL_MS); None:
+    # not compared that way (a long call, or the kernel did not win back-to-back)
+    single_call_ratio: float | None = None
+
+    @property
+    def kept_reason(self) -> str:
+        """Why cuBLAS was kept, in figures ("" when it was not)."""
+        if not self.kept_cublas:
+            return ""
+        if self.single_call_ratio is not None and self.ratio > 1 + self.noise:
+            return (f"best generated kernel {self.ratio:.3f}x back to back but {self.single_call_ratio:.3f}x "
+                    f"one call at a time")
+        return f"best generated kernel {self.ratio:.3f}x"
 
     @property
     def cublas_tflops(self) -> float:
@@ -76,6 +89,7 @@ class TuneResult:
             "kept_cublas": self.kept_cublas,
             "noise": self.noise,
             "seeded": self.seeded,
+            "single_call_ratio": self.single_call_ratio,
             "unstored_kernels": self.unstored_kernels,
             "storage_error": self.storage_error,
         }

@@ -102,35 +102,37 @@ def measure(problem, pairs: int, seed: int) -> dict:
     theirs = baseline(problem, a, b)
     explained = autogemm.explain(a, b, compute=compute)
     with cupy_compute(problem.compute):
+        check(problem, ours(), theirs())
         return _timed_pairs(problem, ours, theirs, explained, pairs)
+
+
+def check(problem, mine, base) -> None:
+    """A ratio of a wrong result means nothing: autogemm's product must agree with cupy.matmul's
+    (to twice the dtype's verification tolerance)."""
+    from autogemm.bench import relative_error, to_float64, tolerance
+
+    def values(x):
+        return to_float64(x.view(np.uint16)) if problem.dtype == "bfloat16" else x
+
+    error = relative_error(values(mine), to_float64(values(base)))
+    if not error <= 2 * tolerance(problem):
+        raise SystemExit(f"{problem.key}: autogemm.matmul's result differs from cupy.matmul's by {error:.3g} "
+                         f"(tolerance {2 * tolerance(problem):g}); no timing of a wrong result")
 
 
 def _timed_pairs(problem, ours, theirs, explained, pairs: int) -> dict:
     import cupy
 
+    from autogemm.bench import single_calls
+
     for _ in range(3):  # plans, compilation, clocks
         ours(), theirs()
     cupy.cuda.Device().synchronize()
-    events = [cupy.cuda.Event() for _ in range(4)]
-    ratios, ours_ms, theirs_ms = [], [], []
-    for i in range(pairs):
-        first, second = (ours, theirs) if i % 2 == 0 else (theirs, ours)  # alternate which goes first
-        # each call starts on an idle GPU, so that its own host overhead is in its time (were the
-        # second queued behind the first, its overhead would hide and the median of the ratios would
-        # jump between two populations: +-15% on calls under 50 us)
-        events[0].record()
-        first()
-        events[1].record()
-        events[1].synchronize()
-        events[2].record()
-        second()
-        events[3].record()
-        events[3].synchronize()
-        t1, t2 = cupy.cuda.get_elapsed_time(events[0], events[1]), cupy.cuda.get_elapsed_time(events[2], events[3])
-        mine, base = (t1, t2) if first is ours else (t2, t1)
-        ours_ms.append(mine)
-        theirs_ms.append(base)
-        ratios.append(base / mine)
+    # each call starts on an idle GPU, so that its own host overhead is in its time (were the
+    # second queued behind the first, its overhead would hide and the median of the ratios would
+    # jump between two populations: +-15% on calls under 50 us)
+    ours_ms, theirs_ms = single_calls(ours, theirs, pairs)
+    ratios = [base / mine for mine, base in zip(ours_ms, theirs_ms)]
     return {"problem": problem.key, "dtype": problem.dtype, "compute": problem.compute,
             "shape": [problem.m, problem.n, problem.k], "ratio": statistics.median(ratios),
             "autogemm_ms": statistics.median(ours_ms), "cupy_ms": statistics.median(theirs_ms),

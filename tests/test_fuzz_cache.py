@@ -130,7 +130,7 @@ def test_crafted_documents_and_bundles(tmp_path, monkeypatch, capsys, seed):
                 assert isinstance(record.date, str) and record.ratio > 0
             for m in (64, 100, 256):
                 choice = Dispatcher(cache).select(Problem(m, m, m), DEVICE, tune=False)
-                assert choice.source in ("cache", "shipped cache", "predicted", "cupy")
+                assert choice.source in ("cache", "shipped cache", "predicted", "cublas")
         entries = document.get("entries")
         well_formed = isinstance(entries, dict) and type(document.get("format")) is int and document["format"] == 1
         if not well_formed or len(records) < len(entries):

@@ -116,7 +116,7 @@ def _check_tuned_entry():
     considered = {c["config"]: c for c in near["candidates"]}
     assert result.config.name in considered
     best = near["candidates"][0]
-    assert (near["source"], near["config"]) == (("predicted", best["config"]) if best["wins"] else ("cupy", None))
+    assert (near["source"], near["config"]) == (("predicted", best["config"]) if best["wins"] else ("cublas", None))
     cupy.cuda.Device().synchronize()
 
 
@@ -177,7 +177,7 @@ def test_untuned_problems_and_cublas_records_are_served_by_cublas():
                                       (np.float64, None, 1e-12)):
             a, b = _random((70, 45), 1).astype(dtype), _random((45, 33), 2).astype(dtype)
             explained = autogemm.explain(a, b, compute=compute)
-            assert (explained["source"], explained["config"]) == ("cupy", None) and "nothing tuned" in explained["reason"]
+            assert (explained["source"], explained["config"]) == ("cublas", None) and "nothing tuned" in explained["reason"]
             assert relative_error(autogemm.matmul(a, b, compute=compute), _reference(a, b)) <= limit
         device = current_device()
         generated = _record(autogemm.Problem(96, 80, 64), SimtConfig(), ratio=0.9)
@@ -189,42 +189,60 @@ def test_untuned_problems_and_cublas_records_are_served_by_cublas():
         assert relative_error(autogemm.matmul(a, b, alpha=2.0), _reference(a, b, 2.0)) <= 1e-5
 
 
-def test_bfloat16_is_served_by_cublas_in_every_layout_batch_and_scaling():
-    """bfloat16 through cuBLAS (cupy.matmul, and cublasGemmEx for alpha/beta): NN, NT, TN, TT views,
-    a batch with a broadcast operand, alpha/beta, an output that is not row-major."""
+@pytest.mark.parametrize("dtype, compute, limit", [("float32", None, 1e-5), ("float32", "tf32", 5e-3),
+                                                   ("float16", None, 1e-2), ("bfloat16", None, 1e-2),
+                                                   ("float64", None, 1e-12)])
+def test_cublas_serves_every_dtype_layout_batch_and_scaling(dtype, compute, limit):
+    """cuBLAS as matmul serves it (cublas_gemm): NN, NT, TN, TT views, a batch with a broadcast
+    operand, alpha/beta, an output that is not row-major. A 2-D product is bit for bit
+    cupy.matmul's (the same cuBLAS call: a wrong compute type or operand order shows here)."""
     import cupy
     import ml_dtypes
+    from cupy._core import _routines_linalg as linalg
 
     from autogemm.bench import to_bfloat16, to_float64
 
-    def bf16(shape, seed):
-        return to_bfloat16(_random(shape, seed)).view(ml_dtypes.bfloat16)
+    def operand(shape, seed):
+        x = _random(shape, seed)
+        return to_bfloat16(x).view(ml_dtypes.bfloat16) if dtype == "bfloat16" else x.astype(dtype)
 
     def values(x):
-        return to_float64(x.view(np.uint16))
+        return to_float64(x.view(np.uint16)) if dtype == "bfloat16" else x.astype(np.float64)
+
+    def bits(x):
+        return x.view(np.uint8 if x.itemsize == 1 else {2: np.uint16, 4: np.uint32, 8: np.uint64}[x.itemsize])
 
     with cublas_serving():
         for trans_a in (False, True):
             for trans_b in (False, True):
-                a = bf16((45, 70), 1).T if trans_a else bf16((70, 45), 1)
-                b = bf16((33, 45), 2).T if trans_b else bf16((45, 33), 2)
-                assert autogemm.explain(a, b)["source"] == "cupy"
+                a = operand((45, 70), 1).T if trans_a else operand((70, 45), 1)
+                b = operand((33, 45), 2).T if trans_b else operand((45, 33), 2)
+                explained = autogemm.explain(a, b, compute=compute)
+                assert (explained["source"], explained["config"]) == ("cublas", None)
+                before = linalg.get_compute_type(np.float32)
+                if compute == "tf32":  # cupy.matmul in TF32, as a user of TF32 runs it
+                    linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
+                try:
+                    expected_bits = bits(cupy.matmul(a, b))
+                finally:
+                    linalg.set_compute_type(np.float32, before)
                 for _ in range(2):  # the second call takes the fast path
-                    c = autogemm.matmul(a, b)
-                    assert c.dtype == ml_dtypes.bfloat16 and c.shape == (70, 33)
-                    assert relative_error(values(c), _reference(values(a), values(b))) <= 1e-2
-        a, b = bf16((4, 30, 20), 3), bf16((20, 10), 4)
-        c0 = bf16((4, 30, 10), 5)
-        out = c0.view(np.uint16).copy().view(ml_dtypes.bfloat16)
-        autogemm.matmul(a, b, out=out, alpha=1.5, beta=-0.5)
+                    c = autogemm.matmul(a, b, compute=compute)
+                    assert c.dtype == a.dtype and c.shape == (70, 33)
+                    assert relative_error(values(c), _reference(values(a), values(b))) <= limit
+                    assert bool((bits(c) == expected_bits).all()), "not the result of cupy.matmul's cuBLAS call"
+        a, b = operand((4, 30, 20), 3), operand((20, 10), 4)
+        c0 = operand((4, 30, 10), 5)
+        out = bits(c0).copy().view(c0.dtype)
+        assert autogemm.matmul(a, b, out=out, alpha=1.5, beta=-0.5, compute=compute) is out
         expected = _reference(values(a), values(b), 1.5, -0.5, values(c0))
-        assert relative_error(values(out), expected) <= 1e-2
-        out_t = cupy.swapaxes(cupy.swapaxes(c0.view(np.uint16), -1, -2).copy(), -1, -2).view(ml_dtypes.bfloat16)
+        assert relative_error(values(out), expected) <= limit
+        out_t = cupy.swapaxes(cupy.swapaxes(bits(c0), -1, -2).copy(), -1, -2).view(c0.dtype)
         assert not out_t.flags.c_contiguous  # column-major batches: through a buffer
-        autogemm.matmul(a, b, out=out_t, alpha=1.5, beta=-0.5)
-        assert relative_error(values(out_t), expected) <= 1e-2
-        assert relative_error(values(autogemm.matmul(b.T, a.swapaxes(1, 2), alpha=2.0)),
-                              _reference(values(b.T), values(a.swapaxes(1, 2)), 2.0)) <= 1e-2
+        autogemm.matmul(a, b, out=out_t, alpha=1.5, beta=-0.5, compute=compute)
+        assert relative_error(values(out_t), expected) <= limit
+        assert relative_error(values(autogemm.matmul(b.T, a.swapaxes(1, 2), alpha=2.0, compute=compute)),
+                              _reference(values(b.T), values(a.swapaxes(1, 2)), 2.0)) <= limit
 
 
 def test_the_fast_path_serves_every_dtype_and_replans_for_another_alignment():

@@ -56,3 +56,26 @@ def test_tune_odd_shape_and_layout():
     out = _tune("--M", "127", "--N", "257", "--K", "65", "--layout", "tn", "--trials", "5", "--timeout", "300")
     assert out["problem"] == "float32/fp32/tn/b1/127x257x65"
     assert out["rel_error"] <= 1e-5
+
+
+def test_the_measuring_process_compares_a_kernel_with_cublas_one_call_at_a_time():
+    """The tuner's check of short calls (evaluate.SINGLE_CALL_MS), through the isolated measuring
+    process and in this one, on a transposed float16 problem: both run the kernel and cuBLAS on
+    the measurer's stored operands and give a plausible ratio."""
+    from autogemm.evaluate import GpuMeasurer
+    from autogemm.isolate import IsolatedEvaluator
+    from autogemm.launch import current_device
+    from autogemm.problem import Problem
+    from autogemm.select import default_config
+
+    problem = Problem.from_layout(127, 257, 65, "tn", dtype="float16")
+    device = current_device()
+    config = default_config(problem, device)
+    evaluator = IsolatedEvaluator(problem, device, jobs=1)
+    try:
+        ratio = evaluator.single_call_ratio(config)
+    finally:
+        evaluator.close()
+    assert ratio is not None and 0.1 < ratio < 10
+    measurer = GpuMeasurer(problem, device)
+    assert 0.1 < measurer.single_call_ratio(config) < 10

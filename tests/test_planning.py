@@ -142,7 +142,7 @@ def test_a_tune_running_in_another_process_is_waited_for_not_raised(cache, monke
     try:
         started = time.monotonic()
         choice = Dispatcher(cache).select(Problem(96, 64, 64), DEVICE, tune=True)
-        assert choice.provisional and choice.source in ("cupy", "predicted") and time.monotonic() - started >= 0.5
+        assert choice.provisional and choice.source in ("cublas", "predicted") and time.monotonic() - started >= 0.5
     finally:
         held.release()
 
@@ -170,7 +170,7 @@ def test_a_failed_tune_is_a_warning_and_the_call_is_served(cache, monkeypatch):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         choice = Dispatcher(cache).select(Problem(96, 64, 64), DEVICE, tune=True)
-    assert choice.source in ("cupy", "predicted")
+    assert choice.source in ("cublas", "predicted")
     assert any("tuning" in str(w.message) and "no configuration was measured" in str(w.message) for w in caught)
 
 
@@ -191,7 +191,7 @@ def test_a_race_runs_once_per_problem_and_its_winner_becomes_the_choice(monkeypa
     records = [_record(Problem(512, 512, 512), TUNED, ratio=0.9), _record(Problem(600, 600, 600), OTHER, ratio=0.8)]
     problem = Problem(500, 500, 500)
     choice = choose(problem, DEVICE, None, records)
-    assert choice.source == "cupy" and [c.config for c in choice.ranked] == [TUNED, OTHER]  # the model says cuBLAS
+    assert choice.source == "cublas" and [c.config for c in choice.ranked] == [TUNED, OTHER]  # the model says cuBLAS
 
     dispatcher = Dispatcher(cache=object())
     entrants = {race.CUBLAS: None, TUNED.name: None, OTHER.name: None}

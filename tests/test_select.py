@@ -62,7 +62,7 @@ def test_shapes_that_leave_the_gpu_idle_go_to_cublas():
     records = [_record(Problem(4096, 4096, 4096), OTHER, ratio=1.05)]
     for problem in (Problem(127, 4096, 4096), Problem(8192, 64, 8192)):
         choice = choose(problem, H100, None, records)
-        assert choice.source == "cupy" and choice.config is None, choice.reason
+        assert choice.source == "cublas" and choice.config is None, choice.reason
         (candidate,) = choice.details["candidates"]
         assert candidate["predicted_ratio"] < 0.7 and not candidate["wins"]
 
@@ -77,7 +77,7 @@ def test_with_nothing_tuned_cublas_serves_every_dtype():
     for problem in (Problem(100, 100, 100), Problem(64, 64, 64, dtype="float16"), Problem(64, 64, 64, compute="tf32"),
                     Problem(64, 64, 64, dtype="float64"), Problem(64, 64, 64, dtype="bfloat16")):
         choice = choose(problem, SM90, None, [])
-        assert choice.source == "cupy" and choice.config is None and "nothing tuned" in choice.reason
+        assert choice.source == "cublas" and choice.config is None and "nothing tuned" in choice.reason
 
 
 def test_a_dtype_cublas_is_not_asked_to_serve_gets_the_default(monkeypatch):
@@ -85,7 +85,7 @@ def test_a_dtype_cublas_is_not_asked_to_serve_gets_the_default(monkeypatch):
     choice = choose(Problem(64, 64, 64, dtype="bfloat16"), SM90, None, [])
     assert choice.source == "default" and choice.config.family == "wmma"
     # no tensor-core path for bfloat16 before sm_80: cupy.matmul
-    assert choose(Problem(64, 64, 64, dtype="bfloat16"), Device.for_arch("sm_75"), None, []).source == "cupy"
+    assert choose(Problem(64, 64, 64, dtype="bfloat16"), Device.for_arch("sm_75"), None, []).source == "cublas"
     long_k = default_config(Problem(32, 32, 65536), SM90)
     assert long_k.split_k > 1
 

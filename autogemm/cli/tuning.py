@@ -17,13 +17,14 @@ def _format_result(result) -> str:
     rows = [
         ("problem", str(result.problem)),
         ("device", f"{result.device.name} ({result.device.arch}, {result.device.sm_count} SMs)"),
-        ("serves", f"cuBLAS (kept: best generated kernel {result.ratio:.3f}x, noise {result.noise:.1%})"
+        ("serves", f"cuBLAS (kept: {result.kept_reason}; noise {result.noise:.1%})"
          if result.kept_cublas else f"the generated kernel ({result.ratio:.3f}x cuBLAS, noise {result.noise:.1%})"),
         ("best config", config.name),
         ("knobs", knobs),
         ("TFLOP/s", f"{result.tflops:.2f}"),
         ("cuBLAS TFLOP/s", f"{result.cublas_tflops:.2f}  (cupy.matmul, same run)"),
-        ("ratio", f"{result.ratio:.3f}x cuBLAS"),
+        ("ratio", f"{result.ratio:.3f}x cuBLAS" + (f" back to back, {result.single_call_ratio:.3f}x one call at a time"
+                                                   if result.single_call_ratio is not None else "")),
         ("rel. error", f"{result.rel_error:.2e}" if result.rel_error == result.rel_error else "n/a"),
         ("trials", f"{result.valid} valid, {result.rejected} rejected, {result.failed} failed ({failures}), "
                    f"{result.duplicates} repeats; {result.study_trials} measured in the study"),
