@@ -9,6 +9,7 @@ Failures are values: every outcome is a `Measurement`, with a failure kind when 
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections import OrderedDict
 from concurrent.futures.process import BrokenProcessPool
@@ -156,7 +157,10 @@ class GpuMeasurer:
 
     def single_call_ratio(self, config, pairs: int = SINGLE_CALL_PAIRS) -> float:
         """Evaluator.single_call_ratio: the kernel's launcher and cuBLAS's (cublas_gemm, what matmul
-        serves), each after allocating a fresh output as matmul does."""
+        serves), each after allocating a fresh output as matmul does. Like the back-to-back timings,
+        the calls rotate over the input sets, so that neither finds its operands still in L2 from
+        the call before (a weight matrix of a decode step is not, and 32 MB of FP16 B would be)."""
+        import itertools
         import statistics
 
         from .cublas_gemm import cublas_launcher
@@ -164,28 +168,30 @@ class GpuMeasurer:
         from .operands import describe
 
         cupy, problem = self._cupy, self.problem
-        a, b, c = self._sets[0]
-        layouts = [describe(x, name, bfloat16_bits=True).storage(trans)
-                   for x, name, trans in ((a, "a", problem.trans_a), (b, "b", problem.trans_b), (c, "c", False))]
-        launch_cublas = cublas_launcher(problem, *layouts, self.device.compute_capability)
-        pointers = [layout.pointer for layout in layouts]
-
-        run_kernel = None
-
-        def kernel():
-            cupy.empty(c.shape, dtype=c.dtype)
-            run_kernel()
-
-        def cublas():
-            cupy.empty(c.shape, dtype=c.dtype)
-            launch_cublas(*pointers, 1.0, 0.0)
-
+        shape, dtype = self._sets[0][2].shape, self._sets[0][2].dtype
+        kernels, cublas = [], []
         try:
             with unloaded_after():
-                run_kernel, _ = bind(config, a, b, c, trans_a=problem.trans_a, trans_b=problem.trans_b)
+                for a, b, c in self._sets:
+                    run_kernel, _ = bind(config, a, b, c, trans_a=problem.trans_a, trans_b=problem.trans_b)
+                    layouts = [describe(x, name, bfloat16_bits=True).storage(trans) for x, name, trans in
+                               ((a, "a", problem.trans_a), (b, "b", problem.trans_b), (c, "c", False))]
+                    launch = cublas_launcher(problem, *layouts, self.device.compute_capability)
+                    kernels.append(run_kernel)
+                    cublas.append(functools.partial(launch, *(layout.pointer for layout in layouts), 1.0, 0.0))
+                next_kernel, next_cublas = itertools.cycle(kernels), itertools.cycle(cublas)
+
+                def kernel():
+                    cupy.empty(shape, dtype=dtype)
+                    next(next_kernel)()
+
+                def cublas_call():
+                    cupy.empty(shape, dtype=dtype)
+                    next(next_cublas)()
+
                 for _ in range(3):
-                    kernel(), cublas()
-                kernel_ms, cublas_ms = single_calls(kernel, cublas, pairs)
+                    kernel(), cublas_call()
+                kernel_ms, cublas_ms = single_calls(kernel, cublas_call, pairs)
         except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
             if any(name in str(exc) for name in STICKY_CUDA_ERRORS):
                 self.poisoned = f"{type(exc).__name__}: {exc}"
