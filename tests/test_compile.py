@@ -1,5 +1,5 @@
 """Compilation without a GPU: nvcc is found where the toolkit puts it (and its absence is said
-clearly); a fixed, diverse sample of both families compiles with nvcc for sm_90 and sm_80 without
+clearly); a fixed, diverse sample of every family compiles with nvcc for sm_90 and sm_80 without
 spills. The variants of both architectures compile in one parallel pool, each distinct source once.
 
 CI has nvcc; if it is missing the compile tests fail (they do not skip) and say so.
@@ -16,7 +16,8 @@ import pytest
 
 import autogemm.compile as compile_module
 from autogemm.compile import CompileError, NvccNotFound, find_nvcc, nvcc_resources
-from autogemm.families import SimtConfig
+from autogemm.families import GemvConfig, SimtConfig
+from autogemm.space import SearchSpace
 from autogemm.problem import LAYOUTS, Device, Problem
 from autogemm.render import render
 from samples import TENSOR_CORE_KINDS, diverse_sample, tensor_core_sample
@@ -80,13 +81,29 @@ def _tensor_core_variants(device: Device):
     return variants
 
 
+# GEMV: every dtype it computes, both B paths (N-contiguous, K-contiguous), tails on and off
+GEMV_PROBLEMS = [("float32", 16, 4096, 4096), ("float16", 1, 11008, 4096), ("bfloat16", 7, 1000, 999),
+                 ("float64", 16, 4096, 4096), ("float32", 3, 333, 1025), ("float16", 16, 4096, 11008)]
+
+
+def _gemv_variants(device: Device):
+    space = SearchSpace.load("gemv")
+    variants = []
+    for i, (dtype, m, n, k) in enumerate(GEMV_PROBLEMS):
+        for j, layout in enumerate(("nn", "nt")):
+            problem = Problem.from_layout(m, n, k, LAYOUTS[(i + 2 * j) % 4][0] + layout[1], dtype=dtype)
+            variants += [(config, problem) for config in space.sample(2, problem, device, seed=i)]
+    return variants
+
+
 @functools.lru_cache(maxsize=1)
 def _compiled() -> dict:
     """{arch: [(config, problem, resource report or None, error or None)]}, compiled in one pool."""
     jobs = []
     for arch in ARCHS:
         device = Device.for_arch(arch)
-        jobs += [(arch, config, problem) for config, problem in _simt_variants(device) + _tensor_core_variants(device)]
+        jobs += [(arch, config, problem) for config, problem in
+                 _simt_variants(device) + _tensor_core_variants(device) + _gemv_variants(device)]
     sources = {(arch, render(c, p).digest): render(c, p) for arch, c, p in jobs}
 
     def compile_one(key):
@@ -110,8 +127,10 @@ def test_sample_compiles_without_spills(arch):
     assert find_nvcc(), "nvcc is required for the compile tests: install the CUDA toolkit"
     results = _compiled()[arch]
     simt = [r for r in results if isinstance(r[0], SimtConfig)]
-    tensor_core = [r for r in results if not isinstance(r[0], SimtConfig)]
+    gemv = [r for r in results if isinstance(r[0], GemvConfig)]
+    tensor_core = [r for r in results if not isinstance(r[0], (SimtConfig, GemvConfig))]
     assert len(simt) >= 24 and len(tensor_core) >= 20, f"{len(simt)} SIMT, {len(tensor_core)} tensor-core variants"
+    assert len(gemv) == 24 and {p.trans_b for _, p, *_ in gemv} == {False, True}, [(c.name, str(p)) for c, p, *_ in gemv]
     errors = [f"{c.name} {p}: {e}" for c, p, _, e in results if e]
     assert not errors, "\n".join(errors)
     spilling = [f"{c.name} {p}: {u.kernel} spills {u.spills} bytes ({u.registers} registers)"

@@ -32,6 +32,11 @@ QUICK = (
     ("float32", "tf32", "wmma_64x128x32_w64x128_v4_s5_pad_g8_k1_o1_wgmma"),
     ("float64", "fp64", "wmma_32x32x4_w16x16_v1_s3_pad_g8_k2_o1"),
     ("float64", "fp64", "wmma_32x32x8_w16x16_v2_s4_pad64_g8_k1_o1_mma"),
+    # GEMV: B stored K x N (threads along N, rows of B in flight) and N x K (lanes along K, shuffles)
+    ("float32", "fp32", "gemv_m4_n32_k64_w4_v4_u4_s1_o1"),
+    ("float16", "fp32", "gemv_m4_n32_k64_w4_v4_u2_s2_o1"),  # split-K
+    ("bfloat16", "fp32", "gemv_m4_n16_k128_w2_v4_u1_s1_o1"),
+    ("float64", "fp64", "gemv_m4_n32_k64_w4_v2_u2_s3_o1"),  # split-K
 )
 
 
@@ -60,7 +65,8 @@ def test_the_tier_covers_every_path_layout_and_edge_shape():
         for run in _runs(index, device):
             path = (run.config.family, getattr(run.config, "instruction", "simt"), run.dtype, run.compute)
             ran.setdefault(path, set()).add((run.case.name, run.layout))
-    assert len(ran) == 12  # SIMT; WMMA, mma.sync and wgmma per 16-bit type and TF32; WMMA and mma.sync for FP64
+    # SIMT; WMMA, mma.sync and wgmma per 16-bit type and TF32; WMMA and mma.sync for FP64; GEMV per dtype
+    assert len(ran) == 16
     for path, done in ran.items():
         assert {case.name for case in EDGE_CASES} <= {name for name, _ in done}, path
         layouts = {layout for _, layout in done}

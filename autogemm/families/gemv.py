@@ -1,0 +1,166 @@
+"""The GEMV family: products with a short M (decode-like: a few rows of activations against a
+long weight matrix), template `gemv_gemm.cu.j2`, for FP32, FP16, BF16 and FP64 on CUDA cores.
+
+Such a product moves K x N elements of B for 2·M·K·N flops: it is bound by memory, and a tiled
+GEMM's 64- or 128-row tiles waste most of their work and their SMs on it. Here a block keeps all BM
+rows of an output tile in registers and reads each element of B once, with vector loads: B stored
+K x N (N contiguous) has its threads side by side along N, and several thread groups share the
+block's K slice; B stored N x K (K contiguous, a weight read as y = x·Wᵀ) has each warp's lanes
+side by side along K, adding up with shuffles. Split-K spreads a long K over more blocks, their
+partial sums added by the shared reduction kernel.
+"""
+
+from __future__ import annotations
+
+from .. import dtypes
+from ..problem import Device, Problem
+from .base import WARP, GemmConfig, VectorizedLoads, VectorWidths, cxx_bool
+from .knobs import Knob
+
+MAX_ROWS = 16  # BM: rows of M a block keeps in registers (the family is for short M)
+MAX_VECTOR_BYTES = 16  # one global load: at most 16 bytes
+MAX_SHARED_PARTIALS = 48 * 1024  # static shared memory of the cross-group sums (bytes)
+# accumulators plus the values of B (and A) a thread holds at once: beyond this ptxas spills
+MAX_THREAD_VALUES = 96
+# registers a thread needs, conservatively: two per value held (ptxas keeps loads and their
+# conversions apart, and hoists the next row's loads) plus indices, pointers and bounds
+REGISTERS_PER_VALUE = 2
+REGISTER_OVERHEAD = 40
+MAX_K_SLICE = 1 << 16
+
+KNOBS = (
+    Knob("bm", int, 4, code="m", join="", low=1, high=MAX_ROWS, power_of_two=True),
+    Knob("bn", int, 256, code="n", low=1, high=1024, power_of_two=True),
+    Knob("bk", int, 256, code="k", low=1, high=MAX_K_SLICE, power_of_two=True),
+    Knob("warps", int, 4, code="w", low=1, high=32),
+    Knob("vec", int, 4, code="v", choices=(1, 2, 4, 8)),
+    # rows of B loaded before their products (B stored K x N only): loads in flight per thread
+    Knob("unroll", int, 4, code="u", choices=(1, 2, 4, 8)),
+    Knob("split_k", int, 1, code="s", low=1, high=65535),
+    Knob("min_blocks", int, 1, code="o", low=1, high=32),
+)
+
+# Built-in configurations for problems nothing was tuned for (the GPU tests run them).
+DEFAULTS = (
+    ("small", "gemv_m4_n256_k256_w4_v4_u4_s1_o1"),
+    ("small", "gemv_m1_n32_k32_w1_v1_u1_s1_o1"),
+)
+
+
+class GemvConfig(VectorizedLoads, GemmConfig):
+    family = "gemv"
+    label = "GEMV"
+    name_prefix = "gemv_"
+    knobs = KNOBS
+    template = "gemv_gemm.cu.j2"
+    space_constants = {"WARP": WARP}
+    group_m = 1  # tiles in row-major order: blocks share nothing worth grouping
+
+    @classmethod
+    def computes(cls) -> tuple[dtypes.DType, ...]:
+        """Every dtype but TF32, in its default compute mode: the products run on CUDA cores."""
+        return tuple(row for row in dtypes.ROWS if row.compute != "tf32")
+
+    @classmethod
+    def defaults(cls, problem: Problem) -> tuple[tuple[str, str], ...]:
+        return DEFAULTS
+
+    @property
+    def threads(self) -> int:
+        return self.warps * WARP
+
+    def held_values(self, problem: Problem) -> int:
+        """Accumulators and loaded values a thread holds at once."""
+        if self.k_contiguous_b(problem):
+            columns = self.bn // self.warps
+            return (self.bm + self.vec) * columns + self.vec
+        return (self.bm + self.unroll) * self.vec
+
+    def estimated_registers(self, problem: Problem) -> int:
+        return REGISTERS_PER_VALUE * self.held_values(problem) + REGISTER_OVERHEAD
+
+    def k_contiguous_b(self, problem: Problem) -> bool:
+        """Whether B is stored N x K (its rows run along K): the lanes-along-K path."""
+        return problem.trans_b
+
+    def even(self, problem: Problem) -> str:
+        # K needs no flag: every K slice is bounded by K itself
+        return "".join("1" if extent % tile == 0 else "0" for extent, tile in ((problem.m, self.bm), (problem.n, self.bn))) + "0"
+
+    # ---- validity ------------------------------------------------------------------------------
+    def check(self, problem: Problem, device: Device) -> list[str]:
+        reasons, bad = self.reason_collector()
+        if self.compute_for(problem.dtype) != problem.compute:
+            bad("dtype", f"the GEMV template computes {self.computes_names()}, not {problem.dtype}/{problem.compute}")
+        reasons += self.knob_reasons()
+        if reasons:
+            return reasons
+        itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
+        accumulator = dtypes.lookup(problem.dtype, problem.compute).accumulator_size
+        if self.vec * itemsize > MAX_VECTOR_BYTES:
+            bad("tile-load", f"vec={self.vec} elements of {itemsize} bytes exceed a {MAX_VECTOR_BYTES}-byte load")
+        if self.bk % self.vec:
+            bad("tile-load", f"K slice {self.bk} is not a multiple of vector width {self.vec}")
+        if self.threads > device.max_threads_per_block:
+            bad("threads", f"{self.threads} threads per block exceed the device limit {device.max_threads_per_block}")
+        if self.k_contiguous_b(problem):
+            if self.bn % self.warps:
+                bad("warp-tile", f"{self.bn} columns do not split over {self.warps} warps")
+            elif (self.bm + self.vec) * (self.bn // self.warps) + self.vec > MAX_THREAD_VALUES:
+                bad("registers", f"{self.bm} rows x {self.bn // self.warps} columns a warp, with {self.vec}-wide "
+                                 f"loads of each column, hold more than {MAX_THREAD_VALUES} values per lane")
+        else:
+            # (the thread layout is the config's: narrower loads, where B's alignment asks for them,
+            # load each thread's vec columns in more pieces)
+            lanes_n = self.bn // self.vec
+            if self.bn % self.vec or lanes_n == 0 or self.threads % lanes_n:
+                bad("thread-tile", f"{self.threads} threads do not cover {self.bn} columns in groups of "
+                                   f"{self.bn // max(self.vec, 1)} threads of {self.vec} columns")
+            elif (self.threads // lanes_n) * self.bn * accumulator > MAX_SHARED_PARTIALS:
+                bad("shared-memory", f"{self.threads // lanes_n} thread groups x {self.bn} columns of partial sums "
+                                     f"exceed {MAX_SHARED_PARTIALS} bytes of static shared memory")
+            elif (self.bm + self.unroll) * self.vec > MAX_THREAD_VALUES:
+                bad("registers", f"{self.bm} rows x {self.vec} columns of accumulators and {self.unroll} rows of B "
+                                 f"in flight hold more than {MAX_THREAD_VALUES} values per thread")
+        if not reasons:
+            regs, limit = self.estimated_registers(problem), self.register_limit(device)
+            if regs > limit:
+                bad("registers", f"about {regs} registers per thread exceed the {limit} that {self.min_blocks} "
+                                 f"block(s) of {self.threads} threads per SM leave")
+        self.launch_reasons(problem, device, 0, bad)
+        return reasons
+
+    # ---- vector widths -------------------------------------------------------------------------
+    def vector_widths(self, a, b, c, itemsize: int) -> VectorWidths:
+        widths = super().vector_widths(a, b, c, itemsize)
+        return self._loaded(widths)
+
+    def packed_widths(self, problem: Problem) -> VectorWidths:
+        return self._loaded(super().packed_widths(problem))
+
+    def _loaded(self, widths: VectorWidths) -> VectorWidths:
+        """A is read element by element except along K beside a K-contiguous B, never wider than
+        B's loads (they share the K step); C is written element by element."""
+        return VectorWidths(a=min(widths.a, widths.b), b=widths.b, c=1)
+
+    def check_widths(self, widths: VectorWidths) -> None:
+        super().check_widths(widths)
+        if widths.a > widths.b:
+            raise ValueError(f"A's vector width {widths.a} exceeds B's {widths.b}: they share the K step")
+
+    # ---- rendering -----------------------------------------------------------------------------
+    def kernel_name(self, problem: Problem, widths: VectorWidths) -> str:
+        return f"ag_{self.name}_{problem.dtype}_{problem.layout}_e{self.even(problem)}_v{widths}"
+
+    def context(self, problem: Problem, widths: VectorWidths) -> dict:
+        row = dtypes.lookup(problem.dtype, problem.compute)
+        k_contiguous = self.k_contiguous_b(problem)
+        return dict(
+            dtype=problem.dtype, compute=problem.compute, layout=problem.layout.upper(),
+            element=row.element, accumulator=row.accumulator, element_bytes=row.itemsize,
+            to_acc=row.to_acc, from_acc=row.from_acc, bm=self.bm, bn=self.bn, bk=self.bk,
+            threads=self.threads, va=widths.a if k_contiguous and not problem.trans_a else 1, vb=widths.b,
+            vec=self.vec, unroll=self.unroll, split_k=self.split_k, min_blocks=self.min_blocks,
+            k_contiguous_b=k_contiguous,
+            trans_a=cxx_bool(problem.trans_a), trans_b=cxx_bool(problem.trans_b), **self.even_flags(problem),
+        )
