@@ -74,7 +74,9 @@ def cublas_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, c: Ker
     one_zero_pointer, step = _ONE_ZERO[scalar].ctypes.data, np.dtype(scalar).itemsize
     get_handle = cuda_device.get_cublas_handle
 
-    # other alpha and beta live in an array of the call's own (cuBLAS reads them before it returns)
+    # other alpha and beta live in an array of the call's own (cuBLAS reads them before it returns).
+    # The two launchers repeat their few lines of preamble rather than share a helper: this is the
+    # hot path of every cuBLAS-served call, and a Python call costs what the preamble does.
     if batch == 1:
         gemm_ex = cublas.gemmEx
 
