@@ -54,7 +54,6 @@ class GemvConfig(VectorizedLoads, GemmConfig):
     knobs = KNOBS
     template = "gemv_gemm.cu.j2"
     space_constants = {"WARP": WARP}
-    group_m = 1  # tiles in row-major order: blocks share nothing worth grouping
 
     @classmethod
     def computes(cls) -> tuple[dtypes.DType, ...]:
@@ -95,8 +94,8 @@ class GemvConfig(VectorizedLoads, GemmConfig):
         reasons += self.knob_reasons()
         if reasons:
             return reasons
-        itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
-        accumulator = dtypes.lookup(problem.dtype, problem.compute).accumulator_size
+        row = dtypes.lookup(problem.dtype, problem.compute)
+        itemsize, accumulator = row.itemsize, row.accumulator_size
         if self.vec * itemsize > MAX_VECTOR_BYTES:
             bad("tile-load", f"vec={self.vec} elements of {itemsize} bytes exceed a {MAX_VECTOR_BYTES}-byte load")
         if self.bk % self.vec:
