@@ -55,9 +55,6 @@ def cublas_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, c: Ker
     for operands of these layouts (pitches, batch strides; c not transposed), on `stream` (the
     current stream when None) of the current device. ValueError when a size or pitch does not fit
     cuBLAS's 32-bit ints."""
-    from cupy.cuda import device as cuda_device
-    from cupy_backends.cuda.libs import cublas
-
     if c.transposed:
         raise ValueError("cuBLAS writes C in row-major rows; a transposed C goes through a buffer")
     too_big = [name for name, value in (("M", problem.m), ("N", problem.n), ("K", problem.k), ("batch", problem.batch),
@@ -65,6 +62,9 @@ def cublas_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, c: Ker
                if value > INT32_MAX]
     if too_big:
         raise ValueError(f"{', '.join(too_big)} of {problem} exceed cuBLAS's 32-bit limit {INT32_MAX}")
+    from cupy.cuda import device as cuda_device
+    from cupy_backends.cuda.libs import cublas
+
     m, n, k, batch = problem.m, problem.n, problem.k, problem.batch
     data_type = _CUDA_DATA_TYPE[problem.dtype]
     compute_type = _COMPUTE_TYPE[problem.compute]
