@@ -164,20 +164,18 @@ class GpuMeasurer:
         import statistics
 
         from .cublas_gemm import cublas_launcher
-        from .launch import bind
         from .operands import describe
 
         cupy, problem = self._cupy, self.problem
         shape, dtype = self._sets[0][2].shape, self._sets[0][2].dtype
-        kernels, cublas = [], []
+        cublas = []
         try:
             with unloaded_after():
+                kernels = self._kernel_runners(config)
                 for a, b, c in self._sets:
-                    run_kernel, _ = bind(config, a, b, c, trans_a=problem.trans_a, trans_b=problem.trans_b)
                     layouts = [describe(x, name, bfloat16_bits=True).storage(trans) for x, name, trans in
                                ((a, "a", problem.trans_a), (b, "b", problem.trans_b), (c, "c", False))]
                     launch = cublas_launcher(problem, *layouts, self.device.compute_capability)
-                    kernels.append(run_kernel)
                     cublas.append(functools.partial(launch, *(layout.pointer for layout in layouts), 1.0, 0.0))
                 next_kernel, next_cublas = itertools.cycle(kernels), itertools.cycle(cublas)
 
@@ -193,10 +191,23 @@ class GpuMeasurer:
                     kernel(), cublas_call()
                 kernel_ms, cublas_ms = single_calls(kernel, cublas_call, pairs)
         except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
-            if any(name in str(exc) for name in STICKY_CUDA_ERRORS):
-                self.poisoned = f"{type(exc).__name__}: {exc}"
+            self._poisoned_by(exc)
             raise
         return statistics.median(theirs / ours for ours, theirs in zip(kernel_ms, cublas_ms))
+
+    def _kernel_runners(self, config) -> list:
+        """The candidate bound to each input set (one `run(stream=None)` per set), for timing."""
+        from .launch import bind
+
+        problem = self.problem
+        return [bind(config, a, b, c, trans_a=problem.trans_a, trans_b=problem.trans_b)[0] for a, b, c in self._sets]
+
+    def _poisoned_by(self, exc: BaseException) -> bool:
+        """Whether a CUDA error leaves the context unusable (then remembered in `poisoned`)."""
+        if any(name in str(exc) for name in STICKY_CUDA_ERRORS):
+            self.poisoned = f"{type(exc).__name__}: {exc}"
+            return True
+        return False
 
     def _verify(self, config) -> Verdict:
         """Runs the candidate once on fresh inputs into a NaN-poisoned output and checks every
@@ -216,18 +227,13 @@ class GpuMeasurer:
             return self._measure(config, best_ms, repeats, final)
 
     def _measure(self, config, best_ms: float | None, repeats: int, final: bool) -> Measurement:
-        from .launch import bind
-
         cupy = self._cupy
         try:
             verdict = self._verify(config)
             error = verdict.rel_error
             if not verdict.ok:
                 return Measurement(ok=False, rel_error=error, kind="wrong", message=verdict.message)
-            runners = []
-            for a, b, c in self._sets:
-                run, _ = bind(config, a, b, c, trans_a=self.problem.trans_a, trans_b=self.problem.trans_b)
-                runners.append(run)
+            runners = self._kernel_runners(config)
             if final:
                 ms = time_calls(runners, repeats, best_ms, min_batch=FINAL_MIN_BATCH, sample_ms=FINAL_SAMPLE_MS)
             else:
@@ -236,8 +242,7 @@ class GpuMeasurer:
             return Measurement.failure("compile", str(exc))
         except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
             message = f"{type(exc).__name__}: {exc}"
-            if any(name in str(exc) for name in STICKY_CUDA_ERRORS):
-                self.poisoned = message
+            if self._poisoned_by(exc):
                 return Measurement.failure("crash", message)
             if "OUT_OF_MEMORY" in str(exc) or "MemoryAllocation" in str(exc):
                 return Measurement.failure("oom", message)
