@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,7 @@ from . import dtypes, runtime
 from .compile import CompiledKernel, CompileError, compile_source
 from .families import GemmConfig, VectorWidths
 from .operands import KernelOperand, describe, real_scalar, validate
+from .packed_launch import WORKSPACES, PackedKernel, current_stream_pointer
 from .problem import Device, Problem
 from .render import render
 
@@ -172,68 +174,89 @@ def bind(config: GemmConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bo
 
 def launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand):
     """`launch(pa, pb, pc, alpha, beta, stream)` for operands of these pitches and batch strides
-    (their pointers are given at each launch): every other argument is built once, here."""
+    (their pointers are given at each launch): every other argument is packed once, here, and a
+    workspace comes from the per-stream pool (`packed_launch`)."""
     import cupy
 
     problem, config = prepared.problem, prepared.config
-    i32, i64 = np.int32, np.int64
+    i32, i64, ptr = np.int32, np.int64, np.uintp
     scalar = np.dtype(dtypes.lookup(problem.dtype, problem.compute).accumulator_storage).type  # alpha, beta
-    function = prepared.kernel.gemm  # the loaded CUDA function: CuPy's leanest launch
+    device = cupy.cuda.Device().id
     grid, block, smem = prepared.grid, prepared.block, prepared.smem
     m, n, batch = problem.m, problem.n, problem.batch
     tiles = i32(prepared.tiles_per_split)
-    if config.split_k == 1:
+    if config.launch_kind == "stream_k":
         head = (i32(m), i32(n), i32(problem.k), i32(a.ld), i32(b.ld), i32(c.ld),
                 i64(a.batch_stride), i64(b.batch_stride), i64(c.batch_stride))
-        if config.launch_kind == "stream_k":
-            return _stream_k_launcher(prepared, head)
+        return _stream_k_launcher(prepared, head, device)
+    lock = threading.Lock()
+    if config.split_k == 1:
+        kernel = PackedKernel(prepared.kernel.gemm, grid, block, smem, (
+            ptr(0), ptr(0), ptr(0), i32(m), i32(n), i32(problem.k), i32(a.ld), i32(b.ld), i32(c.ld),
+            i64(a.batch_stride), i64(b.batch_stride), i64(c.batch_stride), scalar(1), scalar(0), tiles))
+        (pointers, _), (scalars, alpha_at) = kernel.slot(0), kernel.slot(12)
+        launch_kernel = kernel.launch
 
         def launch(pa, pb, pc, alpha, beta, stream=None):
-            function(grid, block, (np.uintp(pa), np.uintp(pb), np.uintp(pc), *head, scalar(alpha), scalar(beta), tiles),
-                     shared_mem=smem, stream=stream)
+            stream_pointer = stream.ptr if stream is not None else current_stream_pointer()
+            with lock:
+                pointers[0], pointers[1], pointers[2] = pa, pb, pc
+                scalars[alpha_at], scalars[alpha_at + 1] = alpha, beta
+                launch_kernel(stream_pointer)
 
         return launch
 
     ldw = -(-n // WORKSPACE_ROW_ALIGN) * WORKSPACE_ROW_ALIGN
     stride_w = m * ldw
-    head = (i32(m), i32(n), i32(problem.k), i32(a.ld), i32(b.ld), i32(ldw),
-            i64(a.batch_stride), i64(b.batch_stride), i64(stride_w))
-    tail = (i32(m), i32(n), i32(ldw), i64(stride_w), i32(c.ld), i64(c.batch_stride), i32(batch))
-    reduce = prepared.kernel.reduce
+    workspace_bytes = batch * config.split_k * stride_w * np.dtype(scalar).itemsize
+    kernel = PackedKernel(prepared.kernel.gemm, grid, block, smem, (
+        ptr(0), ptr(0), ptr(0), i32(m), i32(n), i32(problem.k), i32(a.ld), i32(b.ld), i32(ldw),
+        i64(a.batch_stride), i64(b.batch_stride), i64(stride_w), scalar(1), scalar(0), tiles))
     reduce_grid = (min(-(-(batch * m * n) // REDUCE_THREADS), REDUCE_GRID_MAX), 1, 1)
+    reduce = PackedKernel(prepared.kernel.reduce, reduce_grid, (REDUCE_THREADS, 1, 1), 0, (
+        ptr(0), ptr(0), i32(m), i32(n), i32(ldw), i64(stride_w), i32(c.ld), i64(c.batch_stride), i32(batch),
+        scalar(1), scalar(0)))
+    (pointers, _), (reduce_pointers, _), (scalars, alpha_at) = kernel.slot(0), reduce.slot(0), reduce.slot(9)
+    get_workspace = WORKSPACES.get
 
     def launch_split(pa, pb, pc, alpha, beta, stream=None):
-        # The workspace comes from CuPy's pool per call, ordered on the launch stream.
-        with stream if stream is not None else contextlib.nullcontext():
-            workspace = cupy.empty((batch * config.split_k, m, ldw), dtype=scalar)
-        function(grid, block, (np.uintp(pa), np.uintp(pb), workspace, *head, scalar(1.0), scalar(0.0), tiles),
-                 shared_mem=smem, stream=stream)
-        reduce(reduce_grid, (REDUCE_THREADS, 1, 1), (workspace, np.uintp(pc), *tail, scalar(alpha), scalar(beta)),
-               stream=stream)
+        stream_pointer = stream.ptr if stream is not None else current_stream_pointer()
+        workspace = get_workspace(device, stream_pointer, "split_k", workspace_bytes)
+        with lock:
+            pointers[0], pointers[1], pointers[2] = pa, pb, workspace
+            reduce_pointers[0], reduce_pointers[1] = workspace, pc
+            scalars[alpha_at], scalars[alpha_at + 1] = alpha, beta
+            kernel.launch(stream_pointer)
+            reduce.launch(stream_pointer)
 
     return launch_split
 
 
-def _stream_k_launcher(prepared: PreparedGemm, head: tuple):
+def _stream_k_launcher(prepared: PreparedGemm, head: tuple, device: int):
     """The stream-K kernel takes the plain kernel's arguments (`head`: sizes, pitches, strides) and
     a workspace: two BM x BN partial-sum slots per block and a counter per tile, which must be
-    zero at launch (the kernel leaves them zero again). Both come from CuPy's pool per call,
-    ordered on the launch stream, so concurrent calls never share one."""
-    import cupy
-
+    zero at launch (the kernel leaves them zero again). Both come from the per-stream pool, so
+    concurrent calls on different streams never share one."""
     problem, config = prepared.problem, prepared.config
-    function = prepared.kernel.gemm
-    grid, block, smem = prepared.grid, prepared.block, prepared.smem
     tiles = config.output_tiles(problem) * problem.batch
-    partial_floats = 2 * grid[0] * config.bm * config.bn
-    batch = np.int32(problem.batch)
+    partial_bytes = 2 * prepared.grid[0] * config.bm * config.bn * 4
+    counter_bytes = tiles * 4
+    ptr, f32 = np.uintp, np.float32
+    kernel = PackedKernel(prepared.kernel.gemm, prepared.grid, prepared.block, prepared.smem, (
+        ptr(0), ptr(0), ptr(0), *head, f32(1), f32(0), np.int32(0), np.int32(problem.batch), ptr(0), ptr(0)))
+    (pointers, _), (scalars, alpha_at) = kernel.slot(0), kernel.slot(len(head) + 3)
+    workspace_at = kernel.slot(len(head) + 7)[1]  # partials, then counters: adjacent 8-byte slots
+    lock = threading.Lock()
+    get_workspace = WORKSPACES.get
 
     def launch_stream_k(pa, pb, pc, alpha, beta, stream=None):
-        with stream if stream is not None else contextlib.nullcontext():
-            partials = cupy.empty(partial_floats, dtype=np.float32)
-            counters = cupy.zeros(tiles, dtype=np.int32)
-        function(grid, block, (np.uintp(pa), np.uintp(pb), np.uintp(pc), *head, np.float32(alpha), np.float32(beta),
-                               np.int32(0), batch, partials, counters),
-                 shared_mem=smem, stream=stream)
+        stream_pointer = stream.ptr if stream is not None else current_stream_pointer()
+        partials = get_workspace(device, stream_pointer, "stream_k_partials", partial_bytes)
+        counters = get_workspace(device, stream_pointer, "stream_k_counters", counter_bytes, zeroed=True)
+        with lock:
+            pointers[0], pointers[1], pointers[2] = pa, pb, pc
+            pointers[workspace_at], pointers[workspace_at + 1] = partials, counters
+            scalars[alpha_at], scalars[alpha_at + 1] = alpha, beta
+            kernel.launch(stream_pointer)
 
     return launch_stream_k

@@ -108,3 +108,47 @@ def test_stream_k_counters_are_reset_for_the_next_launch():
         run()
         cupy.cuda.Device().synchronize()
         assert relative_error(c, expected) <= 1e-5, f"launch {launch}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("index", [2, 3, 18])  # stream-K, split-K (SIMT), split-K (GEMV)
+def test_one_launcher_serves_threads_on_their_own_streams(index):
+    """A launcher's arguments are packed once and rewritten per call, and its workspaces come from a
+    pool kept per stream: calls from several threads, each on its own stream with its own operands
+    and alpha/beta, must all come out right, and the pool must not grow call after call."""
+    import concurrent.futures
+
+    import cupy
+
+    from autogemm.bench import random_uniform, reference_gemm, relative_error
+    from autogemm.launch import launcher, prepare, resolve
+    from autogemm.packed_launch import WORKSPACES
+
+    dtype, _, name = QUICK[index]
+    config = config_from_name(name)
+    m, n, k = (7, 300, 509) if config.family == "gemv" else (131, 257, 1031)
+    operands = [(random_uniform((m, k), dtype, seed=3 * i), random_uniform((k, n), dtype, seed=3 * i + 1),
+                 random_uniform((m, n), dtype, seed=3 * i + 2)) for i in range(4)]
+    call = resolve(config, *operands[0])
+    launch = launcher(prepare(config, call.problem, call.widths), call.a, call.b, call.c)  # shared by all threads
+    tolerance = 1e-5 if dtype == "float32" else 2e-2
+
+    def work(i, stream=None):
+        a, b, c_in = operands[i % 4]
+        alpha, beta = 1.0 + i % 3, 0.5 * (i % 2)
+        with stream or cupy.cuda.Stream(non_blocking=True) as stream:
+            errors = []
+            for _ in range(5):
+                out = c_in.copy()
+                launch(a.data.ptr, b.data.ptr, out.data.ptr, alpha, beta, stream)
+                stream.synchronize()
+                errors.append(relative_error(out, reference_gemm(a, b, c_in, alpha=alpha, beta=beta)))
+            return max(errors)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        errors = list(pool.map(work, range(12)))
+    assert max(errors) <= tolerance, errors
+    held, stream = len(WORKSPACES), cupy.cuda.Stream(non_blocking=True)
+    for i in range(4):
+        assert work(i, stream) <= tolerance
+    assert len(WORKSPACES) <= held + 2, "more than one workspace per stream and purpose"

@@ -63,3 +63,70 @@ def test_bind_refuses_dtypes_before_launching(config, a, b, message):
 
     with pytest.raises(TypeError, match=re.escape(message)):
         bind(config, FakeDeviceArray((8, 8), a), FakeDeviceArray((8, 8), b))
+
+
+class _FakeFunction:
+    ptr = 0x1234
+
+
+def test_packed_arguments_sit_at_their_natural_alignment_and_are_rewritten_in_place():
+    """cuLaunchKernel reads argument i through pointer i: each must point at the value, aligned for
+    its type, and a rewritten slot must change only that argument."""
+    import ctypes
+
+    import numpy as np
+
+    from autogemm.packed_launch import PackedKernel
+
+    values = (np.uintp(7), np.int32(-3), np.int64(1 << 40), np.float32(0.5), np.int32(9), np.float64(2.25),
+              np.uintp(11))
+    kernel = PackedKernel(_FakeFunction(), (1, 2, 3), (128, 1, 1), 0, values)
+    assert kernel.arguments() == [v.item() for v in values]
+    for value, address in zip(values, kernel._pointers):
+        assert int(address) % value.dtype.itemsize == 0, f"{value.dtype} at {address:#x}"
+        assert np.frombuffer(ctypes.string_at(int(address), value.dtype.itemsize), value.dtype)[0] == value
+    array, position = kernel.slot(3)
+    array[position] = 1.75
+    pointers, first = kernel.slot(0)
+    pointers[first] = 1 << 45
+    last, at = kernel.slot(6)
+    last[at] = 99
+    assert kernel.arguments() == [1 << 45, -3, 1 << 40, 1.75, 9, 2.25, 99]
+
+
+def test_the_workspace_pool_keeps_one_buffer_per_stream_and_purpose(monkeypatch):
+    from autogemm.packed_launch import PER_THREAD_STREAM, WorkspacePool
+
+    made = []
+
+    class Buffer:
+        def __init__(self, nbytes):
+            self.nbytes = nbytes
+            self.data = type("Memory", (), {"ptr": 4096 * (len(made) + 1)})()
+            made.append(self)
+
+    pool = WorkspacePool()
+    monkeypatch.setattr(pool, "_allocate", lambda device, stream, nbytes, zeroed: Buffer(nbytes))
+    first = pool.get(0, 5, "split_k", 1000)
+    assert pool.get(0, 5, "split_k", 800) == first and len(made) == 1  # reused, not allocated per call
+    assert pool.get(0, 6, "split_k", 800) != first  # another stream: its own buffer
+    assert pool.get(0, 5, "stream_k_counters", 8) not in (first,)
+    grown = pool.get(0, 5, "split_k", 5000)
+    assert grown != first and made[-1].nbytes == 5000 and len(pool) == 3
+    # the per-thread default stream has one handle but is a different stream in every thread
+    import threading
+
+    here = pool.get(0, PER_THREAD_STREAM, "split_k", 8)
+    other = []
+    thread = threading.Thread(target=lambda: other.append(pool.get(0, PER_THREAD_STREAM, "split_k", 8)))
+    thread.start()
+    thread.join()
+    assert other[0] != here
+    # a stream per call must not grow the pool without end: the least recently used buffer goes
+    pool = WorkspacePool(capacity=3)
+    monkeypatch.setattr(pool, "_allocate", lambda device, stream, nbytes, zeroed: Buffer(nbytes))
+    kept = pool.get(0, 100, "split_k", 8)
+    for stream in range(101, 110):
+        pool.get(0, stream, "split_k", 8)
+        assert pool.get(0, 100, "split_k", 8) == kept  # in use all along: never the one dropped
+    assert len(pool) == 3

@@ -1,0 +1,123 @@
+"""The lean way to launch a generated kernel again and again: its arguments packed once into one
+buffer, and workspaces (split-K partial sums, stream-K slots) kept per stream instead of allocated
+per call.
+
+Why: CuPy's `Function.__call__` converts every argument on every call (a GEMM kernel has 15), which
+costs more host time than `cublasGemmEx` takes for a whole call; a short product served one call at
+a time then loses to cuBLAS on host time alone. `cuLaunchKernel` reads each argument through a
+pointer, so here a call rewrites the three operand pointers (and alpha, beta) in place and hands the
+driver the same array of pointers. The driver copies the arguments at launch, so the buffer may be
+rewritten by the next call at once; a lock keeps two threads from interleaving their writes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Sequence
+
+import numpy as np
+
+
+PER_THREAD_STREAM = 2  # cudaStreamPerThread
+
+
+def current_stream_pointer(stream=None) -> int:
+    """The handle of `stream`, or of CuPy's current stream (the null or per-thread default stream
+    when none was set)."""
+    if stream is not None:
+        return stream.ptr
+    import cupy
+
+    return cupy.cuda.get_current_stream().ptr
+
+
+class PackedKernel:
+    """A loaded kernel with its grid, block, shared memory and arguments, launched by `launch`
+    after `set` has rewritten the arguments that change between calls."""
+
+    def __init__(self, function, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
+                 arguments: Sequence[np.generic]):
+        from cupy_backends.cuda.api import driver
+
+        self._launch_kernel = driver.launchKernel
+        self.function = function  # held: the module stays loaded while this launcher lives
+        self._geometry = (function.ptr, *grid, *block, smem)
+        offsets, end = [], 0
+        for value in arguments:  # each argument at its natural alignment, as a C struct would be
+            size = value.dtype.itemsize
+            end = -(-end // size) * size
+            offsets.append(end)
+            end += size
+        self._raw = np.zeros(max(1, -(-end // 8)), dtype=np.uint64)  # 8-byte aligned storage
+        raw_bytes = self._raw.view(np.uint8)
+        for value, offset in zip(arguments, offsets):
+            raw_bytes[offset:offset + value.dtype.itemsize] = np.frombuffer(value.tobytes(), dtype=np.uint8)
+        self._pointers = np.array([self._raw.ctypes.data + offset for offset in offsets], dtype=np.uintp)
+        self._address = self._pointers.ctypes.data
+        self._slots = [(self._raw.view(value.dtype), offset // value.dtype.itemsize)
+                       for value, offset in zip(arguments, offsets)]
+
+    def slot(self, index: int):
+        """(array, position): `array[position] = value` rewrites argument `index` in place."""
+        return self._slots[index]
+
+    def launch(self, stream_pointer: int) -> None:
+        self._launch_kernel(*self._geometry, stream_pointer, self._address, 0)
+
+    def arguments(self) -> list:
+        """The arguments as they stand (for tests and debugging)."""
+        return [array[position].item() for array, position in self._slots]
+
+
+class WorkspacePool:
+    """Device scratch memory kept per (device, stream, purpose) and grown on demand, as cuBLAS keeps
+    its workspace: calls on one stream run in order, so they can share one buffer; calls on
+    different streams get different buffers. Zeroed buffers (stream-K's tile counters) are zeroed
+    once, when made; the kernels that use them leave them zero again.
+
+    At most `capacity` buffers are kept, the least recently used going first (a program that makes
+    a stream per call would otherwise grow the pool without end). A dropped buffer goes back to
+    CuPy's memory pool, which hands it out again only to work ordered after it on its stream."""
+
+    def __init__(self, capacity: int = 32):
+        self.capacity = capacity
+        self._buffers: OrderedDict[tuple, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, device: int, stream_pointer: int, purpose: str, nbytes: int, zeroed: bool = False) -> int:
+        """The address of at least `nbytes` bytes for work ordered on that stream."""
+        key = (device, stream_pointer, purpose)
+        if stream_pointer == PER_THREAD_STREAM:  # one handle, but a different stream in each thread
+            key += (threading.get_ident(),)
+        with self._lock:
+            buffer = self._buffers.get(key)
+            if buffer is None or buffer.nbytes < nbytes:
+                self._buffers.pop(key, None)  # the old one returns to CuPy's pool, ordered on its stream
+                buffer = self._allocate(device, stream_pointer, nbytes, zeroed)
+                self._buffers[key] = buffer
+                while len(self._buffers) > self.capacity:
+                    self._buffers.popitem(last=False)
+            else:
+                self._buffers.move_to_end(key)
+            return buffer.data.ptr
+
+    @staticmethod
+    def _allocate(device: int, stream_pointer: int, nbytes: int, zeroed: bool):
+        import cupy
+
+        stream = cupy.cuda.ExternalStream(stream_pointer, device)
+        with cupy.cuda.Device(device), stream:
+            words = -(-max(nbytes, 1) // 8)
+            return cupy.zeros(words, dtype=np.uint64) if zeroed else cupy.empty(words, dtype=np.uint64)
+
+    def clear(self) -> None:
+        """Drops every buffer (the next call allocates again)."""
+        with self._lock:
+            self._buffers.clear()
+
+    def __len__(self) -> int:
+        return len(self._buffers)
+
+
+WORKSPACES = WorkspacePool()
