@@ -23,6 +23,21 @@ def default_space_name(problem) -> str:
     """The shipped space for a problem: the family is picked by the dtype and compute mode."""
     return dtypes.lookup(problem.dtype, problem.compute).space
 
+
+# M at or below which a product is GEMV-like: the GEMV family keeps all of a tile's rows in
+# registers and reads B once; above it, B would be read again per tile of rows
+GEMV_MAX_M = 16
+
+
+def candidate_space_names(problem) -> tuple[str, ...]:
+    """The shipped spaces a tune without --space searches, each with its share of the budget: the
+    dtype's own space, and the GEMV space for a short M (the two win on different shapes: the
+    GEMV kernels on memory-bound products, tiled split-K where K is long against N)."""
+    names = [default_space_name(problem)]
+    if problem.m <= GEMV_MAX_M and families.get("gemv").compute_for(problem.dtype) == problem.compute:
+        names.insert(0, "gemv")
+    return tuple(names)
+
 # The expression language of constraints: arithmetic, comparisons, boolean logic, x if c else y, min/max.
 _ALLOWED_NODES = (
     ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.BinOp,

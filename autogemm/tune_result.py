@@ -43,6 +43,9 @@ class TuneResult:
     # cuBLAS's latency over the best kernel's, one call at a time (evaluate.SINGLE_CALL_MS); None:
     # not compared that way (a long call, or the kernel did not win back-to-back)
     single_call_ratio: float | None = None
+    # where several spaces were searched (tune without a space): (study, family, best generated
+    # kernel's ratio, measured trials, kept cuBLAS) of each, in the order searched
+    searched: list = field(default_factory=list)
 
     @property
     def kept_reason(self) -> str:
@@ -90,6 +93,8 @@ class TuneResult:
             "noise": self.noise,
             "seeded": self.seeded,
             "single_call_ratio": self.single_call_ratio,
+            "searched": [{"study": study, "family": family, "ratio": ratio, "valid": valid, "kept_cublas": kept}
+                         for study, family, ratio, valid, kept in self.searched],
             "unstored_kernels": self.unstored_kernels,
             "storage_error": self.storage_error,
         }

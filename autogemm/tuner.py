@@ -22,7 +22,7 @@ from .isolate import IsolatedEvaluator
 from .predict import known_configs
 from .problem import Problem
 from .render import kernel_template_hash
-from .space import SearchSpace, default_space_name
+from .space import SearchSpace, candidate_space_names
 from .study import (StudyLocked, StudyStorageError, StudyWriter, ask_params, best_configs, default_storage,
                     lock_study, make_sampler, open_study, study_name_for, tell_trials)
 from .tune_result import TuneResult
@@ -102,19 +102,45 @@ def tune(
     patience: int = DEFAULT_PATIENCE,
 ) -> TuneResult:
     """Searches configurations for `problem` on the current GPU (or with `evaluator`), caches and
-    returns the best verified one. `trials` counts measured candidates of this run; `timeout`
+    returns the best verified one. Without `space`, every candidate space of the problem is
+    searched in turn (`candidate_space_names`: a short M adds the GEMV space to the dtype's own),
+    each with an even share of what is left of `trials` and `timeout`, each in its own study, and
+    the best of them is returned (the cache keeps the better record by itself). `trials` counts measured candidates of this run; `timeout`
     (seconds) bounds the search, the final re-timing comes on top. With `isolate` (the default)
     candidates run in a separate process that owns the GPU, so that a faulting or hanging kernel
     costs one failed trial (`candidate_timeout` seconds at most) instead of the tune. The search
     stops early once `patience` measured trials in a row have not raised the best by more than
     CONVERGED_GAIN (0: never)."""
-    started = time.perf_counter()
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")
     if patience < 0:
         raise ValueError(f"patience must be >= 0, got {patience}")
-    if space is None:
-        space = default_space_name(problem)  # the family follows the dtype and compute mode
+    arguments = dict(seed=seed, sampler=sampler, storage=storage, jobs=jobs, evaluator=evaluator, cache=cache,
+                     progress=progress, seed_configs=seed_configs, isolate=isolate,
+                     candidate_timeout=candidate_timeout, patience=patience)
+    names = candidate_space_names(problem) if space is None else (space,)
+    if len(names) == 1:
+        return _tune_space(problem, names[0], trials=trials, timeout=timeout, study_name=study_name, **arguments)
+    started, results = time.perf_counter(), []
+    for index, name in enumerate(names):
+        left = len(names) - index
+        used = sum(result.valid for result in results)
+        share_timeout = None if timeout is None else max(1.0, (timeout - (time.perf_counter() - started)) / left)
+        result = _tune_space(problem, name, trials=max(1, (trials - used) // left), timeout=share_timeout,
+                             study_name=f"{study_name}:{name}" if study_name else None, **arguments)
+        results.append(result)
+        if result.interrupted:
+            break  # Ctrl-C or a lost GPU: the spaces not searched yet are not started
+    best = max(results, key=lambda r: (not r.kept_cublas, r.ratio))
+    best.searched = [(r.study_name, r.config.family, r.ratio, r.valid, r.kept_cublas) for r in results]
+    best.wall_s = time.perf_counter() - started
+    return best
+
+
+def _tune_space(problem: Problem, space, *, trials, timeout, seed, sampler, storage, study_name, jobs, evaluator,
+                cache, progress, seed_configs, isolate, candidate_timeout, patience) -> TuneResult:
+    """`tune` over one search space."""
+    started = time.perf_counter()
     space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
     if evaluator is None:
         from .launch import current_device

@@ -243,3 +243,38 @@ def test_stopping_at_convergence_costs_less_than_two_percent(tmp_path, seed):
 def test_a_negative_patience_is_refused(tmp_path):
     with pytest.raises(ValueError, match="patience must be >= 0, got -1"):
         run(tmp_path, 5, patience=-1)
+
+
+class _ModelEvaluator(RecordedEvaluator):
+    """Measures any config of a short-M problem from a made-up model: the GEMV kernels by their
+    rows per block (bm 16 best), the SIMT ones at a third of cuBLAS's speed."""
+
+    def __init__(self, problem):
+        self.problem, self.device, self.cublas_ms = problem, TABLE.device, 1.0
+        self.families: list[str] = []
+
+    def finish(self, handle, best_ms):
+        self.families.append(handle.family)
+        ms = 3.0 if handle.family == "simt" else 0.5 + 0.1 * (16 // handle.bm)
+        return Measurement(ok=True, time_ms=ms, tflops=self.problem.flops / ms / 1e9, rel_error=1e-7)
+
+
+def test_a_short_m_is_searched_in_the_gemv_space_and_the_tiled_one(tmp_path):
+    """Without --space, a problem with M <= 16 is tuned in the GEMV space and in its dtype's own,
+    the budget shared between them; the best of both is what is returned and cached."""
+    from autogemm.problem import Problem
+    from autogemm.space import candidate_space_names
+
+    problem = Problem(8, 4096, 4096)
+    assert candidate_space_names(problem) == ("gemv", "simt")
+    assert candidate_space_names(Problem(17, 4096, 4096)) == ("simt",)
+    assert candidate_space_names(Problem(8, 4096, 4096, dtype="float32", compute="tf32")) == ("wmma_tf32",)
+    evaluator = _ModelEvaluator(problem)
+    cache = TuningCache(tmp_path / "cache", shipped=False)
+    result = tune(problem, trials=40, timeout=None, evaluator=evaluator, cache=cache, storage=":memory:",
+                  patience=0)
+    assert [(family, valid) for _, family, _, valid, _ in result.searched] == [("gemv", 20), ("simt", 20)]
+    assert evaluator.families.count("gemv") >= 20 and evaluator.families.count("simt") >= 20
+    assert result.config.family == "gemv" and result.config.bm == 16 and not result.kept_cublas
+    record, _ = cache.lookup(problem, TABLE.device.slug)
+    assert record.config_name == result.config.name  # the simt tune after it did not replace it

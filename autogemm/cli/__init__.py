@@ -78,10 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
                              f"on the best (default {DEFAULT_PATIENCE}; 0: never stop early)")
     search.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     search.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="Optuna sampler (default tpe)")
-    search.add_argument("--space", help="search-space TOML file or shipped name (default: the one for the dtype and compute mode)")
+    search.add_argument("--space", help="search-space TOML file or shipped name (default: the one for the dtype and compute "
+                                        "mode, and for M <= 16 also the GEMV space: each searched with a share of the "
+                                        "budget, the best kept)")
     search.add_argument("--storage", help="Optuna storage URL (default: SQLite in the cache directory; "
                                           "':memory:' keeps nothing)")
-    search.add_argument("--study-name", help="study name (default: device, problem, space and template version)")
+    search.add_argument("--study-name", help="study name (default: device, problem, space and template version; where "
+                                             "several spaces are searched, the space's name is appended)")
     search.add_argument("--jobs", type=positive_int, default=default_jobs(),
                         help=f"parallel compile workers (default {default_jobs()}: this machine's cores)")
     safety = tune_p.add_argument_group("fault isolation")

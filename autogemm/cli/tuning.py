@@ -26,6 +26,8 @@ def _format_result(result) -> str:
         ("ratio", f"{result.ratio:.3f}x cuBLAS" + (f" back to back, {result.single_call_ratio:.3f}x one call at a time"
                                                    if result.single_call_ratio is not None else "")),
         ("rel. error", f"{result.rel_error:.2e}" if result.rel_error == result.rel_error else "n/a"),
+        *([("spaces searched", "; ".join(f"{family} {ratio:.3f}x ({valid} trials)" for _, family, ratio, valid, _
+                                          in result.searched))] if result.searched else []),
         ("trials", f"{result.valid} valid, {result.rejected} rejected, {result.failed} failed ({failures}), "
                    f"{result.duplicates} repeats; {result.study_trials} measured in the study"),
         ("wall time", f"{result.wall_s:.1f} s" + (f"  ({result.restarts} measuring-process restarts, "
@@ -43,17 +45,25 @@ def _format_result(result) -> str:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from ..evaluate import FatalEvaluationError
-    from ..space import SearchSpace, SpaceError, default_space_name
+    from ..space import SearchSpace, SpaceError, candidate_space_names
     from ..tuner import TuneError, tune
 
     problem = problem_from_args(args)
-    try:
-        space = SearchSpace.load(args.space or default_space_name(problem))
-    except SpaceError as exc:
-        raise CliError(str(exc)) from None
-    if space.config_class.compute_for(problem.dtype) != problem.compute:
-        raise CliError(f"--space {args.space}: a {space.family} space cannot compute {problem.dtype}/{problem.compute}; "
-                       f"its family computes {space.config_class.computes_names()}")
+    space = None  # without --space: every candidate space of the problem (tuner.tune)
+    if args.space:
+        try:
+            space = SearchSpace.load(args.space)
+        except SpaceError as exc:
+            raise CliError(str(exc)) from None
+        if space.config_class.compute_for(problem.dtype) != problem.compute:
+            raise CliError(f"--space {args.space}: a {space.family} space cannot compute {problem.dtype}/"
+                           f"{problem.compute}; its family computes {space.config_class.computes_names()}")
+    else:
+        for name in candidate_space_names(problem):  # a broken shipped space is named before the GPU is asked
+            try:
+                SearchSpace.load(name)
+            except SpaceError as exc:
+                raise CliError(str(exc)) from None
     require_gpu()
     try:
         result = tune(problem, trials=args.trials, timeout=args.timeout, seed=args.seed, sampler=args.sampler,
