@@ -48,6 +48,19 @@ _ALLOWED_NODES = (
 _FUNCTIONS = {"min": min, "max": max}
 
 
+# Names a constraint may read from the problem and the device: a rule that uses any of them is a
+# problem rule, applied where a problem is given (the tuner's draws, sampling for a problem) and
+# not in enumerating the space itself, which stays the same for every problem.
+PROBLEM_NAMES = ("M", "N", "K", "BATCH", "SMS")
+
+
+def problem_values(problem: Problem, device: Device) -> dict:
+    values = {"M": problem.m, "N": problem.n, "K": problem.k, "BATCH": problem.batch}
+    if device.sm_count > 1:  # a generic device (compiling without a GPU) has no SM count: its rules are skipped
+        values["SMS"] = device.sm_count
+    return values
+
+
 class SpaceError(ValueError):
     """A search-space file that cannot be used, with the file and the problem named."""
 
@@ -80,7 +93,7 @@ class _Expression:
 
 class SearchSpace:
     def __init__(self, path: Path, family: str, knobs: dict[str, tuple], derived: dict[str, _Expression],
-                 constraints: list[_Expression]):
+                 constraints: list[_Expression], problem_constraints: list[_Expression] = ()):
         self.path = path
         self.family = family
         self.config_class = families.get(family)
@@ -89,19 +102,27 @@ class SearchSpace:
         self.knobs = knobs
         self.derived = derived
         self.constraints = constraints
+        self.problem_constraints = list(problem_constraints)  # rules that read PROBLEM_NAMES
         self.seeds: list = []  # configurations the tuner tries first in a new study
 
     @property
     def name(self) -> str:
         return self.path.stem
 
-    def evaluate(self, knob_values: dict) -> tuple[object | None, list[str]]:
-        """Knob values -> (config, []) or (None, the constraints they break)."""
+    def evaluate(self, knob_values: dict, problem: Problem | None = None,
+                 device: Device | None = None) -> tuple[object | None, list[str]]:
+        """Knob values -> (config, []) or (None, the constraints they break); with a problem and
+        device, the problem rules too."""
         values = {**self.constants, **knob_values}
         try:
             for name, expr in self.derived.items():
                 values[name] = expr(values)
             broken = [rule.text for rule in self.constraints if not rule(values)]
+            if problem is not None and device is not None and not broken:
+                given = problem_values(problem, device)
+                values.update(given)
+                missing = set(PROBLEM_NAMES) - set(given)
+                broken = [rule.text for rule in self.problem_constraints if not rule.names & missing and not rule(values)]
         except ZeroDivisionError as exc:
             return None, [f"division by zero ({exc})"]
         if broken:
@@ -145,17 +166,26 @@ class SearchSpace:
         constraints = [_Expression.parse(text, f"{path}: constraint") for text in rules]
         known = set(knobs) | set(derived) | set(config_class.space_constants)
         used = set()
-        for expr in [*derived.values(), *constraints]:
+        for expr in derived.values():
             if expr.names - known:
-                raise SpaceError(f"{path}: {expr.text!r} uses unknown names {', '.join(sorted(expr.names - known))}")
+                hint = (f" (the problem's {', '.join(PROBLEM_NAMES)} may be read by constraints, not by derived values)"
+                        if expr.names & set(PROBLEM_NAMES) else "")
+                raise SpaceError(f"{path}: {expr.text!r} uses unknown names {', '.join(sorted(expr.names - known))}{hint}")
             used |= expr.names
+        for expr in constraints:
+            if expr.names - known - set(PROBLEM_NAMES):
+                raise SpaceError(f"{path}: {expr.text!r} uses unknown names "
+                                 f"{', '.join(sorted(expr.names - known - set(PROBLEM_NAMES)))}")
+            used |= expr.names
+        problem_constraints = [rule for rule in constraints if rule.names & set(PROBLEM_NAMES)]
+        constraints = [rule for rule in constraints if not rule.names & set(PROBLEM_NAMES)]
         unused = [k for k in knobs if k not in fields and k not in used]
         if unused:
             raise SpaceError(
                 f"{path}: unknown knobs {', '.join(unused)}: neither a {family} config field "
                 f"({', '.join(fields)}) nor used by a derived value or constraint"
             )
-        space = cls(path, family, knobs, derived, constraints)
+        space = cls(path, family, knobs, derived, constraints, problem_constraints)
         seeds = data.get("seeds", {}).get("configs", [])
         for seed in seeds:
             try:
@@ -236,8 +266,16 @@ class SearchSpace:
         return self.knob_values(config) is not None
 
     def valid_configs(self, problem: Problem, device: Device) -> list:
-        """Every configuration of the space that passes `check` (slow for large spaces: enumerates)."""
-        return [c for c in self.all_configs if not c.check(problem, device)]
+        """Every configuration of the space that passes its problem rules and `check` (slow for large
+        spaces: enumerates)."""
+        return [c for c in self.all_configs if self.suits(c, problem, device) and not c.check(problem, device)]
+
+    def suits(self, config, problem: Problem, device: Device) -> bool:
+        """Whether some draw producing `config` passes the problem rules (True where there are none)."""
+        if not self.problem_constraints:
+            return True
+        values = self.knob_values(config)
+        return values is not None and self.evaluate(values, problem, device)[0] is not None
 
     def sample(self, count: int, problem: Problem, device: Device, seed: int = 0) -> list:
         """`count` distinct valid configurations, uniformly at random with a fixed seed.
@@ -252,7 +290,7 @@ class SearchSpace:
         budget = 2000 * count + 100_000
         while len(chosen) < count and attempts < budget:
             attempts += 1
-            config, _ = self.evaluate({knob: rng.choice(choices) for knob, choices in self.knobs.items()})
+            config, _ = self.evaluate({knob: rng.choice(choices) for knob, choices in self.knobs.items()}, problem, device)
             if config is None:
                 continue
             if config.name not in chosen and not config.check(problem, device):

@@ -46,6 +46,7 @@ class TuneResult:
     # where several spaces were searched (tune without a space): (study, family, best generated
     # kernel's ratio, measured trials, kept cuBLAS) of each, in the order searched
     searched: list = field(default_factory=list)
+    unsearched: list = field(default_factory=list)  # spaces in which nothing could be measured, and why
 
     @property
     def kept_reason(self) -> str:
@@ -95,6 +96,7 @@ class TuneResult:
             "single_call_ratio": self.single_call_ratio,
             "searched": [{"study": study, "family": family, "ratio": ratio, "valid": valid, "kept_cublas": kept}
                          for study, family, ratio, valid, kept in self.searched],
+            "unsearched": self.unsearched,
             "unstored_kernels": self.unstored_kernels,
             "storage_error": self.storage_error,
         }

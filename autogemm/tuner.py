@@ -121,18 +121,27 @@ def tune(
     names = candidate_space_names(problem) if space is None else (space,)
     if len(names) == 1:
         return _tune_space(problem, names[0], trials=trials, timeout=timeout, study_name=study_name, **arguments)
-    started, results = time.perf_counter(), []
+    started, results, errors = time.perf_counter(), [], []
     for index, name in enumerate(names):
         left = len(names) - index
         used = sum(result.valid for result in results)
         share_timeout = None if timeout is None else max(1.0, (timeout - (time.perf_counter() - started)) / left)
-        result = _tune_space(problem, name, trials=max(1, (trials - used) // left), timeout=share_timeout,
-                             study_name=f"{study_name}:{name}" if study_name else None, **arguments)
+        try:
+            result = _tune_space(problem, name, trials=max(1, (trials - used) // left), timeout=share_timeout,
+                                 study_name=f"{study_name}:{name}" if study_name else None, **arguments)
+        except TuneRunning:
+            raise
+        except TuneError as exc:  # nothing measurable in this space: the others may still serve
+            errors.append(f"{name}: {exc}")
+            continue
         results.append(result)
         if result.interrupted:
             break  # Ctrl-C or a lost GPU: the spaces not searched yet are not started
+    if not results:
+        raise TuneError("; ".join(errors))
     best = max(results, key=lambda r: (not r.kept_cublas, r.ratio))
     best.searched = [(r.study_name, r.config.family, r.ratio, r.valid, r.kept_cublas) for r in results]
+    best.unsearched = errors
     best.wall_s = time.perf_counter() - started
     return best
 
@@ -219,10 +228,12 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
     if seed_configs:
         # What is known comes first (what serves this problem now, the nearest tuned problems'
         # winners, the model's best predictions): a tune never ends below what was serving. The
-        # space's own seeds follow in a new study.
+        # space's own seeds follow in a new study. What the space's problem rules exclude is not
+        # enqueued (it would be pruned); a better cached record of it stays in the cache all the same.
         for config in known_configs(problem, device, cache, space) + (space.seeds if not study.trials else []):
             values = space.knob_values(config)
-            if values is not None and not config.check(problem, device):
+            if values is not None and not config.check(problem, device) and \
+                    space.evaluate(values, problem, device)[0] is not None:
                 study.enqueue_trial(values, skip_if_exists=True)
                 seeded += 1
 
@@ -259,7 +270,7 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
             while (len(pending) < lookahead and valid + len(pending) < trials and not out_of_time()
                    and idle_asks < MAX_IDLE_PROPOSALS):
                 trial = study.ask()
-                config, broken = space.evaluate(ask_params(trial, space))
+                config, broken = space.evaluate(ask_params(trial, space), problem, device)
                 reasons = [f"space: {rule}" for rule in broken] if config is None else config.check(problem, device)
                 if reasons:
                     trial.set_user_attr("rejected", reasons)

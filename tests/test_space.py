@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from autogemm.families import config_from_name
 from autogemm.problem import Device, Problem
 from autogemm.space import SearchSpace, SpaceError
 
@@ -102,3 +103,32 @@ def test_constraints_are_a_closed_expression_language(tmp_path, rule, message):
 def test_missing_space_file():
     with pytest.raises(SpaceError, match="search space file not found"):
         SearchSpace.load("/nonexistent/space.toml")
+
+
+def test_problem_rules_apply_to_the_draws_for_a_problem_and_not_to_the_space_itself(tmp_path):
+    """A constraint that reads M, N, K, BATCH or SMS prunes the draws for that problem (the tuner's,
+    sampling's), while the space's own configurations stay the same for every problem."""
+    import dataclasses
+
+    space = SearchSpace.load()
+    assert any("M" in rule.names for rule in space.problem_constraints)
+    skinny, h100 = Problem(64, 4096, 4096), dataclasses.replace(SM90, sm_count=132)
+    drawn = space.sample(200, skinny, h100, seed=5)
+    tiles = [-(-64 // c.bm) * -(-4096 // c.bn) for c in drawn]
+    assert all(c.split_k <= 8 or t * c.split_k <= 8 * 132 for c, t in zip(drawn, tiles))
+    assert any(c.split_k > 8 for c in drawn)  # the long splits are there where the output is small
+    long_split = config_from_name("128x256x16_w64x64_t8x16_v44_s3_pad_g8_k16_o1_r")  # in the space, for any problem
+    assert space.contains(long_split)
+    assert space.suits(long_split, skinny, h100) and not space.suits(long_split, SQUARE, h100)
+    values = space.knob_values(long_split)
+    config, broken = space.evaluate(values, SQUARE, h100)
+    assert config is None and broken == [next(r.text for r in space.problem_constraints if "split_k" in r.names)]
+    assert space.evaluate(values)[0] == long_split  # no problem: no problem rules
+    # a generic device (compiling without a GPU) has no SM count: the rules that read SMS are skipped
+    assert space.evaluate(values, SQUARE, SM90)[0] == long_split
+
+    text = space.path.read_text().replace('bm = "wm * warps_m"', 'bm = "min(wm * warps_m, M)"')
+    path = tmp_path / "space.toml"
+    path.write_text(text)
+    with pytest.raises(SpaceError, match="unknown names M .*may be read by constraints, not by derived values"):
+        SearchSpace.load(path)

@@ -247,7 +247,7 @@ def test_a_negative_patience_is_refused(tmp_path):
 
 class _ModelEvaluator(RecordedEvaluator):
     """Measures any config of a short-M problem from a made-up model: the GEMV kernels by their
-    rows per block (bm 16 best), the SIMT ones at a third of cuBLAS's speed."""
+    rows per block (more is faster), the SIMT ones at a third of cuBLAS's speed."""
 
     def __init__(self, problem):
         self.problem, self.device, self.cublas_ms = problem, TABLE.device, 1.0
@@ -275,6 +275,24 @@ def test_a_short_m_is_searched_in_the_gemv_space_and_the_tiled_one(tmp_path):
                   patience=0)
     assert [(family, valid) for _, family, _, valid, _ in result.searched] == [("gemv", 20), ("simt", 20)]
     assert evaluator.families.count("gemv") >= 20 and evaluator.families.count("simt") >= 20
-    assert result.config.family == "gemv" and result.config.bm == 16 and not result.kept_cublas
+    # (the model's fastest, bm = 16, has rows M = 8 does not: the space's problem rule leaves it out)
+    assert result.config.family == "gemv" and result.config.bm == 8 and not result.kept_cublas
     record, _ = cache.lookup(problem, TABLE.device.slug)
     assert record.config_name == result.config.name  # the simt tune after it did not replace it
+
+
+def test_a_space_with_nothing_measurable_does_not_end_the_others(tmp_path):
+    from autogemm.problem import Problem
+
+    problem = Problem(8, 4096, 4096)
+
+    class SimtBroken(_ModelEvaluator):
+        def finish(self, handle, best_ms):
+            if handle.family == "simt":
+                return Measurement.failure("compile", "broken toolchain for this family")
+            return super().finish(handle, best_ms)
+
+    result = tune(problem, trials=120, timeout=None, evaluator=SimtBroken(problem), storage=":memory:",
+                  cache=TuningCache(tmp_path / "cache", shipped=False), patience=0)
+    assert result.config.family == "gemv" and [family for _, family, *_ in result.searched] == ["gemv"]
+    assert len(result.unsearched) == 1 and result.unsearched[0].startswith("simt: no configuration")

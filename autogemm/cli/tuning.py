@@ -28,6 +28,7 @@ def _format_result(result) -> str:
         ("rel. error", f"{result.rel_error:.2e}" if result.rel_error == result.rel_error else "n/a"),
         *([("spaces searched", "; ".join(f"{family} {ratio:.3f}x ({valid} trials)" for _, family, ratio, valid, _
                                           in result.searched))] if result.searched else []),
+        *([("spaces not measured", "; ".join(result.unsearched))] if result.unsearched else []),
         ("trials", f"{result.valid} valid, {result.rejected} rejected, {result.failed} failed ({failures}), "
                    f"{result.duplicates} repeats; {result.study_trials} measured in the study"),
         ("wall time", f"{result.wall_s:.1f} s" + (f"  ({result.restarts} measuring-process restarts, "

@@ -73,7 +73,7 @@ class GemvConfig(VectorizedLoads, GemmConfig):
         if self.k_contiguous_b(problem):
             columns = self.bn // self.warps
             return (self.bm + self.vec) * columns + self.vec
-        return (self.bm + self.unroll) * self.vec
+        return (self.bm + self.unroll) * self.vec + self.unroll  # (+ a row's values of A)
 
     def estimated_registers(self, problem: Problem) -> int:
         return REGISTERS_PER_VALUE * self.held_values(problem) + REGISTER_OVERHEAD
@@ -100,6 +100,8 @@ class GemvConfig(VectorizedLoads, GemmConfig):
             bad("tile-load", f"vec={self.vec} elements of {itemsize} bytes exceed a {MAX_VECTOR_BYTES}-byte load")
         if self.bk % self.vec:
             bad("tile-load", f"K slice {self.bk} is not a multiple of vector width {self.vec}")
+        if self.bk % self.unroll:
+            bad("tile-load", f"K slice {self.bk} is not a multiple of the {self.unroll} rows taken at once")
         if self.threads > device.max_threads_per_block:
             bad("threads", f"{self.threads} threads per block exceed the device limit {device.max_threads_per_block}")
         if self.k_contiguous_b(problem):
@@ -147,6 +149,14 @@ class GemvConfig(VectorizedLoads, GemmConfig):
         if widths.a > widths.b:
             raise ValueError(f"A's vector width {widths.a} exceeds B's {widths.b}: they share the K step")
 
+    def a_width(self, problem: Problem, widths: VectorWidths) -> int:
+        """Elements per load of A along K: none where A is stored K x M; beside a K-contiguous B, as
+        wide as B's loads allow (they share the K step); beside an N-contiguous B, up to the rows
+        of B a thread takes at once (consecutive, so its values of A are too)."""
+        if problem.trans_a:
+            return 1
+        return widths.a if self.k_contiguous_b(problem) else min(widths.a, self.unroll)
+
     # ---- rendering -----------------------------------------------------------------------------
     def kernel_name(self, problem: Problem, widths: VectorWidths) -> str:
         return f"ag_{self.name}_{problem.dtype}_{problem.layout}_e{self.even(problem)}_v{widths}"
@@ -158,7 +168,7 @@ class GemvConfig(VectorizedLoads, GemmConfig):
             dtype=problem.dtype, compute=problem.compute, layout=problem.layout.upper(),
             element=row.element, accumulator=row.accumulator, element_bytes=row.itemsize,
             to_acc=row.to_acc, from_acc=row.from_acc, bm=self.bm, bn=self.bn, bk=self.bk,
-            threads=self.threads, va=widths.a if k_contiguous and not problem.trans_a else 1, vb=widths.b,
+            threads=self.threads, va=self.a_width(problem, widths), vb=widths.b,
             vec=self.vec, unroll=self.unroll, split_k=self.split_k, min_blocks=self.min_blocks,
             k_contiguous_b=k_contiguous,
             trans_a=cxx_bool(problem.trans_a), trans_b=cxx_bool(problem.trans_b), **self.even_flags(problem),
