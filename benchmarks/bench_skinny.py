@@ -50,9 +50,9 @@ def copy_bandwidth() -> float:
 
 
 def moved_bytes(problem) -> int:
-    import numpy as np
+    from autogemm import dtypes
 
-    itemsize = 2 if problem.dtype == "bfloat16" else np.dtype(problem.dtype).itemsize
+    itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
     return itemsize * problem.batch * (problem.m * problem.k + problem.k * problem.n + problem.m * problem.n)
 
 

@@ -113,6 +113,13 @@ class GemmConfig(Config):
         names = [f"{row.name}/{row.compute}" for row in cls.computes()]
         return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
+    def dtype_reasons(self, problem: Problem) -> list[str]:
+        """The 'dtype' reason of `check` where this family's template does not compute the problem's
+        dtype and compute mode (empty where it does)."""
+        if self.compute_for(problem.dtype) == problem.compute:
+            return []
+        return [f"dtype: the {self.label} template computes {self.computes_names()}, not {problem.dtype}/{problem.compute}"]
+
     def smem_bytes(self, problem: Problem) -> int:
         """Dynamic shared memory of the kernel."""
         return 0

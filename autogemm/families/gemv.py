@@ -89,8 +89,7 @@ class GemvConfig(VectorizedLoads, GemmConfig):
     # ---- validity ------------------------------------------------------------------------------
     def check(self, problem: Problem, device: Device) -> list[str]:
         reasons, bad = self.reason_collector()
-        if self.compute_for(problem.dtype) != problem.compute:
-            bad("dtype", f"the GEMV template computes {self.computes_names()}, not {problem.dtype}/{problem.compute}")
+        reasons += self.dtype_reasons(problem)
         reasons += self.knob_reasons()
         if reasons:
             return reasons

@@ -170,8 +170,7 @@ class SimtConfig(VectorizedLoads, GemmConfig):
     def check(self, problem: Problem, device: Device) -> list[str]:
         """Every reason this configuration cannot run `problem` on `device` (empty: it can)."""
         reasons, bad = self.reason_collector()
-        if self.compute_for(problem.dtype) != problem.compute:
-            bad("dtype", f"the SIMT template computes {self.computes_names()}, not {problem.dtype}/{problem.compute}")
+        reasons += self.dtype_reasons(problem)
         reasons += self.knob_reasons()
         if self.transpose == "registers" and self.stages < FIRST_ASYNC_STAGE:
             bad("choice", f"transpose='registers' needs the cp.async pipeline (stages >= {FIRST_ASYNC_STAGE}), "

@@ -177,8 +177,8 @@ class TensorCoreConfig(VectorizedLoads, GemmConfig):
     def check(self, problem: Problem, device: Device) -> list[str]:
         """Every reason this configuration cannot run `problem` on `device` (empty: it can)."""
         reasons, bad = self.reason_collector()
-        if self.compute_for(problem.dtype) != problem.compute:
-            bad("dtype", f"the WMMA template computes {self.computes_names()}, not {problem.dtype}/{problem.compute}")
+        reasons += self.dtype_reasons(problem)
+        if reasons:
             return reasons
         row = dtypes.lookup(problem.dtype, problem.compute)
         shapes = row.tensor_core

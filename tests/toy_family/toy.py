@@ -41,8 +41,7 @@ class ToyConfig(GemmConfig):
 
     def check(self, problem, device) -> list[str]:
         reasons, bad = self.reason_collector()
-        if self.compute_for(problem.dtype) != problem.compute:
-            bad("dtype", f"the toy template computes {self.computes_names()}, not {problem.dtype}/{problem.compute}")
+        reasons += self.dtype_reasons(problem)
         reasons += self.knob_reasons()
         if reasons:
             return reasons
