@@ -198,7 +198,7 @@ def launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: Kern
         launch_kernel = kernel.launch
 
         def launch(pa, pb, pc, alpha, beta, stream=None):
-            stream_pointer = stream.ptr if stream is not None else current_stream_pointer()
+            stream_pointer = current_stream_pointer(stream)
             with lock:
                 pointers[0], pointers[1], pointers[2] = pa, pb, pc
                 scalars[alpha_at], scalars[alpha_at + 1] = alpha, beta
@@ -220,7 +220,7 @@ def launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: Kern
     get_workspace = WORKSPACES.get
 
     def launch_split(pa, pb, pc, alpha, beta, stream=None):
-        stream_pointer = stream.ptr if stream is not None else current_stream_pointer()
+        stream_pointer = current_stream_pointer(stream)
         workspace = get_workspace(device, stream_pointer, "split_k", workspace_bytes)
         with lock:
             pointers[0], pointers[1], pointers[2] = pa, pb, workspace
@@ -250,7 +250,7 @@ def _stream_k_launcher(prepared: PreparedGemm, head: tuple, device: int):
     get_workspace = WORKSPACES.get
 
     def launch_stream_k(pa, pb, pc, alpha, beta, stream=None):
-        stream_pointer = stream.ptr if stream is not None else current_stream_pointer()
+        stream_pointer = current_stream_pointer(stream)
         partials = get_workspace(device, stream_pointer, "stream_k_partials", partial_bytes)
         counters = get_workspace(device, stream_pointer, "stream_k_counters", counter_bytes, zeroed=True)
         with lock:
