@@ -25,6 +25,7 @@ from .render import kernel_template_hash
 from .space import SearchSpace, candidate_space_names
 from .study import (StudyLocked, StudyStorageError, StudyWriter, ask_params, best_configs, default_storage,
                     lock_study, make_sampler, open_study, study_name_for, tell_trials)
+from .tune_progress import TuneProgress
 from .tune_result import TuneResult
 
 DEFAULT_TRIALS = 400
@@ -52,34 +53,6 @@ class TuneRunning(TuneError):
     def __init__(self, message: str, study: str):
         super().__init__(message)
         self.study = study
-
-
-class _Progress:
-    """tqdm bar of measured trials with the best TFLOP/s and ratio to cuBLAS so far."""
-
-    def __init__(self, enabled: bool, total: int, problem: Problem, evaluator: Evaluator):
-        self.bar = None
-        self.problem, self.evaluator = problem, evaluator
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="trial", desc=f"tuning {problem}", dynamic_ncols=True)
-
-    def update(self, measured: bool, best_ms: float | None, rejected: int, failed: int) -> None:
-        if not self.bar:
-            return
-        if measured:
-            self.bar.update(1)
-        if best_ms:
-            tflops = self.problem.flops / best_ms / 1e9
-            self.bar.set_postfix_str(
-                f"best {tflops:.1f} TFLOP/s = {self.evaluator.cublas_ms / best_ms:.3f}x cuBLAS, "
-                f"rejected {rejected}, failed {failed}"
-            )
-
-    def close(self) -> None:
-        if self.bar:
-            self.bar.close()
 
 
 def tune(
@@ -237,7 +210,7 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
                 study.enqueue_trial(values, skip_if_exists=True)
                 seeded += 1
 
-    progress_bar = _Progress(progress, trials, problem, evaluator)
+    progress_bar = TuneProgress(progress, trials, problem, evaluator)
     deadline = None if timeout is None else started + timeout
     lookahead = max(2, min(8, jobs or default_jobs()))
     pending: deque = deque()  # (config, [trials], handle)
