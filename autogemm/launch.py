@@ -1,7 +1,9 @@
 """Runs a configuration on CuPy operands: derives the problem and layouts from the arrays (the
 operand model of `operands`), picks the vector widths their alignment allows, compiles (once) and
 launches with the grid the config asks for ("tiles": a block per output tile, batch and K split,
-with a split-K reduction; "stream_k": a persistent grid with a partial-sum workspace)."""
+with a split-K reduction kernel, or "split_k_fused": the same grid, the last block of each tile
+adding the splits up, or "split_k_cluster": the same grid, a tile's splits one thread-block cluster
+adding up in shared memory; "stream_k": a persistent grid with a partial-sum workspace)."""
 
 from __future__ import annotations
 
@@ -190,10 +192,12 @@ def launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: Kern
                 i64(a.batch_stride), i64(b.batch_stride), i64(c.batch_stride))
         return _stream_k_launcher(prepared, head, device)
     lock = threading.Lock()
-    if config.split_k == 1:
-        kernel = PackedKernel(prepared.kernel.gemm, grid, block, smem, (
-            ptr(0), ptr(0), ptr(0), i32(m), i32(n), i32(problem.k), i32(a.ld), i32(b.ld), i32(c.ld),
-            i64(a.batch_stride), i64(b.batch_stride), i64(c.batch_stride), scalar(1), scalar(0), tiles))
+    plain_arguments = (ptr(0), ptr(0), ptr(0), i32(m), i32(n), i32(problem.k), i32(a.ld), i32(b.ld), i32(c.ld),
+                       i64(a.batch_stride), i64(b.batch_stride), i64(c.batch_stride), scalar(1), scalar(0), tiles)
+    if config.launch_kind == "split_k_fused":
+        return _fused_split_launcher(prepared, plain_arguments, np.dtype(scalar).itemsize, device)
+    if config.split_k == 1 or config.launch_kind == "split_k_cluster":  # (a cluster writes C itself)
+        kernel = PackedKernel(prepared.kernel.gemm, grid, block, smem, plain_arguments)
         (pointers, _), (scalars, alpha_at) = kernel.slot(0), kernel.slot(12)
         launch_kernel = kernel.launch
 
@@ -260,3 +264,32 @@ def _stream_k_launcher(prepared: PreparedGemm, head: tuple, device: int):
             kernel.launch(stream_pointer)
 
     return launch_stream_k
+
+
+def _fused_split_launcher(prepared: PreparedGemm, plain_arguments: tuple, partial_size: int, device: int):
+    """A split-K kernel that adds its splits up itself takes the plain kernel's arguments and a
+    workspace: a BM x BN slot of partial sums per block, and a counter per output tile (and batch)
+    that must be zero at launch (the tile's last block sets it back to zero). Both come from the
+    per-stream pool, so concurrent calls on different streams never share one."""
+    problem, config = prepared.problem, prepared.config
+    tiles = config.output_tiles(problem) * problem.batch
+    partial_bytes = tiles * config.split_k * config.bm * config.bn * partial_size
+    counter_bytes = tiles * 4
+    kernel = PackedKernel(prepared.kernel.gemm, prepared.grid, prepared.block, prepared.smem,
+                          plain_arguments + (np.uintp(0), np.uintp(0)))
+    (pointers, _), (scalars, alpha_at) = kernel.slot(0), kernel.slot(12)
+    workspace_at = kernel.slot(len(plain_arguments))[1]  # partials, then counters: adjacent 8-byte slots
+    lock = threading.Lock()
+    get_workspace = WORKSPACES.get
+
+    def launch_fused_split(pa, pb, pc, alpha, beta, stream=None):
+        stream_pointer = current_stream_pointer(stream)
+        partials = get_workspace(device, stream_pointer, "split_k_partials", partial_bytes)
+        counters = get_workspace(device, stream_pointer, "split_k_counters", counter_bytes, zeroed=True)
+        with lock:
+            pointers[0], pointers[1], pointers[2] = pa, pb, pc
+            pointers[workspace_at], pointers[workspace_at + 1] = partials, counters
+            scalars[alpha_at], scalars[alpha_at + 1] = alpha, beta
+            kernel.launch(stream_pointer)
+
+    return launch_fused_split

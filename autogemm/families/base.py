@@ -90,7 +90,9 @@ class GemmConfig(Config):
 
     template: ClassVar[str] = ""  # the kernel skeleton in templates/ (a property where it varies)
     arch_suffix: ClassVar[str] = ""  # "a" for kernels that use architecture-specific instructions
-    # "tiles": a block per output tile, batch and K split; "stream_k": a persistent grid
+    # "tiles": a block per output tile, batch and K split (a reduction kernel adds the splits up);
+    # "split_k_fused": the same grid, the last block of a tile adding them up; "split_k_cluster": the
+    # same grid, a tile's splits one cluster adding up in shared memory; "stream_k": a persistent grid
     launch_kind: ClassVar[str] = "tiles"
     register_cap: ClassVar[int] = 0  # an explicit register cap per thread (0: from min_blocks)
     # named constants the family's search-space expressions may use (facts of the hardware and pipeline)
