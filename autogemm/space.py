@@ -159,6 +159,11 @@ class SearchSpace:
         overlap = set(knobs) & set(derived)
         if overlap:
             raise SpaceError(f"{path}: {', '.join(sorted(overlap))} both searched and derived")
+        # a knob with an "off" position that the file does not name stays off: a space written
+        # before the knob existed still loads, and searches what it did
+        for knob in config_class.knobs:
+            if knob.name not in knobs and knob.name not in derived and knob.has_off_position:
+                knobs[knob.name] = (knob.omitted,)
         missing = [f for f in fields if f not in knobs and f not in derived]
         if missing:
             raise SpaceError(f"{path}: config fields neither searched nor derived: {', '.join(missing)}")
@@ -277,6 +282,15 @@ class SearchSpace:
         values = self.knob_values(config)
         return values is not None and self.evaluate(values, problem, device)[0] is not None
 
+    def uniform_draws(self, problem: Problem, device: Device, rng: random.Random, attempts: int) -> Iterator[tuple]:
+        """(config, knob values) of the valid ones among `attempts` uniform draws of every knob (the
+        same config may come twice), lazily: for a caller that needs a few."""
+        for _ in range(attempts):
+            values = {knob: rng.choice(choices) for knob, choices in self.knobs.items()}
+            config, _ = self.evaluate(values, problem, device)
+            if config is not None and not config.check(problem, device):
+                yield config, values
+
     def sample(self, count: int, problem: Problem, device: Device, seed: int = 0) -> list:
         """`count` distinct valid configurations, uniformly at random with a fixed seed.
 
@@ -284,17 +298,11 @@ class SearchSpace:
         uniform over the valid set without enumerating it. Returns fewer only if the space has
         fewer valid configurations than asked for.
         """
-        rng = random.Random(seed)
         chosen: dict[str, object] = {}
-        attempts = 0
-        budget = 2000 * count + 100_000
-        while len(chosen) < count and attempts < budget:
-            attempts += 1
-            config, _ = self.evaluate({knob: rng.choice(choices) for knob, choices in self.knobs.items()}, problem, device)
-            if config is None:
-                continue
-            if config.name not in chosen and not config.check(problem, device):
-                chosen[config.name] = config
+        for config, _ in self.uniform_draws(problem, device, random.Random(seed), 2000 * count + 100_000):
+            chosen.setdefault(config.name, config)
+            if len(chosen) == count:
+                break
         if len(chosen) < count:  # a small or sparse space: enumerate it instead
             valid = self.valid_configs(problem, device)
             return valid if count >= len(valid) else random.Random(seed).sample(valid, count)

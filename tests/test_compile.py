@@ -26,6 +26,8 @@ ARCHS = ("sm_90", "sm_80")
 # Shapes that switch tails on and off and narrow the vector widths (odd leading dimensions).
 SIMT_SHAPES = [(4096, 4096, 4096), (127, 129, 65), (255, 257, 1023), (132, 260, 68)]
 TENSOR_CORE_SHAPES = [(4096, 4096, 4096), (127, 129, 65), (255, 257, 1023)]
+IN_KERNEL_SPLITS = ("128x128x16_w32x64_t8x8_v44_s4_pad_g8_k4_o1_r_fr", "32x128x16_w32x64_t8x8_v44_s2_swizzle_g8_k8_o2_fr",
+                    "128x128x16_w32x64_t8x8_v44_s3_pad_g8_k4_o1_r_cr", "16x128x16_w16x64_t8x4_v24_s3_pad_g8_k4_o3_r_reg231_cr")
 
 
 def _fake_nvcc(folder):
@@ -60,6 +62,15 @@ def _simt_variants(device: Device):
             problem = Problem.from_layout(4096, 4096, 4096, problem.layout)
         if not config.check(problem, device):
             variants.append((config, problem))
+    # split-K added up in the kernel: by the tile's last block, or over a thread-block cluster (sm_90
+    # only); each in every layout, on short M or N
+    for i, name in enumerate(IN_KERNEL_SPLITS):
+        m, n, k = ((127, 4096, 4096), (64, 4096, 4096), (8191, 63, 8191), (16, 11008, 4096))[i % 4]
+        for layout in LAYOUTS:
+            problem = Problem.from_layout(m, n, k, layout)
+            config = SimtConfig.from_name(name)
+            if not config.check(problem, device):
+                variants.append((config, problem))
     return variants
 
 
@@ -138,6 +149,9 @@ def test_sample_compiles_without_spills(arch):
                 for u in report.values() if u.spills or u.stack_bytes]
     assert not spilling, "\n".join(spilling)
     assert {c.stages for c, *_ in simt} == {1, 2, 3, 4}, "the SIMT sample lacks pipeline depths"
+    clusters = {p.layout for c, p, *_ in simt if c.cluster_reduce}
+    assert clusters == ({"nn", "nt", "tn", "tt"} if arch == "sm_90" else set()), clusters
+    assert {p.layout for c, p, *_ in simt if c.launch_kind == "split_k_fused"} == {"nn", "nt", "tn", "tt"}
     paths = {c.instruction for c, *_ in tensor_core}
     assert paths == ({"wmma", "mma", "wgmma"} if arch == "sm_90" else {"wmma", "mma"}), paths
 
@@ -146,6 +160,7 @@ def test_sample_compiles_without_spills(arch):
 # larger than the pipeline, mma.sync, and wgmma (P's tile rounded up to the swizzle period)
 SMEM_CASES = [
     ("64x128x16_w32x64_t8x8_v44_s3_pad_g8_k1_o1", Problem(256, 256, 256)),
+    ("64x128x16_w32x64_t8x8_v44_s2_pad_g8_k2_o1_cr", Problem(256, 256, 256)),  # the partial sums outgrow the pipeline
     ("wmma_128x64x32_w32x16_v4_s1_plain_g1_k4_o1", Problem(256, 256, 256, dtype="float16")),
     ("wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1_mma", Problem.from_layout(256, 256, 256, "tn", dtype="float16")),
     ("wmma_128x128x64_w128x64_v8_s4_pad_g8_k1_o1_wgmma", Problem(256, 256, 256, dtype="bfloat16")),

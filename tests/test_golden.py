@@ -31,6 +31,10 @@ REWORDED = {
 }
 
 
+# Reason codes of checks added after the reference was recorded (test_families covers each code).
+CODES_ADDED_SINCE = {"cluster"}
+
+
 @functools.lru_cache(maxsize=1)
 def golden() -> dict:
     with gzip.open(GOLDEN, "rt") as stream:
@@ -58,7 +62,7 @@ def test_the_reference_covers_every_shipped_space_and_reason_code():
     codes = {reason.split(":")[0] for entry in golden()["configs"] for found in entry["reasons"].values()
              for reason in found}
     codes |= {reason.split(":")[0] for entry in golden()["handmade"] for reason in entry["reasons"]}
-    assert codes == set(REASON_CODES)
+    assert codes == set(REASON_CODES) - CODES_ADDED_SINCE
 
 
 @pytest.mark.parametrize("space", _spaces())

@@ -21,6 +21,8 @@ QUICK = (
     ("float32", "fp32", "64x64x16_w32x32_t4x8_v44_s4_swizzle_g4_k4_o2"),  # 4-stage ring, split-K, 2 blocks per SM
     ("float32", "fp32", "16x32x8_w16x16_t2x4_v12_s2_plain_g1_k1_o4"),  # tiny tiles, scalar loads
     ("float32", "fp32", "64x128x16_w32x64_t8x8_v44_s3_pad_g8_k2_o1_r_reg196"),  # register cap 8 under the estimate
+    ("float32", "fp32", "64x64x16_w32x32_t4x8_v44_s3_pad_g8_k2_o2_r_cr"),  # split-K over a cluster (sm_90)
+    ("float32", "fp32", "32x64x8_w32x32_t8x4_v44_s2_swizzle_g8_k4_o2_fr"),  # split-K added up by the last block
     ("float16", "fp32", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1"),
     ("float16", "fp32", "wmma_64x64x32_w32x32_v8_s2_pad_g8_k4_o1_mma"),
     ("float16", "fp32", "wmma_128x128x64_w128x64_v8_s4_pad_g8_k1_o1_wgmma"),
@@ -80,7 +82,7 @@ def test_config_matches_float64_on_every_edge_shape(index, compiled_ahead):
     device = _device()
     config = config_from_name(name)
     lacking = [r for r in config.check(Run(config, EDGE_CASES[2], "nt", dtype, compute).problem, device)
-               if r.startswith("tensor-core")]
+               if r.startswith(("tensor-core", "cluster"))]
     if lacking:
         pytest.skip(f"{device.name}: {lacking[0]}")
     runs = _runs(index, device)
@@ -111,7 +113,7 @@ def test_stream_k_counters_are_reset_for_the_next_launch():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("index", [2, 3, 18])  # stream-K, split-K (SIMT), split-K (GEMV)
+@pytest.mark.parametrize("index", [2, 3, 6, 7, 20])  # stream-K, split-K (SIMT; cluster; fused), split-K (GEMV)
 def test_one_launcher_serves_threads_on_their_own_streams(index):
     """A launcher's arguments are packed once and rewritten per call, and its workspaces come from a
     pool kept per stream: calls from several threads, each on its own stream with its own operands

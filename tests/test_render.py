@@ -44,8 +44,10 @@ def test_a_pairwise_covering_sample_renders(dtype, compute, space):
         assert f"{source.kernel}(" in code
         assert f"constexpr int BM = {config.bm}, BN = {config.bn}, BK = {config.bk};" in code
         assert f"constexpr int STAGES = {config.stages};" in code
-        assert (source.reduce_kernel is not None) == (config.split_k > 1)
-        assert (f"{source.reduce_kernel}(" in code) == (config.split_k > 1)
+        second_pass = config.split_k > 1 and getattr(config, "split_reduce", "kernel") == "kernel"
+        assert (source.reduce_kernel is not None) == second_pass
+        assert (f"{source.reduce_kernel}(" in code) == second_pass
+        assert ("__cluster_dims__(1, SPLIT_K, 1)" in code) == getattr(config, "cluster_reduce", False)
         if isinstance(config, SimtConfig):
             assert ("cp.async" in code) == (config.stages >= 3)
         else:
@@ -151,3 +153,31 @@ def test_experiments_may_render_out_of_range_knobs_but_not_wrong_types():
     assert "constexpr int GROUP_M = 3000;" in source.code
     with pytest.raises(ValueError, match="group_m=True must be an int"):
         render(SimtConfig(group_m=True), Problem(256, 256, 256), force=True)
+
+
+def test_split_k_adds_up_in_one_launch_for_gemv_and_the_simt_fused_and_cluster_splits():
+    """GEMV's split-K and the SIMT fused and cluster splits have no second kernel: the blocks leave
+    partial sums in a workspace and the last one of a tile adds them up, or a cluster's blocks add
+    up in shared memory. The plain SIMT split keeps its reduction kernel."""
+    for layout in ("nn", "nt"):
+        problem = Problem.from_layout(1, 4096, 4096, layout)
+        gemv = config_from_name("gemv_m1_n32_k256_w4_v4_u8_s4_o2")
+        source = render(gemv, problem)
+        assert gemv.launch_kind == "split_k_fused" and source.reduce_kernel is None
+        assert "_reduce(" not in source.code and "int* __restrict__ counters" in source.code
+        assert "finish_split(out, tile_slots" in source.code
+        plain = config_from_name("gemv_m1_n32_k256_w4_v4_u8_s1_o2")
+        assert plain.launch_kind == "tiles" and "counters" not in render(plain, problem).code
+    problem = Problem(127, 4096, 4096)
+    cluster = config_from_name("128x128x16_w32x64_t8x8_v44_s3_pad_g8_k4_o1_r_cr")
+    source = render(cluster, problem)
+    assert cluster.launch_kind == "split_k_cluster" and source.reduce_kernel is None
+    assert "__cluster_dims__(1, SPLIT_K, 1)" in source.code and "reduce_in_cluster(acc" in source.code
+    assert cluster.smem_bytes(problem) == 128 * 128 * 4  # the partial sums outgrow the pipeline
+    fused = cluster.replace(split_reduce="fused")
+    source = render(fused, problem)
+    assert fused.launch_kind == "split_k_fused" and source.reduce_kernel is None and "_reduce(" not in source.code
+    assert "int* __restrict__ counters" in source.code and "__cluster_dims__" not in source.code
+    workspace = cluster.replace(split_reduce="kernel")
+    assert workspace.launch_kind == "tiles" and render(workspace, problem).reduce_kernel
+    assert not cluster.replace(split_k=1).cluster_reduce  # nothing to add up: a plain kernel

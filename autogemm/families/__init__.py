@@ -35,6 +35,7 @@ REASON_CODES = (
     "fragment",  # a tile is not a multiple of the tensor-core fragment shape
     "tensor-core",  # the device has no tensor-core instruction for this type
     "layout",  # the instruction cannot read the operands in this layout
+    "cluster",  # thread-block clusters need compute capability 9.0
 )
 
 _FAMILIES: dict[str, type[GemmConfig]] = {}

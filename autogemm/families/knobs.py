@@ -37,6 +37,11 @@ class Knob:
         text = self.words[value] if self.words and value in self.words else f"{self.code}{value}"
         return self.join + text
 
+    @property
+    def has_off_position(self) -> bool:
+        """Whether the knob has an "off" value (`omitted`): what a space that does not name it uses."""
+        return self.omitted is not _UNSET
+
     def is_omitted(self, value) -> bool:
         return self.omitted is not _UNSET and type(value) is type(self.omitted) and value == self.omitted
 

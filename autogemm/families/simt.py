@@ -18,7 +18,9 @@ FIRST_ASYNC_STAGE = 3  # stages 1-2 stage slices in registers; from 3 on they ar
 MAX_STAGES = 8  # a deeper ring of any useful tile does not fit a block's shared memory
 MAX_THREAD_TILE = 64  # outputs per lane along M or N: more accumulators than registers
 SMEM_PAD_FLOATS = 4  # one 16-byte vector: keeps LDS.128 aligned and shifts each row by 4 banks
-STREAM_K_STATIC_SMEM = 16  # the stream-K kernel's flag telling a block it finishes a shared tile
+STREAM_K_STATIC_SMEM = 16  # the flag telling a block it finishes a shared tile (stream-K, fused split-K)
+MAX_CLUSTER = 8  # blocks of a thread-block cluster that every sm_90 part can schedule (portable size)
+CLUSTER_CAPABILITY = (9, 0)  # thread-block clusters and distributed shared memory
 
 KNOBS = (
     *tile_knobs(128, 128, 8, 32, 64, low=2, why="fragments are double-buffered per k pair"),
@@ -41,6 +43,11 @@ KNOBS = (
     Knob("stream_k", bool, False, omitted=False, words={True: "sk"}),
     # an explicit register cap (__maxnreg__), at most the one min_blocks implies; 0: that one
     Knob("max_registers", int, 0, code="reg", low=16, high=MAX_REGISTERS_PER_THREAD, omitted=0, why="automatic"),
+    # how split-K adds up its partial sums: a workspace and a second kernel; a workspace and the
+    # tile's last block ("fused": one launch); or (sm_90) the blocks of a tile as one thread-block
+    # cluster, adding up through distributed shared memory
+    Knob("split_reduce", str, "kernel", choices=("kernel", "fused", "cluster"), omitted="kernel",
+         words={"fused": "fr", "cluster": "cr"}),
 )
 
 # ---- register model -------------------------------------------------------------------------------
@@ -54,6 +61,7 @@ REGISTERS_SWIZZLED_B = 12  # swizzled transposed B keeps an address per fragment
 REGISTERS_SWIZZLED_A_STAGED = 8  # swizzled transposed A staged in registers in > 2 chunks (96 variants)
 REGISTERS_STREAM_K = 4  # the stream-K loop's iteration range and tile bookkeeping (190 variants)
 REGISTERS_STREAM_K_TIGHT = 12  # the same where the estimate has less slack (swizzle, stages < 3, TN)
+REGISTERS_SPLIT_IN_KERNEL = 4  # a fused or cluster split's addresses and rank, live next to the accumulators
 # how far under the estimate an explicit max_registers may go (8: none of 24 spilled; 16-24: one);
 # a kernel that spills under its cap is refused when loaded
 MAX_REGISTERS_SLACK = 24
@@ -99,7 +107,19 @@ class SimtConfig(VectorizedLoads, GemmConfig):
 
     @property
     def launch_kind(self) -> str:
-        return "stream_k" if self.stream_k else "tiles"
+        if self.stream_k:
+            return "stream_k"
+        if self.split_k > 1 and self.split_reduce == "fused":
+            return "split_k_fused"
+        return "split_k_cluster" if self.cluster_reduce else "tiles"
+
+    @property
+    def cluster_reduce(self) -> bool:
+        """Whether the K splits of a tile add up inside a thread-block cluster (no second kernel)."""
+        return self.split_reduce == "cluster" and self.split_k > 1
+
+    def reduce_kernel(self, kernel: str) -> str | None:
+        return super().reduce_kernel(kernel) if self.split_reduce == "kernel" else None
 
     @property
     def register_cap(self) -> int:
@@ -116,9 +136,11 @@ class SimtConfig(VectorizedLoads, GemmConfig):
         return (pad if a_transposed else 0, pad if b_transposed else 0)
 
     def smem_bytes(self, problem: Problem) -> int:
-        """Dynamic shared memory of the kernel: the pipeline's buffers of both operands."""
+        """Dynamic shared memory of the kernel: the pipeline's buffers of both operands (and, for a
+        split-K cluster, room for the block's partial sums after the main loop)."""
         pad_a, pad_b = self.smem_pad(problem)
-        return 4 * self.smem_buffers * self.bk * (self.bm + pad_a + self.bn + pad_b)
+        pipeline = 4 * self.smem_buffers * self.bk * (self.bm + pad_a + self.bn + pad_b)
+        return max(pipeline, 4 * self.bm * self.bn) if self.cluster_reduce else pipeline
 
     def registers_staged(self, problem: Problem) -> tuple[bool, bool]:
         """Whether A's and B's slices pass through registers in the cp.async pipeline."""
@@ -155,6 +177,8 @@ class SimtConfig(VectorizedLoads, GemmConfig):
                 overhead += 2 * max(0, self.tm // self.vec_frag - 2)
                 if self.registers_staged(problem)[0] and self.tm // self.vec_frag > 2:
                     overhead += REGISTERS_SWIZZLED_A_STAGED
+        if self.split_k > 1 and self.split_reduce != "kernel":
+            overhead += REGISTERS_SPLIT_IN_KERNEL
         if self.stream_k:
             overhead += REGISTERS_STREAM_K
             if self.smem == "swizzle" or not ring or not any(transposed_stores(problem)):
@@ -177,6 +201,16 @@ class SimtConfig(VectorizedLoads, GemmConfig):
                           f"not stages={self.stages}")
         if self.stream_k is True and self.split_k > 1:
             bad("choice", f"stream_k splits K by itself; it excludes split_k={self.split_k}")
+        if self.split_reduce == "cluster" and isinstance(self.split_k, int) and isinstance(self.tm, int):
+            if self.split_k > MAX_CLUSTER:  # (split_k = 1: nothing to add up, a plain kernel)
+                bad("choice", f"split_reduce='cluster' adds up at most {MAX_CLUSTER} splits (a portable cluster), "
+                              f"not split_k={self.split_k}")
+            elif self.tm % self.split_k:
+                bad("choice", f"split_reduce='cluster' shares the writing of each thread tile's {self.tm} rows "
+                              f"among split_k={self.split_k} blocks: tm must be a multiple of split_k")
+            if self.split_k > 1 and device.compute_capability < CLUSTER_CAPABILITY:
+                bad("cluster", f"split_reduce='cluster' needs thread-block clusters (compute capability 9.0), "
+                               f"device is {device.arch}")
         if reasons:
             return reasons  # the arithmetic below assumes well-formed knobs
         if self.vec > self.bk or self.bm % self.vec or self.bn % self.vec:
@@ -201,7 +235,7 @@ class SimtConfig(VectorizedLoads, GemmConfig):
             if self.bk % self.vec or extent % self.vec or (extent * self.bk) % (threads * self.vec):
                 bad("tile-load", f"{operand} tile {extent}x{self.bk} does not split into {threads} threads "
                                  f"loading {self.vec}-wide vectors")
-        smem = self.smem_bytes(problem) + (STREAM_K_STATIC_SMEM if self.stream_k else 0)
+        smem = self.smem_bytes(problem) + (STREAM_K_STATIC_SMEM if self.launch_kind in ("stream_k", "split_k_fused") else 0)
         if smem > device.smem_per_block_optin:
             bad("shared-memory", f"{smem} bytes of shared memory exceed the device limit {device.smem_per_block_optin}")
         regs, limit = self.estimated_registers(problem), self.register_limit(device)
@@ -219,8 +253,9 @@ class SimtConfig(VectorizedLoads, GemmConfig):
 
     # ---- vector widths -------------------------------------------------------------------------
     def c_width(self, aligned) -> int:
-        # split-K writes partial products to an aligned workspace; the reduction is scalar
-        return self.vec if self.split_k > 1 else aligned()
+        # split-K writes partial products to an aligned workspace; the reduction is scalar (where
+        # the splits add up in the kernel, it writes C itself)
+        return self.vec if self.split_k > 1 and self.split_reduce == "kernel" else aligned()
 
     # ---- rendering -----------------------------------------------------------------------------
     def kernel_name(self, problem: Problem, widths: VectorWidths) -> str:
@@ -238,7 +273,8 @@ class SimtConfig(VectorizedLoads, GemmConfig):
             bm=self.bm, bn=self.bn, bk=self.bk, wm=self.wm, wn=self.wn, tm=self.tm, tn=self.tn,
             vec_frag=self.vec_frag, va=widths.a, vb=widths.b, vc=widths.c,
             stages=self.stages, buffers=self.smem_buffers, use_cp_async=self.stages >= FIRST_ASYNC_STAGE,
-            group_m=self.group_m, split_k=self.split_k, stream_k=self.stream_k,
+            group_m=self.group_m, split_k=self.split_k, stream_k=self.stream_k, cluster_reduce=self.cluster_reduce,
+            fused_split=self.launch_kind == "split_k_fused",
             max_registers=self.max_registers, min_blocks=self.min_blocks,
             **self.even_flags(problem), pad_a=pad_a, pad_b=pad_b,
             swizzle_a=cxx_bool(self.smem == "swizzle" and a_transposed),
