@@ -10,6 +10,7 @@ goes on. At the end the best few are re-timed together with cuBLAS and the winne
 from __future__ import annotations
 
 import os
+import random
 import sys
 import time
 from collections import deque
@@ -39,6 +40,13 @@ CONVERGED_GAIN = 0.005
 FINALISTS = 5
 # Consecutive proposals that are rejected or already measured before the search counts as converged.
 MAX_IDLE_PROPOSALS = 300
+# The sampler can fix on a corner of a heavily constrained space where nearly every draw breaks a
+# rule (TPE after a failed first candidate, with several in flight). After this many idle proposals
+# in a row, RESCUE_CONFIGS valid configurations drawn uniformly (not yet measured) are enqueued;
+# RESCUE_DRAWS uniform draws at most are spent finding them.
+RESCUE_AFTER = 40
+RESCUE_CONFIGS = 4
+RESCUE_DRAWS = 20_000
 # Consecutive failed candidates after which the search stops (a broken toolchain or GPU, say).
 MAX_CONSECUTIVE_FAILURES = 50
 
@@ -238,6 +246,22 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
     def out_of_time() -> bool:
         return deadline is not None and time.perf_counter() > deadline
 
+    rescue_rng = random.Random(seed)
+    rescued: set[str] = set()
+
+    def rescue() -> None:
+        """Enqueues a few valid, unmeasured configurations drawn uniformly (see RESCUE_AFTER)."""
+        found = 0
+        for config, values in space.uniform_draws(problem, device, rescue_rng, RESCUE_DRAWS):
+            name = config.name
+            if name in known or name in failed_before or name in rescued or any(p[0].name == name for p in pending):
+                continue
+            rescued.add(name)
+            study.enqueue_trial(values)
+            found += 1
+            if found == RESCUE_CONFIGS:
+                break
+
     try:
         while valid < trials and not out_of_time() and consecutive_failures < MAX_CONSECUTIVE_FAILURES:
             while (len(pending) < lookahead and valid + len(pending) < trials and not out_of_time()
@@ -245,6 +269,8 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
                 trial = study.ask()
                 config, broken = space.evaluate(ask_params(trial, space), problem, device)
                 reasons = [f"space: {rule}" for rule in broken] if config is None else config.check(problem, device)
+                if idle_asks and idle_asks % RESCUE_AFTER == 0:
+                    rescue()
                 if reasons:
                     trial.set_user_attr("rejected", reasons)
                     writer.put(study.tell(trial, state=optuna.trial.TrialState.PRUNED))

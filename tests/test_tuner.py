@@ -296,3 +296,26 @@ def test_a_space_with_nothing_measurable_does_not_end_the_others(tmp_path):
                   cache=TuningCache(tmp_path / "cache", shipped=False), patience=0)
     assert result.config.family == "gemv" and [family for _, family, *_ in result.searched] == ["gemv"]
     assert len(result.unsearched) == 1 and result.unsearched[0].startswith("simt: no configuration")
+
+
+def test_a_sampler_fixed_on_rejected_draws_is_given_valid_configurations(tmp_path):
+    """TPE can fix on a corner of the SIMT space where nearly every draw breaks a rule: with the
+    first candidate failing and eight in flight, seed 0 once proposed 300 rejected draws in a row
+    on 4095x4097x1023 and the tune ended with 7 measured (on the device: none, and a TuneError).
+    After RESCUE_AFTER idle proposals the tuner enqueues valid configurations drawn uniformly."""
+    from autogemm.problem import Problem
+    from autogemm.tuner import RESCUE_AFTER
+
+    class FirstFails(_ModelEvaluator):
+        def finish(self, handle, best_ms):
+            if not self.families:
+                self.families.append(handle.family)
+                return Measurement.failure("compile", "ptxas error")
+            return super().finish(handle, best_ms)
+
+    problem = Problem(4095, 4097, 1023)
+    evaluator = FirstFails(problem)
+    result = tune(problem, trials=60, timeout=None, evaluator=evaluator, space="simt", jobs=16, seed=0,
+                  cache=TuningCache(tmp_path / "cache", shipped=False), storage=":memory:", patience=0)
+    assert result.valid == 60, (result.valid, result.rejected, result.failed)
+    assert RESCUE_AFTER < 300  # (rescued well before the search would count as converged)
