@@ -70,6 +70,7 @@ def main() -> int:
 
     import autogemm
     from autogemm.launch import current_device
+    from autogemm.tuner import TuneError
 
     problems = [dataclasses.replace(p, trans_a=args.layout[0] == "t", trans_b=args.layout[1] == "t")
                 for p in load_suite(args.suite)]
@@ -80,7 +81,12 @@ def main() -> int:
     print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s", file=sys.stderr)
     rows, started = [], time.perf_counter()
     for problem in problems:
-        result = autogemm.tune(problem, trials=10_000, timeout=args.budget)
+        try:
+            result = autogemm.tune(problem, trials=10_000, timeout=args.budget)
+        except TuneError as exc:  # the other problems still run; the table says this one was not measured
+            rows.append({"problem": problem.key, "dtype": problem.dtype, "error": str(exc)})
+            print(f"{problem.key}: not measured: {exc}", file=sys.stderr)
+            continue
         row = {"problem": problem.key, "dtype": problem.dtype, "config": result.config.name,
                "family": result.config.family, "ratio": result.ratio, "single_call": result.single_call_ratio,
                "served": "cuBLAS" if result.kept_cublas else "kernel", "time_ms": result.time_ms,
@@ -111,15 +117,20 @@ def write(rows, device, bandwidth, args, wall) -> None:
              "| problem | best generated kernel | ratio | one call | served | bandwidth | cuBLAS bandwidth | spaces |",
              "| --- | --- | ---: | ---: | --- | ---: | ---: | --- |"]
     for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['problem']} | not measured: {row['error']} | - | - | - | - | - | - |")
+            continue
         single = f"{row['single_call']:.3f}" if row["single_call"] else "-"
         bw = f"{row['bandwidth']:.0%}" if "bandwidth" in row else "-"
         cbw = f"{row['cublas_bandwidth']:.0%}" if "cublas_bandwidth" in row else "-"
         lines.append(f"| {row['problem']} | {row['config']} | {row['ratio']:.3f} | {single} | {row['served']} | {bw} | "
                      f"{cbw} | {'; '.join(row['searched'])} |")
-    lines += ["", "| dtype | shapes | geomean | min |", "| --- | ---: | ---: | ---: |"]
+    lines += ["", "| dtype | shapes | geomean | min | not measured |", "| --- | ---: | ---: | ---: | ---: |"]
     for dtype in dict.fromkeys(row["dtype"] for row in rows):
-        ratios = [row["ratio"] for row in rows if row["dtype"] == dtype]
-        lines.append(f"| {dtype} | {len(ratios)} | {geomean(ratios):.3f} | {min(ratios):.3f} |")
+        ratios = [row["ratio"] for row in rows if row["dtype"] == dtype and "error" not in row]
+        missing = sum(1 for row in rows if row["dtype"] == dtype and "error" in row)
+        summary = f"{geomean(ratios):.3f} | {min(ratios):.3f}" if ratios else "- | -"
+        lines.append(f"| {dtype} | {len(ratios)} | {summary} | {missing} |")
     text = "\n".join(lines) + "\n"
     out.with_suffix(".md").write_text(text)
     out.with_suffix(".json").write_text(json.dumps({"device": device.name, "bandwidth": bandwidth, "budget": args.budget,
