@@ -248,22 +248,9 @@ def _stream_k_launcher(prepared: PreparedGemm, head: tuple, device: int):
     ptr, f32 = np.uintp, np.float32
     kernel = PackedKernel(prepared.kernel.gemm, prepared.grid, prepared.block, prepared.smem, (
         ptr(0), ptr(0), ptr(0), *head, f32(1), f32(0), np.int32(0), np.int32(problem.batch), ptr(0), ptr(0)))
-    (pointers, _), (scalars, alpha_at) = kernel.slot(0), kernel.slot(len(head) + 3)
-    workspace_at = kernel.slot(len(head) + 7)[1]  # partials, then counters: adjacent 8-byte slots
-    lock = threading.Lock()
-    get_workspace = WORKSPACES.get
-
-    def launch_stream_k(pa, pb, pc, alpha, beta, stream=None):
-        stream_pointer = current_stream_pointer(stream)
-        partials = get_workspace(device, stream_pointer, "stream_k_partials", partial_bytes)
-        counters = get_workspace(device, stream_pointer, "stream_k_counters", counter_bytes, zeroed=True)
-        with lock:
-            pointers[0], pointers[1], pointers[2] = pa, pb, pc
-            pointers[workspace_at], pointers[workspace_at + 1] = partials, counters
-            scalars[alpha_at], scalars[alpha_at + 1] = alpha, beta
-            kernel.launch(stream_pointer)
-
-    return launch_stream_k
+    # alpha (then beta), and the workspace (partials, then counters), by argument index
+    return _launch_with_workspace(kernel, len(head) + 3, len(head) + 7, device, ("stream_k_partials", partial_bytes),
+                                  ("stream_k_counters", counter_bytes))
 
 
 def _fused_split_launcher(prepared: PreparedGemm, plain_arguments: tuple, partial_size: int, device: int):
@@ -277,19 +264,31 @@ def _fused_split_launcher(prepared: PreparedGemm, plain_arguments: tuple, partia
     counter_bytes = tiles * 4
     kernel = PackedKernel(prepared.kernel.gemm, prepared.grid, prepared.block, prepared.smem,
                           plain_arguments + (np.uintp(0), np.uintp(0)))
-    (pointers, _), (scalars, alpha_at) = kernel.slot(0), kernel.slot(12)
-    workspace_at = kernel.slot(len(plain_arguments))[1]  # partials, then counters: adjacent 8-byte slots
+    return _launch_with_workspace(kernel, 12, len(plain_arguments), device, ("split_k_partials", partial_bytes),
+                                  ("split_k_counters", counter_bytes))
+
+
+def _launch_with_workspace(kernel: PackedKernel, alpha_index: int, workspace_index: int, device: int,
+                           partials: tuple[str, int], counters: tuple[str, int]):
+    """`launch(pa, pb, pc, alpha, beta, stream)` of a kernel whose arguments 0-2 are A, B and C,
+    `alpha_index` and the next alpha and beta, and `workspace_index` and the next a partial-sum
+    workspace and tile counters that must be zero at launch: each a (purpose, bytes) buffer of the
+    per-stream pool."""
+    pointers = kernel.slot(0)[0]
+    workspace_at = kernel.slot(workspace_index)[1]  # two adjacent 8-byte pointer slots
+    scalars, alpha_position = kernel.slot(alpha_index)
     lock = threading.Lock()
     get_workspace = WORKSPACES.get
+    (partials_purpose, partial_bytes), (counters_purpose, counter_bytes) = partials, counters
 
-    def launch_fused_split(pa, pb, pc, alpha, beta, stream=None):
+    def launch(pa, pb, pc, alpha, beta, stream=None):
         stream_pointer = current_stream_pointer(stream)
-        partials = get_workspace(device, stream_pointer, "split_k_partials", partial_bytes)
-        counters = get_workspace(device, stream_pointer, "split_k_counters", counter_bytes, zeroed=True)
+        partial_sums = get_workspace(device, stream_pointer, partials_purpose, partial_bytes)
+        tile_counters = get_workspace(device, stream_pointer, counters_purpose, counter_bytes, zeroed=True)
         with lock:
             pointers[0], pointers[1], pointers[2] = pa, pb, pc
-            pointers[workspace_at], pointers[workspace_at + 1] = partials, counters
-            scalars[alpha_at], scalars[alpha_at + 1] = alpha, beta
+            pointers[workspace_at], pointers[workspace_at + 1] = partial_sums, tile_counters
+            scalars[alpha_position], scalars[alpha_position + 1] = alpha, beta
             kernel.launch(stream_pointer)
 
-    return launch_fused_split
+    return launch
