@@ -117,6 +117,13 @@ class Record:
         for name in ("config", "versions", "trials"):
             if name in values and not isinstance(values[name], dict):
                 raise ValueError(f"{name} must be an object, got {_shown(values[name])}")
+        # the run's facts are flat: a nested value would be carried into every export and listing
+        for key, value in values.get("versions", {}).items():
+            if not isinstance(value, str):
+                raise ValueError(f"versions.{key} must be a string, got {_shown(value)}")
+        for key, value in values.get("trials", {}).items():
+            if type(value) is not int or value < 0:
+                raise ValueError(f"trials.{key} must be a count (an int >= 0), got {_shown(value)}")
         if type(values.get("provisional", False)) is not bool:
             raise ValueError(f"provisional must be true or false, got {_shown(values['provisional'])}")
         if "best_generated" in values and not isinstance(values["best_generated"], dict):
@@ -130,6 +137,8 @@ class Record:
             if record.best_generated:
                 record.__dict__["best_generated_object"] = _best_generated(record.best_generated)
             return record
+        if "family" in record.config:  # the record's own field names it; a second one would go unchecked
+            raise ValueError(f"config must not name a family (the record's family field does), got {_shown(record.config['family'])}")
         config = config_from_dict({**record.config, "family": record.family})
         if config.name != record.config_name:
             raise ValueError(f"config_name {_shown(record.config_name)} is not its config's name {config.name!r}")

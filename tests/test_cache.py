@@ -255,3 +255,19 @@ def test_a_full_disk_leaves_the_document_and_no_temporary_file(tmp_path, monkeyp
         cache.store(make_record(65), SLUG)
     assert cache.path(SLUG).read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{SLUG}.json", f"{SLUG}.json.lock"]
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("config", {"family": [[[]]]}, "config must not name a family"),
+    ("versions", {"cupy": [[["14.2"]]]}, "versions.cupy must be a string"),
+    ("trials", {"valid": {"deep": 1}}, r"trials.valid must be a count"),
+    ("trials", {"failed": -1}, r"trials.failed must be a count"),
+])
+def test_a_record_carries_no_unchecked_structure(field, value, message):
+    """What a record keeps is written back by every export and listing: a nested value in a field
+    read as a whole (found by the cache fuzzer: a junk "family" inside the config) is refused on reading."""
+    data = make_record(64).to_json()
+    data[field] = {**data[field], **value}
+    with pytest.raises(ValueError, match=message):
+        Record.from_json(data)
+    assert Record.from_json(make_record(64).to_json()).config_object == SimtConfig()
