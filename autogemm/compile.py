@@ -264,6 +264,7 @@ class CompiledKernel:
     source: Source
     gemm: object  # cupy.cuda.function.Function of the GEMM kernel (it holds its module)
     reduce: object | None  # the split-K reduction's Function
+    repack: object | None  # the operand repacking's Function
     registers: int
     shared_bytes: int
     local_bytes: int
@@ -292,10 +293,12 @@ def load(source: Source, cubin: Path | UnstoredCubin, dynamic_smem: int) -> Comp
     if static_smem + dynamic_smem > 48 * 1024:
         driver.funcSetAttribute(gemm.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem)
     reduce = module.get_function(source.reduce_kernel) if source.reduce_kernel else None
+    repack = module.get_function(source.repack_kernel) if source.repack_kernel else None
     return CompiledKernel(
         source=source,
         gemm=gemm,
         reduce=reduce,
+        repack=repack,
         registers=_attribute(gemm, "NUM_REGS"),
         shared_bytes=static_smem + dynamic_smem,
         local_bytes=_attribute(gemm, "LOCAL_SIZE_BYTES"),

@@ -21,6 +21,7 @@ from .operands import KernelOperand, describe, real_scalar, validate
 from .packed_launch import WORKSPACES, PackedKernel, current_stream_pointer
 from .problem import Device, Problem
 from .render import render
+from .repack import repacking_launcher
 
 REDUCE_THREADS = 256
 REDUCE_GRID_MAX = 65535  # blocks of the split-K reduction (it loops over the rest)
@@ -177,7 +178,17 @@ def bind(config: GemmConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bo
 def launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand):
     """`launch(pa, pb, pc, alpha, beta, stream)` for operands of these pitches and batch strides
     (their pointers are given at each launch): every other argument is packed once, here, and a
-    workspace comes from the per-stream pool (`packed_launch`)."""
+    workspace comes from the per-stream pool (`packed_launch`). A config that repacks misaligned
+    operands copies them first (`repack`)."""
+    import cupy
+
+    if prepared.config.repacks_operands:
+        return repacking_launcher(prepared, a, b, c, _gemm_launcher, cupy.cuda.Device().id)
+    return _gemm_launcher(prepared, a, b, c)
+
+
+def _gemm_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand):
+    """`launcher` for operands the kernel reads as they are."""
     import cupy
 
     problem, config = prepared.problem, prepared.config

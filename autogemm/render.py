@@ -29,6 +29,7 @@ class Source:
     # "a" when the code uses architecture-specific instructions (wgmma: sm_90a), which the
     # compilers must be asked for by name; such a cubin runs on that exact architecture only
     arch_suffix: str = ""
+    repack_kernel: str | None = None  # the kernel copying misaligned operands to aligned pitches
 
     def target(self, arch: str) -> str:
         """The compiler architecture for `arch` (e.g. sm_90 -> sm_90a for wgmma kernels)."""
@@ -129,4 +130,5 @@ def render(config, problem: Problem, widths: VectorWidths | None = None, *, forc
     name = config.kernel_name(problem, widths)
     code = environment().get_template(config.template).render(
         kernel=name, config_name=config.name, **config.context(problem, widths))
-    return Source(kernel=name, reduce_kernel=config.reduce_kernel(name), code=code, arch_suffix=config.arch_suffix)
+    return Source(kernel=name, reduce_kernel=config.reduce_kernel(name), code=code, arch_suffix=config.arch_suffix,
+                  repack_kernel=config.repack_kernel(name))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from . import dtypes, families
+from .families.base import packed_leading_dimensions
 from .paths import search_spaces_dir
 from .problem import Device, Problem
 
@@ -51,11 +52,13 @@ _FUNCTIONS = {"min": min, "max": max}
 # Names a constraint may read from the problem and the device: a rule that uses any of them is a
 # problem rule, applied where a problem is given (the tuner's draws, sampling for a problem) and
 # not in enumerating the space itself, which stays the same for every problem.
-PROBLEM_NAMES = ("M", "N", "K", "BATCH", "SMS")
+# LDA and LDB are A's and B's row pitches when stored densely (K or M, N or K by the layout).
+PROBLEM_NAMES = ("M", "N", "K", "BATCH", "SMS", "LDA", "LDB")
 
 
 def problem_values(problem: Problem, device: Device) -> dict:
-    values = {"M": problem.m, "N": problem.n, "K": problem.k, "BATCH": problem.batch}
+    lda, ldb = packed_leading_dimensions(problem)
+    values = {"M": problem.m, "N": problem.n, "K": problem.k, "BATCH": problem.batch, "LDA": lda, "LDB": ldb}
     if device.sm_count > 1:  # a generic device (compiling without a GPU) has no SM count: its rules are skipped
         values["SMS"] = device.sm_count
     return values
@@ -93,7 +96,8 @@ class _Expression:
 
 class SearchSpace:
     def __init__(self, path: Path, family: str, knobs: dict[str, tuple], derived: dict[str, _Expression],
-                 constraints: list[_Expression], problem_constraints: list[_Expression] = ()):
+                 constraints: list[_Expression], problem_constraints: list[_Expression] = (),
+                 knob_conditions: dict[str, _Expression] | None = None):
         self.path = path
         self.family = family
         self.config_class = families.get(family)
@@ -103,6 +107,9 @@ class SearchSpace:
         self.derived = derived
         self.constraints = constraints
         self.problem_constraints = list(problem_constraints)  # rules that read PROBLEM_NAMES
+        # knob -> a condition over PROBLEM_NAMES: where it does not hold, the knob keeps its first
+        # value and the sampler is not offered the others
+        self.knob_conditions = dict(knob_conditions or {})
         self.seeds: list = []  # configurations the tuner tries first in a new study
 
     @property
@@ -123,6 +130,9 @@ class SearchSpace:
                 values.update(given)
                 missing = set(PROBLEM_NAMES) - set(given)
                 broken = [rule.text for rule in self.problem_constraints if not rule.names & missing and not rule(values)]
+                offered = self.knob_choices(problem, device)
+                broken += [f"{knob}: only {offered[knob][0]!r} unless {self.knob_conditions[knob].text}"
+                           for knob in self.knob_conditions if knob_values.get(knob) not in offered[knob]]
         except ZeroDivisionError as exc:
             return None, [f"division by zero ({exc})"]
         if broken:
@@ -182,6 +192,15 @@ class SearchSpace:
                 raise SpaceError(f"{path}: {expr.text!r} uses unknown names "
                                  f"{', '.join(sorted(expr.names - known - set(PROBLEM_NAMES)))}")
             used |= expr.names
+        knob_conditions = {}
+        for knob, text in data.get("knob_conditions", {}).items():
+            where = f"{path}: knob_conditions.{knob}"
+            if knob not in knobs:
+                raise SpaceError(f"{where}: not a searched knob of this space")
+            condition = _Expression.parse(text, where) if isinstance(text, str) else None
+            if condition is None or condition.names - set(PROBLEM_NAMES):
+                raise SpaceError(f"{where}: a condition is an expression over {', '.join(PROBLEM_NAMES)} only")
+            knob_conditions[knob] = condition
         problem_constraints = [rule for rule in constraints if rule.names & set(PROBLEM_NAMES)]
         constraints = [rule for rule in constraints if not rule.names & set(PROBLEM_NAMES)]
         unused = [k for k in knobs if k not in fields and k not in used]
@@ -190,7 +209,7 @@ class SearchSpace:
                 f"{path}: unknown knobs {', '.join(unused)}: neither a {family} config field "
                 f"({', '.join(fields)}) nor used by a derived value or constraint"
             )
-        space = cls(path, family, knobs, derived, constraints, problem_constraints)
+        space = cls(path, family, knobs, derived, constraints, problem_constraints, knob_conditions)
         seeds = data.get("seeds", {}).get("configs", [])
         for seed in seeds:
             try:
@@ -270,6 +289,15 @@ class SearchSpace:
         """Whether some draw of the knobs produces exactly `config`."""
         return self.knob_values(config) is not None
 
+    def knob_choices(self, problem: Problem, device: Device) -> dict[str, tuple]:
+        """The knobs' choices for this problem: a knob whose condition does not hold keeps its first."""
+        given = problem_values(problem, device)
+        choices = dict(self.knobs)
+        for knob, condition in self.knob_conditions.items():
+            if condition.names <= set(given) and not condition(given):
+                choices[knob] = self.knobs[knob][:1]
+        return choices
+
     def valid_configs(self, problem: Problem, device: Device) -> list:
         """Every configuration of the space that passes its problem rules and `check` (slow for large
         spaces: enumerates)."""
@@ -285,8 +313,9 @@ class SearchSpace:
     def uniform_draws(self, problem: Problem, device: Device, rng: random.Random, attempts: int) -> Iterator[tuple]:
         """(config, knob values) of the valid ones among `attempts` uniform draws of every knob (the
         same config may come twice), lazily: for a caller that needs a few."""
+        offered = self.knob_choices(problem, device)
         for _ in range(attempts):
-            values = {knob: rng.choice(choices) for knob, choices in self.knobs.items()}
+            values = {knob: rng.choice(choices) for knob, choices in offered.items()}
             config, _ = self.evaluate(values, problem, device)
             if config is not None and not config.check(problem, device):
                 yield config, values

@@ -118,9 +118,10 @@ class GridSampler(optuna.samplers.GridSampler):
         pass
 
 
-def ask_params(trial: optuna.Trial, space: SearchSpace) -> dict:
-    """Draws every knob of the space through Optuna's trial."""
-    return {knob: trial.suggest_categorical(knob, list(choices)) for knob, choices in space.knobs.items()}
+def ask_params(trial: optuna.Trial, space: SearchSpace, choices: dict[str, tuple] | None = None) -> dict:
+    """Draws every knob of the space through Optuna's trial, from `choices` where given (the
+    space's `knob_choices` for the study's problem: the same in every trial of a study)."""
+    return {knob: trial.suggest_categorical(knob, list(values)) for knob, values in (choices or space.knobs).items()}
 
 
 def best_configs(study: optuna.Study, space: SearchSpace, limit: int) -> list:

@@ -246,6 +246,7 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
     def out_of_time() -> bool:
         return deadline is not None and time.perf_counter() > deadline
 
+    offered = space.knob_choices(problem, device)  # a study's knobs keep their choices from trial to trial
     rescue_rng = random.Random(seed)
     rescued: set[str] = set()
 
@@ -267,7 +268,7 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
             while (len(pending) < lookahead and valid + len(pending) < trials and not out_of_time()
                    and idle_asks < MAX_IDLE_PROPOSALS):
                 trial = study.ask()
-                config, broken = space.evaluate(ask_params(trial, space), problem, device)
+                config, broken = space.evaluate(ask_params(trial, space, offered), problem, device)
                 reasons = [f"space: {rule}" for rule in broken] if config is None else config.check(problem, device)
                 if idle_asks and idle_asks % RESCUE_AFTER == 0:
                     rescue()

@@ -28,6 +28,10 @@ SIMT_SHAPES = [(4096, 4096, 4096), (127, 129, 65), (255, 257, 1023), (132, 260, 
 TENSOR_CORE_SHAPES = [(4096, 4096, 4096), (127, 129, 65), (255, 257, 1023)]
 IN_KERNEL_SPLITS = ("128x128x16_w32x64_t8x8_v44_s4_pad_g8_k4_o1_r_fr", "32x128x16_w32x64_t8x8_v44_s2_swizzle_g8_k8_o2_fr",
                     "128x128x16_w32x64_t8x8_v44_s3_pad_g8_k4_o1_r_cr", "16x128x16_w16x64_t8x4_v24_s3_pad_g8_k4_o3_r_reg231_cr")
+# operands repacked to aligned pitches: the kernels load at full width on odd shapes
+REPACKING = (("128x256x16_w32x128_t8x16_v44_s3_plain_g1_k1_o1_r_sk_pk", ("nn",)),
+             ("128x256x16_w64x64_t8x16_v44_s3_pad_g8_k1_o1_pk", ("tt",)),
+             ("64x64x16_w32x32_t4x8_v44_s3_pad_g8_k2_o2_fr_pk", ("nt", "tn")))
 
 
 def _fake_nvcc(folder):
@@ -71,6 +75,12 @@ def _simt_variants(device: Device):
             config = SimtConfig.from_name(name)
             if not config.check(problem, device):
                 variants.append((config, problem))
+    for name, layouts in REPACKING:
+        for layout in layouts:
+            problem = Problem.from_layout(4095, 4097, 1023, layout)
+            config = SimtConfig.from_name(name)
+            assert not config.check(problem, device), (name, layout)
+            variants.append((config, problem))
     return variants
 
 
@@ -152,6 +162,7 @@ def test_sample_compiles_without_spills(arch):
     clusters = {p.layout for c, p, *_ in simt if c.cluster_reduce}
     assert clusters == ({"nn", "nt", "tn", "tt"} if arch == "sm_90" else set()), clusters
     assert {p.layout for c, p, *_ in simt if c.launch_kind == "split_k_fused"} == {"nn", "nt", "tn", "tt"}
+    assert {p.layout for c, p, *_ in simt if c.repacks_operands} == {"nn", "nt", "tn", "tt"}
     paths = {c.instruction for c, *_ in tensor_core}
     assert paths == ({"wmma", "mma", "wgmma"} if arch == "sm_90" else {"wmma", "mma"}), paths
 

@@ -39,6 +39,8 @@ QUICK = (
     ("float16", "fp32", "gemv_m4_n32_k64_w4_v4_u2_s2_o1"),  # split-K
     ("bfloat16", "fp32", "gemv_m4_n16_k128_w2_v4_u1_s1_o1"),
     ("float64", "fp64", "gemv_m4_n32_k64_w4_v2_u2_s3_o1"),  # split-K
+    # misaligned operands copied to aligned pitches first, then a fused split-K
+    ("float32", "fp32", "64x64x16_w32x32_t4x8_v44_s3_pad_g8_k2_o2_fr_pk"),
 )
 
 
@@ -113,7 +115,8 @@ def test_stream_k_counters_are_reset_for_the_next_launch():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("index", [2, 3, 6, 7, 20])  # stream-K, split-K (SIMT; cluster; fused), split-K (GEMV)
+# stream-K, split-K (SIMT; cluster; fused), split-K (GEMV), repacked operands with a fused split
+@pytest.mark.parametrize("index", [2, 3, 6, 7, 20, 23])
 def test_one_launcher_serves_threads_on_their_own_streams(index):
     """A launcher's arguments are packed once and rewritten per call, and its workspaces come from a
     pool kept per stream: calls from several threads, each on its own stream with its own operands
@@ -153,4 +156,5 @@ def test_one_launcher_serves_threads_on_their_own_streams(index):
     held, stream = len(WORKSPACES), cupy.cuda.Stream(non_blocking=True)
     for i in range(4):
         assert work(i, stream) <= tolerance
-    assert len(WORKSPACES) <= held + 2, "more than one workspace per stream and purpose"
+    purposes = 2 + (2 if config.repacks_operands else 0)  # partial sums and counters; copies of A and B
+    assert len(WORKSPACES) <= held + purposes, "more than one workspace per stream and purpose"

@@ -135,3 +135,37 @@ def test_problem_rules_apply_to_the_draws_for_a_problem_and_not_to_the_space_its
     path.write_text(text)
     with pytest.raises(SpaceError, match="unknown names M .*may be read by constraints, not by derived values"):
         SearchSpace.load(path)
+
+
+def test_a_knob_condition_offers_the_knob_only_to_the_problems_it_serves(tmp_path):
+    """`repack` is offered only where a densely stored operand's pitch is not a multiple of four
+    floats: elsewhere the sampler is not asked (so it wastes no draws on it), the draws keep it
+    off, and a config that repacks is not one of the problem's."""
+    import dataclasses
+    import random
+
+    space = SearchSpace.load()
+    h100 = dataclasses.replace(SM90, sm_count=132)
+    odd, square, odd_tn = Problem(4095, 4097, 1023), SQUARE, Problem(4096, 4096, 4095, trans_a=True)
+    assert space.knob_choices(odd, h100)["repack"] == (False, True)
+    assert space.knob_choices(square, h100)["repack"] == (False,)
+    assert space.knob_choices(odd_tn, h100)["repack"] == (False,)  # TN: A is K x M, B K x N, rows M and N long
+    assert space.knob_choices(Problem(4095, 4096, 4096, trans_a=True), h100)["repack"] == (False, True)  # lda = M
+    assert space.knob_choices(Problem(4095, 4096, 4096), h100)["repack"] == (False,)  # NN: pitches K and N
+    drawn_square = [c for c, _ in space.uniform_draws(square, h100, random.Random(1), 4000)]
+    drawn_odd = [c for c, _ in space.uniform_draws(odd, h100, random.Random(1), 4000)]
+    assert drawn_square and not any(c.repack for c in drawn_square)
+    assert any(c.repack for c in drawn_odd) and not all(c.repack for c in drawn_odd)
+    repacking = config_from_name("128x256x16_w32x128_t8x16_v44_s3_plain_g1_k1_o1_r_sk_pk")
+    assert space.contains(repacking) and space.suits(repacking, odd, h100) and not space.suits(repacking, square, h100)
+    _, broken = space.evaluate(space.knob_values(repacking), square, h100)
+    assert "repack: only False unless LDA % 4 != 0 or LDB % 4 != 0" in broken
+
+    shipped = space.path.read_text()
+    for condition, message in (('bogus = "K > 1"', "knob_conditions.bogus: not a searched knob"),
+                               ('repack = "bm > 16"', "knob_conditions.repack: a condition is an expression over M"),
+                               ("repack = 3", "knob_conditions.repack: a condition is an expression")):
+        path = tmp_path / "space.toml"
+        path.write_text(shipped.replace('repack = "LDA % 4 != 0 or LDB % 4 != 0"', condition))
+        with pytest.raises(SpaceError, match=message):
+            SearchSpace.load(path)

@@ -169,6 +169,16 @@ class GemmConfig(Config):
         """The split-K reduction kernel that comes with `kernel`, if any."""
         return f"{kernel}_reduce" if self.split_k > 1 else None
 
+    @property
+    def repacks_operands(self) -> bool:
+        """Whether an A or B too misaligned for the config's vector width is first copied to an
+        aligned pitch (`repack`), so that the kernel always loads full-width vectors."""
+        return False
+
+    def repack_kernel(self, kernel: str) -> str | None:
+        """The operand-repacking kernel that comes with `kernel`, if any."""
+        return f"{kernel}_repack" if self.repacks_operands else None
+
     def register_limit(self, device: Device) -> int:
         """Registers per thread that `min_blocks` blocks of this size per SM leave."""
         per_thread = device.regs_per_block // max(self.threads * self.min_blocks, 1)
@@ -226,12 +236,16 @@ class VectorizedLoads:
     def packed_widths(self, problem: Problem) -> VectorWidths:
         """Vector widths for densely packed operands (leading dimension = row length)."""
         lda, ldb = packed_leading_dimensions(problem)
+        if self.repacks_operands:  # a misaligned operand is copied to an aligned pitch first
+            lda = ldb = self.vec
         return VectorWidths(a=widest_vector(self.vec, lda), b=widest_vector(self.vec, ldb),
                             c=self.c_width(lambda: widest_vector(self.vec, problem.n)))
 
     def vector_widths(self, a, b, c, itemsize: int) -> VectorWidths:
-        """The widest accesses, up to `vec`, that the operands' alignment allows."""
-        return VectorWidths(a=a.vector_width(self.vec, itemsize), b=b.vector_width(self.vec, itemsize),
+        """The widest accesses, up to `vec`, that the operands' alignment allows (A and B at full
+        width where the config repacks them: what is misaligned is copied to an aligned pitch)."""
+        full = self.vec if self.repacks_operands else None
+        return VectorWidths(a=full or a.vector_width(self.vec, itemsize), b=full or b.vector_width(self.vec, itemsize),
                             c=self.c_width(lambda: c.vector_width(self.vec, itemsize)))
 
     def check_widths(self, widths: VectorWidths) -> None:

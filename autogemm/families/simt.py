@@ -48,6 +48,10 @@ KNOBS = (
     # cluster, adding up through distributed shared memory
     Knob("split_reduce", str, "kernel", choices=("kernel", "fused", "cluster"), omitted="kernel",
          words={"fused": "fr", "cluster": "cr"}),
+    # copy an A or B whose pitch (or address) is not a multiple of the vector width to an aligned
+    # pitch before the GEMM, which then loads it at full width: odd pitches otherwise force
+    # element-by-element loads, with more instructions and registers than the big tiles can afford
+    Knob("repack", bool, False, omitted=False, words={True: "pk"}),
 )
 
 # ---- register model -------------------------------------------------------------------------------
@@ -120,6 +124,10 @@ class SimtConfig(VectorizedLoads, GemmConfig):
 
     def reduce_kernel(self, kernel: str) -> str | None:
         return super().reduce_kernel(kernel) if self.split_reduce == "kernel" else None
+
+    @property
+    def repacks_operands(self) -> bool:
+        return self.repack is True
 
     @property
     def register_cap(self) -> int:
@@ -201,6 +209,8 @@ class SimtConfig(VectorizedLoads, GemmConfig):
                           f"not stages={self.stages}")
         if self.stream_k is True and self.split_k > 1:
             bad("choice", f"stream_k splits K by itself; it excludes split_k={self.split_k}")
+        if self.repack is True and self.vec == 1:
+            bad("choice", "repack copies operands to vector-aligned pitches; with vec=1 it would copy for nothing")
         if self.split_reduce == "cluster" and isinstance(self.split_k, int) and isinstance(self.tm, int):
             if self.split_k > MAX_CLUSTER:  # (split_k = 1: nothing to add up, a plain kernel)
                 bad("choice", f"split_reduce='cluster' adds up at most {MAX_CLUSTER} splits (a portable cluster), "
@@ -279,5 +289,5 @@ class SimtConfig(VectorizedLoads, GemmConfig):
             **self.even_flags(problem), pad_a=pad_a, pad_b=pad_b,
             swizzle_a=cxx_bool(self.smem == "swizzle" and a_transposed),
             swizzle_b=cxx_bool(self.smem == "swizzle" and b_transposed),
-            staged_a=staged_a, staged_b=staged_b,
+            staged_a=staged_a, staged_b=staged_b, repack=self.repacks_operands,
         )
