@@ -67,6 +67,7 @@ def prepare(config: GemmConfig, problem: Problem, widths: VectorWidths | None = 
     if reasons:
         raise ValueError(f"config {config.name} cannot run {problem}: " + "; ".join(reasons))
     source = render(config, problem, widths)
+    problem = config.kernel_problem(problem)  # from here on: the product the kernel computes
     smem = config.smem_bytes(problem)
     kernel = compile_source(source, device.arch, smem)
     if config.register_cap and kernel.local_bytes:
@@ -182,6 +183,14 @@ def launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: Kern
     operands copies them first (`repack`)."""
     import cupy
 
+    if prepared.config.swaps_operands:
+        # C^T = B^T A^T: the kernel's first operand is B, its second A (`prepared.problem` is swapped)
+        inner = _gemm_launcher(prepared, b.in_other_role(), a.in_other_role(), c)
+
+        def launch_swapped(pa, pb, pc, alpha, beta, stream=None):
+            inner(pb, pa, pc, alpha, beta, stream)
+
+        return launch_swapped
     if prepared.config.repacks_operands:
         return repacking_launcher(prepared, a, b, c, _gemm_launcher, cupy.cuda.Device().id)
     return _gemm_launcher(prepared, a, b, c)

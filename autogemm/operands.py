@@ -7,7 +7,7 @@ reads an operand in (transposed or not, row pitch, batch stride, alignment).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -26,6 +26,11 @@ class KernelOperand:
     ld: int
     batch_stride: int
     pointer: int
+
+    def in_other_role(self) -> KernelOperand:
+        """This operand as the other one of a swapped product (C^T = B^T A^T): the same memory, whose
+        rows are then those of op(X)^T where they were op(X)'s, and the other way round."""
+        return replace(self, transposed=not self.transposed)
 
     def vector_width(self, limit: int, itemsize: int) -> int:
         """Widest access (elements) the pointer, row pitch and batch stride all stay aligned to."""

@@ -53,6 +53,7 @@ def utilization(config, problem: Problem, device: Device) -> float:
     """The fraction of the GPU's block slots over the config's waves that compute inside the
     matrix: last-wave fill times tile fill on M, N and K. Stream-K spreads the tail's work over
     the whole last wave, so only the tile padding counts for it."""
+    problem = config.kernel_problem(problem)  # tiles cover the product the kernel computes
     tiles_m, tiles_n = -(-problem.m // config.bm), -(-problem.n // config.bn)
     split = config.split_k
     k_step = config.bk * split

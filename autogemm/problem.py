@@ -46,6 +46,12 @@ class Problem:
     def layout(self) -> str:
         return ("t" if self.trans_a else "n") + ("t" if self.trans_b else "n")
 
+    def swapped(self) -> Problem:
+        """The same product with the operands' roles swapped: C^T = B^T A^T, N x M. B becomes the first
+        operand (its storage read transposed: op(A') = B^T), A the second (op(B') = A^T)."""
+        return Problem(self.n, self.m, self.k, batch=self.batch, dtype=self.dtype, compute=self.compute,
+                       trans_a=not self.trans_b, trans_b=not self.trans_a)
+
     @property
     def flops(self) -> int:
         return 2 * self.m * self.n * self.k * self.batch

@@ -124,6 +124,7 @@ def render(config, problem: Problem, widths: VectorWidths | None = None, *, forc
     reasons = config.knob_reasons(ranges=not force)
     if reasons:
         raise ValueError(f"config {config.name} is not rendered: " + "; ".join(r.removeprefix("choice: ") for r in reasons))
+    problem = config.kernel_problem(problem)  # a config that swaps the operands renders C^T = B^T A^T
     if widths is None:
         widths = config.packed_widths(problem)
     config.check_widths(widths)

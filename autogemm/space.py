@@ -32,10 +32,12 @@ GEMV_MAX_M = 16
 
 def candidate_space_names(problem) -> tuple[str, ...]:
     """The shipped spaces a tune without --space searches, each with its share of the budget: the
-    dtype's own space, and the GEMV space for a short M (the two win on different shapes: the
-    GEMV kernels on memory-bound products, tiled split-K where K is long against N)."""
+    dtype's own space, and the GEMV space for a short M or N (the two win on different shapes: the
+    GEMV kernels on memory-bound products, tiled split-K where K is long against N; a short N is
+    served by GEMV kernels that swap the operands' roles)."""
     names = [default_space_name(problem)]
-    if problem.m <= GEMV_MAX_M and families.get("gemv").compute_for(problem.dtype) == problem.compute:
+    short = min(problem.m, problem.n) <= GEMV_MAX_M
+    if short and families.get("gemv").compute_for(problem.dtype) == problem.compute:
         names.insert(0, "gemv")
     return tuple(names)
 

@@ -107,6 +107,10 @@ GEMV_PROBLEMS = [("float32", 16, 4096, 4096), ("float16", 1, 11008, 4096), ("bfl
                  ("float64", 16, 4096, 4096), ("float32", 3, 333, 1025), ("float16", 16, 4096, 11008)]
 
 
+SWAPPED_GEMV = [("gemv_m1_n64_k1024_w4_v4_u1_s4_o1_sw", ("float32", 4096, 1, 4096)),
+                ("gemv_m16_n32_k512_w8_v4_u1_s8_o1_sw", ("bfloat16", 999, 7, 8000))]
+
+
 def _gemv_variants(device: Device):
     space = SearchSpace.load("gemv")
     variants = []
@@ -114,6 +118,10 @@ def _gemv_variants(device: Device):
         for j, layout in enumerate(("nn", "nt")):
             problem = Problem.from_layout(m, n, k, LAYOUTS[(i + 2 * j) % 4][0] + layout[1], dtype=dtype)
             variants += [(config, problem) for config in space.sample(2, problem, device, seed=i)]
+    # a short N with the operands swapped (C written transposed), in every layout, with and without a split
+    for name, (dtype, m, n, k) in SWAPPED_GEMV:
+        for layout in LAYOUTS:
+            variants.append((GemvConfig.from_name(name), Problem.from_layout(m, n, k, layout, dtype=dtype)))
     return variants
 
 
@@ -151,7 +159,8 @@ def test_sample_compiles_without_spills(arch):
     gemv = [r for r in results if isinstance(r[0], GemvConfig)]
     tensor_core = [r for r in results if not isinstance(r[0], (SimtConfig, GemvConfig))]
     assert len(simt) >= 24 and len(tensor_core) >= 20, f"{len(simt)} SIMT, {len(tensor_core)} tensor-core variants"
-    assert len(gemv) == 24 and {p.trans_b for _, p, *_ in gemv} == {False, True}, [(c.name, str(p)) for c, p, *_ in gemv]
+    assert len(gemv) == 32 and {p.trans_b for _, p, *_ in gemv} == {False, True}, [(c.name, str(p)) for c, p, *_ in gemv]
+    assert {p.layout for c, p, *_ in gemv if c.swaps_operands} == {"nn", "nt", "tn", "tt"}
     errors = [f"{c.name} {p}: {e}" for c, p, _, e in results if e]
     assert not errors, "\n".join(errors)
     spilling = [f"{c.name} {p}: {u.kernel} spills {u.spills} bytes ({u.registers} registers)"

@@ -41,6 +41,9 @@ QUICK = (
     ("float64", "fp64", "gemv_m4_n32_k64_w4_v2_u2_s3_o1"),  # split-K
     # misaligned operands copied to aligned pitches first, then a fused split-K
     ("float32", "fp32", "64x64x16_w32x32_t4x8_v44_s3_pad_g8_k2_o2_fr_pk"),
+    # GEMV with the operands swapped (C^T = B^T A^T, C written transposed): without and with a split
+    ("float32", "fp32", "gemv_m4_n32_k64_w4_v4_u4_s1_o1_sw"),
+    ("float16", "fp32", "gemv_m4_n32_k64_w4_v4_u2_s2_o1_sw"),
 )
 
 
@@ -115,8 +118,8 @@ def test_stream_k_counters_are_reset_for_the_next_launch():
 
 
 @pytest.mark.gpu
-# stream-K, split-K (SIMT; cluster; fused), split-K (GEMV), repacked operands with a fused split
-@pytest.mark.parametrize("index", [2, 3, 6, 7, 20, 23])
+# stream-K, split-K (SIMT; cluster; fused), split-K (GEMV; swapped), repacked operands with a fused split
+@pytest.mark.parametrize("index", [2, 3, 6, 7, 20, 23, 25])
 def test_one_launcher_serves_threads_on_their_own_streams(index):
     """A launcher's arguments are packed once and rewritten per call, and its workspaces come from a
     pool kept per stream: calls from several threads, each on its own stream with its own operands
@@ -131,7 +134,7 @@ def test_one_launcher_serves_threads_on_their_own_streams(index):
 
     dtype, _, name = QUICK[index]
     config = config_from_name(name)
-    m, n, k = (7, 300, 509) if config.family == "gemv" else (131, 257, 1031)
+    m, n, k = ((300, 7, 509) if config.swaps_operands else (7, 300, 509)) if config.family == "gemv" else (131, 257, 1031)
     operands = [(random_uniform((m, k), dtype, seed=3 * i), random_uniform((k, n), dtype, seed=3 * i + 1),
                  random_uniform((m, n), dtype, seed=3 * i + 2)) for i in range(4)]
     call = resolve(config, *operands[0])

@@ -170,6 +170,17 @@ class GemmConfig(Config):
         return f"{kernel}_reduce" if self.split_k > 1 else None
 
     @property
+    def swaps_operands(self) -> bool:
+        """Whether the kernel computes C^T = B^T A^T (the short N of a problem on the tile axis that
+        suits a short side), writing C transposed; `kernel_problem` is then the swapped problem."""
+        return False
+
+    def kernel_problem(self, problem: Problem) -> Problem:
+        """The problem the kernel computes for a user's `problem` (its operands' roles swapped
+        where `swaps_operands`): what rendering, grids and workspaces are sized for."""
+        return problem.swapped() if self.swaps_operands else problem
+
+    @property
     def repacks_operands(self) -> bool:
         """Whether an A or B too misaligned for the config's vector width is first copied to an
         aligned pitch (`repack`), so that the kernel always loads full-width vectors."""

@@ -39,6 +39,9 @@ KNOBS = (
     Knob("unroll", int, 4, code="u", choices=(1, 2, 4, 8)),
     Knob("split_k", int, 1, code="s", low=1, high=65535),
     Knob("min_blocks", int, 1, code="o", low=1, high=32),
+    # compute C^T = B^T A^T: a short N becomes the short side the block keeps in registers (the
+    # kernel reads B as its first operand, A as its second, and writes C transposed)
+    Knob("swap", bool, False, omitted=False, words={True: "sw"}),
 )
 
 # Built-in configurations for problems nothing was tuned for (the GPU tests run them).
@@ -68,6 +71,10 @@ class GemvConfig(VectorizedLoads, GemmConfig):
     @property
     def threads(self) -> int:
         return self.warps * WARP
+
+    @property
+    def swaps_operands(self) -> bool:
+        return self.swap is True
 
     @property
     def launch_kind(self) -> str:
@@ -101,6 +108,7 @@ class GemvConfig(VectorizedLoads, GemmConfig):
         reasons += self.knob_reasons()
         if reasons:
             return reasons
+        problem = self.kernel_problem(problem)  # below: the product the kernel computes
         row = dtypes.lookup(problem.dtype, problem.compute)
         itemsize, accumulator = row.itemsize, row.accumulator_size
         if self.vec * itemsize > MAX_VECTOR_BYTES:
@@ -140,6 +148,8 @@ class GemvConfig(VectorizedLoads, GemmConfig):
 
     # ---- vector widths -------------------------------------------------------------------------
     def vector_widths(self, a, b, c, itemsize: int) -> VectorWidths:
+        if self.swaps_operands:  # the kernel's A is the user's B, and its B the user's A
+            a, b = b.in_other_role(), a.in_other_role()
         widths = super().vector_widths(a, b, c, itemsize)
         return self._loaded(widths)
 
@@ -179,4 +189,5 @@ class GemvConfig(VectorizedLoads, GemmConfig):
             vec=self.vec, unroll=self.unroll, split_k=self.split_k, min_blocks=self.min_blocks,
             k_contiguous_b=k_contiguous,
             trans_a=cxx_bool(problem.trans_a), trans_b=cxx_bool(problem.trans_b), **self.even_flags(problem),
+            c_transposed=cxx_bool(self.swaps_operands),
         )
