@@ -181,16 +181,22 @@ def launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: Kern
     (their pointers are given at each launch): every other argument is packed once, here, and a
     workspace comes from the per-stream pool (`packed_launch`). A config that repacks misaligned
     operands copies them first (`repack`)."""
-    import cupy
-
     if prepared.config.swaps_operands:
         # C^T = B^T A^T: the kernel's first operand is B, its second A (`prepared.problem` is swapped)
-        inner = _gemm_launcher(prepared, b.in_other_role(), a.in_other_role(), c)
+        inner = _operand_launcher(prepared, b.in_other_role(), a.in_other_role(), c)
 
         def launch_swapped(pa, pb, pc, alpha, beta, stream=None):
             inner(pb, pa, pc, alpha, beta, stream)
 
         return launch_swapped
+    return _operand_launcher(prepared, a, b, c)
+
+
+def _operand_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand):
+    """`launcher` for A and B in the kernel's own roles: copied to aligned pitches first where the
+    config repacks them."""
+    import cupy
+
     if prepared.config.repacks_operands:
         return repacking_launcher(prepared, a, b, c, _gemm_launcher, cupy.cuda.Device().id)
     return _gemm_launcher(prepared, a, b, c)

@@ -254,7 +254,10 @@ class VectorizedLoads:
 
     def vector_widths(self, a, b, c, itemsize: int) -> VectorWidths:
         """The widest accesses, up to `vec`, that the operands' alignment allows (A and B at full
-        width where the config repacks them: what is misaligned is copied to an aligned pitch)."""
+        width where the config repacks them: what is misaligned is copied to an aligned pitch), for
+        A and B in the kernel's roles (swapped where the config swaps them)."""
+        if self.swaps_operands:  # the kernel's A is the user's B, and its B the user's A
+            a, b = b.in_other_role(), a.in_other_role()
         full = self.vec if self.repacks_operands else None
         return VectorWidths(a=full or a.vector_width(self.vec, itemsize), b=full or b.vector_width(self.vec, itemsize),
                             c=self.c_width(lambda: c.vector_width(self.vec, itemsize)))

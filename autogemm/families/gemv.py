@@ -148,10 +148,7 @@ class GemvConfig(VectorizedLoads, GemmConfig):
 
     # ---- vector widths -------------------------------------------------------------------------
     def vector_widths(self, a, b, c, itemsize: int) -> VectorWidths:
-        if self.swaps_operands:  # the kernel's A is the user's B, and its B the user's A
-            a, b = b.in_other_role(), a.in_other_role()
-        widths = super().vector_widths(a, b, c, itemsize)
-        return self._loaded(widths)
+        return self._loaded(super().vector_widths(a, b, c, itemsize))
 
     def packed_widths(self, problem: Problem) -> VectorWidths:
         return self._loaded(super().packed_widths(problem))
