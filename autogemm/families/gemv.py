@@ -132,7 +132,7 @@ class GemvConfig(VectorizedLoads, GemmConfig):
             if self.bn % self.vec or lanes_n == 0 or self.threads % lanes_n:
                 bad("thread-tile", f"{self.threads} threads do not cover {self.bn} columns in groups of "
                                    f"{self.bn // max(self.vec, 1)} threads of {self.vec} columns")
-            elif (self.threads // lanes_n) * self.bn * accumulator > MAX_SHARED_PARTIALS:
+            elif (self.threads // lanes_n) * (self.bn + 1) * accumulator > MAX_SHARED_PARTIALS:  # rows padded by 1
                 bad("shared-memory", f"{self.threads // lanes_n} thread groups x {self.bn} columns of partial sums "
                                      f"exceed {MAX_SHARED_PARTIALS} bytes of static shared memory")
             elif (self.bm + self.unroll) * self.vec > MAX_THREAD_VALUES:
