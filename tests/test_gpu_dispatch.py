@@ -372,6 +372,7 @@ def test_threads_and_streams():
 
     a, b = _random((300, 200), 1), _random((200, 100), 2)
     expected = _reference(a, b)
+    cupy.cuda.Device().synchronize()  # the non-blocking streams below do not wait for the legacy stream
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         c = autogemm.matmul(a, b)

@@ -137,6 +137,8 @@ def test_one_launcher_serves_threads_on_their_own_streams(index):
     m, n, k = ((300, 7, 509) if config.swaps_operands else (7, 300, 509)) if config.family == "gemv" else (131, 257, 1031)
     operands = [(random_uniform((m, k), dtype, seed=3 * i), random_uniform((k, n), dtype, seed=3 * i + 1),
                  random_uniform((m, n), dtype, seed=3 * i + 2)) for i in range(4)]
+    # made on the legacy default stream, which the non-blocking streams below do not wait for
+    cupy.cuda.Device().synchronize()
     call = resolve(config, *operands[0])
     launch = launcher(prepare(config, call.problem, call.widths), call.a, call.b, call.c)  # shared by all threads
     tolerance = 1e-5 if dtype == "float32" else 2e-2
