@@ -132,7 +132,7 @@ class SearchSpace:
                 values.update(given)
                 missing = set(PROBLEM_NAMES) - set(given)
                 broken = [rule.text for rule in self.problem_constraints if not rule.names & missing and not rule(values)]
-                offered = self.knob_choices(problem, device)
+                offered = self._choices(given)
                 broken += [f"{knob}: only {offered[knob][0]!r} unless {self.knob_conditions[knob].text}"
                            for knob in self.knob_conditions if knob_values.get(knob) not in offered[knob]]
         except ZeroDivisionError as exc:
@@ -293,7 +293,10 @@ class SearchSpace:
 
     def knob_choices(self, problem: Problem, device: Device) -> dict[str, tuple]:
         """The knobs' choices for this problem: a knob whose condition does not hold keeps its first."""
-        given = problem_values(problem, device)
+        return self._choices(problem_values(problem, device))
+
+    def _choices(self, given: dict) -> dict[str, tuple]:
+        """`knob_choices` from the problem's values (`problem_values`), which `evaluate` has already."""
         choices = dict(self.knobs)
         for knob, condition in self.knob_conditions.items():
             if condition.names <= set(given) and not condition(given):
