@@ -20,6 +20,9 @@ import numpy as np
 
 
 PER_THREAD_STREAM = 2  # cudaStreamPerThread
+# the host-side copy of the arguments aligns each to its size up to this (a 128-byte tensor map
+# needs no more: the driver copies every argument from its pointer into the kernel's own layout)
+MAX_ALIGNMENT = 8
 
 
 def current_stream_pointer(stream=None) -> int:
@@ -46,28 +49,37 @@ class PackedKernel:
         offsets, end = [], 0
         for value in arguments:  # each argument at its natural alignment, as a C struct would be
             size = value.dtype.itemsize
-            end = -(-end // size) * size
+            end = -(-end // min(size, MAX_ALIGNMENT)) * min(size, MAX_ALIGNMENT)
             offsets.append(end)
             end += size
         self._raw = np.zeros(max(1, -(-end // 8)), dtype=np.uint64)  # 8-byte aligned storage
         raw_bytes = self._raw.view(np.uint8)
         for value, offset in zip(arguments, offsets):
             raw_bytes[offset:offset + value.dtype.itemsize] = np.frombuffer(value.tobytes(), dtype=np.uint8)
+        self._sizes = [value.dtype.itemsize for value in arguments]
         self._pointers = np.array([self._raw.ctypes.data + offset for offset in offsets], dtype=np.uintp)
         self._address = self._pointers.ctypes.data
-        self._slots = [(self._raw.view(value.dtype), offset // value.dtype.itemsize)
+        # raw-byte arguments (tensor maps) are rewritten through `set_bytes`, not through a typed view
+        self._slots = [(raw_bytes, offset) if value.dtype.kind == "V" else
+                       (self._raw.view(value.dtype), offset // value.dtype.itemsize)
                        for value, offset in zip(arguments, offsets)]
 
     def slot(self, index: int):
         """(array, position): `array[position] = value` rewrites argument `index` in place."""
         return self._slots[index]
 
+    def set_bytes(self, index: int, value: np.void) -> None:
+        """Rewrites raw-byte argument `index` (a tensor map) in place."""
+        array, offset = self._slots[index]
+        array[offset:offset + value.dtype.itemsize] = np.frombuffer(value.tobytes(), dtype=np.uint8)
+
     def launch(self, stream_pointer: int) -> None:
         self._launch_kernel(*self._geometry, stream_pointer, self._address, 0)
 
     def arguments(self) -> list:
-        """The arguments as they stand (for tests and debugging)."""
-        return [array[position].item() for array, position in self._slots]
+        """The arguments as they stand (for tests and debugging; raw-byte ones as bytes)."""
+        return [bytes(array[position:position + self._sizes[i]]) if array.dtype == np.uint8 and self._sizes[i] > 1
+                else array[position].item() for i, (array, position) in enumerate(self._slots)]
 
 
 class WorkspacePool:
