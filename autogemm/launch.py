@@ -3,7 +3,8 @@ operand model of `operands`), picks the vector widths their alignment allows, co
 launches with the grid the config asks for ("tiles": a block per output tile, batch and K split,
 with a split-K reduction kernel, or "split_k_fused": the same grid, the last block of each tile
 adding the splits up, or "split_k_cluster": the same grid, a tile's splits one thread-block cluster
-adding up in shared memory; "stream_k": a persistent grid with a partial-sum workspace)."""
+adding up in shared memory; "stream_k": a persistent grid with a partial-sum workspace; "tma": a
+block per tile or a persistent grid, A and B passed as tensor maps)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from .packed_launch import WORKSPACES, PackedKernel, current_stream_pointer
 from .problem import Device, Problem
 from .render import render
 from .repack import repacking_launcher
+from .tensor_maps import MAP_DTYPE, TensorMapCache, TiledLayout
 
 REDUCE_THREADS = 256
 REDUCE_GRID_MAX = 65535  # blocks of the split-K reduction (it loops over the rest)
@@ -78,6 +80,8 @@ def prepare(config: GemmConfig, problem: Problem, widths: VectorWidths | None = 
     grid = config.grid(problem)
     if config.launch_kind == "stream_k":
         grid = (stream_k_blocks(kernel, config.threads, smem, device), 1, 1)
+    elif config.launch_kind == "tma":
+        grid = (config.grid_blocks(problem, device), 1, 1)
     return PreparedGemm(config=config, problem=problem, kernel=kernel, grid=grid, block=(config.threads, 1, 1),
                         smem=smem, tiles_per_split=config.tiles_per_split(problem))
 
@@ -217,6 +221,8 @@ def _gemm_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c
         head = (i32(m), i32(n), i32(problem.k), i32(a.ld), i32(b.ld), i32(c.ld),
                 i64(a.batch_stride), i64(b.batch_stride), i64(c.batch_stride))
         return _stream_k_launcher(prepared, head, device)
+    if config.launch_kind == "tma":
+        return _tma_launcher(prepared, a, b, c, scalar)
     lock = threading.Lock()
     plain_arguments = (ptr(0), ptr(0), ptr(0), i32(m), i32(n), i32(problem.k), i32(a.ld), i32(b.ld), i32(c.ld),
                        i64(a.batch_stride), i64(b.batch_stride), i64(c.batch_stride), scalar(1), scalar(0), tiles)
@@ -316,5 +322,62 @@ def _launch_with_workspace(kernel: PackedKernel, alpha_index: int, workspace_ind
             pointers[workspace_at], pointers[workspace_at + 1] = partial_sums, tile_counters
             scalars[alpha_position], scalars[alpha_position + 1] = alpha, beta
             kernel.launch(stream_pointer)
+
+    return launch
+
+
+def operand_layout(problem: Problem, operand: KernelOperand, role: str, config: GemmConfig) -> tuple[TiledLayout, int]:
+    """The tensor map layout of A or B as stored (innermost dimension first, then the other, then
+    the batch) with the box a Hopper kernel copies, and the batch step (1: a matrix per batch, 0: one
+    matrix the batch shares). K-major operands come in boxes of 64 K x the tile's rows, MN-major
+    ones in boxes of 64 rows x bk."""
+    itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
+    atom = config.swizzle_row_bytes // itemsize
+    if role == "A":
+        rows, length, tile, mn_major = (problem.k, problem.m, config.bm, True) if problem.trans_a else \
+            (problem.m, problem.k, config.bm, False)
+    else:
+        rows, length, tile, mn_major = (problem.n, problem.k, config.bn, False) if problem.trans_b else \
+            (problem.k, problem.n, config.bn, True)
+    box = (atom, config.bk) if mn_major else (atom, tile)
+    pitch = operand.ld * itemsize
+    if operand.batch_stride:
+        batch, stride, step = problem.batch, operand.batch_stride * itemsize, 1
+    else:  # one matrix for the whole batch: a batch dimension of 1, which coordinate 0 always reads
+        batch, stride, step = 1, pitch * rows, 0
+    return TiledLayout(problem.dtype, (length, rows, batch), (pitch, stride), box + (1,)), step
+
+
+def _tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand, scalar):
+    """A Hopper kernel takes A and B as tensor maps, which hold their addresses: each role keeps the
+    maps of the addresses it has seen (`TensorMapCache`), so a repeated call encodes none and only
+    rewrites the two 128-byte arguments where the address changed."""
+    problem, config = prepared.problem, prepared.config
+    i32, i64 = np.int32, np.int64
+    layout_a, step_a = operand_layout(problem, a, "A", config)
+    layout_b, step_b = operand_layout(problem, b, "B", config)
+    maps_a, maps_b = TensorMapCache(layout_a, "A"), TensorMapCache(layout_b, "B")
+    blank = np.zeros(1, dtype=MAP_DTYPE)[0]
+    kernel = PackedKernel(prepared.kernel.gemm, prepared.grid, prepared.block, prepared.smem, (
+        blank, blank, np.uintp(0), i32(problem.m), i32(problem.n), i32(problem.k), i32(c.ld), i64(c.batch_stride),
+        scalar(1), scalar(0), i32(problem.batch), i32(step_a), i32(step_b)))
+    pointers, c_at = kernel.slot(2)
+    scalars, alpha_at = kernel.slot(8)
+    set_bytes, launch_kernel = kernel.set_bytes, kernel.launch
+    lock = threading.Lock()
+    current = [None, None]  # the addresses whose maps the argument buffer holds
+
+    def launch(pa, pb, pc, alpha, beta, stream=None):
+        stream_pointer = current_stream_pointer(stream)
+        with lock:
+            if current[0] != pa:
+                set_bytes(0, maps_a.get(pa))
+                current[0] = pa
+            if current[1] != pb:
+                set_bytes(1, maps_b.get(pb))
+                current[1] = pb
+            pointers[c_at] = pc
+            scalars[alpha_at], scalars[alpha_at + 1] = alpha, beta
+            launch_kernel(stream_pointer)
 
     return launch

@@ -30,16 +30,27 @@ def default_space_name(problem) -> str:
 GEMV_MAX_M = 16
 
 
-def candidate_space_names(problem) -> tuple[str, ...]:
+def candidate_space_names(problem, device: Device | None = None) -> tuple[str, ...]:
     """The shipped spaces a tune without --space searches, each with its share of the budget: the
-    dtype's own space, and the GEMV space for a short M or N (the two win on different shapes: the
+    dtype's own space, the GEMV space for a short M or N (the two win on different shapes: the
     GEMV kernels on memory-bound products, tiled split-K where K is long against N; a short N is
-    served by GEMV kernels that swap the operands' roles)."""
+    served by GEMV kernels that swap the operands' roles), and the Hopper space for the types it
+    computes on a device of its architecture (all of them where no device is given)."""
     names = [default_space_name(problem)]
     short = min(problem.m, problem.n) <= GEMV_MAX_M
     if short and families.get("gemv").compute_for(problem.dtype) == problem.compute:
         names.insert(0, "gemv")
+    hopper = families.get("hopper")
+    if hopper.compute_for(problem.dtype) == problem.compute and not short and \
+            (device is None or device.compute_capability == hopper_arch()):
+        names.append("hopper")
     return tuple(names)
+
+
+def hopper_arch() -> tuple[int, int]:
+    from .families.hopper import ARCH
+
+    return ARCH
 
 # The expression language of constraints: arithmetic, comparisons, boolean logic, x if c else y, min/max.
 _ALLOWED_NODES = (

@@ -99,7 +99,7 @@ def tune(
     arguments = dict(seed=seed, sampler=sampler, storage=storage, jobs=jobs, evaluator=evaluator, cache=cache,
                      progress=progress, seed_configs=seed_configs, isolate=isolate,
                      candidate_timeout=candidate_timeout, patience=patience)
-    names = candidate_space_names(problem) if space is None else (space,)
+    names = candidate_space_names(problem, _device_for(evaluator)) if space is None else (space,)
     if len(names) == 1:
         return _tune_space(problem, names[0], trials=trials, timeout=timeout, study_name=study_name, **arguments)
     started, results, errors = time.perf_counter(), [], []
@@ -127,19 +127,24 @@ def tune(
     return best
 
 
+def _device_for(evaluator: Evaluator | None):
+    """The device a tune measures on: the evaluator's, or the current GPU (CuPy missing: say which
+    extra to install)."""
+    if evaluator is not None:
+        return evaluator.device
+    from .launch import current_device
+    from .runtime import cupy
+
+    cupy()
+    return current_device()
+
+
 def _tune_space(problem: Problem, space, *, trials, timeout, seed, sampler, storage, study_name, jobs, evaluator,
                 cache, progress, seed_configs, isolate, candidate_timeout, patience) -> TuneResult:
     """`tune` over one search space."""
     started = time.perf_counter()
     space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
-    if evaluator is None:
-        from .launch import current_device
-        from .runtime import cupy
-
-        cupy()  # says which extra to install where CuPy is missing
-        device = current_device()
-    else:
-        device = evaluator.device
+    device = _device_for(evaluator)
     name = study_name or study_name_for(problem, device, space)
     lock = None
     if storage != ":memory:":

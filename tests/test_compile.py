@@ -16,7 +16,7 @@ import pytest
 
 import autogemm.compile as compile_module
 from autogemm.compile import CompileError, NvccNotFound, find_nvcc, nvcc_resources
-from autogemm.families import GemvConfig, SimtConfig
+from autogemm.families import GemvConfig, HopperConfig, SimtConfig, TensorCoreConfig
 from autogemm.space import SearchSpace
 from autogemm.problem import LAYOUTS, Device, Problem
 from autogemm.render import render
@@ -125,6 +125,21 @@ def _gemv_variants(device: Device):
     return variants
 
 
+# Hopper (sm_90a only): a sample of its space in every layout, on even shapes and on tails
+HOPPER_PROBLEMS = [("float16", 4096, 4096, 4096), ("bfloat16", 127, 129, 65), ("float16", 255, 257, 1023),
+                   ("bfloat16", 1000, 3000, 200)]
+
+
+def _hopper_variants(device: Device):
+    space = SearchSpace.load("hopper")
+    variants = []
+    for i, (dtype, m, n, k) in enumerate(HOPPER_PROBLEMS):
+        for layout in LAYOUTS:
+            problem = Problem.from_layout(m, n, k, layout, dtype=dtype)
+            variants += [(config, problem) for config in space.sample(1, problem, device, seed=i)]
+    return variants
+
+
 @functools.lru_cache(maxsize=1)
 def _compiled() -> dict:
     """{arch: [(config, problem, resource report or None, error or None)]}, compiled in one pool."""
@@ -132,7 +147,8 @@ def _compiled() -> dict:
     for arch in ARCHS:
         device = Device.for_arch(arch)
         jobs += [(arch, config, problem) for config, problem in
-                 _simt_variants(device) + _tensor_core_variants(device) + _gemv_variants(device)]
+                 _simt_variants(device) + _tensor_core_variants(device) + _gemv_variants(device)
+                 + _hopper_variants(device)]
     sources = {(arch, render(c, p).digest): render(c, p) for arch, c, p in jobs}
 
     def compile_one(key):
@@ -157,7 +173,8 @@ def test_sample_compiles_without_spills(arch):
     results = _compiled()[arch]
     simt = [r for r in results if isinstance(r[0], SimtConfig)]
     gemv = [r for r in results if isinstance(r[0], GemvConfig)]
-    tensor_core = [r for r in results if not isinstance(r[0], (SimtConfig, GemvConfig))]
+    tensor_core = [r for r in results if isinstance(r[0], TensorCoreConfig)]
+    hopper = [r for r in results if isinstance(r[0], HopperConfig)]
     assert len(simt) >= 24 and len(tensor_core) >= 20, f"{len(simt)} SIMT, {len(tensor_core)} tensor-core variants"
     assert len(gemv) == 32 and {p.trans_b for _, p, *_ in gemv} == {False, True}, [(c.name, str(p)) for c, p, *_ in gemv]
     assert {p.layout for c, p, *_ in gemv if c.swaps_operands} == {"nn", "nt", "tn", "tt"}
@@ -172,6 +189,10 @@ def test_sample_compiles_without_spills(arch):
     assert clusters == ({"nn", "nt", "tn", "tt"} if arch == "sm_90" else set()), clusters
     assert {p.layout for c, p, *_ in simt if c.launch_kind == "split_k_fused"} == {"nn", "nt", "tn", "tt"}
     assert {p.layout for c, p, *_ in simt if c.repacks_operands} == {"nn", "nt", "tn", "tt"}
+    hopper_layouts = {p.layout for _, p, *_ in hopper}
+    assert hopper_layouts == ({"nn", "nt", "tn", "tt"} if arch == "sm_90" else set()), hopper_layouts
+    if arch == "sm_90":  # one config per problem and layout, several of them different
+        assert len(hopper) == 4 * len(HOPPER_PROBLEMS) and len({c.name for c, *_ in hopper}) >= 4, len(hopper)
     paths = {c.instruction for c, *_ in tensor_core}
     assert paths == ({"wmma", "mma", "wgmma"} if arch == "sm_90" else {"wmma", "mma"}), paths
 
@@ -184,6 +205,7 @@ SMEM_CASES = [
     ("wmma_128x64x32_w32x16_v4_s1_plain_g1_k4_o1", Problem(256, 256, 256, dtype="float16")),
     ("wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1_mma", Problem.from_layout(256, 256, 256, "tn", dtype="float16")),
     ("wmma_128x128x64_w128x64_v8_s4_pad_g8_k1_o1_wgmma", Problem(256, 256, 256, dtype="bfloat16")),
+    ("hopper_128x256x64_w64x256_s4_g8_k1_o1_p", Problem(256, 256, 256, dtype="float16")),  # stages and barriers
 ]
 
 

@@ -44,6 +44,10 @@ QUICK = (
     # GEMV with the operands swapped (C^T = B^T A^T, C written transposed): without and with a split
     ("float32", "fp32", "gemv_m4_n32_k64_w4_v4_u4_s1_o1_sw"),
     ("float16", "fp32", "gemv_m4_n32_k64_w4_v4_u2_s2_o1_sw"),
+    # Hopper: TMA into an mbarrier ring, wgmma from shared memory; two consumers on a persistent
+    # grid, and one consumer with a block per tile (misaligned operands are copied first)
+    ("float16", "fp32", "hopper_128x128x64_w64x128_s3_g8_k1_o1_p"),
+    ("bfloat16", "fp32", "hopper_128x64x128_w128x64_s2_g1_k1_o1"),
 )
 
 
@@ -72,8 +76,9 @@ def test_the_tier_covers_every_path_layout_and_edge_shape():
         for run in _runs(index, device):
             path = (run.config.family, getattr(run.config, "instruction", "simt"), run.dtype, run.compute)
             ran.setdefault(path, set()).add((run.case.name, run.layout))
-    # SIMT; WMMA, mma.sync and wgmma per 16-bit type and TF32; WMMA and mma.sync for FP64; GEMV per dtype
-    assert len(ran) == 16
+    # SIMT; WMMA, mma.sync and wgmma per 16-bit type and TF32; WMMA and mma.sync for FP64; GEMV per
+    # dtype; Hopper per 16-bit type
+    assert len(ran) == 18
     for path, done in ran.items():
         assert {case.name for case in EDGE_CASES} <= {name for name, _ in done}, path
         layouts = {layout for _, layout in done}

@@ -79,8 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     search.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="Optuna sampler (default tpe)")
     search.add_argument("--space", help="search-space TOML file or shipped name (default: the one for the dtype and compute "
-                                        "mode, and for M <= 16 also the GEMV space: each searched with a share of the "
-                                        "budget, the best kept)")
+                                        "mode, for M or N <= 16 also the GEMV space, for float16 and bfloat16 on "
+                                        "sm_90 also the Hopper TMA space: each searched with a share of the budget, "
+                                        "the best kept)")
     search.add_argument("--storage", help="Optuna storage URL (default: SQLite in the cache directory; "
                                           "':memory:' keeps nothing)")
     search.add_argument("--study-name", help="study name (default: device, problem, space and template version; where "

@@ -12,6 +12,7 @@ from __future__ import annotations
 from .. import dtypes
 from .base import GemmConfig, VectorWidths, widest_vector
 from .gemv import GemvConfig
+from .hopper import HopperConfig
 from .simt import SimtConfig
 from .tensor_core import TensorCoreConfig
 
@@ -53,6 +54,7 @@ def register(config_class: type[GemmConfig]) -> type[GemmConfig]:
 register(SimtConfig)
 register(TensorCoreConfig)
 register(GemvConfig)
+register(HopperConfig)
 
 
 def get(family: str) -> type[GemmConfig]:
@@ -96,5 +98,5 @@ def config_from_name(name: str, ranges: bool = True) -> GemmConfig:
     raise first_error or ValueError(f"not a config name of any family: {name!r}")
 
 
-__all__ = ["GemmConfig", "GemvConfig", "REASON_CODES", "SimtConfig", "TensorCoreConfig", "VectorWidths", "all_families",
+__all__ = ["GemmConfig", "GemvConfig", "HopperConfig", "REASON_CODES", "SimtConfig", "TensorCoreConfig", "VectorWidths", "all_families",
            "config_from_dict", "config_from_name", "family_for", "get", "register", "widest_vector"]

@@ -1,0 +1,165 @@
+"""The Hopper family (`hopper_gemm.cu.j2`, sm_90a): FP16 and BF16 GEMM fed by the Tensor Memory
+Accelerator, the way the public Hopper GEMMs that beat cuBLAS are built.
+
+A block has one producer warpgroup, whose first thread asks TMA for both operands' K slices (tensor
+maps the launcher encodes on the host, `tensor_maps`) into a ring of `stages` shared-memory stages
+under the 128-byte swizzle, and `bm / wm` (1 or 2) consumer warpgroups, each owning wm x bn of the
+bm x bn tile and issuing wgmma.mma_async with both operands read from shared memory (registers hold
+only accumulators). An mbarrier per stage counts the bytes in, another the consumers out. With
+`persistent` the grid is one block per SM and each block takes tile after tile, its producer
+filling the ring for the next tile while the consumers write the last one out. Every layout is
+read as it is stored: wgmma's transpose bits take MN-major 16-bit operands.
+
+TMA needs 16-byte aligned addresses and pitches, so an operand that is not is copied to an aligned
+pitch first (`repack`); tails need nothing (TMA fills zeros past the matrices' edges).
+"""
+
+from __future__ import annotations
+
+from .. import dtypes
+from ..problem import Device, Problem
+from . import wgmma
+from .base import GemmConfig, VectorizedLoads, VectorWidths, cxx_bool, grid_knobs, tile_knobs
+from .knobs import Knob
+
+ARCH = wgmma.ARCH  # TMA, mbarrier transactions and wgmma: compute capability 9.0, compiled for sm_90a
+WARPGROUP = wgmma.WARPGROUP
+ROWS_PER_INSTRUCTION = wgmma.ROWS_PER_INSTRUCTION  # wgmma's M
+SWIZZLE_BYTES = wgmma.SWIZZLE_BYTES  # a shared-memory row of a tile (a TMA box row)
+SWIZZLE_PERIOD_BYTES = wgmma.SWIZZLE_PERIOD_BYTES
+TMA_ALIGN_BYTES = 16  # address, pitch and batch stride of an operand TMA reads
+MAX_CONSUMERS = 2
+MIN_STAGES, MAX_STAGES = 2, 8
+# a consumer's accumulators: beyond 128 floats per thread the registers setmaxnreg gives a
+# consumer (232 with two consumers) no longer hold them with the addresses and loop state
+MAX_ACCUMULATORS = 128
+BARRIER_BYTES = 8  # an mbarrier
+# registers per thread after setmaxnreg with two consumers: the producer gives up what the
+# consumers take (128 x 40 + 256 x 232 = 384 x 168, the block's share under __launch_bounds__)
+PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
+SIXTEEN_BIT = (("float16", "fp32"), ("bfloat16", "fp32"))
+
+KNOBS = (
+    # wm x wn: one consumer warpgroup's tile (wn = bn: a consumer spans the tile's columns)
+    *tile_knobs(128, 256, 64, 64, 256),
+    Knob("stages", int, 4, code="s", low=MIN_STAGES, high=MAX_STAGES),
+    *grid_knobs(),
+    Knob("persistent", bool, True, omitted=False, words={True: "p"}),
+)
+
+DEFAULTS = {key: (("large", "hopper_128x256x64_w64x256_s4_g8_k1_o1_p"),
+                  ("large", "hopper_256x128x64_w128x128_s4_g8_k1_o1_p"))
+            for key in SIXTEEN_BIT}
+
+
+class HopperConfig(VectorizedLoads, GemmConfig):
+    family = "hopper"
+    label = "Hopper"
+    name_prefix = "hopper_"
+    knobs = KNOBS
+    template = "hopper_gemm.cu.j2"
+    arch_suffix = wgmma.ARCH_SUFFIX
+    launch_kind = "tma"
+    swizzle_row_bytes = SWIZZLE_BYTES  # a TMA box row (the launcher's boxes are this wide)
+    space_constants = {"WARPGROUP": WARPGROUP, "MAX_ACCUMULATORS": MAX_ACCUMULATORS}
+
+    @classmethod
+    def computes(cls) -> tuple[dtypes.DType, ...]:
+        return tuple(row for row in dtypes.ROWS if (row.name, row.compute) in SIXTEEN_BIT)
+
+    @classmethod
+    def defaults(cls, problem: Problem) -> tuple[tuple[str, str], ...]:
+        return DEFAULTS.get((problem.dtype, problem.compute), ())
+
+    # ---- derived sizes -------------------------------------------------------------------------
+    @property
+    def vec(self) -> int:
+        """Elements per 16 bytes (TMA's alignment), for the repacking of misaligned operands."""
+        return TMA_ALIGN_BYTES // 2
+
+    @property
+    def consumers(self) -> int:
+        return self.bm // self.wm if self.wm else 0
+
+    @property
+    def threads(self) -> int:
+        return (self.consumers + 1) * WARPGROUP
+
+    @property
+    def repacks_operands(self) -> bool:
+        return True
+
+    def smem_bytes(self, problem: Problem) -> int:
+        """The ring's stages (both operands' tiles), a full and an empty barrier per stage, and one
+        swizzle period of slack to align the first stage (the dynamic base is not aligned)."""
+        itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
+        return (self.stages * (self.bm + self.bn) * self.bk * itemsize + 2 * self.stages * BARRIER_BYTES
+                + SWIZZLE_PERIOD_BYTES)
+
+    def accumulators(self) -> int:
+        """Accumulators per consumer thread: wm / 64 wgmma blocks of bn / 2."""
+        return self.wm // ROWS_PER_INSTRUCTION * self.bn // 2
+
+    def grid_blocks(self, problem: Problem, device: Device) -> int:
+        """Blocks of the launch: one per tile (and batch), or with `persistent` at most one per SM."""
+        tiles = self.output_tiles(problem) * problem.batch
+        return max(1, min(tiles, device.sm_count)) if self.persistent else tiles
+
+    def registers(self) -> tuple[int, int]:
+        """setmaxnreg's (producer, consumer) registers; (0, 0): none (one consumer has 255)."""
+        return (PRODUCER_REGISTERS, CONSUMER_REGISTERS) if self.consumers == MAX_CONSUMERS else (0, 0)
+
+    # ---- validity ------------------------------------------------------------------------------
+    def check(self, problem: Problem, device: Device) -> list[str]:
+        """Every reason this configuration cannot run `problem` on `device` (empty: it can)."""
+        reasons, bad = self.reason_collector()
+        reasons += self.dtype_reasons(problem)
+        reasons += self.knob_reasons()
+        if reasons:
+            return reasons
+        if device.compute_capability != ARCH:
+            bad("tensor-core", f"TMA and wgmma need compute capability {ARCH[0]}.{ARCH[1]} (sm_90a), "
+                               f"device is {device.arch}")
+        atom = SWIZZLE_BYTES // dtypes.lookup(problem.dtype, problem.compute).itemsize
+        if self.wn != self.bn or self.bm % self.wm or not 1 <= self.consumers <= MAX_CONSUMERS:
+            bad("warp-tile", f"a consumer's tile {self.wm}x{self.wn} must span the block's {self.bn} columns "
+                             f"and 1 or {MAX_CONSUMERS} of them its {self.bm} rows")
+        if self.wm % ROWS_PER_INSTRUCTION or self.bn % atom or self.bn > wgmma.N_MAX or self.bk % atom:
+            bad("fragment", f"wm={self.wm} must be a multiple of {ROWS_PER_INSTRUCTION} (wgmma rows), bn={self.bn} "
+                            f"a multiple of {atom} up to {wgmma.N_MAX} (wgmma's N, whole swizzled rows) and "
+                            f"bk={self.bk} a multiple of {atom} ({SWIZZLE_BYTES}-byte rows)")
+        if self.accumulators() > MAX_ACCUMULATORS:
+            bad("registers", f"{self.accumulators()} accumulators per consumer thread (tile {self.wm}x{self.bn}) "
+                             f"exceed {MAX_ACCUMULATORS}")
+        if self.split_k != 1:
+            bad("split-k", f"split_k={self.split_k}: the Hopper kernels do not split K")
+        if self.min_blocks != 1:
+            bad("occupancy", f"min_blocks={self.min_blocks}: a Hopper block takes a whole SM")
+        if self.threads > device.max_threads_per_block:
+            bad("threads", f"{self.threads} threads per block exceed the device limit {device.max_threads_per_block}")
+        smem = self.smem_bytes(problem)
+        if smem > device.smem_per_block_optin:
+            bad("shared-memory", f"{smem} bytes of shared memory ({self.stages} stages) exceed the device limit "
+                                 f"{device.smem_per_block_optin}")
+        self.launch_reasons(problem, device, smem, bad)
+        return reasons
+
+    # ---- rendering -----------------------------------------------------------------------------
+    def check_widths(self, widths: VectorWidths) -> None:
+        if (widths.a, widths.b) != (self.vec, self.vec):
+            raise ValueError(f"Hopper kernels read A and B through TMA at {TMA_ALIGN_BYTES}-byte alignment "
+                             f"(widths {self.vec}), not {widths}")
+
+    def context(self, problem: Problem, widths: VectorWidths) -> dict:
+        if self.compute_for(problem.dtype) != problem.compute:
+            raise ValueError(f"the Hopper template has no kernel for {problem.dtype}/{problem.compute}")
+        row = dtypes.lookup(problem.dtype, problem.compute)
+        producer, consumer = self.registers()
+        return dict(
+            dtype=problem.dtype, compute=problem.compute, layout=problem.layout.upper(), element=row.element,
+            to_acc=row.to_acc, from_acc=row.from_acc, mma_input=row.tensor_core.mma_input, fk=row.tensor_core.wgmma_k,
+            bm=self.bm, bn=self.bn, bk=self.bk, consumers=self.consumers, stages=self.stages, group_m=self.group_m,
+            trans_a=cxx_bool(problem.trans_a), b_mn_major=cxx_bool(not problem.trans_b),
+            swizzle_bytes=SWIZZLE_BYTES, swizzle_period=SWIZZLE_PERIOD_BYTES, smem_bytes=self.smem_bytes(problem),
+            producer_registers=producer, consumer_registers=consumer, **self.even_flags(problem),
+        )

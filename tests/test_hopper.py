@@ -1,0 +1,123 @@
+"""The Hopper family without a GPU: its names, its checks, the tensor-map layouts its launcher asks
+the driver for, the rules of TMA that are checked before the driver sees an operand, and the cache
+that keeps a repeated call from encoding maps again. (Its kernels are compiled in test_compile and
+run in the quick GPU tier.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import autogemm.tensor_maps as tensor_maps
+from autogemm.families import HopperConfig, config_from_name
+from autogemm.launch import operand_layout
+from autogemm.operands import KernelOperand
+from autogemm.problem import Device, Problem
+from autogemm.space import SearchSpace, candidate_space_names
+from autogemm.tensor_maps import TensorMapCache, TensorMapError, TiledLayout
+
+H100 = Device.for_arch("sm_90")
+BIG = Problem(4096, 4096, 4096, dtype="float16", compute="fp32")
+
+
+def test_names_round_trip_and_say_what_they_are():
+    config = config_from_name("hopper_128x256x64_w64x256_s4_g8_k1_o1_p")
+    assert isinstance(config, HopperConfig)
+    assert (config.bm, config.bn, config.bk, config.wm, config.stages, config.persistent) == (128, 256, 64, 64, 4, True)
+    assert config.consumers == 2 and config.threads == 384 and config.accumulators() == 128
+    plain = config.replace(persistent=False, wm=128, bn=128, wn=128)
+    assert plain.name == "hopper_128x128x64_w128x128_s4_g8_k1_o1" and config_from_name(plain.name) == plain
+    assert plain.consumers == 1 and plain.threads == 256
+
+
+def test_every_shipped_seed_runs_the_big_square_on_an_h100():
+    space = SearchSpace.load("hopper")
+    assert space.seeds and all(not seed.check(BIG, H100) for seed in space.seeds)
+    for layout in ("nn", "nt", "tn", "tt"):  # every layout: MN-major operands through wgmma's transpose bits
+        problem = Problem.from_layout(255, 257, 1023, layout, dtype="bfloat16", compute="fp32")
+        assert not space.seeds[0].check(problem, H100)
+
+
+@pytest.mark.parametrize("name, problem, device, code", [
+    ("hopper_128x256x64_w64x256_s4_g8_k1_o1_p", BIG, Device.for_arch("sm_80"), "tensor-core"),
+    ("hopper_128x256x64_w64x256_s4_g8_k1_o1_p", Problem(64, 64, 64), H100, "dtype"),  # float32
+    ("hopper_128x256x64_w64x256_s4_g8_k1_o1_p", Problem(64, 64, 64, dtype="float64"), H100, "dtype"),
+    ("hopper_128x256x64_w128x256_s4_g8_k1_o1_p", BIG, H100, "registers"),  # 256 accumulators a thread
+    ("hopper_256x128x64_w64x128_s4_g8_k1_o1_p", BIG, H100, "warp-tile"),  # four consumers
+    ("hopper_128x128x64_w64x64_s4_g8_k1_o1_p", BIG, H100, "warp-tile"),  # a consumer narrower than the tile
+    ("hopper_128x32x64_w64x32_s4_g8_k1_o1_p", BIG, H100, "fragment"),  # half a swizzled row
+    ("hopper_128x128x32_w64x128_s4_g8_k1_o1_p", BIG, H100, "fragment"),
+    ("hopper_128x256x128_w64x256_s4_g8_k1_o1_p", BIG, H100, "shared-memory"),  # 4 x 96 KB
+    ("hopper_128x256x64_w64x256_s4_g8_k2_o1_p", BIG, H100, "split-k"),
+    ("hopper_128x256x64_w64x256_s4_g8_k1_o2_p", BIG, H100, "occupancy"),
+])
+def test_check_names_the_reason(name, problem, device, code):
+    reasons = config_from_name(name).check(problem, device)
+    assert any(reason.startswith(code + ":") for reason in reasons), reasons
+
+
+def test_the_space_is_searched_for_sixteen_bit_types_on_hopper_only():
+    assert "hopper" in candidate_space_names(BIG, H100)
+    assert "hopper" not in candidate_space_names(BIG, Device.for_arch("sm_80"))
+    assert "hopper" not in candidate_space_names(Problem(4096, 4096, 4096), H100)  # float32
+    assert "hopper" not in candidate_space_names(Problem(1, 4096, 4096, dtype="float16", compute="fp32"), H100)
+    space = SearchSpace.load("hopper")
+    assert all(not c.check(BIG, H100) for c in space.sample(20, BIG, H100, seed=3))
+
+
+@pytest.mark.parametrize("layout, a_dims, a_box, b_dims, b_box", [
+    # K-major A (M x K): boxes of 64 K x bm; MN-major B (K x N): boxes of 64 N x bk
+    ("nn", (300, 200, 1), (64, 128, 1), (500, 300, 1), (64, 64, 1)),
+    ("nt", (300, 200, 1), (64, 128, 1), (300, 500, 1), (64, 256, 1)),
+    ("tn", (200, 300, 1), (64, 64, 1), (500, 300, 1), (64, 64, 1)),
+    ("tt", (200, 300, 1), (64, 64, 1), (300, 500, 1), (64, 256, 1)),
+])
+def test_tensor_maps_describe_each_operand_as_stored(layout, a_dims, a_box, b_dims, b_box):
+    config = config_from_name("hopper_128x256x64_w64x256_s4_g8_k1_o1_p")
+    problem = Problem.from_layout(200, 500, 300, layout, dtype="float16", compute="fp32")
+    ld_a, ld_b = a_dims[0] + 8, b_dims[0] + 16  # pitches wider than the rows
+    a = KernelOperand(transposed=problem.trans_a, ld=ld_a, batch_stride=0, pointer=0)
+    b = KernelOperand(transposed=problem.trans_b, ld=ld_b, batch_stride=0, pointer=0)
+    (layout_a, step_a), (layout_b, step_b) = operand_layout(problem, a, "A", config), operand_layout(problem, b, "B", config)
+    assert (layout_a.dims, layout_a.box, layout_b.dims, layout_b.box) == (a_dims, a_box, b_dims, b_box)
+    assert layout_a.strides[0] == 2 * ld_a and layout_b.strides[0] == 2 * ld_b
+    assert step_a == step_b == 0  # one matrix shared by the batch: coordinate 0 always
+
+
+def test_a_batched_operand_steps_through_its_matrices():
+    config = config_from_name("hopper_128x128x64_w64x128_s3_g8_k1_o1_p")
+    problem = Problem(64, 80, 96, batch=3, dtype="bfloat16", compute="fp32")
+    layout, step = operand_layout(problem, KernelOperand(False, 96, 64 * 96 + 32, 0), "A", config)
+    assert layout.dims == (96, 64, 3) and layout.strides == (192, 2 * (64 * 96 + 32)) and step == 1
+
+
+@pytest.mark.parametrize("layout, address, fault", [
+    (TiledLayout("float16", (65, 10, 1), (130, 1300), (64, 64, 1)), 0, "pitch of 130 bytes"),
+    (TiledLayout("float16", (64, 10, 1), (128, 1280), (64, 64, 1)), 8, "not 16-byte aligned"),
+    (TiledLayout("float16", (64, 10, 1), (128, 1280), (64, 512, 1)), 0, "box extent 512"),
+    (TiledLayout("float32", (64, 10, 1), (256, 2560), (64, 64, 1)), 0, "exceeds the 128-byte swizzle"),
+    (TiledLayout("int8", (64, 10, 1), (128, 1280), (64, 64, 1)), 0, "not int8"),
+    (TiledLayout("float16", (64, 0, 1), (128, 1280), (64, 64, 1)), 0, "extent 0"),
+])
+def test_what_tma_cannot_take_is_named_before_the_driver_is_asked(layout, address, fault, monkeypatch):
+    monkeypatch.setattr(tensor_maps, "_driver", lambda: pytest.fail("the driver was asked"))
+    with pytest.raises(TensorMapError, match=fault):
+        tensor_maps.encode(layout, address, "A")
+
+
+def test_a_repeated_address_encodes_no_map_again(monkeypatch):
+    encoded = []
+
+    def fake_encode(layout, address, operand):
+        encoded.append(address)
+        return np.full(16, address, dtype=np.uint64).view(tensor_maps.MAP_DTYPE)[0]
+
+    monkeypatch.setattr(tensor_maps, "encode", fake_encode)
+    cache = TensorMapCache(TiledLayout("float16", (64, 64, 1), (128, 8192), (64, 64, 1)), "A", capacity=2)
+    first = cache.get(0x1000)
+    assert cache.get(0x1000) is first and encoded == [0x1000]
+    cache.get(0x2000)
+    cache.get(0x3000)  # the least recently used (0x1000) goes
+    assert len(cache) == 2
+    cache.get(0x1000)
+    assert encoded == [0x1000, 0x2000, 0x3000, 0x1000]
