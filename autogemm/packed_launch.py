@@ -59,7 +59,7 @@ class PackedKernel:
         self._sizes = [value.dtype.itemsize for value in arguments]
         self._pointers = np.array([self._raw.ctypes.data + offset for offset in offsets], dtype=np.uintp)
         self._address = self._pointers.ctypes.data
-        # raw-byte arguments (tensor maps) are rewritten through `set_bytes`, not through a typed view
+        # raw-byte arguments (tensor maps) are redirected with `point`, not rewritten through a typed view
         self._slots = [(raw_bytes, offset) if value.dtype.kind == "V" else
                        (self._raw.view(value.dtype), offset // value.dtype.itemsize)
                        for value, offset in zip(arguments, offsets)]
@@ -68,17 +68,21 @@ class PackedKernel:
         """(array, position): `array[position] = value` rewrites argument `index` in place."""
         return self._slots[index]
 
-    def set_bytes(self, index: int, value: np.void) -> None:
-        """Rewrites raw-byte argument `index` (a tensor map) in place."""
-        array, offset = self._slots[index]
-        array[offset:offset + value.dtype.itemsize] = np.frombuffer(value.tobytes(), dtype=np.uint8)
+    def point(self, index: int, address: int) -> None:
+        """Makes the launch read argument `index` from host memory at `address` (storage the caller
+        keeps alive, of the argument's size) instead of this buffer: a tensor map is switched by
+        one pointer instead of a copy of its 128 bytes."""
+        self._pointers[index] = address
 
     def launch(self, stream_pointer: int) -> None:
         self._launch_kernel(*self._geometry, stream_pointer, self._address, 0)
 
     def arguments(self) -> list:
-        """The arguments as they stand (for tests and debugging; raw-byte ones as bytes)."""
-        return [bytes(array[position:position + self._sizes[i]]) if array.dtype == np.uint8 and self._sizes[i] > 1
+        """The arguments as they stand (for tests and debugging; raw-byte ones as the bytes their
+        pointer reaches)."""
+        import ctypes
+
+        return [ctypes.string_at(int(self._pointers[i]), self._sizes[i]) if array.dtype == np.uint8
                 else array[position].item() for i, (array, position) in enumerate(self._slots)]
 
 

@@ -78,9 +78,10 @@ class TiledLayout:
         return faults
 
 
-def encode(layout: TiledLayout, address: int, operand: str = "operand") -> np.void:
+def encode(layout: TiledLayout, address: int, operand: str = "operand") -> np.ndarray:
     """The 128 bytes of a tensor map of `layout` at `address` (128-byte swizzle, zeros past the
-    edges), as a numpy scalar ready for a packed argument buffer."""
+    edges), as 16 64-bit words (64-byte aligned storage is not needed: the driver copies a kernel's
+    arguments from wherever their pointers point)."""
     faults = layout.problems(address, operand)
     if faults:
         raise TensorMapError("; ".join(faults))
@@ -95,8 +96,7 @@ def encode(layout: TiledLayout, address: int, operand: str = "operand") -> np.vo
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if result != driver.CUresult.CUDA_SUCCESS:
         raise TensorMapError(f"{operand}: cuTensorMapEncodeTiled refused {layout} at {address:#x}: {result.name}")
-    words = np.array([int(w) for w in tensor_map.opaque], dtype=np.uint64)
-    return words.view(MAP_DTYPE)[0]
+    return np.array([int(w) for w in tensor_map.opaque], dtype=np.uint64)
 
 
 def _driver():
@@ -110,21 +110,25 @@ def _driver():
 
 class TensorMapCache:
     """The maps of one operand role of one launcher, by address: a call with operands seen before
-    encodes nothing. Bounded, least recently used first out (a program that allocates fresh
-    operands for every call would otherwise keep a map per allocation)."""
+    encodes nothing and copies nothing (the launch points the kernel's argument at the map's own
+    storage). Bounded, least recently used first out (a program that allocates fresh operands for
+    every call would otherwise keep a map per allocation)."""
 
     def __init__(self, layout: TiledLayout, operand: str, capacity: int = 16):
         self.layout, self.operand, self.capacity = layout, operand, capacity
-        self._maps: OrderedDict[int, np.void] = OrderedDict()
+        self._maps: OrderedDict[int, tuple[np.ndarray, int]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, address: int) -> np.void:
+    def get(self, address: int) -> tuple[np.ndarray, int]:
+        """(the map's words, their host address) for an operand at `address`; the caller keeps the
+        array alive while the address is in use."""
         with self._lock:
             found = self._maps.get(address)
             if found is not None:
                 self._maps.move_to_end(address)
                 return found
-        made = encode(self.layout, address, self.operand)
+        words = encode(self.layout, address, self.operand)
+        made = (words, words.ctypes.data)
         with self._lock:
             self._maps[address] = made
             while len(self._maps) > self.capacity:

@@ -110,14 +110,28 @@ def test_a_repeated_address_encodes_no_map_again(monkeypatch):
 
     def fake_encode(layout, address, operand):
         encoded.append(address)
-        return np.full(16, address, dtype=np.uint64).view(tensor_maps.MAP_DTYPE)[0]
+        return np.full(16, address, dtype=np.uint64)
 
     monkeypatch.setattr(tensor_maps, "encode", fake_encode)
     cache = TensorMapCache(TiledLayout("float16", (64, 64, 1), (128, 8192), (64, 64, 1)), "A", capacity=2)
-    first = cache.get(0x1000)
-    assert cache.get(0x1000) is first and encoded == [0x1000]
+    first, where = cache.get(0x1000)
+    assert where == first.ctypes.data and first[0] == 0x1000
+    assert cache.get(0x1000)[0] is first and encoded == [0x1000]
     cache.get(0x2000)
     cache.get(0x3000)  # the least recently used (0x1000) goes
     assert len(cache) == 2
     cache.get(0x1000)
     assert encoded == [0x1000, 0x2000, 0x3000, 0x1000]
+
+
+def test_a_map_argument_is_read_from_where_it_points():
+    from autogemm.packed_launch import PackedKernel
+
+    class Function:
+        ptr = 0
+
+    blank = np.zeros(1, dtype=tensor_maps.MAP_DTYPE)[0]
+    kernel = PackedKernel(Function(), (1, 1, 1), (1, 1, 1), 0, (blank, np.int32(7)))
+    words = np.arange(16, dtype=np.uint64)
+    kernel.point(0, words.ctypes.data)
+    assert kernel.arguments() == [words.tobytes(), 7]
