@@ -57,6 +57,7 @@ class PackedKernel:
         for value, offset in zip(arguments, offsets):
             raw_bytes[offset:offset + value.dtype.itemsize] = np.frombuffer(value.tobytes(), dtype=np.uint8)
         self._sizes = [value.dtype.itemsize for value in arguments]
+        self._raw_bytes = [value.dtype.kind == "V" for value in arguments]
         self._pointers = np.array([self._raw.ctypes.data + offset for offset in offsets], dtype=np.uintp)
         self._address = self._pointers.ctypes.data
         # raw-byte arguments (tensor maps) are redirected with `point`, not rewritten through a typed view
@@ -82,7 +83,7 @@ class PackedKernel:
         pointer reaches)."""
         import ctypes
 
-        return [ctypes.string_at(int(self._pointers[i]), self._sizes[i]) if array.dtype == np.uint8
+        return [ctypes.string_at(int(self._pointers[i]), self._sizes[i]) if self._raw_bytes[i]
                 else array[position].item() for i, (array, position) in enumerate(self._slots)]
 
 

@@ -16,6 +16,7 @@ from typing import Any, Iterator
 
 from . import dtypes, families
 from .families.base import packed_leading_dimensions
+from .families.hopper import ARCH as HOPPER_ARCH
 from .paths import search_spaces_dir
 from .problem import Device, Problem
 
@@ -42,15 +43,9 @@ def candidate_space_names(problem, device: Device | None = None) -> tuple[str, .
         names.insert(0, "gemv")
     hopper = families.get("hopper")
     if hopper.compute_for(problem.dtype) == problem.compute and not short and \
-            (device is None or device.compute_capability == hopper_arch()):
+            (device is None or device.compute_capability == HOPPER_ARCH):
         names.append("hopper")
     return tuple(names)
-
-
-def hopper_arch() -> tuple[int, int]:
-    from .families.hopper import ARCH
-
-    return ARCH
 
 # The expression language of constraints: arithmetic, comparisons, boolean logic, x if c else y, min/max.
 _ALLOWED_NODES = (

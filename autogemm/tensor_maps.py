@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import dtypes
+
 MAP_BYTES = 128
 ADDRESS_ALIGNMENT = 16
 STRIDE_ALIGNMENT = 16
@@ -29,7 +31,6 @@ MAX_RANK = 5
 # numpy element dtype -> the driver's CUtensorMapDataType member; bfloat16 arrives as its uint16 bits
 DATA_TYPES = {"float16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16", "bfloat16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
               "float32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32", "float64": "CU_TENSOR_MAP_DATA_TYPE_FLOAT64"}
-ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
 # a numpy scalar type of 128 raw bytes: how a map travels in a packed argument buffer
 MAP_DTYPE = np.dtype((np.void, MAP_BYTES))
@@ -53,9 +54,9 @@ class TiledLayout:
     def problems(self, address: int, operand: str) -> list[str]:
         """Why TMA cannot describe this operand at `address` (empty: it can)."""
         faults = []
-        itemsize = ITEMSIZE.get(self.dtype)
-        if itemsize is None:
+        if self.dtype not in DATA_TYPES:
             return [f"{operand}: TMA copies {', '.join(DATA_TYPES)}, not {self.dtype}"]
+        itemsize = dtypes.lookup(self.dtype).itemsize
         if not 1 <= len(self.dims) <= MAX_RANK or len(self.strides) != len(self.dims) - 1 \
                 or len(self.box) != len(self.dims):
             return [f"{operand}: a tensor map has 1 to {MAX_RANK} dimensions with a stride for each but the "

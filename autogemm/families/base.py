@@ -221,6 +221,14 @@ class GemmConfig(Config):
         if max(problem.m, problem.n, problem.k) > INT32_MAX:
             bad("size", "a dimension exceeds 2^31-1, beyond the kernel's 32-bit indexing")
 
+    def first_reasons(self, problem: Problem) -> tuple[list[str], object]:
+        """(reasons, bad) started with the dtype and knob-value reasons, past which a family's
+        `check` need not look (its sizes would be computed from values it cannot use)."""
+        reasons, bad = self.reason_collector()
+        reasons += self.dtype_reasons(problem)
+        reasons += self.knob_reasons()
+        return reasons, bad
+
     @staticmethod
     def reason_collector() -> tuple[list[str], object]:
         """(reasons, bad): `bad(code, message)` appends "code: message" to reasons."""

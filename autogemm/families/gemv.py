@@ -103,9 +103,7 @@ class GemvConfig(VectorizedLoads, GemmConfig):
 
     # ---- validity ------------------------------------------------------------------------------
     def check(self, problem: Problem, device: Device) -> list[str]:
-        reasons, bad = self.reason_collector()
-        reasons += self.dtype_reasons(problem)
-        reasons += self.knob_reasons()
+        reasons, bad = self.first_reasons(problem)
         if reasons:
             return reasons
         problem = self.kernel_problem(problem)  # below: the product the kernel computes

@@ -47,11 +47,6 @@ KNOBS = (
     Knob("persistent", bool, True, omitted=False, words={True: "p"}),
 )
 
-DEFAULTS = {key: (("large", "hopper_128x256x64_w64x256_s4_g8_k1_o1_p"),
-                  ("large", "hopper_256x128x64_w128x128_s4_g8_k1_o1_p"))
-            for key in SIXTEEN_BIT}
-
-
 class HopperConfig(VectorizedLoads, GemmConfig):
     family = "hopper"
     label = "Hopper"
@@ -66,10 +61,6 @@ class HopperConfig(VectorizedLoads, GemmConfig):
     @classmethod
     def computes(cls) -> tuple[dtypes.DType, ...]:
         return tuple(row for row in dtypes.ROWS if (row.name, row.compute) in SIXTEEN_BIT)
-
-    @classmethod
-    def defaults(cls, problem: Problem) -> tuple[tuple[str, str], ...]:
-        return DEFAULTS.get((problem.dtype, problem.compute), ())
 
     # ---- derived sizes -------------------------------------------------------------------------
     @property
@@ -112,9 +103,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
     # ---- validity ------------------------------------------------------------------------------
     def check(self, problem: Problem, device: Device) -> list[str]:
         """Every reason this configuration cannot run `problem` on `device` (empty: it can)."""
-        reasons, bad = self.reason_collector()
-        reasons += self.dtype_reasons(problem)
-        reasons += self.knob_reasons()
+        reasons, bad = self.first_reasons(problem)
         if reasons:
             return reasons
         if device.compute_capability != ARCH:
