@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,7 @@ from .packed_launch import WORKSPACES, PackedKernel, current_stream_pointer
 from .problem import Device, Problem
 from .render import render
 from .repack import repacking_launcher
-from .tensor_maps import MAP_DTYPE, TensorMapCache, TiledLayout
+from .tensor_maps import MAP_DTYPE, TensorMapCache, TensorMapError, TiledLayout
 
 REDUCE_THREADS = 256
 REDUCE_GRID_MAX = 65535  # blocks of the split-K reduction (it loops over the rest)
@@ -81,7 +82,8 @@ def prepare(config: GemmConfig, problem: Problem, widths: VectorWidths | None = 
     if config.launch_kind == "stream_k":
         grid = (stream_k_blocks(kernel, config.threads, smem, device), 1, 1)
     elif config.launch_kind == "tma":
-        grid = (config.grid_blocks(problem, device), 1, 1)
+        resident = resident_clusters(kernel, config.threads, smem, config.cluster) if config.cluster > 1 else None
+        grid = (config.grid_blocks(problem, device, resident), 1, 1)
     return PreparedGemm(config=config, problem=problem, kernel=kernel, grid=grid, block=(config.threads, 1, 1),
                         smem=smem, tiles_per_split=config.tiles_per_split(problem))
 
@@ -93,6 +95,24 @@ def stream_k_blocks(kernel: CompiledKernel, threads: int, smem: int, device: Dev
 
     per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.gemm.ptr, threads, smem)
     return max(1, per_sm * device.sm_count)
+
+
+def resident_clusters(kernel: CompiledKernel, threads: int, smem: int, cluster: int) -> int:
+    """How many clusters of `cluster` blocks of this kernel the device holds at once, by the driver
+    (a cluster's blocks share a GPC, so this is not simply SMs / cluster: a GPC with an odd number of
+    free SMs leaves one idle)."""
+    from cuda.bindings import driver
+
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = cluster, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+    config.sharedMemBytes = smem
+    result, count = driver.cuOccupancyMaxActiveClusters(driver.CUfunction(kernel.gemm.ptr), config)
+    if result != driver.CUresult.CUDA_SUCCESS or count < 1:
+        raise CompileError(f"{kernel.source.kernel}: no cluster of {cluster} blocks of {threads} threads and "
+                           f"{smem} bytes of shared memory fits the device ({getattr(result, 'name', result)})",
+                           "", None)
+    return count
 
 
 def gemm(config: GemmConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bool = False,
@@ -348,6 +368,16 @@ def operand_layout(problem: Problem, operand: KernelOperand, role: str, config: 
     return TiledLayout(problem.dtype, (length, rows, batch), (pitch, stride), box + (1,)), step
 
 
+def output_layout(problem: Problem, c: KernelOperand, config: GemmConfig) -> TiledLayout:
+    """The tensor map layout of C (M x N row-major, then the batch) as a Hopper kernel's store
+    epilogue writes it: boxes of one consumer's rows x 64 columns."""
+    itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
+    atom = config.swizzle_row_bytes // itemsize
+    pitch = c.ld * itemsize
+    stride = c.batch_stride * itemsize if problem.batch > 1 else pitch * problem.m
+    return TiledLayout(problem.dtype, (problem.n, problem.m, problem.batch), (pitch, stride), (atom, config.wm, 1))
+
+
 def _tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand, scalar):
     """A Hopper kernel takes A and B as tensor maps, which hold their addresses: each role keeps the
     maps of the addresses it has seen (`TensorMapCache`), so a repeated call encodes none, and the
@@ -358,16 +388,20 @@ def _tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c:
     layout_a, step_a = operand_layout(problem, a, "A", config)
     layout_b, step_b = operand_layout(problem, b, "B", config)
     maps_a, maps_b = TensorMapCache(layout_a, "A"), TensorMapCache(layout_b, "B")
+    maps_c = TensorMapCache(output_layout(problem, c, config), "C") if config.tma_store else None
     blank = np.zeros(1, dtype=MAP_DTYPE)[0]
     kernel = PackedKernel(prepared.kernel.gemm, prepared.grid, prepared.block, prepared.smem, (
-        blank, blank, np.uintp(0), i32(problem.m), i32(problem.n), i32(problem.k), i32(c.ld), i64(c.batch_stride),
-        scalar(1), scalar(0), i32(problem.batch), i32(step_a), i32(step_b)))
-    pointers, c_at = kernel.slot(2)
-    scalars, alpha_at = kernel.slot(8)
+        blank, blank, blank, np.uintp(0), i32(problem.m), i32(problem.n), i32(problem.k), i32(c.ld),
+        i64(c.batch_stride), scalar(1), scalar(0), i32(problem.batch), i32(step_a), i32(step_b), i32(0)))
+    pointers, c_at = kernel.slot(3)
+    scalars, alpha_at = kernel.slot(9)
+    flags, c_mapped_at = kernel.slot(14)
     point, launch_kernel = kernel.point, kernel.launch
     lock = threading.Lock()
-    current = [None, None]  # the operand addresses whose maps the arguments point at
-    held = [None, None]  # those maps (kept alive while pointed at, even if their cache lets go)
+    current = [None, None, None]  # the addresses whose maps the arguments point at
+    held = [None, None, None]  # those maps (kept alive while pointed at, even if their cache lets go)
+    # a C that TMA cannot address (alignment, pitch) is written by the kernel's direct path
+    unmappable: OrderedDict[int, None] = OrderedDict()
 
     def launch(pa, pb, pc, alpha, beta, stream=None):
         stream_pointer = current_stream_pointer(stream)
@@ -380,6 +414,18 @@ def _tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c:
                 held[1], where = maps_b.get(pb)
                 point(1, where)
                 current[1] = pb
+            if maps_c is not None and current[2] != pc:
+                current[2] = pc
+                held[2] = None
+                if pc not in unmappable:
+                    try:
+                        held[2], where = maps_c.get(pc)
+                        point(2, where)
+                    except TensorMapError:
+                        unmappable[pc] = None
+                        if len(unmappable) > maps_c.capacity:
+                            unmappable.popitem(last=False)
+                flags[c_mapped_at] = held[2] is not None
             pointers[c_at] = pc
             scalars[alpha_at], scalars[alpha_at + 1] = alpha, beta
             launch_kernel(stream_pointer)

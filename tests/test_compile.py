@@ -16,7 +16,7 @@ import pytest
 
 import autogemm.compile as compile_module
 from autogemm.compile import CompileError, NvccNotFound, find_nvcc, nvcc_resources
-from autogemm.families import GemvConfig, HopperConfig, SimtConfig, TensorCoreConfig
+from autogemm.families import GemvConfig, HopperConfig, SimtConfig, TensorCoreConfig, config_from_name
 from autogemm.space import SearchSpace
 from autogemm.problem import LAYOUTS, Device, Problem
 from autogemm.render import render
@@ -130,6 +130,11 @@ HOPPER_PROBLEMS = [("float16", 4096, 4096, 4096), ("bfloat16", 127, 129, 65), ("
                    ("bfloat16", 1000, 3000, 200)]
 
 
+# and, whatever the sample draws, clusters sharing B by multicast with the TMA store epilogue, and
+# neither
+HOPPER_FIXED = ["hopper_128x256x64_w64x256_s3_g8_k1_o1_p_c2_ts", "hopper_256x128x64_w128x128_s3_g1_k1_o1"]
+
+
 def _hopper_variants(device: Device):
     space = SearchSpace.load("hopper")
     variants = []
@@ -137,6 +142,10 @@ def _hopper_variants(device: Device):
         for layout in LAYOUTS:
             problem = Problem.from_layout(m, n, k, layout, dtype=dtype)
             variants += [(config, problem) for config in space.sample(1, problem, device, seed=i)]
+    for name, layout in zip(HOPPER_FIXED, ("nt", "tn")):
+        config, problem = config_from_name(name), Problem.from_layout(1000, 3000, 200, layout, dtype="float16")
+        if not config.check(problem, device):
+            variants.append((config, problem))
     return variants
 
 
@@ -191,8 +200,10 @@ def test_sample_compiles_without_spills(arch):
     assert {p.layout for c, p, *_ in simt if c.repacks_operands} == {"nn", "nt", "tn", "tt"}
     hopper_layouts = {p.layout for _, p, *_ in hopper}
     assert hopper_layouts == ({"nn", "nt", "tn", "tt"} if arch == "sm_90" else set()), hopper_layouts
-    if arch == "sm_90":  # one config per problem and layout, several of them different
-        assert len(hopper) == 4 * len(HOPPER_PROBLEMS) and len({c.name for c, *_ in hopper}) >= 4, len(hopper)
+    if arch == "sm_90":  # one config per problem and layout, several of them different, and the fixed ones
+        assert len(hopper) == 4 * len(HOPPER_PROBLEMS) + len(HOPPER_FIXED), len(hopper)
+        assert len({c.name for c, *_ in hopper}) >= 4
+        assert {c.cluster for c, *_ in hopper} == {1, 2} and {c.tma_store for c, *_ in hopper} == {False, True}
     paths = {c.instruction for c, *_ in tensor_core}
     assert paths == ({"wmma", "mma", "wgmma"} if arch == "sm_90" else {"wmma", "mma"}), paths
 
@@ -205,7 +216,8 @@ SMEM_CASES = [
     ("wmma_128x64x32_w32x16_v4_s1_plain_g1_k4_o1", Problem(256, 256, 256, dtype="float16")),
     ("wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1_mma", Problem.from_layout(256, 256, 256, "tn", dtype="float16")),
     ("wmma_128x128x64_w128x64_v8_s4_pad_g8_k1_o1_wgmma", Problem(256, 256, 256, dtype="bfloat16")),
-    ("hopper_128x256x64_w64x256_s4_g8_k1_o1_p", Problem(256, 256, 256, dtype="float16")),  # stages and barriers
+    # stages, store chunks and barriers
+    ("hopper_128x256x64_w64x256_s3_g8_k1_o1_p_c2_ts", Problem(256, 256, 256, dtype="float16")),
 ]
 
 
@@ -214,8 +226,6 @@ def test_the_kernel_refuses_a_shared_memory_figure_other_than_its_own(name, prob
     """The launch reserves `smem_bytes` (computed once, in Python); each skeleton asserts at compile
     time that its layout fills exactly that. The compiled samples above agree; a figure off by 16
     bytes does not compile."""
-    from autogemm.families import config_from_name
-
     config = config_from_name(name)
     right = config.smem_bytes(problem)
     assert f"SMEM_BYTES = {right};" in render(config, problem).code

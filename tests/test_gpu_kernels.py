@@ -44,10 +44,13 @@ QUICK = (
     # GEMV with the operands swapped (C^T = B^T A^T, C written transposed): without and with a split
     ("float32", "fp32", "gemv_m4_n32_k64_w4_v4_u4_s1_o1_sw"),
     ("float16", "fp32", "gemv_m4_n32_k64_w4_v4_u2_s2_o1_sw"),
-    # Hopper: TMA into an mbarrier ring, wgmma from shared memory; two consumers on a persistent
-    # grid, and one consumer with a block per tile (misaligned operands are copied first)
-    ("float16", "fp32", "hopper_128x128x64_w64x128_s3_g8_k1_o1_p"),
-    ("bfloat16", "fp32", "hopper_128x64x128_w128x64_s2_g1_k1_o1"),
+    # Hopper: TMA into an mbarrier ring, wgmma from shared memory (misaligned operands are copied
+    # first): two consumers on a persistent grid in clusters of two sharing B by multicast, storing
+    # through TMA; one consumer, a block per tile, clusters of two, stores from registers; two
+    # consumers of 128 rows on a persistent grid storing through TMA without clusters
+    ("float16", "fp32", "hopper_128x128x64_w64x128_s3_g8_k1_o1_p_c2_ts"),
+    ("bfloat16", "fp32", "hopper_128x64x128_w128x64_s2_g1_k1_o1_c2"),
+    ("bfloat16", "fp32", "hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts"),
 )
 
 

@@ -5,12 +5,14 @@ run in the quick GPU tier.)"""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 import autogemm.tensor_maps as tensor_maps
 from autogemm.families import HopperConfig, config_from_name
-from autogemm.launch import operand_layout
+from autogemm.launch import PreparedGemm, _tma_launcher, operand_layout, output_layout
 from autogemm.operands import KernelOperand
 from autogemm.problem import Device, Problem
 from autogemm.space import SearchSpace, candidate_space_names
@@ -28,6 +30,34 @@ def test_names_round_trip_and_say_what_they_are():
     plain = config.replace(persistent=False, wm=128, bn=128, wn=128)
     assert plain.name == "hopper_128x128x64_w128x128_s4_g8_k1_o1" and config_from_name(plain.name) == plain
     assert plain.consumers == 1 and plain.threads == 256
+    paired = config.replace(cluster=2, tma_store=True)
+    assert paired.name == "hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts" and config_from_name(paired.name) == paired
+    with pytest.raises(ValueError, match="not a Hopper config name"):
+        config_from_name("hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c1")  # no cluster is written as nothing
+    with pytest.raises(ValueError, match="cluster=4 must be one of 1, 2"):
+        config.replace(cluster=4).validated()
+
+
+def test_the_store_chunks_take_shared_memory_beside_the_stages():
+    config = config_from_name("hopper_128x256x64_w64x256_s4_g8_k1_o1_p")
+    stored = config.replace(tma_store=True)
+    # two chunks of 64 columns (128 bytes) per consumer row: 2 x 128 rows x 128 bytes
+    assert stored.smem_bytes(BIG) - config.smem_bytes(BIG) == 2 * 128 * 128
+    assert not stored.check(BIG, H100)  # 4 stages of 48 KB and 32 KB of chunks fit the H100's 227 KB
+    reasons = stored.replace(stages=5).check(BIG, H100)
+    assert any(r.startswith("shared-memory:") for r in reasons), reasons
+
+
+def test_clusters_take_pairs_of_tiles_and_persistent_grids_only_what_stays_resident():
+    config = config_from_name("hopper_128x256x64_w64x256_s4_g8_k1_o1_c2")
+    problem = Problem(3 * 128, 2 * 256, 64, batch=5, dtype="float16")  # three tile rows: two pairs, one half empty
+    assert config.work_units(problem) == 2 * 2 * 5
+    assert config.grid_blocks(problem, H100) == 2 * config.work_units(problem)
+    persistent, device = config.replace(persistent=True), dataclasses.replace(H100, sm_count=132)
+    assert persistent.grid_blocks(BIG, device, resident_clusters=60) == 120  # the driver's figure, not 132 / 2
+    assert persistent.grid_blocks(BIG, device) == 132
+    assert persistent.replace(cluster=1).grid_blocks(BIG, device) == 132
+    assert persistent.grid_blocks(Problem(128, 256, 64, dtype="float16"), device) == 2  # one pair, half of it idle
 
 
 def test_every_shipped_seed_runs_the_big_square_on_an_h100():
@@ -135,3 +165,48 @@ def test_a_map_argument_is_read_from_where_it_points():
     words = np.arange(16, dtype=np.uint64)
     kernel.point(0, words.ctypes.data)
     assert kernel.arguments() == [words.tobytes(), 7]
+
+
+def test_the_output_map_describes_c_in_store_chunks():
+    config = config_from_name("hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts")
+    problem = Problem(300, 500, 64, batch=3, dtype="bfloat16", compute="fp32")
+    layout = output_layout(problem, KernelOperand(False, 504, 300 * 504, 0), config)
+    assert layout.dims == (500, 300, 3) and layout.strides == (1008, 2 * 300 * 504) and layout.box == (64, 128, 1)
+    single = output_layout(Problem(300, 500, 64, dtype="float16"), KernelOperand(False, 512, 0, 0), config)
+    assert single.dims == (500, 300, 1) and single.strides == (1024, 1024 * 300)  # a batch of one: any valid pitch
+
+
+@pytest.mark.parametrize("ldc, expected", [
+    (512, [1, 0, 1]),  # aligned pitch: TMA stores, except at a misaligned address (the direct path)
+    (500 + 2, [0, 0, 0]),  # a pitch of 1004 bytes TMA cannot take: always the direct path
+])
+def test_a_c_that_tma_cannot_address_is_written_from_registers(ldc, expected, monkeypatch):
+    from types import SimpleNamespace
+
+    from autogemm.packed_launch import PackedKernel
+
+    class Function:
+        ptr = 0
+
+    def fake_encode(layout, address, operand):
+        faults = layout.problems(address, operand)
+        if faults:
+            raise TensorMapError("; ".join(faults))
+        return np.full(16, address, dtype=np.uint64)
+
+    launched = []
+    monkeypatch.setattr(tensor_maps, "encode", fake_encode)
+    monkeypatch.setattr(PackedKernel, "launch", lambda self, stream: launched.append(self.arguments()))
+    config = config_from_name("hopper_128x128x64_w64x128_s3_g8_k1_o1_p_ts")
+    problem = Problem(300, 500, 64, dtype="float16", compute="fp32")
+    prepared = PreparedGemm(config=config, problem=problem, kernel=SimpleNamespace(gemm=Function()), grid=(132, 1, 1),
+                            block=(384, 1, 1), smem=config.smem_bytes(problem), tiles_per_split=1)
+    a, b = KernelOperand(False, 64, 0, 0), KernelOperand(False, 512, 0, 0)
+    launch = _tma_launcher(prepared, a, b, KernelOperand(False, ldc, 0, 0), np.float32)
+    stream = SimpleNamespace(ptr=0)
+    for address in (0x10000, 0x20002, 0x10000):
+        launch(0x1000, 0x2000, address, 1.0, 0.0, stream)
+    assert [arguments[-1] for arguments in launched] == expected
+    assert [arguments[3] for arguments in launched] == [0x10000, 0x20002, 0x10000]  # C itself, for the direct path
+    if expected[0]:
+        assert launched[0][2] == np.full(16, 0x10000, dtype=np.uint64).tobytes()  # the map of C's address

@@ -10,6 +10,11 @@ only accumulators). An mbarrier per stage counts the bytes in, another the consu
 filling the ring for the next tile while the consumers write the last one out. Every layout is
 read as it is stored: wgmma's transpose bits take MN-major 16-bit operands.
 
+With `cluster` 2, pairs of blocks take vertically adjacent tiles and the first multicasts B's
+slices into both (B crosses from L2 once per pair). With `tma_store`, the consumers stage their
+results in shared memory in 64-column chunks that TMA writes to C while they start the next tile
+(beta != 0 and a C that TMA cannot address take the direct path from registers).
+
 TMA needs 16-byte aligned addresses and pitches, so an operand that is not is copied to an aligned
 pitch first (`repack`); tails need nothing (TMA fills zeros past the matrices' edges).
 """
@@ -29,6 +34,8 @@ SWIZZLE_BYTES = wgmma.SWIZZLE_BYTES  # a shared-memory row of a tile (a TMA box 
 SWIZZLE_PERIOD_BYTES = wgmma.SWIZZLE_PERIOD_BYTES
 TMA_ALIGN_BYTES = 16  # address, pitch and batch stride of an operand TMA reads
 MAX_CONSUMERS = 2
+CLUSTER_SIZES = (1, 2)
+STORE_BUFFERS = 2  # store chunks per consumer: one filled while TMA reads the other
 MIN_STAGES, MAX_STAGES = 2, 8
 # a consumer's accumulators: beyond 128 floats per thread the registers setmaxnreg gives a
 # consumer (232 with two consumers) no longer hold them with the addresses and loop state
@@ -45,6 +52,9 @@ KNOBS = (
     Knob("stages", int, 4, code="s", low=MIN_STAGES, high=MAX_STAGES),
     *grid_knobs(),
     Knob("persistent", bool, True, omitted=False, words={True: "p"}),
+    Knob("cluster", int, 1, code="c", choices=CLUSTER_SIZES, omitted=1,
+         why="blocks of a cluster sharing B's slices by multicast; 1: no cluster"),
+    Knob("tma_store", bool, False, omitted=False, words={True: "ts"}),
 )
 
 class HopperConfig(VectorizedLoads, GemmConfig):
@@ -81,20 +91,33 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         return True
 
     def smem_bytes(self, problem: Problem) -> int:
-        """The ring's stages (both operands' tiles), a full and an empty barrier per stage, and one
-        swizzle period of slack to align the first stage (the dynamic base is not aligned)."""
+        """The ring's stages (both operands' tiles), with `tma_store` two store chunks of 64 columns
+        per consumer, a full and an empty barrier per stage, and one swizzle period of slack to align
+        the first stage (the dynamic base is not aligned)."""
         itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
-        return (self.stages * (self.bm + self.bn) * self.bk * itemsize + 2 * self.stages * BARRIER_BYTES
+        store = self.bm * STORE_BUFFERS * SWIZZLE_BYTES if self.tma_store else 0
+        return (self.stages * (self.bm + self.bn) * self.bk * itemsize + store + 2 * self.stages * BARRIER_BYTES
                 + SWIZZLE_PERIOD_BYTES)
 
     def accumulators(self) -> int:
         """Accumulators per consumer thread: wm / 64 wgmma blocks of bn / 2."""
         return self.wm // ROWS_PER_INSTRUCTION * self.bn // 2
 
-    def grid_blocks(self, problem: Problem, device: Device) -> int:
-        """Blocks of the launch: one per tile (and batch), or with `persistent` at most one per SM."""
-        tiles = self.output_tiles(problem) * problem.batch
-        return max(1, min(tiles, device.sm_count)) if self.persistent else tiles
+    def work_units(self, problem: Problem) -> int:
+        """What the blocks of a cluster take together: `cluster` vertically adjacent tiles (the last
+        column's may reach past M), per batch."""
+        tiles_m, tiles_n = -(-problem.m // self.bm), -(-problem.n // self.bn)
+        return -(-tiles_m // self.cluster) * tiles_n * problem.batch
+
+    def grid_blocks(self, problem: Problem, device: Device, resident_clusters: int | None = None) -> int:
+        """Blocks of the launch: a cluster per work unit, or with `persistent` at most as many
+        clusters as are resident at once (`resident_clusters`, the driver's figure; without it one
+        block per SM). A persistent grid larger than that would leave clusters to a second wave."""
+        units = self.work_units(problem)
+        if self.persistent:
+            resident = resident_clusters if resident_clusters is not None else device.sm_count // self.cluster
+            units = max(1, min(units, resident))
+        return units * self.cluster
 
     def registers(self) -> tuple[int, int]:
         """setmaxnreg's (producer, consumer) registers; (0, 0): none (one consumer has 255)."""
@@ -150,5 +173,6 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             bm=self.bm, bn=self.bn, bk=self.bk, consumers=self.consumers, stages=self.stages, group_m=self.group_m,
             trans_a=cxx_bool(problem.trans_a), b_mn_major=cxx_bool(not problem.trans_b),
             swizzle_bytes=SWIZZLE_BYTES, swizzle_period=SWIZZLE_PERIOD_BYTES, smem_bytes=self.smem_bytes(problem),
-            producer_registers=producer, consumer_registers=consumer, **self.even_flags(problem),
+            producer_registers=producer, consumer_registers=consumer, cluster=self.cluster,
+            tma_store=cxx_bool(self.tma_store), **self.even_flags(problem),
         )
