@@ -354,8 +354,8 @@ def operand_layout(problem: Problem, operand: KernelOperand, role: str, config: 
     itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
     atom = config.swizzle_row_bytes // itemsize
     if role == "A":
-        rows, length, tile, mn_major = (problem.k, problem.m, config.bm, True) if problem.trans_a else \
-            (problem.m, problem.k, config.bm, False)
+        rows, length, tile, mn_major = (problem.k, problem.m, config.tile_rows, True) if problem.trans_a else \
+            (problem.m, problem.k, config.tile_rows, False)
     else:
         rows, length, tile, mn_major = (problem.n, problem.k, config.bn, False) if problem.trans_b else \
             (problem.k, problem.n, config.bn, True)

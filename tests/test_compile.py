@@ -130,9 +130,10 @@ HOPPER_PROBLEMS = [("float16", 4096, 4096, 4096), ("bfloat16", 127, 129, 65), ("
                    ("bfloat16", 1000, 3000, 200)]
 
 
-# and, whatever the sample draws, clusters sharing B by multicast with the TMA store epilogue, and
-# neither
-HOPPER_FIXED = ["hopper_128x256x64_w64x256_s3_g8_k1_o1_p_c2_ts", "hopper_256x128x64_w128x128_s3_g1_k1_o1"]
+# and, whatever the sample draws, clusters sharing B by multicast with the TMA store epilogue,
+# neither, and consumers taking turns (pingpong)
+HOPPER_FIXED = ["hopper_128x256x64_w64x256_s3_g8_k1_o1_p_c2_ts", "hopper_256x128x64_w128x128_s3_g1_k1_o1",
+                "hopper_256x128x64_w128x128_s4_g16_k1_o1_p_ts_pp"]
 
 
 def _hopper_variants(device: Device):
@@ -142,7 +143,7 @@ def _hopper_variants(device: Device):
         for layout in LAYOUTS:
             problem = Problem.from_layout(m, n, k, layout, dtype=dtype)
             variants += [(config, problem) for config in space.sample(1, problem, device, seed=i)]
-    for name, layout in zip(HOPPER_FIXED, ("nt", "tn")):
+    for name, layout in zip(HOPPER_FIXED, ("nt", "tn", "tt")):
         config, problem = config_from_name(name), Problem.from_layout(1000, 3000, 200, layout, dtype="float16")
         if not config.check(problem, device):
             variants.append((config, problem))
@@ -204,6 +205,7 @@ def test_sample_compiles_without_spills(arch):
         assert len(hopper) == 4 * len(HOPPER_PROBLEMS) + len(HOPPER_FIXED), len(hopper)
         assert len({c.name for c, *_ in hopper}) >= 4
         assert {c.cluster for c, *_ in hopper} == {1, 2} and {c.tma_store for c, *_ in hopper} == {False, True}
+        assert {c.pingpong for c, *_ in hopper} == {False, True}
     paths = {c.instruction for c, *_ in tensor_core}
     assert paths == ({"wmma", "mma", "wgmma"} if arch == "sm_90" else {"wmma", "mma"}), paths
 

@@ -47,10 +47,10 @@ QUICK = (
     # Hopper: TMA into an mbarrier ring, wgmma from shared memory (misaligned operands are copied
     # first): two consumers on a persistent grid in clusters of two sharing B by multicast, storing
     # through TMA; one consumer, a block per tile, clusters of two, stores from registers; two
-    # consumers of 128 rows on a persistent grid storing through TMA without clusters
+    # consumers taking turns on tiles of 128 rows (pingpong), persistent, storing through TMA
     ("float16", "fp32", "hopper_128x128x64_w64x128_s3_g8_k1_o1_p_c2_ts"),
     ("bfloat16", "fp32", "hopper_128x64x128_w128x64_s2_g1_k1_o1_c2"),
-    ("bfloat16", "fp32", "hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts"),
+    ("bfloat16", "fp32", "hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_pp"),
 )
 
 

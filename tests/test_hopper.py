@@ -36,6 +36,24 @@ def test_names_round_trip_and_say_what_they_are():
         config_from_name("hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c1")  # no cluster is written as nothing
     with pytest.raises(ValueError, match="cluster=4 must be one of 1, 2"):
         config.replace(cluster=4).validated()
+    turns = config_from_name("hopper_256x128x64_w128x128_s4_g16_k1_o1_p_ts_pp")
+    assert turns.pingpong and turns.consumers == 2 and turns.tile_rows == 128 and config.tile_rows == 128
+
+
+def test_pingpong_tiles_are_a_consumers_and_need_two_consumers_on_a_persistent_grid():
+    turns = config_from_name("hopper_256x128x64_w128x128_s4_g16_k1_o1_p_ts_pp")
+    shared = turns.replace(pingpong=False)
+    # a stage holds A's slice of one consumer's 128 rows, not the block's 256
+    assert shared.smem_bytes(BIG) - turns.smem_bytes(BIG) == 4 * 128 * 64 * 2
+    assert turns.work_units(BIG) == 2 * shared.work_units(BIG) == 32 * 32
+    assert not turns.check(BIG, H100)
+    lone = config_from_name("hopper_128x128x64_w128x128_s4_g16_k1_o1_p_pp")
+    assert any(r.startswith("warp-tile:") and "pingpong" in r for r in lone.check(BIG, H100))
+    fixed_grid = turns.replace(persistent=False)
+    assert any(r.startswith("grid:") and "pingpong" in r for r in fixed_grid.check(BIG, H100))
+    problem = Problem(300, 500, 300, dtype="float16", compute="fp32")
+    layout, _ = operand_layout(problem, KernelOperand(False, 304, 0, 0), "A", turns)
+    assert layout.box == (64, 128, 1)  # boxes of a consumer's rows
 
 
 def test_the_store_chunks_take_shared_memory_beside_the_stages():

@@ -13,7 +13,9 @@ read as it is stored: wgmma's transpose bits take MN-major 16-bit operands.
 With `cluster` 2, pairs of blocks take vertically adjacent tiles and the first multicasts B's
 slices into both (B crosses from L2 once per pair). With `tma_store`, the consumers stage their
 results in shared memory in 64-column chunks that TMA writes to C while they start the next tile
-(beta != 0 and a C that TMA cannot address take the direct path from registers).
+(beta != 0 and a C that TMA cannot address take the direct path from registers). With `pingpong`
+the two consumers do not share a tile but take turns on wm x bn tiles, one's epilogue under the
+other's wgmmas.
 
 TMA needs 16-byte aligned addresses and pitches, so an operand that is not is copied to an aligned
 pitch first (`repack`); tails need nothing (TMA fills zeros past the matrices' edges).
@@ -55,6 +57,7 @@ KNOBS = (
     Knob("cluster", int, 1, code="c", choices=CLUSTER_SIZES, omitted=1,
          why="blocks of a cluster sharing B's slices by multicast; 1: no cluster"),
     Knob("tma_store", bool, False, omitted=False, words={True: "ts"}),
+    Knob("pingpong", bool, False, omitted=False, words={True: "pp"}),
 )
 
 class HopperConfig(VectorizedLoads, GemmConfig):
@@ -87,6 +90,12 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         return (self.consumers + 1) * WARPGROUP
 
     @property
+    def tile_rows(self) -> int:
+        """Rows of a work tile (and of A's slice in a stage): a consumer's with `pingpong`, else the
+        block's."""
+        return self.wm if self.pingpong else self.bm
+
+    @property
     def repacks_operands(self) -> bool:
         return True
 
@@ -96,7 +105,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         the first stage (the dynamic base is not aligned)."""
         itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
         store = self.bm * STORE_BUFFERS * SWIZZLE_BYTES if self.tma_store else 0
-        return (self.stages * (self.bm + self.bn) * self.bk * itemsize + store + 2 * self.stages * BARRIER_BYTES
+        return (self.stages * (self.tile_rows + self.bn) * self.bk * itemsize + store + 2 * self.stages * BARRIER_BYTES
                 + SWIZZLE_PERIOD_BYTES)
 
     def accumulators(self) -> int:
@@ -106,7 +115,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
     def work_units(self, problem: Problem) -> int:
         """What the blocks of a cluster take together: `cluster` vertically adjacent tiles (the last
         column's may reach past M), per batch."""
-        tiles_m, tiles_n = -(-problem.m // self.bm), -(-problem.n // self.bn)
+        tiles_m, tiles_n = -(-problem.m // self.tile_rows), -(-problem.n // self.bn)
         return -(-tiles_m // self.cluster) * tiles_n * problem.batch
 
     def grid_blocks(self, problem: Problem, device: Device, resident_clusters: int | None = None) -> int:
@@ -143,6 +152,11 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         if self.accumulators() > MAX_ACCUMULATORS:
             bad("registers", f"{self.accumulators()} accumulators per consumer thread (tile {self.wm}x{self.bn}) "
                              f"exceed {MAX_ACCUMULATORS}")
+        if self.pingpong and self.consumers != MAX_CONSUMERS:
+            bad("warp-tile", f"pingpong needs {MAX_CONSUMERS} consumers to take turns, the tile {self.bm}x{self.bn} "
+                             f"has {self.consumers}")
+        if self.pingpong and not self.persistent:
+            bad("grid", "pingpong needs a persistent grid (with a block per tile the second consumer would idle)")
         if self.split_k != 1:
             bad("split-k", f"split_k={self.split_k}: the Hopper kernels do not split K")
         if self.min_blocks != 1:
@@ -174,5 +188,5 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             trans_a=cxx_bool(problem.trans_a), b_mn_major=cxx_bool(not problem.trans_b),
             swizzle_bytes=SWIZZLE_BYTES, swizzle_period=SWIZZLE_PERIOD_BYTES, smem_bytes=self.smem_bytes(problem),
             producer_registers=producer, consumer_registers=consumer, cluster=self.cluster,
-            tma_store=cxx_bool(self.tma_store), **self.even_flags(problem),
+            tma_store=cxx_bool(self.tma_store), pingpong=cxx_bool(self.pingpong), **self.even_flags(problem),
         )
