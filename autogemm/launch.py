@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +23,7 @@ from .packed_launch import WORKSPACES, PackedKernel, current_stream_pointer
 from .problem import Device, Problem
 from .render import render
 from .repack import repacking_launcher
+from . import tensor_maps
 from .tensor_maps import MAP_DTYPE, TensorMapCache, TensorMapError, TiledLayout
 
 REDUCE_THREADS = 256
@@ -101,8 +101,7 @@ def resident_clusters(kernel: CompiledKernel, threads: int, smem: int, cluster: 
     """How many clusters of `cluster` blocks of this kernel the device holds at once, by the driver
     (a cluster's blocks share a GPC, so this is not simply SMs / cluster: a GPC with an odd number of
     free SMs leaves one idle)."""
-    from cuda.bindings import driver
-
+    driver = tensor_maps.driver()  # cuda-bindings, as the tensor maps need it (a clear error without it)
     config = driver.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = cluster, 1, 1
     config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
@@ -368,6 +367,9 @@ def operand_layout(problem: Problem, operand: KernelOperand, role: str, config: 
     return TiledLayout(problem.dtype, (length, rows, batch), (pitch, stride), box + (1,)), step
 
 
+RECENT_MAPS = 8  # maps per operand role a TMA launcher switches between without asking its cache
+
+
 def output_layout(problem: Problem, c: KernelOperand, config: GemmConfig) -> TiledLayout:
     """The tensor map layout of C (M x N row-major, then the batch) as a Hopper kernel's store
     epilogue writes it: boxes of one consumer's rows x 64 columns."""
@@ -400,32 +402,41 @@ def _tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c:
     lock = threading.Lock()
     current = [None, None, None]  # the addresses whose maps the arguments point at
     held = [None, None, None]  # those maps (kept alive while pointed at, even if their cache lets go)
-    # a C that TMA cannot address (alignment, pitch) is written by the kernel's direct path
-    unmappable: OrderedDict[int, None] = OrderedDict()
+    # per role, the maps of the addresses seen lately: switching back to one (layers alternating
+    # weights) costs a dict lookup; the role's cache (its lock, its LRU order) is asked only for a
+    # new address. False: a C that TMA cannot address (the kernel then writes from registers).
+    recent = ({}, {}, {})
+    caches = (maps_a, maps_b, maps_c)
+
+    def switch(role: int, address: int) -> bool:
+        found = recent[role].get(address)
+        if found is None:
+            try:
+                found = caches[role].get(address)
+            except TensorMapError:
+                if role < 2:
+                    raise
+                found = False
+            if len(recent[role]) >= RECENT_MAPS:
+                recent[role].clear()
+            recent[role][address] = found
+        current[role] = address
+        if found:
+            held[role] = found[0]
+            point(role, found[1])
+            return True
+        held[role] = None
+        return False
 
     def launch(pa, pb, pc, alpha, beta, stream=None):
         stream_pointer = current_stream_pointer(stream)
         with lock:
             if current[0] != pa:
-                held[0], where = maps_a.get(pa)
-                point(0, where)
-                current[0] = pa
+                switch(0, pa)
             if current[1] != pb:
-                held[1], where = maps_b.get(pb)
-                point(1, where)
-                current[1] = pb
+                switch(1, pb)
             if maps_c is not None and current[2] != pc:
-                current[2] = pc
-                held[2] = None
-                if pc not in unmappable:
-                    try:
-                        held[2], where = maps_c.get(pc)
-                        point(2, where)
-                    except TensorMapError:
-                        unmappable[pc] = None
-                        if len(unmappable) > maps_c.capacity:
-                            unmappable.popitem(last=False)
-                flags[c_mapped_at] = held[2] is not None
+                flags[c_mapped_at] = switch(2, pc)
             pointers[c_at] = pc
             scalars[alpha_at], scalars[alpha_at + 1] = alpha, beta
             launch_kernel(stream_pointer)

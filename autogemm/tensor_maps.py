@@ -86,27 +86,28 @@ def encode(layout: TiledLayout, address: int, operand: str = "operand") -> np.nd
     faults = layout.problems(address, operand)
     if faults:
         raise TensorMapError("; ".join(faults))
-    driver = _driver()
-    result, tensor_map = driver.cuTensorMapEncodeTiled(
-        getattr(driver.CUtensorMapDataType, DATA_TYPES[layout.dtype]), len(layout.dims), address,
-        [driver.cuuint64_t(d) for d in layout.dims], [driver.cuuint64_t(s) for s in layout.strides],
-        [driver.cuuint32_t(b) for b in layout.box], [driver.cuuint32_t(1)] * len(layout.dims),
-        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
-    if result != driver.CUresult.CUDA_SUCCESS:
+    api = driver()
+    result, tensor_map = api.cuTensorMapEncodeTiled(
+        getattr(api.CUtensorMapDataType, DATA_TYPES[layout.dtype]), len(layout.dims), address,
+        [api.cuuint64_t(d) for d in layout.dims], [api.cuuint64_t(s) for s in layout.strides],
+        [api.cuuint32_t(b) for b in layout.box], [api.cuuint32_t(1)] * len(layout.dims),
+        api.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        api.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        api.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        api.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if result != api.CUresult.CUDA_SUCCESS:
         raise TensorMapError(f"{operand}: cuTensorMapEncodeTiled refused {layout} at {address:#x}: {result.name}")
     return np.array([int(w) for w in tensor_map.opaque], dtype=np.uint64)
 
 
-def _driver():
+def driver():
+    """The CUDA driver API of NVIDIA's cuda-bindings (an optional dependency of the CUDA extras)."""
     try:
-        from cuda.bindings import driver
+        from cuda.bindings import driver as api
     except ImportError as exc:  # an optional dependency of the CUDA extras
         raise TensorMapError("the Hopper TMA kernels need NVIDIA's cuda-bindings package "
-                             "(pip install 'autogemm[cuda]')") from exc
-    return driver
+                             "(pip install 'autogemm[cuda13]', or 'autogemm[cuda12]')") from exc
+    return api
 
 
 class TensorMapCache:

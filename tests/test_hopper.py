@@ -148,7 +148,7 @@ def test_a_batched_operand_steps_through_its_matrices():
     (TiledLayout("float16", (64, 0, 1), (128, 1280), (64, 64, 1)), 0, "extent 0"),
 ])
 def test_what_tma_cannot_take_is_named_before_the_driver_is_asked(layout, address, fault, monkeypatch):
-    monkeypatch.setattr(tensor_maps, "_driver", lambda: pytest.fail("the driver was asked"))
+    monkeypatch.setattr(tensor_maps, "driver", lambda: pytest.fail("the driver was asked"))
     with pytest.raises(TensorMapError, match=fault):
         tensor_maps.encode(layout, address, "A")
 
@@ -203,9 +203,6 @@ def test_a_c_that_tma_cannot_address_is_written_from_registers(ldc, expected, mo
 
     from autogemm.packed_launch import PackedKernel
 
-    class Function:
-        ptr = 0
-
     def fake_encode(layout, address, operand):
         faults = layout.problems(address, operand)
         if faults:
@@ -215,12 +212,7 @@ def test_a_c_that_tma_cannot_address_is_written_from_registers(ldc, expected, mo
     launched = []
     monkeypatch.setattr(tensor_maps, "encode", fake_encode)
     monkeypatch.setattr(PackedKernel, "launch", lambda self, stream: launched.append(self.arguments()))
-    config = config_from_name("hopper_128x128x64_w64x128_s3_g8_k1_o1_p_ts")
-    problem = Problem(300, 500, 64, dtype="float16", compute="fp32")
-    prepared = PreparedGemm(config=config, problem=problem, kernel=SimpleNamespace(gemm=Function()), grid=(132, 1, 1),
-                            block=(384, 1, 1), smem=config.smem_bytes(problem), tiles_per_split=1)
-    a, b = KernelOperand(False, 64, 0, 0), KernelOperand(False, 512, 0, 0)
-    launch = _tma_launcher(prepared, a, b, KernelOperand(False, ldc, 0, 0), np.float32)
+    launch = _fake_hopper_launcher(ldc)
     stream = SimpleNamespace(ptr=0)
     for address in (0x10000, 0x20002, 0x10000):
         launch(0x1000, 0x2000, address, 1.0, 0.0, stream)
@@ -228,3 +220,64 @@ def test_a_c_that_tma_cannot_address_is_written_from_registers(ldc, expected, mo
     assert [arguments[3] for arguments in launched] == [0x10000, 0x20002, 0x10000]  # C itself, for the direct path
     if expected[0]:
         assert launched[0][2] == np.full(16, 0x10000, dtype=np.uint64).tobytes()  # the map of C's address
+
+
+def test_without_cuda_bindings_a_cluster_grid_says_what_to_install(monkeypatch):
+    import builtins
+
+    from autogemm.launch import resident_clusters
+
+    real_import = builtins.__import__
+
+    def no_bindings(name, *args, **kwargs):
+        if name.startswith("cuda.bindings") or name == "cuda":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_bindings)
+    with pytest.raises(TensorMapError, match="cuda-bindings package"):
+        resident_clusters(None, 384, 200_000, 2)
+
+
+def _fake_hopper_launcher(ldc: int = 512):
+    """The launcher of a Hopper kernel that is never loaded (its launch is patched by the caller)."""
+    from types import SimpleNamespace
+
+    class Function:
+        ptr = 0
+
+    config = config_from_name("hopper_128x128x64_w64x128_s3_g8_k1_o1_p_ts")
+    problem = Problem(300, 500, 64, dtype="float16", compute="fp32")
+    prepared = PreparedGemm(config=config, problem=problem, kernel=SimpleNamespace(gemm=Function()), grid=(132, 1, 1),
+                            block=(384, 1, 1), smem=config.smem_bytes(problem), tiles_per_split=1)
+    a, b = KernelOperand(False, 64, 0, 0), KernelOperand(False, 512, 0, 0)
+    return _tma_launcher(prepared, a, b, KernelOperand(False, ldc, 0, 0), np.float32)
+
+
+def test_switching_among_many_operands_always_points_at_the_right_map(monkeypatch):
+    """More weights than the launcher's recent maps and the cache hold, in turn: every launch must
+    read the map of its own operands (none stale, none freed while pointed at)."""
+    import gc
+    from types import SimpleNamespace
+
+    from autogemm.packed_launch import PackedKernel
+
+    encoded = []
+
+    def fake_encode(layout, address, operand):
+        encoded.append(address)
+        return np.full(16, address, dtype=np.uint64)
+
+    launched = []
+    monkeypatch.setattr(tensor_maps, "encode", fake_encode)
+    monkeypatch.setattr(PackedKernel, "launch", lambda self, stream: launched.append(self.arguments()))
+    launch = _fake_hopper_launcher()
+    weights = [0x100000 * (i + 1) for i in range(20)]
+    for turn in range(3):
+        for i, weight in enumerate(weights):
+            launch(0x1000 + 0x100 * (i % 2), weight, 0x9000, 1.0, 0.0, SimpleNamespace(ptr=0))
+            gc.collect()
+            arguments = launched[-1]
+            assert arguments[1] == np.full(16, weight, dtype=np.uint64).tobytes(), (turn, i)
+            assert arguments[0] == np.full(16, 0x1000 + 0x100 * (i % 2), dtype=np.uint64).tobytes()
+    assert encoded.count(0x1000) == 1 and encoded.count(0x9000) == 1  # the two activations and C: once each
