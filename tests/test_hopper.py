@@ -12,7 +12,8 @@ import pytest
 
 import autogemm.tensor_maps as tensor_maps
 from autogemm.families import HopperConfig, config_from_name
-from autogemm.launch import PreparedGemm, _tma_launcher, operand_layout, output_layout
+from autogemm.launch import PreparedGemm
+from autogemm.tma_launch import operand_layout, output_layout, tma_launcher
 from autogemm.operands import KernelOperand
 from autogemm.problem import Device, Problem
 from autogemm.space import SearchSpace, candidate_space_names
@@ -225,7 +226,7 @@ def test_a_c_that_tma_cannot_address_is_written_from_registers(ldc, expected, mo
 def test_without_cuda_bindings_a_cluster_grid_says_what_to_install(monkeypatch):
     import builtins
 
-    from autogemm.launch import resident_clusters
+    from autogemm.tma_launch import resident_clusters
 
     real_import = builtins.__import__
 
@@ -251,7 +252,7 @@ def _fake_hopper_launcher(ldc: int = 512):
     prepared = PreparedGemm(config=config, problem=problem, kernel=SimpleNamespace(gemm=Function()), grid=(132, 1, 1),
                             block=(384, 1, 1), smem=config.smem_bytes(problem), tiles_per_split=1)
     a, b = KernelOperand(False, 64, 0, 0), KernelOperand(False, 512, 0, 0)
-    return _tma_launcher(prepared, a, b, KernelOperand(False, ldc, 0, 0), np.float32)
+    return tma_launcher(prepared, a, b, KernelOperand(False, ldc, 0, 0), np.float32)
 
 
 def test_switching_among_many_operands_always_points_at_the_right_map(monkeypatch):
