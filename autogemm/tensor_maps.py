@@ -28,9 +28,12 @@ DIM_LIMIT = 2**32
 BOX_LIMIT = 256
 SWIZZLE_ROW_BYTES = 128
 MAX_RANK = 5
-# numpy element dtype -> the driver's CUtensorMapDataType member; bfloat16 arrives as its uint16 bits
+# numpy element dtype -> the driver's CUtensorMapDataType member; bfloat16 arrives as its uint16 bits.
+# "tfloat32": FP32 in memory that TMA rounds to TF32 as it copies (what a TF32 product reads).
 DATA_TYPES = {"float16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16", "bfloat16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
-              "float32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32", "float64": "CU_TENSOR_MAP_DATA_TYPE_FLOAT64"}
+              "float32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32", "float64": "CU_TENSOR_MAP_DATA_TYPE_FLOAT64",
+              "tfloat32": "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32"}
+STORED_AS = {"tfloat32": "float32"}  # the element in memory, where the map's type names a conversion
 
 # a numpy scalar type of 128 raw bytes: how a map travels in a packed argument buffer
 MAP_DTYPE = np.dtype((np.void, MAP_BYTES))
@@ -56,7 +59,7 @@ class TiledLayout:
         faults = []
         if self.dtype not in DATA_TYPES:
             return [f"{operand}: TMA copies {', '.join(DATA_TYPES)}, not {self.dtype}"]
-        itemsize = dtypes.lookup(self.dtype).itemsize
+        itemsize = dtypes.lookup(STORED_AS.get(self.dtype, self.dtype)).itemsize
         if not 1 <= len(self.dims) <= MAX_RANK or len(self.strides) != len(self.dims) - 1 \
                 or len(self.box) != len(self.dims):
             return [f"{operand}: a tensor map has 1 to {MAX_RANK} dimensions with a stride for each but the "

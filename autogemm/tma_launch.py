@@ -62,7 +62,13 @@ def operand_layout(problem: Problem, operand: KernelOperand, role: str, config: 
         batch, stride, step = problem.batch, operand.batch_stride * itemsize, 1
     else:  # one matrix for the whole batch: a batch dimension of 1, which coordinate 0 always reads
         batch, stride, step = 1, pitch * rows, 0
-    return TiledLayout(problem.dtype, (length, rows, batch), (pitch, stride), box + (1,)), step
+    return TiledLayout(map_dtype(problem), (length, rows, batch), (pitch, stride), box + (1,)), step
+
+
+def map_dtype(problem: Problem) -> str:
+    """The element type of A's and B's maps: TF32 products read FP32 through TMA's TFLOAT32 type,
+    which rounds to TF32 (to nearest) on the way into shared memory."""
+    return "tfloat32" if problem.compute == "tf32" else problem.dtype
 
 
 RECENT_MAPS = 8  # maps per operand role a TMA launcher switches between without asking its cache

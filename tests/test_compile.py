@@ -134,6 +134,13 @@ HOPPER_PROBLEMS = [("float16", 4096, 4096, 4096), ("bfloat16", 127, 129, 65), ("
 # neither, and consumers taking turns (pingpong)
 HOPPER_FIXED = ["hopper_128x256x64_w64x256_s3_g8_k1_o1_p_c2_ts", "hopper_256x128x64_w128x128_s3_g1_k1_o1",
                 "hopper_256x128x64_w128x128_s4_g16_k1_o1_p_ts_pp"]
+# TF32 (TMA rounding through TFLOAT32 maps): NN swapped with A's fragments from registers and C written
+# transposed, NT with both operands from shared memory stored through TMA, TT with A from registers
+# in clusters; and a 16-bit swap (TN), on tails
+HOPPER_SWAP_TF32 = [("hopper_128x256x32_w64x256_s4_g8_k1_o1_p_sw", "float32", "nn"),
+                    ("hopper_128x256x32_w64x256_s4_g8_k1_o1_p_ts", "float32", "nt"),
+                    ("hopper_128x128x32_w64x128_s6_g8_k1_o1_p_c2", "float32", "tt"),
+                    ("hopper_128x256x64_w64x256_s4_g16_k1_o1_p_sw", "float16", "tn")]
 
 
 def _hopper_variants(device: Device):
@@ -145,6 +152,11 @@ def _hopper_variants(device: Device):
             variants += [(config, problem) for config in space.sample(1, problem, device, seed=i)]
     for name, layout in zip(HOPPER_FIXED, ("nt", "tn", "tt")):
         config, problem = config_from_name(name), Problem.from_layout(1000, 3000, 200, layout, dtype="float16")
+        if not config.check(problem, device):
+            variants.append((config, problem))
+    for name, dtype, layout in HOPPER_SWAP_TF32:
+        config = config_from_name(name)
+        problem = Problem.from_layout(1000, 3001, 200, layout, dtype=dtype, compute="tf32" if dtype == "float32" else "fp32")
         if not config.check(problem, device):
             variants.append((config, problem))
     return variants
@@ -202,10 +214,11 @@ def test_sample_compiles_without_spills(arch):
     hopper_layouts = {p.layout for _, p, *_ in hopper}
     assert hopper_layouts == ({"nn", "nt", "tn", "tt"} if arch == "sm_90" else set()), hopper_layouts
     if arch == "sm_90":  # one config per problem and layout, several of them different, and the fixed ones
-        assert len(hopper) == 4 * len(HOPPER_PROBLEMS) + len(HOPPER_FIXED), len(hopper)
+        assert len(hopper) == 4 * len(HOPPER_PROBLEMS) + len(HOPPER_FIXED) + len(HOPPER_SWAP_TF32), len(hopper)
         assert len({c.name for c, *_ in hopper}) >= 4
         assert {c.cluster for c, *_ in hopper} == {1, 2} and {c.tma_store for c, *_ in hopper} == {False, True}
-        assert {c.pingpong for c, *_ in hopper} == {False, True}
+        assert {c.pingpong for c, *_ in hopper} == {False, True} and {c.swap for c, *_ in hopper} == {False, True}
+        assert {p.layout for _, p, *_ in hopper if p.compute == "tf32"} == {"nn", "nt", "tt"}
     paths = {c.instruction for c, *_ in tensor_core}
     assert paths == ({"wmma", "mma", "wgmma"} if arch == "sm_90" else {"wmma", "mma"}), paths
 

@@ -51,6 +51,11 @@ QUICK = (
     ("float16", "fp32", "hopper_128x128x64_w64x128_s3_g8_k1_o1_p_c2_ts"),
     ("bfloat16", "fp32", "hopper_128x64x128_w128x64_s2_g1_k1_o1_c2"),
     ("bfloat16", "fp32", "hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_pp"),
+    # TF32 (operands rounded by TMA): swapped (NN, NT) with C written transposed from registers; NT and
+    # TT with A's fragments from registers (TT), storing through TMA; a 16-bit swap in every layout
+    ("float32", "tf32", "hopper_128x128x32_w64x128_s4_g8_k1_o1_p_sw"),
+    ("float32", "tf32", "hopper_128x128x32_w64x128_s4_g1_k1_o1_ts"),
+    ("float16", "fp32", "hopper_128x128x64_w64x128_s3_g8_k1_o1_p_sw"),
 )
 
 
@@ -80,12 +85,13 @@ def test_the_tier_covers_every_path_layout_and_edge_shape():
             path = (run.config.family, getattr(run.config, "instruction", "simt"), run.dtype, run.compute)
             ran.setdefault(path, set()).add((run.case.name, run.layout))
     # SIMT; WMMA, mma.sync and wgmma per 16-bit type and TF32; WMMA and mma.sync for FP64; GEMV per
-    # dtype; Hopper per 16-bit type
-    assert len(ran) == 18
+    # dtype; Hopper per 16-bit type and TF32
+    assert len(ran) == 19
     for path, done in ran.items():
         assert {case.name for case in EDGE_CASES} <= {name for name, _ in done}, path
         layouts = {layout for _, layout in done}
-        assert layouts == ({"nn", "nt", "tt"} if path[1] == "wgmma" else {"nn", "nt", "tn", "tt"}), path
+        k_major_only = path[1] == "wgmma" or (path[0] == "hopper" and path[3] == "tf32")  # no TN
+        assert layouts == ({"nn", "nt", "tt"} if k_major_only else {"nn", "nt", "tn", "tt"}), path
 
 
 @pytest.mark.gpu

@@ -16,11 +16,13 @@ from autogemm.launch import PreparedGemm
 from autogemm.tma_launch import operand_layout, output_layout, tma_launcher
 from autogemm.operands import KernelOperand
 from autogemm.problem import Device, Problem
+from autogemm.render import render
 from autogemm.space import SearchSpace, candidate_space_names
 from autogemm.tensor_maps import TensorMapCache, TensorMapError, TiledLayout
 
 H100 = Device.for_arch("sm_90")
 BIG = Problem(4096, 4096, 4096, dtype="float16", compute="fp32")
+TF32_NN = Problem(4096, 4096, 4096, dtype="float32", compute="tf32")
 
 
 def test_names_round_trip_and_say_what_they_are():
@@ -39,6 +41,39 @@ def test_names_round_trip_and_say_what_they_are():
         config.replace(cluster=4).validated()
     turns = config_from_name("hopper_256x128x64_w128x128_s4_g16_k1_o1_p_ts_pp")
     assert turns.pingpong and turns.consumers == 2 and turns.tile_rows == 128 and config.tile_rows == 128
+
+
+def test_swap_is_a_knob_that_renders_the_swapped_product():
+    swapped = config_from_name("hopper_128x256x32_w64x256_s4_g8_k1_o1_p_sw")
+    assert swapped.swap is True and swapped.swaps_operands and config_from_name(swapped.name) == swapped
+    problem = Problem.from_layout(300, 500, 200, "nn", dtype="float32", compute="tf32")
+    kernel = swapped.kernel_problem(problem)
+    assert (kernel.m, kernel.n, kernel.layout) == (500, 300, "tt")  # B^T (stored K x N) in A's role
+    assert "constexpr bool C_TRANSPOSED = true;" in render(swapped, problem).code
+    assert "constexpr bool C_TRANSPOSED = false;" in render(dataclasses.replace(swapped, swap=False),
+                                                            Problem.from_layout(300, 500, 200, "nt", dtype="float32",
+                                                                                compute="tf32")).code
+
+
+@pytest.mark.parametrize("layout, name, a_in_registers", [
+    ("nn", "hopper_128x256x32_w64x256_s4_g8_k1_o1_p_sw", True),  # swapped: A's role is B's, stored K x N
+    ("nt", "hopper_128x256x32_w64x256_s4_g8_k1_o1_p_ts", False),  # both K-major: both from shared memory
+    ("nt", "hopper_128x256x32_w64x256_s4_g8_k1_o1_p_sw", False),
+    ("tt", "hopper_128x256x32_w64x256_s4_g8_k1_o1_p", True),  # A stored K x M: through registers
+])
+def test_tf32_reads_shared_memory_k_major_and_takes_a_from_registers_where_it_is_not(layout, name, a_in_registers):
+    config = config_from_name(name)
+    problem = Problem.from_layout(4096, 4096, 4096, layout, dtype="float32", compute="tf32")
+    assert not config.check(problem, H100)
+    kernel = config.kernel_problem(problem)
+    assert config.a_in_registers(kernel) is a_in_registers and kernel.trans_b
+    code = render(config, problem).code
+    assert ("constexpr bool A_IN_REGISTERS = true;" in code) is a_in_registers
+    assert "constexpr bool TRANSPOSES = false;" in code and ".tf32.tf32" in code and "m64n256k8" in code
+    # sixteen-bit types keep the transpose bits and never take A from registers
+    sixteen = dataclasses.replace(config, bk=64, tma_store=False)
+    code = render(sixteen, Problem.from_layout(4096, 4096, 4096, layout, dtype="float16", compute="fp32")).code
+    assert "constexpr bool TRANSPOSES = true;" in code and "constexpr bool A_IN_REGISTERS = false;" in code
 
 
 def test_pingpong_tiles_are_a_consumers_and_need_two_consumers_on_a_persistent_grid():
@@ -81,7 +116,12 @@ def test_clusters_take_pairs_of_tiles_and_persistent_grids_only_what_stays_resid
 
 def test_every_shipped_seed_runs_the_big_square_on_an_h100():
     space = SearchSpace.load("hopper")
-    assert space.seeds and all(not seed.check(BIG, H100) for seed in space.seeds)
+    tf32 = [dataclasses.replace(TF32_NN, trans_b=trans_b) for trans_b in (False, True)]  # NN and NT
+    sixteen_bit = [seed for seed in space.seeds if seed.bk % 64 == 0]
+    assert len(sixteen_bit) >= 4 and all(not seed.check(BIG, H100) for seed in sixteen_bit)
+    # and TF32's, each in NN or NT; both layouts have one
+    served = {p.layout for seed in space.seeds for p in tf32 if not seed.check(p, H100)}
+    assert served == {"nn", "nt"} and all(any(not seed.check(p, H100) for p in tf32 + [BIG]) for seed in space.seeds)
     for layout in ("nn", "nt", "tn", "tt"):  # every layout: MN-major operands through wgmma's transpose bits
         problem = Problem.from_layout(255, 257, 1023, layout, dtype="bfloat16", compute="fp32")
         assert not space.seeds[0].check(problem, H100)
@@ -89,7 +129,6 @@ def test_every_shipped_seed_runs_the_big_square_on_an_h100():
 
 @pytest.mark.parametrize("name, problem, device, code", [
     ("hopper_128x256x64_w64x256_s4_g8_k1_o1_p", BIG, Device.for_arch("sm_80"), "tensor-core"),
-    ("hopper_128x256x64_w64x256_s4_g8_k1_o1_p", Problem(64, 64, 64), H100, "dtype"),  # float32
     ("hopper_128x256x64_w64x256_s4_g8_k1_o1_p", Problem(64, 64, 64, dtype="float64"), H100, "dtype"),
     ("hopper_128x256x64_w128x256_s4_g8_k1_o1_p", BIG, H100, "registers"),  # 256 accumulators a thread
     ("hopper_256x128x64_w64x128_s4_g8_k1_o1_p", BIG, H100, "warp-tile"),  # four consumers
@@ -99,19 +138,30 @@ def test_every_shipped_seed_runs_the_big_square_on_an_h100():
     ("hopper_128x256x128_w64x256_s4_g8_k1_o1_p", BIG, H100, "shared-memory"),  # 4 x 96 KB
     ("hopper_128x256x64_w64x256_s4_g8_k2_o1_p", BIG, H100, "split-k"),
     ("hopper_128x256x64_w64x256_s4_g8_k1_o2_p", BIG, H100, "occupancy"),
+    # TF32: shared memory K-major only (no transpose bits), A's fragments in registers where A is not
+    ("hopper_128x256x32_w64x256_s4_g8_k1_o1_p", TF32_NN, H100, "layout"),  # needs swap
+    ("hopper_128x256x32_w64x256_s4_g8_k1_o1_p_sw", dataclasses.replace(TF32_NN, trans_a=True, trans_b=True), H100,
+     "layout"),  # TT swapped: B^T's K strided
+    ("hopper_128x256x32_w64x256_s4_g8_k1_o1_p_sw", dataclasses.replace(TF32_NN, trans_a=True), H100, "layout"),  # TN
+    ("hopper_128x256x64_w64x256_s2_g8_k1_o1_p_sw", TF32_NN, H100, "registers"),  # 128 + 64 fragment registers
+    ("hopper_128x256x32_w64x256_s4_g8_k1_o1_p_ts_sw", TF32_NN, H100, "choice"),  # TMA stores C untransposed
+    ("hopper_128x256x64_w64x256_s4_g8_k1_o1_p", Problem(64, 64, 64, compute="fp32"), H100, "dtype"),  # FP32 exact
 ])
 def test_check_names_the_reason(name, problem, device, code):
     reasons = config_from_name(name).check(problem, device)
     assert any(reason.startswith(code + ":") for reason in reasons), reasons
 
 
-def test_the_space_is_searched_for_sixteen_bit_types_on_hopper_only():
+def test_the_space_is_searched_for_sixteen_bit_types_and_tf32_on_hopper_only():
     assert "hopper" in candidate_space_names(BIG, H100)
+    assert "hopper" in candidate_space_names(TF32_NN, H100)
     assert "hopper" not in candidate_space_names(BIG, Device.for_arch("sm_80"))
-    assert "hopper" not in candidate_space_names(Problem(4096, 4096, 4096), H100)  # float32
+    assert "hopper" not in candidate_space_names(Problem(4096, 4096, 4096), H100)  # float32, exact
     assert "hopper" not in candidate_space_names(Problem(1, 4096, 4096, dtype="float16", compute="fp32"), H100)
     space = SearchSpace.load("hopper")
     assert all(not c.check(BIG, H100) for c in space.sample(20, BIG, H100, seed=3))
+    drawn = space.sample(20, TF32_NN, H100, seed=3)
+    assert drawn and all(c.swap and not c.check(TF32_NN, H100) for c in drawn)  # NN in TF32: always swapped
 
 
 @pytest.mark.parametrize("layout, a_dims, a_box, b_dims, b_box", [
@@ -131,6 +181,20 @@ def test_tensor_maps_describe_each_operand_as_stored(layout, a_dims, a_box, b_di
     assert (layout_a.dims, layout_a.box, layout_b.dims, layout_b.box) == (a_dims, a_box, b_dims, b_box)
     assert layout_a.strides[0] == 2 * ld_a and layout_b.strides[0] == 2 * ld_b
     assert step_a == step_b == 0  # one matrix shared by the batch: coordinate 0 always
+
+
+def test_tf32_operands_are_mapped_as_tfloat32_which_tma_rounds_and_c_as_float32():
+    config = config_from_name("hopper_128x256x32_w64x256_s4_g8_k1_o1_p_ts")
+    problem = Problem.from_layout(200, 500, 300, "nt", dtype="float32", compute="tf32")
+    a = KernelOperand(transposed=False, ld=304, batch_stride=0, pointer=0)
+    b = KernelOperand(transposed=True, ld=304, batch_stride=0, pointer=0)
+    (layout_a, _), (layout_b, _) = operand_layout(problem, a, "A", config), operand_layout(problem, b, "B", config)
+    assert layout_a.dtype == layout_b.dtype == "tfloat32"
+    assert (layout_a.box, layout_b.box) == ((32, 128, 1), (32, 256, 1))  # 32 floats: one 128-byte row
+    assert layout_a.strides[0] == 4 * 304 and not layout_a.problems(0, "A")
+    c = output_layout(problem, KernelOperand(False, 504, 0, 0), config)
+    assert c.dtype == "float32" and c.box == (32, 64, 1)
+    assert tensor_maps.DATA_TYPES["tfloat32"] == "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32"
 
 
 def test_a_batched_operand_steps_through_its_matrices():

@@ -1,4 +1,4 @@
-"""The Hopper family (`hopper_gemm.cu.j2`, sm_90a): FP16 and BF16 GEMM fed by the Tensor Memory
+"""The Hopper family (`hopper_gemm.cu.j2`, sm_90a): FP16, BF16 and TF32 GEMM fed by the Tensor Memory
 Accelerator, the way the public Hopper GEMMs that beat cuBLAS are built.
 
 A block has one producer warpgroup, whose first thread asks TMA for both operands' K slices (tensor
@@ -16,6 +16,13 @@ results in shared memory in 64-column chunks that TMA writes to C while they sta
 (beta != 0 and a C that TMA cannot address take the direct path from registers). With `pingpong`
 the two consumers do not share a tile but take turns on wm x bn tiles, one's epilogue under the
 other's wgmmas.
+
+TF32: the operands' tensor maps are of TMA's TFLOAT32 type, which rounds FP32 to TF32 as it copies
+(to nearest: cuBLAS's accuracy, where wgmma reading raw FP32 bits would truncate them). wgmma reads
+TF32 from shared memory K-major only, so an A stored K x M is read into registers (wgmma's A from
+registers) and a B stored K x N needs `swap` (C^T = B^T A^T, the kernel writing C transposed);
+layout TN has K contiguous in neither operand and is not served in TF32. `swap` is a knob for the
+16-bit types too (any layout), without the TMA store epilogue.
 
 TMA needs 16-byte aligned addresses and pitches, so an operand that is not is copied to an aligned
 pitch first (`repack`); tails need nothing (TMA fills zeros past the matrices' edges).
@@ -46,7 +53,10 @@ BARRIER_BYTES = 8  # an mbarrier
 # registers per thread after setmaxnreg with two consumers: the producer gives up what the
 # consumers take (128 x 40 + 256 x 232 = 384 x 168, the block's share under __launch_bounds__)
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
-SIXTEEN_BIT = (("float16", "fp32"), ("bfloat16", "fp32"))
+COMPUTES = (("float16", "fp32"), ("bfloat16", "fp32"), ("float32", "tf32"))
+# a consumer's A fragments with A from registers: two slices' worth (one in flight, one loading) of
+# 4 registers per m64 block and k-step, on top of the accumulators, within the consumer's registers
+MAX_ACCUMULATORS_AND_FRAGMENTS = 160
 
 KNOBS = (
     # wm x wn: one consumer warpgroup's tile (wn = bn: a consumer spans the tile's columns)
@@ -58,6 +68,8 @@ KNOBS = (
          why="blocks of a cluster sharing B's slices by multicast; 1: no cluster"),
     Knob("tma_store", bool, False, omitted=False, words={True: "ts"}),
     Knob("pingpong", bool, False, omitted=False, words={True: "pp"}),
+    Knob("swap", bool, False, omitted=False, words={True: "sw"},
+         why="computes C^T = B^T A^T: B in A's role (TF32 with B stored K x N needs it)"),
 )
 
 class HopperConfig(VectorizedLoads, GemmConfig):
@@ -73,9 +85,31 @@ class HopperConfig(VectorizedLoads, GemmConfig):
 
     @classmethod
     def computes(cls) -> tuple[dtypes.DType, ...]:
-        return tuple(row for row in dtypes.ROWS if (row.name, row.compute) in SIXTEEN_BIT)
+        return tuple(row for row in dtypes.ROWS if (row.name, row.compute) in COMPUTES)
 
     # ---- derived sizes -------------------------------------------------------------------------
+    @property
+    def swaps_operands(self) -> bool:
+        return self.swap is True
+
+    @staticmethod
+    def transposes(problem: Problem) -> bool:
+        """Whether wgmma's transpose bits serve MN-major operands (16-bit types; not TF32)."""
+        return dtypes.lookup(problem.dtype, problem.compute).itemsize == 2
+
+    def a_in_registers(self, problem: Problem) -> bool:
+        """Whether the consumers read A into registers (wgmma's A from registers): TF32 with the
+        kernel's A stored K x M. `problem` is the kernel's (`kernel_problem`)."""
+        return problem.trans_a and not self.transposes(problem)
+
+    def fragment_registers(self, problem: Problem) -> int:
+        """A's fragments a consumer thread holds with A from registers: two slices of 4 per m64
+        block and k-step. `problem` is the kernel's."""
+        if not self.a_in_registers(problem):
+            return 0
+        k_step = dtypes.lookup(problem.dtype, problem.compute).tensor_core.wgmma_k
+        return 2 * (self.wm // ROWS_PER_INSTRUCTION) * (self.bk // k_step) * 4
+
     @property
     def vec(self) -> int:
         """Elements per 16 bytes (TMA's alignment), for the repacking of misaligned operands."""
@@ -157,6 +191,20 @@ class HopperConfig(VectorizedLoads, GemmConfig):
                              f"has {self.consumers}")
         if self.pingpong and not self.persistent:
             bad("grid", "pingpong needs a persistent grid (with a block per tile the second consumer would idle)")
+        kernel = self.kernel_problem(problem)
+        if not self.transposes(problem) and not kernel.trans_b:
+            if problem.layout == "tn":
+                bad("layout", f"wgmma reads {problem.dtype}/{problem.compute} from shared memory K-major only: layout TN "
+                              f"has K contiguous in neither A nor B")
+            else:
+                bad("layout", f"wgmma reads {problem.dtype}/{problem.compute} from shared memory K-major only: layout "
+                              f"{problem.layout.upper()} needs swap={not self.swap} (B's K is "
+                              f"{'contiguous' if problem.trans_b else 'strided'})")
+        elif self.accumulators() + self.fragment_registers(kernel) > MAX_ACCUMULATORS_AND_FRAGMENTS:
+            bad("registers", f"{self.accumulators()} accumulators and {self.fragment_registers(kernel)} registers of A's "
+                             f"fragments per consumer thread exceed {MAX_ACCUMULATORS_AND_FRAGMENTS}")
+        if self.swap and self.tma_store:
+            bad("choice", "the TMA store epilogue writes C as the kernel computes it, not transposed (swap)")
         if self.split_k != 1:
             bad("split-k", f"split_k={self.split_k}: the Hopper kernels do not split K")
         if self.min_blocks != 1:
@@ -186,6 +234,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             to_acc=row.to_acc, from_acc=row.from_acc, mma_input=row.tensor_core.mma_input, fk=row.tensor_core.wgmma_k,
             bm=self.bm, bn=self.bn, bk=self.bk, consumers=self.consumers, stages=self.stages, group_m=self.group_m,
             trans_a=cxx_bool(problem.trans_a), b_mn_major=cxx_bool(not problem.trans_b),
+            transposes=self.transposes(problem), a_in_registers=self.a_in_registers(problem),
+            c_transposed=cxx_bool(self.swaps_operands),
             swizzle_bytes=SWIZZLE_BYTES, swizzle_period=SWIZZLE_PERIOD_BYTES, smem_bytes=self.smem_bytes(problem),
             producer_registers=producer, consumer_registers=consumer, cluster=self.cluster,
             tma_store=cxx_bool(self.tma_store), pingpong=cxx_bool(self.pingpong), **self.even_flags(problem),
