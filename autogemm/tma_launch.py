@@ -76,12 +76,15 @@ RECENT_MAPS = 8  # maps per operand role a TMA launcher switches between without
 
 def output_layout(problem: Problem, c: KernelOperand, config: GemmConfig) -> TiledLayout:
     """The tensor map layout of C (M x N row-major, then the batch) as a Hopper kernel's store
-    epilogue writes it: boxes of one consumer's rows x 64 columns."""
+    epilogue writes it: boxes of one consumer's rows x one 128-byte row of columns. `problem` is
+    the kernel's: where the config swaps the operands, C is its C^T (the kernel's M is C's N), and
+    a box is the kernel's columns (wm of C's rows) by a 128-byte row of its rows (C's columns)."""
     itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
     atom = config.swizzle_row_bytes // itemsize
     pitch = c.ld * itemsize
-    stride = c.batch_stride * itemsize if problem.batch > 1 else pitch * problem.m
-    return TiledLayout(problem.dtype, (problem.n, problem.m, problem.batch), (pitch, stride), (atom, config.wm, 1))
+    rows, columns = (problem.n, problem.m) if config.swaps_operands else (problem.m, problem.n)
+    stride = c.batch_stride * itemsize if problem.batch > 1 else pitch * rows
+    return TiledLayout(problem.dtype, (columns, rows, problem.batch), (pitch, stride), (atom, config.wm, 1))
 
 
 def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand, scalar):

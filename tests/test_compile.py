@@ -134,10 +134,10 @@ HOPPER_PROBLEMS = [("float16", 4096, 4096, 4096), ("bfloat16", 127, 129, 65), ("
 # neither, and consumers taking turns (pingpong)
 HOPPER_FIXED = ["hopper_128x256x64_w64x256_s3_g8_k1_o1_p_c2_ts", "hopper_256x128x64_w128x128_s3_g1_k1_o1",
                 "hopper_256x128x64_w128x128_s4_g16_k1_o1_p_ts_pp"]
-# TF32 (TMA rounding through TFLOAT32 maps): NN swapped with A's fragments from registers and C written
-# transposed, NT with both operands from shared memory stored through TMA, TT with A from registers
+# TF32 (TMA rounding through TFLOAT32 maps): NN swapped with A's fragments from registers and C stored
+# transposed through TMA, NT with both operands from shared memory stored through TMA, TT with A from registers
 # in clusters; and a 16-bit swap (TN), on tails
-HOPPER_SWAP_TF32 = [("hopper_128x256x32_w64x256_s4_g8_k1_o1_p_sw", "float32", "nn"),
+HOPPER_SWAP_TF32 = [("hopper_128x256x32_w64x256_s4_g8_k1_o1_p_ts_sw", "float32", "nn"),
                     ("hopper_128x256x32_w64x256_s4_g8_k1_o1_p_ts", "float32", "nt"),
                     ("hopper_128x128x32_w64x128_s6_g8_k1_o1_p_c2", "float32", "tt"),
                     ("hopper_128x256x64_w64x256_s4_g16_k1_o1_p_sw", "float16", "tn")]

@@ -51,11 +51,12 @@ QUICK = (
     ("float16", "fp32", "hopper_128x128x64_w64x128_s3_g8_k1_o1_p_c2_ts"),
     ("bfloat16", "fp32", "hopper_128x64x128_w128x64_s2_g1_k1_o1_c2"),
     ("bfloat16", "fp32", "hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_pp"),
-    # TF32 (operands rounded by TMA): swapped (NN, NT) with C written transposed from registers; NT and
-    # TT with A's fragments from registers (TT), storing through TMA; a 16-bit swap in every layout
-    ("float32", "tf32", "hopper_128x128x32_w64x128_s4_g8_k1_o1_p_sw"),
+    # TF32 (operands rounded by TMA): swapped (NN, NT) with C stored transposed through TMA (from
+    # registers where beta != 0 or C is misaligned); NT and TT with A's fragments from registers (TT),
+    # storing through TMA; a 16-bit swap in every layout, two m64 blocks per consumer
+    ("float32", "tf32", "hopper_128x128x32_w64x128_s4_g8_k1_o1_p_ts_sw"),
     ("float32", "tf32", "hopper_128x128x32_w64x128_s4_g1_k1_o1_ts"),
-    ("float16", "fp32", "hopper_128x128x64_w64x128_s3_g8_k1_o1_p_sw"),
+    ("float16", "fp32", "hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_sw"),
 )
 
 

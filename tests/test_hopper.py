@@ -144,7 +144,7 @@ def test_every_shipped_seed_runs_the_big_square_on_an_h100():
      "layout"),  # TT swapped: B^T's K strided
     ("hopper_128x256x32_w64x256_s4_g8_k1_o1_p_sw", dataclasses.replace(TF32_NN, trans_a=True), H100, "layout"),  # TN
     ("hopper_128x256x64_w64x256_s2_g8_k1_o1_p_sw", TF32_NN, H100, "registers"),  # 128 + 64 fragment registers
-    ("hopper_128x256x32_w64x256_s4_g8_k1_o1_p_ts_sw", TF32_NN, H100, "choice"),  # TMA stores C untransposed
+    ("hopper_256x64x32_w128x64_s4_g8_k1_o1_p_ts_sw", TF32_NN, H100, "choice"),  # transposed chunks of 128 rows
     ("hopper_128x256x64_w64x256_s4_g8_k1_o1_p", Problem(64, 64, 64, compute="fp32"), H100, "dtype"),  # FP32 exact
 ])
 def test_check_names_the_reason(name, problem, device, code):
@@ -181,6 +181,17 @@ def test_tensor_maps_describe_each_operand_as_stored(layout, a_dims, a_box, b_di
     assert (layout_a.dims, layout_a.box, layout_b.dims, layout_b.box) == (a_dims, a_box, b_dims, b_box)
     assert layout_a.strides[0] == 2 * ld_a and layout_b.strides[0] == 2 * ld_b
     assert step_a == step_b == 0  # one matrix shared by the batch: coordinate 0 always
+
+
+def test_a_swapped_store_maps_c_as_the_user_holds_it():
+    config = config_from_name("hopper_128x256x32_w64x256_s4_g8_k1_o1_p_ts_sw")
+    user = Problem.from_layout(300, 500, 200, "nn", dtype="float32", compute="tf32")
+    assert not config.check(user, H100)
+    kernel = config.kernel_problem(user)  # 500 x 300: C^T
+    c = output_layout(kernel, KernelOperand(False, 504, 0, 0), config)
+    assert c.dims == (500, 300, 1) and c.strides == (4 * 504, 4 * 504 * 300) and c.box == (32, 64, 1)
+    plain = output_layout(user, KernelOperand(False, 504, 0, 0), dataclasses.replace(config, swap=False))
+    assert plain.dims == c.dims and plain.strides == c.strides
 
 
 def test_tf32_operands_are_mapped_as_tfloat32_which_tma_rounds_and_c_as_float32():

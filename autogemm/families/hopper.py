@@ -20,9 +20,9 @@ other's wgmmas.
 TF32: the operands' tensor maps are of TMA's TFLOAT32 type, which rounds FP32 to TF32 as it copies
 (to nearest: cuBLAS's accuracy, where wgmma reading raw FP32 bits would truncate them). wgmma reads
 TF32 from shared memory K-major only, so an A stored K x M is read into registers (wgmma's A from
-registers) and a B stored K x N needs `swap` (C^T = B^T A^T, the kernel writing C transposed);
-layout TN has K contiguous in neither operand and is not served in TF32. `swap` is a knob for the
-16-bit types too (any layout), without the TMA store epilogue.
+registers) and a B stored K x N needs `swap` (C^T = B^T A^T, the kernel writing C transposed, with
+`tma_store` in transposed chunks); layout TN has K contiguous in neither operand and is not served
+in TF32. `swap` is a knob for the 16-bit types too (any layout).
 
 TMA needs 16-byte aligned addresses and pitches, so an operand that is not is copied to an aligned
 pitch first (`repack`); tails need nothing (TMA fills zeros past the matrices' edges).
@@ -203,8 +203,9 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         elif self.accumulators() + self.fragment_registers(kernel) > MAX_ACCUMULATORS_AND_FRAGMENTS:
             bad("registers", f"{self.accumulators()} accumulators and {self.fragment_registers(kernel)} registers of A's "
                              f"fragments per consumer thread exceed {MAX_ACCUMULATORS_AND_FRAGMENTS}")
-        if self.swap and self.tma_store:
-            bad("choice", "the TMA store epilogue writes C as the kernel computes it, not transposed (swap)")
+        if self.swap and self.tma_store and self.bn % self.wm:
+            bad("choice", f"the transposed TMA store (swap) stages {self.wm} of C's rows at a time: bn={self.bn} "
+                          f"is no multiple of wm={self.wm}")
         if self.split_k != 1:
             bad("split-k", f"split_k={self.split_k}: the Hopper kernels do not split K")
         if self.min_blocks != 1:
