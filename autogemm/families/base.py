@@ -53,6 +53,12 @@ def grid_knobs() -> tuple[Knob, ...]:
             Knob("min_blocks", int, 1, code="o", low=1, high=MAX_BLOCKS_PER_SM))
 
 
+def swap_knob() -> Knob:
+    """The operand-role swap of the families that have one: the kernel computes C^T = B^T A^T (B in
+    A's role) and writes C transposed; written "_sw"."""
+    return Knob("swap", bool, False, omitted=False, words={True: "sw"})
+
+
 @dataclass(frozen=True)
 class VectorWidths:
     """Widths (elements) of the global accesses to A, B and C compiled into a kernel. A config's

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .. import dtypes
 from ..problem import Device, Problem
-from .base import WARP, GemmConfig, VectorizedLoads, VectorWidths, cxx_bool
+from .base import WARP, GemmConfig, VectorizedLoads, VectorWidths, cxx_bool, swap_knob
 from .knobs import Knob
 
 MAX_ROWS = 16  # BM: rows of M a block keeps in registers (the family is for short M)
@@ -41,7 +41,7 @@ KNOBS = (
     Knob("min_blocks", int, 1, code="o", low=1, high=32),
     # compute C^T = B^T A^T: a short N becomes the short side the block keeps in registers (the
     # kernel reads B as its first operand, A as its second, and writes C transposed)
-    Knob("swap", bool, False, omitted=False, words={True: "sw"}),
+    swap_knob(),
 )
 
 # Built-in configurations for problems nothing was tuned for (the GPU tests run them).

@@ -33,7 +33,7 @@ from __future__ import annotations
 from .. import dtypes
 from ..problem import Device, Problem
 from . import wgmma
-from .base import GemmConfig, VectorizedLoads, VectorWidths, cxx_bool, grid_knobs, tile_knobs
+from .base import GemmConfig, VectorizedLoads, VectorWidths, cxx_bool, grid_knobs, swap_knob, tile_knobs
 from .knobs import Knob
 
 ARCH = wgmma.ARCH  # TMA, mbarrier transactions and wgmma: compute capability 9.0, compiled for sm_90a
@@ -68,8 +68,7 @@ KNOBS = (
          why="blocks of a cluster sharing B's slices by multicast; 1: no cluster"),
     Knob("tma_store", bool, False, omitted=False, words={True: "ts"}),
     Knob("pingpong", bool, False, omitted=False, words={True: "pp"}),
-    Knob("swap", bool, False, omitted=False, words={True: "sw"},
-         why="computes C^T = B^T A^T: B in A's role (TF32 with B stored K x N needs it)"),
+    swap_knob(),  # TF32 with B stored K x N needs it
 )
 
 class HopperConfig(VectorizedLoads, GemmConfig):
