@@ -30,7 +30,7 @@ from filelock import FileLock
 from .families import config_from_dict
 from .paths import shipped_cache_dir, user_cache_dir
 from .problem import Problem
-from .render import kernel_template_hash
+from .render import kernel_digest, kernel_template_hash
 
 FORMAT = 1
 # the form Device.slug gives a device's name: lowercase letters and digits in hyphenated words
@@ -81,6 +81,11 @@ class Record:
     # For a cuBLAS record (family "cublas": no generated kernel beat cuBLAS by more than the noise):
     # the best generated kernel it measured, {"family", "config", "config_name", "ratio"}
     best_generated: dict = field(default_factory=dict)
+    host: str = ""  # where it was measured (provenance, shown when caches from several hosts merge)
+    # render.kernel_digest of the kernel (for a cuBLAS record: of the best generated one) when it was
+    # tuned; the record is current while its config still renders to that source. Records written
+    # before this field existed fall back to template_hash.
+    source_digest: str = ""
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -103,7 +108,8 @@ class Record:
         if missing:
             raise ValueError(f"missing {', '.join(missing)}")
         values = {name: data[name] for name in known if name in data}
-        for name in ("problem", "family", "config_name", "template_hash", "device", "date", "study"):
+        for name in ("problem", "family", "config_name", "template_hash", "device", "date", "study", "host",
+                     "source_digest"):
             if name in values and not isinstance(values[name], str):
                 raise ValueError(f"{name} must be a string, got {_shown(values[name])}")
         for name in ("time_ms", "tflops", "cublas_ms", "cublas_tflops", "ratio"):
@@ -160,14 +166,18 @@ class Record:
 
     @property
     def stale(self) -> bool:
-        """Measured with templates that have changed since: a generated winner's own, or for a
-        cuBLAS record the template of the kernels it beat (new kernels might win now)."""
+        """Measured with a kernel whose source has changed since: the generated winner's own, or for
+        a cuBLAS record the kernel it beat (new kernels might win now). Only the record's own kernel
+        counts: editing another family's template, or a part of a template this kernel does not
+        render, leaves it current."""
         try:
             config = self.best_generated_object if self.is_cublas else self.config_object
             if config is None:
                 return bool(self.template_hash)
+            if self.source_digest:
+                return self.source_digest != kernel_digest(config, self.problem_object)
             return self.template_hash != kernel_template_hash(config.template)
-        except (TypeError, ValueError):  # a config no family reads any more is never current
+        except Exception:  # a config no family reads or no template renders any more is never current
             return True
 
 
@@ -401,31 +411,9 @@ class TuningCache:
         """Merges a bundle written by `export` (or one device document); returns records taken.
         The whole bundle is checked first, device names and every record: if anything is wrong,
         ValueError names it and nothing is written."""
-        try:
-            data = json.loads(Path(source).read_text())
-        except FileNotFoundError:
-            raise ValueError(f"no such file: {source}") from None
-        except (ValueError, RecursionError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{source} is not JSON: {str(exc)[:200]}") from None
-        if isinstance(data, dict) and isinstance(data.get("devices"), dict):
-            documents = data["devices"]
-        elif isinstance(data, dict) and isinstance(data.get("entries"), dict) and "device" in data:
-            documents = {data["device"]: data}
-        else:
-            raise ValueError(f"{source} is not an autogemm cache export")
-        staged = []
-        for slug, document in documents.items():
-            try:
-                check_slug(slug)
-            except ValueError as exc:
-                raise ValueError(f"{source}: {exc}; nothing imported") from None
-            if not isinstance(document, dict) or not isinstance(document.get("entries"), dict):
-                raise ValueError(f"{source}: the document of {slug} has no 'entries' object; nothing imported")
-            for key, entry in document["entries"].items():
-                try:
-                    staged.append((filed_record(key, entry), slug))
-                except ValueError as exc:
-                    raise ValueError(f"{source}: bad record {_shown(key)} of {slug}: {exc}; nothing imported") from None
-        for record, slug in staged:
+        from .cache_merge import read_records
+
+        staged = read_records(source)
+        for slug, record in staged:
             self.store(record, slug)
         return len(staged)

@@ -47,7 +47,9 @@ def _template_dirs() -> tuple[Path | None, tuple[Path, ...]]:
 
 
 @functools.lru_cache(maxsize=8)
-def _environment(override: Path | None, family_dirs: tuple[Path, ...]) -> jinja2.Environment:
+def _environment(override: Path | None, family_dirs: tuple[Path, ...], stamp: tuple = ()) -> jinja2.Environment:
+    # (`stamp`: a template added, removed or edited makes a new environment, whose template cache
+    # cannot hold a version that another folder now overrides)
     base = jinja2.FileSystemLoader(str(templates_dir()))
     loaders = [*(jinja2.FileSystemLoader(str(d)) for d in family_dirs), base, jinja2.PrefixLoader({"base": base})]
     if override is not None:
@@ -63,7 +65,8 @@ def _environment(override: Path | None, family_dirs: tuple[Path, ...]) -> jinja2
 
 
 def environment() -> jinja2.Environment:
-    return _environment(*_template_dirs())
+    dirs = _template_dirs()
+    return _environment(*dirs, _stamp(*dirs))
 
 
 def _stamp(override: Path | None, family_dirs: tuple[Path, ...]) -> tuple:
@@ -92,7 +95,7 @@ def template_hash() -> str:
 
 @functools.lru_cache(maxsize=64)
 def _kernel_template_hash(name: str, override: Path | None, family_dirs: tuple[Path, ...], stamp: tuple) -> str:
-    env = _environment(override, family_dirs)
+    env = _environment(override, family_dirs, stamp)
     digest = hashlib.sha256()
     pending, seen = [name], set()
     while pending:
@@ -133,3 +136,14 @@ def render(config, problem: Problem, widths: VectorWidths | None = None, *, forc
         kernel=name, config_name=config.name, **config.context(problem, widths))
     return Source(kernel=name, reduce_kernel=config.reduce_kernel(name), code=code, arch_suffix=config.arch_suffix,
                   repack_kernel=config.repack_kernel(name))
+
+
+@functools.lru_cache(maxsize=4096)
+def _kernel_digest(config, problem: Problem, stamp: tuple) -> str:
+    return render(config, problem).digest
+
+
+def kernel_digest(config, problem: Problem) -> str:
+    """Digest of the source `config` renders to for `problem` (operands densely packed): a cached
+    kernel is current while this is unchanged, whatever else changes in the templates."""
+    return _kernel_digest(config, problem, _stamp(*_template_dirs()))

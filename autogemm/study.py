@@ -17,6 +17,7 @@ import queue
 import sqlite3
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -33,6 +34,7 @@ SAMPLERS = ("tpe", "random", "grid")
 
 
 SQLITE_BUSY_TIMEOUT_S = 120  # how long a write waits for another process's
+SERVER_ATTEMPTS = 4  # tries at opening a study in a database server (see open_study)
 
 
 class StudyLocked(RuntimeError):
@@ -53,6 +55,23 @@ def default_storage() -> str:
     return f"sqlite:///{path}"
 
 
+JOURNAL = "journal:///"  # Optuna's journal file storage: journal:///path/to/studies.log
+
+
+def storage_object(url: str):
+    """What Optuna takes for a storage URL: the URL itself (RDB storages), or for journal:///PATH a
+    journal file storage (one file, appended to under a lock; one host, no database server)."""
+    if url.startswith(JOURNAL):
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        path = Path(url[len(JOURNAL):])
+        if not path.name or path.is_dir():
+            raise StudyStorageError(f"the journal storage {url} must name a file")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(str(path)))
+    return url
+
+
 def _sqlite_path(url: str) -> Path | None:
     return Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") and url != "sqlite:///:memory:" else None
 
@@ -70,10 +89,11 @@ def open_study(name: str, storage: str | None) -> optuna.Study:
     the default SQLite file. SQLite storages are opened under a file lock, with a busy timeout."""
     url = storage or default_storage()
     path = _sqlite_path(url)
-    for attempt in range(2):
+    for attempt in range(SERVER_ATTEMPTS):
         try:
             if path is None:
-                return optuna.create_study(study_name=name, storage=url, direction="maximize", load_if_exists=True)
+                return optuna.create_study(study_name=name, storage=storage_object(url), direction="maximize",
+                                           load_if_exists=True)
             with FileLock(f"{path}.lock", timeout=SQLITE_BUSY_TIMEOUT_S):
                 rdb = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S}})
                 return optuna.create_study(study_name=name, storage=rdb, direction="maximize", load_if_exists=True)
@@ -85,6 +105,11 @@ def open_study(name: str, storage: str | None) -> optuna.Study:
                         os.replace(path, aside)
                 print(f"autogemm: the study storage {path} is not a database; moved it to {aside} and started afresh",
                       file=sys.stderr)
+                continue
+            if path is None and attempt + 1 < SERVER_ATTEMPTS and not isinstance(exc, StudyStorageError):
+                # several hosts or workers creating Optuna's tables in an empty database at once
+                # collide (one CREATE wins, the others fail): the tables are there on the next try
+                time.sleep(0.5 * (attempt + 1))
                 continue
             raise StudyStorageError(f"the study storage {url} cannot be used: {type(exc).__name__}: "
                                     f"{str(exc).splitlines()[0][:300]}") from None

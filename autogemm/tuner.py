@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 import sys
 import time
 from collections import deque
@@ -22,7 +23,7 @@ from .evaluate import MIN_NOISE, SINGLE_CALL_MS, Evaluator, FatalEvaluationError
 from .isolate import IsolatedEvaluator
 from .predict import known_configs
 from .problem import Problem
-from .render import kernel_template_hash
+from .render import kernel_digest, kernel_template_hash
 from .space import SearchSpace, candidate_space_names
 from .study import (StudyLocked, StudyStorageError, StudyWriter, ask_params, best_configs, default_storage,
                     lock_study, make_sampler, open_study, study_name_for, tell_trials)
@@ -208,7 +209,7 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
         if "config" in t.user_attrs and t.user_attrs.get("failure") not in (None, "cancelled")
     }
-    if known and progress:
+    if known and progress is True:
         print(f"resuming study {name} ({len(known)} configurations measured)", file=sys.stderr)
     seeded = 0
     if seed_configs:
@@ -243,7 +244,8 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
             time_ms=measurement.time_ms, tflops=measurement.tflops, cublas_ms=cublas_ms,
             cublas_tflops=problem.flops / cublas_ms / 1e9, ratio=cublas_ms / measurement.time_ms,
             rel_error=measurement.rel_error if measurement.rel_error is not None else float("nan"),
-            template_hash=kernel_template_hash(config.template), device=device.name, versions=runtime_versions(), date=now(),
+            template_hash=kernel_template_hash(config.template), device=device.name, versions=runtime_versions(), date=now(), host=socket.gethostname(),
+            source_digest=kernel_digest(config, problem),
             trials={"valid": valid, "rejected": rejected, "failed": failed}, wall_s=time.perf_counter() - started,
             study=name, provisional=provisional,
         )
@@ -376,7 +378,8 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
     wall = time.perf_counter() - started
     study_trials = sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
                        if "config" in t.user_attrs and not t.user_attrs.get("duplicate"))
-    record = record_for(winner, chosen, cublas_ms, provisional=False)
+    # an interrupted tune's best stays provisional: served, and replaced by the next finished tune
+    record = record_for(winner, chosen, cublas_ms, provisional=interrupted)
     rel_error = record.rel_error  # the best generated kernel's, whichever is kept
     kept_cublas = record.ratio <= 1 + noise or (single_call is not None and single_call <= 1 + noise)
     if kept_cublas:  # within the noise of cuBLAS or slower: cuBLAS is the winner, with its figures

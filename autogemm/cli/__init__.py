@@ -11,6 +11,7 @@ import sys
 from ..families import SimtConfig
 from .arguments import EXIT_CANNOT_RUN, EXIT_USAGE, CliError, CliFailure, add_problem_arguments, non_negative_int, positive_int
 from .cache import cmd_cache
+from .campaign import add_campaign_parser
 from .kernels import cmd_check, cmd_render
 from .tuning import cmd_bench, cmd_tune
 
@@ -107,15 +108,22 @@ def build_parser() -> argparse.ArgumentParser:
     bench_p.add_argument("--json", action="store_true", help="print the result as JSON")
     bench_p.set_defaults(handler=cmd_bench)
 
-    cache_p = sub.add_parser("cache", help="list, show, export, import or clear tuned results",
+    add_campaign_parser(sub)
+
+    cache_p = sub.add_parser("cache", help="list, show, export, import, merge or clear tuned results",
                              description="Manage tuned results: list (every record, stale ones marked), "
                              "show KEY (records of a problem key), verify [--all] (re-verify this GPU's cached "
                              "kernels on fresh inputs, each in an isolated process, and drop the wrong ones), "
-                             "export FILE, import FILE, clear [--yes]. "
+                             "export FILE, import FILE, merge FILE... -o OUT (the best record per device and problem of "
+                             "several cache documents or exports, with each record's host, date and versions), "
+                             "clear [--yes]. "
                              "User results live in $AUTOGEMM_CACHE_DIR or the user cache directory; results "
                              "shipped with autogemm are listed too and read after the user's.")
-    cache_p.add_argument("action", choices=("list", "show", "verify", "export", "import", "clear"))
-    cache_p.add_argument("key", nargs="?", help="problem key (show) or file (export, import)")
+    cache_p.add_argument("action", choices=("list", "show", "verify", "export", "import", "merge", "clear"))
+    cache_p.add_argument("key", nargs="*", metavar="KEY_OR_FILE",
+                         help="problem key (show), file (export, import) or files (merge)")
+    cache_p.add_argument("-o", "--output", help="merge: the file to write (a device document if every record is "
+                                                "of one device, else an export bundle)")
     cache_p.add_argument("--yes", action="store_true", help="clear without asking")
     cache_p.add_argument("--all", action="store_true",
                          help="verify: also the shipped results for this GPU (reported, not dropped)")

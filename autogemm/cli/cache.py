@@ -13,6 +13,11 @@ from .tuning import require_gpu
 def cmd_cache(args: argparse.Namespace) -> int:
     from ..cache import TuningCache
 
+    if args.action == "merge":
+        return _cache_merge(args.key, args.output)
+    if len(args.key) > 1:
+        raise CliError(f"cache {args.action} takes one argument, got {len(args.key)}")
+    args.key = args.key[0] if args.key else None
     cache = TuningCache()
     if args.action == "list":
         rows = []
@@ -67,6 +72,23 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(f"removed {len(removed)} cache files from {cache.directory}")
         return 0
     raise CliError(f"unknown cache action {args.action!r}")
+
+
+def _cache_merge(sources: list[str], output: str | None) -> int:
+    from ..cache_merge import merge_files
+
+    if not sources:
+        raise CliError("cache merge needs the cache files to merge (device documents or exports)")
+    if not output:
+        raise CliError("cache merge needs -o OUT, the file to write")
+    try:
+        counts = merge_files(sources, output)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:
+        raise CliFailure(f"cannot write {output}: {exc}") from None
+    print(f"merged {len(sources)} file(s) into {output}: " + ", ".join(f"{n} records of {slug}" for slug, n in counts.items()))
+    return 0
 
 
 def _cache_verify(cache, include_shipped: bool) -> int:

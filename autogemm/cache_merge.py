@@ -1,0 +1,87 @@
+"""Cache files from many runs, hosts and campaigns made into one: `autogemm cache merge A B ... -o OUT`.
+
+Inputs are device documents (`<device>.json`, as the cache and the shipped `cache/` hold them) or
+bundles written by `autogemm cache export`. Every record is checked as the cache checks it; one bad
+record stops the merge with its file and key named, and nothing is written. Per (device, problem)
+the best record is kept: a current record before a stale one (measured with templates that have
+changed since), a finished one before a provisional one, then the higher ratio to cuBLAS (the
+figure measured in the same run, so comparable between hosts). Each record keeps its provenance:
+host, date, versions (autogemm, CUDA driver and runtime, NVRTC).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .cache import FORMAT, Record, check_slug, filed_record, write_json
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def read_records(source: Path | str) -> list[tuple[str, Record]]:
+    """(device slug, record) for every record of a device document or an export bundle; ValueError
+    naming the file and the first fault (device name, document, record)."""
+    try:
+        data = json.loads(Path(source).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"no such file: {source}") from None
+    except (OSError, ValueError, RecursionError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{source} is not JSON: {str(exc)[:200]}") from None
+    if isinstance(data, dict) and isinstance(data.get("devices"), dict):
+        documents = data["devices"]
+    elif isinstance(data, dict) and isinstance(data.get("entries"), dict) and "device" in data:
+        documents = {data["device"]: data}
+    else:
+        raise ValueError(f"{source} is not an autogemm cache export (nor a device document)")
+    if data.get("format", FORMAT) != FORMAT:
+        raise ValueError(f"{source}: unknown format {_shown(data.get('format'))}; nothing imported")
+    records = []
+    for slug, document in documents.items():
+        try:
+            check_slug(slug)
+        except ValueError as exc:
+            raise ValueError(f"{source}: {exc}; nothing imported") from None
+        if not isinstance(document, dict) or not isinstance(document.get("entries"), dict):
+            raise ValueError(f"{source}: the document of {slug} has no 'entries' object; nothing imported")
+        for key, entry in document["entries"].items():
+            try:
+                records.append((slug, filed_record(key, entry)))
+            except ValueError as exc:
+                raise ValueError(f"{source}: bad record {_shown(key)} of {slug}: {exc}; nothing imported") from None
+    return records
+
+
+def _rank(record: Record) -> tuple:
+    return (not record.stale, not record.provisional, record.ratio)
+
+
+def merge_records(sources: list[Path | str]) -> dict[str, dict[str, Record]]:
+    """The best record per device and problem over every source (read and checked first)."""
+    best: dict[str, dict[str, Record]] = {}
+    for source in sources:
+        for slug, record in read_records(source):
+            kept = best.setdefault(slug, {}).get(record.problem)
+            if kept is None or _rank(record) > _rank(kept):
+                best[slug][record.problem] = record
+    return best
+
+
+def merge_files(sources: list[Path | str], output: Path | str) -> dict[str, int]:
+    """Writes the merge of `sources` to `output` (atomically): a device document where every record
+    is of one device (ready to serve as `<device>.json`), else an export bundle. Returns records
+    per device."""
+    if not sources:
+        raise ValueError("nothing to merge: name at least one cache file")
+    best = merge_records(sources)
+    documents = {slug: {"format": FORMAT, "device": slug,
+                        "entries": {key: record.to_json() for key, record in sorted(records.items())}}
+                 for slug, records in sorted(best.items())}
+    if len(documents) == 1:
+        write_json(Path(output), next(iter(documents.values())))
+    else:
+        write_json(Path(output), {"format": FORMAT, "devices": documents})
+    return {slug: len(records) for slug, records in best.items()}

@@ -1,0 +1,304 @@
+"""Campaigns: every problem of a campaign file tuned once per device model, over every GPU of this
+host and over every host pointed at the same storage.
+
+`run_campaign` starts one worker process per GPU (a fresh interpreter, so no CUDA context is
+inherited; `CUDA_VISIBLE_DEVICES` pins it to its GPU by UUID before CUDA is touched). Each worker
+takes problems from the claim board (`claims.py`) until none is left: it tunes one with the usual
+tuner (its own measuring process and a share of the host's cores for compiling), writes the winner
+to the cache as it is found and marks the problem done with the result. The parent shows a line
+per GPU and ends with a table of every result on the board, other hosts' included.
+
+What a stop costs: Ctrl-C (or SIGINT to the parent) is passed on to every worker, whose tune keeps its best verified kernel and gives
+its claim back; a killed worker's claim is taken over after the campaign's grace period (at once
+by a worker of the same host); its studies keep every finished trial (they are written as they
+finish, never left RUNNING), so the next worker resumes from them. Running the command again
+continues where it stopped; a problem whose result is already in the campaign's cache (finished,
+current) is marked done from it without tuning, so a campaign also continues from its cache
+documents alone, on a fresh machine whose storage is empty.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .campaign_file import Campaign
+from .claims import DONE, ClaimBoard, new_owner
+from .problem import Problem
+
+HEARTBEAT_FRACTION = 0.25  # a worker renews its claim every grace * this seconds
+
+
+class CampaignError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str  # GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as CUDA_VISIBLE_DEVICES takes it
+    name: str
+
+
+def list_gpus() -> list[Gpu]:
+    """The GPUs of this host, from the CUDA driver (no context is created)."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        raise CampaignError("listing GPUs needs the cuda-bindings package: pip install 'autogemm[cuda13]' "
+                            "(or [cuda12])") from None
+
+    def check(result):
+        error, *values = result
+        if error != driver.CUresult.CUDA_SUCCESS:
+            raise CampaignError(f"the CUDA driver cannot list GPUs: {error.name}")
+        return values[0] if len(values) == 1 else values
+
+    check(driver.cuInit(0))
+    gpus = []
+    for index in range(check(driver.cuDeviceGetCount())):
+        device = check(driver.cuDeviceGet(index))
+        name = check(driver.cuDeviceGetName(128, device)).split(b"\0")[0].decode(errors="replace")
+        raw = bytes(check(driver.cuDeviceGetUuid(device)).bytes).hex()
+        uuid = f"GPU-{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:32]}"
+        gpus.append(Gpu(index, uuid, name))
+    return gpus
+
+
+def select_gpus(devices, gpus: list[Gpu]) -> list[Gpu]:
+    """The campaign's GPUs among this host's: all, or those named by index or UUID."""
+    if devices == "all":
+        if not gpus:
+            raise CampaignError("this host has no CUDA GPU")
+        return gpus
+    chosen = []
+    for wanted in devices:
+        match = [g for g in gpus if (g.index == wanted if isinstance(wanted, int) else g.uuid.lower() == wanted.lower())]
+        if not match:
+            raise CampaignError(f"campaign.devices names GPU {wanted!r}, which this host does not have "
+                                f"(it has {', '.join(f'{g.index} {g.uuid}' for g in gpus) or 'none'})")
+        chosen.append(match[0])
+    return chosen
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker process needs (pickled to it): its campaign, where to store, its GPU."""
+
+    campaign: Campaign
+    storage: str
+    label: str  # how the progress view names it ("GPU0", ...)
+    visible_devices: str | None  # CUDA_VISIBLE_DEVICES for the worker; None: leave it
+    jobs: int  # compile workers
+    # tests and replays: a picklable callable, problem -> Evaluator, with a `device` attribute;
+    # and a search space to use instead of each problem's candidate spaces
+    evaluator_factory: object = None
+    space: str | None = None
+
+
+def worker_main(spec: WorkerSpec, events) -> None:
+    """Body of a worker process: claim, tune, record, until no problem is left."""
+    if spec.visible_devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = spec.visible_devices  # before anything touches CUDA
+    # A group of its own: a Ctrl-C at the terminal reaches the parent alone, which passes one on to
+    # each worker (two at once could break a tune's orderly stop); and it dies with the parent.
+    from .isolate import detach
+
+    detach(os.getppid())
+    from .cache import TuningCache
+    from .tuner import TuneError, TuneRunning, tune
+
+    campaign, factory = spec.campaign, spec.evaluator_factory
+    board = ClaimBoard(spec.storage)
+    owner = new_owner()
+    try:
+        if factory is not None:
+            device = factory.device
+        else:
+            from .launch import current_device
+            device = current_device()
+        board.register(campaign.name, device.slug, [p.key for p in campaign.problems])
+        events.put(("ready", spec.label, device.name, owner))
+        cache = TuningCache(campaign.cache_dir) if campaign.cache_dir else TuningCache()
+        skipped: set[str] = set()
+        while True:
+            left = {p.key for p in campaign.problems} - skipped
+            key = board.claim(campaign.name, device.slug, owner, campaign.grace, only=left)
+            if key is None:
+                break
+            found = cache.lookup(Problem.from_key(key), device.slug)
+            if found is not None and not found[0].provisional:
+                # tuned before (an earlier run of the campaign whose storage is gone, a shipped
+                # cache being extended): done with the record's figures, not tuned again
+                summary = _record_summary(found[0], found[1])
+                board.finish(campaign.name, device.slug, key, owner, summary)
+                events.put(("done", spec.label, key, summary))
+                continue
+            events.put(("start", spec.label, key))
+            beat = _Heartbeat(board, campaign, device.slug, key, owner)
+            try:
+                result = tune(Problem.from_key(key), trials=campaign.trials, timeout=campaign.timeout,
+                              seed=campaign.seed, storage=spec.storage, cache=cache, jobs=spec.jobs, space=spec.space,
+                              evaluator=factory(Problem.from_key(key)) if factory is not None else None,
+                              patience=campaign.patience,
+                              progress=lambda n, tflops, ratio: events.put(("trial", spec.label, key, n, tflops, ratio)))
+            except KeyboardInterrupt:
+                beat.stop()
+                board.release(campaign.name, device.slug, key, owner)
+                events.put(("stopped", spec.label, key, "interrupted"))
+                return
+            except TuneRunning as exc:  # a tune outside the campaign runs this study here: leave it to it
+                beat.stop()
+                board.release(campaign.name, device.slug, key, owner)
+                skipped.add(key)
+                events.put(("skipped", spec.label, key, str(exc)))
+                continue
+            except TuneError as exc:  # nothing measurable: done, with the reason (not retried forever)
+                beat.stop()
+                board.finish(campaign.name, device.slug, key, owner, {"error": str(exc)[:1000], "host": socket.gethostname()})
+                events.put(("failed", spec.label, key, str(exc)))
+                continue
+            beat.stop()
+            if result.interrupted:  # Ctrl-C or a lost GPU: the best so far is cached; the claim goes back
+                board.release(campaign.name, device.slug, key, owner)
+                events.put(("stopped", spec.label, key, result.stopped))
+                return
+            summary = {**result.to_json(), "host": socket.gethostname(), "kept_cublas": result.kept_cublas}
+            if board.finish(campaign.name, device.slug, key, owner, summary):
+                events.put(("done", spec.label, key, summary))
+            else:
+                events.put(("lost", spec.label, key, "the claim was taken over (heartbeat late); the result is cached"))
+    except KeyboardInterrupt:
+        events.put(("stopped", spec.label, "", "interrupted"))
+    except Exception as exc:  # report it to the parent, which says which GPU failed
+        events.put(("error", spec.label, f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        board.close()
+
+
+def _record_summary(record, source: str) -> dict:
+    return {"problem": record.problem, "device": record.device, "config": record.config_name,
+            "tflops": record.tflops, "cublas_tflops": record.cublas_tflops, "ratio": record.ratio,
+            "kept_cublas": record.is_cublas, "host": record.host, "from_cache": source}
+
+
+class _Heartbeat:
+    """Renews a claim from a background thread while its problem is tuned."""
+
+    def __init__(self, board: ClaimBoard, campaign: Campaign, device: str, key: str, owner: str):
+        self.stopping = threading.Event()
+        self.lost = False
+
+        def run() -> None:
+            while not self.stopping.wait(campaign.grace * HEARTBEAT_FRACTION):
+                try:
+                    if not board.heartbeat(campaign.name, device, key, owner):
+                        self.lost = True
+                except Exception as exc:  # the database away for a moment: try again next beat
+                    print(f"autogemm campaign: heartbeat failed ({type(exc).__name__}); retrying", file=sys.stderr)
+
+        self.thread = threading.Thread(target=run, name="autogemm-claim-heartbeat", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join()
+
+
+def worker_specs(campaign: Campaign, storage: str, gpus: list[Gpu], cores: int) -> list[WorkerSpec]:
+    """One worker per GPU, each compiling with an even share of the host's cores."""
+    jobs = max(1, cores // max(1, len(gpus)))
+    return [WorkerSpec(campaign, storage, f"GPU{g.index}", g.uuid, jobs) for g in gpus]
+
+
+def run_campaign(campaign: Campaign, specs: list[WorkerSpec], view=None) -> dict:
+    """Runs the workers to the end (or Ctrl-C); returns {label: exit code}. `view` (CampaignView)
+    gets every worker event."""
+    context = multiprocessing.get_context("spawn")
+    events = context.Queue()
+    processes = {}
+    for spec in specs:
+        process = context.Process(target=worker_main, args=(spec, events), name=f"autogemm-campaign-{spec.label}")
+        process.start()
+        processes[spec.label] = process
+    interrupted = False
+    try:
+        while any(p.is_alive() for p in processes.values()):
+            _drain(events, view, timeout=0.5)
+    except KeyboardInterrupt:  # pass it on: each worker keeps its best so far and puts its claim back
+        interrupted = True
+        for process in processes.values():
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGINT)
+        deadline = time.monotonic() + 60
+        while any(p.is_alive() for p in processes.values()) and time.monotonic() < deadline:
+            try:
+                _drain(events, view, timeout=0.5)
+            except KeyboardInterrupt:  # a second Ctrl-C: stop now (claims come back after the grace period)
+                break
+    finally:
+        for process in processes.values():
+            if process.is_alive():
+                process.terminate()
+            process.join()
+        _drain(events, view, timeout=0)
+    codes = {label: p.exitcode for label, p in processes.items()}
+    if interrupted:
+        raise KeyboardInterrupt
+    return codes
+
+
+def _drain(events, view, timeout: float) -> None:
+    try:
+        event = events.get(timeout=timeout) if timeout else events.get_nowait()
+    except queue.Empty:
+        if view is not None:
+            view.tick()
+        return
+    while True:
+        if view is not None:
+            view.event(event)
+        try:
+            event = events.get_nowait()
+        except queue.Empty:
+            return
+
+
+def board_summary(board: ClaimBoard, campaign: Campaign) -> list[dict]:
+    """Every problem of the campaign on the board, per device model: its state and result."""
+    rows = []
+    for claim in board.claims(campaign.name):
+        result = claim.result or {}
+        rows.append({"device": claim.device, "problem": claim.problem, "state": claim.state,
+                     "attempts": claim.attempts, "host": result.get("host", ""),
+                     "config": result.get("config", ""), "tflops": result.get("tflops"),
+                     "cublas_tflops": result.get("cublas_tflops"), "ratio": result.get("ratio"),
+                     "kept_cublas": result.get("kept_cublas"), "error": result.get("error", ""),
+                     "done": claim.state == DONE})
+    return rows
+
+
+def default_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def resolve_storage(campaign: Campaign) -> str:
+    from .study import default_storage
+
+    return campaign.storage or default_storage()
+
+
+def campaign_cache_dir(campaign: Campaign) -> Path | None:
+    return Path(campaign.cache_dir) if campaign.cache_dir else None

@@ -1,0 +1,200 @@
+"""Who tunes which problem of a campaign: a claim per (campaign, device model, problem), kept in the
+same database as the Optuna studies, so that every host pointed at that database shares the work.
+
+A worker takes the first open problem of its device model with a conditional UPDATE (the row
+changes only if it is still open, or claimed by a holder whose heartbeat is older than the grace
+period): the database decides between workers racing for one row, on PostgreSQL as on SQLite, and
+no host needs to reach another. While it tunes, the worker renews its heartbeat; a worker that dies
+(a killed process, a lost host) stops renewing it, and after the grace period another worker takes
+the problem over and resumes its studies. Claims held by processes of this host that no longer run
+are taken over at once. Times are the database's clock, never a host's, so that hosts whose clocks
+disagree still agree on who is late.
+
+Optuna's journal file storage has no database: its claims live in an SQLite file beside the
+journal (one host).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+OPEN, CLAIMED, DONE = "open", "claimed", "done"
+
+_metadata = sa.MetaData()
+claims_table = sa.Table(
+    "autogemm_claims", _metadata,
+    sa.Column("campaign", sa.String(64), primary_key=True),
+    sa.Column("device", sa.String(128), primary_key=True),
+    sa.Column("problem", sa.String(128), primary_key=True),
+    sa.Column("position", sa.Integer, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("owner", sa.String(255)),
+    sa.Column("heartbeat", sa.Float),  # the database's clock, seconds since the epoch
+    sa.Column("attempts", sa.Integer, nullable=False, default=0),
+    sa.Column("finished", sa.Float),
+    sa.Column("result", sa.Text),  # JSON: the tune's summary (or its error)
+)
+
+
+def claims_url(storage_url: str) -> str:
+    """The database of a storage's claims: the storage's own, or an SQLite file beside a journal."""
+    if storage_url.startswith("journal:///"):
+        return f"sqlite:///{storage_url[len('journal:///'):]}.claims.db"
+    return storage_url
+
+
+def new_owner() -> str:
+    """This process's name in claims: host, process id and a token no other process shares."""
+    return f"{socket.gethostname()[:128]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+def _owner_is_dead_here(owner: str | None) -> bool:
+    """Whether `owner` is a process of this host that no longer runs."""
+    if not owner:
+        return False
+    parts = owner.rsplit(":", 2)
+    if len(parts) != 3 or parts[0] != socket.gethostname()[:128]:
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return True
+    except (ValueError, PermissionError, OverflowError):
+        return False
+    return False
+
+
+@dataclass(frozen=True)
+class Claim:
+    campaign: str
+    device: str
+    problem: str
+    position: int
+    state: str
+    owner: str | None
+    heartbeat: float | None
+    attempts: int
+    result: dict | None
+
+
+class ClaimBoard:
+    """The claims of every campaign in one database (created on first use)."""
+
+    def __init__(self, storage_url: str):
+        url = claims_url(storage_url)
+        kwargs = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+        self.engine = sa.create_engine(url, **kwargs)
+        for attempt in range(4):
+            try:
+                _metadata.create_all(self.engine, checkfirst=True)
+                break
+            except sa.exc.DBAPIError:  # another worker or host created the table meanwhile
+                if attempt == 3:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
+        dialect = self.engine.dialect.name
+        if dialect == "sqlite":
+            self._now = sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)")
+        elif dialect == "postgresql":
+            self._now = sa.literal_column("extract(epoch from clock_timestamp())")
+        elif dialect == "mysql":
+            self._now = sa.literal_column("UNIX_TIMESTAMP(NOW(6))")
+        else:
+            raise ValueError(f"campaign claims need SQLite, PostgreSQL or MySQL, not {dialect}")
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def _key(self, campaign: str, device: str, problem: str):
+        t = claims_table.c
+        return sa.and_(t.campaign == campaign, t.device == device, t.problem == problem)
+
+    def register(self, campaign: str, device: str, problems: list[str]) -> int:
+        """Adds the problems not yet on the board (open); returns how many were added. Racing
+        registrations of the same campaign add each problem once."""
+        t = claims_table.c
+        for _ in range(5):
+            with self.engine.begin() as db:
+                present = set(db.scalars(sa.select(t.problem).where(t.campaign == campaign, t.device == device)))
+                missing = [(i, p) for i, p in enumerate(problems) if p not in present]
+                if not missing:
+                    return 0
+                try:
+                    db.execute(claims_table.insert(), [
+                        {"campaign": campaign, "device": device, "problem": p, "position": i, "state": OPEN,
+                         "attempts": 0} for i, p in missing])
+                    return len(missing)
+                except sa.exc.IntegrityError:  # another worker registered some meanwhile: look again
+                    continue
+        raise RuntimeError(f"could not register the problems of campaign {campaign}")
+
+    def claim(self, campaign: str, device: str, owner: str, grace: float,
+              only: set[str] | None = None) -> str | None:
+        """Takes the first open problem (or one whose holder's heartbeat is older than `grace`
+        seconds, or whose holder was a process of this host that has ended) for `owner`; its key,
+        or None when every problem is done or held by a live worker. `only` limits the choice."""
+        t = claims_table.c
+        takeable = sa.or_(t.state == OPEN, sa.and_(t.state == CLAIMED, t.heartbeat < self._now - grace))
+        while True:
+            with self.engine.begin() as db:
+                rows = db.execute(sa.select(t.problem, t.state, t.owner, t.heartbeat < self._now - grace)
+                                  .where(t.campaign == campaign, t.device == device, t.state != DONE)
+                                  .order_by(t.position)).all()
+            candidates = [problem for problem, state, holder, late in rows
+                          if (only is None or problem in only)
+                          and (state == OPEN or late or (state == CLAIMED and _owner_is_dead_here(holder)))]
+            if not candidates:
+                return None
+            for problem in candidates:
+                holder = next(r[2] for r in rows if r[0] == problem)
+                condition = sa.or_(takeable, t.owner == holder) if _owner_is_dead_here(holder) else takeable
+                with self.engine.begin() as db:
+                    taken = db.execute(claims_table.update()
+                                       .where(self._key(campaign, device, problem), t.state != DONE, condition)
+                                       .values(state=CLAIMED, owner=owner, heartbeat=self._now,
+                                               attempts=t.attempts + 1)).rowcount
+                if taken == 1:
+                    return problem
+            # every candidate went to another worker meanwhile: look again
+
+    def heartbeat(self, campaign: str, device: str, problem: str, owner: str) -> bool:
+        """Renews a claim; False if it is no longer this owner's (taken over after the grace period)."""
+        t = claims_table.c
+        with self.engine.begin() as db:
+            return db.execute(claims_table.update()
+                              .where(self._key(campaign, device, problem), t.owner == owner, t.state == CLAIMED)
+                              .values(heartbeat=self._now)).rowcount == 1
+
+    def finish(self, campaign: str, device: str, problem: str, owner: str, result: dict) -> bool:
+        """Marks a claimed problem done with its result; False if the claim was no longer this owner's."""
+        t = claims_table.c
+        with self.engine.begin() as db:
+            return db.execute(claims_table.update()
+                              .where(self._key(campaign, device, problem), t.owner == owner, t.state == CLAIMED)
+                              .values(state=DONE, finished=self._now, result=json.dumps(result))).rowcount == 1
+
+    def release(self, campaign: str, device: str, problem: str, owner: str) -> bool:
+        """Gives a claim back (the tune stopped before it ended): the next worker resumes it at once."""
+        t = claims_table.c
+        with self.engine.begin() as db:
+            return db.execute(claims_table.update()
+                              .where(self._key(campaign, device, problem), t.owner == owner, t.state == CLAIMED)
+                              .values(state=OPEN, owner=None, heartbeat=None)).rowcount == 1
+
+    def claims(self, campaign: str, device: str | None = None) -> list[Claim]:
+        t = claims_table.c
+        query = sa.select(claims_table).where(t.campaign == campaign)
+        if device is not None:
+            query = query.where(t.device == device)
+        with self.engine.begin() as db:
+            rows = db.execute(query.order_by(t.device, t.position)).mappings().all()
+        return [Claim(campaign=r["campaign"], device=r["device"], problem=r["problem"], position=r["position"],
+                      state=r["state"], owner=r["owner"], heartbeat=r["heartbeat"], attempts=r["attempts"],
+                      result=json.loads(r["result"]) if r["result"] else None) for r in rows]

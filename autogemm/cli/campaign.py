@@ -1,0 +1,162 @@
+"""`autogemm campaign run|status FILE`: many problems over every GPU of this host (and, through a
+shared storage, of other hosts), with a line per GPU while it runs and a table at the end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from .arguments import EXIT_FAILURES, CliError, CliFailure, positive_int
+
+
+class CampaignView:
+    """What a campaign shows while it runs: one tqdm line per GPU on a terminal (problems done, the
+    one being tuned, its trials and best ratio so far); a line per event where stderr is not a
+    terminal (a log file, CI)."""
+
+    def __init__(self, labels: list[str], total: int, stream=None):
+        self.stream = stream or sys.stderr
+        self.total = total
+        self.state = {label: {"done": 0, "current": "", "since": 0.0, "trials": 0, "ratio": None} for label in labels}
+        self.bars = {}
+        self.failed: list[str] = []
+        if self.stream.isatty():
+            from tqdm import tqdm
+
+            self.bars = {label: tqdm(total=total, position=i, desc=label, unit="problem", dynamic_ncols=True,
+                                     file=self.stream, leave=True) for i, label in enumerate(labels)}
+
+    def _line(self, label: str, text: str) -> None:
+        if self.bars:
+            self.bars[label].set_postfix_str(text[:120], refresh=True)
+        else:
+            print(f"{time.strftime('%H:%M:%S')} {label}: {text}", file=self.stream, flush=True)
+
+    def event(self, event: tuple) -> None:
+        kind, label, *rest = event
+        state = self.state.setdefault(label, {"done": 0, "current": "", "since": 0.0, "trials": 0, "ratio": None})
+        if kind == "ready":
+            self._line(label, f"{rest[0]} ready")
+        elif kind == "start":
+            state.update(current=rest[0], since=time.monotonic(), trials=0, ratio=None)
+            self._line(label, f"tuning {rest[0]}")
+        elif kind == "trial":
+            state.update(trials=rest[1], ratio=rest[3])
+            if self.bars:
+                self.tick()
+        elif kind == "done":
+            state["done"] += 1
+            summary = rest[1]
+            if self.bars:
+                self.bars[label].update(1)
+            kept = " (kept cuBLAS)" if summary.get("kept_cublas") else ""
+            self._line(label, f"done {rest[0]}: {summary['config']} {summary['tflops']:.1f} TFLOP/s, "
+                              f"{summary['ratio']:.3f}x cuBLAS{kept}")
+        elif kind in ("failed", "skipped", "stopped", "lost"):
+            if kind == "failed":
+                self.failed.append(rest[0])
+            self._line(label, f"{kind} {rest[0]}: {rest[1]}")
+        elif kind == "error":
+            self.failed.append(label)
+            self._line(label, f"worker failed: {rest[0]}")
+
+    def tick(self) -> None:
+        if not self.bars:
+            return
+        for label, state in self.state.items():
+            if state["current"] and label in self.bars:
+                ratio = f", best {state['ratio']:.3f}x" if state["ratio"] else ""
+                self.bars[label].set_postfix_str(f"{state['current']} {time.monotonic() - state['since']:.0f} s, "
+                                                 f"{state['trials']} trials{ratio}", refresh=True)
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+
+
+def _table(rows: list[dict]) -> str:
+    def cell(value, form="{}"):
+        return "-" if value is None or value == "" else form.format(value)
+
+    header = ("device", "problem", "state", "config", "TFLOP/s", "cuBLAS TFLOP/s", "ratio", "host")
+    body = [(r["device"], r["problem"], r["state"] + (" (cuBLAS kept)" if r["kept_cublas"] else "")
+             + (f" error: {r['error'][:60]}" if r["error"] else ""),
+             cell(r["config"]), cell(r["tflops"], "{:.1f}"), cell(r["cublas_tflops"], "{:.1f}"),
+             cell(r["ratio"], "{:.3f}"), cell(r["host"])) for r in rows]
+    widths = [max(len(str(line[i])) for line in [header, *body]) for i in range(len(header))]
+    return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(line, widths)).rstrip() for line in [header, *body])
+
+
+def cmd_campaign(args: argparse.Namespace) -> int:
+    from ..campaign import (CampaignError, board_summary, default_cores, list_gpus, resolve_storage, run_campaign,
+                            select_gpus, worker_specs)
+    from ..campaign_file import CampaignFileError, load_campaign
+    from ..claims import ClaimBoard
+
+    try:
+        campaign = load_campaign(args.file)
+    except CampaignFileError as exc:
+        raise CliError(str(exc)) from None
+    storage = resolve_storage(campaign)
+    if args.action == "run":
+        try:
+            gpus = select_gpus(campaign.devices, list_gpus())
+        except CampaignError as exc:
+            raise CliFailure(str(exc)) from None
+        specs = worker_specs(campaign, storage, gpus, args.jobs or default_cores())
+        print(f"campaign {campaign.name}: {len(campaign.problems)} problems on {len(gpus)} GPU(s) of this host "
+              f"({', '.join(f'{g.index} {g.name}' for g in gpus)}); storage {_shown_url(storage)}", file=sys.stderr)
+        view = None if args.json else CampaignView([s.label for s in specs], len(campaign.problems))
+        try:
+            codes = run_campaign(campaign, specs, view)
+        finally:
+            if view is not None:
+                view.close()
+        broken = [label for label, code in codes.items() if code != 0]
+        if broken:
+            print(f"campaign {campaign.name}: worker(s) {', '.join(broken)} ended with an error", file=sys.stderr)
+    try:
+        board = ClaimBoard(storage)
+        rows = board_summary(board, campaign)
+        board.close()
+    except Exception as exc:  # SQLAlchemy's errors, whatever the database
+        raise CliFailure(f"cannot read the campaign's claims from {_shown_url(storage)}: {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:200]}") from None
+    wanted = {p.key for p in campaign.problems}
+    rows = [r for r in rows if r["problem"] in wanted]
+    if args.json:
+        print(json.dumps({"campaign": campaign.name, "problems": len(campaign.problems), "results": rows}, indent=2))
+    elif rows:
+        print(_table(rows))
+    else:
+        print(f"campaign {campaign.name}: nothing on the board yet (no worker has started)")
+    done = sum(r["done"] for r in rows)
+    print(f"campaign {campaign.name}: {done} of {len(rows)} problem(s) done", file=sys.stderr)
+    if args.action == "run" and (any(r["error"] for r in rows) or any(code != 0 for code in codes.values())):
+        return EXIT_FAILURES
+    return 0
+
+
+def _shown_url(url: str) -> str:
+    """A storage URL without its password."""
+    import re
+
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+
+
+def add_campaign_parser(sub) -> None:
+    campaign_p = sub.add_parser(
+        "campaign", help="tune many problems over every GPU of this host and over hosts sharing a storage",
+        description="run FILE: tune every problem of a campaign file (TOML: [campaign] with name, storage, devices, "
+        "timeout, trials, seed, grace; [[problems]] grids or shapes) on this host's GPUs, one worker process "
+        "per GPU. Hosts given the same storage URL (PostgreSQL) share the problems: each is tuned once per "
+        "GPU model. Results land in the cache as they are found. Ctrl-C keeps each GPU's best so far and "
+        "gives its problem back; running the command again resumes. status FILE: the table of results so far.")
+    campaign_p.add_argument("action", choices=("run", "status"))
+    campaign_p.add_argument("file", help="campaign file (TOML)")
+    campaign_p.add_argument("--jobs", type=positive_int, help="compile workers in all (default: this host's cores), "
+                                                     "shared evenly between the GPUs")
+    campaign_p.add_argument("--json", action="store_true", help="print the results as JSON (no progress lines)")
+    campaign_p.set_defaults(handler=cmd_campaign)

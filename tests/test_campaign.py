@@ -1,0 +1,380 @@
+"""Campaigns without a GPU: the campaign file, the claim board on SQLite and on a real PostgreSQL
+server (started by the tests with pgserver), workers as separate processes replaying a recorded
+table, a worker killed with SIGKILL and its claim taken over, and the journal file storage."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autogemm.cache import TuningCache
+from autogemm.cache_merge import merge_files
+from autogemm.campaign import WorkerSpec, board_summary, run_campaign, select_gpus, Gpu, CampaignError, worker_main
+from autogemm.campaign_file import CampaignFileError, load_campaign, parse_campaign
+from autogemm.claims import CLAIMED, DONE, OPEN, ClaimBoard, new_owner
+from autogemm.problem import Problem
+
+from campaign_helpers import SPACE_PATH, ReplayFactory
+
+SLUG = "nvidia-h200-sm90"  # the recorded table's device
+
+
+# ---- PostgreSQL: a real server, one per test session, a fresh database per test -------------------
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory):
+    import pgserver
+
+    server = pgserver.get_server(str(tmp_path_factory.mktemp("pgdata")), cleanup_mode="stop")
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def postgres_url(postgres_server):
+    import sqlalchemy as sa
+
+    base = postgres_server.get_uri().replace("postgresql://", "postgresql+psycopg2://", 1)
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    engine = sa.create_engine(base, isolation_level="AUTOCOMMIT")
+    with engine.connect() as db:
+        db.execute(sa.text(f"CREATE DATABASE {name}"))
+        version = db.execute(sa.text("select version()")).scalar()
+    engine.dispose()
+    assert version.startswith("PostgreSQL")
+    return base.replace("/postgres?", f"/{name}?", 1)
+
+
+def test_the_postgres_server_is_real(postgres_url):
+    import sqlalchemy as sa
+
+    engine = sa.create_engine(postgres_url)
+    with engine.connect() as db:
+        assert db.execute(sa.text("select current_database()")).scalar().startswith("t_")
+        assert int(db.execute(sa.text("show server_version_num")).scalar()) >= 120000
+    engine.dispose()
+
+
+# ---- the campaign file ---------------------------------------------------------------------------
+def test_grids_expand_with_n_and_k_defaulting_to_m_and_duplicates_once():
+    campaign = parse_campaign({
+        "campaign": {"name": "llm", "timeout": 5, "trials": 30},
+        "problems": [
+            {"M": [1, 16], "N": [4096, 11008], "K": 4096, "dtype": ["float16", "bfloat16"]},
+            {"M": 512},  # 512^3 float32
+            {"shapes": [[127, 4096, 4096], [512, 512, 512]], "layout": ["nn", "tn"]},
+        ]})
+    keys = [p.key for p in campaign.problems]
+    assert len(keys) == 8 + 1 + 3  # 512^3 float32 nn is listed twice and kept once
+    assert "float16/fp32/nn/b1/16x11008x4096" in keys and "bfloat16/fp32/nn/b1/1x4096x4096" in keys
+    assert "float32/fp32/nn/b1/512x512x512" in keys and "float32/fp32/tn/b1/127x4096x4096" in keys
+    assert (campaign.timeout, campaign.trials, campaign.devices) == (5.0, 30, "all")
+
+
+@pytest.mark.parametrize("data, fault", [
+    ({"problems": [{"M": 1}]}, "[campaign] table"),
+    ({"campaign": {"name": "a b"}, "problems": [{"M": 1}]}, "campaign.name"),
+    ({"campaign": {"name": "x"}}, "[[problems]]"),
+    ({"campaign": {"name": "x", "budget": 3}, "problems": [{"M": 1}]}, "unknown keys budget"),
+    ({"campaign": {"name": "x"}, "problems": [{"M": 0}]}, "problems[0].M must be a positive integer"),
+    ({"campaign": {"name": "x"}, "problems": [{"M": 8, "layout": "nx"}]}, "problems[0].layout"),
+    ({"campaign": {"name": "x"}, "problems": [{"M": 8, "dtype": "int7"}]}, "problems[0]"),
+    ({"campaign": {"name": "x"}, "problems": [{"M": 8, "shapes": [[1, 2, 3]]}]}, "both shapes and M/N/K"),
+    ({"campaign": {"name": "x"}, "problems": [{"N": 8}]}, "needs M"),
+    ({"campaign": {"name": "x", "storage": "redis://h"}, "problems": [{"M": 8}]}, "campaign.storage"),
+    ({"campaign": {"name": "x", "devices": [0, 0]}, "problems": [{"M": 8}]}, "names a GPU twice"),
+    ({"campaign": {"name": "x", "devices": ["../etc"]}, "problems": [{"M": 8}]}, "campaign.devices"),
+    ({"campaign": {"name": "x", "timeout": -1}, "problems": [{"M": 8}]}, "campaign.timeout"),
+    ({"campaign": {"name": "x", "seed": 1.5}, "problems": [{"M": 8}]}, "campaign.seed"),
+])
+def test_a_bad_campaign_file_is_refused_with_its_fault_named(data, fault):
+    with pytest.raises(CampaignFileError, match=fault.replace("[", r"\[").replace("]", r"\]")):
+        parse_campaign(data)
+
+
+def test_a_campaign_file_names_the_file_in_its_errors_and_resolves_its_cache_dir(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[campaign\nname=1")
+    with pytest.raises(CampaignFileError, match="bad.toml is not valid TOML"):
+        load_campaign(bad)
+    with pytest.raises(CampaignFileError, match="no such campaign file"):
+        load_campaign(tmp_path / "missing.toml")
+    good = tmp_path / "sub" / "c.toml"
+    good.parent.mkdir()
+    good.write_text('[campaign]\nname = "c"\ncache_dir = "shipped"\n[[problems]]\nM = 64\n')
+    assert load_campaign(good).cache_dir == str(good.parent / "shipped")
+
+
+def test_gpus_are_chosen_by_index_or_uuid_and_an_unknown_one_is_named():
+    gpus = [Gpu(0, "GPU-aaaaaaaa-0000-0000-0000-000000000000", "H200"),
+            Gpu(1, "GPU-bbbbbbbb-0000-0000-0000-000000000000", "H200")]
+    assert select_gpus("all", gpus) == gpus
+    assert select_gpus(("GPU-BBBBBBBB-0000-0000-0000-000000000000",), gpus) == [gpus[1]]
+    with pytest.raises(CampaignError, match="names GPU 3"):
+        select_gpus((3,), gpus)
+    with pytest.raises(CampaignError, match="no CUDA GPU"):
+        select_gpus("all", [])
+
+
+# ---- the claim board -----------------------------------------------------------------------------
+def _board_urls(tmp_path, postgres_url):
+    return {"sqlite": f"sqlite:///{tmp_path / 'claims.db'}", "postgresql": postgres_url}
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_claims_go_once_each_and_a_late_claim_is_taken_over(kind, tmp_path, postgres_url):
+    board = ClaimBoard(_board_urls(tmp_path, postgres_url)[kind])
+    problems = ["p0", "p1", "p2"]
+    assert board.register("c", SLUG, problems) == 3
+    assert board.register("c", SLUG, problems) == 0  # registering again adds nothing
+    first, second = new_owner(), "elsewhere:1:x"
+    assert board.claim("c", SLUG, first, grace=60) == "p0"
+    assert board.claim("c", SLUG, second, grace=60) == "p1"
+    assert board.claim("c", "other-gpu-sm90", second, grace=60) is None  # another device model's board is empty
+    assert board.finish("c", SLUG, "p0", first, {"ratio": 1.1})
+    assert not board.finish("c", SLUG, "p1", first, {"ratio": 1.0})  # not its claim
+    assert board.release("c", SLUG, "p1", second)
+    assert board.claim("c", SLUG, first, grace=60) == "p1"
+    assert board.claim("c", SLUG, second, grace=60) == "p2"
+    assert board.claim("c", SLUG, first, grace=60) is None  # p2 is held, with a fresh heartbeat
+    time.sleep(1.2)
+    assert board.heartbeat("c", SLUG, "p1", first)  # p1 renewed, p2 not
+    assert board.claim("c", SLUG, first, grace=1.0) == "p2"  # taken over from the silent holder
+    assert not board.heartbeat("c", SLUG, "p2", second)  # the old holder learns it lost it
+    states = {c.problem: (c.state, c.attempts) for c in board.claims("c")}
+    assert states == {"p0": (DONE, 1), "p1": (CLAIMED, 2), "p2": (CLAIMED, 2)}
+    board.close()
+
+
+def _claim_all(url: str, results: list, lock: threading.Lock) -> None:
+    board = ClaimBoard(url)
+    owner = new_owner() + uuid.uuid4().hex[:4]
+    while (key := board.claim("race", SLUG, owner, grace=600)) is not None:
+        with lock:
+            results.append(key)
+    board.close()
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_racing_workers_never_claim_a_problem_twice(kind, tmp_path, postgres_url):
+    url = _board_urls(tmp_path, postgres_url)[kind]
+    problems = [f"p{i}" for i in range(60)]
+    ClaimBoard(url).register("race", SLUG, problems)
+    results, lock = [], threading.Lock()
+    threads = [threading.Thread(target=_claim_all, args=(url, results, lock)) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == sorted(problems)
+
+
+def test_a_claim_of_a_dead_process_of_this_host_is_taken_over_at_once(tmp_path):
+    board = ClaimBoard(f"sqlite:///{tmp_path / 'claims.db'}")
+    board.register("c", SLUG, ["p0"])
+    child = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(0,))
+    child.start()
+    child.join()
+    host = new_owner().rsplit(":", 2)[0]
+    assert board.claim("c", SLUG, f"{host}:{child.pid}:dead", grace=600) == "p0"
+    assert board.claim("c", SLUG, new_owner(), grace=600) == "p0"  # its process is gone
+
+
+def test_journal_storages_keep_their_claims_beside_the_journal(tmp_path):
+    board = ClaimBoard(f"journal:///{tmp_path / 'studies.log'}")
+    board.register("c", SLUG, ["p0"])
+    assert (tmp_path / "studies.log.claims.db").exists()
+    board.close()
+
+
+# ---- workers as processes ------------------------------------------------------------------------
+PROBLEMS = [Problem(4096, 4096, k) for k in (1024, 2048, 4096, 8192)] + [Problem(2048, 4096, 4096)]
+
+
+def _campaign(storage: str, cache_dir: Path, trials: int = 8, grace: float = 60.0):
+    return parse_campaign({
+        "campaign": {"name": "replay", "storage": storage, "trials": trials, "timeout": 600, "grace": grace,
+                      "seed": 1, "cache_dir": str(cache_dir)},
+        "problems": [{"shapes": [[p.m, p.n, p.k] for p in PROBLEMS]}]})
+
+
+def _specs(campaign, storage, count, delay=0.0):
+    return [WorkerSpec(campaign, storage, f"W{i}", None, 1, ReplayFactory(delay), str(SPACE_PATH)) for i in range(count)]
+
+
+class _Events:
+    def __init__(self):
+        self.seen = []
+
+    def event(self, event):
+        self.seen.append(event)
+
+    def tick(self):
+        pass
+
+
+def _studies(storage: str) -> list:
+    from autogemm.study import storage_object
+
+    return [optuna.load_study(study_name=s.study_name, storage=storage_object(storage))
+            for s in optuna.get_all_study_summaries(storage=storage_object(storage))]
+
+
+@pytest.mark.parametrize("kind", ["postgresql", "journal"])
+def test_two_worker_processes_tune_every_problem_exactly_once(kind, tmp_path, postgres_url, monkeypatch):
+    monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path / "user"))
+    storage = postgres_url if kind == "postgresql" else f"journal:///{tmp_path / 'studies.log'}"
+    caches = [tmp_path / "host-a", tmp_path / "host-b"]
+    # two "hosts" (each its own cache directory) sharing one storage, a worker each
+    campaigns = [_campaign(storage, cache) for cache in caches]
+    events = _Events()
+    threads = [threading.Thread(target=lambda c=c: run_campaign(c, _specs(c, storage, 1), events)) for c in campaigns]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    board = ClaimBoard(storage)
+    rows = board_summary(board, campaigns[0])
+    assert sorted(r["problem"] for r in rows) == sorted(p.key for p in PROBLEMS)
+    assert all(r["state"] == DONE and r["attempts"] == 1 and (r["ratio"] or 0) > 0 for r in rows), [(r["problem"], r["state"], r["ratio"], r["error"]) for r in rows]
+    done_events = [e for e in events.seen if e[0] == "done"]
+    assert sorted(e[2] for e in done_events) == sorted(p.key for p in PROBLEMS)  # each once, by one worker
+    # every trial a worker measured is in the storage, finished (none left RUNNING)
+    studies = _studies(storage)
+    assert len(studies) == len(PROBLEMS)
+    for study in studies:
+        states = [t.state for t in study.get_trials(deepcopy=False)]
+        assert optuna.trial.TrialState.RUNNING not in states
+        assert sum(s == optuna.trial.TrialState.COMPLETE for s in states) >= 8
+    # the two hosts' caches merge into one document holding every best
+    merged = tmp_path / "merged.json"
+    sources = [c / f"{SLUG}.json" for c in caches if (c / f"{SLUG}.json").exists()]
+    assert merge_files(sources, merged) == {SLUG: len(PROBLEMS)}
+    document = json.loads(merged.read_text())
+    best = {r["problem"]: r for r in rows}
+    for key, entry in document["entries"].items():
+        assert entry["ratio"] == pytest.approx(best[key]["ratio"] if not best[key]["kept_cublas"] else 1.0)
+        assert entry["host"] and entry["versions"]["autogemm"]
+    board.close()
+
+
+def test_a_worker_killed_with_sigkill_has_its_claim_taken_over_and_its_trials_kept(tmp_path, postgres_url,
+                                                                                   monkeypatch):
+    monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path / "user"))
+    storage = postgres_url
+    campaign = _campaign(storage, tmp_path / "cache", trials=12, grace=2.0)
+    context = multiprocessing.get_context("spawn")
+    events = context.Queue()
+    # a slow worker, on a "host" of its own (so that its death is seen only through the heartbeat)
+    slow = WorkerSpec(campaign, storage, "slow", None, 1, ReplayFactory(delay=0.25), str(SPACE_PATH))
+    victim = context.Process(target=worker_main, args=(slow, events))
+    victim.start()
+    deadline = time.monotonic() + 120
+    trials_seen = 0
+    while time.monotonic() < deadline and trials_seen < 3:
+        event = events.get(timeout=120)
+        trials_seen += event[0] == "trial"
+    assert trials_seen >= 3
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join()
+    board = ClaimBoard(storage)
+    held = [c for c in board.claims(campaign.name) if c.state == CLAIMED]
+    assert len(held) == 1
+    killed_problem = held[0].problem
+    # make the dead worker look like another host's: its claim must wait for the grace period
+    import sqlalchemy as sa
+    from autogemm.claims import claims_table
+
+    with board.engine.begin() as db:
+        db.execute(claims_table.update().where(claims_table.c.problem == killed_problem)
+                   .values(owner="another-host:1:dead"))
+    trials_before = {s.study_name: len(s.get_trials(states=(optuna.trial.TrialState.COMPLETE,))) for s in _studies(storage)}
+    assert sum(trials_before.values()) >= 1  # what it measured before it died is in the storage
+    started = time.monotonic()
+    run_campaign(campaign, _specs(campaign, storage, 1), _Events())
+    rows = {r["problem"]: r for r in board_summary(board, campaign)}
+    assert all(r["state"] == DONE for r in rows.values())
+    assert rows[killed_problem]["attempts"] == 2 and time.monotonic() - started >= 1.0
+    assert all(r["attempts"] == 1 for key, r in rows.items() if key != killed_problem)
+    for study in _studies(storage):
+        assert optuna.trial.TrialState.RUNNING not in [t.state for t in study.get_trials(deepcopy=False)]
+        assert len(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))) >= trials_before.get(study.study_name, 0)
+    cache = TuningCache(tmp_path / "cache", shipped=False)
+    assert {r.problem for _, r in cache.records(SLUG)} == {p.key for p in PROBLEMS}
+    board.close()
+
+
+def test_campaign_run_and_status_from_the_command_line_report_an_unusable_file(tmp_path, capsys):
+    from autogemm.cli import main
+
+    bad = tmp_path / "c.toml"
+    bad.write_text('[campaign]\nname = "x"\n[[problems]]\nM = [0]\n')
+    assert main(["campaign", "status", str(bad)]) == 2
+    assert "problems[0].M must be a positive integer" in capsys.readouterr().err
+
+
+def test_campaign_status_prints_the_board(tmp_path, capsys, monkeypatch):
+    from autogemm.cli import main
+
+    monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path / "user"))
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    path = tmp_path / "c.toml"
+    path.write_text(f'[campaign]\nname = "replay"\nstorage = "{storage}"\n[[problems]]\nM = 64\n')
+    board = ClaimBoard(storage)
+    board.register("replay", SLUG, ["float32/fp32/nn/b1/64x64x64"])
+    owner = new_owner()
+    board.claim("replay", SLUG, owner, 60)
+    board.finish("replay", SLUG, "float32/fp32/nn/b1/64x64x64", owner,
+                 {"config": "simt_x", "tflops": 1.5, "cublas_tflops": 1.0, "ratio": 1.5, "host": "h1",
+                  "kept_cublas": False})
+    assert main(["campaign", "status", str(path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["results"][0]["ratio"] == 1.5 and out["results"][0]["host"] == "h1"
+    assert main(["campaign", "status", str(path)]) == 0
+    table = capsys.readouterr().out
+    assert "simt_x" in table and "1.500" in table and "h1" in table
+
+
+def test_sigint_stops_the_campaign_keeping_the_best_and_a_rerun_resumes(tmp_path):
+    import subprocess
+    import sys
+
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    env = dict(os.environ, AUTOGEMM_CACHE_DIR=str(tmp_path / "user"),
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    child = [sys.executable, str(Path(__file__).parent / "campaign_child.py"), storage, str(tmp_path / "cache")]
+    process = subprocess.Popen(child + ["0.3"], env=env, stdout=subprocess.PIPE, text=True)
+    board = ClaimBoard(storage)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until the worker has claimed its first problem
+        time.sleep(0.3)
+        try:
+            if any(c.state == CLAIMED for c in board.claims("interrupted")):
+                break
+        except Exception:  # the tables are not there yet
+            continue
+    time.sleep(1.5)  # a few trials in
+    process.send_signal(signal.SIGINT)
+    out, _ = process.communicate(timeout=120)
+    assert "INTERRUPTED" in out
+    claims = board.claims("interrupted")
+    assert [c.state for c in claims] == [OPEN, OPEN]  # the claim was given back at once
+    cache = TuningCache(tmp_path / "cache", shipped=False)
+    kept = [r for _, r in cache.records(SLUG)]
+    assert len(kept) == 1 and kept[0].provisional  # the best verified kernel so far is cached
+    measured = sum(len(s.get_trials(states=(optuna.trial.TrialState.COMPLETE,))) for s in _studies(storage))
+    assert measured >= 1
+    again = subprocess.run(child + ["0"], env=env, stdout=subprocess.PIPE, text=True, timeout=300)
+    assert "DONE" in again.stdout
+    claims = board.claims("interrupted")
+    assert [c.state for c in claims] == [DONE, DONE] and claims[0].attempts == 2
+    assert all(not r.provisional for _, r in cache.records(SLUG))
+    board.close()
