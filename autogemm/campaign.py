@@ -102,6 +102,7 @@ class WorkerSpec:
     # and a search space to use instead of each problem's candidate spaces
     evaluator_factory: object = None
     space: str | None = None
+    stop_at: float | None = None  # time.time() after which no new problem is claimed
 
 
 def worker_main(spec: WorkerSpec, events) -> None:
@@ -129,7 +130,7 @@ def worker_main(spec: WorkerSpec, events) -> None:
         events.put(("ready", spec.label, device.name, owner))
         cache = TuningCache(campaign.cache_dir) if campaign.cache_dir else TuningCache()
         skipped: set[str] = set()
-        while True:
+        while spec.stop_at is None or time.time() < spec.stop_at:
             left = {p.key for p in campaign.problems} - skipped
             key = board.claim(campaign.name, device.slug, owner, campaign.grace, only=left)
             if key is None:
@@ -172,6 +173,9 @@ def worker_main(spec: WorkerSpec, events) -> None:
                 events.put(("stopped", spec.label, key, result.stopped))
                 return
             summary = {**result.to_json(), "host": socket.gethostname(), "kept_cublas": result.kept_cublas}
+            cached = cache.lookup(Problem.from_key(key), device.slug)
+            if cached is not None:  # the board keeps the record too: `campaign export` rebuilds the cache from it
+                summary["record"] = cached[0].to_json()
             if board.finish(campaign.name, device.slug, key, owner, summary):
                 events.put(("done", spec.label, key, summary))
             else:
@@ -188,7 +192,22 @@ def worker_main(spec: WorkerSpec, events) -> None:
 def _record_summary(record, source: str) -> dict:
     return {"problem": record.problem, "device": record.device, "config": record.config_name,
             "tflops": record.tflops, "cublas_tflops": record.cublas_tflops, "ratio": record.ratio,
-            "kept_cublas": record.is_cublas, "host": record.host, "from_cache": source}
+            "kept_cublas": record.is_cublas, "host": record.host, "from_cache": source, "record": record.to_json()}
+
+
+def board_records(board: ClaimBoard, campaign: Campaign) -> dict[str, dict]:
+    """The cache records the campaign's workers left on the board, every host's, as device
+    documents' entries ({device slug: {problem key: record JSON}}), each checked as the cache
+    checks what it reads (a bad one is skipped with a warning)."""
+    from .cache import FORMAT, valid_records
+
+    entries: dict[str, dict] = {}
+    for claim in board.claims(campaign.name):
+        if claim.state == DONE and claim.result and isinstance(claim.result.get("record"), dict):
+            entries.setdefault(claim.device, {})[claim.problem] = claim.result["record"]
+    return {slug: {key: record.to_json() for key, record in
+                   valid_records({"format": FORMAT, "device": slug, "entries": found}, f"campaign {campaign.name}").items()}
+            for slug, found in entries.items()}
 
 
 class _Heartbeat:
@@ -214,10 +233,11 @@ class _Heartbeat:
         self.thread.join()
 
 
-def worker_specs(campaign: Campaign, storage: str, gpus: list[Gpu], cores: int) -> list[WorkerSpec]:
+def worker_specs(campaign: Campaign, storage: str, gpus: list[Gpu], cores: int,
+                 stop_at: float | None = None) -> list[WorkerSpec]:
     """One worker per GPU, each compiling with an even share of the host's cores."""
     jobs = max(1, cores // max(1, len(gpus)))
-    return [WorkerSpec(campaign, storage, f"GPU{g.index}", g.uuid, jobs) for g in gpus]
+    return [WorkerSpec(campaign, storage, f"GPU{g.index}", g.uuid, jobs, stop_at=stop_at) for g in gpus]
 
 
 def run_campaign(campaign: Campaign, specs: list[WorkerSpec], view=None) -> dict:
@@ -236,6 +256,15 @@ def run_campaign(campaign: Campaign, specs: list[WorkerSpec], view=None) -> dict
             _drain(events, view, timeout=0.5)
     except KeyboardInterrupt:  # pass it on: each worker keeps its best so far and puts its claim back
         interrupted = True
+        first = time.monotonic()
+
+        def again(signum, frame):  # a second Ctrl-C stops at once; one within a second is the same one
+            if time.monotonic() - first > 1.0:  # (`timeout` sends it to the child and to its group)
+                raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGINT, again)
+        print("autogemm campaign: stopping; each worker keeps its best so far and gives its problem back "
+              "(Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
         for process in processes.values():
             if process.is_alive():
                 os.kill(process.pid, signal.SIGINT)
@@ -245,6 +274,7 @@ def run_campaign(campaign: Campaign, specs: list[WorkerSpec], view=None) -> dict
                 _drain(events, view, timeout=0.5)
             except KeyboardInterrupt:  # a second Ctrl-C: stop now (claims come back after the grace period)
                 break
+        signal.signal(signal.SIGINT, previous)
     finally:
         for process in processes.values():
             if process.is_alive():

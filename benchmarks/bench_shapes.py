@@ -3,7 +3,10 @@
 events, each started on an idle GPU (its host overhead counted), and the ratio is the median over
 the pairs (cuBLAS time / autogemm time; > 1: autogemm is faster). Three ways of meeting a shape:
 
-    empty     nothing tuned: what a new user gets
+    empty     nothing tuned by the user (an empty user cache; tuned results shipped for this GPU in
+              cache/ are read, as a new user's matmul reads them)
+    shipped   the same, refused unless cache/ ships a document for this GPU (what the shipped
+              results are worth: issue 18's acceptance)
     tuned     each problem of the suite tuned first (--budget seconds each), then measured
     loo       leave-one-out: each shape measured with every other shape's tuned record but its
               own (the prediction at work); needs a cache of tuned records (--from, as `tuned`
@@ -174,7 +177,7 @@ def write(rows: list[dict], mode: str, note: str) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("mode", choices=("empty", "tuned", "loo"))
+    parser.add_argument("mode", choices=("empty", "shipped", "tuned", "loo"))
     parser.add_argument("--suite", type=Path, default=HERE / "shapes.toml")
     parser.add_argument("--pairs", type=int, default=100, help="timed pairs per shape (median; default 100)")
     parser.add_argument("--budget", type=float, default=30.0, help="tuned: seconds of tuning per problem")
@@ -194,11 +197,15 @@ def main() -> int:
 
     device = current_device()
     rows = []
-    if args.mode == "empty":
+    if args.mode in ("empty", "shipped"):
         os.environ["AUTOGEMM_CACHE_DIR"] = tempfile.mkdtemp(prefix="autogemm-empty-")
+        shipped = TuningCache().records(device.slug, include_shipped=True)
+        if args.mode == "shipped" and not shipped:
+            raise SystemExit(f"no tuned results are shipped for {device.slug} (cache/{device.slug}.json)")
         for i, problem in enumerate(problems):
             rows.append(measure(problem, args.pairs, seed=10 * i))
-        note = f"An empty cache; {args.pairs} alternating pairs per shape (each call on an idle GPU), median ratio."
+        note = (f"An empty user cache, with the {len(shipped)} records shipped for this GPU in cache/; "
+                f"{args.pairs} alternating pairs per shape (each call on an idle GPU), median ratio.")
     elif args.mode == "tuned" and args.source is not None:
         os.environ["AUTOGEMM_CACHE_DIR"] = str(args.source)
         autogemm.reset()

@@ -4,6 +4,7 @@ table, a worker killed with SIGKILL and its claim taken over, and the journal fi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -18,7 +19,7 @@ import pytest
 
 from autogemm.cache import TuningCache
 from autogemm.cache_merge import merge_files
-from autogemm.campaign import WorkerSpec, board_summary, run_campaign, select_gpus, Gpu, CampaignError, worker_main
+from autogemm.campaign import WorkerSpec, board_records, board_summary, run_campaign, select_gpus, Gpu, CampaignError, worker_main
 from autogemm.campaign_file import CampaignFileError, load_campaign, parse_campaign
 from autogemm.claims import CLAIMED, DONE, OPEN, ClaimBoard, new_owner
 from autogemm.problem import Problem
@@ -263,7 +264,21 @@ def test_two_worker_processes_tune_every_problem_exactly_once(kind, tmp_path, po
     for key, entry in document["entries"].items():
         assert entry["ratio"] == pytest.approx(best[key]["ratio"] if not best[key]["kept_cublas"] else 1.0)
         assert entry["host"] and entry["versions"]["autogemm"]
+    # the board holds every host's records too: exported, they are the same bests
+    exported = board_records(board, campaigns[0])
+    assert set(exported) == {SLUG} and set(exported[SLUG]) == set(document["entries"])
+    for key, entry in exported[SLUG].items():
+        assert entry["ratio"] == document["entries"][key]["ratio"]
     board.close()
+
+
+def test_a_worker_past_its_stop_time_claims_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path / "user"))
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    campaign = _campaign(storage, tmp_path / "cache")
+    spec = dataclasses.replace(_specs(campaign, storage, 1)[0], stop_at=time.time())
+    run_campaign(campaign, [spec], _Events())
+    assert {c.state for c in ClaimBoard(storage).claims(campaign.name)} == {OPEN}
 
 
 def test_a_worker_killed_with_sigkill_has_its_claim_taken_over_and_its_trials_kept(tmp_path, postgres_url,

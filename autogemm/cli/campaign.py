@@ -4,9 +4,11 @@ shared storage, of other hosts), with a line per GPU while it runs and a table a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
+from pathlib import Path
 
 from .arguments import EXIT_FAILURES, CliError, CliFailure, positive_int
 
@@ -99,13 +101,16 @@ def cmd_campaign(args: argparse.Namespace) -> int:
         campaign = load_campaign(args.file)
     except CampaignFileError as exc:
         raise CliError(str(exc)) from None
+    if args.cache_dir:
+        campaign = dataclasses.replace(campaign, cache_dir=str(Path(args.cache_dir).expanduser().resolve()))
     storage = resolve_storage(campaign)
     if args.action == "run":
         try:
             gpus = select_gpus(campaign.devices, list_gpus())
         except CampaignError as exc:
             raise CliFailure(str(exc)) from None
-        specs = worker_specs(campaign, storage, gpus, args.jobs or default_cores())
+        stop_at = time.time() + args.stop_after if args.stop_after else None
+        specs = worker_specs(campaign, storage, gpus, args.jobs or default_cores(), stop_at)
         print(f"campaign {campaign.name}: {len(campaign.problems)} problems on {len(gpus)} GPU(s) of this host "
               f"({', '.join(f'{g.index} {g.name}' for g in gpus)}); storage {_shown_url(storage)}", file=sys.stderr)
         view = None if args.json else CampaignView([s.label for s in specs], len(campaign.problems))
@@ -117,6 +122,8 @@ def cmd_campaign(args: argparse.Namespace) -> int:
         broken = [label for label, code in codes.items() if code != 0]
         if broken:
             print(f"campaign {campaign.name}: worker(s) {', '.join(broken)} ended with an error", file=sys.stderr)
+    if args.action == "export":
+        return _export(campaign, storage, args.output)
     try:
         board = ClaimBoard(storage)
         rows = board_summary(board, campaign)
@@ -139,6 +146,41 @@ def cmd_campaign(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(campaign, storage: str, output: str | None) -> int:
+    """Writes the records on the board (every host's) as one cache file."""
+    from ..cache import FORMAT, write_json
+    from ..campaign import board_records
+    from ..claims import ClaimBoard
+
+    if not output:
+        raise CliError("campaign export needs -o OUT, the cache file to write")
+    try:
+        board = ClaimBoard(storage)
+        documents = board_records(board, campaign)
+        board.close()
+    except Exception as exc:  # SQLAlchemy's errors, whatever the database
+        raise CliFailure(f"cannot read the campaign's claims from {_shown_url(storage)}: {type(exc).__name__}") from None
+    if not documents:
+        raise CliFailure(f"campaign {campaign.name} has no finished record on the board yet")
+    bundle = {slug: {"format": FORMAT, "device": slug, "entries": entries} for slug, entries in documents.items()}
+    try:
+        write_json(Path(output), next(iter(bundle.values())) if len(bundle) == 1 else {"format": FORMAT, "devices": bundle})
+    except OSError as exc:
+        raise CliFailure(f"cannot write {output}: {exc}") from None
+    print(f"exported {', '.join(f'{len(e)} records of {slug}' for slug, e in documents.items())} to {output}")
+    return 0
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
 def _shown_url(url: str) -> str:
     """A storage URL without its password."""
     import re
@@ -153,10 +195,19 @@ def add_campaign_parser(sub) -> None:
         "timeout, trials, seed, grace; [[problems]] grids or shapes) on this host's GPUs, one worker process "
         "per GPU. Hosts given the same storage URL (PostgreSQL) share the problems: each is tuned once per "
         "GPU model. Results land in the cache as they are found. Ctrl-C keeps each GPU's best so far and "
-        "gives its problem back; running the command again resumes. status FILE: the table of results so far.")
-    campaign_p.add_argument("action", choices=("run", "status"))
+        "gives its problem back; running the command again resumes. status FILE: the table of results so far. "
+        "export FILE -o OUT: the records every host left on the board, as one cache file (a device document, "
+        "or an export bundle for several GPU models), for `autogemm cache import` or cache/.")
+    campaign_p.add_argument("action", choices=("run", "status", "export"))
     campaign_p.add_argument("file", help="campaign file (TOML)")
     campaign_p.add_argument("--jobs", type=positive_int, help="compile workers in all (default: this host's cores), "
                                                      "shared evenly between the GPUs")
     campaign_p.add_argument("--json", action="store_true", help="print the results as JSON (no progress lines)")
+    campaign_p.add_argument("--stop-after", type=positive_float, metavar="SECONDS",
+                            help="run: claim no new problem after this many seconds (each GPU finishes the one "
+                                 "it tunes); the rest waits for the next run")
+    campaign_p.add_argument("-o", "--output", metavar="OUT", help="export: the cache file to write")
+    campaign_p.add_argument("--cache-dir", metavar="DIR",
+                            help="run: write results to this directory instead of the campaign's cache_dir (a "
+                                 "problem finished there or in the shipped cache counts as done)")
     campaign_p.set_defaults(handler=cmd_campaign)
