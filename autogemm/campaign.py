@@ -128,14 +128,17 @@ def worker_main(spec: WorkerSpec, events) -> None:
             device = current_device()
         board.register(campaign.name, device.slug, [p.key for p in campaign.problems])
         events.put(("ready", spec.label, device.name, owner))
+        # the tunes read the shipped results too (their winners seed the search); only the
+        # campaign's own cache says what is done
         cache = TuningCache(campaign.cache_dir) if campaign.cache_dir else TuningCache()
+        own = TuningCache(cache.directory, shipped=False)
         skipped: set[str] = set()
         while spec.stop_at is None or time.time() < spec.stop_at:
             left = {p.key for p in campaign.problems} - skipped
             key = board.claim(campaign.name, device.slug, owner, campaign.grace, only=left)
             if key is None:
                 break
-            found = cache.lookup(Problem.from_key(key), device.slug)
+            found = own.lookup(Problem.from_key(key), device.slug)
             if found is not None and not found[0].provisional:
                 # tuned before (an earlier run of the campaign whose storage is gone, a shipped
                 # cache being extended): done with the record's figures, not tuned again
@@ -173,7 +176,7 @@ def worker_main(spec: WorkerSpec, events) -> None:
                 events.put(("stopped", spec.label, key, result.stopped))
                 return
             summary = {**result.to_json(), "host": socket.gethostname(), "kept_cublas": result.kept_cublas}
-            cached = cache.lookup(Problem.from_key(key), device.slug)
+            cached = own.lookup(Problem.from_key(key), device.slug)
             if cached is not None:  # the board keeps the record too: `campaign export` rebuilds the cache from it
                 summary["record"] = cached[0].to_json()
             if board.finish(campaign.name, device.slug, key, owner, summary):

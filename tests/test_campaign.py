@@ -393,3 +393,11 @@ def test_sigint_stops_the_campaign_keeping_the_best_and_a_rerun_resumes(tmp_path
     assert [c.state for c in claims] == [DONE, DONE] and claims[0].attempts == 2
     assert all(not r.provisional for _, r in cache.records(SLUG))
     board.close()
+
+
+def test_storage_urls_are_shown_without_their_password():
+    from autogemm.cli.campaign import _shown_url
+
+    assert _shown_url("postgresql+psycopg2://tuner:s3cret@db.example/autogemm") == \
+        "postgresql+psycopg2://tuner:***@db.example/autogemm"
+    assert _shown_url("sqlite:////tmp/studies.db") == "sqlite:////tmp/studies.db"

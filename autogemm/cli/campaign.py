@@ -209,5 +209,5 @@ def add_campaign_parser(sub) -> None:
     campaign_p.add_argument("-o", "--output", metavar="OUT", help="export: the cache file to write")
     campaign_p.add_argument("--cache-dir", metavar="DIR",
                             help="run: write results to this directory instead of the campaign's cache_dir (a "
-                                 "problem finished there or in the shipped cache counts as done)")
+                                 "problem finished there counts as done; shipped results only seed the search)")
     campaign_p.set_defaults(handler=cmd_campaign)
