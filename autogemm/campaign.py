@@ -4,7 +4,8 @@ host and over every host pointed at the same storage.
 `run_campaign` starts one worker process per GPU (a fresh interpreter, so no CUDA context is
 inherited; `CUDA_VISIBLE_DEVICES` pins it to its GPU by UUID before CUDA is touched). Each worker
 takes problems from the claim board (`claims.py`) until none is left: it tunes one with the usual
-tuner (its own measuring process and a share of the host's cores for compiling), writes the winner
+tuner (its own measuring process; its kernels compiled in the one pool of the host's cores that
+the parent keeps for every worker, `compile_service.py`), writes the winner
 to the cache as it is found and marks the problem done with the result. The parent shows a line
 per GPU and ends with a table of every result on the board, other hosts' included.
 
@@ -19,6 +20,7 @@ documents alone, on a fresh machine whose storage is empty.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import queue
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from .campaign_file import Campaign
 from .claims import DONE, ClaimBoard, new_owner
+from .compile_service import CompileService
 from .problem import Problem
 
 HEARTBEAT_FRACTION = 0.25  # a worker renews its claim every grace * this seconds
@@ -103,10 +106,15 @@ class WorkerSpec:
     evaluator_factory: object = None
     space: str | None = None
     stop_at: float | None = None  # time.time() after which no new problem is claimed
+    share_compiles: bool = False  # compile in the campaign's one pool (compile_service.py), `jobs` its size
+    compile_conn: object = None  # the worker's end of the pipe to that pool (set by run_campaign)
 
 
 def worker_main(spec: WorkerSpec, events) -> None:
     """Body of a worker process: claim, tune, record, until no problem is left."""
+    # SIGINT means stop, even where this process inherited it ignored (started in the background by
+    # a shell without job control, which ignores SIGINT for its background commands)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if spec.visible_devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.visible_devices  # before anything touches CUDA
     # A group of its own: a Ctrl-C at the terminal reaches the parent alone, which passes one on to
@@ -117,6 +125,11 @@ def worker_main(spec: WorkerSpec, events) -> None:
     from .cache import TuningCache
     from .tuner import TuneError, TuneRunning, tune
 
+    if spec.compile_conn is not None:
+        from .compile import share_compile_pool
+        from .compile_service import RemoteCompilePool
+
+        share_compile_pool(RemoteCompilePool(spec.compile_conn))
     campaign, factory = spec.campaign, spec.evaluator_factory
     board = ClaimBoard(spec.storage)
     owner = new_owner()
@@ -137,7 +150,13 @@ def worker_main(spec: WorkerSpec, events) -> None:
             left = {p.key for p in campaign.problems} - skipped
             key = board.claim(campaign.name, device.slug, owner, campaign.grace, only=left)
             if key is None:
-                break
+                # nothing to take; while other workers (or hosts) still hold problems, wait: a holder
+                # that dies leaves its problem to be taken over once its heartbeat is late
+                held = [c for c in board.claims(campaign.name, device.slug) if c.state != DONE and c.problem in left]
+                if not held:
+                    break
+                time.sleep(min(5.0, campaign.grace * HEARTBEAT_FRACTION))
+                continue
             found = own.lookup(Problem.from_key(key), device.slug)
             if found is not None and not found[0].provisional:
                 # tuned before (an earlier run of the campaign whose storage is gone, a shipped
@@ -238,9 +257,9 @@ class _Heartbeat:
 
 def worker_specs(campaign: Campaign, storage: str, gpus: list[Gpu], cores: int,
                  stop_at: float | None = None) -> list[WorkerSpec]:
-    """One worker per GPU, each compiling with an even share of the host's cores."""
-    jobs = max(1, cores // max(1, len(gpus)))
-    return [WorkerSpec(campaign, storage, f"GPU{g.index}", g.uuid, jobs, stop_at=stop_at) for g in gpus]
+    """One worker per GPU, all compiling in one pool of `cores` processes."""
+    return [WorkerSpec(campaign, storage, f"GPU{g.index}", g.uuid, cores, stop_at=stop_at, share_compiles=True)
+            for g in gpus]
 
 
 def run_campaign(campaign: Campaign, specs: list[WorkerSpec], view=None) -> dict:
@@ -249,6 +268,14 @@ def run_campaign(campaign: Campaign, specs: list[WorkerSpec], view=None) -> dict
     context = multiprocessing.get_context("spawn")
     events = context.Queue()
     processes = {}
+    # SIGINT stops the campaign even where it was inherited ignored (a background command of a
+    # shell without job control): the parent passes it on to the workers in order
+    main_thread = threading.current_thread() is threading.main_thread()
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler) if main_thread else None
+    sharing = [spec for spec in specs if spec.share_compiles]
+    service = CompileService(max(spec.jobs for spec in sharing)) if sharing else None
+    specs = [dataclasses.replace(spec, compile_conn=service.connect()) if spec.share_compiles else spec
+             for spec in specs]
     for spec in specs:
         process = context.Process(target=worker_main, args=(spec, events), name=f"autogemm-campaign-{spec.label}")
         process.start()
@@ -284,6 +311,10 @@ def run_campaign(campaign: Campaign, specs: list[WorkerSpec], view=None) -> dict
                 process.terminate()
             process.join()
         _drain(events, view, timeout=0)
+        if service is not None:
+            service.close()
+        if main_thread:
+            signal.signal(signal.SIGINT, inherited)
     codes = {label: p.exitcode for label, p in processes.items()}
     if interrupted:
         raise KeyboardInterrupt

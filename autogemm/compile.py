@@ -239,6 +239,20 @@ def store_cubin(path: Path, data: bytes) -> None:
         raise
 
 
+_shared_pool = None  # a campaign worker's RemoteCompilePool (compile_service.py), when it has one
+
+
+def share_compile_pool(pool) -> None:
+    """Makes `pool` (a campaign's shared compile service, as its worker sees it) the pool every
+    tune of this process compiles in, instead of a pool of its own."""
+    global _shared_pool
+    _shared_pool = pool
+
+
+def shared_compile_pool():
+    return _shared_pool
+
+
 def compile_pool(jobs: int) -> ProcessPoolExecutor:
     """Worker processes for parallel NVRTC compilation. They are spawned, not forked: a fork of a
     process that holds a CUDA context is unsafe, and the workers never need a GPU."""

@@ -19,7 +19,8 @@ import numpy as np
 
 from .bench import (Verdict, check_result, cublas_runner, poison, random_uniform, rotation_count, single_calls,
                     time_calls, warm_up)
-from .compile import CompileError, UnstoredCubin, compile_pool, compile_to_cubin, remember, unloaded_after
+from .compile import (CompileError, UnstoredCubin, compile_pool, compile_to_cubin, remember, shared_compile_pool,
+                      unloaded_after)
 from .problem import Device, Problem
 from .render import render
 
@@ -266,7 +267,8 @@ class CompileAheadEvaluator(Evaluator):
 
     def _start_pool(self, jobs: int) -> None:
         self._jobs = jobs
-        self._pool = compile_pool(jobs)
+        # a campaign worker compiles in the campaign's shared pool (compile_service.py)
+        self._pool = shared_compile_pool() or compile_pool(jobs)
         self._in_memory: OrderedDict[str, UnstoredCubin] = OrderedDict()
 
     def _keep_unstored(self, config, cubin) -> None:
@@ -364,7 +366,8 @@ class CompileAheadEvaluator(Evaluator):
         return out, cublas_ms
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not shared_compile_pool():
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 class GpuEvaluator(CompileAheadEvaluator):

@@ -23,3 +23,10 @@ def compile_unstored(source, arch):
 
     return UnstoredCubin(f"{source.kernel}.cubin", b"\x7fELF " + source.kernel.encode(),
                          "cannot store compiled kernels in /cache/cubins: OSError: [Errno 28] No space left on device")
+
+
+def compile_error(source, arch):
+    """A compiler that refuses every kernel."""
+    from autogemm.compile import CompileError
+
+    raise CompileError(f"made-up error in {source.kernel}", "log", None)

@@ -208,7 +208,10 @@ def _campaign(storage: str, cache_dir: Path, trials: int = 8, grace: float = 60.
 
 
 def _specs(campaign, storage, count, delay=0.0):
-    return [WorkerSpec(campaign, storage, f"W{i}", None, 1, ReplayFactory(delay), str(SPACE_PATH)) for i in range(count)]
+    # (the workers share one compile pool, as a GPU campaign's do: the wiring is exercised, though
+    # replayed candidates compile nothing)
+    return [WorkerSpec(campaign, storage, f"W{i}", None, 1, ReplayFactory(delay), str(SPACE_PATH), share_compiles=True)
+            for i in range(count)]
 
 
 class _Events:
@@ -366,7 +369,10 @@ def test_sigint_stops_the_campaign_keeping_the_best_and_a_rerun_resumes(tmp_path
     env = dict(os.environ, AUTOGEMM_CACHE_DIR=str(tmp_path / "user"),
                PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     child = [sys.executable, str(Path(__file__).parent / "campaign_child.py"), storage, str(tmp_path / "cache")]
-    process = subprocess.Popen(child + ["0.3"], env=env, stdout=subprocess.PIPE, text=True)
+    # started with SIGINT ignored, as a shell without job control starts its background commands
+    # (how the campaign once ran to the end through a SIGINT)
+    process = subprocess.Popen(child + ["0.3"], env=env, stdout=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     board = ClaimBoard(storage)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # wait until the worker has claimed its first problem
