@@ -206,30 +206,6 @@ def _best_generated(data: dict):
     return config
 
 
-def now() -> str:
-    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-
-
-def runtime_versions() -> dict:
-    """autogemm, CuPy, CUDA runtime, driver and NVRTC versions (a change can break a kernel)."""
-    from .version import __version__
-
-    versions = {"autogemm": __version__}
-    try:
-        import cupy
-
-        versions["cupy"] = cupy.__version__
-        runtime = cupy.cuda.runtime.runtimeGetVersion()
-        driver = cupy.cuda.runtime.driverGetVersion()
-        versions["cuda_runtime"] = f"{runtime // 1000}.{runtime % 1000 // 10}"
-        versions["driver_api"] = f"{driver // 1000}.{driver % 1000 // 10}"
-        major, minor = cupy.cuda.nvrtc.getVersion()
-        versions["nvrtc"] = f"{major}.{minor}"
-    except Exception:  # no GPU runtime here: record what is known
-        pass
-    return versions
-
-
 def _empty_document(device_slug: str) -> dict:
     return {"format": FORMAT, "device": device_slug, "entries": {}}
 

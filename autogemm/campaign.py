@@ -25,7 +25,6 @@ import multiprocessing
 import os
 import queue
 import signal
-import socket
 import sys
 import threading
 import time
@@ -36,6 +35,7 @@ from .campaign_file import Campaign
 from .claims import DONE, ClaimBoard, new_owner
 from .compile_service import CompileService
 from .problem import Problem
+from .provenance import host
 
 HEARTBEAT_FRACTION = 0.25  # a worker renews its claim every grace * this seconds
 
@@ -65,14 +65,20 @@ def list_gpus() -> list[Gpu]:
             raise CampaignError(f"the CUDA driver cannot list GPUs: {error.name}")
         return values[0] if len(values) == 1 else values
 
-    check(driver.cuInit(0))
-    gpus = []
-    for index in range(check(driver.cuDeviceGetCount())):
-        device = check(driver.cuDeviceGet(index))
-        name = check(driver.cuDeviceGetName(128, device)).split(b"\0")[0].decode(errors="replace")
-        raw = bytes(check(driver.cuDeviceGetUuid(device)).bytes).hex()
-        uuid = f"GPU-{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:32]}"
-        gpus.append(Gpu(index, uuid, name))
+    try:
+        check(driver.cuInit(0))
+        gpus = []
+        for index in range(check(driver.cuDeviceGetCount())):
+            device = check(driver.cuDeviceGet(index))
+            name = check(driver.cuDeviceGetName(128, device)).split(b"\0")[0].decode(errors="replace")
+            raw = bytes(check(driver.cuDeviceGetUuid(device)).bytes).hex()
+            uuid = f"GPU-{raw[:8]}-{raw[8:12]}-{raw[12:16]}-{raw[16:20]}-{raw[20:32]}"
+            gpus.append(Gpu(index, uuid, name))
+    except CampaignError:
+        raise
+    except Exception as exc:  # no driver library at all (a machine without a GPU), or a broken one
+        raise CampaignError(f"no CUDA driver usable on this host ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); a campaign runs on GPUs") from None
     return gpus
 
 
@@ -186,7 +192,7 @@ def worker_main(spec: WorkerSpec, events) -> None:
                 continue
             except TuneError as exc:  # nothing measurable: done, with the reason (not retried forever)
                 beat.stop()
-                board.finish(campaign.name, device.slug, key, owner, {"error": str(exc)[:1000], "host": socket.gethostname()})
+                board.finish(campaign.name, device.slug, key, owner, {"error": str(exc)[:1000], "host": host()})
                 events.put(("failed", spec.label, key, str(exc)))
                 continue
             beat.stop()
@@ -194,7 +200,7 @@ def worker_main(spec: WorkerSpec, events) -> None:
                 board.release(campaign.name, device.slug, key, owner)
                 events.put(("stopped", spec.label, key, result.stopped))
                 return
-            summary = {**result.to_json(), "host": socket.gethostname(), "kept_cublas": result.kept_cublas}
+            summary = {**result.to_json(), "host": host(), "kept_cublas": result.kept_cublas}
             cached = own.lookup(Problem.from_key(key), device.slug)
             if cached is not None:  # the board keeps the record too: `campaign export` rebuilds the cache from it
                 summary["record"] = cached[0].to_json()
@@ -221,11 +227,18 @@ def board_records(board: ClaimBoard, campaign: Campaign) -> dict[str, dict]:
     """The cache records the campaign's workers left on the board, every host's, as device
     documents' entries ({device slug: {problem key: record JSON}}), each checked as the cache
     checks what it reads (a bad one is skipped with a warning)."""
-    from .cache import FORMAT, valid_records
+    import warnings
+
+    from .cache import FORMAT, CacheWarning, check_slug, valid_records
 
     entries: dict[str, dict] = {}
     for claim in board.claims(campaign.name):
         if claim.state == DONE and claim.result and isinstance(claim.result.get("record"), dict):
+            try:
+                check_slug(claim.device)  # (it becomes a file name where the export is imported)
+            except ValueError as exc:
+                warnings.warn(f"campaign {campaign.name}: skipped the records of {exc}", CacheWarning, stacklevel=2)
+                continue
             entries.setdefault(claim.device, {})[claim.problem] = claim.result["record"]
     return {slug: {key: record.to_json() for key, record in
                    valid_records({"format": FORMAT, "device": slug, "entries": found}, f"campaign {campaign.name}").items()}

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import sys
 import time
 from collections import deque
 
 import optuna
 
-from .cache import Record, TuningCache, cublas_record, now, runtime_versions
+from .cache import Record, TuningCache, cublas_record
 from .evaluate import MIN_NOISE, SINGLE_CALL_MS, Evaluator, FatalEvaluationError, GpuEvaluator, Measurement
 from .isolate import IsolatedEvaluator
 from .predict import known_configs
+from .provenance import host, now, runtime_versions
 from .problem import Problem
 from .render import kernel_digest, kernel_template_hash
 from .space import SearchSpace, candidate_space_names
@@ -244,7 +244,7 @@ def _tune(problem, device, name, *, trials, timeout, seed, sampler, space, stora
             time_ms=measurement.time_ms, tflops=measurement.tflops, cublas_ms=cublas_ms,
             cublas_tflops=problem.flops / cublas_ms / 1e9, ratio=cublas_ms / measurement.time_ms,
             rel_error=measurement.rel_error if measurement.rel_error is not None else float("nan"),
-            template_hash=kernel_template_hash(config.template), device=device.name, versions=runtime_versions(), date=now(), host=socket.gethostname(),
+            template_hash=kernel_template_hash(config.template), device=device.name, versions=runtime_versions(), date=now(), host=host(),
             source_digest=kernel_digest(config, problem),
             trials={"valid": valid, "rejected": rejected, "failed": failed}, wall_s=time.perf_counter() - started,
             study=name, provisional=provisional,

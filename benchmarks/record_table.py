@@ -16,7 +16,7 @@ import dataclasses
 import sys
 import time
 
-from autogemm.cache import now, runtime_versions
+from autogemm.provenance import now, runtime_versions
 from autogemm.evaluate import GpuEvaluator
 from autogemm.recorded import RecordedTable
 from autogemm.launch import current_device

@@ -25,6 +25,7 @@ from autogemm.claims import CLAIMED, DONE, OPEN, ClaimBoard, new_owner
 from autogemm.problem import Problem
 
 from campaign_helpers import SPACE_PATH, ReplayFactory
+from test_cache import make_record
 
 SLUG = "nvidia-h200-sm90"  # the recorded table's device
 
@@ -407,3 +408,38 @@ def test_storage_urls_are_shown_without_their_password():
     assert _shown_url("postgresql+psycopg2://tuner:s3cret@db.example/autogemm") == \
         "postgresql+psycopg2://tuner:***@db.example/autogemm"
     assert _shown_url("sqlite:////tmp/studies.db") == "sqlite:////tmp/studies.db"
+
+
+def test_campaign_run_without_a_usable_gpu_says_so(tmp_path, capsys, monkeypatch):
+    from conftest import gpu_available
+
+    from autogemm.cli import main
+
+    if gpu_available()[0]:
+        pytest.skip("this machine has a GPU: the campaign would run")
+    monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path / "user"))
+    path = tmp_path / "c.toml"
+    path.write_text('[campaign]\nname = "x"\n[[problems]]\nM = 64\n')
+    assert main(["campaign", "run", str(path)]) == 3
+    err = capsys.readouterr().err
+    assert "a campaign runs on GPUs" in err or "has no CUDA GPU" in err or "cannot list GPUs" in err
+    assert "Traceback" not in err
+
+
+def test_export_skips_what_is_not_a_valid_record_on_the_board(tmp_path):
+    from autogemm.campaign import board_records
+
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    campaign = _campaign(storage, tmp_path / "cache")
+    board = ClaimBoard(storage)
+    good = make_record(64)
+    bad = dict(make_record(96).to_json(), ratio=-1)
+    for slug, key, record in ((SLUG, good.problem, good.to_json()), (SLUG, bad["problem"], bad),
+                              ("../../etc", good.problem, good.to_json())):
+        board.register(campaign.name, slug, [key])
+        owner = new_owner()
+        assert board.claim(campaign.name, slug, owner, 60) == key
+        board.finish(campaign.name, slug, key, owner, {"record": record})
+    with pytest.warns(Warning):
+        exported = board_records(board, campaign)
+    assert exported == {SLUG: {good.problem: good.to_json()}}
