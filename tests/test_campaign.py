@@ -443,3 +443,26 @@ def test_export_skips_what_is_not_a_valid_record_on_the_board(tmp_path):
     with pytest.warns(Warning):
         exported = board_records(board, campaign)
     assert exported == {SLUG: {good.problem: good.to_json()}}
+
+
+def test_the_progress_view_writes_a_line_per_event_where_stderr_is_not_a_terminal():
+    import io
+
+    from autogemm.cli.campaign import CampaignView
+
+    stream = io.StringIO()
+    view = CampaignView(["GPU0", "GPU1"], total=3, stream=stream)
+    key = "float16/fp32/nn/b1/4096x4096x4096"
+    view.event(("ready", "GPU0", "NVIDIA H100 80GB HBM3", "host:1:x"))
+    view.event(("start", "GPU0", key))
+    view.event(("trial", "GPU0", key, 5, 700.0, 1.02))
+    view.event(("done", "GPU0", key, {"config": "hopper_x", "tflops": 700.0, "ratio": 1.02, "kept_cublas": False}))
+    view.event(("failed", "GPU1", "float64/fp64/nn/b1/1x1x1", "nothing measurable"))
+    view.tick()
+    view.close()
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 4  # trials are not logged line by line
+    assert lines[0].endswith("GPU0: NVIDIA H100 80GB HBM3 ready")
+    assert f"GPU0: done {key}: hopper_x 700.0 TFLOP/s, 1.020x cuBLAS" in lines[2]
+    assert "GPU1: failed float64/fp64/nn/b1/1x1x1: nothing measurable" in lines[3]
+    assert view.failed == ["float64/fp64/nn/b1/1x1x1"]
