@@ -180,22 +180,20 @@ def worker_main(spec: WorkerSpec, events) -> None:
                               patience=campaign.patience,
                               progress=lambda n, tflops, ratio: events.put(("trial", spec.label, key, n, tflops, ratio)))
             except KeyboardInterrupt:
-                beat.stop()
                 board.release(campaign.name, device.slug, key, owner)
                 events.put(("stopped", spec.label, key, "interrupted"))
                 return
             except TuneRunning as exc:  # a tune outside the campaign runs this study here: leave it to it
-                beat.stop()
                 board.release(campaign.name, device.slug, key, owner)
                 skipped.add(key)
                 events.put(("skipped", spec.label, key, str(exc)))
                 continue
             except TuneError as exc:  # nothing measurable: done, with the reason (not retried forever)
-                beat.stop()
                 board.finish(campaign.name, device.slug, key, owner, {"error": str(exc)[:1000], "host": host()})
                 events.put(("failed", spec.label, key, str(exc)))
                 continue
-            beat.stop()
+            finally:
+                beat.stop()
             if result.interrupted:  # Ctrl-C or a lost GPU: the best so far is cached; the claim goes back
                 board.release(campaign.name, device.slug, key, owner)
                 events.put(("stopped", spec.label, key, result.stopped))
