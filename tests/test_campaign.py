@@ -466,3 +466,17 @@ def test_the_progress_view_writes_a_line_per_event_where_stderr_is_not_a_termina
     assert f"GPU0: done {key}: hopper_x 700.0 TFLOP/s, 1.020x cuBLAS" in lines[2]
     assert "GPU1: failed float64/fp64/nn/b1/1x1x1: nothing measurable" in lines[3]
     assert view.failed == ["float64/fp64/nn/b1/1x1x1"]
+
+
+def test_the_readme_campaign_example_is_a_valid_campaign():
+    import re
+    import tomllib
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index("### Campaigns"):]
+    example = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
+    campaign = parse_campaign(tomllib.loads(example))
+    assert campaign.name == "llm" and len(campaign.problems) == 4 * 2 * 2
+    assert campaign.storage.startswith("postgresql+psycopg2://")
+    shipped = load_campaign(Path(__file__).parent.parent / "campaigns" / "shipped.toml")
+    assert len(shipped.problems) == 103
