@@ -121,3 +121,39 @@ def test_matmul_refuses_scalars_that_are_not_real_numbers():
                                                            "version": 3}})()
     with pytest.raises(TypeError, match="alpha must be a real number, got str '2'"):
         autogemm.matmul(fake, fake, alpha="2")
+
+
+def test_version_and_python_dash_m_autogemm(capsys):
+    import subprocess
+    import sys
+
+    from autogemm.version import __version__
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0 and capsys.readouterr().out.strip() == f"autogemm {__version__}"
+    run = subprocess.run([sys.executable, "-m", "autogemm", "--version"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == f"autogemm {__version__}"
+
+
+def test_cache_list_as_json(tmp_path, capsys, monkeypatch):
+    import json
+
+    from autogemm.cache import TuningCache
+    from test_cache import SLUG, make_record
+
+    monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path))
+    TuningCache(tmp_path / "tuned", shipped=False).store(make_record(64, ratio=1.25), SLUG)
+    assert main(["cache", "list", "--json"]) == 0
+    listed = [r for r in json.loads(capsys.readouterr().out) if r["device_slug"] == SLUG]
+    assert len(listed) == 1
+    assert listed[0]["source"] == "user" and listed[0]["status"] == "ok" and listed[0]["ratio"] == 1.25
+
+
+def test_the_license_file_is_the_declared_license():
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["license"]["text"]
+    assert declared == "MIT" and (root / "LICENSE").read_text().startswith("MIT License")

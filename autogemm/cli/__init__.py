@@ -27,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
         "not run (no GPU or CuPy, nothing cached, the tune failed). With --json, an error is also printed "
         "as {\"error\": ..., \"exit_code\": ...}.",
     )
+    from ..version import __version__
+
+    parser.add_argument("--version", action="version", version=f"autogemm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     render_p = sub.add_parser("render", help="print the CUDA source of one configuration",
@@ -125,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     cache_p.add_argument("-o", "--output", help="merge: the file to write (a device document if every record is "
                                                 "of one device, else an export bundle)")
     cache_p.add_argument("--yes", action="store_true", help="clear without asking")
+    cache_p.add_argument("--json", action="store_true", help="list: every record as JSON, with its device slug, source and status")
     cache_p.add_argument("--all", action="store_true",
                          help="verify: also the shipped results for this GPU (reported, not dropped)")
     cache_p.set_defaults(handler=cmd_cache)

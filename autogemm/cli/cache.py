@@ -20,12 +20,16 @@ def cmd_cache(args: argparse.Namespace) -> int:
     args.key = args.key[0] if args.key else None
     cache = TuningCache()
     if args.action == "list":
-        rows = []
+        rows, records = [], []
         for slug in cache.devices():
             for source, record in cache.records(slug):
-                status = "stale (templates changed)" if record.stale else "ok"
+                status = "stale (its kernel changed)" if record.stale else "ok"
                 rows.append((slug, source, record.problem, record.config_name, f"{record.tflops:.1f}",
                              f"{record.ratio:.3f}", record.date[:10], status))
+                records.append({**record.to_json(), "device_slug": slug, "source": source, "status": status})
+        if getattr(args, "json", False):
+            print(json.dumps(records, indent=2))
+            return 0
         if not rows:
             print(f"no tuned kernels in {cache.directory}" + (f" or {cache.shipped}" if cache.shipped else ""))
             return 0

@@ -1,0 +1,7 @@
+"""`python -m autogemm`: the `autogemm` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
