@@ -47,7 +47,7 @@ def test_render_accepts_a_config_name_and_layout(capsys):
         (["render", "--config", '{"colour": 1}'], "unknown SIMT config knobs: colour"),
         (["render", "--config", '{"tm": 4}'], "warp-lanes"),
         (["render", "--config", "{}", "--layout", "nt", "--trans-a"], "either --layout or --trans-a"),
-        (["render", "--config", "{}", "--dtype", "int8"], "unsupported dtype 'int8'"),
+        (["render", "--config", "{}", "--dtype", "float16", "--compute", "fp64"], "float16"),
         (["render", "--config", '{"family": "wmma", "colour": 1}'], "unknown WMMA config knobs: colour"),
         (["render", "--config", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1"], "dtype: the WMMA template computes"),
         (["tune", "--M", "64", "--dtype", "float16", "--space", "simt"], "a simt space cannot compute float16/fp32"),
@@ -71,6 +71,21 @@ def test_bad_sizes_are_rejected_by_the_parser(capsys, value, message):
         main(["render", "--config", "{}", "--M", value])
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--dtype", "int8"], "invalid choice: 'int8'"),
+    (["--compute", "fp8"], "invalid compute mode 'fp8' (choose from fp32, tf32, fp64)"),
+])
+def test_dtypes_and_compute_modes_are_choices_the_help_lists(capsys, argv, message):
+    with pytest.raises(SystemExit) as info:
+        main(["render", "--config", "{}", *argv])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    help_text = capsys.readouterr().out
+    assert "--dtype {float32,float16,bfloat16,float64}" in help_text and "--compute {fp32,tf32,fp64}" in help_text
+    assert "--layout {nn,nt,tn,tt}" in help_text
 
 
 @pytest.mark.parametrize("value,message", [("-1", "must be >= 0, got -1"), ("x", "expected a whole number >= 0")])

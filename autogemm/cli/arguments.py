@@ -7,7 +7,10 @@ import argparse
 import json
 
 from ..families import config_from_dict, config_from_name, family_for
+from .. import dtypes
 from ..problem import LAYOUTS, Device, Problem
+
+COMPUTES = tuple(dict.fromkeys(row.compute for row in dtypes.ROWS))
 
 
 EXIT_FAILURES = 1  # the command ran and found failures (kernels that spill, cached kernels that are wrong)
@@ -41,6 +44,12 @@ def non_negative_int(text: str) -> int:
     return _whole_number(text, 0, "a whole number >= 0")
 
 
+def compute_mode(text: str) -> str:
+    if text and text not in COMPUTES:
+        raise argparse.ArgumentTypeError(f"invalid compute mode {text!r} (choose from {', '.join(COMPUTES)})")
+    return text
+
+
 def add_problem_arguments(parser: argparse.ArgumentParser, m_required: bool, default_size: int | None = None) -> None:
     group = parser.add_argument_group("problem")
     group.add_argument("--M", "-M", dest="m", type=positive_int, required=m_required, default=default_size,
@@ -51,8 +60,10 @@ def add_problem_arguments(parser: argparse.ArgumentParser, m_required: bool, def
     group.add_argument("--layout", choices=LAYOUTS, help="storage of A and B: n = as is, t = transposed (default nn)")
     group.add_argument("--trans-a", action="store_true", help="A is stored K×M (layouts tn, tt)")
     group.add_argument("--trans-b", action="store_true", help="B is stored N×K (layouts nt, tt)")
-    group.add_argument("--dtype", default="float32", help="element type (default float32)")
-    group.add_argument("--compute", default="", help="compute mode (default: the dtype's exact mode, fp32 for float32)")
+    group.add_argument("--dtype", default="float32", choices=dtypes.DTYPES, help="element type (default float32)")
+    group.add_argument("--compute", default="", type=compute_mode, metavar="{" + ",".join(COMPUTES) + "}",
+                       help="compute mode (default: the dtype's exact mode, fp32 for float32; tf32 for float32 "
+                            "on tensor cores)")
 
 
 def problem_from_args(args: argparse.Namespace) -> Problem:
