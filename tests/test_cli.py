@@ -172,3 +172,28 @@ def test_the_license_file_is_the_declared_license():
     root = Path(__file__).parent.parent
     declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["license"]["text"]
     assert declared == "MIT" and (root / "LICENSE").read_text().startswith("MIT License")
+
+
+def test_tune_progress_is_a_line_per_interval_where_stderr_is_not_a_terminal(monkeypatch):
+    import io
+
+    from autogemm import tune_progress
+    from autogemm.problem import Problem
+
+    class Evaluator:
+        cublas_ms = 2.0
+
+    clock = [100.0]
+    monkeypatch.setattr(tune_progress.time, "monotonic", lambda: clock[0])
+    stream = io.StringIO()
+    progress = tune_progress.TuneProgress(True, 50, Problem(64, 64, 64), Evaluator(), stream=stream)
+    for step in range(30):  # a trial every second
+        clock[0] += 1.0
+        progress.update(True, 1.0, rejected=2, failed=step // 10)
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert "\r" not in stream.getvalue()  # no bar redrawn in place
+    assert lines[0].endswith("up to 50 trials")
+    assert len(lines) == 1 + 3 + 1  # the start, one line per 10 s, the end
+    assert "10/50 trials, 10 s, best" in lines[1] and "2.000x cuBLAS" in lines[1]
+    assert lines[-1].startswith("tuning 64×64×64") and "30/50 trials" in lines[-1] and "failed 2" in lines[-1]
