@@ -102,6 +102,21 @@ class _Expression:
         return eval(self.code, {"__builtins__": {}, **_FUNCTIONS}, values)  # noqa: S307 (AST-checked)
 
 
+def _declared_dtypes(declared, config_class, path: Path) -> tuple[tuple[str, str], ...]:
+    """A space file's `dtypes = ["bfloat16/fp32", ...]`, each one its family computes."""
+    computed = [(row.name, row.compute) for row in config_class.computes()]
+    if not isinstance(declared, list) or not declared:
+        raise SpaceError(f"{path}: dtypes must be a non-empty list like [\"float16/fp32\"], got {declared!r}")
+    pairs = []
+    for entry in declared:
+        pair = tuple(entry.split("/")) if isinstance(entry, str) else ()
+        if pair not in computed:
+            raise SpaceError(f"{path}: dtypes names {entry!r}; the {config_class.family} family computes "
+                             f"{', '.join('/'.join(p) for p in computed)}")
+        pairs.append(pair)
+    return tuple(pairs)
+
+
 class SearchSpace:
     def __init__(self, path: Path, family: str, knobs: dict[str, tuple], derived: dict[str, _Expression],
                  constraints: list[_Expression], problem_constraints: list[_Expression] = (),
@@ -119,6 +134,9 @@ class SearchSpace:
         # value and the sampler is not offered the others
         self.knob_conditions = dict(knob_conditions or {})
         self.seeds: list = []  # configurations the tuner tries first in a new study
+        # the (dtype, compute) pairs the space is for, its first the one it is checked with by
+        # default; a file that names none is for every pair its family computes
+        self.dtypes: tuple[tuple[str, str], ...] = tuple((row.name, row.compute) for row in self.config_class.computes())
 
     @property
     def name(self) -> str:
@@ -218,6 +236,8 @@ class SearchSpace:
                 f"({', '.join(fields)}) nor used by a derived value or constraint"
             )
         space = cls(path, family, knobs, derived, constraints, problem_constraints, knob_conditions)
+        if "dtypes" in data:
+            space.dtypes = _declared_dtypes(data["dtypes"], config_class, path)
         seeds = data.get("seeds", {}).get("configs", [])
         for seed in seeds:
             try:

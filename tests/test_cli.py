@@ -197,3 +197,25 @@ def test_tune_progress_is_a_line_per_interval_where_stderr_is_not_a_terminal(mon
     assert len(lines) == 1 + 3 + 1  # the start, one line per 10 s, the end
     assert "10/50 trials, 10 s, best" in lines[1] and "2.000x cuBLAS" in lines[1]
     assert lines[-1].startswith("tuning 64×64×64") and "30/50 trials" in lines[-1] and "failed 2" in lines[-1]
+
+
+def test_check_takes_the_dtype_a_space_declares(capsys):
+    code, out, err = run_cli(capsys, "check", "--space", "wmma_bf16", "--count", "1", "--arch", "sm_90")
+    assert code == 0, out + err
+    assert "variants of wmma_bf16.toml for" in err and "bfloat16/fp32" in err
+    code, _, err = run_cli(capsys, "check", "--space", "wmma_bf16", "--dtype", "float32")
+    assert code == 2
+    assert "--space wmma_bf16 is for bfloat16/fp32, not float32/fp32" in err
+
+
+def test_the_check_table_fits_its_longest_config_name(capsys):
+    # (seed 4 draws a 50-character name, longer than the 48 the column once had)
+    code, out, err = run_cli(capsys, "check", "--space", "hopper", "--count", "2", "--arch", "sm_90", "--seed", "4")
+    assert code == 0, out + err
+    lines = [line for line in out.splitlines() if line.strip() and not line.startswith("-")]
+    header, rows = lines[0], lines[1:]
+    assert len(rows) == 2
+    column = header.index("regs") + len("regs")  # right-aligned under its header, whatever the name's length
+    for row in rows:
+        name, registers = row.split()[0], row.split()[1]
+        assert row.index(name) == 0 and row[:column].rstrip().endswith(registers), row

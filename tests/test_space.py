@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+from pathlib import Path
 
 from autogemm.families import config_from_name
 from autogemm.problem import Device, Problem
@@ -169,3 +170,17 @@ def test_a_knob_condition_offers_the_knob_only_to_the_problems_it_serves(tmp_pat
         path.write_text(shipped.replace('repack = "LDA % 4 != 0 or LDB % 4 != 0"', condition))
         with pytest.raises(SpaceError, match=message):
             SearchSpace.load(path)
+
+
+def test_a_space_declares_the_dtypes_it_is_for_and_a_wrong_one_is_named(tmp_path):
+    from autogemm.space import SearchSpace, SpaceError
+
+    assert SearchSpace.load("hopper").dtypes == (("float16", "fp32"), ("bfloat16", "fp32"), ("float32", "tf32"))
+    text = (Path(SearchSpace.load("wmma_bf16").path)).read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace('dtypes = ["bfloat16/fp32"]', 'dtypes = ["int8/fp32"]'))
+    with pytest.raises(SpaceError, match="dtypes names 'int8/fp32'; the wmma family computes"):
+        SearchSpace.load(bad)
+    undeclared = tmp_path / "undeclared.toml"
+    undeclared.write_text(text.replace('dtypes = ["bfloat16/fp32"]', ''))
+    assert ("bfloat16", "fp32") in SearchSpace.load(undeclared).dtypes  # every pair its family computes

@@ -60,7 +60,8 @@ def add_problem_arguments(parser: argparse.ArgumentParser, m_required: bool, def
     group.add_argument("--layout", choices=LAYOUTS, help="storage of A and B: n = as is, t = transposed (default nn)")
     group.add_argument("--trans-a", action="store_true", help="A is stored K×M (layouts tn, tt)")
     group.add_argument("--trans-b", action="store_true", help="B is stored N×K (layouts nt, tt)")
-    group.add_argument("--dtype", default="float32", choices=dtypes.DTYPES, help="element type (default float32)")
+    group.add_argument("--dtype", choices=dtypes.DTYPES,
+                       help="element type (default float32; for check --space, the space's own)")
     group.add_argument("--compute", default="", type=compute_mode, metavar="{" + ",".join(COMPUTES) + "}",
                        help="compute mode (default: the dtype's exact mode, fp32 for float32; tf32 for float32 "
                             "on tensor cores)")
@@ -73,7 +74,7 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
             raise CliError("give either --layout or --trans-a/--trans-b, not both")
         trans_a, trans_b = args.layout[0] == "t", args.layout[1] == "t"
     try:
-        return Problem(args.m, args.n or args.m, args.k or args.m, batch=args.batch, dtype=args.dtype,
+        return Problem(args.m, args.n or args.m, args.k or args.m, batch=args.batch, dtype=args.dtype or "float32",
                        compute=args.compute, trans_a=trans_a, trans_b=trans_b)
     except (TypeError, ValueError) as exc:
         raise CliError(str(exc)) from None

@@ -108,10 +108,11 @@ def _cache_verify(cache, include_shipped: bool) -> int:
         print(f"nothing to verify for {device.name} in {cache.directory}")
         return 0
     bad = 0
+    width = max(len(r.problem) for _, r in records)  # the problem column fits every key
     for source, record in records:
         problem = record.problem_object
         if record.is_cublas:  # nothing generated is served for it
-            print(f"ok      {record.problem:<40} cuBLAS kept (no generated kernel to verify)")
+            print(f"ok      {record.problem:<{width}} cuBLAS kept (no generated kernel to verify)")
             continue
         try:
             evaluator = IsolatedEvaluator(problem, device, jobs=1)
@@ -122,7 +123,7 @@ def _cache_verify(cache, include_shipped: bool) -> int:
         finally:
             evaluator.close()
         if result.ok:
-            print(f"ok      {record.problem:<40} {record.config_name}  rel. error {result.rel_error:.1e}, "
+            print(f"ok      {record.problem:<{width}} {record.config_name}  rel. error {result.rel_error:.1e}, "
                   f"{result.tflops:.1f} TFLOP/s (cached {record.tflops:.1f})")
             continue
         bad += 1
@@ -131,6 +132,6 @@ def _cache_verify(cache, include_shipped: bool) -> int:
             action = "dropped"
         else:
             action = "shipped, kept"
-        print(f"FAILED  {record.problem:<40} {record.config_name}  {result.kind}: {result.message[:120]} ({action})")
+        print(f"FAILED  {record.problem:<{width}} {record.config_name}  {result.kind}: {result.message[:120]} ({action})")
     print(f"{len(records) - bad}/{len(records)} cached kernels verified on {device.name}")
     return EXIT_FAILURES if bad else 0

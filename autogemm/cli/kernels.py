@@ -28,15 +28,27 @@ def cmd_check(args: argparse.Namespace) -> int:
     from ..render import render
     from ..space import SearchSpace, SpaceError, default_space_name
 
+    space = None
+    if args.space:
+        try:
+            space = SearchSpace.load(args.space)
+        except SpaceError as exc:
+            raise CliError(str(exc)) from None
+        if args.dtype is None and not args.compute:  # the space says what it is for
+            args.dtype, args.compute = space.dtypes[0]
     problem = problem_from_args(args)
+    if space is not None and (problem.dtype, problem.compute) not in space.dtypes:
+        raise CliError(f"--space {args.space} is for {', '.join('/'.join(p) for p in space.dtypes)}, not "
+                       f"{problem.dtype}/{problem.compute}; leave out --dtype and --compute to check it with its own")
     try:
         find_nvcc()
     except NvccNotFound as exc:
         raise CliFailure(str(exc)) from None
-    try:
-        space = SearchSpace.load(args.space or default_space_name(problem))
-    except SpaceError as exc:
-        raise CliError(str(exc)) from None
+    if space is None:
+        try:
+            space = SearchSpace.load(default_space_name(problem))
+        except SpaceError as exc:
+            raise CliError(str(exc)) from None
     device = device_for(args.arch)
     configs = space.sample(args.count, problem, device, seed=args.seed)
     if not configs:
@@ -52,14 +64,15 @@ def cmd_check(args: argparse.Namespace) -> int:
             return config, None, str(exc).splitlines()[0]
 
     failures = 0
-    header = f"{'config':<48} {'regs':>5} {'spill B':>8} {'stack B':>8} {'smem B':>8}"
+    width = max(len("config"), *(len(config.name) for config in configs))  # the column fits every name
+    header = f"{'config':<{width}} {'regs':>5} {'spill B':>8} {'stack B':>8} {'smem B':>8}"
     print(header)
     print("-" * len(header))
     with ThreadPoolExecutor(args.jobs) as pool:
         for config, usage, error in pool.map(compile_one, configs):
             if error:
                 failures += 1
-                print(f"{config.name:<48} compile error: {error}")
+                print(f"{config.name:<{width}} compile error: {error}")
                 continue
             smem = config.smem_bytes(problem)
             spills = bool(usage.spills or usage.stack_bytes)
@@ -67,6 +80,6 @@ def cmd_check(args: argparse.Namespace) -> int:
             # under an explicit max_registers a spill is a possible outcome, refused when loaded
             flag = ("  <- spills (refused when loaded: max_registers)" if capped else "  <- spills") if spills else ""
             failures += spills and not capped
-            print(f"{config.name:<48} {usage.registers:>5} {usage.spills:>8} {usage.stack_bytes:>8} {smem:>8}{flag}")
+            print(f"{config.name:<{width}} {usage.registers:>5} {usage.spills:>8} {usage.stack_bytes:>8} {smem:>8}{flag}")
     print(f"\n{len(configs) - failures}/{len(configs)} variants compiled without spills", file=sys.stderr)
     return EXIT_FAILURES if failures else 0
