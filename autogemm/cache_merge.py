@@ -14,12 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .cache import FORMAT, Record, check_slug, filed_record, write_json
-
-
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+from .cache import FORMAT, Record, _shown, check_slug, filed_record, write_json
 
 
 def read_records(source: Path | str) -> list[tuple[str, Record]]:
@@ -77,11 +72,17 @@ def merge_files(sources: list[Path | str], output: Path | str) -> dict[str, int]
     if not sources:
         raise ValueError("nothing to merge: name at least one cache file")
     best = merge_records(sources)
-    documents = {slug: {"format": FORMAT, "device": slug,
-                        "entries": {key: record.to_json() for key, record in sorted(records.items())}}
-                 for slug, records in sorted(best.items())}
+    write_documents({slug: {key: record.to_json() for key, record in records.items()} for slug, records in best.items()},
+                    output)
+    return {slug: len(records) for slug, records in best.items()}
+
+
+def write_documents(entries: dict[str, dict], output: Path | str) -> None:
+    """Writes {device slug: {problem key: record JSON}} to `output` (atomically): a device document
+    where there is one device (ready to serve as `<device>.json`), else an export bundle."""
+    documents = {slug: {"format": FORMAT, "device": slug, "entries": dict(sorted(found.items()))}
+                 for slug, found in sorted(entries.items())}
     if len(documents) == 1:
         write_json(Path(output), next(iter(documents.values())))
     else:
         write_json(Path(output), {"format": FORMAT, "devices": documents})
-    return {slug: len(records) for slug, records in best.items()}

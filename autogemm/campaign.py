@@ -29,7 +29,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from .campaign_file import Campaign
 from .claims import DONE, ClaimBoard, new_owner
@@ -163,7 +162,8 @@ def worker_main(spec: WorkerSpec, events) -> None:
                     break
                 time.sleep(min(5.0, campaign.grace * HEARTBEAT_FRACTION))
                 continue
-            found = own.lookup(Problem.from_key(key), device.slug)
+            problem = Problem.from_key(key)
+            found = own.lookup(problem, device.slug)
             if found is not None and not found[0].provisional:
                 # tuned before (an earlier run of the campaign whose storage is gone, a shipped
                 # cache being extended): done with the record's figures, not tuned again
@@ -174,9 +174,9 @@ def worker_main(spec: WorkerSpec, events) -> None:
             events.put(("start", spec.label, key))
             beat = _Heartbeat(board, campaign, device.slug, key, owner)
             try:
-                result = tune(Problem.from_key(key), trials=campaign.trials, timeout=campaign.timeout,
+                result = tune(problem, trials=campaign.trials, timeout=campaign.timeout,
                               seed=campaign.seed, storage=spec.storage, cache=cache, jobs=spec.jobs, space=spec.space,
-                              evaluator=factory(Problem.from_key(key)) if factory is not None else None,
+                              evaluator=factory(problem) if factory is not None else None,
                               patience=campaign.patience,
                               progress=lambda n, tflops, ratio: events.put(("trial", spec.label, key, n, tflops, ratio)))
             except KeyboardInterrupt:
@@ -199,7 +199,7 @@ def worker_main(spec: WorkerSpec, events) -> None:
                 events.put(("stopped", spec.label, key, result.stopped))
                 return
             summary = {**result.to_json(), "host": host(), "kept_cublas": result.kept_cublas}
-            cached = own.lookup(Problem.from_key(key), device.slug)
+            cached = own.lookup(problem, device.slug)
             if cached is not None:  # the board keeps the record too: `campaign export` rebuilds the cache from it
                 summary["record"] = cached[0].to_json()
             if board.finish(campaign.name, device.slug, key, owner, summary):
@@ -248,13 +248,13 @@ class _Heartbeat:
 
     def __init__(self, board: ClaimBoard, campaign: Campaign, device: str, key: str, owner: str):
         self.stopping = threading.Event()
-        self.lost = False
 
         def run() -> None:
+            # (a renewal refused means another worker took the problem over: this one learns it when
+            # board.finish refuses its result, which it still caches)
             while not self.stopping.wait(campaign.grace * HEARTBEAT_FRACTION):
                 try:
-                    if not board.heartbeat(campaign.name, device, key, owner):
-                        self.lost = True
+                    board.heartbeat(campaign.name, device, key, owner)
                 except Exception as exc:  # the database away for a moment: try again next beat
                     print(f"autogemm campaign: heartbeat failed ({type(exc).__name__}); retrying", file=sys.stderr)
 
@@ -362,18 +362,7 @@ def board_summary(board: ClaimBoard, campaign: Campaign) -> list[dict]:
     return rows
 
 
-def default_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def resolve_storage(campaign: Campaign) -> str:
     from .study import default_storage
 
     return campaign.storage or default_storage()
-
-
-def campaign_cache_dir(campaign: Campaign) -> Path | None:
-    return Path(campaign.cache_dir) if campaign.cache_dir else None

@@ -168,6 +168,9 @@ def parse_campaign(data: dict, source: str = "") -> Campaign:
     patience = head.get("patience", 100)
     if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
         raise CampaignFileError(f"campaign.patience must be an integer >= 0, got {patience!r}")
+    seed = head.get("seed", 0)
+    if type(seed) is not int:
+        raise CampaignFileError(f"campaign.seed must be an integer, got {seed!r}")
     tables = data.get("problems")
     if not isinstance(tables, list) or not tables:
         raise CampaignFileError("a campaign file needs at least one [[problems]] table")
@@ -178,14 +181,10 @@ def parse_campaign(data: dict, source: str = "") -> Campaign:
         name=name, problems=tuple(problems), storage=storage, devices=devices,
         timeout=float(_positive_number(head.get("timeout", 20.0), "campaign.timeout")),
         trials=_positive_number(head.get("trials", 400), "campaign.trials", integer=True),
-        seed=head.get("seed", 0) if type(head.get("seed", 0)) is int else _bad_seed(head["seed"]),
+        seed=seed,
         grace=float(_positive_number(head.get("grace", 120.0), "campaign.grace")),
         patience=patience, cache_dir=cache_dir, source=source,
     )
-
-
-def _bad_seed(value):
-    raise CampaignFileError(f"campaign.seed must be an integer, got {value!r}")
 
 
 def load_campaign(path: str | Path) -> Campaign:

@@ -147,14 +147,16 @@ class ClaimBoard:
                 rows = db.execute(sa.select(t.problem, t.state, t.owner, t.heartbeat < self._now - grace)
                                   .where(t.campaign == campaign, t.device == device, t.state != DONE)
                                   .order_by(t.position)).all()
-            candidates = [problem for problem, state, holder, late in rows
-                          if (only is None or problem in only)
-                          and (state == OPEN or late or (state == CLAIMED and _owner_is_dead_here(holder)))]
+            # (problem, its holder where that is a process of this host that has ended)
+            candidates = []
+            for problem, state, holder, late in rows:
+                dead_holder = holder if state == CLAIMED and _owner_is_dead_here(holder) else None
+                if (only is None or problem in only) and (state == OPEN or late or dead_holder):
+                    candidates.append((problem, dead_holder))
             if not candidates:
                 return None
-            for problem in candidates:
-                holder = next(r[2] for r in rows if r[0] == problem)
-                condition = sa.or_(takeable, t.owner == holder) if _owner_is_dead_here(holder) else takeable
+            for problem, dead_holder in candidates:
+                condition = sa.or_(takeable, t.owner == dead_holder) if dead_holder else takeable
                 with self.engine.begin() as db:
                     taken = db.execute(claims_table.update()
                                        .where(self._key(campaign, device, problem), t.state != DONE, condition)
@@ -164,29 +166,26 @@ class ClaimBoard:
                     return problem
             # every candidate went to another worker meanwhile: look again
 
-    def heartbeat(self, campaign: str, device: str, problem: str, owner: str) -> bool:
-        """Renews a claim; False if it is no longer this owner's (taken over after the grace period)."""
+    def _update_held(self, campaign: str, device: str, problem: str, owner: str, values: dict) -> bool:
+        """Changes a claim that `owner` still holds; False if it no longer does (taken over)."""
         t = claims_table.c
         with self.engine.begin() as db:
             return db.execute(claims_table.update()
                               .where(self._key(campaign, device, problem), t.owner == owner, t.state == CLAIMED)
-                              .values(heartbeat=self._now)).rowcount == 1
+                              .values(values)).rowcount == 1
+
+    def heartbeat(self, campaign: str, device: str, problem: str, owner: str) -> bool:
+        """Renews a claim; False if it is no longer this owner's (taken over after the grace period)."""
+        return self._update_held(campaign, device, problem, owner, {"heartbeat": self._now})
 
     def finish(self, campaign: str, device: str, problem: str, owner: str, result: dict) -> bool:
         """Marks a claimed problem done with its result; False if the claim was no longer this owner's."""
-        t = claims_table.c
-        with self.engine.begin() as db:
-            return db.execute(claims_table.update()
-                              .where(self._key(campaign, device, problem), t.owner == owner, t.state == CLAIMED)
-                              .values(state=DONE, finished=self._now, result=json.dumps(result))).rowcount == 1
+        return self._update_held(campaign, device, problem, owner,
+                                 {"state": DONE, "finished": self._now, "result": json.dumps(result)})
 
     def release(self, campaign: str, device: str, problem: str, owner: str) -> bool:
         """Gives a claim back (the tune stopped before it ended): the next worker resumes it at once."""
-        t = claims_table.c
-        with self.engine.begin() as db:
-            return db.execute(claims_table.update()
-                              .where(self._key(campaign, device, problem), t.owner == owner, t.state == CLAIMED)
-                              .values(state=OPEN, owner=None, heartbeat=None)).rowcount == 1
+        return self._update_held(campaign, device, problem, owner, {"state": OPEN, "owner": None, "heartbeat": None})
 
     def claims(self, campaign: str, device: str | None = None) -> list[Claim]:
         t = claims_table.c

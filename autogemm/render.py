@@ -47,7 +47,7 @@ def _template_dirs() -> tuple[Path | None, tuple[Path, ...]]:
 
 
 @functools.lru_cache(maxsize=8)
-def _environment(override: Path | None, family_dirs: tuple[Path, ...], stamp: tuple = ()) -> jinja2.Environment:
+def _environment(override: Path | None, family_dirs: tuple[Path, ...], stamp: tuple) -> jinja2.Environment:
     # (`stamp`: a template added, removed or edited makes a new environment, whose template cache
     # cannot hold a version that another folder now overrides)
     base = jinja2.FileSystemLoader(str(templates_dir()))

@@ -24,10 +24,11 @@ class TuneProgress:
         self.callback = enabled if callable(enabled) else None
         self.measured = 0
         self.stream = stream or sys.stderr
-        self.log = bool(enabled) and self.callback is None and not self.stream.isatty()
+        shown = bool(enabled) and self.callback is None
+        self.log = shown and not self.stream.isatty()
         self.started = self.logged = time.monotonic()
         self.status = ""
-        if enabled and self.callback is None and not self.log:
+        if shown and not self.log:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, unit="trial", desc=f"tuning {problem}", dynamic_ncols=True, file=self.stream)

@@ -309,7 +309,6 @@ def test_a_worker_killed_with_sigkill_has_its_claim_taken_over_and_its_trials_ke
     assert len(held) == 1
     killed_problem = held[0].problem
     # make the dead worker look like another host's: its claim must wait for the grace period
-    import sqlalchemy as sa
     from autogemm.claims import claims_table
 
     with board.engine.begin() as db:

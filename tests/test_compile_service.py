@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import multiprocessing
 from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
 
 import pytest
 

@@ -7,6 +7,7 @@ import json
 import sys
 
 from .arguments import EXIT_FAILURES, CliError, CliFailure
+from .tables import table
 from .tuning import require_gpu
 
 
@@ -27,16 +28,13 @@ def cmd_cache(args: argparse.Namespace) -> int:
                 rows.append((slug, source, record.problem, record.config_name, f"{record.tflops:.1f}",
                              f"{record.ratio:.3f}", record.date[:10], status))
                 records.append({**record.to_json(), "device_slug": slug, "source": source, "status": status})
-        if getattr(args, "json", False):
+        if args.json:
             print(json.dumps(records, indent=2))
             return 0
         if not rows:
             print(f"no tuned kernels in {cache.directory}" + (f" or {cache.shipped}" if cache.shipped else ""))
             return 0
-        header = ("device", "source", "problem", "config", "TFLOP/s", "vs cuBLAS", "date", "status")
-        widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-        for row in [header] + rows:
-            print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
+        print(table(("device", "source", "problem", "config", "TFLOP/s", "vs cuBLAS", "date", "status"), rows))
         return 0
     if args.action == "show":
         if not args.key:

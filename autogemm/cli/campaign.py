@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from .arguments import EXIT_FAILURES, CliError, CliFailure, positive_int
+from .tables import table
 
 
 class CampaignView:
@@ -21,7 +22,7 @@ class CampaignView:
     def __init__(self, labels: list[str], total: int, stream=None):
         self.stream = stream or sys.stderr
         self.total = total
-        self.state = {label: {"done": 0, "current": "", "since": 0.0, "trials": 0, "ratio": None} for label in labels}
+        self.state = {label: self._fresh() for label in labels}
         self.bars = {}
         self.failed: list[str] = []
         if self.stream.isatty():
@@ -29,6 +30,11 @@ class CampaignView:
 
             self.bars = {label: tqdm(total=total, position=i, desc=label, unit="problem", dynamic_ncols=True,
                                      file=self.stream, leave=True) for i, label in enumerate(labels)}
+
+    @staticmethod
+    def _fresh() -> dict:
+        """A GPU's line before its first event: nothing done, nothing being tuned."""
+        return {"done": 0, "current": "", "since": 0.0, "trials": 0, "ratio": None}
 
     def _line(self, label: str, text: str) -> None:
         if self.bars:
@@ -38,7 +44,7 @@ class CampaignView:
 
     def event(self, event: tuple) -> None:
         kind, label, *rest = event
-        state = self.state.setdefault(label, {"done": 0, "current": "", "since": 0.0, "trials": 0, "ratio": None})
+        state = self.state.setdefault(label, self._fresh())
         if kind == "ready":
             self._line(label, f"{rest[0]} ready")
         elif kind == "start":
@@ -87,15 +93,15 @@ def _table(rows: list[dict]) -> str:
              + (f" error: {r['error'][:60]}" if r["error"] else ""),
              cell(r["config"]), cell(r["tflops"], "{:.1f}"), cell(r["cublas_tflops"], "{:.1f}"),
              cell(r["ratio"], "{:.3f}"), cell(r["host"])) for r in rows]
-    widths = [max(len(str(line[i])) for line in [header, *body]) for i in range(len(header))]
-    return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(line, widths)).rstrip() for line in [header, *body])
+    return table(header, body)
 
 
 def cmd_campaign(args: argparse.Namespace) -> int:
-    from ..campaign import (CampaignError, board_summary, default_cores, list_gpus, resolve_storage, run_campaign,
+    from ..campaign import (CampaignError, board_summary, list_gpus, resolve_storage, run_campaign,
                             select_gpus, worker_specs)
     from ..campaign_file import CampaignFileError, load_campaign
     from ..claims import ClaimBoard
+    from ..tuner import default_jobs
 
     try:
         campaign = load_campaign(args.file)
@@ -110,7 +116,7 @@ def cmd_campaign(args: argparse.Namespace) -> int:
         except CampaignError as exc:
             raise CliFailure(str(exc)) from None
         stop_at = time.time() + args.stop_after if args.stop_after else None
-        specs = worker_specs(campaign, storage, gpus, args.jobs or default_cores(), stop_at)
+        specs = worker_specs(campaign, storage, gpus, args.jobs or default_jobs(), stop_at)
         print(f"campaign {campaign.name}: {len(campaign.problems)} problems on {len(gpus)} GPU(s) of this host "
               f"({', '.join(f'{g.index} {g.name}' for g in gpus)}); storage {_shown_url(storage)}", file=sys.stderr)
         view = None if args.json else CampaignView([s.label for s in specs], len(campaign.problems))
@@ -148,7 +154,7 @@ def cmd_campaign(args: argparse.Namespace) -> int:
 
 def _export(campaign, storage: str, output: str | None) -> int:
     """Writes the records on the board (every host's) as one cache file."""
-    from ..cache import FORMAT, write_json
+    from ..cache_merge import write_documents
     from ..campaign import board_records
     from ..claims import ClaimBoard
 
@@ -162,9 +168,8 @@ def _export(campaign, storage: str, output: str | None) -> int:
         raise CliFailure(f"cannot read the campaign's claims from {_shown_url(storage)}: {type(exc).__name__}") from None
     if not documents:
         raise CliFailure(f"campaign {campaign.name} has no finished record on the board yet")
-    bundle = {slug: {"format": FORMAT, "device": slug, "entries": entries} for slug, entries in documents.items()}
     try:
-        write_json(Path(output), next(iter(bundle.values())) if len(bundle) == 1 else {"format": FORMAT, "devices": bundle})
+        write_documents(documents, output)
     except OSError as exc:
         raise CliFailure(f"cannot write {output}: {exc}") from None
     print(f"exported {', '.join(f'{len(e)} records of {slug}' for slug, e in documents.items())} to {output}")
