@@ -219,3 +219,18 @@ def test_the_check_table_fits_its_longest_config_name(capsys):
     for row in rows:
         name, registers = row.split()[0], row.split()[1]
         assert row.index(name) == 0 and row[:column].rstrip().endswith(registers), row
+
+
+def test_cache_and_campaign_arguments_that_cannot_work_are_named(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path))
+    assert main(["cache", "merge", "-o", str(tmp_path / "out.json")]) == 2
+    assert "cache merge needs the cache files to merge" in capsys.readouterr().err
+    assert main(["cache", "show", "a", "b"]) == 2
+    assert "cache show takes one argument, got 2" in capsys.readouterr().err
+    path = tmp_path / "c.toml"
+    path.write_text('[campaign]\nname = "x"\n[[problems]]\nM = 64\n')
+    assert main(["campaign", "export", str(path)]) == 2
+    assert "campaign export needs -o OUT" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["campaign", "run", str(path), "--stop-after", "-5"])
+    assert info.value.code == 2 and "must be a positive number of seconds, got '-5'" in capsys.readouterr().err
