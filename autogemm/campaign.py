@@ -128,6 +128,7 @@ def worker_main(spec: WorkerSpec, events) -> None:
 
     detach(os.getppid())
     from .cache import TuningCache
+    from .study import Sharing
     from .tuner import TuneError, TuneRunning, tune
 
     if spec.compile_conn is not None:
@@ -151,15 +152,19 @@ def worker_main(spec: WorkerSpec, events) -> None:
         cache = TuningCache(campaign.cache_dir) if campaign.cache_dir else TuningCache()
         own = TuningCache(cache.directory, shipped=False)
         skipped: set[str] = set()
+        helped: set[str] = set()  # studies this worker has helped (not joined twice)
         while spec.stop_at is None or time.time() < spec.stop_at:
             left = {p.key for p in campaign.problems} - skipped
             key = board.claim(campaign.name, device.slug, owner, campaign.grace, only=left)
             if key is None:
-                # nothing to take; while other workers (or hosts) still hold problems, wait: a holder
-                # that dies leaves its problem to be taken over once its heartbeat is late
+                # nothing to take; while other workers (or hosts) still hold problems, help one of
+                # them (search its study too), or wait: a holder that dies leaves its problem to be
+                # taken over once its heartbeat is late
                 held = [c for c in board.claims(campaign.name, device.slug) if c.state != DONE and c.problem in left]
                 if not held:
                     break
+                if _help_one(spec, board, device, owner, cache, helped, events):
+                    return
                 time.sleep(min(5.0, campaign.grace * HEARTBEAT_FRACTION))
                 continue
             problem = Problem.from_key(key)
@@ -173,11 +178,18 @@ def worker_main(spec: WorkerSpec, events) -> None:
                 continue
             events.put(("start", spec.label, key))
             beat = _Heartbeat(board, campaign, device.slug, key, owner)
+
+            def announce(study, key=key):  # which study helpers may join now
+                try:
+                    board.announce(campaign.name, device.slug, key, owner, study)
+                except Exception as exc:  # the database away for a moment: the tune goes on unhelped
+                    print(f"autogemm campaign: could not announce study ({type(exc).__name__})", file=sys.stderr)
+
             try:
                 result = tune(problem, trials=campaign.trials, timeout=campaign.timeout,
                               seed=campaign.seed, storage=spec.storage, cache=cache, jobs=spec.jobs, space=spec.space,
                               evaluator=factory(problem) if factory is not None else None,
-                              patience=campaign.patience,
+                              patience=campaign.patience, sharing=Sharing(announce=announce),
                               progress=lambda n, tflops, ratio: events.put(("trial", spec.label, key, n, tflops, ratio)))
             except KeyboardInterrupt:
                 board.release(campaign.name, device.slug, key, owner)
@@ -213,6 +225,50 @@ def worker_main(spec: WorkerSpec, events) -> None:
         raise
     finally:
         board.close()
+
+
+def _help_one(spec: WorkerSpec, board: ClaimBoard, device, owner: str, cache, helped: set, events) -> bool:
+    """Searches, beside its holder, the study of a problem another live worker is tuning (the first
+    one this worker has not helped yet), until the holder leaves that study. Returns True if the
+    worker was interrupted (Ctrl-C) and must stop; False otherwise (helped, or nothing to help)."""
+    from .space import SearchSpace, candidate_space_names
+    from .study import Sharing, study_name_for
+    from .tuner import TuneError, tune
+
+    campaign = spec.campaign
+    for claim in board.helpable(campaign.name, device.slug, campaign.grace, owner):
+        if claim.study in helped:
+            continue
+        helped.add(claim.study)
+        # the study's name comes from the database: joined only if it is exactly the name this
+        # worker gives that problem's study in one of its spaces (the same template version too)
+        problem = Problem.from_key(claim.problem)
+        names = [spec.space] if spec.space else candidate_space_names(problem, device)
+        space = next((n for n in names if study_name_for(problem, device, SearchSpace.load(n)) == claim.study), None)
+        if space is None:
+            continue
+
+        def keep_helping(claim=claim) -> bool:
+            try:
+                return any(c.problem == claim.problem and c.study == claim.study
+                           for c in board.helpable(campaign.name, device.slug, campaign.grace, owner))
+            except Exception:  # the database away: stop helping rather than search blind
+                return False
+
+        events.put(("helping", spec.label, claim.problem, claim.study))
+        try:
+            tune(problem, trials=campaign.trials, timeout=campaign.timeout, seed=campaign.seed, storage=spec.storage,
+                 cache=cache, jobs=spec.jobs, space=space, study_name=claim.study, patience=campaign.patience,
+                 evaluator=spec.evaluator_factory(problem) if spec.evaluator_factory is not None else None,
+                 sharing=Sharing(keep_helping=keep_helping),
+                 progress=lambda n, tflops, ratio: events.put(("trial", spec.label, claim.problem, n, tflops, ratio)))
+        except KeyboardInterrupt:
+            events.put(("stopped", spec.label, claim.problem, "interrupted while helping"))
+            return True
+        except TuneError as exc:  # this worker could not search it: the holder goes on alone
+            events.put(("skipped", spec.label, claim.problem, f"helping: {exc}"))
+        return False
+    return False
 
 
 def _record_summary(record, source: str) -> dict:

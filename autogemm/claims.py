@@ -8,7 +8,8 @@ no host needs to reach another. While it tunes, the worker renews its heartbeat;
 (a killed process, a lost host) stops renewing it, and after the grace period another worker takes
 the problem over and resumes its studies. Claims held by processes of this host that no longer run
 are taken over at once. Times are the database's clock, never a host's, so that hosts whose clocks
-disagree still agree on who is late.
+disagree still agree on who is late. A holder announces the study it is searching (`announce`), so
+that a worker with nothing left to claim can help it (several GPUs on one study, `campaign.py`).
 
 Optuna's journal file storage has no database: its claims live in an SQLite file beside the
 journal (one host).
@@ -40,6 +41,7 @@ claims_table = sa.Table(
     sa.Column("attempts", sa.Integer, nullable=False, default=0),
     sa.Column("finished", sa.Float),
     sa.Column("result", sa.Text),  # JSON: the tune's summary (or its error)
+    sa.Column("study", sa.String(512)),  # the study the holder searches now (helpers join it); None between
 )
 
 
@@ -82,6 +84,7 @@ class Claim:
     heartbeat: float | None
     attempts: int
     result: dict | None
+    study: str | None = None
 
 
 class ClaimBoard:
@@ -99,6 +102,7 @@ class ClaimBoard:
                 if attempt == 3:
                     raise
                 time.sleep(0.5 * (attempt + 1))
+        self._add_study_column()
         dialect = self.engine.dialect.name
         if dialect == "sqlite":
             self._now = sa.literal_column("((julianday('now') - 2440587.5) * 86400.0)")
@@ -108,6 +112,22 @@ class ClaimBoard:
             self._now = sa.literal_column("UNIX_TIMESTAMP(NOW(6))")
         else:
             raise ValueError(f"campaign claims need SQLite, PostgreSQL or MySQL, not {dialect}")
+
+    def _add_study_column(self) -> None:
+        """Boards created before claims named their study lack the column: add it (once, whoever
+        races to it)."""
+        for attempt in range(4):
+            columns = {c["name"] for c in sa.inspect(self.engine).get_columns(claims_table.name)}
+            if "study" in columns:
+                return
+            try:
+                with self.engine.begin() as db:
+                    db.execute(sa.text(f"ALTER TABLE {claims_table.name} ADD COLUMN study VARCHAR(512)"))
+                return
+            except sa.exc.DBAPIError:  # another worker added it meanwhile: look again
+                if attempt == 3:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
 
     def close(self) -> None:
         self.engine.dispose()
@@ -160,7 +180,7 @@ class ClaimBoard:
                 with self.engine.begin() as db:
                     taken = db.execute(claims_table.update()
                                        .where(self._key(campaign, device, problem), t.state != DONE, condition)
-                                       .values(state=CLAIMED, owner=owner, heartbeat=self._now,
+                                       .values(state=CLAIMED, owner=owner, heartbeat=self._now, study=None,
                                                attempts=t.attempts + 1)).rowcount
                 if taken == 1:
                     return problem
@@ -178,14 +198,30 @@ class ClaimBoard:
         """Renews a claim; False if it is no longer this owner's (taken over after the grace period)."""
         return self._update_held(campaign, device, problem, owner, {"heartbeat": self._now})
 
+    def announce(self, campaign: str, device: str, problem: str, owner: str, study: str | None) -> bool:
+        """Says which study the holder searches now (None: none, e.g. while it re-times its finalists),
+        for workers that may help it; False if the claim is no longer this owner's."""
+        return self._update_held(campaign, device, problem, owner, {"study": study})
+
     def finish(self, campaign: str, device: str, problem: str, owner: str, result: dict) -> bool:
         """Marks a claimed problem done with its result; False if the claim was no longer this owner's."""
         return self._update_held(campaign, device, problem, owner,
-                                 {"state": DONE, "finished": self._now, "result": json.dumps(result)})
+                                 {"state": DONE, "finished": self._now, "result": json.dumps(result), "study": None})
 
     def release(self, campaign: str, device: str, problem: str, owner: str) -> bool:
         """Gives a claim back (the tune stopped before it ended): the next worker resumes it at once."""
-        return self._update_held(campaign, device, problem, owner, {"state": OPEN, "owner": None, "heartbeat": None})
+        return self._update_held(campaign, device, problem, owner,
+                                 {"state": OPEN, "owner": None, "heartbeat": None, "study": None})
+
+    def helpable(self, campaign: str, device: str, grace: float, not_owner: str) -> list[Claim]:
+        """Problems another live holder is searching now (a study announced, a heartbeat within the
+        grace period), first the ones claimed longest ago."""
+        t = claims_table.c
+        with self.engine.begin() as db:
+            rows = db.execute(sa.select(claims_table).where(
+                t.campaign == campaign, t.device == device, t.state == CLAIMED, t.study.is_not(None),
+                t.owner != not_owner, t.heartbeat >= self._now - grace).order_by(t.position)).mappings().all()
+        return [self._claim(r) for r in rows]
 
     def claims(self, campaign: str, device: str | None = None) -> list[Claim]:
         t = claims_table.c
@@ -194,6 +230,10 @@ class ClaimBoard:
             query = query.where(t.device == device)
         with self.engine.begin() as db:
             rows = db.execute(query.order_by(t.device, t.position)).mappings().all()
-        return [Claim(campaign=r["campaign"], device=r["device"], problem=r["problem"], position=r["position"],
-                      state=r["state"], owner=r["owner"], heartbeat=r["heartbeat"], attempts=r["attempts"],
-                      result=json.loads(r["result"]) if r["result"] else None) for r in rows]
+        return [self._claim(r) for r in rows]
+
+    @staticmethod
+    def _claim(row) -> Claim:
+        return Claim(campaign=row["campaign"], device=row["device"], problem=row["problem"], position=row["position"],
+                     state=row["state"], owner=row["owner"], heartbeat=row["heartbeat"], attempts=row["attempts"],
+                     result=json.loads(row["result"]) if row["result"] else None, study=row["study"])

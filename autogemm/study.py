@@ -18,7 +18,10 @@ import sqlite3
 import sys
 import threading
 import time
+import uuid
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -234,3 +237,55 @@ class StudyWriter:
             self.queue.put(None)
             self.thread.join()
             self.thread = None
+
+
+# How often a shared tune reads the trials other workers finished into its own search (seconds).
+EXCHANGE_EVERY_S = 1.0
+_FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+
+
+@dataclass
+class Sharing:
+    """A campaign's tune of a study that other GPUs may search at the same time. The holder of the
+    problem announces each study it starts (and None when its search ends, before it re-times its
+    finalists); a helper searches the holder's study while `keep_helping()` says so, and leaves the
+    decision (re-timing, caching) to the holder."""
+
+    announce: Callable[[str | None], None] | None = None  # the holder's
+    keep_helping: Callable[[], bool] | None = None  # a helper's
+
+    @property
+    def helper(self) -> bool:
+        return self.keep_helping is not None
+
+
+class TrialExchange:
+    """Several workers (GPUs, hosts) searching one persistent study, each with its in-memory study
+    and sampler: every trial is tagged with its worker, and `pull` adds to the in-memory study the
+    trials the other workers finished since the last pull, so that each sampler models every
+    measurement and no worker measures a configuration another one has already measured (TPE's
+    constant liar still keeps each worker off its own candidates in flight)."""
+
+    def __init__(self, persistent: optuna.Study, study: optuna.Study, loaded: list, every: float = EXCHANGE_EVERY_S):
+        self.persistent, self.study, self.every = persistent, study, every
+        self.worker = uuid.uuid4().hex[:12]
+        self.seen = {t.number for t in loaded}  # the persistent trials the in-memory study began with
+        self.pulled = 0  # trials of other workers taken in
+        self.last = time.monotonic()
+
+    def tag(self, trial: optuna.Trial) -> None:
+        trial.set_user_attr("worker", self.worker)
+
+    def due(self) -> bool:
+        """Whether `every` seconds have passed since the last pull."""
+        return time.monotonic() - self.last >= self.every
+
+    def pull(self) -> list[optuna.trial.FrozenTrial]:
+        """The other workers' trials finished since the last pull, added to the in-memory study."""
+        self.last = time.monotonic()
+        fresh = [t for t in self.persistent.get_trials(deepcopy=False, states=_FINISHED) if t.number not in self.seen]
+        self.seen.update(t.number for t in fresh)
+        theirs = [t for t in fresh if t.user_attrs.get("worker") != self.worker]
+        self.study.add_trials(theirs)
+        self.pulled += len(theirs)
+        return theirs

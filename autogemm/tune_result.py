@@ -8,6 +8,18 @@ from dataclasses import dataclass, field
 from .problem import Device, Problem
 
 
+class TuneError(RuntimeError):
+    pass
+
+
+class TuneRunning(TuneError):
+    """Another tuner is running this study on this machine (`study`: its name)."""
+
+    def __init__(self, message: str, study: str):
+        super().__init__(message)
+        self.study = study
+
+
 @dataclass
 class TuneResult:
     problem: Problem

@@ -276,6 +276,64 @@ def test_two_worker_processes_tune_every_problem_exactly_once(kind, tmp_path, po
     board.close()
 
 
+@pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
+def test_a_worker_with_nothing_to_claim_helps_the_holder_search_its_study(kind, tmp_path, postgres_url, monkeypatch):
+    # fewer problems than workers: the second worker joins the first one's study (trials tagged by
+    # worker, taken into each other's search), and the holder alone re-times, caches and finishes
+    monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path / "user"))
+    storage = postgres_url if kind == "postgresql" else f"sqlite:///{tmp_path / 'studies.db'}"
+    problem = PROBLEMS[0]
+    campaign = dataclasses.replace(_campaign(storage, tmp_path / "cache", trials=60), problems=(problem,))
+    events = _Events()
+    run_campaign(campaign, _specs(campaign, storage, 2, delay=0.1), events)
+    board = ClaimBoard(storage)
+    (claim,) = board.claims(campaign.name)
+    assert claim.state == DONE and claim.attempts == 1 and claim.study is None
+    assert [e[2] for e in events.seen if e[0] == "done"] == [problem.key]  # decided once, by the holder
+    helping = [e for e in events.seen if e[0] == "helping"]
+    assert helping and {e[2] for e in helping} == {problem.key}, [e[:3] for e in events.seen if e[0] != "trial"]
+    (study,) = _studies(storage)
+    assert study.study_name == helping[0][3]
+    trials = study.get_trials(deepcopy=False)
+    assert optuna.trial.TrialState.RUNNING not in [t.state for t in trials]
+    measured = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and not t.user_attrs.get("duplicate")]
+    by_worker = {}
+    for t in measured:
+        by_worker.setdefault(t.user_attrs["worker"], []).append(t)
+    assert len(by_worker) == 2 and all(by_worker.values())  # both GPUs measured into the one study
+    # the holder's record counts what the helper measured, and is the best of the whole study
+    (record,) = [r for _, r in TuningCache(tmp_path / "cache", shipped=False).records(SLUG)]
+    assert record.trials["other_gpus"] > 0
+    best = max(measured, key=lambda t: t.value)
+    assert record.config_name == best.user_attrs["config"] or record.is_cublas
+    board.close()
+
+
+def test_a_board_made_before_claims_named_their_study_gains_the_column(tmp_path):
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'claims.db'}"
+    engine = sa.create_engine(url)
+    with engine.begin() as db:  # the table as the first campaigns created it
+        db.execute(sa.text("CREATE TABLE autogemm_claims (campaign VARCHAR(64), device VARCHAR(128), "
+                           "problem VARCHAR(128), position INTEGER NOT NULL, state VARCHAR(16) NOT NULL, "
+                           "owner VARCHAR(255), heartbeat FLOAT, attempts INTEGER NOT NULL, finished FLOAT, "
+                           "result TEXT, PRIMARY KEY (campaign, device, problem))"))
+        db.execute(sa.text(f"INSERT INTO autogemm_claims VALUES ('c', '{SLUG}', 'p0', 0, 'open', NULL, NULL, 0, "
+                           "NULL, NULL)"))
+    engine.dispose()
+    board = ClaimBoard(url)
+    owner = new_owner()
+    assert board.claim("c", SLUG, owner, grace=60) == "p0"
+    assert board.announce("c", SLUG, "p0", owner, "a-study")
+    assert [(c.problem, c.study) for c in board.helpable("c", SLUG, 60, "someone-else")] == [("p0", "a-study")]
+    assert board.helpable("c", SLUG, 60, owner) == []  # never its own
+    assert not board.announce("c", SLUG, "p0", "someone-else", "x")  # only the holder announces
+    assert board.finish("c", SLUG, "p0", owner, {"ratio": 1.0})
+    assert board.claims("c")[0].study is None and board.helpable("c", SLUG, 60, "someone-else") == []
+    board.close()
+
+
 def test_a_worker_past_its_stop_time_claims_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path / "user"))
     storage = f"sqlite:///{tmp_path / 'studies.db'}"

@@ -223,7 +223,7 @@ def test_the_tune_starts_from_what_is_known(tmp_path):
 
 
 def test_the_convergence_rule():
-    from autogemm.tuner import CONVERGED_GAIN, converged
+    from autogemm.search import CONVERGED_GAIN, converged
 
     flat = [10.0] * 5 + [10.0 * (1 + CONVERGED_GAIN / 2)] * 5
     assert converged(flat, 5) and not converged(flat, 0) and not converged(flat[:5], 5)
@@ -304,7 +304,7 @@ def test_a_sampler_fixed_on_rejected_draws_is_given_valid_configurations(tmp_pat
     on 4095x4097x1023 and the tune ended with 7 measured (on the device: none, and a TuneError).
     After RESCUE_AFTER idle proposals the tuner enqueues valid configurations drawn uniformly."""
     from autogemm.problem import Problem
-    from autogemm.tuner import RESCUE_AFTER
+    from autogemm.search import RESCUE_AFTER
 
     class FirstFails(_ModelEvaluator):
         def finish(self, handle, best_ms):

@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     check_p.set_defaults(handler=cmd_check)
 
     from ..study import SAMPLERS
-    from ..tuner import CONVERGED_GAIN, DEFAULT_PATIENCE, DEFAULT_TIMEOUT_S, DEFAULT_TRIALS, default_jobs
+    from ..search import CONVERGED_GAIN
+    from ..tuner import DEFAULT_PATIENCE, DEFAULT_TIMEOUT_S, DEFAULT_TRIALS, default_jobs
 
     tune_p = sub.add_parser(
         "tune", help="search the best kernel for a problem on this GPU and cache it",

@@ -62,6 +62,9 @@ class CampaignView:
             kept = " (kept cuBLAS)" if summary.get("kept_cublas") else ""
             self._line(label, f"done {rest[0]}: {summary['config']} {summary['tflops']:.1f} TFLOP/s, "
                               f"{summary['ratio']:.3f}x cuBLAS{kept}")
+        elif kind == "helping":  # nothing left to claim: searching another GPU's study beside it
+            state.update(current=f"{rest[0]} (helping)", since=time.monotonic(), trials=0, ratio=None)
+            self._line(label, f"helping {rest[0]}")
         elif kind in ("failed", "skipped", "stopped", "lost"):
             if kind == "failed":
                 self.failed.append(rest[0])
