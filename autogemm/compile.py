@@ -1,4 +1,4 @@
-"""CUDA source -> loaded kernel (NVRTC through CuPy) or, without a GPU, an `nvcc` resource report.
+"""CUDA source -> loaded kernel (NVRTC, `nvrtc.py`) or, without a GPU, an `nvcc` resource report.
 
 GPU path: `compile_to_cubin` runs NVRTC and needs no GPU context (so worker processes can compile
 in parallel); `load` turns a cubin into launchable CUDA functions and records their registers,
@@ -139,9 +139,9 @@ def nvcc_resources(source: Source, arch: str = "sm_90") -> dict[str, ResourceUsa
 
 # ---- NVRTC (GPU path) -----------------------------------------------------------------------------
 def _cubin_path(source: Source, arch: str) -> Path:
-    from cupy.cuda import compiler
+    from .nvrtc import version
 
-    major, minor = compiler._get_nvrtc_version()
+    major, minor = version()
     return cubin_dir() / f"{source.kernel[:80]}-{source.digest}-{arch}-nvrtc{major}.{minor}.cubin"
 
 
@@ -190,7 +190,7 @@ def remember(cubin: UnstoredCubin) -> None:
 def compile_to_cubin(source: Source, arch: str) -> Path | UnstoredCubin:
     """Compiles with NVRTC (no GPU context needed) and returns the cubin's path, reusing a cached
     one; where it cannot be stored (a full or read-only disk) returns it as an `UnstoredCubin`."""
-    from cupy.cuda import compiler
+    from .nvrtc import NvrtcError, compile_cubin
 
     target = source.target(arch)
     path = _cubin_path(source, target)
@@ -202,15 +202,10 @@ def compile_to_cubin(source: Source, arch: str) -> Path | UnstoredCubin:
         return kept
     options = NVRTC_OPTIONS + _include_options()
     try:
-        if target == arch:
-            cubin, _ = compiler.compile_using_nvrtc(source.code, options, arch=arch.removeprefix("sm_"))
-        else:
-            # CuPy's entry point takes numeric architectures only; sm_90a goes to its NVRTC program
-            # directly, with the option CuPy's entry point would add
-            program = compiler._NVRTCProgram(source.code, f"{source.kernel}.cu", method="cubin")
-            cubin, _ = program.compile(options + (f"-arch={target}", "--device-as-default-execution-space"))
-    except compiler.CompileException as exc:
-        raise CompileError(f"NVRTC failed for {source.kernel} ({target})", str(exc), save_failed_source(source)) from None
+        cubin = compile_cubin(source.code, f"{source.kernel}.cu", target, options)
+    except NvrtcError as exc:
+        raise CompileError(f"NVRTC failed for {source.kernel} ({target}): {exc}", exc.log,
+                           save_failed_source(source)) from None
     try:
         store_cubin(path, cubin)
     except OSError as exc:  # a full or read-only disk: the kernel is still good, from memory
@@ -285,7 +280,7 @@ class CompiledKernel:
 
 
 def _attribute(function, name: str) -> int:
-    from cupy_backends.cuda.api import driver
+    from cupy.cuda import driver
 
     return driver.funcGetAttribute(getattr(driver, f"CU_FUNC_ATTRIBUTE_{name}"), function.ptr)
 
@@ -295,7 +290,7 @@ def load(source: Source, cubin: Path | UnstoredCubin, dynamic_smem: int) -> Comp
     kernel's dynamic shared-memory limit when static and dynamic shared memory together exceed the
     default 48 KB of a block. The module is unloaded when its functions are no longer referenced."""
     from cupy.cuda.function import Module
-    from cupy_backends.cuda.api import driver
+    from cupy.cuda import driver
 
     module = Module()
     if isinstance(cubin, UnstoredCubin):

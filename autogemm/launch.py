@@ -90,7 +90,7 @@ def prepare(config: GemmConfig, problem: Problem, widths: VectorWidths | None = 
 def stream_k_blocks(kernel: CompiledKernel, threads: int, smem: int, device: Device) -> int:
     """Blocks of a stream-K grid: as many as the device holds at once (more would wait for a
     second wave; the kernel deals the work out over whatever the grid is)."""
-    from cupy_backends.cuda.api import driver
+    from cupy.cuda import driver
 
     per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.gemm.ptr, threads, smem)
     return max(1, per_sm * device.sm_count)

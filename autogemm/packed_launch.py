@@ -41,7 +41,7 @@ class PackedKernel:
 
     def __init__(self, function, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
                  arguments: Sequence[np.generic]):
-        from cupy_backends.cuda.api import driver
+        from cupy.cuda import driver
 
         self._launch_kernel = driver.launchKernel
         self.function = function  # held: the module stays loaded while this launcher lives

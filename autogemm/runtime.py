@@ -1,7 +1,7 @@
 """The GPU runtime, CuPy: imported where kernels are compiled, launched or timed, with an error that
 says how to install it where it is missing (configurations, search spaces and rendering need none).
 Also cuBLAS as the baselines time it: `cublas_product` gives the call a user would make for a dtype
-and compute mode (cupy.matmul, with CuPy's TF32 switch for "tf32"; for bfloat16, which CuPy
+and compute mode (cupy.matmul; for "tf32" the cuBLAS call CuPy makes in TF32 mode; for bfloat16, which CuPy
 computes from version 14, cublasGemmEx where CuPy cannot). `matmul` serves cuBLAS through
 cublas_gemm, the same GPU work with less host time per call."""
 
@@ -35,17 +35,14 @@ def cublas_product(dtype: str, compute: str):
         return cp.matmul if cupy_computes_bfloat16() else _bfloat16_gemm
     if compute != "tf32":
         return cp.matmul
-    from cupy._core import _routines_linalg as linalg
 
     def tf32_matmul(a, b, out=None):
-        before = linalg.get_compute_type(np.float32)
-        if before == linalg.COMPUTE_TYPE_TF32:  # the user switched CuPy to TF32 already
-            return cp.matmul(a, b, out=out)
-        linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
-        try:
-            return cp.matmul(a, b, out=out)
-        finally:
-            linalg.set_compute_type(np.float32, before)
+        # what cupy.matmul runs where CuPy is switched to TF32 (its documented switch, CUPY_TF32=1,
+        # is read once at import, so it cannot be set for one product): cublasGemmEx with the
+        # CUBLAS_COMPUTE_32F_FAST_TF32 compute type and the tensor-op algorithm, as cublas_gemm gives it
+        from .cublas_gemm import gemm
+
+        return gemm(a, b, out, compute="tf32")
 
     return tf32_matmul
 

@@ -23,7 +23,6 @@ Writes benchmarks/results/shapes-<device>-<mode>.md (and .json): per-shape rows,
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -73,40 +72,37 @@ def operands(problem, seed: int):
 
 def baseline(problem, a, b):
     """The call autogemm replaces: cupy.matmul with a fresh output, as autogemm.matmul's (for tf32
-    with CuPy switched to TF32 around the whole measurement, as a user of TF32 runs it; bfloat16
-    needs CuPy 14)."""
+    in a process where CuPy runs in TF32, as a user of TF32 runs it; bfloat16 needs CuPy 14)."""
     import cupy
 
     return lambda: cupy.matmul(a, b)
 
 
-@contextlib.contextmanager
-def cupy_compute(compute: str):
-    """CuPy's FP32 matmuls in TF32 for compute "tf32" while the block runs."""
-    if compute != "tf32":
-        yield
-        return
-    from cupy._core import _routines_linalg as linalg
-
-    before = linalg.get_compute_type(np.float32)
-    linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
-    try:
-        yield
-    finally:
-        linalg.set_compute_type(np.float32, before)
-
-
 def measure(problem, pairs: int, seed: int) -> dict:
     import autogemm
 
+    if problem.compute == "tf32" and os.environ.get("CUPY_TF32") != "1":
+        return measure_in_tf32_process(problem, pairs, seed)
     a, b = operands(problem, seed)
     compute = problem.compute if problem.compute == "tf32" else None
     ours = lambda: autogemm.matmul(a, b, compute=compute)  # noqa: E731
     theirs = baseline(problem, a, b)
     explained = autogemm.explain(a, b, compute=compute)
-    with cupy_compute(problem.compute):
-        check(problem, ours(), theirs())
-        return _timed_pairs(problem, ours, theirs, explained, pairs)
+    check(problem, ours(), theirs())
+    return _timed_pairs(problem, ours, theirs, explained, pairs)
+
+
+def measure_in_tf32_process(problem, pairs: int, seed: int) -> dict:
+    """`measure` in a child process where CuPy runs float32 products in TF32: CuPy's switch for it,
+    CUPY_TF32=1, is read once when CuPy is imported (the child inherits the cache directory)."""
+    import subprocess
+
+    child = subprocess.run([sys.executable, __file__, "--measure-one", problem.key, "--pairs", str(pairs),
+                            "--seed", str(seed)], env={**os.environ, "CUPY_TF32": "1"}, capture_output=True,
+                           text=True)
+    if child.returncode != 0:
+        raise SystemExit(f"{problem.key}: the TF32 measuring process failed:\n{child.stderr[-2000:]}")
+    return json.loads(child.stdout.strip().splitlines()[-1])
 
 
 def check(problem, mine, base) -> None:
@@ -177,7 +173,7 @@ def write(rows: list[dict], mode: str, note: str) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("mode", choices=("empty", "shipped", "tuned", "loo"))
+    parser.add_argument("mode", choices=("empty", "shipped", "tuned", "loo"), nargs="?")
     parser.add_argument("--suite", type=Path, default=HERE / "shapes.toml")
     parser.add_argument("--pairs", type=int, default=100, help="timed pairs per shape (median; default 100)")
     parser.add_argument("--budget", type=float, default=30.0, help="tuned: seconds of tuning per problem")
@@ -185,7 +181,16 @@ def main() -> int:
     parser.add_argument("--from", dest="source", type=Path,
                         help="loo: the cache directory a `tuned` run kept; tuned: measure with it, tune nothing")
     parser.add_argument("--only", help="only problems whose key contains one of these comma-separated texts")
+    parser.add_argument("--measure-one", metavar="KEY", help=argparse.SUPPRESS)  # measure_in_tf32_process's child
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.mode is None and not args.measure_one:
+        parser.error("give a mode: empty, shipped, tuned or loo")
+    if args.measure_one:  # (the mode is the parent's; the child only measures)
+        from autogemm.problem import Problem
+
+        print(json.dumps(measure(Problem.from_key(args.measure_one), args.pairs, args.seed)))
+        return 0
     if args.pairs < 1:
         parser.error("--pairs must be >= 1")
     wanted = args.only.split(",") if args.only else [""]

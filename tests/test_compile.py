@@ -272,13 +272,12 @@ def test_a_kernel_the_disk_will_not_take_comes_back_in_memory(tmp_path, monkeypa
     tune); it is returned as bytes, kept, and not compiled again while the disk stays full."""
     import errno
 
-    from cupy.cuda import compiler
-
+    from autogemm import nvrtc
     from autogemm.compile import UnstoredCubin, compile_to_cubin
 
     calls = []
-    monkeypatch.setattr(compiler, "compile_using_nvrtc", lambda code, options, arch: calls.append(arch) or (b"\x7fELF", ""))
-    monkeypatch.setattr(compiler, "_get_nvrtc_version", lambda: (13, 0))
+    monkeypatch.setattr(nvrtc, "compile_cubin", lambda code, name, arch, options: calls.append(arch) or b"\x7fELF")
+    monkeypatch.setattr(nvrtc, "version", lambda: (13, 0))
     monkeypatch.setenv("AUTOGEMM_CUBIN_DIR", str(tmp_path / "cubins"))
 
     def full(path, data):
@@ -288,5 +287,64 @@ def test_a_kernel_the_disk_will_not_take_comes_back_in_memory(tmp_path, monkeypa
     source = render(SimtConfig(), Problem(128, 128, 128))
     first = compile_to_cubin(source, "sm_80")
     assert isinstance(first, UnstoredCubin) and first.data == b"\x7fELF" and "No space left on device" in first.reason
-    assert compile_to_cubin(source, "sm_80") == first and calls == ["80"]  # from memory, not compiled again
+    assert compile_to_cubin(source, "sm_80") == first and calls == ["sm_80"]  # from memory, not compiled again
     assert not (tmp_path / "cubins").exists() or not any((tmp_path / "cubins").iterdir())
+
+
+def test_nvrtc_compiles_through_the_public_bindings_with_cupys_options(monkeypatch):
+    """The cubin comes from cuda.bindings' NVRTC with the options CuPy passed (the arch and
+    --device-as-default-execution-space after ours), and a refused program's log reaches the error."""
+    import types
+
+    from autogemm import nvrtc
+
+    class Result:
+        NVRTC_SUCCESS = "ok"
+        NVRTC_ERROR_COMPILATION = types.SimpleNamespace(name="NVRTC_ERROR_COMPILATION")
+
+    seen = {}
+
+    def compile_program(program, count, options):
+        seen["options"] = options
+        return (Result.NVRTC_SUCCESS if b"good" in seen["code"] else Result.NVRTC_ERROR_COMPILATION,)
+
+    def create(code, name, *rest):
+        seen["code"] = code
+        return (Result.NVRTC_SUCCESS, "program")
+
+    def fill(text):
+        def get(program, buffer):
+            seen.setdefault("filled", []).append(text)
+            return (Result.NVRTC_SUCCESS,)
+        return get
+
+    fake = types.SimpleNamespace(
+        nvrtcResult=Result, nvrtcVersion=lambda: (Result.NVRTC_SUCCESS, 13, 0), nvrtcCreateProgram=create,
+        nvrtcCompileProgram=compile_program, nvrtcDestroyProgram=lambda program: (Result.NVRTC_SUCCESS,),
+        nvrtcGetCUBINSize=lambda program: (Result.NVRTC_SUCCESS, 4), nvrtcGetCUBIN=fill("cubin"),
+        nvrtcGetProgramLogSize=lambda program: (Result.NVRTC_SUCCESS, 3), nvrtcGetProgramLog=fill("log"))
+    monkeypatch.setattr(nvrtc, "_bindings", lambda: fake)
+    nvrtc.version.cache_clear()
+    try:
+        assert len(nvrtc.compile_cubin("good kernel", "k.cu", "sm_90a", ("-std=c++17",))) == 4
+        assert seen["options"] == [b"-std=c++17", b"-arch=sm_90a", b"--device-as-default-execution-space"]
+        with pytest.raises(nvrtc.NvrtcError, match="NVRTC_ERROR_COMPILATION"):
+            nvrtc.compile_cubin("bad kernel", "k.cu", "sm_90", ())
+        assert seen["filled"] == ["cubin", "log"]  # the refused program's log was read
+    finally:
+        nvrtc.version.cache_clear()
+
+
+def test_nvrtc_missing_is_named_with_what_to_install(monkeypatch):
+    import sys
+
+    from autogemm import nvrtc
+
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)  # as where cuda-bindings is not installed
+    monkeypatch.setitem(sys.modules, "cuda.bindings.nvrtc", None)
+    nvrtc.version.cache_clear()
+    try:
+        with pytest.raises(nvrtc.NvrtcError, match=r"cuda-bindings.*autogemm\[cuda13\]"):
+            nvrtc.compile_cubin("x", "k.cu", "sm_90", ())
+    finally:
+        nvrtc.version.cache_clear()

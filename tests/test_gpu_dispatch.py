@@ -8,6 +8,7 @@ except those about cuBLAS serving (`cublas_serving`)."""
 from __future__ import annotations
 
 import contextlib
+import os
 
 import numpy as np
 import pytest
@@ -189,16 +190,34 @@ def test_untuned_problems_and_cublas_records_are_served_by_cublas():
         assert relative_error(autogemm.matmul(a, b, alpha=2.0), _reference(a, b, 2.0)) <= 1e-5
 
 
+def _cupy_matmul_in_tf32(a, b, folder):
+    """cupy.matmul(a, b) as a user of TF32 runs it: in a process started with CuPy's switch,
+    CUPY_TF32=1 (read when CuPy is imported), on the same values and the same views."""
+    import subprocess
+    import sys
+
+    import cupy
+
+    np.save(folder / "a.npy", cupy.asnumpy(a.T if a.flags.f_contiguous and not a.flags.c_contiguous else a))
+    np.save(folder / "b.npy", cupy.asnumpy(b.T if b.flags.f_contiguous and not b.flags.c_contiguous else b))
+    views = f"a = a.T if {a.flags.f_contiguous and not a.flags.c_contiguous} else a; " \
+            f"b = b.T if {b.flags.f_contiguous and not b.flags.c_contiguous} else b; "
+    script = (f"import cupy, numpy as np; a = cupy.asarray(np.load({str(folder / 'a.npy')!r})); "
+              f"b = cupy.asarray(np.load({str(folder / 'b.npy')!r})); {views}"
+              f"np.save({str(folder / 'c.npy')!r}, cupy.asnumpy(cupy.matmul(a, b)))")
+    subprocess.run([sys.executable, "-c", script], env={**os.environ, "CUPY_TF32": "1"}, check=True)
+    return np.load(folder / "c.npy")
+
+
 @pytest.mark.parametrize("dtype, compute, limit", [("float32", None, 1e-5), ("float32", "tf32", 5e-3),
                                                    ("float16", None, 1e-2), ("bfloat16", None, 1e-2),
                                                    ("float64", None, 1e-12)])
-def test_cublas_serves_every_dtype_layout_batch_and_scaling(dtype, compute, limit):
+def test_cublas_serves_every_dtype_layout_batch_and_scaling(dtype, compute, limit, tmp_path):
     """cuBLAS as matmul serves it (cublas_gemm): NN, NT, TN, TT views, a batch with a broadcast
     operand, alpha/beta, an output that is not row-major. A 2-D product is bit for bit
     cupy.matmul's (the same cuBLAS call: a wrong compute type or operand order shows here)."""
     import cupy
     import ml_dtypes
-    from cupy._core import _routines_linalg as linalg
 
     from autogemm.bench import to_bfloat16, to_float64
 
@@ -219,13 +238,10 @@ def test_cublas_serves_every_dtype_layout_batch_and_scaling(dtype, compute, limi
                 b = operand((33, 45), 2).T if trans_b else operand((45, 33), 2)
                 explained = autogemm.explain(a, b, compute=compute)
                 assert (explained["source"], explained["config"]) == ("cublas", None)
-                before = linalg.get_compute_type(np.float32)
                 if compute == "tf32":  # cupy.matmul in TF32, as a user of TF32 runs it
-                    linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32)
-                try:
+                    expected_bits = bits(cupy.asarray(_cupy_matmul_in_tf32(a, b, tmp_path)))
+                else:
                     expected_bits = bits(cupy.matmul(a, b))
-                finally:
-                    linalg.set_compute_type(np.float32, before)
                 for _ in range(2):  # the second call takes the fast path
                     c = autogemm.matmul(a, b, compute=compute)
                     assert c.dtype == a.dtype and c.shape == (70, 33)
