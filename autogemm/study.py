@@ -87,9 +87,22 @@ def _is_database(path: Path) -> bool:
         return False
 
 
+METRIC = "TFLOP/s"  # what a study's values are, as optuna-dashboard shows them
+
+
 def open_study(name: str, storage: str | None) -> optuna.Study:
     """The persistent study `name` (created if new) in `storage`: any Optuna storage URL, None for
-    the default SQLite file. SQLite storages are opened under a file lock, with a busy timeout."""
+    the default SQLite file. SQLite storages are opened under a file lock, with a busy timeout.
+    Its values are named (METRIC), for optuna-dashboard and the report."""
+    study = _open_study(name, storage)
+    if study.metric_names != [METRIC]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([METRIC])
+    return study
+
+
+def _open_study(name: str, storage: str | None) -> optuna.Study:
     url = storage or default_storage()
     path = _sqlite_path(url)
     for attempt in range(SERVER_ATTEMPTS):
@@ -207,7 +220,9 @@ def tell_trials(study: optuna.Study, writer: StudyWriter, asked: list, measureme
 
 class StudyWriter:
     """Copies finished trials into the persistent study from a background thread, so that the
-    storage's latency (milliseconds per write for SQLite) never holds up the search."""
+    storage's latency (milliseconds per write for SQLite) never holds up the search. Repeated
+    proposals (answered from the study, marked "duplicate") stay out of it: the persistent study
+    holds each measurement once, as optuna-dashboard and a resumed search should count it."""
 
     def __init__(self, persistent: optuna.Study | None):
         self.persistent = persistent
@@ -219,7 +234,7 @@ class StudyWriter:
             self.thread.start()
 
     def put(self, trial: optuna.trial.FrozenTrial) -> None:
-        if self.thread is not None:
+        if self.thread is not None and not trial.user_attrs.get("duplicate"):
             self.queue.put(trial)
 
     def _run(self) -> None:

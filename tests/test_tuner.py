@@ -96,6 +96,24 @@ def test_study_resumes_and_trials_add_up(tmp_path):
     assert second.tflops >= first.tflops
 
 
+def test_the_stored_study_names_its_metric_and_counts_each_measurement_once(tmp_path):
+    """optuna-dashboard reads the storage: values named TFLOP/s, and proposals of a configuration
+    measured before (answered from the study) not stored as new COMPLETE trials."""
+    import optuna
+
+    from autogemm.study import storage_object
+
+    storage = f"sqlite:///{tmp_path / 'studies.db'}"
+    result = run(tmp_path, 40, storage=storage, seed=0)
+    assert result.duplicates > 0  # (the small space makes TPE propose measured configs again)
+    stored = optuna.load_study(study_name=result.study_name, storage=storage_object(storage))
+    assert stored.metric_names == ["TFLOP/s"]
+    complete = stored.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    names = [t.user_attrs["config"] for t in complete]
+    assert len(names) == len(set(names)) == result.study_trials
+    assert not any(t.user_attrs.get("duplicate") for t in stored.get_trials(deepcopy=False))
+
+
 class _InterruptAfter(RecordedEvaluator):
     def __init__(self, table, count):
         super().__init__(table)
