@@ -1,5 +1,6 @@
 """`matmul()` and `explain()`: put the call in the kernels' terms (NumPy's semantics:
-`numpy_semantics`), validate the operands (the operand model of `operands`), pick a kernel (plan memo -> `select`: the exact record, a config predicted to beat
+`numpy_semantics`; PyTorch tensors: `torch_tensors`), validate the operands (the operand model of
+`operands`), pick a kernel (plan memo -> `select`: the exact record, a config predicted to beat
 cuBLAS, else cuBLAS through cublas_gemm) and launch it on the operands' GPU and the current stream.
 
 Validation happens before anything touches the GPU and names the problem. A call's "plan" (kernel,
@@ -25,6 +26,7 @@ from .race import race_choice
 from .problem import Problem
 from .cublas_gemm import cublas_launcher
 from .select import Choice
+from .torch_tensors import is_tensor
 
 _DISPATCHER = Dispatcher()
 _PLAIN_SCALARS = (float, int)
@@ -73,8 +75,8 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
     """C = alpha · a @ b (+ beta · out), as numpy.matmul / cupy.matmul compute a @ b: the cached
     best kernel for this problem and GPU.
 
-    `a` and `b` are CuPy arrays or objects with __cuda_array_interface__ (PyTorch CUDA tensors,
-    Numba arrays), read without copying. NumPy's semantics
+    `a` and `b` are CuPy arrays, PyTorch CUDA tensors or other objects with
+    __cuda_array_interface__ (Numba arrays), read without copying. NumPy's semantics
     (autogemm.numpy_semantics): a 1-D `a` is a row and a 1-D `b` a column, that axis removed from
     the result; leading batch axes broadcast (one batch of 1 against N included); mixed float16,
     bfloat16, float32 and float64 computed in their NumPy result type (the other operand
@@ -88,7 +90,8 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
     without a record of its own races the model's best configs against cuBLAS on its operands and
     keeps the winner for the process (autogemm.race).
 
-    Returns a CuPy array (`out` when given).
+    Returns `out` when given; else a PyTorch tensor where an operand is one (computed on PyTorch's
+    current stream, on the same memory as the CuPy result), a CuPy array otherwise.
     """
     # Fast path: a repeated call on CuPy arrays with a fresh output and a known plan skips
     # validation (it passed for exactly these shapes, strides, dtypes, compute and device); what
@@ -102,6 +105,10 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
             if result is not None:
                 return result
 
+    if is_tensor(a) or is_tensor(b) or is_tensor(out):
+        from . import torch_tensors
+
+        return torch_tensors.call(matmul, a, b, out, alpha=alpha, beta=beta, compute=compute, tune=tune, race=race)
     _bind_cupy()
     alpha, beta = real_scalar(alpha, "alpha"), real_scalar(beta, "beta")
     operand_a, operand_b = numpy_semantics.read(a, "a"), numpy_semantics.read(b, "b")
@@ -336,6 +343,10 @@ def explain(a, b, *, out=None, compute: str | None = None, tune: bool | None = N
     operands) says so: `source` "cupy.matmul", the reason, no problem. Runs nothing (but may
     compile the chosen kernel)."""
     runtime.cupy()
+    if is_tensor(a) or is_tensor(b) or is_tensor(out):
+        from .torch_tensors import to_cupy
+
+        a, b, out = to_cupy(a, "a"), to_cupy(b, "b"), to_cupy(out, "out")
     operands = numpy_semantics.read(a, "a"), numpy_semantics.read(b, "b")
     operand_out = numpy_semantics.read(out, "out") if out is not None else None
     call = numpy_semantics.plan(*operands, operand_out)

@@ -1,6 +1,7 @@
 """autogemm.matmul follows cupy.matmul / NumPy semantics on a GPU: 1-D operands, broadcast batch
 axes (a batch of 1 against N, more than one batch axis), mixed dtypes, integer and complex operands
-(served by cupy.matmul), out= of the result's shape and a dtype it casts to; `explain` says how.
+(served by cupy.matmul), out= of the result's shape and a dtype it casts to; `explain` says how;
+PyTorch tensors come back as tensors, computed on PyTorch's current stream.
 
 Shapes and dtypes are compared with cupy.matmul's exactly, values with a float64 (complex128)
 reference within the result dtype's tolerance (integers exactly). Untuned problems are served by
@@ -229,3 +230,63 @@ def test_numpy_refusals_on_real_arrays(make, error, message):
     a, b, kwargs = make(cupy)
     with pytest.raises(error, match=message):
         autogemm.matmul(a, b, **kwargs)
+
+
+def _torch_cuda():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch has no CUDA here")
+    return torch
+
+
+def _torch_error(torch, result, expected):
+    return float(torch.linalg.norm(result.double() - expected) / torch.linalg.norm(expected))
+
+
+@pytest.mark.parametrize("dtype_name, limit", [("float32", 1e-5), ("float16", 1e-2), ("bfloat16", 1e-2)])
+def test_pytorch_tensors_come_back_as_tensors(dtype_name, limit):
+    torch = _torch_cuda()
+    dtype = getattr(torch, dtype_name)
+    a = (torch.rand(3, 65, 33, device="cuda") * 2 - 1).to(dtype)
+    b = (torch.rand(33, 47, device="cuda") * 2 - 1).to(dtype)
+    c = autogemm.matmul(a, b)
+    assert isinstance(c, torch.Tensor) and c.device == a.device and c.dtype == dtype and c.shape == (3, 65, 47)
+    expected = torch.matmul(a.double(), b.double())
+    torch.cuda.synchronize()
+    assert _torch_error(torch, c, expected) <= limit
+    out = torch.full((3, 65, 47), float("nan"), device="cuda", dtype=dtype)
+    pointer = out.data_ptr()
+    result = autogemm.matmul(a, b.t().contiguous().t(), out=out)  # b as a transposed view
+    assert result is out and out.data_ptr() == pointer  # written in place
+    torch.cuda.synchronize()
+    assert _torch_error(torch, out, expected) <= limit
+    vector = autogemm.matmul(a[0], b[:, 0])  # 1-D b: a tensor of shape (65,)
+    assert isinstance(vector, torch.Tensor) and vector.shape == (65,)
+
+
+def test_pytorch_tensors_are_computed_on_torchs_current_stream():
+    """On a side stream, the operands are written after a long sleep queued on that stream: a
+    matmul run on any other stream would read them before they are written."""
+    import cupy
+
+    torch = _torch_cuda()
+    a_values = torch.rand(300, 200, device="cuda", dtype=torch.float32) * 2 - 1
+    b_values = torch.rand(200, 100, device="cuda", dtype=torch.float32) * 2 - 1
+    a = torch.zeros_like(a_values)
+    b = torch.zeros_like(b_values)
+    out = torch.zeros(300, 100, device="cuda")
+    torch.cuda.synchronize()
+    cupy_stream_before = cupy.cuda.get_current_stream().ptr
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        if hasattr(torch.cuda, "_sleep"):
+            torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU cycles on this stream
+        a.copy_(a_values)
+        b.copy_(b_values)
+        c = autogemm.matmul(a, b)
+        autogemm.matmul(a, b, out=out)
+        torch.cuda.current_stream().synchronize()
+    assert cupy.cuda.get_current_stream().ptr == cupy_stream_before  # CuPy's stream is restored
+    expected = torch.matmul(a_values.double(), b_values.double())
+    assert _torch_error(torch, c, expected) <= 1e-5
+    assert _torch_error(torch, out, expected) <= 1e-5

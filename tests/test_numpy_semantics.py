@@ -7,6 +7,9 @@ fakes: pointers are never dereferenced)."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -289,6 +292,24 @@ def test_matmul_refuses_before_touching_the_gpu(a, b, kwargs, error, message):
     matmul = _matmul()
     with pytest.raises(error, match=re.escape(message)):
         matmul(FakeDeviceArray(a), FakeDeviceArray(b, pointer=1 << 36), **kwargs)
+
+
+def test_a_cpu_tensor_gets_the_hint_through_the_tensor_path():
+    matmul = _matmul()
+    tensor = type("Tensor", (), {"__module__": "torch", "device": "cpu", "is_cuda": False})()
+    with pytest.raises(TypeError, match=r"b is a PyTorch tensor on the cpu; move it to the GPU first"):
+        matmul(FakeDeviceArray((4, 5)), tensor)
+
+
+def test_torch_is_not_imported_for_other_arrays():
+    code = ("import sys, autogemm\n"
+            "fake = type('F', (), {'__cuda_array_interface__': {'shape': (4, 5), 'typestr': '<f4', "
+            "'data': (1 << 32, False), 'version': 3}})()\n"
+            "try:\n    autogemm.matmul(fake, fake)\nexcept Exception as exc:\n    print(type(exc).__name__)\n"
+            "print('torch' in sys.modules)\n")
+    pytest.importorskip("cupy")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.split()[-2:] == ["ValueError", "False"], result.stdout + result.stderr
 
 
 def test_scalars_are_checked_before_a_shaped_call_asks_the_driver_for_its_device():
