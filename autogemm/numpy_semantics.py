@@ -320,8 +320,8 @@ def run(call: Call, a, b, out, alpha: float, beta: float, compute: str | None, d
     broadcast or more than one, operands of another dtype than the result, an `out` of another
     dtype or whose batch no single stride walks), or that cupy.matmul serves, on GPU `device`.
     `gemm(a, b, out, alpha, beta)` is matmul's GEMM of 2-D or 3-D operands of one dtype; returns
-    `out` (as a CuPy array) when given, else the result. (alpha and beta are checked:
-    operands.check_scalars.)"""
+    `out` (as a CuPy array) when given, else the result. The caller has checked alpha and beta
+    (operands.check_scalars)."""
     import cupy
 
     with cupy.cuda.Device(device):  # (before the views: cupy.asarray copies an array of another GPU)
