@@ -1,6 +1,7 @@
-"""`matmul()` and `explain()`: validate the operands (the operand model of `operands`), pick a
-kernel (plan memo -> `select`: the exact record, a config predicted to beat cuBLAS, else cuBLAS
-through cublas_gemm) and launch it on the operands' GPU and the current stream.
+"""`matmul()` and `explain()`: put the call in the kernels' terms (NumPy's semantics:
+`numpy_semantics`; PyTorch tensors: `torch_tensors`), validate the operands (the operand model of
+`operands`), pick a kernel (plan memo -> `select`: the exact record, a config predicted to beat
+cuBLAS, else cuBLAS through cublas_gemm) and launch it on the operands' GPU and the current stream.
 
 Validation happens before anything touches the GPU and names the problem. A call's "plan" (kernel,
 launch geometry, vector widths) is memoized per (device, shapes, strides, alignment), so that a
@@ -16,13 +17,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import dtypes, runtime
-from .operands import ArrayInfo, KernelOperand, describe, real_scalar, validate
+from . import dtypes, numpy_semantics, runtime
+from .numpy_semantics import CUPY_MATMUL, KERNELS, as_cupy, contiguous_copy, contiguous_strides
+from .operands import (ArrayInfo, KernelOperand, check_scalars, common_device, describe, real_scalar,
+                       validate)
 from .planning import PROVISIONAL_PLAN_S, Dispatcher
 from .race import race_choice
 from .problem import Problem
 from .cublas_gemm import cublas_launcher
 from .select import Choice
+from .torch_tensors import is_tensor
 
 _DISPATCHER = Dispatcher()
 _PLAIN_SCALARS = (float, int)
@@ -44,20 +48,13 @@ def reset() -> None:
     _DISPATCHER.clear()
 
 
-def _device_of(info: ArrayInfo) -> int:
+def _device_of(info) -> int:
+    """The GPU of an ArrayInfo or numpy_semantics.Operand (the driver asked where unknown)."""
     if info.device is not None:
         return info.device
     import cupy
 
     return cupy.cuda.runtime.pointerGetAttributes(info.pointer).device
-
-
-def _as_cupy(x):
-    import cupy
-
-    if isinstance(x, cupy.ndarray):
-        return x
-    return cupy.asarray(x)  # zero-copy view of a __cuda_array_interface__ object
 
 
 def _fast_key(a, b, compute, device: int) -> tuple:
@@ -75,17 +72,26 @@ def _flag(value: bool | None, variable: str) -> bool:
 
 def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: str | None = None,
            tune: bool | None = None, race: bool | None = None):
-    """C = alpha · a @ b (+ beta · out): the cached best kernel for this problem and GPU.
+    """C = alpha · a @ b (+ beta · out), as numpy.matmul / cupy.matmul compute a @ b: the cached
+    best kernel for this problem and GPU.
 
-    `a` (M×K) and `b` (K×N) are CuPy arrays or objects with __cuda_array_interface__ (PyTorch CUDA
-    tensors, Numba arrays), 2-D or 3-D batches (a 2-D operand is broadcast over the batch).
-    Transposed views run as the TN/NT/TT kernels without copies; other strides are copied once.
-    `compute="tf32"` opts float32 into TF32 (the tensor-core template).
-    Nothing is tuned unless `tune=True` or AUTOGEMM_TUNE=1 (then a problem without a cached entry
-    is tuned once, with a small budget, and cached). With `race=True` or AUTOGEMM_RACE=1, the first
-    call of a problem without a record of its own races the model's best configs against cuBLAS on
-    its operands and keeps the winner for the process (autogemm.race). Returns a CuPy array (`out`
-    when given).
+    `a` and `b` are CuPy arrays, PyTorch CUDA tensors or other objects with
+    __cuda_array_interface__ (Numba arrays), read without copying. NumPy's semantics
+    (autogemm.numpy_semantics): a 1-D `a` is a row and a 1-D `b` a column, that axis removed from
+    the result; leading batch axes broadcast (one batch of 1 against N included); mixed float16,
+    bfloat16, float32 and float64 computed in their NumPy result type (the other operand
+    converted); integer, boolean and complex operands are computed by cupy.matmul. Transposed views
+    run as the TN/NT/TT kernels without copies; other strides are copied once, as are broadcast
+    batches that no single batch stride walks. `out` must have the result's shape and a dtype the
+    result casts to (casting='same_kind'); alpha and beta scale as NumPy arithmetic would.
+    `compute="tf32"` opts float32 into TF32 (the tensor-core template). Nothing is tuned unless
+    `tune=True` or AUTOGEMM_TUNE=1 (then a problem without a cached entry is tuned once, with a
+    small budget, and cached). With `race=True` or AUTOGEMM_RACE=1, the first call of a problem
+    without a record of its own races the model's best configs against cuBLAS on its operands and
+    keeps the winner for the process (autogemm.race).
+
+    Returns `out` when given; else a PyTorch tensor where an operand is one (computed on PyTorch's
+    current stream, on the same memory as the CuPy result), a CuPy array otherwise.
     """
     # Fast path: a repeated call on CuPy arrays with a fresh output and a known plan skips
     # validation (it passed for exactly these shapes, strides, dtypes, compute and device); what
@@ -99,18 +105,33 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
             if result is not None:
                 return result
 
-    cupy = _bind_cupy()
-    requested_compute = compute  # the fast path's key holds the argument as given
+    if is_tensor(a) or is_tensor(b) or is_tensor(out):
+        from . import torch_tensors
+
+        return torch_tensors.call(matmul, a, b, out, alpha=alpha, beta=beta, compute=compute, tune=tune, race=race)
+    _bind_cupy()
     alpha, beta = real_scalar(alpha, "alpha"), real_scalar(beta, "beta")
+    operand_a, operand_b = numpy_semantics.read(a, "a"), numpy_semantics.read(b, "b")
+    operand_out = numpy_semantics.read(out, "out") if out is not None else None
+    call = numpy_semantics.plan(operand_a, operand_b, operand_out)
+    if call.takes_as_given(operand_a, operand_b, operand_out):
+        return _gemm(a, b, out, alpha, beta, compute, tune, race)
+    check_scalars(alpha, beta, out is not None)
+    device = common_device(_device_of(operand_a), _device_of(operand_b),
+                           None if operand_out is None else _device_of(operand_out))
+    return numpy_semantics.run(call, a, b, out, alpha, beta, compute, device,
+                               lambda *args: _gemm(*args, compute, tune, race))
+
+
+def _gemm(a, b, out, alpha: float, beta: float, compute, tune, race):
+    """The GEMM of 2-D or 3-D operands of one dtype (3-D ones of one batch extent) and an `out` of
+    that dtype: validation, the plan (memoized), the launch."""
+    cupy = runtime.cupy()
+    requested_compute = compute  # the fast path's key holds the argument as given
     ia, ib = describe(a, "a"), describe(b, "b")
     io = describe(out, "out") if out is not None else None
     shape, compute = validate(ia, ib, io, alpha, beta, compute)
-    device_a = _device_of(ia)
-    device_b = _device_of(ib)
-    if device_a != device_b:
-        raise ValueError(f"a is on GPU {device_a} and b on GPU {device_b}: put both on the same device")
-    if io is not None and _device_of(io) != device_a:
-        raise ValueError(f"out is on GPU {_device_of(io)} and the operands on GPU {device_a}")
+    device_a = common_device(_device_of(ia), _device_of(ib), None if io is None else _device_of(io))
     fast_memo = tune is None and race is None  # a plan the fast path may serve (it reads neither)
     tune, race = _flag(tune, "AUTOGEMM_TUNE"), _flag(race, "AUTOGEMM_RACE")
 
@@ -119,7 +140,7 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
         k = ia.shape[-1]
         if out is None and (math.prod(shape) == 0 or k == 0):
             out = cupy.empty(shape, dtype=_cupy_dtype(ia.dtype))
-        out_arr = _as_cupy(out) if out is not None else None  # None: the plan makes a fresh one
+        out_arr = as_cupy(out) if out is not None else None  # None: the plan makes a fresh one
         if out_arr is not None and out_arr.size == 0:
             return out_arr
         if k == 0:  # no products: beta * out, or zeros (beta == 0 never reads out)
@@ -130,7 +151,7 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
             return out_arr
         # a fresh output is C-contiguous and 256-byte aligned (CuPy's pool): its layout is known
         out_layout = (out_arr.strides, out_arr.data.ptr % 16) if out_arr is not None \
-            else (_contiguous_strides(shape, dtypes.lookup(ia.dtype).itemsize), 0)
+            else (contiguous_strides(shape, dtypes.lookup(ia.dtype).itemsize), 0)
         key = (ia.shape, ia.strides, ib.shape, ib.strides, ia.dtype, compute, ia.pointer % 16, ib.pointer % 16,
                device_a, *out_layout, tune, race)
         fast_key = None
@@ -143,14 +164,6 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
 
         plan = _DISPATCHER.plan_for(key, build, fast_key)
         return plan.call(a, b, out_arr, alpha, beta)
-
-
-def _contiguous_strides(shape: tuple, itemsize: int) -> tuple:
-    strides, step = [], itemsize
-    for extent in reversed(shape):
-        strides.append(step)
-        step *= extent
-    return tuple(reversed(strides))
 
 
 def _cupy_dtype(name: str):
@@ -207,27 +220,18 @@ class _Plan:
         import cupy
 
         with cupy.cuda.Device(self.device):
-            a_arr, b_arr = _as_cupy(a), _as_cupy(b)
+            a_arr, b_arr = as_cupy(a), as_cupy(b)
             if out_arr is None:
                 out_arr = cupy.empty(self.shape, dtype=self.dtype)
             if self.copy_a:
                 a_arr = cupy.ascontiguousarray(a_arr)
             if self.copy_b:
                 b_arr = cupy.ascontiguousarray(b_arr)
-            target = _contiguous_copy(out_arr) if self.copy_out else out_arr  # beta reads out's values
+            target = contiguous_copy(out_arr) if self.copy_out else out_arr  # beta reads out's values
             self.launch(a_arr.data.ptr, b_arr.data.ptr, target.data.ptr, alpha, beta)
             if self.copy_out:
                 _copy_into(out_arr, target)
             return out_arr
-
-
-def _contiguous_copy(x):
-    """A C-contiguous copy of `x` (bfloat16 copied as its bits: CuPy before 14 cannot copy it)."""
-    import cupy
-
-    if x.dtype.kind == "V":
-        return cupy.ascontiguousarray(x.view(np.uint16)).view(x.dtype)
-    return cupy.ascontiguousarray(x)
 
 
 def _copy_into(out, values) -> None:
@@ -256,8 +260,8 @@ def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune, race) -> 
     device = device_info(device_id)
     layout_a, layout_b = ia.layout(), ib.layout()
     copy_a, copy_b = layout_a is None, layout_b is None
-    a_arr = cupy.ascontiguousarray(_as_cupy(a)) if copy_a else _as_cupy(a)
-    b_arr = cupy.ascontiguousarray(_as_cupy(b)) if copy_b else _as_cupy(b)
+    a_arr = cupy.ascontiguousarray(as_cupy(a)) if copy_a else as_cupy(a)
+    b_arr = cupy.ascontiguousarray(as_cupy(b)) if copy_b else as_cupy(b)
     layout_a = layout_a or describe(a_arr, "a").layout()
     layout_b = layout_b or describe(b_arr, "b").layout()
     m, n = shape[-2:]
@@ -333,19 +337,41 @@ def explain(a, b, *, out=None, compute: str | None = None, tune: bool | None = N
     """Which kernel `matmul(a, b, ...)` would run, and why: the source of the choice, the config,
     the figures cached with it and the candidates the model weighed (each with its predicted ratio
     to cuBLAS and the ratio it needed); with racing on, the race's figures once a call has run it
-    (`race`: None before). Runs nothing (but may compile the chosen kernel)."""
+    (`race`: None before). Also the result's `shape` and `dtype` (NumPy's), the operands converted
+    to that dtype (`conversions`) and copied (`copies`: strides no kernel reads, or a broadcast
+    batch no single stride walks). A call that cupy.matmul serves (integer, boolean or complex
+    operands) says so: `source` "cupy.matmul", the reason, no problem. Runs nothing (but may
+    compile the chosen kernel)."""
     runtime.cupy()
-    ia, ib = describe(a, "a"), describe(b, "b")
-    io = describe(out, "out") if out is not None else None
-    shape, compute = validate(ia, ib, io, 1.0, 0.0, compute)
+    if is_tensor(a) or is_tensor(b) or is_tensor(out):
+        from .torch_tensors import to_cupy
+
+        a, b, out = to_cupy(a, "a"), to_cupy(b, "b"), to_cupy(out, "out")
+    operands = numpy_semantics.read(a, "a"), numpy_semantics.read(b, "b")
+    operand_out = numpy_semantics.read(out, "out") if out is not None else None
+    call = numpy_semantics.plan(*operands, operand_out)
     from .launch import device_info
 
-    device = device_info(_device_of(ia))
+    device_id = _device_of(operands[0])
+    device = device_info(device_id)
+    shown = {"shape": call.shape, "dtype": None if call.dtype is None else call.dtype.name}
+    if call.served_by != KERNELS:
+        return {"problem": None, "device": device.name, "source": CUPY_MATMUL, "config": None,
+                "reason": call.reason, "candidates": [], "race": None, "copies": [], "conversions": [],
+                "cached": None, **shown}
+    if call.takes_as_given(*operands, operand_out):
+        ia, ib = describe(a, "a"), describe(b, "b")
+        io = describe(out, "out") if out is not None else None
+        copied = []
+    else:  # as numpy_semantics.run would shape them (plan() has checked out)
+        (ia, _, copied_a), (ib, _, copied_b) = (numpy_semantics.kernel_info(x, call, device_id) for x in operands)
+        io, copied = None, [x.name for x, flag in ((ia, copied_a), (ib, copied_b)) if flag]
+    shape, compute = validate(ia, ib, io, 1.0, 0.0, compute)
     layout_a, layout_b = ia.layout(), ib.layout()
     trans_a = layout_a.transposed if layout_a else False
     trans_b = layout_b.transposed if layout_b else False
     m, n = shape[-2:]
-    problem = Problem(max(m, 1), max(n, 1), max(ia.shape[-1], 1), batch=shape[0] if len(shape) == 3 else 1,
+    problem = Problem(max(m, 1), max(n, 1), max(ia.shape[-1], 1), batch=max(shape[0], 1) if len(shape) == 3 else 1,
                       dtype=ia.dtype, compute=compute, trans_a=trans_a, trans_b=trans_b)
     choice = _DISPATCHER.select(problem, device, bool(tune))
     raced = _DISPATCHER.races.get((device.slug, problem.key)) if _flag(race, "AUTOGEMM_RACE") else None
@@ -360,9 +386,11 @@ def explain(a, b, *, out=None, compute: str | None = None, tune: bool | None = N
         "reason": choice.reason,
         "candidates": choice.details.get("candidates", []),
         "race": choice.details.get("race"),
-        "copies": [x.name for x, lay in ((ia, layout_a), (ib, layout_b)) if lay is None],
+        "copies": copied + [x.name for x, lay in ((ia, layout_a), (ib, layout_b)) if lay is None],
+        "conversions": [f"{x.name}: {x.dtype.name} -> {call.dtype.name}" for x in operands if x.dtype != call.dtype],
         "cached": None if record is None else {
             "problem": record.problem, "tflops": record.tflops, "cublas_tflops": record.cublas_tflops,
             "ratio": record.ratio, "date": record.date, "rel_error": record.rel_error,
         },
+        **shown,
     }

@@ -186,10 +186,7 @@ def validate(a: ArrayInfo, b: ArrayInfo, out: ArrayInfo | None, alpha: float, be
                          "(a 2-D operand is broadcast)")
     batch = batch_a if batch_a is not None else batch_b
     shape = (m, n) if batch is None else (batch, m, n)
-    if not (math.isfinite(alpha) and math.isfinite(beta)):
-        raise ValueError(f"alpha and beta must be finite, got alpha={alpha}, beta={beta}")
-    if beta != 0 and out is None:
-        raise ValueError("beta != 0 needs out= (C = alpha*a@b + beta*out)")
+    check_scalars(alpha, beta, out is not None)
     if out is not None:
         if tuple(out.shape) != shape:
             raise ValueError(f"{out.name} has shape {out.shape}, expected {shape}")
@@ -203,3 +200,21 @@ def validate(a: ArrayInfo, b: ArrayInfo, out: ArrayInfo | None, alpha: float, be
             if out_low < high and low < out_high:
                 raise ValueError(f"{out.name} overlaps {x.name} in memory; give an output buffer of its own")
     return shape, dtypes.lookup(a.dtype, compute or "").compute
+
+
+def check_scalars(alpha: float, beta: float, has_out: bool) -> None:
+    """alpha and beta of C = alpha * a @ b + beta * out: finite, and beta only with an out."""
+    if not (math.isfinite(alpha) and math.isfinite(beta)):
+        raise ValueError(f"alpha and beta must be finite, got alpha={alpha}, beta={beta}")
+    if beta != 0 and not has_out:
+        raise ValueError("beta != 0 needs out= (C = alpha*a@b + beta*out)")
+
+
+def common_device(a: int, b: int, out: int | None) -> int:
+    """The GPU of a call whose operands are on GPUs `a` and `b` and its out on `out` (None: no out);
+    ValueError where they differ."""
+    if a != b:
+        raise ValueError(f"a is on GPU {a} and b on GPU {b}: put both on the same device")
+    if out is not None and out != a:
+        raise ValueError(f"out is on GPU {out} and the operands on GPU {a}")
+    return a
