@@ -163,11 +163,23 @@ def _winner_table(winner) -> str:
     return "<table class=\"facts\">" + "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows) + "</table>"
 
 
-def _problem_section(page: Page, problem) -> str:
+def _profile_table(outcome) -> str:
+    if outcome.error:
+        return f"<p class=\"note\">Nsight Compute: {esc(outcome.error)}</p>"
+    columns = outcome.kernels
+    head = "".join(f"<th>{esc(k.side)}<br><code title=\"{esc(k.kernel)}\">{esc(k.kernel[:60])}</code></th>" for k in columns)
+    body = "".join(f"<tr><th>{esc(label)}</th>" + "".join(f"<td>{esc(k.shown(metric))}</td>" for k in columns) + "</tr>"
+                   for metric, label in outcome.metrics.items())
+    return f"<table class=\"profile\"><tr><th>Nsight Compute</th>{head}</tr>{body}</table>"
+
+
+def _problem_section(page: Page, problem, profile) -> str:
     from .report_measured import shape_of
 
     parts = [f"<section class=\"problem\"><h3 id=\"{esc(problem.device)}/{esc(problem.problem.key)}\">"
              f"{esc(problem.problem.key)}</h3>", _winner_table(problem.winner)]
+    if profile is not None:
+        parts.append(_profile_table(profile))
     cublas = problem.winner.cublas_tflops if problem.winner else None
     for history in problem.studies:
         parts.append(f"<h4>{esc(shape_of(problem.problem))}, space {esc(history.space)} "
@@ -196,7 +208,7 @@ def _ceiling_notes(device) -> str:
             f". {bandwidth} Intensity = 2·M·N·K·batch / (itemsize·batch·(MK+KN+MN)).</p>")
 
 
-def _device_section(page: Page, device) -> str:
+def _device_section(page: Page, device, profiles: dict) -> str:
     parts = [f"<section class=\"device\"><h2>{esc(device.name)} <span class=\"study\">{esc(device.slug)}</span></h2>",
              "<h3>Across problems</h3>"]
     parts.append(page.chart("roofline", roofline_figure(device)) if roofline_points(device)
@@ -206,7 +218,7 @@ def _device_section(page: Page, device) -> str:
                  else "<p class=\"note\">No shape sweep: no benchmark results and no current cache record.</p>")
     parts.append(f"<p class=\"note\">Shape sweep from {esc(device.sweep_source)}.</p>")
     for problem in device.problems:
-        parts.append(_problem_section(page, problem))
+        parts.append(_problem_section(page, problem, profiles.get((device.slug, problem.problem.key))))
     return "\n".join(parts) + "</section>"
 
 
@@ -229,13 +241,13 @@ document.querySelectorAll('script.figure').forEach(function (node) {
 """
 
 
-def render_page(report) -> str:
-    """The whole page."""
+def render_page(report, profiles: dict | None = None) -> str:
+    """The whole page; `profiles` maps (device slug, problem key) to a profile.ProfileOutcome."""
     from plotly.offline import get_plotlyjs
 
     plotly()
     page = Page()
-    body = [_device_section(page, device) for device in report.devices]
+    body = [_device_section(page, device, profiles or {}) for device in report.devices]
     skipped = (f"<p class=\"note\">Not shown: {len(report.skipped)} studies not named as autogemm names them "
                f"(device:problem:space:template): {esc(', '.join(report.skipped[:10]))}"
                + (", ..." if len(report.skipped) > 10 else "") + ".</p>") if report.skipped else ""

@@ -258,6 +258,74 @@ def test_a_database_that_is_not_a_study_storage_is_refused_unaltered(tmp_path, c
     assert path.read_bytes() == before
 
 
+def test_profile_without_ncu_is_refused_before_any_work(recorded, tmp_path, capsys, monkeypatch):
+    url, _ = recorded
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    out = tmp_path / "report.html"
+    code, _, err = run_cli(capsys, "report", "--all", "--storage", url, "--profile", "-o", str(out))
+    assert code == 3
+    assert "--profile needs Nsight Compute's 'ncu' on PATH" in err
+    assert not out.exists()
+
+
+def test_profile_with_ncu_but_no_gpu_is_refused(recorded, tmp_path, capsys, monkeypatch):
+    from conftest import gpu_available
+
+    if gpu_available()[0]:
+        pytest.skip("a GPU is present: the refusal for its absence cannot be seen")
+    url, _ = recorded
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "ncu").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "ncu").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    code, _, err = run_cli(capsys, "report", "--all", "--storage", url, "--profile", "-o", str(tmp_path / "r.html"))
+    assert code == 3 and "--profile" in err and ("CUDA GPU" in err or "CuPy" in err)
+
+
+def test_nsight_compute_csv_is_read_kernel_by_kernel():
+    from autogemm.profile import parse_csv
+
+    text = "\n".join([
+        "==PROF== Connected to process 4242",
+        '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Section Name","Metric Name",'
+        '"Metric Unit","Metric Value"',
+        '"0","4242","python","host","ag_gemm_128x128","1","7","Command line profiler metrics","gpu__time_duration.sum",'
+        '"nsecond","2,766,975"',
+        '"0","4242","python","host","ag_gemm_128x128","1","7","Command line profiler metrics",'
+        '"launch__registers_per_thread","register/thread","168"',
+        '"1","4242","python","host","ag_reduce","1","7","Command line profiler metrics","gpu__time_duration.sum",'
+        '"nsecond","12,000"',
+        "==PROF== Disconnected from process 4242",
+    ])
+    kernels = parse_csv(text, "autogemm.matmul")
+    assert [k.kernel for k in kernels] == ["ag_gemm_128x128", "ag_reduce"]
+    assert kernels[0].shown("gpu__time_duration.sum") == "2,766,975 nsecond"
+    assert kernels[0].shown("launch__registers_per_thread") == "168 register/thread"
+    assert kernels[1].shown("launch__registers_per_thread") == "n/a"
+
+
+def test_only_the_pipes_the_gpu_lists_are_asked_for(tmp_path):
+    """ncu refuses a run that names a metric the GPU lacks; the pipe metrics differ by architecture."""
+    import ast
+
+    from autogemm.profile import DRIVER, METRICS, available_metrics
+
+    ncu = tmp_path / "ncu"
+    ncu.write_text("#!/bin/sh\necho 'Metric Name   Metric Description'\n"
+                   "echo 'sm__pipe_fma_cycles_active   # of cycles where the FMA pipe was active'\n"
+                   "echo 'sm__throughput   SM throughput'\n")
+    ncu.chmod(0o755)
+    asked = available_metrics(str(ncu))
+    assert "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active" in asked
+    assert not [m for m in asked if m.startswith("sm__pipe_tensor")]
+    assert "launch__registers_per_thread" in asked and "gpu__time_duration.sum" in asked
+    assert available_metrics(str(tmp_path / "missing-ncu")) == METRICS  # no listing: ask for every one
+    ast.parse(DRIVER)  # the driver script, which only a GPU runs, is at least Python
+
+
 def test_without_plotly_the_message_names_the_extra(recorded, tmp_path, capsys, monkeypatch):
     import sys
 

@@ -39,6 +39,9 @@ def add_report_parser(sub) -> None:
     report_p.add_argument("--bandwidth", type=positive_float, metavar="GB/S",
                           help="the device's memory bandwidth for the roofline (default: one measured in the "
                                "benchmark results; none drawn where none was)")
+    report_p.add_argument("--profile", action="store_true",
+                          help="also profile each problem's winner and cuBLAS with Nsight Compute (needs ncu on PATH "
+                               "and a GPU)")
     report_p.set_defaults(handler=cmd_report)
 
 
@@ -61,6 +64,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     from ..report_charts import PlotlyMissing, plotly, render_page
 
     problem = _problem(args)
+    ncu = None
+    if args.profile:  # refused before anything is read
+        from ..profile import ProfilerUnavailable, require_profiler
+
+        try:
+            ncu = require_profiler()
+        except ProfilerUnavailable as exc:
+            raise CliFailure(str(exc)) from None
     try:
         plotly()
     except PlotlyMissing as exc:
@@ -77,8 +88,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     except NothingToReport as exc:
         raise CliFailure(str(exc)) from None
+    profiles = _profiles(ncu, report) if ncu else {}
     try:
-        output.write_text(render_page(report), encoding="utf-8")
+        output.write_text(render_page(report, profiles), encoding="utf-8")
     except OSError as exc:
         raise CliFailure(f"cannot write {args.output}: {exc}") from None
     problems = sum(len(d.problems) for d in report.devices)
@@ -88,3 +100,22 @@ def cmd_report(args: argparse.Namespace) -> int:
                                                 if report.skipped else ""))
     return 0
 
+
+def _profiles(ncu: str, report) -> dict:
+    """Nsight Compute's figures for the problems of this GPU (the others' kernels cannot run here)."""
+    import sys
+
+    from ..launch import current_device
+    from ..profile import available_metrics, profile_problem
+
+    slug = current_device().slug
+    metrics = available_metrics(ncu)
+    profiles = {}
+    for device in report.devices:
+        if device.slug != slug:
+            print(f"autogemm report: not profiling {device.slug}'s problems: this GPU is {slug}", file=sys.stderr)
+            continue
+        for problem in device.problems:
+            print(f"autogemm report: profiling {problem.problem.key} with ncu", file=sys.stderr)
+            profiles[(slug, problem.problem.key)] = profile_problem(ncu, problem.problem, problem.winner, metrics)
+    return profiles
