@@ -34,6 +34,7 @@ DEVICE = Device(name="Test GPU", compute_capability=(9, 0), sm_count=132, smem_p
 FP32 = Problem(4096, 4096, 4096)
 FP16 = Problem.from_layout(2048, 4096, 1024, "nt", dtype="float16")
 HOSTILE = "<img src=x onerror=alert(1)>"  # a failure kind as a hostile storage could hold it
+STRANGER = "someone's <script>alert(2)</script> study"  # a study not named as autogemm names them
 KNOBS = {"bk": (4, 8, 16, 32), "stages": (1, 2, 3, 4), "global_width": (1, 2, 4)}
 CUBLAS_TFLOPS = 40.0
 
@@ -58,36 +59,44 @@ def _rejected():
                                      user_attrs={"rejected": ["threads: 2048 > 1024"]})
 
 
-@pytest.fixture
-def recorded(tmp_path):
-    """A storage with two problems' studies and a stranger's, and the FP32 problem's cache record;
-    returns (storage URL, the FP32 study's measured values in trial order)."""
-    url = f"sqlite:///{tmp_path / 'studies.db'}"
+@pytest.fixture(scope="module")
+def recorded_storage(tmp_path_factory):
+    """An SQLite storage with two problems' studies and a stranger's, written once (a trial is a
+    transaction); returns (its path, the FP32 study's measured values in trial order)."""
+    path = tmp_path_factory.mktemp("storage") / "studies.db"
+    url = f"sqlite:///{path}"
     fp32 = optuna.create_study(study_name=study_name_for(FP32, DEVICE, SearchSpace.load("simt")), storage=url,
                                direction="maximize")
-    values = []
+    trials, values = [], []
     combos = [(bk, stages, width) for bk in KNOBS["bk"] for stages in KNOBS["stages"] for width in (1, 4)][:20]
     for bk, stages, width in combos:
-        trial = _complete(len(fp32.trials), bk, stages, width)
-        fp32.add_trial(trial)
-        values.append(trial.value)
-        if len(fp32.trials) == 5:  # a repeated proposal, answered from the study: not a new point
-            fp32.add_trial(_complete(len(fp32.trials), bk, stages, width, duplicate=True))
-    for trial in [_failed("compile"), _failed("compile"), _failed("wrong"), _failed(HOSTILE),
-                  _failed("compile", duplicate=True), _rejected(), _rejected(), _rejected()]:
-        fp32.add_trial(trial)
+        trials.append(_complete(len(trials), bk, stages, width))
+        values.append(trials[-1].value)
+        if len(trials) == 5:  # a repeated proposal, answered from the study: not a new point
+            trials.append(_complete(len(trials), bk, stages, width, duplicate=True))
+    trials += [_failed("compile"), _failed("compile"), _failed("wrong"), _failed(HOSTILE),
+               _failed("compile", duplicate=True), _rejected(), _rejected(), _rejected()]
+    fp32.add_trials(trials)
     fp16 = optuna.create_study(study_name=study_name_for(FP16, DEVICE, SearchSpace.load("wmma_fp16")), storage=url,
                                direction="maximize")
-    for trial in [_complete(0, 8, 2, 1), _complete(1, 16, 3, 4), _rejected()]:
-        fp16.add_trial(trial)
-    optuna.create_study(study_name="someone-elses-experiment", storage=url)
+    fp16.add_trials([_complete(0, 8, 2, 1), _complete(1, 16, 3, 4), _rejected()])
+    optuna.create_study(study_name=STRANGER, storage=url)
+    return path, values
+
+
+@pytest.fixture
+def recorded(recorded_storage, tmp_path):
+    """A copy of the recorded storage in the test's directory, and the FP32 problem's cache record
+    in the test's cache; returns (storage URL, the FP32 study's measured values in trial order)."""
+    path, values = recorded_storage
+    shutil.copy(path, tmp_path / "studies.db")
     config = SimtConfig()
     TuningCache().store(Record(
         problem=FP32.key, family="simt", config={k: v for k, v in config.to_dict().items() if k != "family"},
         config_name=config.name, time_ms=2.5, tflops=FP32.flops / 2.5e-3 / 1e12, cublas_ms=2.75,
         cublas_tflops=CUBLAS_TFLOPS, ratio=1.1, rel_error=2e-7, template_hash=kernel_template_hash(config.template),
         device=DEVICE.name, date="2026-11-30T12:00:00"), DEVICE.slug)
-    return url, values
+    return f"sqlite:///{tmp_path / 'studies.db'}", values
 
 
 def run_cli(capsys, *argv):
@@ -173,8 +182,9 @@ def test_the_page_holds_every_chart_with_the_recorded_data(recorded, tmp_path, c
 
     # the winner's knobs and figures, and the stranger's study named as skipped
     assert SimtConfig().name in page and "1.100x" in page and "40.00" in page
-    assert "someone-elses-experiment" in page
-    # nothing from the storage reaches the page unescaped, and the page names nothing outside itself
+    # nothing from the storage reaches the page unescaped (the stranger's name is in the text, the
+    # failure kind in a figure), and the page names nothing outside itself
+    assert STRANGER not in page and html.escape(STRANGER) in page
     assert HOSTILE not in page and html.escape(HOSTILE) in page
     links = Links()
     links.feed(page)
