@@ -1,5 +1,6 @@
 """The `autogemm` command: a thin argparse layer over the library. One module per group of
-commands (`kernels`: render, check; `tuning`: tune, bench; `cache`); this one builds the parser."""
+commands (`kernels`: render, check; `tuning`: tune, bench; `cache`; `campaign`; `report`); this one builds
+the parser."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from .arguments import EXIT_CANNOT_RUN, EXIT_USAGE, CliError, CliFailure, add_pr
 from .cache import cmd_cache
 from .campaign import add_campaign_parser
 from .kernels import cmd_check, cmd_render
+from .report import add_report_parser
 from .tuning import cmd_bench, cmd_tune
 
 
@@ -113,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_p.set_defaults(handler=cmd_bench)
 
     add_campaign_parser(sub)
+    add_report_parser(sub)
 
     cache_p = sub.add_parser("cache", help="list, show, export, import, merge or clear tuned results",
                              description="Manage tuned results: list (every record, stale ones marked), "

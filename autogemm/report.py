@@ -1,0 +1,270 @@
+"""What `autogemm report` shows, gathered from where autogemm keeps it: the studies of an Optuna
+storage (each trial's TFLOP/s, failures, rejections) and the tuned-results cache (the winners and
+cuBLAS's figure of the same run), with what `report_measured` reads of the benchmark results. The
+page itself is built by `report_charts`; this module reads, checks and reduces.
+
+Everything read here comes from files or databases someone else wrote: a storage that is missing
+or is not Optuna's is refused without being created or altered, studies whose names are not
+autogemm's are listed as skipped, and the page escapes every string it takes from here.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import optuna
+
+from .cache import DEVICE_SLUG, TuningCache
+from .problem import Problem
+from .report_measured import (Ceiling, SweepPoint, found_results, measured_bandwidth, measured_ceilings, name_matches,
+                              read_results, shape_sweep)
+from .study import JOURNAL, default_storage, storage_object
+
+# Fewer measured trials than this say nothing about which knob matters.
+MIN_TRIALS_FOR_IMPORTANCE = 8
+
+
+class ReportInputError(ValueError):
+    """A storage, study or file named for the report does not exist or cannot be read."""
+
+
+class NothingToReport(RuntimeError):
+    """The storage holds no study the report could show."""
+
+
+@dataclass
+class StudyHistory:
+    """One study (one search space's search of a problem) as the page shows it."""
+
+    name: str
+    space: str
+    trials: list[tuple[int, float]]  # (trial number, TFLOP/s) of each measured, non-repeated trial
+    failures: dict[str, int]  # kind -> distinct candidates ("rejected": refused before compiling)
+    importances: dict[str, float] = field(default_factory=dict)
+    importance_note: str = ""  # why there are none, where there are none
+
+    @property
+    def running_best(self) -> list[float]:
+        best, out = 0.0, []
+        for _, value in self.trials:
+            best = max(best, value)
+            out.append(best)
+        return out
+
+
+@dataclass
+class Winner:
+    """The figures of a problem's best result, from its cache record or else its studies."""
+
+    source: str  # "user cache", "shipped cache" or "study best trial"
+    config_name: str
+    knobs: dict
+    tflops: float  # the best generated kernel's
+    cublas_tflops: float | None = None
+    ratio: float | None = None
+    rel_error: float | None = None
+    serves: str = ""  # what matmul serves, in words
+    served_by_matmul: bool = False  # the generated kernel of a current cache record
+    date: str = ""
+
+
+@dataclass
+class ProblemReport:
+    device: str  # slug
+    problem: Problem
+    studies: list[StudyHistory]
+    winner: Winner | None
+
+
+@dataclass
+class DeviceReport:
+    slug: str
+    name: str
+    problems: list[ProblemReport]
+    compute_ceilings: dict[str, Ceiling]  # by dtype/compute
+    bandwidth: Ceiling | None
+    sweep: list[SweepPoint]
+    sweep_source: str
+
+
+@dataclass
+class Report:
+    storage: str  # as shown: passwords hidden
+    devices: list[DeviceReport]
+    skipped: list[str]  # studies whose names are not autogemm's
+
+
+def shown_url(url: str) -> str:
+    """A storage URL with its password hidden (the page may be shared)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a database URL (journal:///...): nothing secret in it
+        return url
+
+
+def open_storage(url: str | None):
+    """The storage behind `url` (None: the default SQLite file), read only where it can be: a
+    file that is missing or is not Optuna's is refused instead of created or altered."""
+    given, url = url, url or default_storage()
+    path = None
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        path = Path(url[len("sqlite:///"):])
+    elif url.startswith(JOURNAL):
+        path = Path(url[len(JOURNAL):])
+    if path is not None and not path.is_file():
+        if given is None:  # nothing tuned here yet: not a mistake in the command line
+            raise NothingToReport(f"no studies yet: the default study storage {url} does not exist; tune a problem "
+                                  "first, or name a storage with --storage")
+        raise ReportInputError(f"the study storage {url} does not exist (no file {path})")
+    if url.startswith("sqlite:///") and path is not None:
+        try:
+            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as connection:
+                tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        except sqlite3.DatabaseError as exc:
+            raise ReportInputError(f"the study storage {url} is not a database ({exc})") from None
+        if "studies" not in tables:
+            raise ReportInputError(f"the study storage {url} holds no Optuna studies")
+    try:
+        storage = storage_object(url)
+        if isinstance(storage, str):  # one engine for every study read, not one per study
+            storage = optuna.storages.get_storage(storage)
+        return storage, optuna.study.get_all_study_names(storage=storage)
+    except Exception as exc:  # SQLAlchemy's and Optuna's errors, whatever the database
+        raise ReportInputError(f"the study storage {shown_url(url)} cannot be read: {type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0][:300] if str(exc) else ''}") from None
+
+
+def parse_study_name(name: str) -> tuple[str, Problem, str] | None:
+    """(device slug, problem, space) of a study named as autogemm names them
+    (`device:problem:space:template hash`), None for any other name."""
+    parts = name.split(":")
+    if len(parts) < 4 or not DEVICE_SLUG.fullmatch(parts[0]):
+        return None
+    try:
+        return parts[0], Problem.from_key(parts[1]), parts[2]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def study_history(study: optuna.Study, space: str) -> StudyHistory:
+    trials = study.get_trials(deepcopy=False)
+    state = optuna.trial.TrialState
+    # a repeated proposal is answered from the study without measuring: it is not a new point
+    measured = [t for t in trials if t.state == state.COMPLETE and _number(t.value) is not None
+                and not t.user_attrs.get("duplicate")]
+    failures = Counter(str(t.user_attrs.get("failure", "unknown")) for t in trials
+                       if t.state == state.FAIL and not t.user_attrs.get("duplicate"))
+    rejected = sum(t.state == state.PRUNED for t in trials)
+    if rejected:
+        failures["rejected"] = rejected
+    history = StudyHistory(study.study_name, space, [(t.number, float(t.value)) for t in measured],
+                           dict(failures.most_common()))
+    history.importances, history.importance_note = _importances(measured)
+    return history
+
+
+def _importances(measured: list) -> tuple[dict[str, float], str]:
+    if len(measured) < MIN_TRIALS_FOR_IMPORTANCE:
+        return {}, (f"{len(measured)} measured trial(s): too few for parameter importances "
+                    f"(at least {MIN_TRIALS_FOR_IMPORTANCE})")
+    copy = optuna.create_study(direction="maximize")  # in memory: the measured, distinct trials only
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            copy.add_trials(measured)
+            # PED-ANOVA needs nothing beyond Optuna (fANOVA would need scikit-learn)
+            importances = optuna.importance.get_param_importances(
+                copy, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
+    except Exception as exc:
+        return {}, f"parameter importances could not be computed ({type(exc).__name__}: {str(exc)[:200]})"
+    if not importances:
+        return {}, "no parameter was present in every measured trial"
+    return {str(k): float(v) for k, v in importances.items()}, ""
+
+
+def winner_from_cache(cache: TuningCache, problem: Problem, slug: str) -> Winner | None:
+    found = cache.lookup(problem, slug)
+    if found is None:
+        return None
+    record, source = found
+    serves = "cuBLAS (no generated kernel beat it by more than the noise)" if record.is_cublas else "the generated kernel"
+    if record.is_cublas:
+        # the cache checks the beaten kernel's config and ratio; its other figures are taken only
+        # where they are numbers (records written before they were kept have none)
+        best = record.best_generated
+        ratio = _number(best.get("ratio"))
+        tflops = _number(best.get("tflops")) or (ratio * record.cublas_tflops if ratio else record.cublas_tflops)
+        return Winner(f"{source} cache", best.get("config_name", "cublas"), dict(best.get("config", {})), tflops,
+                      record.cublas_tflops, ratio, _number(best.get("rel_error")), serves, False, record.date)
+    return Winner(f"{source} cache", record.config_name, dict(record.config), record.tflops, record.cublas_tflops,
+                  record.ratio, record.rel_error, serves, True, record.date)
+
+
+def _number(value) -> float | None:
+    return float(value) if type(value) in (int, float) and math.isfinite(value) and value >= 0 else None
+
+
+def winner_from_studies(studies: list[optuna.Study]) -> Winner | None:
+    best = None
+    for study in studies:
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+            if _number(trial.value) is not None and (best is None or trial.value > best.value):
+                best = trial
+    if best is None:
+        return None
+    return Winner("study best trial", str(best.user_attrs.get("config", f"trial {best.number}")), dict(best.params),
+                  float(best.value), rel_error=_number(best.user_attrs.get("rel_error")),
+                  serves="not cached: the study's best trial, not re-timed against cuBLAS")
+
+
+def gather(storage: str | None, problem: Problem | None, *, cache: TuningCache | None = None,
+           bench: list[Path] = (), bandwidth_gbs: float | None = None) -> Report:
+    """The report of `problem`'s studies (every study where None) in `storage`."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no line per in-memory study made for importances
+    url = storage or default_storage()
+    optuna_storage, names = open_storage(storage)
+    cache = cache if cache is not None else TuningCache()
+    parsed = {name: parse_study_name(name) for name in names}
+    skipped = sorted(name for name, facts in parsed.items() if facts is None)
+    chosen = {name: facts for name, facts in parsed.items()
+              if facts is not None and (problem is None or facts[1].key == problem.key)}
+    if not chosen:
+        if problem is not None:
+            raise ReportInputError(f"no study of {problem.key} in {shown_url(url)} "
+                                   f"({len(names)} studies there; --all reports every one)")
+        raise NothingToReport(f"no autogemm study in {shown_url(url)}" + (f" ({len(skipped)} other studies)" if skipped else ""))
+    try:
+        given = [(Path(path), read_results(Path(path))) for path in bench]
+    except ValueError as exc:
+        raise ReportInputError(str(exc)) from None
+    by_problem: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for name, (slug, prob, space) in sorted(chosen.items(), key=lambda item: (item[1][0], item[1][1].key, item[0])):
+        by_problem.setdefault((slug, prob.key), []).append((name, space))
+    devices = []
+    for slug in sorted({slug for slug, _ in by_problem}):
+        records = cache.records(slug)
+        documents = [(p, d) for p, d in given if name_matches(d["device"], slug)] or found_results(slug)
+        problems = []
+        for (device, key), studies in by_problem.items():
+            if device != slug:
+                continue
+            loaded = [optuna.load_study(study_name=name, storage=optuna_storage) for name, _ in studies]
+            prob = Problem.from_key(key)
+            problems.append(ProblemReport(slug, prob, [study_history(s, space) for s, (_, space) in zip(loaded, studies)],
+                                          winner_from_cache(cache, prob, slug) or winner_from_studies(loaded)))
+        name = next((r.device for _, r in records), None) or next((d["device"] for _, d in documents), slug)
+        sweep, sweep_source = shape_sweep(records, documents)
+        devices.append(DeviceReport(slug, name, problems, measured_ceilings(records, documents),
+                                    measured_bandwidth(bandwidth_gbs, documents), sweep, sweep_source))
+    unmatched = [str(p) for p, d in given if not any(name_matches(d["device"], dev.slug) for dev in devices)]
+    if unmatched:
+        raise ReportInputError(f"--bench {', '.join(unmatched)}: measured on a device no reported study was tuned on "
+                               f"({', '.join(dev.slug for dev in devices)})")
+    return Report(shown_url(url), devices, skipped)
