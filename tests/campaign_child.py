@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from autogemm.campaign import WorkerSpec, run_campaign
+from autogemm.campaign import run_campaign
+from autogemm.campaign_worker import WorkerSpec
 from autogemm.campaign_file import parse_campaign
 
 from campaign_helpers import SPACE_PATH, ReplayFactory

@@ -19,7 +19,8 @@ import pytest
 
 from autogemm.cache import TuningCache
 from autogemm.cache_merge import merge_files
-from autogemm.campaign import WorkerSpec, board_records, board_summary, run_campaign, select_gpus, Gpu, CampaignError, worker_main
+from autogemm.campaign import board_records, board_summary, run_campaign, select_gpus, Gpu, CampaignError
+from autogemm.campaign_worker import WorkerSpec, worker_main
 from autogemm.campaign_file import CampaignFileError, load_campaign, parse_campaign
 from autogemm.claims import CLAIMED, DONE, OPEN, ClaimBoard, new_owner
 from autogemm.problem import Problem
@@ -276,12 +277,11 @@ def test_two_worker_processes_tune_every_problem_exactly_once(kind, tmp_path, po
     board.close()
 
 
-@pytest.mark.parametrize("kind", ["postgresql", "sqlite"])
-def test_a_worker_with_nothing_to_claim_helps_the_holder_search_its_study(kind, tmp_path, postgres_url, monkeypatch):
+def test_a_worker_with_nothing_to_claim_helps_the_holder_search_its_study(tmp_path, postgres_url, monkeypatch):
     # fewer problems than workers: the second worker joins the first one's study (trials tagged by
     # worker, taken into each other's search), and the holder alone re-times, caches and finishes
     monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path / "user"))
-    storage = postgres_url if kind == "postgresql" else f"sqlite:///{tmp_path / 'studies.db'}"
+    storage = postgres_url  # (the SQLite board runs the same statements: the claim tests cover both)
     problem = PROBLEMS[0]
     campaign = dataclasses.replace(_campaign(storage, tmp_path / "cache", trials=60), problems=(problem,))
     events = _Events()
