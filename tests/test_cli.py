@@ -104,6 +104,16 @@ def test_check_compiles_a_sample_with_nvcc(capsys):
     assert "2/2 variants compiled without spills" in err
 
 
+def test_check_prints_its_variants_as_json(capsys):
+    code, out, err = run_cli(capsys, "check", "--count", "2", "--arch", "sm_90", "--seed", "4", "--json")
+    assert code == 0, out + err
+    report = json.loads(out)  # nothing but the JSON document on stdout
+    assert (report["arch"], report["failures"]) == ("sm_90", 0) and report["space"] == "simt.toml"
+    assert len(report["variants"]) == 2
+    for variant in report["variants"]:
+        assert variant["registers"] > 0 and variant["spills"] is False and variant["shared_bytes"] > 0
+
+
 def test_console_script_help():
     result = subprocess.run([sys.executable, "-m", "autogemm.cli", "--help"], capture_output=True, text=True)
     assert result.returncode == 0

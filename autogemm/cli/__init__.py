@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     check_p.add_argument("--count", type=positive_int, default=12, help="variants to compile (default 12)")
     check_p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     check_p.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1, help="parallel nvcc processes")
+    check_p.add_argument("--json", action="store_true", help="print the variants' resources as JSON instead of a table")
     add_problem_arguments(check_p, m_required=False, default_size=4096)
     check_p.set_defaults(handler=cmd_check)
 

@@ -4,6 +4,7 @@ of a sample of a search space (neither needs a GPU)."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -66,13 +67,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     failures = 0
     width = max(len("config"), *(len(config.name) for config in configs))  # the column fits every name
     header = f"{'config':<{width}} {'regs':>5} {'spill B':>8} {'stack B':>8} {'smem B':>8}"
-    print(header)
-    print("-" * len(header))
+    if not args.json:
+        print(header)
+        print("-" * len(header))
+    rows = []
     with ThreadPoolExecutor(args.jobs) as pool:
         for config, usage, error in pool.map(compile_one, configs):
             if error:
                 failures += 1
-                print(f"{config.name:<{width}} compile error: {error}")
+                rows.append({"config": config.name, "error": error})
+                if not args.json:
+                    print(f"{config.name:<{width}} compile error: {error}")
                 continue
             smem = config.smem_bytes(problem)
             spills = bool(usage.spills or usage.stack_bytes)
@@ -80,6 +85,13 @@ def cmd_check(args: argparse.Namespace) -> int:
             # under an explicit max_registers a spill is a possible outcome, refused when loaded
             flag = ("  <- spills (refused when loaded: max_registers)" if capped else "  <- spills") if spills else ""
             failures += spills and not capped
-            print(f"{config.name:<{width}} {usage.registers:>5} {usage.spills:>8} {usage.stack_bytes:>8} {smem:>8}{flag}")
+            rows.append({"config": config.name, "registers": usage.registers, "spill_bytes": usage.spills,
+                         "stack_bytes": usage.stack_bytes, "shared_bytes": smem, "spills": spills,
+                         "register_cap": config.register_cap or None})
+            if not args.json:
+                print(f"{config.name:<{width}} {usage.registers:>5} {usage.spills:>8} {usage.stack_bytes:>8} {smem:>8}{flag}")
+    if args.json:
+        print(json.dumps({"space": space.path.name, "problem": problem.key, "arch": device.arch, "variants": rows,
+                          "failures": failures}, indent=2))
     print(f"\n{len(configs) - failures}/{len(configs)} variants compiled without spills", file=sys.stderr)
     return EXIT_FAILURES if failures else 0
