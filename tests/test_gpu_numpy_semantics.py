@@ -9,15 +9,14 @@ cuBLAS, as a user's are, except in the test that asks for the generated kernels.
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import autogemm
-import autogemm.select as select
+
+from test_gpu_dispatch import _serving
 
 pytestmark = pytest.mark.gpu
 
@@ -114,17 +113,9 @@ def test_matches_cupy_matmul(call):
     _check_values(result, a, b, expected.dtype)
 
 
-@contextlib.contextmanager
 def _generated_kernels():
     """Untuned problems get the built-in default kernels instead of cuBLAS."""
-    saved = select.CUBLAS_SERVES
-    select.CUBLAS_SERVES = set()
-    autogemm.reset()
-    try:
-        yield
-    finally:
-        select.CUBLAS_SERVES = saved
-        autogemm.reset()
+    return _serving(set())
 
 
 @pytest.mark.parametrize("shape_a, shape_b", [

@@ -44,6 +44,22 @@ def non_negative_int(text: str) -> int:
     return _whole_number(text, 0, "a whole number >= 0")
 
 
+def positive_float(text: str, unit: str = "") -> float:
+    """A finite number > 0 (`unit`, e.g. "seconds", named in the message)."""
+    what = f"a number of {unit}" if unit else "a number"
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive {what.removeprefix('a ')}, got {text!r}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    return positive_float(text, "seconds")
+
+
 def compute_mode(text: str) -> str:
     if text and text not in COMPUTES:
         raise argparse.ArgumentTypeError(f"invalid compute mode {text!r} (choose from {', '.join(COMPUTES)})")

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from .arguments import EXIT_FAILURES, CliError, CliFailure, positive_int
+from .arguments import EXIT_FAILURES, CliError, CliFailure, positive_int, positive_seconds
 from .tables import table
 
 
@@ -179,16 +179,6 @@ def _export(campaign, storage: str, output: str | None) -> int:
     return 0
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
-
-
 def _shown_url(url: str) -> str:
     """A storage URL without its password."""
     import re
@@ -211,7 +201,7 @@ def add_campaign_parser(sub) -> None:
     campaign_p.add_argument("--jobs", type=positive_int, help="compile workers in all (default: this host's cores), "
                                                      "shared evenly between the GPUs")
     campaign_p.add_argument("--json", action="store_true", help="print the results as JSON (no progress lines)")
-    campaign_p.add_argument("--stop-after", type=positive_float, metavar="SECONDS",
+    campaign_p.add_argument("--stop-after", type=positive_seconds, metavar="SECONDS",
                             help="run: claim no new problem after this many seconds (each GPU finishes the one "
                                  "it tunes); the rest waits for the next run")
     campaign_p.add_argument("-o", "--output", metavar="OUT", help="export: the cache file to write")

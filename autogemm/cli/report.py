@@ -8,17 +8,7 @@ import argparse
 import os
 from pathlib import Path
 
-from .arguments import CliError, CliFailure, add_problem_arguments, problem_from_args
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
+from .arguments import CliError, CliFailure, add_problem_arguments, positive_float, problem_from_args
 
 
 def add_report_parser(sub) -> None:
