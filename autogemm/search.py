@@ -71,6 +71,9 @@ def search_study(problem, device, name, *, trials, timeout, seed, sampler, space
                       "its result will not be cached", file=sys.stderr)
             cache_errors.append(f"{type(exc).__name__}: {exc}")
             return None
+    helper = sharing is not None and sharing.helper
+    if helper and not sharing.keep_helping():  # the holder left the study meanwhile: nothing to start
+        return None
     # the evaluator (a measuring process, compile workers) starts once the study storage is open
     owns_evaluator = evaluator is None
     if evaluator is None:
@@ -79,7 +82,6 @@ def search_study(problem, device, name, *, trials, timeout, seed, sampler, space
                                           timeout=candidate_timeout)
         else:
             evaluator = GpuEvaluator(problem, device, jobs, seed=seed or 0)
-    helper = sharing is not None and sharing.helper
     if helper and seed is not None:  # another seed than the holder's: the two samplers propose differently
         seed += 1 + random.Random().randrange(1 << 30)
     study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, seed, space))
@@ -119,7 +121,7 @@ def search_study(problem, device, name, *, trials, timeout, seed, sampler, space
     deadline = None if timeout is None else started + timeout
     lookahead = max(2, min(8, jobs))
     pending: deque = deque()  # (config, [trials], handle)
-    valid = rejected = failed = duplicates = 0
+    valid = rejected = failed = duplicates = measured_elsewhere = 0
     failures: dict[str, int] = {}
     history: list[float] = []
     best_ms: float | None = min((problem.flops / v / 1e9 for v in known.values() if v), default=None)
@@ -149,10 +151,13 @@ def search_study(problem, device, name, *, trials, timeout, seed, sampler, space
     rescued: set[str] = set()
 
     def take_in(trials_elsewhere) -> None:
-        """Other workers' trials of this study: measured there, never measured here again."""
+        """Other workers' trials of this study: measured there, never measured here again, and
+        counted in this run's `trials` (the problem gets that many measurements, by any GPU)."""
+        nonlocal measured_elsewhere
         for t in trials_elsewhere:
             config = t.user_attrs.get("config")
             if config and t.state == optuna.trial.TrialState.COMPLETE and not t.user_attrs.get("duplicate"):
+                measured_elsewhere += config not in known
                 known[config] = max(known.get(config, 0.0), t.value)
             elif config and t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("failure") not in (None, "cancelled"):
                 failed_before.setdefault(config, Measurement.failure(t.user_attrs["failure"], t.user_attrs.get("message", "")))
@@ -171,14 +176,15 @@ def search_study(problem, device, name, *, trials, timeout, seed, sampler, space
                 break
 
     try:
-        while valid < trials and not out_of_time() and consecutive_failures < MAX_CONSECUTIVE_FAILURES:
+        while (valid + measured_elsewhere < trials and not out_of_time()
+               and consecutive_failures < MAX_CONSECUTIVE_FAILURES):
             if exchange is not None and exchange.due():
                 take_in(exchange.pull())
                 if helper and not sharing.keep_helping():
                     stopped = "the holder of the problem left this study"
                     break
-            while (len(pending) < lookahead and valid + len(pending) < trials and not out_of_time()
-                   and idle_asks < MAX_IDLE_PROPOSALS):
+            while (len(pending) < lookahead and valid + measured_elsewhere + len(pending) < trials
+                   and not out_of_time() and idle_asks < MAX_IDLE_PROPOSALS):
                 trial = study.ask()
                 if exchange is not None:
                     exchange.tag(trial)
