@@ -53,7 +53,7 @@ def worker_main(spec: WorkerSpec, events) -> None:
     detach(os.getppid())
     from .cache import TuningCache
     from .study import Sharing
-    from .tuner import TuneError, TuneRunning, tune
+    from .tuner import TuneError, TuneRunning
 
     if spec.compile_conn is not None:
         from .compile import share_compile_pool
@@ -110,11 +110,7 @@ def worker_main(spec: WorkerSpec, events) -> None:
                     print(f"autogemm campaign: could not announce study ({type(exc).__name__})", file=sys.stderr)
 
             try:
-                result = tune(problem, trials=campaign.trials, timeout=campaign.timeout,
-                              seed=campaign.seed, storage=spec.storage, cache=cache, jobs=spec.jobs, space=spec.space,
-                              evaluator=factory(problem) if factory is not None else None,
-                              patience=campaign.patience, sharing=Sharing(announce=announce),
-                              progress=lambda n, tflops, ratio: events.put(("trial", spec.label, key, n, tflops, ratio)))
+                result = _campaign_tune(spec, problem, cache, events, Sharing(announce=announce), space=spec.space)
             except KeyboardInterrupt:
                 board.release(campaign.name, device.slug, key, owner)
                 events.put(("stopped", spec.label, key, "interrupted"))
@@ -157,7 +153,7 @@ def _help_one(spec: WorkerSpec, board: ClaimBoard, device, owner: str, cache, he
     worker was interrupted (Ctrl-C) and must stop; False otherwise (helped, or nothing to help)."""
     from .space import SearchSpace, candidate_space_names
     from .study import Sharing, study_name_for
-    from .tuner import TuneError, tune
+    from .tuner import TuneError
 
     campaign = spec.campaign
     for claim in board.helpable(campaign.name, device.slug, campaign.grace, owner):
@@ -181,11 +177,8 @@ def _help_one(spec: WorkerSpec, board: ClaimBoard, device, owner: str, cache, he
 
         events.put(("helping", spec.label, claim.problem, claim.study))
         try:
-            tune(problem, trials=campaign.trials, timeout=campaign.timeout, seed=campaign.seed, storage=spec.storage,
-                 cache=cache, jobs=spec.jobs, space=space, study_name=claim.study, patience=campaign.patience,
-                 evaluator=spec.evaluator_factory(problem) if spec.evaluator_factory is not None else None,
-                 sharing=Sharing(keep_helping=keep_helping),
-                 progress=lambda n, tflops, ratio: events.put(("trial", spec.label, claim.problem, n, tflops, ratio)))
+            _campaign_tune(spec, problem, cache, events, Sharing(keep_helping=keep_helping), space=space,
+                           study_name=claim.study)
         except KeyboardInterrupt:
             events.put(("stopped", spec.label, claim.problem, "interrupted while helping"))
             return True
@@ -193,6 +186,18 @@ def _help_one(spec: WorkerSpec, board: ClaimBoard, device, owner: str, cache, he
             events.put(("skipped", spec.label, claim.problem, f"helping: {exc}"))
         return False
     return False
+
+
+def _campaign_tune(spec: WorkerSpec, problem: Problem, cache, events, sharing, **where):
+    """`tune` with the campaign's budget and seed, this worker's storage, compile jobs and evaluator,
+    its progress as events; `where`: the space (and, for a helper, the study)."""
+    from .tuner import tune
+
+    campaign, key = spec.campaign, problem.key
+    return tune(problem, trials=campaign.trials, timeout=campaign.timeout, seed=campaign.seed, storage=spec.storage,
+                cache=cache, jobs=spec.jobs, patience=campaign.patience, sharing=sharing,
+                evaluator=spec.evaluator_factory(problem) if spec.evaluator_factory is not None else None,
+                progress=lambda n, tflops, ratio: events.put(("trial", spec.label, key, n, tflops, ratio)), **where)
 
 
 def _record_summary(record, source: str) -> dict:

@@ -95,13 +95,9 @@ def search_study(problem, device, name, *, trials, timeout, seed, sampler, space
             if sharing.announce:
                 sharing.announce(name)
     writer = StudyWriter(persistent)
-    completed = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-    known: dict[str, float] = {t.user_attrs["config"]: t.value for t in completed if "config" in t.user_attrs}
-    failed_before: dict[str, Measurement] = {  # a failed config is not measured twice
-        t.user_attrs["config"]: Measurement.failure(t.user_attrs["failure"], t.user_attrs.get("message", ""))
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
-        if "config" in t.user_attrs and t.user_attrs.get("failure") not in (None, "cancelled")
-    }
+    known: dict[str, float] = {}  # config name -> TFLOP/s measured
+    failed_before: dict[str, Measurement] = {}  # a failed config is not measured twice
+    remember_trials(study.get_trials(deepcopy=False), known, failed_before)
     if known and progress is True:
         print(f"resuming study {name} ({len(known)} configurations measured)", file=sys.stderr)
     seeded = 0
@@ -154,13 +150,7 @@ def search_study(problem, device, name, *, trials, timeout, seed, sampler, space
         """Other workers' trials of this study: measured there, never measured here again, and
         counted in this run's `trials` (the problem gets that many measurements, by any GPU)."""
         nonlocal measured_elsewhere
-        for t in trials_elsewhere:
-            config = t.user_attrs.get("config")
-            if config and t.state == optuna.trial.TrialState.COMPLETE and not t.user_attrs.get("duplicate"):
-                measured_elsewhere += config not in known
-                known[config] = max(known.get(config, 0.0), t.value)
-            elif config and t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("failure") not in (None, "cancelled"):
-                failed_before.setdefault(config, Measurement.failure(t.user_attrs["failure"], t.user_attrs.get("message", "")))
+        measured_elsewhere += remember_trials(trials_elsewhere, known, failed_before)
 
     def rescue() -> None:
         """Enqueues a few valid, unmeasured configurations drawn uniformly (see RESCUE_AFTER)."""
@@ -322,6 +312,23 @@ def search_study(problem, device, name, *, trials, timeout, seed, sampler, space
         unstored_kernels=evaluator.unstored, storage_error=evaluator.storage_error,
         kept_cublas=kept_cublas, noise=noise, seeded=seeded, single_call_ratio=single_call,
     )
+
+
+def remember_trials(trials, known: dict[str, float], failed_before: dict[str, Measurement]) -> int:
+    """Adds finished trials to what a search knows: measured configs' TFLOP/s (repeated proposals
+    answered from the study add nothing) and failed configs' failures (a cancelled one may still
+    be measured). Returns how many configs were measured that `known` did not hold."""
+    new = 0
+    for t in trials:
+        config = t.user_attrs.get("config")
+        if not config:
+            continue
+        if t.state == optuna.trial.TrialState.COMPLETE and not t.user_attrs.get("duplicate"):
+            new += config not in known
+            known[config] = max(known.get(config, 0.0), t.value)
+        elif t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("failure") not in (None, "cancelled"):
+            failed_before.setdefault(config, Measurement.failure(t.user_attrs["failure"], t.user_attrs.get("message", "")))
+    return new
 
 
 def converged(history: list[float], patience: int) -> bool:
