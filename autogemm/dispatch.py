@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import dtypes, numpy_semantics, runtime
-from .numpy_semantics import CUPY_MATMUL, KERNELS, as_cupy, contiguous_copy, contiguous_strides
-from .operands import (ArrayInfo, KernelOperand, check_scalars, common_device, describe, real_scalar,
-                       validate)
+from .numpy_semantics import CUPY_MATMUL, KERNELS, as_cupy, contiguous_copy
+from .operands import (ArrayInfo, KernelOperand, check_scalars, common_device, contiguous_strides, describe,
+                       real_scalar, validate)
 from .planning import PROVISIONAL_PLAN_S, Dispatcher
 from .race import race_choice
 from .problem import Problem

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import dtypes
-from .operands import ArrayInfo, describe
+from .operands import ArrayInfo, contiguous_strides, describe
 
 # who computes a call: autogemm's GEMM (its kernels or cuBLAS), or cupy.matmul
 KERNELS, CUPY_MATMUL = "kernels", "cupy.matmul"
@@ -52,14 +52,6 @@ def bfloat16() -> np.dtype:
     import ml_dtypes  # CuPy's bfloat16 is ml_dtypes'
 
     return np.dtype(ml_dtypes.bfloat16)
-
-
-def contiguous_strides(shape: tuple, itemsize: int) -> tuple:
-    strides, step = [], itemsize
-    for extent in reversed(shape):
-        strides.append(step)
-        step *= max(extent, 1)
-    return tuple(reversed(strides))
 
 
 def read(x, name: str) -> Operand:

@@ -130,6 +130,15 @@ def real_scalar(value, name: str) -> float:
     raise TypeError(f"{name} must be a real number, got {type(value).__name__} {str(value)[:40]!r}")
 
 
+def contiguous_strides(shape: tuple, itemsize: int) -> tuple:
+    """The byte strides of a C-contiguous array of `shape`."""
+    strides, step = [], itemsize
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= max(extent, 1)
+    return tuple(reversed(strides))
+
+
 def describe(x, name: str, *, bfloat16_bits: bool = False) -> ArrayInfo:
     """An operand from a CuPy array or any object with __cuda_array_interface__. With
     `bfloat16_bits`, uint16 arrays are read as bfloat16 bits (how autogemm's own buffers hold it)."""
@@ -154,12 +163,7 @@ def describe(x, name: str, *, bfloat16_bits: bool = False) -> ArrayInfo:
         numeric = typestr[1:2] in tuple("iucbf")
         raise _unsupported(name, np.dtype(typestr).name if numeric else typestr, typestr[1:2])
     shape = tuple(interface["shape"])
-    strides = interface.get("strides")
-    if strides is None:  # C-contiguous
-        strides, step = [], dtypes.lookup(dtype).itemsize
-        for extent in reversed(shape):
-            strides.insert(0, step)
-            step *= max(extent, 1)
+    strides = interface.get("strides") or contiguous_strides(shape, dtypes.lookup(dtype).itemsize)  # (None: C order)
     return ArrayInfo(name, shape, tuple(strides), dtype, int(interface["data"][0]), None)
 
 

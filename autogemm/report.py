@@ -23,7 +23,7 @@ from .cache import DEVICE_SLUG, TuningCache
 from .problem import Problem
 from .report_measured import (Ceiling, SweepPoint, found_results, measured_bandwidth, measured_ceilings, name_matches,
                               read_results, shape_sweep)
-from .study import JOURNAL, default_storage, storage_object
+from .study import JOURNAL, default_storage, shown_url, sqlite_path, storage_object
 
 # Fewer measured trials than this say nothing about which knob matters.
 MIN_TRIALS_FOR_IMPORTANCE = 8
@@ -99,24 +99,12 @@ class Report:
     skipped: list[str]  # studies whose names are not autogemm's
 
 
-def shown_url(url: str) -> str:
-    """A storage URL with its password hidden (the page may be shared)."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a database URL (journal:///...): nothing secret in it
-        return url
-
-
 def open_storage(url: str | None):
     """The storage behind `url` (None: the default SQLite file), read only where it can be: a
     file that is missing or is not Optuna's is refused instead of created or altered."""
     given, url = url, url or default_storage()
-    path = None
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        path = Path(url[len("sqlite:///"):])
-    elif url.startswith(JOURNAL):
+    path = sqlite_path(url)
+    if url.startswith(JOURNAL):
         path = Path(url[len(JOURNAL):])
     if path is not None and not path.is_file():
         if given is None:  # nothing tuned here yet: not a mistake in the command line

@@ -61,6 +61,16 @@ def default_storage() -> str:
 JOURNAL = "journal:///"  # Optuna's journal file storage: journal:///path/to/studies.log
 
 
+def shown_url(url: str) -> str:
+    """A storage URL with its password hidden (for messages, tables and reports that may be shared)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a database URL (journal:///...): nothing secret in it
+        return url
+
+
 def storage_object(url: str):
     """What Optuna takes for a storage URL: the URL itself (RDB storages), or for journal:///PATH a
     journal file storage (one file, appended to under a lock; one host, no database server)."""
@@ -75,7 +85,8 @@ def storage_object(url: str):
     return url
 
 
-def _sqlite_path(url: str) -> Path | None:
+def sqlite_path(url: str) -> Path | None:
+    """The file of an SQLite storage URL; None for any other storage (or an in-memory one)."""
     return Path(url[len("sqlite:///"):]) if url.startswith("sqlite:///") and url != "sqlite:///:memory:" else None
 
 
@@ -104,7 +115,7 @@ def open_study(name: str, storage: str | None) -> optuna.Study:
 
 def _open_study(name: str, storage: str | None) -> optuna.Study:
     url = storage or default_storage()
-    path = _sqlite_path(url)
+    path = sqlite_path(url)
     for attempt in range(SERVER_ATTEMPTS):
         try:
             if path is None:

@@ -462,11 +462,11 @@ def test_sigint_stops_the_campaign_keeping_the_best_and_a_rerun_resumes(tmp_path
 
 
 def test_storage_urls_are_shown_without_their_password():
-    from autogemm.cli.campaign import _shown_url
+    from autogemm.study import shown_url
 
-    assert _shown_url("postgresql+psycopg2://tuner:s3cret@db.example/autogemm") == \
+    assert shown_url("postgresql+psycopg2://tuner:s3cret@db.example/autogemm") == \
         "postgresql+psycopg2://tuner:***@db.example/autogemm"
-    assert _shown_url("sqlite:////tmp/studies.db") == "sqlite:////tmp/studies.db"
+    assert shown_url("sqlite:////tmp/studies.db") == "sqlite:////tmp/studies.db"
 
 
 def test_campaign_run_without_a_usable_gpu_says_so(tmp_path, capsys, monkeypatch):

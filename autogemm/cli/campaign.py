@@ -104,6 +104,7 @@ def cmd_campaign(args: argparse.Namespace) -> int:
                             select_gpus, worker_specs)
     from ..campaign_file import CampaignFileError, load_campaign
     from ..claims import ClaimBoard
+    from ..study import shown_url
     from ..tuner import default_jobs
 
     try:
@@ -121,7 +122,7 @@ def cmd_campaign(args: argparse.Namespace) -> int:
         stop_at = time.time() + args.stop_after if args.stop_after else None
         specs = worker_specs(campaign, storage, gpus, args.jobs or default_jobs(), stop_at)
         print(f"campaign {campaign.name}: {len(campaign.problems)} problems on {len(gpus)} GPU(s) of this host "
-              f"({', '.join(f'{g.index} {g.name}' for g in gpus)}); storage {_shown_url(storage)}", file=sys.stderr)
+              f"({', '.join(f'{g.index} {g.name}' for g in gpus)}); storage {shown_url(storage)}", file=sys.stderr)
         view = None if args.json else CampaignView([s.label for s in specs], len(campaign.problems))
         try:
             codes = run_campaign(campaign, specs, view)
@@ -138,7 +139,7 @@ def cmd_campaign(args: argparse.Namespace) -> int:
         rows = board_summary(board, campaign)
         board.close()
     except Exception as exc:  # SQLAlchemy's errors, whatever the database
-        raise CliFailure(f"cannot read the campaign's claims from {_shown_url(storage)}: {type(exc).__name__}: "
+        raise CliFailure(f"cannot read the campaign's claims from {shown_url(storage)}: {type(exc).__name__}: "
                          f"{str(exc).splitlines()[0][:200]}") from None
     wanted = {p.key for p in campaign.problems}
     rows = [r for r in rows if r["problem"] in wanted]
@@ -160,6 +161,7 @@ def _export(campaign, storage: str, output: str | None) -> int:
     from ..cache_merge import write_documents
     from ..campaign import board_records
     from ..claims import ClaimBoard
+    from ..study import shown_url
 
     if not output:
         raise CliError("campaign export needs -o OUT, the cache file to write")
@@ -168,7 +170,7 @@ def _export(campaign, storage: str, output: str | None) -> int:
         documents = board_records(board, campaign)
         board.close()
     except Exception as exc:  # SQLAlchemy's errors, whatever the database
-        raise CliFailure(f"cannot read the campaign's claims from {_shown_url(storage)}: {type(exc).__name__}") from None
+        raise CliFailure(f"cannot read the campaign's claims from {shown_url(storage)}: {type(exc).__name__}") from None
     if not documents:
         raise CliFailure(f"campaign {campaign.name} has no finished record on the board yet")
     try:
@@ -177,13 +179,6 @@ def _export(campaign, storage: str, output: str | None) -> int:
         raise CliFailure(f"cannot write {output}: {exc}") from None
     print(f"exported {', '.join(f'{len(e)} records of {slug}' for slug, e in documents.items())} to {output}")
     return 0
-
-
-def _shown_url(url: str) -> str:
-    """A storage URL without its password."""
-    import re
-
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
 
 
 def add_campaign_parser(sub) -> None:
