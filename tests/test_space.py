@@ -184,3 +184,41 @@ def test_a_space_declares_the_dtypes_it_is_for_and_a_wrong_one_is_named(tmp_path
     undeclared = tmp_path / "undeclared.toml"
     undeclared.write_text(text.replace('dtypes = ["bfloat16/fp32"]', ''))
     assert ("bfloat16", "fp32") in SearchSpace.load(undeclared).dtypes  # every pair its family computes
+
+
+def _knob_values_by_walking_every_draw(space, config):
+    """The reference for knob_values: every combination of the knobs that are not config fields."""
+    import itertools
+
+    fixed = {k: getattr(config, k) for k in space.knobs if k in space.fields}
+    if any(v not in space.knobs[k] for k, v in fixed.items()):
+        return None
+    free = [k for k in space.knobs if k not in space.fields]
+    for combo in itertools.product(*(space.knobs[k] for k in free)):
+        values = {**fixed, **dict(zip(free, combo))}
+        if space.evaluate(values)[0] == config:
+            return values
+    return None
+
+
+@pytest.mark.parametrize("name", ["simt", "wmma_fp16", "wmma_tf32", "wmma_fp64", "hopper", "gemv"])
+def test_knob_values_finds_the_draw_that_walking_every_combination_finds(name):
+    # knob_values prunes partial draws; it must return exactly what the exhaustive walk returns, for
+    # configs the space produces (seeds, samples) and for configs it cannot (a field changed)
+    import dataclasses
+
+    space = SearchSpace.load(name)
+    problem = Problem(1000, 1000, 1000, dtype=space.dtypes[0][0], compute=space.dtypes[0][1])
+    inside = space.seeds[:3] + space.sample(3, problem, dataclasses.replace(SM90, sm_count=132), seed=1)
+    outside = []
+    for config in inside[:3]:
+        # a derived field moved off what its knobs give (a searched field off its choices where the
+        # space derives none)
+        numbers = [f for f in space.fields if type(getattr(config, f)) is int]
+        field = next((f for f in numbers if f not in space.knobs), numbers[0])
+        outside.append(dataclasses.replace(config, **{field: getattr(config, field) * 2 + 1}))
+    assert inside and outside
+    for config in inside + outside:
+        expected = _knob_values_by_walking_every_draw(space, config)
+        assert space.knob_values(config) == expected
+        assert (expected is not None) == (config in inside)
