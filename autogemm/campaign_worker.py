@@ -19,6 +19,10 @@ from .problem import Problem
 from .provenance import host
 
 HEARTBEAT_FRACTION = 0.25  # a worker renews its claim every grace * this seconds
+# A worker with nothing to claim or help looks again after this long (a holder's heartbeat may go
+# late meanwhile), or sooner, once the problems held by others change (CHANGE_POLL_S apart)
+IDLE_WAIT_S = 5.0
+CHANGE_POLL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -84,12 +88,15 @@ def worker_main(spec: WorkerSpec, events) -> None:
                 # nothing to take; while other workers (or hosts) still hold problems, help one of
                 # them (search its study too), or wait: a holder that dies leaves its problem to be
                 # taken over once its heartbeat is late
-                held = [c for c in board.claims(campaign.name, device.slug) if c.state != DONE and c.problem in left]
+                def read_held(left=left):
+                    return [c for c in board.claims(campaign.name, device.slug) if c.state != DONE and c.problem in left]
+
+                held = read_held()
                 if not held:
                     break
                 if _help_one(spec, board, device, owner, cache, helped, events):
                     return
-                time.sleep(min(5.0, campaign.grace * HEARTBEAT_FRACTION))
+                _wait_for_a_change(read_held, held, min(IDLE_WAIT_S, campaign.grace * HEARTBEAT_FRACTION))
                 continue
             problem = Problem.from_key(key)
             found = own.lookup(problem, device.slug)
@@ -145,6 +152,24 @@ def worker_main(spec: WorkerSpec, events) -> None:
         raise
     finally:
         board.close()
+
+
+def _wait_for_a_change(read_held, held: list, timeout: float) -> None:
+    """Sleeps up to `timeout` seconds, less once a problem held by another worker is done, given
+    back, taken over or announces a study to help with (`read_held()` reads them again): the last
+    GPU to finish does not keep the campaign waiting out a whole pause. A heartbeat is no change."""
+    def state(claims) -> set:
+        return {(c.problem, c.state, c.owner, c.study) for c in claims}
+
+    before = state(held)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(max(0.0, min(CHANGE_POLL_S, deadline - time.monotonic())))
+        try:
+            if state(read_held()) != before:
+                return
+        except Exception:  # the database away for a moment: wait out the pause
+            continue
 
 
 def _help_one(spec: WorkerSpec, board: ClaimBoard, device, owner: str, cache, helped: set, events) -> bool:
