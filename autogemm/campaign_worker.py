@@ -6,6 +6,7 @@ claim it helps a live holder search its study (several GPUs on one study: `study
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -67,12 +68,18 @@ def worker_main(spec: WorkerSpec, events) -> None:
     campaign, factory = spec.campaign, spec.evaluator_factory
     board = ClaimBoard(spec.storage)
     owner = new_owner()
+    measuring = contextlib.ExitStack()
     try:
         if factory is not None:
             device = factory.device
         else:
             from .launch import current_device
             device = current_device()
+        # one measuring process serves every tune of this worker, started now: its interpreter and
+        # CUDA context come up while the worker registers and claims its first problem
+        from .isolate import keep_measuring_processes
+
+        measuring.enter_context(keep_measuring_processes(prestart_on=device.ordinal if factory is None else None))
         board.register(campaign.name, device.slug, [p.key for p in campaign.problems])
         events.put(("ready", spec.label, device.name, owner))
         # the tunes read the shipped results too (their winners seed the search); only the
@@ -151,6 +158,7 @@ def worker_main(spec: WorkerSpec, events) -> None:
         events.put(("error", spec.label, f"{type(exc).__name__}: {exc}"))
         raise
     finally:
+        measuring.close()
         board.close()
 
 

@@ -10,6 +10,7 @@ import time
 
 from .cache import TuningCache
 from .evaluate import Evaluator
+from .isolate import keep_measuring_processes
 from .problem import Problem
 from .search import search_study
 from .space import SearchSpace, candidate_space_names
@@ -66,6 +67,13 @@ def tune(
     if sharing is not None and sharing.helper and space is None:
         raise ValueError("a helper joins one study: give its space")
     names = candidate_space_names(problem, _device_for(evaluator)) if space is None else (space,)
+    with keep_measuring_processes():  # one measuring process serves the spaces in turn
+        return _tune_spaces(problem, names, trials, timeout, study_name, arguments)
+
+
+def _tune_spaces(problem: Problem, names: tuple, trials: int, timeout: float | None, study_name: str | None,
+                 arguments: dict) -> TuneResult | None:
+    """`tune` over `names`, each space with an even share of what is left of the budget."""
     if len(names) == 1:
         return _tune_space(problem, names[0], trials=trials, timeout=timeout, study_name=study_name, **arguments)
     started, results, errors = time.perf_counter(), [], []

@@ -24,6 +24,32 @@ def hang_with_a_child(conn, problem_key, ordinal, seed, parent_pid):
         time.sleep(1)
 
 
+class StandInMeasurer:
+    """Answers like a GpuMeasurer without a GPU. Its cuBLAS time says who answered: the process id
+    times 1000 plus the problem's M, so a test sees which process served which problem."""
+
+    poisoned = ""
+
+    def __init__(self, problem_key: str):
+        from autogemm.problem import Problem
+
+        self.cublas_ms = float(os.getpid() * 1000 + Problem.from_key(problem_key).m)
+
+    def measure(self, config, best_ms, repeats, final):
+        from autogemm.evaluate import Measurement
+
+        return Measurement(ok=True, time_ms=1.0, tflops=1.0, rel_error=0.0)
+
+
+def serve_without_a_gpu(conn, problem_key, ordinal, seed, parent_pid):
+    """The measuring process's life (isolate.serve_problems: one problem after another) with
+    stand-in measurers."""
+    from autogemm.isolate import detach, serve_problems
+
+    detach(parent_pid)
+    serve_problems(conn, problem_key, seed, lambda key, seed: StandInMeasurer(key))
+
+
 def follower(parent_pid, pidfile):
     from autogemm.isolate import follow_parent
 

@@ -79,3 +79,32 @@ def test_the_measuring_process_compares_a_kernel_with_cublas_one_call_at_a_time(
     assert ratio is not None and 0.1 < ratio < 10
     measurer = GpuMeasurer(problem, device)
     assert 0.1 < measurer.single_call_ratio(config) < 10
+
+
+def test_a_kept_measuring_process_measures_each_next_problem_on_its_own_inputs():
+    """Inside keep_measuring_processes (a campaign worker's life, a tune over several spaces) one
+    measuring process serves problem after problem: each gets its own operands and cuBLAS baseline,
+    and a wrong kernel is still caught on the second problem."""
+    from autogemm.isolate import IsolatedEvaluator, _kept, keep_measuring_processes
+    from autogemm.launch import current_device
+    from autogemm.problem import Problem
+    from autogemm.select import default_config
+
+    device = current_device()
+    small, large = Problem(128, 128, 128, dtype="float16"), Problem.from_layout(2048, 2056, 1040, "nt")
+    served = []
+    with keep_measuring_processes(prestart_on=device.ordinal):
+        prestarted = next(iter(_kept.values()))[0]
+        for problem in (small, large, small):
+            evaluator = IsolatedEvaluator(problem, device, jobs=1)
+            try:
+                measured = evaluator.verify(default_config(problem, device))
+                served.append((evaluator._process.pid, evaluator.cublas_ms, measured))
+            finally:
+                evaluator.close()
+    assert [pid for pid, _, _ in served] == [prestarted.pid] * 3
+    assert all(m.ok and m.rel_error < 1e-2 for _, _, m in served), served
+    # each problem's baseline is its own: FP32 2048x2056x1040 takes some 30x as long as FP16 128^3
+    assert served[1][1] > 5 * served[0][1] and served[2][1] < served[1][1] / 5
+    prestarted.join(15)
+    assert not prestarted.is_alive() and not _kept

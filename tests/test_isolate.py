@@ -74,3 +74,44 @@ def test_the_measuring_process_dies_with_its_parent(tmp_path):
         assert wait_until_gone(follower), "the measuring process outlived its parent"
     finally:
         parent.kill()
+
+
+def _served_by(evaluator) -> tuple[int, int]:
+    """(process id, problem M) of the stand-in that answered the evaluator's start."""
+    pid, m = divmod(int(evaluator.cublas_ms), 1000)
+    return pid, m
+
+
+def test_a_measuring_process_is_kept_for_the_next_tune_only_inside_keep_measuring_processes(monkeypatch):
+    # a campaign worker used to start a measuring process (interpreter, CUDA context) for every tune
+    from autogemm import isolate
+    from process_stubs import serve_without_a_gpu
+
+    class StandIn(IsolatedEvaluator):
+        process_target = staticmethod(serve_without_a_gpu)
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), *sys.path]))
+    device = Device.for_arch("sm_90")
+
+    def tune(m: int) -> int:
+        evaluator = StandIn(Problem(m, 64, 64), device, jobs=1)
+        try:
+            pid, served = _served_by(evaluator)
+            assert served == m and evaluator.verify(SimtConfig()).ok  # this problem's start, then requests
+            return pid
+        finally:
+            evaluator.close()
+
+    with isolate.keep_measuring_processes(prestart_on=device.ordinal, target=serve_without_a_gpu):
+        prestarted = isolate._kept[(serve_without_a_gpu, device.ordinal)][0].pid
+        first = tune(64)
+        assert first == prestarted
+        assert tune(96) == first and tune(128) == first
+        os.kill(first, signal.SIGKILL)  # a kept process that died is replaced
+        assert wait_until_gone(first)
+        replacement = tune(160)
+        assert replacement != first and tune(192) == replacement
+    assert wait_until_gone(replacement), "the kept process outlived keep_measuring_processes"
+    assert not isolate._kept
+    outside = tune(64), tune(64)
+    assert outside[0] != outside[1] and all(wait_until_gone(pid) for pid in outside)
