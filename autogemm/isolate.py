@@ -251,7 +251,7 @@ class IsolatedEvaluator(CompileAheadEvaluator):
     def _spawn(self, fresh: bool = False) -> None:
         """Starts the measuring process, or (inside `keep_measuring_processes`, unless `fresh`) takes
         over the one an earlier tune on this GPU left, handing it this problem."""
-        self._reused = False
+        self._reused = self._awaiting = False
         kept = None if fresh or not _keeping else _kept.pop((self.process_target, self.device.ordinal), None)
         if kept is not None:
             process, conn = kept
@@ -322,12 +322,14 @@ class IsolatedEvaluator(CompileAheadEvaluator):
         """Sends a request; returns ('ok', value) or a failure Measurement after restarting."""
         self._ready()
         try:
+            self._awaiting = True  # until its answer is read (an exception may leave it unread)
             self._conn.send(message)
             if not self._conn.poll(timeout):
                 self._restart()
                 return Measurement.failure("timeout", f"no answer within {timeout:.1f} s (hung kernel?); "
                                                       "the measuring process was killed and restarted")
             kind, value = self._conn.recv()
+            self._awaiting = False
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError):
             code = self._process.exitcode if self._process is not None else None
             if self._process is not None:
@@ -364,8 +366,8 @@ class IsolatedEvaluator(CompileAheadEvaluator):
     def close(self) -> None:
         super().close()
         key = (self.process_target, self.device.ordinal)
-        if _keeping and not self._starting and self._process is not None and self._process.is_alive() \
-                and key not in _kept:
+        if _keeping and not self._starting and not self._awaiting and self._process is not None \
+                and self._process.is_alive() and key not in _kept:
             # every request was answered: the process is idle, kept for the next tune on this GPU
             _kept[key] = (self._process, self._conn)
             self._process = self._conn = None

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from autogemm.families import SimtConfig
 from autogemm.isolate import IsolatedEvaluator
 from autogemm.problem import Device, Problem
@@ -111,7 +113,26 @@ def test_a_measuring_process_is_kept_for_the_next_tune_only_inside_keep_measurin
         assert wait_until_gone(first)
         replacement = tune(160)
         assert replacement != first and tune(192) == replacement
-    assert wait_until_gone(replacement), "the kept process outlived keep_measuring_processes"
+        # a tune left with a request unanswered (an exception while it waited) does not leave its
+        # process to the next tune, whose start would read that answer
+        interrupted = StandIn(Problem(224, 999, 64), device, jobs=1)
+
+        def interrupt(signum, frame):
+            raise RuntimeError("interrupted")
+
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.alarm(1)
+            with pytest.raises(RuntimeError, match="interrupted"):
+                interrupted.verify(SimtConfig())
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+            interrupted.close()
+        assert not isolate._kept and wait_until_gone(replacement)
+        last = tune(256)
+        assert last != replacement
+    assert wait_until_gone(last), "the kept process outlived keep_measuring_processes"
     assert not isolate._kept
     outside = tune(64), tune(64)
     assert outside[0] != outside[1] and all(wait_until_gone(pid) for pid in outside)
