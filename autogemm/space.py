@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import itertools
 import random
 import tomllib
 from dataclasses import dataclass
@@ -252,8 +251,7 @@ class SearchSpace:
     # ---- enumeration ------------------------------------------------------------------------
     @functools.cached_property
     def _schedule(self) -> list[tuple[str, list[tuple[str, _Expression]], list[_Expression]]]:
-        """For each knob in order: derived values and constraints that become computable once it is set."""
-        return self._stages(list(self.knobs), set(self.constants))
+        return self._stages(list(self.knobs), set(self.constants))  # every knob, in the file's order
 
     def _stages(self, order: list[str], bound: set[str]) -> list[tuple[str, list[tuple[str, _Expression]], list[_Expression]]]:
         """For each knob of `order`, set in turn after the names in `bound`: the derived values and
@@ -307,11 +305,10 @@ class SearchSpace:
         return tuple(configs.values())
 
     def knob_values(self, config) -> dict | None:
-        """The knob values that produce `config` (the first in the knobs' order), or None if the space
-        cannot produce it. The knobs that are not config fields are set one by one, and a partial
-        draw is dropped as soon as a config field derived from it, or a constraint it decides,
-        already rules it out: the seeds and the cached winners a tune starts from are looked up in
-        milliseconds instead of walking every combination (some 14,000 in the SIMT space)."""
+        """The knob values that produce `config` (the first in the knobs' order), or None. The knobs
+        that are not config fields are set one by one, and a partial draw is dropped once a field
+        derived from it or a constraint it decides rules it out: milliseconds, where walking every
+        combination (some 14,000 in the SIMT space) took a tune's start 1.5 s."""
         fixed = {k: getattr(config, k) for k in self.knobs if k in self.fields}
         if any(v not in self.knobs[k] for k, v in fixed.items()):
             return None
