@@ -6,7 +6,6 @@ claim it helps a live holder search its study (several GPUs on one study: `study
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -53,9 +52,18 @@ def worker_main(spec: WorkerSpec, events) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.visible_devices  # before anything touches CUDA
     # A group of its own: a Ctrl-C at the terminal reaches the parent alone, which passes one on to
     # each worker (two at once could break a tune's orderly stop); and it dies with the parent.
-    from .isolate import detach
+    from .isolate import detach, keep_measuring_processes
 
     detach(os.getppid())
+    # One measuring process serves every tune of this worker, started first: its interpreter and
+    # CUDA context come up while this process imports the tuner, registers and claims its first
+    # problem. (The worker sees its one GPU as ordinal 0.)
+    with keep_measuring_processes(prestart_on=0 if spec.evaluator_factory is None else None):
+        _claim_and_tune(spec, events)
+
+
+def _claim_and_tune(spec: WorkerSpec, events) -> None:
+    """`worker_main` once its process is set up."""
     from .cache import TuningCache
     from .study import Sharing
     from .tuner import TuneError, TuneRunning
@@ -68,18 +76,12 @@ def worker_main(spec: WorkerSpec, events) -> None:
     campaign, factory = spec.campaign, spec.evaluator_factory
     board = ClaimBoard(spec.storage)
     owner = new_owner()
-    measuring = contextlib.ExitStack()
     try:
         if factory is not None:
             device = factory.device
         else:
             from .launch import current_device
             device = current_device()
-        # one measuring process serves every tune of this worker, started now: its interpreter and
-        # CUDA context come up while the worker registers and claims its first problem
-        from .isolate import keep_measuring_processes
-
-        measuring.enter_context(keep_measuring_processes(prestart_on=device.ordinal if factory is None else None))
         board.register(campaign.name, device.slug, [p.key for p in campaign.problems])
         events.put(("ready", spec.label, device.name, owner))
         # the tunes read the shipped results too (their winners seed the search); only the
@@ -158,7 +160,6 @@ def worker_main(spec: WorkerSpec, events) -> None:
         events.put(("error", spec.label, f"{type(exc).__name__}: {exc}"))
         raise
     finally:
-        measuring.close()
         board.close()
 
 
