@@ -108,3 +108,40 @@ def test_a_kept_measuring_process_measures_each_next_problem_on_its_own_inputs()
     assert served[1][1] > 5 * served[0][1] and served[2][1] < served[1][1] / 5
     prestarted.join(15)
     assert not prestarted.is_alive() and not _kept
+
+
+def test_a_campaign_on_this_gpu_tunes_each_problem_once_and_caches_its_record(tmp_path):
+    """`autogemm campaign run` end to end on the real GPU: a worker process, its kept measuring
+    process and the shared compile pool; every problem done on the board with a record in the
+    campaign's cache, and a second run finds nothing left to tune."""
+    from autogemm.cache import TuningCache
+    from autogemm.launch import current_device
+    from autogemm.problem import Problem
+
+    path = tmp_path / "campaign.toml"
+    path.write_text(f'''[campaign]
+name = "gpu-test"
+storage = "sqlite:///{tmp_path / 'studies.db'}"
+devices = [0]
+trials = 8
+seed = 0
+cache_dir = "{tmp_path / 'cache'}"
+[[problems]]
+M = [256, 384]
+dtype = ["float32", "float16"]
+''')
+
+    def run() -> dict:
+        result = subprocess.run([sys.executable, "-m", "autogemm.cli", "campaign", "run", str(path), "--json"],
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    first = run()
+    assert len(first["results"]) == 4 and all(r["done"] and not r["error"] for r in first["results"]), first
+    cache, slug = TuningCache(tmp_path / "cache", shipped=False), current_device().slug
+    for row in first["results"]:
+        record = cache.lookup(Problem.from_key(row["problem"]), slug)
+        assert record is not None and record[0].problem == row["problem"] and not record[0].provisional
+    again = run()
+    assert [r["attempts"] for r in again["results"]] == [r["attempts"] for r in first["results"]]
