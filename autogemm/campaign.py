@@ -141,8 +141,6 @@ def run_campaign(campaign: Campaign, specs: list[WorkerSpec], view=None) -> dict
         process = context.Process(target=worker_main, args=(spec, events), name=f"autogemm-campaign-{spec.label}")
         process.start()
         processes[spec.label] = process
-    if service is not None:  # (the compile processes start while the workers do)
-        service.warm_up()
     interrupted = False
     try:
         while any(p.is_alive() for p in processes.values()):

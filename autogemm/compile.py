@@ -248,17 +248,6 @@ def shared_compile_pool():
     return _shared_pool
 
 
-def warm_up_compiler() -> None:
-    """A compile process's first task (CompileService.warm_up): the NVRTC library its first kernel
-    would otherwise wait for. Says nothing: a real compile reports what is wrong."""
-    try:
-        from .nvrtc import version
-
-        version()
-    except Exception:
-        pass
-
-
 def compile_pool(jobs: int) -> ProcessPoolExecutor:
     """Worker processes for parallel NVRTC compilation. They are spawned, not forked: a fork of a
     process that holds a CUDA context is unsafe, and the workers never need a GPU."""

@@ -18,7 +18,7 @@ import threading
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures.process import BrokenProcessPool
 
-from .compile import compile_pool, warm_up_compiler
+from .compile import compile_pool
 
 
 def _sendable(exc: BaseException) -> BaseException:
@@ -37,12 +37,6 @@ class CompileService:
         self.jobs = jobs
         self._pool = compile_pool(jobs)
         self._lock = threading.Lock()
-
-    def warm_up(self) -> None:
-        """Starts every compile process now, each loading NVRTC, so that the workers' first
-        compiles find them ready (a process is otherwise started by the request that needs it)."""
-        for _ in range(self.jobs):
-            self._submit(warm_up_compiler, ())
 
     def connect(self):
         """A new worker's end of a pipe to the service (pass it to the worker process)."""

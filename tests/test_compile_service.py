@@ -96,16 +96,3 @@ def test_an_evaluator_of_a_campaign_worker_compiles_in_the_shared_pool_and_leave
     finally:
         share_compile_pool(None)
         service.close()
-
-
-def test_warm_up_starts_every_compile_process_before_any_request():
-    # a campaign's pool used to start its processes with the workers' first compiles, each then
-    # importing the compiler and loading NVRTC while the first candidates waited
-    service = CompileService(3)
-    try:
-        service.warm_up()
-        assert len(service._pool._processes) == 3
-        pool = RemoteCompilePool(service.connect())
-        assert pool.submit(compile_stubs.compile_or_die, _sources(1)[0], "sm_90").result(timeout=60)
-    finally:
-        service.close()
