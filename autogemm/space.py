@@ -278,69 +278,54 @@ class SearchSpace:
             schedule.append((knob, ready_derived, ready_rules))
         return schedule
 
-    def _walk(self, depth: int, values: dict) -> Iterator[dict]:
-        if depth == len(self._schedule):
+    def _walk(self, stages: list, depth: int, values: dict, target: dict | None = None) -> Iterator[dict]:
+        """Every setting of the stages' knobs (`_stages`) that the constraints allow, depth first;
+        with `target` (config field -> value), only those whose derived fields take those values, a
+        partial one dropped as soon as one does not."""
+        if depth == len(stages):
             yield dict(values)
             return
-        knob, derived, rules = self._schedule[depth]
+        knob, derived, rules = stages[depth]
         for choice in self.knobs[knob]:
             values[knob] = choice
             try:
+                ok = True
                 for name, expr in derived:
                     values[name] = expr(values)
-                ok = all(rule(values) for rule in rules)
+                    if target is not None and name in target and values[name] != target[name]:
+                        ok = False  # (the config compares its fields with ==)
+                        break
+                ok = ok and all(rule(values) for rule in rules)
             except ZeroDivisionError:
                 ok = False
             if ok:
-                yield from self._walk(depth + 1, values)
+                yield from self._walk(stages, depth + 1, values, target)
         values.pop(knob, None)
 
     @functools.cached_property
     def all_configs(self) -> tuple:
         """Every configuration the space's constraints allow (independent of problem and device)."""
         configs = {}
-        for values in self._walk(0, dict(self.constants)):
+        for values in self._walk(self._schedule, 0, dict(self.constants)):
             config = self.config_class(**{f: values[f] for f in self.fields})
             configs.setdefault(config.name, config)
         return tuple(configs.values())
 
     def knob_values(self, config) -> dict | None:
         """The knob values that produce `config` (the first in the knobs' order), or None. The knobs
-        that are not config fields are set one by one, and a partial draw is dropped once a field
-        derived from it or a constraint it decides rules it out: milliseconds, where walking every
+        that are not config fields are walked, and a partial draw is dropped once a field derived
+        from it or a constraint it decides rules it out: milliseconds, where trying every
         combination (some 14,000 in the SIMT space) took a tune's start 1.5 s."""
         fixed = {k: getattr(config, k) for k in self.knobs if k in self.fields}
         if any(v not in self.knobs[k] for k, v in fixed.items()):
             return None
         target = {f: getattr(config, f) for f in self.fields}
-        free = [k for k in self.knobs if k not in self.fields]
-        stages = self._stages(free, set(self.constants) | set(fixed))
-
-        def consistent(values: dict, derived, rules) -> bool:
-            try:
-                for name, expr in derived:
-                    values[name] = expr(values)
-                    if name in target and values[name] != target[name]:  # (the config compares its fields with ==)
-                        return False
-                return all(rule(values) for rule in rules)
-            except ZeroDivisionError:
-                return False
-
-        def search(depth: int, values: dict) -> dict | None:
-            if depth == len(stages):
-                draw = {k: values[k] for k in self.knobs}
-                produced, _ = self.evaluate(draw)
-                return draw if produced == config else None
-            knob, derived, rules = stages[depth]
-            for choice in self.knobs[knob]:
-                values[knob] = choice
-                if consistent(values, derived, rules):
-                    found = search(depth + 1, values)
-                    if found is not None:
-                        return found
-            return None
-
-        return search(0, {**self.constants, **fixed})
+        stages = self._stages([k for k in self.knobs if k not in self.fields], set(self.constants) | set(fixed))
+        for values in self._walk(stages, 0, {**self.constants, **fixed}, target):
+            draw = {k: values[k] for k in self.knobs}
+            if self.evaluate(draw)[0] == config:
+                return draw
+        return None
 
     def contains(self, config) -> bool:
         """Whether some draw of the knobs produces exactly `config`."""
