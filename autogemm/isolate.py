@@ -24,6 +24,7 @@ from .problem import Device, Problem
 
 # a new measuring process starts an interpreter, a CUDA context, its inputs and the cuBLAS baseline
 STARTUP_TIMEOUT_S = 180.0
+KILL_WAIT_S = 30.0  # how long a killed measuring process may take to exit before it counts as stuck
 
 def candidate_timeout(problem: Problem, device: Device) -> float:
     """Seconds one candidate may take in the measuring process (verification, ~40 timed runs and
@@ -210,14 +211,21 @@ def _stop_process(process, conn, wait: float = 10.0) -> None:
     except (BrokenPipeError, OSError):
         pass
     process.join(wait)
+    _kill_group(process)
+    conn.close()
+
+
+def _kill_group(process) -> bool:
+    """Kills a measuring process's group (it and anything it started); False if it has still not
+    exited after KILL_WAIT_S (stuck in the driver)."""
     if process.is_alive():
         try:
-            os.killpg(process.pid, signal.SIGKILL)
+            os.killpg(process.pid, signal.SIGKILL)  # no group yet if it was killed while starting
         except OSError:
             pass
         process.kill()
-        process.join(IsolatedEvaluator.KILL_WAIT_S)
-    conn.close()
+    process.join(KILL_WAIT_S)
+    return not process.is_alive()
 
 
 class IsolatedEvaluator(CompileAheadEvaluator):
@@ -226,7 +234,6 @@ class IsolatedEvaluator(CompileAheadEvaluator):
     restarted (the cost is counted in `restarts` and `restart_s`) and the tune goes on."""
 
     process_target = staticmethod(_measuring_process)  # the measuring process's body
-    KILL_WAIT_S = 30.0
 
     def __init__(self, problem: Problem, device: Device, jobs: int, seed: int = 0, timeout: float | None = None):
         self.problem, self.device = problem, device
@@ -296,16 +303,8 @@ class IsolatedEvaluator(CompileAheadEvaluator):
         """Kills the measuring process's group (it and anything it started). One that has not
         exited after KILL_WAIT_S (stuck in the driver) is kept, to be waited for again at close."""
         process = self._process
-        if process is not None:
-            if process.is_alive():
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)  # no group yet if it was killed while starting
-                except OSError:
-                    pass
-                process.kill()
-            process.join(self.KILL_WAIT_S)
-            if process.is_alive():
-                self._lingering.append(process)
+        if process is not None and not _kill_group(process):
+            self._lingering.append(process)
         if self._conn is not None:
             self._conn.close()
         self._process = self._conn = None
@@ -380,7 +379,7 @@ class IsolatedEvaluator(CompileAheadEvaluator):
             self._process.join(10)
         self._kill()
         for process in self._lingering:
-            process.join(self.KILL_WAIT_S)
+            process.join(KILL_WAIT_S)
             if process.is_alive():
                 print(f"autogemm: measuring process {process.pid} did not exit after SIGKILL; a kernel it "
                       "launched may still be running on the GPU", file=sys.stderr)
