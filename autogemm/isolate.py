@@ -79,12 +79,13 @@ def _measuring_process(conn, problem_key: str | None, ordinal: int, seed: int, p
     try:
         cupy.cuda.Device(ordinal).use()
         cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(1))  # the context, now rather than with the first problem
+        device = Device.current(ordinal)
     except Exception as exc:  # report, do not hang the parent
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
 
     def measurer_for(key: str, seed: int) -> GpuMeasurer:
-        return GpuMeasurer(Problem.from_key(key), Device.current(ordinal), seed)
+        return GpuMeasurer(Problem.from_key(key), device, seed)
 
     def release() -> None:  # the last problem's inputs go back to the device before the next one's
         cupy.get_default_memory_pool().free_all_blocks()
