@@ -1,13 +1,12 @@
-"""Correctness check and timing of GEMM kernels against a float64 / cuBLAS reference.
+"""Correctness check of GEMM kernels against a float64 reference, and the pieces timing shares.
 
 Protocol (see DESIGN.md, Measuring): random inputs in [-1, 1] (never zeros), output poisoned with
-NaN before the correctness run and every element checked; then warm-up and the median of repeated
-CUDA-event timings, rotating input buffers when they fit in L2 so that the cache is not measured.
+NaN before the correctness run and every element checked. Timing itself (GPU time in steady state,
+single-call latency, the same for every competitor) is timing.py's.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 
@@ -193,51 +192,6 @@ def time_gpu(run, *, warmup: int = 3, repeats: int = 20, inputs: int = 1, stream
         stop.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, stop))
     return Timing(statistics.median(times), min(times), repeats)
-
-
-def single_calls(ours, theirs, pairs: int) -> tuple[list[float], list[float]]:
-    """Milliseconds of `pairs` single calls of each of two zero-argument functions (ours, theirs):
-    the two alternate which goes first, and each call starts on an idle GPU, so that its own host
-    time (allocation, argument packing, the launch) is in its figure, as a user's latency. (Were the
-    second call queued behind the first, its host time would hide behind the first's GPU time.)"""
-    import cupy
-
-    events = [cupy.cuda.Event() for _ in range(4)]
-    ours_ms, theirs_ms = [], []
-    for i in range(pairs):
-        ours_first = i % 2 == 0
-        first, second = (ours, theirs) if ours_first else (theirs, ours)
-        events[0].record()
-        first()
-        events[1].record()
-        events[1].synchronize()
-        events[2].record()
-        second()
-        events[3].record()
-        events[3].synchronize()
-        t1, t2 = cupy.cuda.get_elapsed_time(events[0], events[1]), cupy.cuda.get_elapsed_time(events[2], events[3])
-        ours_ms.append(t1 if ours_first else t2)
-        theirs_ms.append(t2 if ours_first else t1)
-    return ours_ms, theirs_ms
-
-
-def time_calls(runners, repeats: int, best_ms: float | None = None, *, min_batch: int = 1,
-               sample_ms: float = 0.5) -> float:
-    """Median milliseconds per call of zero-argument launchers, cycling through `runners` (one per
-    rotated input set). Each timed sample is a batch of back-to-back calls lasting >= `sample_ms`
-    (and at least `min_batch` calls), so that launch overhead and idle gaps are not what gets
-    measured. A candidate more than 3x slower than `best_ms` gets 3 samples only."""
-    first = time_gpu(lambda i: runners[i % len(runners)](), warmup=1, repeats=1, inputs=len(runners))
-    per_call = max(first.median_ms, 1e-3)
-    if best_ms is not None and per_call > 3 * best_ms:
-        repeats = min(repeats, 3)
-    batch = max(min_batch, math.ceil(sample_ms / per_call))
-
-    def run(i):
-        for j in range(batch):
-            runners[(i * batch + j) % len(runners)]()
-
-    return time_gpu(run, warmup=1, repeats=repeats, inputs=len(runners)).median_ms / batch
 
 
 def warm_up(run, seconds: float = 0.3) -> None:

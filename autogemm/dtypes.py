@@ -41,6 +41,11 @@ class DType:
     to_acc: str  # C++ expression: element x -> accumulator
     from_acc: str  # C++ expression: accumulator x -> element
     tensor_core: TensorCoreShapes | None = None
+    # cuBLAS(Lt)'s names for this row (library_types.h, cublas_api.h): the cudaDataType_t of A, B and
+    # C, and the cublasComputeType_t torch.matmul and cupy.matmul ask for (FP32 accumulation for the
+    # 16-bit types; TF32 through CUBLAS_COMPUTE_32F_FAST_TF32)
+    cuda_data_type: int = 0
+    cublas_compute_type: int = 68
 
     @property
     def accumulator_storage(self) -> str:
@@ -69,6 +74,10 @@ class DType:
         return SMALLEST_NORMAL[self.name]
 
 
+# cudaDataType_t and cublasComputeType_t values (library_types.h, cublas_api.h)
+CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF = 0, 1, 2, 14
+CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_32F_FAST_TF32 = 68, 70, 77
+
 ELEMENT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
 SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126, "float64": 2.0**-1022}
 
@@ -76,20 +85,24 @@ SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-
 ROWS: tuple[DType, ...] = (
     # the first row of a dtype is its default compute mode
     DType("float32", "fp32", 4, "float32", ("float32", "<f4"), "simt", "simt", 1e-5,
-          "float", "float", 4, "x", "x"),
+          "float", "float", 4, "x", "x", cuda_data_type=CUDA_R_32F, cublas_compute_type=CUBLAS_COMPUTE_32F),
     DType("float32", "tf32", 4, "float32", ("float32", "<f4"), "wmma", "wmma_tf32", 5e-3,
           "float", "float", 4, "x", "x",
-          TensorCoreShapes((16, 16, 8), "wmma::precision::tf32", (8, 0), (16, 8, 8), "tf32", (8, 0), wgmma_k=8)),
+          TensorCoreShapes((16, 16, 8), "wmma::precision::tf32", (8, 0), (16, 8, 8), "tf32", (8, 0), wgmma_k=8),
+          cuda_data_type=CUDA_R_32F, cublas_compute_type=CUBLAS_COMPUTE_32F_FAST_TF32),
     DType("float16", "fp32", 2, "float16", ("float16", "<f2"), "wmma", "wmma_fp16", 1e-2,
           "__half", "float", 4, "__half2float(x)", "__float2half_rn(x)",
-          TensorCoreShapes((16, 16, 16), "__half", (7, 0), (16, 8, 16), "f16", (8, 0), wgmma_k=16)),
+          TensorCoreShapes((16, 16, 16), "__half", (7, 0), (16, 8, 16), "f16", (8, 0), wgmma_k=16),
+          cuda_data_type=CUDA_R_16F, cublas_compute_type=CUBLAS_COMPUTE_32F),
     DType("bfloat16", "fp32", 2, "uint16", ("bfloat16", "|V2", "<V2"), "wmma", "wmma_bf16", 1e-2,
           "__nv_bfloat16", "float", 4, "__bfloat162float(x)", "__float2bfloat16_rn(x)",
-          TensorCoreShapes((16, 16, 16), "__nv_bfloat16", (8, 0), (16, 8, 16), "bf16", (8, 0), wgmma_k=16)),
+          TensorCoreShapes((16, 16, 16), "__nv_bfloat16", (8, 0), (16, 8, 16), "bf16", (8, 0), wgmma_k=16),
+          cuda_data_type=CUDA_R_16BF, cublas_compute_type=CUBLAS_COMPUTE_32F),
     # mma.sync m16n8k8 in FP64 is new in sm_90 (sm_80 has only the m8n8k4 that WMMA uses)
     DType("float64", "fp64", 8, "float64", ("float64", "<f8"), "wmma", "wmma_fp64", 1e-12,
           "double", "double", 8, "x", "x",
-          TensorCoreShapes((8, 8, 4), "double", (8, 0), (16, 8, 8), "f64", (9, 0))),
+          TensorCoreShapes((8, 8, 4), "double", (8, 0), (16, 8, 8), "f64", (9, 0)),
+          cuda_data_type=CUDA_R_64F, cublas_compute_type=CUBLAS_COMPUTE_64F),
 )
 
 DTYPES: tuple[str, ...] = tuple(dict.fromkeys(row.name for row in ROWS))

@@ -17,7 +17,8 @@ import argparse
 
 import numpy as np
 
-from autogemm.bench import rotation_count, time_calls
+from autogemm.bench import rotation_count
+from autogemm.timing import gpu_time
 
 READ_KERNEL = r'''
 extern "C" __global__ void read_all(const uint4* __restrict__ p, long long n, unsigned* out) {
@@ -42,7 +43,7 @@ def copy_ms(moved: int) -> float:
 
     src = cupy.ones(moved // 8, dtype=np.float32)
     dst = cupy.empty_like(src)
-    return time_calls([lambda: cupy.copyto(dst, src)], 10)
+    return gpu_time(lambda i: cupy.copyto(dst, src), target_ms=20).median_ms
 
 
 def main(argv=None) -> int:
@@ -66,7 +67,7 @@ def main(argv=None) -> int:
         for blocks_per_sm, threads in ((1, 1024), (2, 1024), (2, 512), (4, 512), (4, 256), (8, 256), (16, 128)):
             runners = [lambda b=b, g=sms * blocks_per_sm, t=threads: read((g,), (t,), (b, np.int64(nbytes // 16), out))
                        for b in buffers]
-            best = min(best, time_calls(runners, 10))
+            best = min(best, gpu_time(lambda i, runners=runners: runners[i % len(runners)](), target_ms=20).median_ms)
         same_ms = copy_ms(nbytes)
         read_rate, same_copy = nbytes / (best * 1e-3), nbytes / (same_ms * 1e-3)
         print(f"| {mb} | {best * 1e3:.1f} us | {read_rate / copy_rate:.0%} | {same_ms * 1e3:.1f} us | "
