@@ -86,6 +86,14 @@ class Record:
     # tuned; the record is current while its config still renders to that source. Records written
     # before this field existed fall back to template_hash.
     source_digest: str = ""
+    # The timing protocol (timing.PROTOCOL) of the figures: 1, records written before it had a number,
+    # whose cuBLAS times could be host-bound. time_ms and cublas_ms are GPU times (cublas_ms: the
+    # faster baseline's); latency_us and baseline_latency_us single-call latencies of what the record
+    # serves and of the served cuBLAS fallback (0: not measured); baselines: ms of each baseline.
+    protocol: int = 1
+    latency_us: float = 0.0
+    baseline_latency_us: float = 0.0
+    baselines: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -96,6 +104,18 @@ class Record:
     @property
     def is_cublas(self) -> bool:
         return self.family == CUBLAS
+
+    @property
+    def current_protocol(self) -> bool:
+        """Measured under today's timing protocol (GPU time for every competitor, and latencies)."""
+        from .timing import PROTOCOL
+
+        return self.protocol >= PROTOCOL
+
+    @property
+    def latency_ratio(self) -> float | None:
+        """The served cuBLAS fallback's latency over this record's (None: not measured)."""
+        return self.baseline_latency_us / self.latency_us if self.latency_us and self.baseline_latency_us else None
 
     @classmethod
     def from_json(cls, data) -> Record:
@@ -130,6 +150,16 @@ class Record:
         for key, value in values.get("trials", {}).items():
             if type(value) is not int or value < 0:
                 raise ValueError(f"trials.{key} must be a count (an int >= 0), got {_shown(value)}")
+        if type(values.get("protocol", 1)) is not int or values.get("protocol", 1) < 1:
+            raise ValueError(f"protocol must be an int >= 1, got {_shown(values.get('protocol'))}")
+        for name in ("latency_us", "baseline_latency_us"):
+            value = values.get(name, 0.0)
+            if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0, got {_shown(value)}")
+        if not isinstance(values.get("baselines", {}), dict) or any(
+                not isinstance(key, str) or type(value) not in (int, float) or not math.isfinite(value) or value <= 0
+                for key, value in values.get("baselines", {}).items()):
+            raise ValueError(f"baselines must map names to positive numbers, got {_shown(values.get('baselines'))}")
         if type(values.get("provisional", False)) is not bool:
             raise ValueError(f"provisional must be true or false, got {_shown(values['provisional'])}")
         if "best_generated" in values and not isinstance(values["best_generated"], dict):
@@ -181,17 +211,18 @@ class Record:
             return True
 
 
-def cublas_record(generated: Record, single_call_ratio: float | None = None) -> Record:
+def cublas_record(generated: Record, latency_ratio: float | None = None) -> Record:
     """The record of a tune that kept cuBLAS: cuBLAS's figures, and the generated kernel it beat
-    (whose template's hash makes the record stale once the templates change), with its ratio one
-    call at a time where that decided."""
+    (whose template's hash makes the record stale once the templates change), with its ratio in GPU
+    time and in single-call latency."""
     best = {"family": generated.family, "config": generated.config, "config_name": generated.config_name,
             "ratio": generated.ratio, "tflops": generated.tflops, "rel_error": generated.rel_error}
-    if single_call_ratio is not None:
-        best["single_call_ratio"] = single_call_ratio
+    if latency_ratio is not None:
+        best["latency_ratio"] = latency_ratio
     return dataclasses.replace(
         generated, family=CUBLAS, config={}, config_name=CUBLAS, time_ms=generated.cublas_ms,
         tflops=generated.cublas_tflops, ratio=1.0, rel_error=float("nan"), best_generated=best,
+        latency_us=generated.baseline_latency_us,
     )
 
 
@@ -350,8 +381,9 @@ class TuningCache:
         with self._lock(device_slug):
             document = self._load(path, device_slug, repair=True)
             previous = valid_records(document, path, keys=(record.problem,)).get(record.problem)
+            # (ratios of an older timing protocol are not comparable: host-bound baselines inflated them)
             if keep_better and previous is not None and not previous.stale and not previous.provisional \
-                    and previous.ratio > record.ratio:
+                    and previous.protocol >= record.protocol and previous.ratio > record.ratio:
                 return path
             document["entries"][record.problem] = record.to_json()
             write_json(path, document)

@@ -17,25 +17,41 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .bench import (Verdict, check_result, cublas_runner, poison, random_uniform, rotation_count, single_calls,
-                    time_calls, warm_up)
+from .bench import Verdict, check_result, cublas_runner, poison, random_uniform, rotation_count, warm_up
 from .compile import (CompileError, UnstoredCubin, compile_pool, compile_to_cubin, remember, shared_compile_pool,
                       unloaded_after)
 from .problem import Device, Problem
 from .render import render
+from .timing import PROTOCOL, TARGET_MS, gpu_time, latencies
 
-# Re-timing of finalists and cuBLAS: each sample is >= 3 back-to-back calls and >= 2 ms, so that
-# host overhead (cupy.matmul's is 15-25 us a call) stays out of the figures that get reported.
-FINAL_MIN_BATCH = 3
-FINAL_SAMPLE_MS = 2.0
+# GPU time (timing.gpu_time) of a candidate during the search: a short steady run; the finalists and
+# the baselines are re-timed with the protocol's full TARGET_MS each.
+TRIAL_TARGET_MS = 10.0
+TRIAL_MAX_CALLS = 400
+# the baselines' first timing, when a measuring process takes a problem (re-timed with the finalists)
+FIRST_BASELINE_MS = 30.0
 # The least run-to-run spread assumed of a timing (H100 re-timings of one kernel differ by ~1%)
 MIN_NOISE = 0.01
-# A winner faster than this (ms a call) is also compared with cuBLAS call by call, each call on an
-# idle GPU, as matmul serves both (a fresh output, then the launch): below it, host time is a
-# visible part of what a user waits for, and back-to-back timings hide it (a kernel 1.58x faster
-# back-to-back was 0.92x of cuBLAS a call at 128x128x256 in FP16 on an H100).
-SINGLE_CALL_MS = 1.0
+# A generated kernel must also beat the served cuBLAS fallback by this much in single-call latency
+# (each call on an idle GPU, host time included, as a user waits for it)
+LATENCY_MARGIN = 0.01
 SINGLE_CALL_PAIRS = 40
+# the baselines a generated kernel is measured against: cuBLASLt as matmul serves it (cublas_gemm)
+# and cupy.matmul; the faster of the two in GPU time is the one to beat
+SERVED, CUPY = "cublaslt", "cupy.matmul"
+
+
+@dataclass
+class Latency:
+    """Single-call latency of a kernel and of the served cuBLAS fallback, microseconds (medians)."""
+
+    kernel_us: float
+    baseline_us: float
+
+    @property
+    def ratio(self) -> float:
+        return self.baseline_us / self.kernel_us
+
 
 # compile: the compiler refused it; launch: CUDA refused to launch it; wrong: verification failed;
 # timeout/crash: it hung or killed the measuring process; oom: GPU memory ran out while measuring
@@ -82,6 +98,9 @@ class Evaluator:
     # relative spread of the last retime's cuBLAS figures (half their range over the median, at
     # least MIN_NOISE): a generated kernel must beat cuBLAS by more to be kept over it
     retime_noise: float = 0.01
+    # the timing protocol of the figures (timing.PROTOCOL), and each baseline's GPU ms at the last timing
+    protocol: int = PROTOCOL
+    baselines: dict = {}
 
     def start(self, config):
         """Begins work on a candidate (compiling, say) without blocking; returns a handle."""
@@ -98,10 +117,10 @@ class Evaluator:
         """Re-verifies and re-times the finalists together with cuBLAS; returns (measurements, cuBLAS ms)."""
         raise NotImplementedError
 
-    def single_call_ratio(self, config) -> float | None:
-        """cuBLAS's latency over the kernel's, one call at a time on an idle GPU, each served as
-        matmul serves it (the median over alternating pairs; > 1: the kernel is faster); None
-        where this back end cannot measure it."""
+    def single_call(self, config) -> Latency | None:
+        """The kernel's and the served cuBLAS fallback's latency, one call at a time on an idle GPU,
+        each served as matmul serves it (a fresh output, then the launch); None where this back end
+        cannot measure it."""
         return None
 
     def close(self) -> None:
@@ -129,8 +148,10 @@ class GpuMeasurer:
         self.poisoned = ""  # set to the error once the CUDA context is unusable
         per_set = 4 * problem.batch * (problem.m * problem.k + problem.k * problem.n + problem.m * problem.n)
         self._sets = [self._operands(seed + 100 * i) for i in range(rotation_count(per_set, device.l2_bytes))]
-        warm_up(self._cublas_runner(0))
-        self.cublas_ms = self.time_cublas()
+        self._served_calls: list | None = None
+        self.baselines: dict[str, float] = {}  # ms of each baseline, from the last timing
+        warm_up(self._served()[0])
+        self.cublas_ms = self.time_cublas(target_ms=FIRST_BASELINE_MS)
 
     def _shapes(self):
         p = self.problem
@@ -152,49 +173,65 @@ class GpuMeasurer:
         a, b, c = self._sets[i]
         return cublas_runner(self.problem, a, b, c)
 
-    def time_cublas(self, repeats: int = 15) -> float:
-        runners = [self._cublas_runner(i) for i in range(len(self._sets))]
-        return time_calls(runners, repeats, min_batch=FINAL_MIN_BATCH, sample_ms=FINAL_SAMPLE_MS)
+    def _served(self) -> list:
+        """cuBLASLt as matmul serves it (cublas_gemm's launcher), bound to each input set."""
+        if self._served_calls is None:
+            from .cublas_gemm import cublas_launcher
+            from .operands import describe
 
-    def single_call_ratio(self, config, pairs: int = SINGLE_CALL_PAIRS) -> float:
-        """Evaluator.single_call_ratio: the kernel's launcher and cuBLAS's (cublas_gemm, what matmul
-        serves), each after allocating a fresh output as matmul does. Like the back-to-back timings,
-        the calls rotate over the input sets, so that neither finds its operands still in L2 from
-        the call before (a weight matrix of a decode step is not, and 32 MB of FP16 B would be)."""
+            problem, calls = self.problem, []
+            for a, b, c in self._sets:
+                layouts = [describe(x, name, bfloat16_bits=True).storage(trans) for x, name, trans in
+                           ((a, "a", problem.trans_a), (b, "b", problem.trans_b), (c, "c", False))]
+                launch = cublas_launcher(problem, *layouts, self.device.compute_capability)
+                calls.append(functools.partial(launch, *(layout.pointer for layout in layouts), 1.0, 0.0))
+            self._served_calls = calls
+        return self._served_calls
+
+    def time_baselines(self, target_ms: float = TARGET_MS) -> dict[str, float]:
+        """GPU time (ms a call, timing.gpu_time) of each baseline: cuBLASLt as served, cupy.matmul."""
+        served = self._served()
+        users = [self._cublas_runner(i) for i in range(len(self._sets))]
+        baselines = {SERVED: gpu_time(lambda i: served[i % len(served)](), target_ms=target_ms).median_ms}
+        try:
+            baselines[CUPY] = gpu_time(lambda i: users[i % len(users)](), target_ms=target_ms).median_ms
+        except (TypeError, NotImplementedError):  # CuPy cannot compute this type in this form: no user can
+            pass
+        self.baselines = baselines
+        return baselines
+
+    def time_cublas(self, repeats: int | None = None, target_ms: float = TARGET_MS) -> float:
+        """The faster baseline's GPU time, ms a call (`repeats`: unused, the protocol decides)."""
+        return min(self.time_baselines(target_ms).values())
+
+    def single_call(self, config, pairs: int = SINGLE_CALL_PAIRS) -> Latency:
+        """Evaluator.single_call: the kernel's launcher and the served cuBLASLt, each after
+        allocating a fresh output as matmul does. The calls rotate over the input sets, so that
+        neither finds its operands still in L2 from the call before (a weight matrix of a decode step
+        is not, and 32 MB of FP16 B would be)."""
         import itertools
         import statistics
 
-        from .cublas_gemm import cublas_launcher
-        from .operands import describe
-
-        cupy, problem = self._cupy, self.problem
+        cupy = self._cupy
         shape, dtype = self._sets[0][2].shape, self._sets[0][2].dtype
-        cublas = []
         try:
             with unloaded_after():
-                kernels = self._kernel_runners(config)
-                for a, b, c in self._sets:
-                    layouts = [describe(x, name, bfloat16_bits=True).storage(trans) for x, name, trans in
-                               ((a, "a", problem.trans_a), (b, "b", problem.trans_b), (c, "c", False))]
-                    launch = cublas_launcher(problem, *layouts, self.device.compute_capability)
-                    cublas.append(functools.partial(launch, *(layout.pointer for layout in layouts), 1.0, 0.0))
-                next_kernel, next_cublas = itertools.cycle(kernels), itertools.cycle(cublas)
+                next_kernel = itertools.cycle(self._kernel_runners(config))
+                next_served = itertools.cycle(self._served())
 
                 def kernel():
                     cupy.empty(shape, dtype=dtype)
                     next(next_kernel)()
 
-                def cublas_call():
+                def served():
                     cupy.empty(shape, dtype=dtype)
-                    next(next_cublas)()
+                    next(next_served)()
 
-                for _ in range(3):
-                    kernel(), cublas_call()
-                kernel_ms, cublas_ms = single_calls(kernel, cublas_call, pairs)
+                waits = latencies({"kernel": kernel, "baseline": served}, rounds=pairs)
         except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
             self._poisoned_by(exc)
             raise
-        return statistics.median(theirs / ours for ours, theirs in zip(kernel_ms, cublas_ms))
+        return Latency(statistics.median(waits["kernel"]) * 1e3, statistics.median(waits["baseline"]) * 1e3)
 
     def _kernel_runners(self, config) -> list:
         """The candidate bound to each input set (one `run(stream=None)` per set), for timing."""
@@ -235,10 +272,8 @@ class GpuMeasurer:
             if not verdict.ok:
                 return Measurement(ok=False, rel_error=error, kind="wrong", message=verdict.message)
             runners = self._kernel_runners(config)
-            if final:
-                ms = time_calls(runners, repeats, best_ms, min_batch=FINAL_MIN_BATCH, sample_ms=FINAL_SAMPLE_MS)
-            else:
-                ms = time_calls(runners, repeats, best_ms)
+            ms = gpu_time(lambda i: runners[i % len(runners)](), target_ms=TARGET_MS if final else TRIAL_TARGET_MS,
+                          max_calls=None if final else TRIAL_MAX_CALLS).median_ms
         except CompileError as exc:
             return Measurement.failure("compile", str(exc))
         except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
@@ -333,8 +368,9 @@ class CompileAheadEvaluator(Evaluator):
     def _cublas(self, repeats: int) -> float:
         raise NotImplementedError
 
-    def retime(self, configs: list, rounds: int = 5) -> tuple[list[Measurement], float]:
-        """Interleaves the finalists and cuBLAS over several rounds; each gets its median."""
+    def retime(self, configs: list, rounds: int = 3) -> tuple[list[Measurement], float]:
+        """Interleaves the finalists and the baselines over several rounds, each measurement a steady
+        run of the protocol's TARGET_MS; each gets its median."""
         samples: dict[int, list[float]] = {i: [] for i in range(len(configs))}
         failures: dict[int, Measurement] = {}
         errors: dict[int, float | None] = {}
@@ -387,10 +423,12 @@ class GpuEvaluator(CompileAheadEvaluator):
         return self._measurer.measure(config, best_ms, repeats, final)
 
     def _cublas(self, repeats: int) -> float:
-        return self._measurer.time_cublas(repeats)
+        ms = self._measurer.time_cublas(repeats)
+        self.baselines = dict(self._measurer.baselines)
+        return ms
 
-    def single_call_ratio(self, config) -> float | None:
-        return self._measurer.single_call_ratio(config)
+    def single_call(self, config) -> Latency | None:
+        return self._measurer.single_call(config)
 
 
 class FatalEvaluationError(RuntimeError):

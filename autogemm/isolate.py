@@ -19,7 +19,8 @@ import time
 from dataclasses import asdict
 
 from .compile import remember
-from .evaluate import CompileAheadEvaluator, FatalEvaluationError, GpuMeasurer, Measurement, failure_from_exception
+from .evaluate import (CompileAheadEvaluator, FatalEvaluationError, GpuMeasurer, Latency, Measurement,
+                       failure_from_exception)
 from .problem import Device, Problem
 
 # a new measuring process starts an interpreter, a CUDA context, its inputs and the cuBLAS baseline
@@ -140,7 +141,8 @@ def serve(conn, measurer):
             return request
         if request[0] == "cublas":
             try:
-                conn.send(("ok", measurer.time_cublas(request[1])))
+                ms = measurer.time_cublas(request[1])
+                conn.send(("ok", {"ms": ms, "baselines": dict(measurer.baselines)}))
             except Exception as exc:
                 conn.send(("failed", f"{type(exc).__name__}: {exc}"))
             continue
@@ -149,7 +151,7 @@ def serve(conn, measurer):
             if cubin is not None:
                 remember(cubin)
             try:
-                conn.send(("ok", measurer.single_call_ratio(config_from_dict(config_data))))
+                conn.send(("ok", asdict(measurer.single_call(config_from_dict(config_data)))))
             except Exception as exc:
                 conn.send(("failed", f"{type(exc).__name__}: {exc}"))
             if measurer.poisoned:
@@ -350,18 +352,22 @@ class IsolatedEvaluator(CompileAheadEvaluator):
             return answer
         return Measurement(**answer[1])
 
-    def single_call_ratio(self, config) -> float | None:
-        """(None when the measuring process could not say: the back-to-back figures decide.)"""
+    def single_call(self, config) -> Latency | None:
+        """(None when the measuring process could not say.)"""
         answer = self._request(("single", config.to_dict(), self._in_memory.get(config.name)), self.timeout)
         if isinstance(answer, Measurement) or answer[0] != "ok":
             return None
-        return answer[1]
+        return Latency(**answer[1])
 
     def _cublas(self, repeats: int) -> float:
         answer = self._request(("cublas", repeats), self.timeout)
         if isinstance(answer, Measurement) or answer[0] != "ok":
             raise FatalEvaluationError(f"cuBLAS timing failed: {answer.message if isinstance(answer, Measurement) else answer[1]}")
-        return answer[1]
+        value = answer[1]
+        if isinstance(value, dict):  # the faster baseline's ms, and each baseline's
+            self.baselines = value["baselines"]
+            return value["ms"]
+        return value
 
     def close(self) -> None:
         super().close()

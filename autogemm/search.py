@@ -16,7 +16,7 @@ from collections import deque
 import optuna
 
 from .cache import Record, TuningCache, cublas_record
-from .evaluate import MIN_NOISE, SINGLE_CALL_MS, FatalEvaluationError, GpuEvaluator, Measurement
+from .evaluate import LATENCY_MARGIN, MIN_NOISE, FatalEvaluationError, GpuEvaluator, Measurement
 from .isolate import IsolatedEvaluator
 from .predict import known_configs
 from .provenance import host, now, runtime_versions
@@ -24,6 +24,7 @@ from .render import kernel_digest, kernel_template_hash
 from .study import (StudyStorageError, StudyWriter, TrialExchange, ask_params, best_configs, default_storage,
                     make_sampler, open_study, tell_trials)
 from .tune_progress import TuneProgress
+from .timing import PROTOCOL
 from .tune_result import TuneError, TuneResult
 
 CONVERGED_GAIN = 0.005  # see `converged`
@@ -126,7 +127,7 @@ def search_study(problem, device, name, *, trials, timeout, seed, sampler, space
     interrupted = False
     stopped = ""
 
-    def record_for(config, measurement: Measurement, cublas_ms: float, provisional: bool) -> Record:
+    def record_for(config, measurement: Measurement, cublas_ms: float, provisional: bool, latency=None) -> Record:
         return Record(
             problem=problem.key, family=config.family,
             config={k: v for k, v in config.to_dict().items() if k != "family"}, config_name=config.name,
@@ -136,7 +137,9 @@ def search_study(problem, device, name, *, trials, timeout, seed, sampler, space
             template_hash=kernel_template_hash(config.template), device=device.name, versions=runtime_versions(), date=now(), host=host(),
             source_digest=kernel_digest(config, problem),
             trials={"valid": valid, "rejected": rejected, "failed": failed}, wall_s=time.perf_counter() - started,
-            study=name, provisional=provisional,
+            study=name, provisional=provisional, protocol=getattr(evaluator, "protocol", PROTOCOL),
+            latency_us=latency.kernel_us if latency else 0.0, baseline_latency_us=latency.baseline_us if latency else 0.0,
+            baselines=dict(getattr(evaluator, "baselines", None) or {}),
         )
 
     def out_of_time() -> bool:
@@ -254,7 +257,7 @@ def search_study(problem, device, name, *, trials, timeout, seed, sampler, space
             sharing.announce(None)
         take_in(exchange.pull())
 
-    single_call = None  # cuBLAS's latency over the winner's, one call at a time
+    latency = None  # the winner's and the served cuBLAS fallback's, one call at a time
     try:
         finalists = best_configs(study, space, FINALISTS)
         if not finalists:
@@ -280,10 +283,8 @@ def search_study(problem, device, name, *, trials, timeout, seed, sampler, space
             if chosen.rel_error is None:
                 chosen.rel_error = next((m.rel_error for m in remeasured if m.ok and m.rel_error), None)
             noise = evaluator.retime_noise
-            if cublas_ms / chosen.time_ms > 1 + noise and chosen.time_ms < SINGLE_CALL_MS:
-                # a short call: it must also win one call at a time, host time and all, as matmul
-                # serves it
-                single_call = evaluator.single_call_ratio(winner)
+            # it must also win one call at a time, host time and all, as matmul serves it
+            latency = evaluator.single_call(winner)
     finally:
         if owns_evaluator:
             evaluator.close()
@@ -292,11 +293,11 @@ def search_study(problem, device, name, *, trials, timeout, seed, sampler, space
     study_trials = sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
                        if "config" in t.user_attrs and not t.user_attrs.get("duplicate"))
     # an interrupted tune's best stays provisional: served, and replaced by the next finished tune
-    record = record_for(winner, chosen, cublas_ms, provisional=interrupted)
+    record = record_for(winner, chosen, cublas_ms, provisional=interrupted, latency=latency)
     rel_error = record.rel_error  # the best generated kernel's, whichever is kept
-    kept_cublas = record.ratio <= 1 + noise or (single_call is not None and single_call <= 1 + noise)
+    kept_cublas = record.ratio <= 1 + noise or (latency is not None and latency.ratio <= 1 + LATENCY_MARGIN)
     if kept_cublas:  # within the noise of cuBLAS or slower: cuBLAS is the winner, with its figures
-        record = cublas_record(record, single_call)
+        record = cublas_record(record, latency.ratio if latency else None)
     record.trials["in_study"] = study_trials
     if exchange is not None:
         record.trials["other_gpus"] = exchange.pulled  # trials helpers measured into this study
@@ -310,7 +311,7 @@ def search_study(problem, device, name, *, trials, timeout, seed, sampler, space
         history=history, failures=failures, stopped=stopped,
         restarts=evaluator.restarts, restart_s=evaluator.restart_s, cache_error=cache_errors[-1] if cache_errors else "",
         unstored_kernels=evaluator.unstored, storage_error=evaluator.storage_error,
-        kept_cublas=kept_cublas, noise=noise, seeded=seeded, single_call_ratio=single_call,
+        kept_cublas=kept_cublas, noise=noise, seeded=seeded, latency=latency,
     )
 
 

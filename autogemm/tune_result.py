@@ -52,13 +52,18 @@ class TuneResult:
     kept_cublas: bool = False
     noise: float = 0.0  # relative spread of the final cuBLAS timings
     seeded: int = 0  # configs enqueued from what was known (cache, model) before the search
-    # cuBLAS's latency over the best kernel's, one call at a time (evaluate.SINGLE_CALL_MS); None:
-    # not compared that way (a long call, or the kernel did not win back-to-back)
-    single_call_ratio: float | None = None
+    # the best generated kernel's and the served cuBLAS fallback's single-call latency
+    # (evaluate.Latency; None: not measured, an interrupted tune)
+    latency: object = None
     # where several spaces were searched (tune without a space): (study, family, best generated
     # kernel's ratio, measured trials, kept cuBLAS) of each, in the order searched
     searched: list = field(default_factory=list)
     unsearched: list = field(default_factory=list)  # spaces in which nothing could be measured, and why
+
+    @property
+    def single_call_ratio(self) -> float | None:
+        """The served cuBLAS fallback's latency over the best generated kernel's (> 1: it is faster)."""
+        return self.latency.ratio if self.latency is not None else None
 
     @property
     def kept_reason(self) -> str:
@@ -66,7 +71,7 @@ class TuneResult:
         if not self.kept_cublas:
             return ""
         if self.single_call_ratio is not None and self.ratio > 1 + self.noise:
-            return (f"best generated kernel {self.ratio:.3f}x back to back but {self.single_call_ratio:.3f}x "
+            return (f"best generated kernel {self.ratio:.3f}x in GPU time but {self.single_call_ratio:.3f}x "
                     f"one call at a time")
         return f"best generated kernel {self.ratio:.3f}x"
 
@@ -106,6 +111,8 @@ class TuneResult:
             "noise": self.noise,
             "seeded": self.seeded,
             "single_call_ratio": self.single_call_ratio,
+            "latency_us": self.latency.kernel_us if self.latency is not None else None,
+            "baseline_latency_us": self.latency.baseline_us if self.latency is not None else None,
             "searched": [{"study": study, "family": family, "ratio": ratio, "valid": valid, "kept_cublas": kept}
                          for study, family, ratio, valid, kept in self.searched],
             "unsearched": self.unsearched,

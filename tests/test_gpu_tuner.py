@@ -59,9 +59,9 @@ def test_tune_odd_shape_and_layout():
 
 
 def test_the_measuring_process_compares_a_kernel_with_cublas_one_call_at_a_time():
-    """The tuner's check of short calls (evaluate.SINGLE_CALL_MS), through the isolated measuring
-    process and in this one, on a transposed float16 problem: both run the kernel and cuBLAS on
-    the measurer's stored operands and give a plausible ratio."""
+    """The tuner's latency check, through the isolated measuring process and in this one, on a
+    transposed float16 problem: both run the kernel and the served cuBLAS on the measurer's stored
+    operands and give plausible latencies."""
     from autogemm.evaluate import GpuMeasurer
     from autogemm.isolate import IsolatedEvaluator
     from autogemm.launch import current_device
@@ -73,12 +73,47 @@ def test_the_measuring_process_compares_a_kernel_with_cublas_one_call_at_a_time(
     config = default_config(problem, device)
     evaluator = IsolatedEvaluator(problem, device, jobs=1)
     try:
-        ratio = evaluator.single_call_ratio(config)
+        latency = evaluator.single_call(config)
     finally:
         evaluator.close()
-    assert ratio is not None and 0.1 < ratio < 10
+    assert latency is not None and 0.1 < latency.ratio < 10 and 1 < latency.kernel_us < 1000
     measurer = GpuMeasurer(problem, device)
-    assert 0.1 < measurer.single_call_ratio(config) < 10
+    assert 0.1 < measurer.single_call(config).ratio < 10
+
+
+def test_a_short_problem_records_gpu_time_for_the_kernel_and_the_baselines():
+    """Under 20 us a call, cupy.matmul's host time (15-45 us) set the pace of back-to-back timings
+    and inflated ratios 2-5x. A tune of such a problem records GPU times: the baselines' are well
+    under the host time a cupy.matmul call costs (measured here), and the kernel's and the
+    baseline's latencies, host time included, are above their GPU times."""
+    import time
+
+    import cupy
+
+    from autogemm.bench import random_uniform
+    from autogemm.cache import TuningCache
+    from autogemm.launch import current_device
+    from autogemm.problem import Problem
+    from autogemm.timing import PROTOCOL
+
+    out = _tune("--M", "256", "--dtype", "float16", "--trials", "6", "--timeout", "120", "--space", "wmma_fp16")
+    problem = Problem(256, 256, 256, dtype="float16")
+    record, _ = TuningCache().lookup(problem, current_device().slug)
+    assert record.protocol == PROTOCOL and out["cublas_ms"] == pytest.approx(record.cublas_ms)
+    kernel_ms = record.time_ms if not record.is_cublas else record.cublas_ms / record.best_generated["ratio"]
+    assert kernel_ms < 0.020 and set(record.baselines) == {"cublaslt", "cupy.matmul"}
+
+    a, b = random_uniform((256, 256), "float16", seed=1), random_uniform((256, 256), "float16", seed=2)
+    for _ in range(50):
+        cupy.matmul(a, b)
+    cupy.cuda.Device().synchronize()
+    began = time.perf_counter()
+    for _ in range(200):
+        cupy.matmul(a, b)
+    host_ms = (time.perf_counter() - began) / 200 * 1e3
+    cupy.cuda.Device().synchronize()
+    assert record.baselines["cupy.matmul"] < 0.8 * host_ms, (record.baselines, host_ms)
+    assert record.baseline_latency_us > record.cublas_ms * 1e3 and record.latency_us > 0
 
 
 def test_a_kept_measuring_process_measures_each_next_problem_on_its_own_inputs():

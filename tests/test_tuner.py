@@ -175,51 +175,42 @@ def test_cublas_is_kept_when_no_generated_kernel_beats_it_by_more_than_the_noise
 
 
 class _SingleCalls(RecordedEvaluator):
-    """A recorded table whose best kernel has this ratio to cuBLAS one call at a time."""
+    """A recorded table whose best kernel has this ratio to the served cuBLAS one call at a time."""
 
-    def __init__(self, table, single_call_ratio):
+    def __init__(self, table, latency_ratio):
         super().__init__(table)
-        self.ratio, self.asked = single_call_ratio, []
+        self.ratio, self.asked = latency_ratio, []
 
-    def single_call_ratio(self, config):
+    def single_call(self, config):
+        from autogemm.evaluate import Latency
+
         self.asked.append(config.name)
-        return self.ratio
+        return Latency(kernel_us=10.0, baseline_us=10.0 * self.ratio)
 
 
-def _short(table, speedup):
-    """The table as if every call took 1/100 of its time (well under SINGLE_CALL_MS), with cuBLAS
-    `speedup` times slower than its best kernel back to back."""
-    from autogemm.evaluate import SINGLE_CALL_MS
-
-    rows = {name: dataclasses.replace(m, time_ms=m.time_ms / 100, tflops=m.tflops * 100) if m.ok else m
-            for name, m in table.rows.items()}
-    short = dataclasses.replace(table, rows=rows, cublas_ms=BEST.time_ms / 100 * speedup)
-    assert short.best[1].time_ms < SINGLE_CALL_MS
-    return short
-
-
-def test_a_short_call_must_also_win_one_call_at_a_time(tmp_path):
-    """A kernel 1.5x faster than cuBLAS back to back but slower one call at a time (host time and
-    all, as matmul serves each) leaves cuBLAS serving, and says why; one faster both ways is kept.
-    Long calls are not compared call by call."""
+def test_a_kernel_must_also_win_one_call_at_a_time(tmp_path):
+    """A kernel 1.5x faster than cuBLAS in GPU time but slower one call at a time (host time and all,
+    as matmul serves each) leaves cuBLAS serving, and says why; one faster both ways is kept. Both
+    records carry the latencies and the current timing protocol."""
     from autogemm.select import choose
+    from autogemm.timing import PROTOCOL
 
-    slower_alone = _SingleCalls(_short(TABLE, 1.5), 0.9)
+    slower_alone = _SingleCalls(dataclasses.replace(TABLE, cublas_ms=BEST.time_ms * 1.5), 0.9)
     result = run(tmp_path / "slower", 20, evaluator=slower_alone, seed=1)
     assert slower_alone.asked == [result.config.name]
-    assert result.kept_cublas and result.ratio > 1.4 and result.single_call_ratio == 0.9
-    assert f"{result.ratio:.3f}x back to back but 0.900x one call at a time" in result.kept_reason
+    assert result.kept_cublas and result.ratio > 1.4 and result.single_call_ratio == pytest.approx(0.9)
+    assert f"{result.ratio:.3f}x in GPU time but 0.900x one call at a time" in result.kept_reason
     record, _ = TuningCache(tmp_path / "slower" / "cache", shipped=False).lookup(TABLE.problem, TABLE.device.slug)
-    assert record.is_cublas and record.best_generated["single_call_ratio"] == 0.9
+    assert record.is_cublas and record.best_generated["latency_ratio"] == pytest.approx(0.9)
+    assert record.protocol == PROTOCOL and record.latency_us == record.baseline_latency_us == pytest.approx(9.0)
     assert "0.900x one call at a time" in choose(TABLE.problem, TABLE.device, (record, "user"), []).reason
 
-    faster_alone = _SingleCalls(_short(TABLE, 1.5), 1.2)
+    faster_alone = _SingleCalls(dataclasses.replace(TABLE, cublas_ms=BEST.time_ms * 1.5), 1.2)
     result = run(tmp_path / "faster", 20, evaluator=faster_alone, seed=1)
-    assert not result.kept_cublas and result.single_call_ratio == 1.2
-
-    long_calls = _SingleCalls(dataclasses.replace(TABLE, cublas_ms=BEST.time_ms * 1.5), 0.5)
-    assert not run(tmp_path / "long", 20, evaluator=long_calls, seed=1).kept_cublas
-    assert long_calls.asked == []
+    assert not result.kept_cublas and result.single_call_ratio == pytest.approx(1.2)
+    record, _ = TuningCache(tmp_path / "faster" / "cache", shipped=False).lookup(TABLE.problem, TABLE.device.slug)
+    assert (record.latency_us, record.baseline_latency_us, record.protocol) == (10.0, pytest.approx(12.0), PROTOCOL)
+    assert record.latency_ratio == pytest.approx(1.2)
 
 
 def test_the_tune_starts_from_what_is_known(tmp_path):

@@ -21,10 +21,12 @@ def _format_result(result) -> str:
          if result.kept_cublas else f"the generated kernel ({result.ratio:.3f}x cuBLAS, noise {result.noise:.1%})"),
         ("best config", config.name),
         ("knobs", knobs),
-        ("TFLOP/s", f"{result.tflops:.2f}"),
-        ("cuBLAS TFLOP/s", f"{result.cublas_tflops:.2f}  (cupy.matmul, same run)"),
-        ("ratio", f"{result.ratio:.3f}x cuBLAS" + (f" back to back, {result.single_call_ratio:.3f}x one call at a time"
-                                                   if result.single_call_ratio is not None else "")),
+        ("TFLOP/s", f"{result.tflops:.2f}  (GPU time {result.time_ms * 1e3:.1f} us, steady state)"),
+        ("cuBLAS TFLOP/s", f"{result.cublas_tflops:.2f}  (GPU time {result.cublas_ms * 1e3:.1f} us: the faster of "
+                           "cuBLASLt as served and cupy.matmul, same run)"),
+        ("ratio", f"{result.ratio:.3f}x cuBLAS in GPU time" + (
+            f", {result.single_call_ratio:.3f}x one call at a time ({result.latency.kernel_us:.1f} us against "
+            f"{result.latency.baseline_us:.1f} us)" if result.latency is not None else "")),
         ("rel. error", f"{result.rel_error:.2e}" if result.rel_error == result.rel_error else "n/a"),
         *([("spaces searched", "; ".join(f"{family} {ratio:.3f}x ({valid} trials)" for _, family, ratio, valid, _
                                           in result.searched))] if result.searched else []),
