@@ -104,6 +104,8 @@ class Device:
     max_threads_per_sm: int = 2048
     l2_bytes: int = 0
     clock_khz: int = field(default=0, compare=False)  # SM clock, for time-limit estimates
+    # device memory's peak bandwidth, bytes/s, from its clock and bus width (0: unknown)
+    memory_bandwidth: float = field(default=0.0, compare=False)
     # Which GPU of this machine; not part of the identity (two identical cards share a cache).
     ordinal: int = field(default=0, compare=False)
 
@@ -166,5 +168,20 @@ class Device:
             max_threads_per_sm=int(props.get("maxThreadsPerMultiProcessor", props["maxThreadsPerBlock"])),
             l2_bytes=int(props.get("l2CacheSize", 0)),
             clock_khz=int(props.get("clockRate", 0)),
+            memory_bandwidth=_memory_bandwidth(ordinal),
             ordinal=ordinal,
         )
+
+
+def _memory_bandwidth(ordinal: int) -> float:
+    """Peak bandwidth of a GPU's memory, bytes/s: two transfers per memory clock over the bus
+    (cudaDevAttrMemoryClockRate, kHz; cudaDevAttrGlobalMemoryBusWidth, bits); 0 where the driver does
+    not say."""
+    import cupy
+
+    try:
+        clock_khz = cupy.cuda.runtime.deviceGetAttribute(36, ordinal)
+        bus_bits = cupy.cuda.runtime.deviceGetAttribute(37, ordinal)
+    except Exception:  # noqa: BLE001 - an attribute this driver does not have
+        return 0.0
+    return 2.0 * clock_khz * 1e3 * bus_bits / 8
