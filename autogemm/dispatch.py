@@ -10,8 +10,10 @@ repeated call costs one dictionary lookup and one launch.
 
 from __future__ import annotations
 
+import collections
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -25,10 +27,22 @@ from .planning import PROVISIONAL_PLAN_S, Dispatcher
 from .race import race_choice
 from .problem import Problem
 from .cublas_gemm import cublas_launcher
+from .guard import Guard, remember_loss
 from .select import Choice
 from .torch_tensors import is_tensor
 
 _DISPATCHER = Dispatcher()
+# The fast path keeps one fresh output of a plan ready for its next call, made after the launch while
+# the GPU works, so that a call launches before it allocates: a user waiting for one call waits for
+# what comes before the launch (on an H100 an allocation costs 2.2 us, a cuBLASLt call 8.7 us, against
+# a GEMV of 10 us). Only outputs up to this size, where that time is a visible part of a call.
+SPARE_OUTPUT_BYTES = 32 * 1024 * 1024
+GEMMEX_MARGIN = 0.03
+# From this much work a call's GPU time outweighs its host time, and cuBLASLt's heuristic and
+# cublasGemmEx may pick kernels several percent apart (on an H100, BF16 8192^3: 1.41 ms through
+# cublasGemmEx, 1.59 ms through cuBLASLt's first choice): on a problem without a record, the two are
+# compared on its first calls (guard.Guard) and the faster serves.
+API_GUARD_FLOPS = 2e10
 _PLAIN_SCALARS = (float, int)
 _NDARRAY = None  # cupy.ndarray once CuPy is imported (the fast path compares types with it)
 _current_device = None  # cupy.cuda.runtime.getDevice, likewise
@@ -194,6 +208,10 @@ class _Plan:
     copy_out: bool = False  # out is not row-major: the launch writes a contiguous buffer, copied in
     provisional_until: float | None = None  # a tune of this problem runs elsewhere: plan again then
     fast_key: tuple | None = None  # its entry in the fast-path memo, if it has one
+    # the fast path's next output, made after the last launch (SPARE_OUTPUT_BYTES); a deque, whose pop
+    # and append are atomic, so that two threads never take the same one
+    spares: object = None
+    spare_bytes: int = 0
     # a's and b's addresses modulo 16 that the kernel's vector widths were chosen for; None: any
     # (cuBLAS reads any address)
     alignment: tuple | None = None
@@ -212,8 +230,17 @@ class _Plan:
         pointer_b = data_b.ptr
         if self.alignment is not None and (pointer_a % 16, pointer_b % 16) != self.alignment:
             return None
-        out_arr = _NDARRAY(self.shape, self.dtype)
+        spares = self.spares
+        if spares is None:
+            out_arr = _NDARRAY(self.shape, self.dtype)
+            self.launch(pointer_a, pointer_b, out_arr.data.ptr, alpha, 0.0)
+            return out_arr
+        try:
+            out_arr = spares.pop()
+        except IndexError:  # the first call, or another thread took it
+            out_arr = _NDARRAY(self.shape, self.dtype)
         self.launch(pointer_a, pointer_b, out_arr.data.ptr, alpha, 0.0)
+        spares.append(_NDARRAY(self.shape, self.dtype))
         return out_arr
 
     def call(self, a, b, out_arr, alpha: float, beta: float):
@@ -274,6 +301,9 @@ def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune, race) -> 
     plan = _Plan(choice, problem, shape, out_arr.dtype, device_id, copy_a=copy_a, copy_b=copy_b,
                  copy_out=layout_c is None,
                  provisional_until=time.monotonic() + PROVISIONAL_PLAN_S if choice.provisional else None)
+    if out_arr.nbytes <= SPARE_OUTPUT_BYTES and _DISPATCHER.reserve_spare(out_arr.nbytes):
+        plan.spares = collections.deque(maxlen=1)
+        plan.spare_bytes = out_arr.nbytes
     if layout_c is None:  # the kernel writes a contiguous buffer of this shape, copied into out
         layout_c = describe(cupy.empty(shape, dtype=out_arr.dtype), "out").layout()
 
@@ -286,17 +316,61 @@ def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune, race) -> 
             launches[config.name] = launcher(prepared, layout_a, layout_b, layout_c), prepared
         return launches[config.name]
 
-    cublas_launch = cublas_launcher(problem, layout_a, layout_b, layout_c, device.compute_capability)
+    cublas_launch = cublas_launcher(problem, layout_a, layout_b, layout_c, device.compute_capability,
+                                    api=cublas_api(choice.record))
     if race and choice.record is None and choice.ranked:
         choice = plan.choice = _DISPATCHER.race(problem, device, choice, lambda: _race_entrants(
             plan, choice, a_arr, b_arr, kernel_launch, cublas_launch))
+    verdict = _DISPATCHER.verdicts.get((device.slug, problem.key)) if choice.guarded else None
+    if verdict is not None and not verdict["kernel_won"]:  # the guard dropped it earlier in this process
+        choice = plan.choice = _guard_dropped(choice, verdict)
     if choice.config is None:
         plan.launch = cublas_launch
+        if choice.record is None and problem.flops >= API_GUARD_FLOPS:
+            # nothing measured this problem: which cuBLAS call is faster on it is settled on its first
+            # calls, as a predicted kernel's place is (guard.py)
+            gemmex = cublas_launcher(problem, layout_a, layout_b, layout_c, device.compute_capability, api="gemmex")
+            plan.launch = Guard(gemmex, cublas_launch, lambda winner, verdict: setattr(plan, "launch", winner))
         return plan
     plan.launch, prepared = kernel_launch(choice.config)
     plan.alignment = (a_arr.data.ptr % 16, b_arr.data.ptr % 16)
     choice.details.update(kernel=prepared.kernel.source.kernel, registers=prepared.kernel.registers)
+    if choice.guarded and verdict is None:
+        plan.launch = Guard(plan.launch, cublas_launch, _settle(plan, device, problem))
     return plan
+
+
+def cublas_api(record) -> str:
+    """Which cuBLAS call serves a problem: cuBLASLt with its heuristic (what torch.matmul reaches),
+    unless the problem's record measured cublasGemmEx (cupy.matmul's call) faster by GEMMEX_MARGIN in
+    GPU time: the heuristic's first choice is not always cuBLAS's best (on an H100, FP16
+    2048x11008x4096 ran 6% faster through cublasGemmEx)."""
+    baselines = record.baselines if record is not None and record.current_protocol else {}
+    lt, gemmex = baselines.get("cublaslt"), baselines.get("cupy.matmul")
+    return "gemmex" if lt and gemmex and gemmex < (1 - GEMMEX_MARGIN) * lt else "lt"
+
+
+def _guard_dropped(choice: Choice, verdict: dict) -> Choice:
+    return Choice("guard", None, f"{choice.source} {choice.config.name} lost to cuBLAS on this problem's first "
+                  f"calls ({verdict['ratio']:.3f}x): cuBLAS", choice.record,
+                  details=dict(choice.details, guard=verdict), ranked=choice.ranked)
+
+
+def _settle(plan: _Plan, device, problem: Problem):
+    """What the guard does once it has decided: the winner serves the plan from the next call on; a
+    kernel that lost is remembered (in the process, and in the user cache for the next processes,
+    written from a thread so that no call waits for the file)."""
+    config = plan.choice.config
+
+    def settle(winner, verdict: dict) -> None:
+        plan.launch = winner
+        _DISPATCHER.verdicts[(device.slug, problem.key)] = verdict
+        plan.choice.details["guard"] = verdict
+        if not verdict["kernel_won"]:
+            threading.Thread(target=remember_loss, args=(_DISPATCHER.cache, device, problem, config, verdict),
+                             name="autogemm-guard").start()
+
+    return settle
 
 
 def _race_entrants(plan: _Plan, choice: Choice, a_arr, b_arr, kernel_launch, cublas_launch):
@@ -377,6 +451,10 @@ def explain(a, b, *, out=None, compute: str | None = None, tune: bool | None = N
     raced = _DISPATCHER.races.get((device.slug, problem.key)) if _flag(race, "AUTOGEMM_RACE") else None
     if raced is not None and choice.record is None:
         choice = race_choice(choice, raced)
+    verdict = _DISPATCHER.verdicts.get((device.slug, problem.key)) if choice.guarded else None
+    if verdict is not None:
+        choice = _guard_dropped(choice, verdict) if not verdict["kernel_won"] else choice
+        choice.details["guard"] = verdict
     record = choice.record
     return {
         "problem": problem.key,
@@ -386,6 +464,8 @@ def explain(a, b, *, out=None, compute: str | None = None, tune: bool | None = N
         "reason": choice.reason,
         "candidates": choice.details.get("candidates", []),
         "race": choice.details.get("race"),
+        "guarded": choice.guarded,
+        "guard": choice.details.get("guard"),
         "copies": copied + [x.name for x, lay in ((ia, layout_a), (ib, layout_b)) if lay is None],
         "conversions": [f"{x.name}: {x.dtype.name} -> {call.dtype.name}" for x in operands if x.dtype != call.dtype],
         "cached": None if record is None else {

@@ -18,6 +18,8 @@ from .select import Choice, choose
 AUTOTUNE_TRIALS = 40
 AUTOTUNE_TIMEOUT_S = 30.0
 MAX_PLANS = 1024  # plans memoized per process (least recently used go first)
+# the spare outputs the fast path keeps ready (dispatch.SPARE_OUTPUT_BYTES), all plans together
+SPARE_BUDGET_BYTES = 1024 * 1024 * 1024
 # A call that finds another process tuning its problem waits this long for that tune's result,
 # then serves the best it has without tuning, and plans again after PROVISIONAL_PLAN_S.
 WAIT_FOR_TUNE_S = 2 * AUTOTUNE_TIMEOUT_S
@@ -39,6 +41,9 @@ class Dispatcher:
         self._building: dict = {}  # plan key -> Event set when the thread building it is done
         self._tune_locks: dict[int, threading.Lock] = {}  # GPU ordinal -> held while tuning on it
         self.races: dict = {}  # (device slug, problem key) -> race.RaceResult, for the process's life
+        # (device slug, problem key) -> the online guard's verdict (guard.py), for the process's life
+        self.verdicts: dict = {}
+        self.spare_bytes = 0  # the plans' spare outputs (dispatch.SPARE_BUDGET_BYTES)
         self._cache = cache
 
     @property
@@ -57,7 +62,9 @@ class Dispatcher:
         with self.lock:
             self.plans.clear()
             self.fast.clear()
+            self.spare_bytes = 0
             self.races.clear()
+            self.verdicts.clear()
 
     def plan_for(self, key, build, fast_key=None):
         """The plan memoized under `key`, or the one `build()` makes: one thread builds it while
@@ -100,7 +107,17 @@ class Dispatcher:
                 _, evicted = self.plans.popitem(last=False)
                 self._forget_fast(evicted)
 
+    def reserve_spare(self, nbytes: int) -> bool:
+        """Whether a new plan may keep a spare output of `nbytes` (within the budget of all plans)."""
+        with self.lock:
+            if self.spare_bytes + nbytes > SPARE_BUDGET_BYTES:
+                return False
+            self.spare_bytes += nbytes
+            return True
+
     def _forget_fast(self, plan) -> None:
+        self.spare_bytes -= getattr(plan, "spare_bytes", 0)
+        plan.spare_bytes = 0
         if plan.fast_key is not None and self.fast.get(plan.fast_key) is plan:
             del self.fast[plan.fast_key]
 

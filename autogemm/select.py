@@ -35,6 +35,8 @@ class Choice:
     details: dict = field(default_factory=dict)
     provisional: bool = False  # a tune of this problem was still running elsewhere when chosen
     ranked: list = field(default_factory=list)  # the model's candidates, best first (predict.Candidate)
+    # served under the online guard (guard.py): a prediction, or a record of an older timing protocol
+    guarded: bool = False
 
 
 def size_class(problem: Problem) -> str:
@@ -76,13 +78,20 @@ def choose(problem: Problem, device, exact, records) -> Choice:
         if record.is_cublas:
             best = record.best_generated
             lost = f"; best generated kernel {best['ratio']:.3f}x" if best else ""
-            if best and isinstance(best.get("single_call_ratio"), (int, float)):
-                lost += f" ({best['single_call_ratio']:.3f}x one call at a time)"
+            one_call = best.get("latency_ratio", best.get("single_call_ratio")) if best else None
+            if isinstance(one_call, (int, float)):
+                lost += f" ({one_call:.3f}x one call at a time)"
+            if record.study == "guard":
+                lost += " under the online guard"
             return Choice(where, None, f"tuned for this problem: cuBLAS kept{lost} ({record.date[:10]})", record)
         config = record.config_object
         if not config.check(problem, device):
-            return Choice(where, config, f"tuned for this problem ({record.ratio:.3f}x cuBLAS on {record.date[:10]})",
-                          record)
+            if not record.current_protocol:  # its ratio may be host time: checked on the first calls
+                return Choice(where, config, f"tuned for this problem ({record.ratio:.3f}x cuBLAS on {record.date[:10]}, "
+                              "an older timing protocol: guarded)", record, guarded=True)
+            latency = f", {record.latency_ratio:.3f}x one call at a time" if record.latency_ratio else ""
+            return Choice(where, config, f"tuned for this problem ({record.ratio:.3f}x cuBLAS in GPU time{latency} "
+                          f"on {record.date[:10]})", record)
     considered = predict.candidates(problem, device, records)
     choice = _choose_untuned(problem, device, considered)
     choice.ranked = considered
@@ -93,9 +102,10 @@ def _choose_untuned(problem: Problem, device, considered) -> Choice:
     details = {"candidates": [c.to_json() for c in considered[:SHOWN_CANDIDATES]]}
     best = considered[0] if considered else None
     if best is not None and best.wins:
+        latency = f", {best.latency_ratio:.3f}x one call at a time" if best.latency_ratio is not None else ""
         return Choice("predicted", best.config,
-                      f"predicted {best.predicted_ratio:.3f}x cuBLAS (needs {best.needed_ratio:.3f}x) from its "
-                      f"{best.measured_ratio:.3f}x on {best.source}", details=details)
+                      f"predicted {best.predicted_ratio:.3f}x cuBLAS in GPU time{latency} (needs {best.needed_ratio:.3f}x) "
+                      f"from its {best.measured_ratio:.3f}x on {best.source}; guarded", details=details, guarded=True)
     why = (f"no tuned config is predicted to beat cuBLAS by the margin (best {best.predicted_ratio:.3f}x, "
            f"needs {best.needed_ratio:.3f}x)" if best is not None else "nothing tuned for this dtype on this GPU")
     if (problem.dtype, problem.compute) in CUBLAS_SERVES:
