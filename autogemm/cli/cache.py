@@ -1,4 +1,4 @@
-"""`autogemm cache`: list, show, verify, export, import and clear tuned results."""
+"""`autogemm cache`: list, show, verify, retime, export, import and clear tuned results."""
 
 from __future__ import annotations
 
@@ -62,6 +62,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
         return 0
     if args.action == "verify":
         return _cache_verify(cache, include_shipped=args.all)
+    if args.action == "retime":
+        return _cache_retime(cache, args.key, args.force, args.only)
     if args.action == "clear":
         if not args.yes:
             if not sys.stdin.isatty():
@@ -90,6 +92,32 @@ def _cache_merge(sources: list[str], output: str | None) -> int:
     except OSError as exc:
         raise CliFailure(f"cannot write {output}: {exc}") from None
     print(f"merged {len(sources)} file(s) into {output}: " + ", ".join(f"{n} records of {slug}" for slug, n in counts.items()))
+    return 0
+
+
+def _cache_retime(cache, file, force: bool, only) -> int:
+    """Re-times this GPU's records of a device document (the user's, or FILE) under the current timing
+    protocol (retime.py)."""
+    from pathlib import Path
+
+    from ..launch import current_device
+    from ..retime import retime_document
+    from ..tuner import default_jobs
+
+    require_gpu()
+    device = current_device()
+    path = Path(file) if file else cache.path(device.slug)
+    if not path.is_file():
+        raise CliFailure(f"no document to retime at {path}" + ("" if file else f" (nothing tuned on {device.name} yet)"))
+    try:
+        done = retime_document(path, device, force=force, jobs=default_jobs(),
+                               only=[text for text in only.split(",") if text] if only else None,
+                               progress=lambda line: print(line, flush=True))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    kept = sum(1 for item in done if item.after != "cublas")
+    print(f"re-timed {len(done)} record(s) of {path} on {device.name}: {kept} serve a generated kernel, "
+          f"{len(done) - kept} cuBLAS")
     return 0
 
 
