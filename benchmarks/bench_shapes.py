@@ -1,7 +1,9 @@
-"""`autogemm.matmul` against the `cupy.matmul` it replaces, over the public shape suite
-(benchmarks/shapes.toml), in one run: for each shape, single calls of each alternate between CUDA
-events, each started on an idle GPU (its host overhead counted), and the ratio is the median over
-the pairs (cuBLAS time / autogemm time; > 1: autogemm is faster). Three ways of meeting a shape:
+"""`autogemm.matmul` against what a user would call instead, the faster of `torch.matmul` and
+`cupy.matmul` (each on the same memory), over the public shape suite (benchmarks/shapes.toml), in one
+run and timed the same way (autogemm/timing.py): latency, each call on an idle GPU with its host
+time, the competitors taking turns (median); and GPU time in steady state, each competitor's calls
+back to back behind the gate for at least 100 ms (median of samples). Ratios are the faster
+baseline's figure over autogemm's (> 1: autogemm is faster). Ways of meeting a shape:
 
     empty     nothing tuned by the user (an empty user cache; tuned results shipped for this GPU in
               cache/ are read, as a new user's matmul reads them)
@@ -70,36 +72,45 @@ def operands(problem, seed: int):
     return a, b
 
 
-def baseline(problem, a, b):
-    """The call autogemm replaces: cupy.matmul with a fresh output, as autogemm.matmul's (for tf32
-    in a process where CuPy runs in TF32, as a user of TF32 runs it; bfloat16 needs CuPy 14)."""
-    import cupy
-
-    return lambda: cupy.matmul(a, b)
-
-
 def measure(problem, pairs: int, seed: int) -> dict:
     import autogemm
+    from autogemm import baselines
 
-    if problem.compute == "tf32" and os.environ.get("CUPY_TF32") != "1":
+    if problem.compute == "tf32" and not baselines.cupy_in_tf32():
         return measure_in_tf32_process(problem, pairs, seed)
     a, b = operands(problem, seed)
     compute = problem.compute if problem.compute == "tf32" else None
     ours = lambda: autogemm.matmul(a, b, compute=compute)  # noqa: E731
-    theirs = baseline(problem, a, b)
+    calls = {"autogemm.matmul": ours, **baselines.user_calls(a, b, problem.compute)}
+    check(problem, ours(), calls[baselines.CUPY_MATMUL]() if baselines.CUPY_MATMUL in calls else a @ b)
+    for _ in range(20):  # plans, compilation, clocks; a guarded kernel decides in its first calls
+        ours()
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+    ours()
     explained = autogemm.explain(a, b, compute=compute)
-    check(problem, ours(), theirs())
-    return _timed_pairs(problem, ours, theirs, explained, pairs)
+    figures = baselines.measure(calls, latency_calls=pairs)
+    gpu, latency, gpu_name, latency_name = baselines.faster_baseline(figures)
+    mine = figures["autogemm.matmul"]
+    return {"problem": problem.key, "dtype": problem.dtype, "compute": problem.compute,
+            "shape": [problem.m, problem.n, problem.k], "ratio": latency / mine.latency_us,
+            "gpu_ratio": gpu / mine.gpu_us, "faster_latency": latency_name, "faster_gpu": gpu_name,
+            "figures": {name: {"gpu_us": f.gpu_us, "latency_us": f.latency_us} for name, f in figures.items()},
+            "tflops": problem.flops / mine.gpu_us / 1e6, "source": explained["source"],
+            "config": explained["config"], "reason": explained["reason"]}
 
 
 def measure_in_tf32_process(problem, pairs: int, seed: int) -> dict:
-    """`measure` in a child process where CuPy runs float32 products in TF32: CuPy's switch for it,
-    CUPY_TF32=1, is read once when CuPy is imported (the child inherits the cache directory)."""
+    """`measure` in a child process where both baselines compute float32 in TF32 (CuPy's switch,
+    CUPY_TF32=1, is read once when CuPy is imported; the child inherits the cache directory)."""
     import subprocess
 
+    from autogemm import baselines
+
     child = subprocess.run([sys.executable, __file__, "--measure-one", problem.key, "--pairs", str(pairs),
-                            "--seed", str(seed)], env={**os.environ, "CUPY_TF32": "1"}, capture_output=True,
-                           text=True)
+                            "--seed", str(seed)], env={**os.environ, **baselines.tf32_environment()},
+                           capture_output=True, text=True)
     if child.returncode != 0:
         raise SystemExit(f"{problem.key}: the TF32 measuring process failed:\n{child.stderr[-2000:]}")
     return json.loads(child.stdout.strip().splitlines()[-1])
@@ -119,26 +130,6 @@ def check(problem, mine, base) -> None:
                          f"(tolerance {2 * tolerance(problem):g}); no timing of a wrong result")
 
 
-def _timed_pairs(problem, ours, theirs, explained, pairs: int) -> dict:
-    import cupy
-
-    from autogemm.bench import single_calls
-
-    for _ in range(3):  # plans, compilation, clocks
-        ours(), theirs()
-    cupy.cuda.Device().synchronize()
-    # each call starts on an idle GPU, so that its own host overhead is in its time (were the
-    # second queued behind the first, its overhead would hide and the median of the ratios would
-    # jump between two populations: +-15% on calls under 50 us)
-    ours_ms, theirs_ms = single_calls(ours, theirs, pairs)
-    ratios = [base / mine for mine, base in zip(ours_ms, theirs_ms)]
-    return {"problem": problem.key, "dtype": problem.dtype, "compute": problem.compute,
-            "shape": [problem.m, problem.n, problem.k], "ratio": statistics.median(ratios),
-            "autogemm_ms": statistics.median(ours_ms), "cupy_ms": statistics.median(theirs_ms),
-            "tflops": problem.flops / statistics.median(ours_ms) / 1e9, "source": explained["source"],
-            "config": explained["config"], "reason": explained["reason"]}
-
-
 def geomean(values) -> float:
     values = list(values)
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
@@ -150,19 +141,26 @@ def write(rows: list[dict], mode: str, note: str) -> Path:
     device = current_device()
     out = HERE / "results" / f"shapes-{device.slug}-{mode}"
     out.parent.mkdir(parents=True, exist_ok=True)
-    groups: dict[str, list[float]] = {}
+    groups: dict[str, list[dict]] = {}
     for row in rows:
-        groups.setdefault(f"{row['dtype']}/{row['compute']}", []).append(row["ratio"])
+        groups.setdefault(f"{row['dtype']}/{row['compute']}", []).append(row)
     lines = [f"# Shape suite on {device.name}: {mode}", "", note, "",
-             "| problem | autogemm ms | cupy.matmul ms | ratio | served by |", "| --- | ---: | ---: | ---: | --- |"]
+             "Figures in us, latency / GPU time. Ratios: the faster of torch.matmul and cupy.matmul over autogemm "
+             "(> 1: autogemm is faster), in latency and in steady-state GPU time.", "",
+             "| problem | autogemm | torch.matmul | cupy.matmul | latency ratio | GPU ratio | served by |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
     for row in rows:
+        f = row["figures"]
+        cell = lambda n: f"{f[n]['latency_us']:.1f} / {f[n]['gpu_us']:.1f}" if n in f else "-"  # noqa: E731
         served = row["config"] or row["source"]
-        lines.append(f"| {row['problem']} | {row['autogemm_ms']:.4f} | {row['cupy_ms']:.4f} | {row['ratio']:.3f} | "
-                     f"{row['source']}: {served} |")
-    lines += ["", "| dtype | shapes | geomean | min |", "| --- | ---: | ---: | ---: |"]
-    for group, ratios in groups.items():
-        lines.append(f"| {group} | {len(ratios)} | {geomean(ratios):.3f} | {min(ratios):.3f} |")
-    lines.append(f"| all | {len(rows)} | {geomean(r['ratio'] for r in rows):.3f} | {min(r['ratio'] for r in rows):.3f} |")
+        lines.append(f"| {row['problem']} | {cell('autogemm.matmul')} | {cell('torch.matmul')} | {cell('cupy.matmul')} | "
+                     f"{row['ratio']:.3f} | {row['gpu_ratio']:.3f} | {row['source']}: {served} |")
+    lines += ["", "| dtype | shapes | latency geomean | latency min | GPU geomean | GPU min |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for group, members in list(groups.items()) + [("all", rows)]:
+        latency, gpu = [r["ratio"] for r in members], [r["gpu_ratio"] for r in members]
+        lines.append(f"| {group} | {len(members)} | {geomean(latency):.3f} | {min(latency):.3f} | {geomean(gpu):.3f} | "
+                     f"{min(gpu):.3f} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     out.with_suffix(".json").write_text(json.dumps({"mode": mode, "note": note, "device": device.name, "rows": rows},
                                                    indent=1))
@@ -175,7 +173,8 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("mode", choices=("empty", "shipped", "tuned", "loo"), nargs="?")
     parser.add_argument("--suite", type=Path, default=HERE / "shapes.toml")
-    parser.add_argument("--pairs", type=int, default=100, help="timed pairs per shape (median; default 100)")
+    parser.add_argument("--pairs", type=int, default=40, help="timed single calls of each competitor per shape "
+                        "(latency: the median; default 40)")
     parser.add_argument("--budget", type=float, default=30.0, help="tuned: seconds of tuning per problem")
     parser.add_argument("--keep-cache", type=Path, help="tuned: keep the tuned cache in this directory")
     parser.add_argument("--from", dest="source", type=Path,
@@ -210,14 +209,14 @@ def main() -> int:
         for i, problem in enumerate(problems):
             rows.append(measure(problem, args.pairs, seed=10 * i))
         note = (f"An empty user cache, with the {len(shipped)} records shipped for this GPU in cache/; "
-                f"{args.pairs} alternating pairs per shape (each call on an idle GPU), median ratio.")
+                f"{args.pairs} single calls of each competitor per shape (each on an idle GPU, taking turns).")
     elif args.mode == "tuned" and args.source is not None:
         os.environ["AUTOGEMM_CACHE_DIR"] = str(args.source)
         autogemm.reset()
         for i, problem in enumerate(problems):
             rows.append(measure(problem, args.pairs, seed=10 * i))
         note = (f"With the tuned records of an earlier `tuned` run (each problem tuned with a {args.budget:g} s search "
-                f"budget, re-timing on top); {args.pairs} alternating pairs per shape (each call on an idle GPU), median ratio.")
+                f"budget, re-timing on top); {args.pairs} single calls of each competitor per shape (each on an idle GPU, taking turns).")
     elif args.mode == "tuned":
         directory = args.keep_cache or Path(tempfile.mkdtemp(prefix="autogemm-tuned-"))
         os.environ["AUTOGEMM_CACHE_DIR"] = str(directory)
@@ -230,7 +229,7 @@ def main() -> int:
         for i, problem in enumerate(problems):
             rows.append(measure(problem, args.pairs, seed=10 * i))
         note = (f"Each problem tuned first with a {args.budget:g} s budget (search; re-timing on top), "
-                f"{time.perf_counter() - started:.0f} s in all; {args.pairs} alternating pairs per shape (each call on an idle GPU), median ratio.")
+                f"{time.perf_counter() - started:.0f} s in all; {args.pairs} single calls of each competitor per shape (each on an idle GPU, taking turns).")
     else:
         if args.source is None:
             parser.error("loo needs --from DIR, the cache a `tuned` run kept")
@@ -246,7 +245,7 @@ def main() -> int:
             autogemm.reset()
             rows.append(measure(problem, args.pairs, seed=10 * i))
         note = (f"Leave-one-out: each shape with every tuned record of a `tuned` run but its own; {args.pairs} "
-                "alternating pairs per shape (each call on an idle GPU), median ratio.")
+                "single calls of each competitor per shape (each on an idle GPU, taking turns).")
     write(rows, args.mode, note)
     return 0
 

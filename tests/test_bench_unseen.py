@@ -1,0 +1,111 @@
+"""benchmarks/bench_unseen.py without a GPU: the seeded generator of unseen problems (how many, what
+mix, none known, within bounds) and --list, which needs neither a GPU nor CuPy."""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "bench_unseen.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_unseen", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load()
+
+
+@pytest.fixture(scope="module")
+def problems():
+    return bench.unseen_problems(bench.SEED)
+
+
+def test_enough_problems_the_same_for_a_seed_and_another_for_another(problems):
+    assert len(problems) == bench.COUNT >= 200
+    assert bench.unseen_problems(bench.SEED) == problems
+    assert bench.unseen_problems(7) != problems
+    assert len({bench._problem(spec).key for spec in problems}) == len(problems)  # none twice
+
+
+def test_known_keys_cover_what_is_shipped():
+    known = bench.known_keys()
+    entries = json.loads((ROOT / "cache" / "nvidia-h100-80gb-hbm3-sm90.json").read_text())["entries"]
+    assert entries and set(entries) <= known
+    assert "float16/fp32/nt/b1/16x4096x4096" in known  # bench_baselines.SHAPES
+    assert "float64/fp64/nn/b1/511x513x257" in known  # benchmarks/shapes.toml
+    from autogemm.campaign_file import load_campaign
+
+    assert {p.key for p in load_campaign(ROOT / "campaigns" / "shipped.toml").problems} <= known
+
+
+@pytest.mark.parametrize("seed", [bench.SEED, 7])
+def test_no_problem_is_known(seed):
+    known = bench.known_keys()
+    assert not [spec for spec in bench.unseen_problems(seed) if bench._problem(spec).key in known]
+
+
+def test_the_mix(problems):
+    modes = collections.Counter(bench.mode_name(spec) for spec in problems)
+    assert set(modes) == {"float32", "tf32", "float16", "bfloat16", "float64"}
+    assert min(modes.values()) >= 25, modes
+    assert {"nn", "nt", "tn"} <= {spec[2] for spec in problems}
+    assert any(spec[3] > 1 for spec in problems)
+    ms, ks = [spec[4] for spec in problems], [spec[6] for spec in problems]
+    assert min(ms) == 1 and 4096 <= max(ms) <= 8192
+    assert min(ks) <= 64 and 16384 <= max(ks) <= 32768 and min(ks) >= 16
+    assert any(spec[5] == 1 for spec in problems)  # one column
+    assert sum(spec[4] <= 32 for spec in problems) >= 20  # decode-sized M favoured
+    # LLM widths in FP16/BF16, NT among them
+    assert any(spec[0] in ("float16", "bfloat16") and spec[2] == "nt" and spec[5] in (11008, 14336, 28672)
+               for spec in problems)
+
+
+@pytest.mark.parametrize("seed", [bench.SEED, 7, 11])
+def test_flop_and_memory_bounds_hold(seed):
+    itemsize = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+    for dtype, compute, layout, batch, m, n, k in bench.unseen_problems(seed):
+        limit = 2e11 if (dtype, compute) in (("float32", "fp32"), ("float64", "fp64")) else 2e12
+        assert 2 * m * n * k * batch <= limit, (dtype, compute, layout, batch, m, n, k)
+        assert itemsize[dtype] * batch * (m * k + k * n + m * n) <= 1.5e9, (dtype, compute, layout, batch, m, n, k)
+
+
+def test_within_bounds_refuses_what_is_too_large():
+    assert not bench.within_bounds(("float32", "fp32", "nn", 1, 8192, 4096, 4096))  # 2.7e11 flops
+    assert bench.within_bounds(("float16", "fp32", "nn", 1, 8192, 4096, 4096))
+    assert not bench.within_bounds(("float16", "fp32", "nn", 1, 1, 28672, 32768))  # 1.9 GB of B
+
+
+def test_list_runs_without_a_gpu():
+    done = subprocess.run([sys.executable, str(SCRIPT), "--list"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.strip().splitlines()) == bench.COUNT
+    only = subprocess.run([sys.executable, str(SCRIPT), "--list", "--only", "tf32 "], capture_output=True, text=True,
+                          timeout=120)
+    assert only.returncode == 0 and only.stdout and all(" tf32 " in line for line in only.stdout.splitlines())
+
+
+def test_list_imports_no_cupy():
+    script = (f"import importlib.util, sys; spec = importlib.util.spec_from_file_location('b', {str(SCRIPT)!r}); "
+              "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); m.main(['--list']); "
+              "assert not [n for n in sys.modules if n.split('.')[0] in ('cupy', 'torch')], 'GPU import'")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_per_dtype_table_has_every_mode_and_all():
+    rows = [{"mode": mode, "ratio": ratio, "generated": generated}
+            for mode, ratio, generated in [("float16", 2.0, True), ("float16", 0.5, False), ("tf32", 1.0, True)]]
+    lines = bench.summary(rows)
+    assert lines[2].startswith("| float16 | 2 | 1.000 |") and lines[2].endswith("| 0.500 | 1 |")
+    assert lines[3].startswith("| tf32 | 1 |") and lines[-1] == "| all | 3 | 1.000 | 0.550 | 0.500 | 2 |"
