@@ -415,7 +415,9 @@ def explain(a, b, *, out=None, compute: str | None = None, tune: bool | None = N
     to that dtype (`conversions`) and copied (`copies`: strides no kernel reads, or a broadcast
     batch no single stride walks). A call that cupy.matmul serves (integer, boolean or complex
     operands) says so: `source` "cupy.matmul", the reason, no problem. Runs nothing (but may
-    compile the chosen kernel)."""
+    compile the chosen kernel). `cached` has the record's figures as the tune measured them: GPU times
+    of the kernel and the faster baseline, single-call latencies, each baseline's GPU time, and the
+    timing protocol; `guard`, the online guard's verdict once one was reached in this process."""
     runtime.cupy()
     if is_tensor(a) or is_tensor(b) or is_tensor(out):
         from .torch_tensors import to_cupy
@@ -471,6 +473,9 @@ def explain(a, b, *, out=None, compute: str | None = None, tune: bool | None = N
         "cached": None if record is None else {
             "problem": record.problem, "tflops": record.tflops, "cublas_tflops": record.cublas_tflops,
             "ratio": record.ratio, "date": record.date, "rel_error": record.rel_error,
+            "protocol": record.protocol, "gpu_us": record.time_ms * 1e3, "baseline_gpu_us": record.cublas_ms * 1e3,
+            "latency_us": record.latency_us or None, "baseline_latency_us": record.baseline_latency_us or None,
+            "latency_ratio": record.latency_ratio, "baselines_us": {k: v * 1e3 for k, v in record.baselines.items()},
         },
         **shown,
     }
