@@ -9,7 +9,8 @@ The GPU-facing parts (compilation, launching, tuning) import CuPy and Optuna laz
 configurations, search spaces and rendering work on machines without a GPU.
 """
 
-from .dispatch import explain, matmul, reset
+from .dispatch import matmul, reset
+from .explain import explain
 from .families import SimtConfig, TensorCoreConfig, config_from_dict, config_from_name
 from .problem import Device, Problem
 from .render import render

@@ -10,7 +10,7 @@ in a process started that way (`tf32_environment`), where both are switched on.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -76,19 +76,17 @@ class Figures:
 
     gpu_us: float
     latency_us: float
-    spread: float = 0.0  # relative spread of the GPU-time samples
-    extra: dict = field(default_factory=dict)
+    spread: float = 0.0  # relative spread of the GPU-time rounds
 
 
 GPU_ROUNDS = 3
 
 
-def measure(calls: dict, rotated: dict | None = None, *, target_ms: float = 100.0, latency_calls: int = 25) -> dict:
+def measure(calls: dict, *, target_ms: float = 100.0, latency_calls: int = 25) -> dict:
     """Figures of each competitor in `calls` (name -> zero-argument call): its latency (timing.latencies,
     the competitors taking turns), then its GPU time (timing.gpu_time: GPU_ROUNDS rounds in which the
     competitors take turns, each a steady run of target_ms / GPU_ROUNDS, so that none is always
-    measured on a cooler or hotter GPU; the median of its rounds). `rotated` (name -> call(i)) gives a
-    competitor's GPU-time call over rotated input sets (default: the zero-argument call)."""
+    measured on a cooler or hotter GPU; the median of its rounds)."""
     from .timing import gpu_time, latencies
 
     waits = latencies(calls, rounds=latency_calls)
@@ -97,8 +95,7 @@ def measure(calls: dict, rotated: dict | None = None, *, target_ms: float = 100.
     for r in range(GPU_ROUNDS):
         for j in range(len(names)):
             name = names[(r + j) % len(names)]
-            call = (rotated or {}).get(name) or (lambda i, call=calls[name]: call())
-            rounds[name].append(gpu_time(call, target_ms=target_ms / GPU_ROUNDS))
+            rounds[name].append(gpu_time(lambda i, call=calls[name]: call(), target_ms=target_ms / GPU_ROUNDS))
     out = {}
     for name in names:
         medians = [timed.median_ms for timed in rounds[name]]

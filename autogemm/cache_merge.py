@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .cache import FORMAT, Record, _shown, check_slug, filed_record, write_json
+from .cache import FORMAT, Record, check_slug, filed_record, write_json
+from .record import shown_value
 
 
 def read_records(source: Path | str) -> list[tuple[str, Record]]:
@@ -33,7 +34,7 @@ def read_records(source: Path | str) -> list[tuple[str, Record]]:
     else:
         raise ValueError(f"{source} is not an autogemm cache export (nor a device document)")
     if data.get("format", FORMAT) != FORMAT:
-        raise ValueError(f"{source}: unknown format {_shown(data.get('format'))}; nothing imported")
+        raise ValueError(f"{source}: unknown format {shown_value(data.get('format'))}; nothing imported")
     records = []
     for slug, document in documents.items():
         try:
@@ -46,7 +47,7 @@ def read_records(source: Path | str) -> list[tuple[str, Record]]:
             try:
                 records.append((slug, filed_record(key, entry)))
             except ValueError as exc:
-                raise ValueError(f"{source}: bad record {_shown(key)} of {slug}: {exc}; nothing imported") from None
+                raise ValueError(f"{source}: bad record {shown_value(key)} of {slug}: {exc}; nothing imported") from None
     return records
 
 

@@ -37,11 +37,11 @@ _ALIGNMENTS = (256, 128, 64, 32, 16, 8, 4, 2)
 # host scalars through their address before it returns)
 _ONE_ZERO = {np.float32: np.array([1, 0], dtype=np.float32), np.float64: np.array([1, 0], dtype=np.float64)}
 
-INSTALL_HINT = 'install nvmath-python (pip install "nvmath-python>=0.5"; it is part of autogemm\'s CUDA extras)'
+INSTALL_HINT = 'install nvmath-python (pip install "nvmath-python>=1.0"; it is part of autogemm\'s CUDA extras)'
 
 
 class CublasUnavailable(RuntimeError):
-    """cuBLASLt cannot be loaded or serves no algorithm for a problem."""
+    """nvmath-python, through which autogemm calls cuBLASLt and cuBLAS, cannot be imported."""
 
 
 def _bindings():
@@ -207,9 +207,9 @@ def cublas_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, c: Ker
     # pitches and batch strides bound the alignment every row keeps, whatever the pointers
     pitch_alignment = min(_alignment(x * itemsize) for x in (a.ld, b.ld, c.ld, a.batch_stride or 256,
                                                               b.batch_stride or 256, c.batch_stride or 256))
+
     def address(results) -> int:  # 0: no algorithm (the array stays alive in plan.algorithms)
         return 0 if results is None else results.ctypes.data
-
 
     best = address(plan.algorithm(min(256, pitch_alignment)))
     scalar = _scalar_type(problem)

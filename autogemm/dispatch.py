@@ -1,4 +1,4 @@
-"""`matmul()` and `explain()`: put the call in the kernels' terms (NumPy's semantics:
+"""`matmul()`: put the call in the kernels' terms (NumPy's semantics:
 `numpy_semantics`; PyTorch tensors: `torch_tensors`), validate the operands (the operand model of
 `operands`), pick a kernel (plan memo -> `select`: the exact record, a config predicted to beat
 cuBLAS, else cuBLAS through cublas_gemm) and launch it on the operands' GPU and the current stream.
@@ -13,21 +13,20 @@ from __future__ import annotations
 import collections
 import math
 import os
-import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import dtypes, numpy_semantics, runtime
-from .numpy_semantics import CUPY_MATMUL, KERNELS, as_cupy, contiguous_copy
+from .numpy_semantics import as_cupy, contiguous_copy
 from .operands import (ArrayInfo, KernelOperand, check_scalars, common_device, contiguous_strides, describe,
                        real_scalar, validate)
 from .planning import PROVISIONAL_PLAN_S, Dispatcher
-from .race import race_choice
 from .problem import Problem
 from .cublas_gemm import cublas_launcher
-from .guard import Guard, remember_loss
+from .guard import Guard
+from . import select
 from .select import Choice
 from .torch_tensors import is_tensor
 
@@ -37,7 +36,6 @@ _DISPATCHER = Dispatcher()
 # what comes before the launch (on an H100 an allocation costs 2.2 us, a cuBLASLt call 8.7 us, against
 # a GEMV of 10 us). Only outputs up to this size, where that time is a visible part of a call.
 SPARE_OUTPUT_BYTES = 32 * 1024 * 1024
-GEMMEX_MARGIN = 0.03
 # From this much work a call's GPU time outweighs its host time, and cuBLASLt's heuristic and
 # cublasGemmEx may pick kernels several percent apart (on an H100, BF16 8192^3: 1.41 ms through
 # cublasGemmEx, 1.59 ms through cuBLASLt's first choice): on a problem without a record, the two are
@@ -317,13 +315,12 @@ def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune, race) -> 
         return launches[config.name]
 
     cublas_launch = cublas_launcher(problem, layout_a, layout_b, layout_c, device.compute_capability,
-                                    api=cublas_api(choice.record))
+                                    api=select.cublas_api(choice.record))
     if race and choice.record is None and choice.ranked:
         choice = plan.choice = _DISPATCHER.race(problem, device, choice, lambda: _race_entrants(
             plan, choice, a_arr, b_arr, kernel_launch, cublas_launch))
-    verdict = _DISPATCHER.verdicts.get((device.slug, problem.key)) if choice.guarded else None
-    if verdict is not None and not verdict["kernel_won"]:  # the guard dropped it earlier in this process
-        choice = plan.choice = _guard_dropped(choice, verdict)
+    choice, verdict = _DISPATCHER.with_verdict(choice, device, problem)  # the guard's, earlier in this process
+    plan.choice = choice
     if choice.config is None:
         plan.launch = cublas_launch
         if choice.record is None and problem.flops >= API_GUARD_FLOPS:
@@ -336,41 +333,8 @@ def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune, race) -> 
     plan.alignment = (a_arr.data.ptr % 16, b_arr.data.ptr % 16)
     choice.details.update(kernel=prepared.kernel.source.kernel, registers=prepared.kernel.registers)
     if choice.guarded and verdict is None:
-        plan.launch = Guard(plan.launch, cublas_launch, _settle(plan, device, problem))
+        plan.launch = Guard(plan.launch, cublas_launch, _DISPATCHER.settle_guard(plan, device, problem))
     return plan
-
-
-def cublas_api(record) -> str:
-    """Which cuBLAS call serves a problem: cuBLASLt with its heuristic (what torch.matmul reaches),
-    unless the problem's record measured cublasGemmEx (cupy.matmul's call) faster by GEMMEX_MARGIN in
-    GPU time: the heuristic's first choice is not always cuBLAS's best (on an H100, FP16
-    2048x11008x4096 ran 6% faster through cublasGemmEx)."""
-    baselines = record.baselines if record is not None and record.current_protocol else {}
-    lt, gemmex = baselines.get("cublaslt"), baselines.get("cupy.matmul")
-    return "gemmex" if lt and gemmex and gemmex < (1 - GEMMEX_MARGIN) * lt else "lt"
-
-
-def _guard_dropped(choice: Choice, verdict: dict) -> Choice:
-    return Choice("guard", None, f"{choice.source} {choice.config.name} lost to cuBLAS on this problem's first "
-                  f"calls ({verdict['ratio']:.3f}x): cuBLAS", choice.record,
-                  details=dict(choice.details, guard=verdict), ranked=choice.ranked)
-
-
-def _settle(plan: _Plan, device, problem: Problem):
-    """What the guard does once it has decided: the winner serves the plan from the next call on; a
-    kernel that lost is remembered (in the process, and in the user cache for the next processes,
-    written from a thread so that no call waits for the file)."""
-    config = plan.choice.config
-
-    def settle(winner, verdict: dict) -> None:
-        plan.launch = winner
-        _DISPATCHER.verdicts[(device.slug, problem.key)] = verdict
-        plan.choice.details["guard"] = verdict
-        if not verdict["kernel_won"]:
-            threading.Thread(target=remember_loss, args=(_DISPATCHER.cache, device, problem, config, verdict),
-                             name="autogemm-guard").start()
-
-    return settle
 
 
 def _race_entrants(plan: _Plan, choice: Choice, a_arr, b_arr, kernel_launch, cublas_launch):
@@ -404,78 +368,3 @@ def _race_entrants(plan: _Plan, choice: Choice, a_arr, b_arr, kernel_launch, cub
         # prepared on the first call only
         entrants[candidate.config.name] = entrant(lambda config=candidate.config: kernel_launch(config)[0])
     return entrants, check
-
-
-def explain(a, b, *, out=None, compute: str | None = None, tune: bool | None = None,
-            race: bool | None = None) -> dict:
-    """Which kernel `matmul(a, b, ...)` would run, and why: the source of the choice, the config,
-    the figures cached with it and the candidates the model weighed (each with its predicted ratio
-    to cuBLAS and the ratio it needed); with racing on, the race's figures once a call has run it
-    (`race`: None before). Also the result's `shape` and `dtype` (NumPy's), the operands converted
-    to that dtype (`conversions`) and copied (`copies`: strides no kernel reads, or a broadcast
-    batch no single stride walks). A call that cupy.matmul serves (integer, boolean or complex
-    operands) says so: `source` "cupy.matmul", the reason, no problem. Runs nothing (but may
-    compile the chosen kernel). `cached` has the record's figures as the tune measured them: GPU times
-    of the kernel and the faster baseline, single-call latencies, each baseline's GPU time, and the
-    timing protocol; `guard`, the online guard's verdict once one was reached in this process."""
-    runtime.cupy()
-    if is_tensor(a) or is_tensor(b) or is_tensor(out):
-        from .torch_tensors import to_cupy
-
-        a, b, out = to_cupy(a, "a"), to_cupy(b, "b"), to_cupy(out, "out")
-    operands = numpy_semantics.read(a, "a"), numpy_semantics.read(b, "b")
-    operand_out = numpy_semantics.read(out, "out") if out is not None else None
-    call = numpy_semantics.plan(*operands, operand_out)
-    from .launch import device_info
-
-    device_id = _device_of(operands[0])
-    device = device_info(device_id)
-    shown = {"shape": call.shape, "dtype": None if call.dtype is None else call.dtype.name}
-    if call.served_by != KERNELS:
-        return {"problem": None, "device": device.name, "source": CUPY_MATMUL, "config": None,
-                "reason": call.reason, "candidates": [], "race": None, "copies": [], "conversions": [],
-                "cached": None, **shown}
-    if call.takes_as_given(*operands, operand_out):
-        ia, ib = describe(a, "a"), describe(b, "b")
-        io = describe(out, "out") if out is not None else None
-        copied = []
-    else:  # as numpy_semantics.run would shape them (plan() has checked out)
-        (ia, _, copied_a), (ib, _, copied_b) = (numpy_semantics.kernel_info(x, call, device_id) for x in operands)
-        io, copied = None, [x.name for x, flag in ((ia, copied_a), (ib, copied_b)) if flag]
-    shape, compute = validate(ia, ib, io, 1.0, 0.0, compute)
-    layout_a, layout_b = ia.layout(), ib.layout()
-    trans_a = layout_a.transposed if layout_a else False
-    trans_b = layout_b.transposed if layout_b else False
-    m, n = shape[-2:]
-    problem = Problem(max(m, 1), max(n, 1), max(ia.shape[-1], 1), batch=max(shape[0], 1) if len(shape) == 3 else 1,
-                      dtype=ia.dtype, compute=compute, trans_a=trans_a, trans_b=trans_b)
-    choice = _DISPATCHER.select(problem, device, bool(tune))
-    raced = _DISPATCHER.races.get((device.slug, problem.key)) if _flag(race, "AUTOGEMM_RACE") else None
-    if raced is not None and choice.record is None:
-        choice = race_choice(choice, raced)
-    verdict = _DISPATCHER.verdicts.get((device.slug, problem.key)) if choice.guarded else None
-    if verdict is not None:
-        choice = _guard_dropped(choice, verdict) if not verdict["kernel_won"] else choice
-        choice.details["guard"] = verdict
-    record = choice.record
-    return {
-        "problem": problem.key,
-        "device": device.name,
-        "source": choice.source,
-        "config": choice.config.name if choice.config else None,
-        "reason": choice.reason,
-        "candidates": choice.details.get("candidates", []),
-        "race": choice.details.get("race"),
-        "guarded": choice.guarded,
-        "guard": choice.details.get("guard"),
-        "copies": copied + [x.name for x, lay in ((ia, layout_a), (ib, layout_b)) if lay is None],
-        "conversions": [f"{x.name}: {x.dtype.name} -> {call.dtype.name}" for x in operands if x.dtype != call.dtype],
-        "cached": None if record is None else {
-            "problem": record.problem, "tflops": record.tflops, "cublas_tflops": record.cublas_tflops,
-            "ratio": record.ratio, "date": record.date, "rel_error": record.rel_error,
-            "protocol": record.protocol, "gpu_us": record.time_ms * 1e3, "baseline_gpu_us": record.cublas_ms * 1e3,
-            "latency_us": record.latency_us or None, "baseline_latency_us": record.baseline_latency_us or None,
-            "latency_ratio": record.latency_ratio, "baselines_us": {k: v * 1e3 for k, v in record.baselines.items()},
-        },
-        **shown,
-    }

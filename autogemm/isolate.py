@@ -363,11 +363,8 @@ class IsolatedEvaluator(CompileAheadEvaluator):
         answer = self._request(("cublas", repeats), self.timeout)
         if isinstance(answer, Measurement) or answer[0] != "ok":
             raise FatalEvaluationError(f"cuBLAS timing failed: {answer.message if isinstance(answer, Measurement) else answer[1]}")
-        value = answer[1]
-        if isinstance(value, dict):  # the faster baseline's ms, and each baseline's
-            self.baselines = value["baselines"]
-            return value["ms"]
-        return value
+        self.baselines = answer[1]["baselines"]  # each baseline's ms; "ms", the faster's
+        return answer[1]["ms"]
 
     def close(self) -> None:
         super().close()

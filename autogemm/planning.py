@@ -98,14 +98,14 @@ class Dispatcher:
         with self.lock:
             old = self.plans.pop(key, None)
             if old is not None:
-                self._forget_fast(old)
+                self._retire(old)
             self.plans[key] = plan
             if fast_key is not None and plan.provisional_until is None:
                 self.fast[fast_key] = plan
                 plan.fast_key = fast_key
             while len(self.plans) > MAX_PLANS:
                 _, evicted = self.plans.popitem(last=False)
-                self._forget_fast(evicted)
+                self._retire(evicted)
 
     def reserve_spare(self, nbytes: int) -> bool:
         """Whether a new plan may keep a spare output of `nbytes` (within the budget of all plans)."""
@@ -115,11 +115,44 @@ class Dispatcher:
             self.spare_bytes += nbytes
             return True
 
-    def _forget_fast(self, plan) -> None:
+    def _retire(self, plan) -> None:
+        """A plan replaced or evicted: its share of the spare-output budget back, its fast-path entry gone."""
         self.spare_bytes -= getattr(plan, "spare_bytes", 0)
         plan.spare_bytes = 0
         if plan.fast_key is not None and self.fast.get(plan.fast_key) is plan:
             del self.fast[plan.fast_key]
+
+    def with_verdict(self, choice: Choice, device, problem: Problem) -> tuple[Choice, dict | None]:
+        """A guarded choice as the online guard left it in this process, with its verdict (None: not
+        decided yet, or not guarded): a kernel that lost gives way to cuBLAS."""
+        verdict = self.verdicts.get((device.slug, problem.key)) if choice.guarded else None
+        if verdict is None:
+            return choice, None
+        if verdict["kernel_won"]:
+            choice.details["guard"] = verdict
+            return choice, verdict
+        return Choice("guard", None, f"{choice.source} {choice.config.name} lost to cuBLAS on this problem's first "
+                      f"calls ({verdict['ratio']:.3f}x): cuBLAS", choice.record,
+                      details=dict(choice.details, guard=verdict), ranked=choice.ranked), verdict
+
+    def settle_guard(self, plan, device, problem: Problem):
+        """What the guard of `plan` does once it has decided (guard.Guard's `settle`): the winner
+        serves the plan from the next call on; a kernel that lost is remembered (in the process, and
+        in the user cache for the next processes, written from a thread so that no call waits for the
+        file)."""
+        from .guard import remember_loss
+
+        config = plan.choice.config
+
+        def settle(winner, verdict: dict) -> None:
+            plan.launch = winner
+            self.verdicts[(device.slug, problem.key)] = verdict
+            plan.choice.details["guard"] = verdict
+            if not verdict["kernel_won"]:
+                threading.Thread(target=remember_loss, args=(self.cache, device, problem, config, verdict),
+                                 name="autogemm-guard").start()
+
+        return settle
 
     def race(self, problem: Problem, device, choice: Choice, make_entrants) -> Choice:
         """The choice a first-call race makes for `problem` (autogemm.race), raced once per

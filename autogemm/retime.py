@@ -44,10 +44,6 @@ class Retimed:
     note: str = ""
 
 
-def _measured_kernel(record: Record):
-    return record.config_object if not record.is_cublas else record.best_generated_object
-
-
 def retime_record(record: Record, device: Device, seed: int = 0) -> Record:
     """`record` measured again under the current protocol on this GPU (module docstring)."""
     import cupy
@@ -56,7 +52,7 @@ def retime_record(record: Record, device: Device, seed: int = 0) -> Record:
     from .render import kernel_digest
 
     problem = record.problem_object
-    config = _measured_kernel(record)
+    config = record.generated_config
     measurer = GpuMeasurer(problem, device, seed)
     try:
         # rounds in which the baselines and the kernel take turns: their spread is the noise a kernel
@@ -79,10 +75,7 @@ def retime_record(record: Record, device: Device, seed: int = 0) -> Record:
         latency = measurer.single_call(config) if measurement is not None and measurement.ok else None
         baselines = {name: statistics.median(values) for name, values in each.items()}
         if latency is None:  # the fallback's own latency, for the record
-            served = measurer._served()[0]
-            from .timing import median_latency
-
-            baseline_latency_us = median_latency({"fallback": lambda: served()})["fallback"] * 1e3
+            baseline_latency_us = measurer.fallback_latency_us()
     finally:
         del measurer
         cupy.get_default_memory_pool().free_all_blocks()
@@ -119,7 +112,7 @@ def _precompile(records: list[Record], device: Device, jobs: int) -> None:
 
     sources = []
     for record in records:
-        config = _measured_kernel(record)
+        config = record.generated_config
         if config is not None:
             try:
                 sources.append(render(config, record.problem_object))

@@ -24,7 +24,6 @@ from .render import kernel_digest, kernel_template_hash
 from .study import (StudyStorageError, StudyWriter, TrialExchange, ask_params, best_configs, default_storage,
                     make_sampler, open_study, tell_trials)
 from .tune_progress import TuneProgress
-from .timing import PROTOCOL
 from .tune_result import TuneError, TuneResult
 
 CONVERGED_GAIN = 0.005  # see `converged`
@@ -137,9 +136,9 @@ def search_study(problem, device, name, *, trials, timeout, seed, sampler, space
             template_hash=kernel_template_hash(config.template), device=device.name, versions=runtime_versions(), date=now(), host=host(),
             source_digest=kernel_digest(config, problem),
             trials={"valid": valid, "rejected": rejected, "failed": failed}, wall_s=time.perf_counter() - started,
-            study=name, provisional=provisional, protocol=getattr(evaluator, "protocol", PROTOCOL),
+            study=name, provisional=provisional, protocol=evaluator.protocol,
             latency_us=latency.kernel_us if latency else 0.0, baseline_latency_us=latency.baseline_us if latency else 0.0,
-            baselines=dict(getattr(evaluator, "baselines", None) or {}),
+            baselines=dict(evaluator.baselines),
         )
 
     def out_of_time() -> bool:

@@ -18,6 +18,8 @@ from .problem import Problem
 CUBLAS_SERVES = {("float32", "fp32"), ("float32", "tf32"), ("float16", "fp32"), ("bfloat16", "fp32"),
                  ("float64", "fp64")}
 SHOWN_CANDIDATES = 8  # candidates `explain` lists
+# cublasGemmEx serves a problem whose record measured it this much faster than cuBLASLt (cublas_api)
+GEMMEX_MARGIN = 0.03
 # Output sizes (M x N x batch) from which a problem counts as "large" or "medium" for the defaults.
 LARGE_OUTPUTS = 2048 * 2048
 MEDIUM_OUTPUTS = 256 * 256
@@ -115,3 +117,13 @@ def _choose_untuned(problem: Problem, device, considered) -> Choice:
         return Choice("default", config, f"{why}; cuBLAS is not asked to serve {problem.dtype}: built-in "
                       f"{size_class(problem)}-problem configuration", details=details)
     return Choice("cublas", None, "no configuration of the template can run this problem: cuBLAS", details=details)
+
+
+def cublas_api(record) -> str:
+    """Which cuBLAS call serves a problem: cuBLASLt with its heuristic (what torch.matmul reaches),
+    unless the problem's record measured cublasGemmEx (cupy.matmul's call) faster by GEMMEX_MARGIN in
+    GPU time: the heuristic's first choice is not always cuBLAS's best (on an H100, FP16
+    2048x11008x4096 ran 6% faster through cublasGemmEx)."""
+    baselines = record.baselines if record is not None and record.current_protocol else {}
+    lt, gemmex = baselines.get("cublaslt"), baselines.get("cupy.matmul")
+    return "gemmex" if lt and gemmex and gemmex < (1 - GEMMEX_MARGIN) * lt else "lt"

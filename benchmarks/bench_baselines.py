@@ -48,7 +48,7 @@ AUTOGEMM, LEGACY = "autogemm.matmul", "cublasGemmEx"
 def measure_one(spec) -> dict:
     import autogemm
     from autogemm import baselines
-    from autogemm.bench import relative_error, to_float64, tolerance
+    from autogemm.bench import relative_error, tolerance
     from autogemm.operands import describe
 
     problem, a, b = make_operands(spec, seed=0)

@@ -28,7 +28,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import tempfile
 import time

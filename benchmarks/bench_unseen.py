@@ -207,7 +207,7 @@ def measure(spec, rounds: int = ROUNDS, gpu_time_ms: float = 0.0, seed: int = 0)
             calls[AUTOGEMM]()
         stream.synchronize()
     errors[AUTOGEMM] = max(errors[AUTOGEMM], check(AUTOGEMM, " after warm-up"))
-    del reference
+    reference = None  # (its memory back before the timing; check() is done with it)
     served = autogemm.explain(a, b, compute=compute)
     latency = {name: statistics.median(values) * 1e3
                for name, values in timing.latencies(calls, rounds=rounds).items()}

@@ -79,6 +79,7 @@ def test_the_measuring_process_compares_a_kernel_with_cublas_one_call_at_a_time(
     assert latency is not None and 0.1 < latency.ratio < 10 and 1 < latency.kernel_us < 1000
     measurer = GpuMeasurer(problem, device)
     assert 0.1 < measurer.single_call(config).ratio < 10
+    assert 1 < measurer.fallback_latency_us() < 1000  # the served cuBLAS alone, as retime records it
 
 
 def test_a_short_problem_records_gpu_time_for_the_kernel_and_the_baselines():

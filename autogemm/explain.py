@@ -1,0 +1,84 @@
+"""`explain()`: which kernel `matmul` would run for some operands, and why, without running it (the
+same validation, NumPy semantics and selection as `dispatch.matmul`, the plan memo's races and guard
+verdicts of this process included)."""
+
+from __future__ import annotations
+
+from . import dispatch, numpy_semantics, runtime
+from .numpy_semantics import CUPY_MATMUL, KERNELS
+from .operands import describe, validate
+from .problem import Problem
+from .race import race_choice
+from .torch_tensors import is_tensor
+
+
+def explain(a, b, *, out=None, compute: str | None = None, tune: bool | None = None,
+            race: bool | None = None) -> dict:
+    """Which kernel `matmul(a, b, ...)` would run, and why: the source of the choice, the config,
+    the figures cached with it and the candidates the model weighed (each with its predicted ratio
+    to cuBLAS and the ratio it needed); with racing on, the race's figures once a call has run it
+    (`race`: None before). Also the result's `shape` and `dtype` (NumPy's), the operands converted
+    to that dtype (`conversions`) and copied (`copies`: strides no kernel reads, or a broadcast
+    batch no single stride walks). A call that cupy.matmul serves (integer, boolean or complex
+    operands) says so: `source` "cupy.matmul", the reason, no problem. Runs nothing (but may
+    compile the chosen kernel). `cached` has the record's figures as the tune measured them: GPU times
+    of the kernel and the faster baseline, single-call latencies, each baseline's GPU time, and the
+    timing protocol; `guard`, the online guard's verdict once one was reached in this process."""
+    runtime.cupy()
+    if is_tensor(a) or is_tensor(b) or is_tensor(out):
+        from .torch_tensors import to_cupy
+
+        a, b, out = to_cupy(a, "a"), to_cupy(b, "b"), to_cupy(out, "out")
+    operands = numpy_semantics.read(a, "a"), numpy_semantics.read(b, "b")
+    operand_out = numpy_semantics.read(out, "out") if out is not None else None
+    call = numpy_semantics.plan(*operands, operand_out)
+    from .launch import device_info
+
+    device_id = dispatch._device_of(operands[0])
+    device = device_info(device_id)
+    shown = {"shape": call.shape, "dtype": None if call.dtype is None else call.dtype.name}
+    if call.served_by != KERNELS:
+        return {"problem": None, "device": device.name, "source": CUPY_MATMUL, "config": None,
+                "reason": call.reason, "candidates": [], "race": None, "copies": [], "conversions": [],
+                "cached": None, **shown}
+    if call.takes_as_given(*operands, operand_out):
+        ia, ib = describe(a, "a"), describe(b, "b")
+        io = describe(out, "out") if out is not None else None
+        copied = []
+    else:  # as numpy_semantics.run would shape them (plan() has checked out)
+        (ia, _, copied_a), (ib, _, copied_b) = (numpy_semantics.kernel_info(x, call, device_id) for x in operands)
+        io, copied = None, [x.name for x, flag in ((ia, copied_a), (ib, copied_b)) if flag]
+    shape, compute = validate(ia, ib, io, 1.0, 0.0, compute)
+    layout_a, layout_b = ia.layout(), ib.layout()
+    trans_a = layout_a.transposed if layout_a else False
+    trans_b = layout_b.transposed if layout_b else False
+    m, n = shape[-2:]
+    problem = Problem(max(m, 1), max(n, 1), max(ia.shape[-1], 1), batch=max(shape[0], 1) if len(shape) == 3 else 1,
+                      dtype=ia.dtype, compute=compute, trans_a=trans_a, trans_b=trans_b)
+    choice = dispatch._DISPATCHER.select(problem, device, bool(tune))
+    raced = dispatch._DISPATCHER.races.get((device.slug, problem.key)) if dispatch._flag(race, "AUTOGEMM_RACE") else None
+    if raced is not None and choice.record is None:
+        choice = race_choice(choice, raced)
+    choice, _ = dispatch._DISPATCHER.with_verdict(choice, device, problem)
+    record = choice.record
+    return {
+        "problem": problem.key,
+        "device": device.name,
+        "source": choice.source,
+        "config": choice.config.name if choice.config else None,
+        "reason": choice.reason,
+        "candidates": choice.details.get("candidates", []),
+        "race": choice.details.get("race"),
+        "guarded": choice.guarded,
+        "guard": choice.details.get("guard"),
+        "copies": copied + [x.name for x, lay in ((ia, layout_a), (ib, layout_b)) if lay is None],
+        "conversions": [f"{x.name}: {x.dtype.name} -> {call.dtype.name}" for x in operands if x.dtype != call.dtype],
+        "cached": None if record is None else {
+            "problem": record.problem, "tflops": record.tflops, "cublas_tflops": record.cublas_tflops,
+            "ratio": record.ratio, "date": record.date, "rel_error": record.rel_error,
+            "protocol": record.protocol, "gpu_us": record.time_ms * 1e3, "baseline_gpu_us": record.cublas_ms * 1e3,
+            "latency_us": record.latency_us or None, "baseline_latency_us": record.baseline_latency_us or None,
+            "latency_ratio": record.latency_ratio, "baselines_us": {k: v * 1e3 for k, v in record.baselines.items()},
+        },
+        **shown,
+    }
