@@ -14,6 +14,7 @@ from .explain import explain
 from .families import SimtConfig, TensorCoreConfig, config_from_dict, config_from_name
 from .problem import Device, Problem
 from .render import render
+from .runtime import GpuUnavailable
 from .version import __version__
 
 
@@ -36,5 +37,5 @@ def tune(problem_or_m, n: int | None = None, k: int | None = None, *, batch: int
     return result
 
 
-__all__ = ["Device", "Problem", "SimtConfig", "TensorCoreConfig", "config_from_dict", "config_from_name", "explain",
+__all__ = ["Device", "GpuUnavailable", "Problem", "SimtConfig", "TensorCoreConfig", "config_from_dict", "config_from_name", "explain",
            "matmul", "render", "reset", "tune", "__version__"]

@@ -101,15 +101,12 @@ def require_profiler() -> str:
     if ncu is None:
         raise ProfilerUnavailable("--profile needs Nsight Compute's 'ncu' on PATH, and it is not there (it comes with "
                                   "the CUDA toolkit, or as the nsight-compute package); run without --profile")
-    from .runtime import GpuRuntimeMissing, cupy
+    from .runtime import GpuUnavailable, require_gpu
 
     try:
-        if cupy().cuda.runtime.getDeviceCount() < 1:
-            raise RuntimeError("no device")
-    except GpuRuntimeMissing as exc:
+        require_gpu()
+    except GpuUnavailable as exc:  # (no CuPy included) the same words as tune's
         raise ProfilerUnavailable(f"--profile runs kernels: {exc}") from None
-    except Exception as exc:
-        raise ProfilerUnavailable(f"--profile needs a CUDA GPU ({type(exc).__name__}: {exc})") from None
     return ncu
 
 

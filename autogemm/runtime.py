@@ -12,8 +12,16 @@ import numpy as np
 INSTALL_HINT = 'install the CUDA extra: pip install "autogemm[cuda13]" (or "autogemm[cuda12]" with a CUDA 12 driver)'
 
 
-class GpuRuntimeMissing(ImportError):
-    """CuPy cannot be imported."""
+NO_GPU = "no CUDA GPU/driver found"
+
+
+class GpuUnavailable(RuntimeError):
+    """No CUDA GPU can run kernels here: no driver, a driver too old for CuPy's CUDA runtime, no
+    device, or no CuPy (GpuRuntimeMissing). The command line exits 3 ("could not run") on it."""
+
+
+class GpuRuntimeMissing(GpuUnavailable, ImportError):
+    """CuPy cannot be imported (an ImportError as well, as it was before GpuUnavailable)."""
 
 
 def cupy():
@@ -24,6 +32,29 @@ def cupy():
         raise GpuRuntimeMissing(f"autogemm needs CuPy to run kernels and it cannot be imported ({exc}); "
                                 f"{INSTALL_HINT}") from None
     return module
+
+
+def require_gpu() -> None:
+    """Returns where CuPy sees a CUDA GPU; raises GpuUnavailable saying what is missing otherwise.
+    Without a driver CuPy says "CUDA driver version is insufficient", which sends one to update a
+    driver that is not there: the driver's version (0 where none is installed) tells the two apart."""
+    runtime = cupy().cuda.runtime
+    try:
+        count = runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - CUDARuntimeError, or whatever a broken install raises
+        detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        try:
+            driver = runtime.driverGetVersion()
+        except Exception:  # noqa: BLE001 - a runtime that cannot even ask has no usable driver
+            driver = 0
+        if driver and "InsufficientDriver" in str(exc):
+            raise GpuUnavailable(
+                f"the CUDA driver (CUDA {driver // 1000}.{driver % 1000 // 10}) is too old for this CuPy's CUDA "
+                f"runtime ({detail}): update the driver, or {INSTALL_HINT}") from None
+        raise GpuUnavailable(f"{NO_GPU} on this host ("
+                             f"{detail if driver else 'no CUDA driver is installed'}); this needs a CUDA GPU") from None
+    if count < 1:
+        raise GpuUnavailable(f"{NO_GPU} on this host (the CUDA driver sees no device); this needs a CUDA GPU")
 
 
 def cublas_product(dtype: str, compute: str):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
+from .. import dtypes, families
 from ..families import config_from_dict, config_from_name, family_for
-from .. import dtypes
 from ..problem import LAYOUTS, Device, Problem
 
 COMPUTES = tuple(dict.fromkeys(row.compute for row in dtypes.ROWS))
@@ -68,10 +69,10 @@ def compute_mode(text: str) -> str:
 
 def add_problem_arguments(parser: argparse.ArgumentParser, m_required: bool, default_size: int | None = None) -> None:
     group = parser.add_argument_group("problem")
-    group.add_argument("--M", "-M", dest="m", type=positive_int, required=m_required, default=default_size,
+    group.add_argument("--M", "--m", "-M", dest="m", type=positive_int, required=m_required, default=default_size,
                        help="rows of C and op(A)" + ("" if m_required else f" (default {default_size})"))
-    group.add_argument("--N", "-N", dest="n", type=positive_int, help="columns of C and op(B) (default: M)")
-    group.add_argument("--K", "-K", dest="k", type=positive_int, help="inner dimension (default: M)")
+    group.add_argument("--N", "--n", "-N", dest="n", type=positive_int, help="columns of C and op(B) (default: M)")
+    group.add_argument("--K", "--k", "-K", dest="k", type=positive_int, help="inner dimension (default: M)")
     group.add_argument("--batch", type=positive_int, default=1, help="matrices in the strided batch (default 1)")
     group.add_argument("--layout", choices=LAYOUTS, help="storage of A and B: n = as is, t = transposed (default nn)")
     group.add_argument("--trans-a", action="store_true", help="A is stored K×M (layouts tn, tt)")
@@ -114,10 +115,41 @@ def parse_config(text: str, problem: Problem, ranges: bool = True):
         raise CliError(f"--config is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise CliError("--config must be a JSON object of knobs")
+    data = {"family": family.family, **data}
     try:
-        return config_from_dict({"family": family.family, **data}, ranges)
+        return config_from_dict(data, ranges)
     except (TypeError, ValueError) as exc:
-        raise CliError(f"--config: {exc}") from None
+        raise CliError(f"--config: {exc}{_knobs_hint(data)}") from None
+
+
+def _knobs_hint(data: dict) -> str:
+    """Where `data` has knobs its family does not know: "; the <family> knobs are ..." (else "")."""
+    try:
+        config_class = families.get(data["family"])
+        given = config_class.upgrade_dict({k: v for k, v in data.items() if k != "family"})
+    except (TypeError, ValueError):  # no such family (the error names the known ones) or no knobs to read
+        return ""
+    known = [knob.name for knob in config_class.knobs]
+    if set(given) <= set(known):
+        return ""
+    return f"; the {config_class.label} knobs are {', '.join(known)}"
+
+
+def load_space(text: str):
+    """The search space --space names (a TOML file or a shipped name); CliError naming the shipped
+    spaces where it is neither."""
+    from ..paths import search_spaces_dir
+    from ..space import SearchSpace, SpaceError
+
+    try:
+        return SearchSpace.load(text)
+    except SpaceError as exc:
+        message = str(exc)
+        shipped = sorted(path.stem for path in search_spaces_dir().glob("*.toml"))
+        if not Path(text).exists() and text not in shipped:  # not a broken file: a name nobody ships
+            message = (f"--space {text}: no such file, nor a shipped space; the shipped spaces are "
+                       f"{', '.join(shipped)} (or give a TOML file)")
+        raise CliError(message) from None
 
 
 def device_for(arch: str | None) -> Device:

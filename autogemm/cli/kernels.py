@@ -8,7 +8,7 @@ import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from .arguments import EXIT_FAILURES, CliError, CliFailure, device_for, parse_config, problem_from_args
+from .arguments import EXIT_FAILURES, CliError, CliFailure, device_for, load_space, parse_config, problem_from_args
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -19,9 +19,27 @@ def cmd_render(args: argparse.Namespace) -> int:
     reasons = config.check(problem, device_for(args.arch))
     if reasons and not args.force:
         raise CliError(f"config {config.name} cannot run {problem}:\n  " + "\n  ".join(reasons)
-                       + "\n(--force renders it anyway)")
-    sys.stdout.write(render(config, problem, force=args.force).code)
+                       + _dtype_hint(config, problem, args) + "\n(--force renders it anyway)")
+    try:
+        code = render(config, problem, force=args.force).code
+    except ValueError as exc:  # (e.g. a string knob not one of its choices: refused even with --force)
+        raise CliError(str(exc)) from None
+    sys.stdout.write(code)
     return 0
+
+
+def _dtype_hint(config, problem, args: argparse.Namespace) -> str:
+    """Where the problem's dtype was left to its default and the config's family cannot compute it
+    (Hopper, WMMA: no float32/fp32), the flags that give it one it computes."""
+    if args.dtype or args.compute or not config.dtype_reasons(problem):
+        return ""
+    from .. import dtypes
+
+    flags = [f"--dtype {row.name}" + ("" if dtypes.lookup(row.name, "").compute == row.compute
+                                      else f" --compute {row.compute}") for row in config.computes()]
+    flags.sort(key=lambda flag: "--compute" in flag)  # a dtype's own mode first: the plainest call
+    return f"\n(give the dtype: {', '.join(flags[:-1])} or {flags[-1]})" if len(flags) > 1 \
+        else f"\n(give the dtype: {flags[0]})"
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -31,10 +49,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     space = None
     if args.space:
-        try:
-            space = SearchSpace.load(args.space)
-        except SpaceError as exc:
-            raise CliError(str(exc)) from None
+        space = load_space(args.space)
         if args.dtype is None and not args.compute:  # the space says what it is for
             args.dtype, args.compute = space.dtypes[0]
     problem = problem_from_args(args)
@@ -82,9 +97,10 @@ def cmd_check(args: argparse.Namespace) -> int:
             smem = config.smem_bytes(problem)
             spills = bool(usage.spills or usage.stack_bytes)
             capped = bool(config.register_cap)
-            # under an explicit max_registers a spill is a possible outcome, refused when loaded
+            # under an explicit max_registers a spill is a possible outcome, refused when loaded: the
+            # variant still spills, so it counts in the summary and the exit status as the table shows it
             flag = ("  <- spills (refused when loaded: max_registers)" if capped else "  <- spills") if spills else ""
-            failures += spills and not capped
+            failures += spills
             rows.append({"config": config.name, "registers": usage.registers, "spill_bytes": usage.spills,
                          "stack_bytes": usage.stack_bytes, "shared_bytes": smem, "spills": spills,
                          "register_cap": config.register_cap or None})
@@ -93,5 +109,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"space": space.path.name, "problem": problem.key, "arch": device.arch, "variants": rows,
                           "failures": failures}, indent=2))
-    print(f"\n{len(configs) - failures}/{len(configs)} variants compiled without spills", file=sys.stderr)
+    errors = sum("error" in row for row in rows)
+    detail = ", ".join(part for part in (f"{failures - errors} spill" if failures > errors else "",
+                                         f"{errors} failed to compile" if errors else "") if part)
+    print(f"\n{len(configs) - failures}/{len(configs)} variants compiled without spills"
+          + (f" ({detail})" if detail else ""), file=sys.stderr)
     return EXIT_FAILURES if failures else 0

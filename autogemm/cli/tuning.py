@@ -7,7 +7,7 @@ import argparse
 import json
 
 from ..problem import Problem
-from .arguments import CliError, CliFailure, problem_from_args
+from .arguments import CliError, CliFailure, load_space, problem_from_args
 
 
 def _format_result(result) -> str:
@@ -54,10 +54,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     problem = problem_from_args(args)
     space = None  # without --space: every candidate space of the problem (tuner.tune)
     if args.space:
-        try:
-            space = SearchSpace.load(args.space)
-        except SpaceError as exc:
-            raise CliError(str(exc)) from None
+        space = load_space(args.space)
         if space.config_class.compute_for(problem.dtype) != problem.compute:
             raise CliError(f"--space {args.space}: a {space.family} space cannot compute {problem.dtype}/"
                            f"{problem.compute}; its family computes {space.config_class.computes_names()}")
@@ -83,15 +80,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def require_gpu() -> None:
-    from ..runtime import GpuRuntimeMissing, cupy
+    """CliFailure (exit 3) where this host has no usable CUDA GPU (also used by `cache verify`/`retime`)."""
+    from ..runtime import GpuUnavailable
+    from ..runtime import require_gpu as gpu_or_error
 
     try:
-        if cupy().cuda.runtime.getDeviceCount() < 1:
-            raise RuntimeError("no device")
-    except GpuRuntimeMissing as exc:
+        gpu_or_error()
+    except GpuUnavailable as exc:
         raise CliFailure(str(exc)) from None
-    except Exception as exc:
-        raise CliFailure(f"a CUDA GPU is needed for this command ({type(exc).__name__}: {exc})") from None
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

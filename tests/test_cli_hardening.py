@@ -1,0 +1,178 @@
+"""Issue 36 (Hardening II), the command line: no GPU or driver is said in those words (from the CLI
+and from autogemm.tune), `check` counts in its summary and exit status what its table shows, the
+problem flags take lower case too, and errors list the valid choices."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+from conftest import gpu_available
+
+import autogemm
+from autogemm.cli import build_parser, main
+from autogemm.families import HopperConfig, SimtConfig
+
+NO_GPU = "no CUDA GPU/driver found"
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---- no GPU or driver ----------------------------------------------------------------------------
+
+def _fake_cupy(driver_version: int, count=None, error: str = ""):
+    """A CuPy whose runtime reports `driver_version` and either `count` GPUs or raises `error`."""
+    class CUDARuntimeError(RuntimeError):
+        pass
+
+    def get_device_count():
+        if error:
+            raise CUDARuntimeError(error)
+        return count
+
+    runtime = types.SimpleNamespace(driverGetVersion=lambda: driver_version, getDeviceCount=get_device_count)
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
+
+
+@pytest.mark.parametrize("fake,message", [
+    (_fake_cupy(0, error="cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version"),
+     NO_GPU),
+    (_fake_cupy(12020, count=0), NO_GPU),
+    (_fake_cupy(12020, error="cudaErrorNoDevice: no CUDA-capable device is detected"), NO_GPU),
+    (_fake_cupy(11040, error="cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime "
+                             "version"), "driver (CUDA 11.4) is too old"),
+])
+def test_require_gpu_names_what_is_missing(monkeypatch, fake, message):
+    from autogemm import runtime
+
+    monkeypatch.setattr(runtime, "cupy", lambda: fake)
+    with pytest.raises(autogemm.GpuUnavailable, match=message.replace("(", r"\(").replace(")", r"\)")):
+        runtime.require_gpu()
+
+
+def test_require_gpu_passes_where_there_is_one(monkeypatch):
+    from autogemm import runtime
+
+    monkeypatch.setattr(runtime, "cupy", lambda: _fake_cupy(12020, count=1))
+    runtime.require_gpu()
+
+
+needs_no_gpu = pytest.mark.skipif(gpu_available()[0], reason="this machine has a GPU")
+
+
+@needs_no_gpu
+@pytest.mark.parametrize("argv", [["tune", "--M", "64", "--storage", ":memory:"], ["bench", "--M", "64"],
+                                  ["bench", "--M", "64", "--json"]])
+def test_commands_without_a_driver_say_no_gpu(capsys, argv):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 3
+    assert NO_GPU in err and "insufficient" not in err and "Traceback" not in err
+    if "--json" in argv:
+        assert NO_GPU in json.loads(out)["error"]
+
+
+@needs_no_gpu
+def test_autogemm_tune_without_a_driver_raises_gpu_unavailable():
+    with pytest.raises(autogemm.GpuUnavailable, match=NO_GPU):
+        autogemm.tune(64, storage=":memory:")
+
+
+def test_an_unavailable_gpu_raised_deep_in_a_command_exits_3(monkeypatch, capsys):
+    from autogemm import runtime
+    from autogemm.cli import tuning
+
+    def lost():
+        raise runtime.GpuUnavailable(f"{NO_GPU} (made up)")
+
+    monkeypatch.setattr(tuning, "require_gpu", lambda: None)
+    monkeypatch.setattr("autogemm.launch.current_device", lost)
+    code, _, err = run_cli(capsys, "bench", "--M", "64")
+    assert code == 3 and NO_GPU in err
+
+
+# ---- check: the summary and exit status follow the table ----------------------------------------
+
+CAPPED = SimtConfig(max_registers=96)
+PLAIN = SimtConfig()
+
+
+@pytest.fixture
+def stub_check(monkeypatch):
+    """`check` over PLAIN and CAPPED with an nvcc that reports spills for the capped kernel."""
+    from autogemm import compile as compile_module
+    from autogemm.compile import ResourceUsage
+    from autogemm.space import SearchSpace
+
+    def resources(source, arch):
+        spill = 64 if "_reg96" in source.kernel else 0
+        return {source.kernel: ResourceUsage(source.kernel, 96, spill, spill, spill, 0)}
+
+    monkeypatch.setattr(compile_module, "find_nvcc", lambda: "nvcc")
+    monkeypatch.setattr(compile_module, "nvcc_resources", resources)
+    monkeypatch.setattr(SearchSpace, "sample", lambda self, count, problem, device, seed=0: [PLAIN, CAPPED])
+
+
+def test_check_counts_a_capped_spill_as_the_table_shows_it(stub_check, capsys):
+    code, out, err = run_cli(capsys, "check", "--count", "2")
+    assert "refused when loaded" in out
+    assert "1/2 variants compiled without spills (1 spill)" in err
+    assert code == 1
+
+
+def test_check_json_counts_a_capped_spill(stub_check, capsys):
+    code, out, _ = run_cli(capsys, "check", "--count", "2", "--json")
+    report = json.loads(out)
+    assert report["failures"] == 1 and code == 1
+    assert [v["spills"] for v in report["variants"]] == [False, True]
+
+
+# ---- lower-case problem flags --------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["tune", "bench", "render", "check"])
+def test_problem_flags_take_lower_case(command):
+    extra = ["--config", "{}"] if command == "render" else []
+    args = build_parser().parse_args([command, *extra, "--m", "100", "--n", "50", "--k", "30"])
+    assert (args.m, args.n, args.k) == (100, 50, 30)
+    args = build_parser().parse_args([command, *extra, "--M", "100", "--N", "50", "--K", "30"])
+    assert (args.m, args.n, args.k) == (100, 50, 30)
+
+
+# ---- errors list the valid choices ---------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["check", "--space", "nosuch"], ["tune", "--M", "64", "--space", "nosuch"]])
+def test_an_unknown_space_names_the_shipped_ones(capsys, argv):
+    code, _, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert "nosuch" in err and all(name in err for name in ("simt", "wmma_fp16", "hopper", "gemv"))
+
+
+def test_a_space_file_that_is_broken_keeps_its_own_message(capsys, tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text("family = [")
+    code, _, err = run_cli(capsys, "check", "--space", str(path))
+    assert code == 2 and "not valid TOML" in err and "shipped" not in err
+
+
+@pytest.mark.parametrize("config,knobs", [
+    ('{"colour": 1}', ("bm", "max_registers")),
+    ('{"family": "hopper", "colour": 1}', ("bm", "stages")),
+    ('{"family": "wmma", "colour": 1, "mma": true}', ("instruction",)),
+])
+def test_an_unknown_knob_names_the_family_knobs(capsys, config, knobs):
+    code, _, err = run_cli(capsys, "render", "--config", config)
+    assert code == 2 and "colour" in err
+    assert all(knob in err for knob in knobs), err
+    assert "mma," not in err  # a knob of an earlier version that upgrades is not reported unknown
+
+
+def test_a_hopper_config_name_without_dtype_suggests_one(capsys):
+    code, _, err = run_cli(capsys, "render", "--config", HopperConfig().name)
+    assert code == 2
+    assert "--dtype float16" in err and "bfloat16" in err
+    code, out, _ = run_cli(capsys, "render", "--config", HopperConfig().name, "--dtype", "float16")
+    assert code == 0 and "__global__" in out
