@@ -22,6 +22,7 @@ documents alone, on a fresh machine whose storage is empty.
 from __future__ import annotations
 
 import dataclasses
+import math
 import multiprocessing
 import os
 import queue
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 
 from .campaign_file import Campaign
 from .campaign_worker import WorkerSpec, worker_main
-from .claims import DONE, ClaimBoard
+from .claims import DONE
 from .compile_service import CompileService
 
 class CampaignError(RuntimeError):
@@ -94,10 +95,10 @@ def select_gpus(devices, gpus: list[Gpu]) -> list[Gpu]:
     return chosen
 
 
-def board_records(board: ClaimBoard, campaign: Campaign) -> dict[str, dict]:
-    """The cache records the campaign's workers left on the board, every host's, as device
-    documents' entries ({device slug: {problem key: record JSON}}), each checked as the cache
-    checks what it reads (a bad one is skipped with a warning)."""
+def board_records(board, campaign: Campaign) -> dict[str, dict]:
+    """The cache records the campaign's workers left on the board (a ClaimBoard or BoardReader),
+    every host's, as device documents' entries ({device slug: {problem key: record JSON}}), each
+    checked as the cache checks what it reads (a bad one is skipped with a warning)."""
     import warnings
 
     from .cache import FORMAT, CacheWarning, check_slug, valid_records
@@ -198,21 +199,61 @@ def _drain(events, view, timeout: float) -> None:
             return
 
 
-def board_summary(board: ClaimBoard, campaign: Campaign) -> list[dict]:
-    """Every problem of the campaign on the board, per device model: its state and result."""
-    rows = []
-    for claim in board.claims(campaign.name):
-        result = claim.result or {}
-        rows.append({"device": claim.device, "problem": claim.problem, "state": claim.state,
-                     "attempts": claim.attempts, "host": result.get("host", ""),
-                     "config": result.get("config", ""), "tflops": result.get("tflops"),
-                     "cublas_tflops": result.get("cublas_tflops"), "ratio": result.get("ratio"),
-                     "kept_cublas": result.get("kept_cublas"), "error": result.get("error", ""),
-                     "done": claim.state == DONE})
-    return rows
+def _text(value) -> str:
+    """A stored text as a table shows it (a board row may hold anything: another version's, a hand's)."""
+    return "" if value is None else value[:1000] if isinstance(value, str) else str(value)[:1000]
 
 
-def resolve_storage(campaign: Campaign) -> str:
+def _figure(value) -> float | None:
+    return float(value) if type(value) in (int, float) and math.isfinite(value) else None
+
+
+def _row(device: str, problem: str, state: str, attempts, result: dict, done: bool) -> dict:
+    return {"device": _text(device), "problem": _text(problem), "state": _text(state),
+            "attempts": attempts if type(attempts) is int else 0, "host": _text(result.get("host")),
+            "config": _text(result.get("config")), "tflops": _figure(result.get("tflops")),
+            "cublas_tflops": _figure(result.get("cublas_tflops")), "ratio": _figure(result.get("ratio")),
+            "kept_cublas": result.get("kept_cublas") is True, "error": _text(result.get("error")), "done": done}
+
+
+def board_summary(board, campaign: Campaign, cache=None) -> list[dict]:
+    """Every problem of the campaign on the board (a ClaimBoard or BoardReader), per device model:
+    its state and result, each value checked (a row may hold anything). With `cache` (the
+    campaign's own, TuningCache), a problem finished there counts as done, as a worker would take
+    it, on the board or not: for the device models of the board and of the cache."""
+    wanted = {p.key for p in campaign.problems}
+    rows = {(c.device, c.problem): _row(c.device, c.problem, c.state, c.attempts, c.result or {}, c.state == DONE)
+            for c in board.claims(campaign.name) if c.problem in wanted}
+    if cache is not None:
+        from .cache import is_slug
+
+        for slug in sorted({device for device, _ in rows} | set(cache.devices(include_shipped=False))):
+            if not is_slug(slug):
+                continue
+            finished = {r.problem: r for _, r in cache.records(slug, include_shipped=False)
+                        if not r.stale and not r.provisional}  # (what `TuningCache.lookup` would serve)
+            for problem in campaign.problems:
+                row, record = rows.get((slug, problem.key)), finished.get(problem.key)
+                if record is not None and not (row is not None and row["done"]):
+                    rows[(slug, problem.key)] = _row(slug, problem.key, "done (cached)", row["attempts"] if row else 0, {
+                        "host": record.host, "config": record.config_name, "tflops": record.tflops,
+                        "cublas_tflops": record.cublas_tflops, "ratio": record.ratio,
+                        "kept_cublas": record.is_cublas}, True)
+    order = {p.key: i for i, p in enumerate(campaign.problems)}
+    return [rows[k] for k in sorted(rows, key=lambda k: (k[0], order[k[1]]))]
+
+
+def progress_lines(campaign: Campaign, rows: list[dict]) -> list[str]:
+    """How far the campaign is, per device model (every problem of the campaign counted)."""
+    devices = sorted({r["device"] for r in rows})
+    if not devices:
+        return [f"campaign {campaign.name}: 0 of {len(campaign.problems)} problem(s) done (no worker has started)"]
+    return [f"campaign {campaign.name}: {sum(r['done'] for r in rows if r['device'] == d)} of {len(campaign.problems)} "
+            f"problem(s) done on {d}" for d in devices]
+
+
+def resolve_storage(campaign: Campaign, create: bool = True) -> str:
+    """The campaign's storage URL; the default one made only with `create` (a reader makes nothing)."""
     from .study import default_storage
 
-    return campaign.storage or default_storage()
+    return campaign.storage or default_storage(create)

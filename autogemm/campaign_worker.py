@@ -14,9 +14,10 @@ import time
 from dataclasses import dataclass
 
 from .campaign_file import Campaign
-from .claims import DONE, ClaimBoard, new_owner
+from .claims import CLAIMED, ClaimBoard, new_owner
 from .problem import Problem
 from .provenance import host
+from .url_secrets import hide_passwords
 
 HEARTBEAT_FRACTION = 0.25  # a worker renews its claim every grace * this seconds
 # A worker with nothing to claim or help looks again after this long (a holder's heartbeat may go
@@ -67,6 +68,7 @@ def _claim_and_tune(spec: WorkerSpec, events) -> None:
     from .cache import TuningCache
     from .study import Sharing
     from .tuner import TuneError, TuneRunning
+    from .tune_result import TuneStorageError
 
     if spec.compile_conn is not None:
         from .compile import share_compile_pool
@@ -74,9 +76,10 @@ def _claim_and_tune(spec: WorkerSpec, events) -> None:
 
         share_compile_pool(RemoteCompilePool(spec.compile_conn))
     campaign, factory = spec.campaign, spec.evaluator_factory
-    board = ClaimBoard(spec.storage)
+    board = None
     owner = new_owner()
     try:
+        board = ClaimBoard(spec.storage)  # (a storage that cannot be used is reported as the worker's error)
         if factory is not None:
             device = factory.device
         else:
@@ -97,8 +100,8 @@ def _claim_and_tune(spec: WorkerSpec, events) -> None:
                 # nothing to take; while other workers (or hosts) still hold problems, help one of
                 # them (search its study too), or wait: a holder that dies leaves its problem to be
                 # taken over once its heartbeat is late
-                def read_held(left=left):
-                    return [c for c in board.claims(campaign.name, device.slug) if c.state != DONE and c.problem in left]
+                def read_held(left=left):  # (a row in a state this version does not know is nobody's)
+                    return [c for c in board.claims(campaign.name, device.slug) if c.state == CLAIMED and c.problem in left]
 
                 held = read_held()
                 if not held:
@@ -131,14 +134,18 @@ def _claim_and_tune(spec: WorkerSpec, events) -> None:
                 board.release(campaign.name, device.slug, key, owner)
                 events.put(("stopped", spec.label, key, "interrupted"))
                 return
-            except TuneRunning as exc:  # a tune outside the campaign runs this study here: leave it to it
+            except (TuneRunning, TuneStorageError) as exc:
+                # a tune outside the campaign runs this study here, or the study storage failed (a
+                # database away for a moment, say): nothing wrong with the problem, which goes back
+                # for another worker or a rerun; this worker leaves it
                 board.release(campaign.name, device.slug, key, owner)
                 skipped.add(key)
-                events.put(("skipped", spec.label, key, str(exc)))
+                events.put(("skipped", spec.label, key, hide_passwords(str(exc), spec.storage)))
                 continue
             except TuneError as exc:  # nothing measurable: done, with the reason (not retried forever)
-                board.finish(campaign.name, device.slug, key, owner, {"error": str(exc)[:1000], "host": host()})
-                events.put(("failed", spec.label, key, str(exc)))
+                reason = hide_passwords(str(exc), spec.storage)[:1000]
+                board.finish(campaign.name, device.slug, key, owner, {"error": reason, "host": host()})
+                events.put(("failed", spec.label, key, reason))
                 continue
             finally:
                 beat.stop()
@@ -147,6 +154,7 @@ def _claim_and_tune(spec: WorkerSpec, events) -> None:
                 events.put(("stopped", spec.label, key, result.stopped))
                 return
             summary = {**result.to_json(), "host": host(), "kept_cublas": result.kept_cublas}
+            summary.pop("storage", None)  # the board keeps no storage URL (everyone reading it knows it)
             cached = own.lookup(problem, device.slug)
             if cached is not None:  # the board keeps the record too: `campaign export` rebuilds the cache from it
                 summary["record"] = cached[0].to_json()
@@ -157,10 +165,11 @@ def _claim_and_tune(spec: WorkerSpec, events) -> None:
     except KeyboardInterrupt:
         events.put(("stopped", spec.label, "", "interrupted"))
     except Exception as exc:  # report it to the parent, which says which GPU failed
-        events.put(("error", spec.label, f"{type(exc).__name__}: {exc}"))
+        events.put(("error", spec.label, hide_passwords(f"{type(exc).__name__}: {exc}", spec.storage)))
         raise
     finally:
-        board.close()
+        if board is not None:
+            board.close()
 
 
 def _wait_for_a_change(read_held, held: list, timeout: float) -> None:
@@ -217,7 +226,7 @@ def _help_one(spec: WorkerSpec, board: ClaimBoard, device, owner: str, cache, he
             events.put(("stopped", spec.label, claim.problem, "interrupted while helping"))
             return True
         except TuneError as exc:  # this worker could not search it: the holder goes on alone
-            events.put(("skipped", spec.label, claim.problem, f"helping: {exc}"))
+            events.put(("skipped", spec.label, claim.problem, hide_passwords(f"helping: {exc}", spec.storage)))
         return False
     return False
 

@@ -7,7 +7,10 @@ period): the database decides between workers racing for one row, on PostgreSQL 
 no host needs to reach another. While it tunes, the worker renews its heartbeat; a worker that dies
 (a killed process, a lost host) stops renewing it, and after the grace period another worker takes
 the problem over and resumes its studies. Claims held by processes of this host that no longer run
-are taken over at once. Times are the database's clock, never a host's, so that hosts whose clocks
+are taken over at once: "this host" is the host name, its boot and its PID namespace, since
+containers that share a host name do not see each other's processes (where the boot or namespace
+cannot be read, only the heartbeat decides). A row in a state this version does not know is left
+alone. Times are the database's clock, never a host's, so that hosts whose clocks
 disagree still agree on who is late. A holder announces the study it is searching (`announce`), so
 that a worker with nothing left to claim can help it (several GPUs on one study, `campaign.py`).
 
@@ -17,16 +20,21 @@ journal (one host).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import socket
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
 
 import sqlalchemy as sa
 
 OPEN, CLAIMED, DONE = "open", "claimed", "done"
+CLAIM_ROUNDS = 100  # see ClaimBoard.claim
 
 _metadata = sa.MetaData()
 claims_table = sa.Table(
@@ -52,20 +60,38 @@ def claims_url(storage_url: str) -> str:
     return storage_url
 
 
+@functools.lru_cache(maxsize=1)
+def _identity() -> tuple[str, str]:
+    """(boot id, PID namespace) of this process: with the host name, where its process ids mean
+    something. Empty where they cannot be read (not Linux)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return "", ""
+    found = re.search(r"\d+", namespace)
+    if not re.fullmatch(r"[0-9a-fA-F-]{8,64}", boot) or found is None:
+        return "", ""
+    return boot, found.group()
+
+
 def new_owner() -> str:
-    """This process's name in claims: host, process id and a token no other process shares."""
-    return f"{socket.gethostname()[:128]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    """This process's name in claims: host, boot id, PID namespace, process id and a token no other
+    process shares."""
+    boot, namespace = _identity()
+    return f"{socket.gethostname()[:128]}:{boot}:{namespace}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
 def _owner_is_dead_here(owner: str | None) -> bool:
-    """Whether `owner` is a process of this host that no longer runs."""
-    if not owner:
+    """Whether `owner` is a process of this host, boot and PID namespace that no longer runs."""
+    boot, namespace = _identity()
+    if not owner or not boot:
         return False
-    parts = owner.rsplit(":", 2)
-    if len(parts) != 3 or parts[0] != socket.gethostname()[:128]:
-        return False
+    parts = owner.rsplit(":", 4)
+    if len(parts) != 5 or parts[:3] != [socket.gethostname()[:128], boot, namespace]:
+        return False  # (owners named before boot and namespace were part of the name: heartbeat only)
     try:
-        os.kill(int(parts[1]), 0)
+        os.kill(int(parts[3]), 0)
     except ProcessLookupError:
         return True
     except (ValueError, PermissionError, OverflowError):
@@ -92,8 +118,7 @@ class ClaimBoard:
 
     def __init__(self, storage_url: str):
         url = claims_url(storage_url)
-        kwargs = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-        self.engine = sa.create_engine(url, **kwargs)
+        self.engine = sa.create_engine(url, **_engine_kwargs(url))
         for attempt in range(4):
             try:
                 _metadata.create_all(self.engine, checkfirst=True)
@@ -162,16 +187,18 @@ class ClaimBoard:
         or None when every problem is done or held by a live worker. `only` limits the choice."""
         t = claims_table.c
         takeable = sa.or_(t.state == OPEN, sa.and_(t.state == CLAIMED, t.heartbeat < self._now - grace))
-        while True:
+        # every round that finds candidates takes one, unless other workers took them all meanwhile:
+        # a bounded number of rounds (a row no update can take must not spin this loop forever)
+        for _ in range(CLAIM_ROUNDS):
             with self.engine.begin() as db:
                 rows = db.execute(sa.select(t.problem, t.state, t.owner, t.heartbeat < self._now - grace)
-                                  .where(t.campaign == campaign, t.device == device, t.state != DONE)
+                                  .where(t.campaign == campaign, t.device == device, t.state.in_((OPEN, CLAIMED)))
                                   .order_by(t.position)).all()
             # (problem, its holder where that is a process of this host that has ended)
             candidates = []
             for problem, state, holder, late in rows:
                 dead_holder = holder if state == CLAIMED and _owner_is_dead_here(holder) else None
-                if (only is None or problem in only) and (state == OPEN or late or dead_holder):
+                if (only is None or problem in only) and (state == OPEN or (state == CLAIMED and (late or dead_holder))):
                     candidates.append((problem, dead_holder))
             if not candidates:
                 return None
@@ -185,6 +212,7 @@ class ClaimBoard:
                 if taken == 1:
                     return problem
             # every candidate went to another worker meanwhile: look again
+        return None
 
     def _update_held(self, campaign: str, device: str, problem: str, owner: str, values: dict) -> bool:
         """Changes a claim that `owner` still holds; False if it no longer does (taken over)."""
@@ -221,7 +249,7 @@ class ClaimBoard:
             rows = db.execute(sa.select(claims_table).where(
                 t.campaign == campaign, t.device == device, t.state == CLAIMED, t.study.is_not(None),
                 t.owner != not_owner, t.heartbeat >= self._now - grace).order_by(t.position)).mappings().all()
-        return [self._claim(r) for r in rows]
+        return [_claim_of(r) for r in rows]
 
     def claims(self, campaign: str, device: str | None = None) -> list[Claim]:
         t = claims_table.c
@@ -230,10 +258,61 @@ class ClaimBoard:
             query = query.where(t.device == device)
         with self.engine.begin() as db:
             rows = db.execute(query.order_by(t.device, t.position)).mappings().all()
-        return [self._claim(r) for r in rows]
+        return [_claim_of(r) for r in rows]
 
-    @staticmethod
-    def _claim(row) -> Claim:
-        return Claim(campaign=row["campaign"], device=row["device"], problem=row["problem"], position=row["position"],
-                     state=row["state"], owner=row["owner"], heartbeat=row["heartbeat"], attempts=row["attempts"],
-                     result=json.loads(row["result"]) if row["result"] else None, study=row["study"])
+
+def _engine_kwargs(url: str) -> dict:
+    return {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+
+
+def _claim_of(row) -> Claim:
+    return Claim(campaign=row["campaign"], device=row["device"], problem=row["problem"], position=row["position"],
+                 state=row["state"], owner=row["owner"], heartbeat=row["heartbeat"], attempts=row["attempts"],
+                 result=_result_of(row["result"]), study=row.get("study"))
+
+
+def _result_of(text) -> dict | None:
+    """A claim's stored result: a JSON object, or None; anything else (a row another version or a
+    hand wrote) as an error that says what it is, never a crash of whoever reads the board."""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        return {"error": "the stored result is not JSON"}
+    return value if isinstance(value, dict) else {"error": f"the stored result is not a JSON object: {str(value)[:100]}"}
+
+
+class BoardReader:
+    """The claims as they stand, for commands that only read (status, export): nothing is created
+    or altered (an SQLite file is opened read-only), and a storage without a board yet (no
+    database file, no table) has no claims. Reads like ClaimBoard.claims."""
+
+    def __init__(self, storage_url: str):
+        url = claims_url(storage_url)
+        self.engine = None
+        if url.startswith("sqlite:///"):
+            path = Path(url[len("sqlite:///"):])
+            if not path.is_file():
+                return
+            url = f"sqlite:///file:{quote(str(path))}?mode=ro&uri=true"
+        self.engine = sa.create_engine(url, **_engine_kwargs(url))
+
+    def claims(self, campaign: str, device: str | None = None) -> list[Claim]:
+        if self.engine is None:
+            return []
+        inspector = sa.inspect(self.engine)
+        if not inspector.has_table(claims_table.name):
+            return []
+        present = {c["name"] for c in inspector.get_columns(claims_table.name)}  # (older boards lack `study`)
+        t = claims_table.c
+        query = sa.select(*[c for c in claims_table.c if c.name in present]).where(t.campaign == campaign)
+        if device is not None:
+            query = query.where(t.device == device)
+        with self.engine.connect() as db:
+            rows = db.execute(query.order_by(t.device, t.position)).mappings().all()
+        return [_claim_of(r) for r in rows]
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.dispose()

@@ -11,11 +11,11 @@ autogemm's are listed as skipped, and the page escapes every string it takes fro
 from __future__ import annotations
 
 import math
-import sqlite3
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote
 
 import optuna
 
@@ -24,6 +24,10 @@ from .problem import Problem
 from .report_measured import (Ceiling, SweepPoint, found_results, measured_bandwidth, measured_ceilings, name_matches,
                               read_results, shape_sweep)
 from .study import JOURNAL, default_storage, shown_url, sqlite_path, storage_object
+from .url_secrets import hide_passwords
+
+# Where Optuna keeps its schema's version: rows it writes when they are missing (see _rdb_storage).
+VERSION_TABLES = {"version_info", "alembic_version"}
 
 # Fewer measured trials than this say nothing about which knob matters.
 MIN_TRIALS_FOR_IMPORTANCE = 8
@@ -94,39 +98,68 @@ class DeviceReport:
 
 @dataclass
 class Report:
-    storage: str  # as shown: passwords hidden
+    storage: str  # where the studies were read, as the page says it: the URL given (password hidden)
     devices: list[DeviceReport]
     skipped: list[str]  # studies whose names are not autogemm's
 
 
+def storage_named(given: str | None) -> str:
+    """The storage as messages and the page name it: the URL the user gave, its password hidden
+    (never the absolute path of the default file, which names the user's home)."""
+    return f"the study storage {shown_url(given)}" if given else "the default study storage"
+
+
 def open_storage(url: str | None):
-    """The storage behind `url` (None: the default SQLite file), read only where it can be: a
-    file that is missing or is not Optuna's is refused instead of created or altered."""
-    given, url = url, url or default_storage()
+    """The storage behind `url` (None: the default SQLite file), only read: a file that is missing
+    or is not Optuna's, or a database without Optuna's tables, is refused instead of created or
+    altered."""
+    given, url = url, url or default_storage(create=False)
+    named = storage_named(given)
     path = sqlite_path(url)
     if url.startswith(JOURNAL):
         path = Path(url[len(JOURNAL):])
     if path is not None and not path.is_file():
         if given is None:  # nothing tuned here yet: not a mistake in the command line
-            raise NothingToReport(f"no studies yet: the default study storage {url} does not exist; tune a problem "
-                                  "first, or name a storage with --storage")
-        raise ReportInputError(f"the study storage {url} does not exist (no file {path})")
-    if url.startswith("sqlite:///") and path is not None:
-        try:
-            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as connection:
-                tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        except sqlite3.DatabaseError as exc:
-            raise ReportInputError(f"the study storage {url} is not a database ({exc})") from None
-        if "studies" not in tables:
-            raise ReportInputError(f"the study storage {url} holds no Optuna studies")
+            raise NothingToReport(f"no studies yet: {named} does not exist; tune a problem first, or name a storage "
+                                  "with --storage")
+        raise ReportInputError(f"{named} does not exist (no file {path})")
     try:
-        storage = storage_object(url)
-        if isinstance(storage, str):  # one engine for every study read, not one per study
-            storage = optuna.storages.get_storage(storage)
+        if url.startswith(JOURNAL):
+            storage = storage_object(url)
+        else:
+            storage = _rdb_storage(url, named)
         return storage, optuna.study.get_all_study_names(storage=storage)
+    except ReportInputError:
+        raise
     except Exception as exc:  # SQLAlchemy's and Optuna's errors, whatever the database
-        raise ReportInputError(f"the study storage {shown_url(url)} cannot be read: {type(exc).__name__}: "
-                               f"{str(exc).splitlines()[0][:300] if str(exc) else ''}") from None
+        first = str(exc).splitlines()[0][:300] if str(exc) else ""
+        raise ReportInputError(hide_passwords(f"{named} cannot be read: {type(exc).__name__}: {first}", url)) from None
+
+
+def _rdb_storage(url: str, named: str):
+    """Optuna's storage in the database of `url`, opened only where Optuna's tables and version rows
+    are all there: Optuna would otherwise create or complete them, and a report only reads (an
+    SQLite file is opened read-only besides)."""
+    import sqlalchemy as sa
+
+    path = sqlite_path(url)
+    if path is not None:
+        url = f"sqlite:///file:{quote(str(path))}?mode=ro&uri=true"
+    engine = sa.create_engine(url)
+    try:
+        tables = set(sa.inspect(engine).get_table_names())
+        versions = VERSION_TABLES & tables
+        with engine.connect() as db:
+            empty = [t for t in sorted(versions) if db.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar() == 0]
+    finally:
+        engine.dispose()
+    if "studies" not in tables:
+        raise ReportInputError(f"{named} holds no Optuna studies")
+    if versions != VERSION_TABLES or empty:
+        raise ReportInputError(f"{named} is not a complete Optuna storage (no version in "
+                               f"{', '.join(sorted(VERSION_TABLES - versions) + empty)}); it is left as it is")
+    # one engine for every study read, not one per study
+    return optuna.storages.RDBStorage(url, skip_table_creation=True)
 
 
 def parse_study_name(name: str) -> tuple[str, Problem, str] | None:
@@ -216,7 +249,7 @@ def gather(storage: str | None, problem: Problem | None, *, cache: TuningCache |
            bench: list[Path] = (), bandwidth_gbs: float | None = None) -> Report:
     """The report of `problem`'s studies (every study where None) in `storage`."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # no line per in-memory study made for importances
-    url = storage or default_storage()
+    named = storage_named(storage)
     optuna_storage, names = open_storage(storage)
     cache = cache if cache is not None else TuningCache()
     parsed = {name: parse_study_name(name) for name in names}
@@ -225,9 +258,9 @@ def gather(storage: str | None, problem: Problem | None, *, cache: TuningCache |
               if facts is not None and (problem is None or facts[1].key == problem.key)}
     if not chosen:
         if problem is not None:
-            raise ReportInputError(f"no study of {problem.key} in {shown_url(url)} "
+            raise ReportInputError(f"no study of {problem.key} in {named} "
                                    f"({len(names)} studies there; --all reports every one)")
-        raise NothingToReport(f"no autogemm study in {shown_url(url)}" + (f" ({len(skipped)} other studies)" if skipped else ""))
+        raise NothingToReport(f"no autogemm study in {named}" + (f" ({len(skipped)} other studies)" if skipped else ""))
     try:
         given = [(Path(path), read_results(Path(path))) for path in bench]
     except ValueError as exc:
@@ -255,4 +288,4 @@ def gather(storage: str | None, problem: Problem | None, *, cache: TuningCache |
     if unmatched:
         raise ReportInputError(f"--bench {', '.join(unmatched)}: measured on a device no reported study was tuned on "
                                f"({', '.join(dev.slug for dev in devices)})")
-    return Report(shown_url(url), devices, skipped)
+    return Report(named, devices, skipped)

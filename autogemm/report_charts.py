@@ -259,6 +259,6 @@ def render_page(report, profiles: dict | None = None) -> str:
         f"<style>{STYLE}</style>",
         f"<script>{get_plotlyjs()}</script>", "</head><body>",
         "<h1>autogemm report</h1>",
-        f"<p class=\"note\">Written {datetime.datetime.now():%Y-%m-%d %H:%M} from the study storage "
-        f"{esc(report.storage)} and the tuned-results cache.</p>", skipped, f"<ul>{contents}</ul>",
+        f"<p class=\"note\">Written {datetime.datetime.now():%Y-%m-%d %H:%M} from {esc(report.storage)} "
+        "and the tuned-results cache.</p>", skipped, f"<ul>{contents}</ul>",
         *body, f"<script>{DRAW % json.dumps(CONFIG)}</script>", "</body></html>", ""])

@@ -24,7 +24,7 @@ from .render import kernel_digest, kernel_template_hash
 from .study import (StudyStorageError, StudyWriter, TrialExchange, ask_params, best_configs, default_storage,
                     make_sampler, open_study, tell_trials)
 from .tune_progress import TuneProgress
-from .tune_result import TuneError, TuneResult
+from .tune_result import TuneError, TuneResult, TuneStorageError
 
 CONVERGED_GAIN = 0.005  # see `converged`
 FINALISTS = 5
@@ -55,7 +55,7 @@ def search_study(problem, device, name, *, trials, timeout, seed, sampler, space
         try:
             persistent = open_study(name, storage)
         except StudyStorageError as exc:
-            raise TuneError(str(exc)) from None
+            raise TuneStorageError(str(exc)) from None
         storage = storage or default_storage()
     cache = cache if cache is not None else TuningCache()
     cache_errors: list[str] = []
@@ -83,7 +83,7 @@ def search_study(problem, device, name, *, trials, timeout, seed, sampler, space
         else:
             evaluator = GpuEvaluator(problem, device, jobs, seed=seed or 0)
     if helper and seed is not None:  # another seed than the holder's: the two samplers propose differently
-        seed += 1 + random.Random().randrange(1 << 30)
+        seed = (seed + 1 + random.Random().randrange(1 << 30)) % (1 << 32)  # (numpy's seeds are 32-bit)
     study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, seed, space))
     exchange = None
     if persistent is not None:

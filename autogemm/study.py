@@ -32,6 +32,7 @@ from .paths import user_cache_dir
 from .problem import Device, Problem
 from .render import template_hash
 from .space import SearchSpace
+from .url_secrets import hide_passwords, shown_url
 
 SAMPLERS = ("tpe", "random", "grid")
 
@@ -52,23 +53,16 @@ class StudyStorageError(RuntimeError):
     """The study storage cannot be opened or used."""
 
 
-def default_storage() -> str:
+def default_storage(create: bool = True) -> str:
+    """The default storage's URL: SQLite in the cache directory (made, unless `create` is false:
+    a reader creates nothing)."""
     path = user_cache_dir() / "studies.db"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path}"
 
 
 JOURNAL = "journal:///"  # Optuna's journal file storage: journal:///path/to/studies.log
-
-
-def shown_url(url: str) -> str:
-    """A storage URL with its password hidden (for messages, tables and reports that may be shared)."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a database URL (journal:///...): nothing secret in it
-        return url
 
 
 def storage_object(url: str):
@@ -79,7 +73,7 @@ def storage_object(url: str):
 
         path = Path(url[len(JOURNAL):])
         if not path.name or path.is_dir():
-            raise StudyStorageError(f"the journal storage {url} must name a file")
+            raise StudyStorageError(f"the journal storage {shown_url(url)} must name a file")
         path.parent.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(str(path)))
     return url
@@ -133,14 +127,24 @@ def _open_study(name: str, storage: str | None) -> optuna.Study:
                 print(f"autogemm: the study storage {path} is not a database; moved it to {aside} and started afresh",
                       file=sys.stderr)
                 continue
-            if path is None and attempt + 1 < SERVER_ATTEMPTS and not isinstance(exc, StudyStorageError):
+            if path is None and attempt + 1 < SERVER_ATTEMPTS and _passing(exc):
                 # several hosts or workers creating Optuna's tables in an empty database at once
                 # collide (one CREATE wins, the others fail): the tables are there on the next try
                 time.sleep(0.5 * (attempt + 1))
                 continue
-            raise StudyStorageError(f"the study storage {url} cannot be used: {type(exc).__name__}: "
-                                    f"{str(exc).splitlines()[0][:300]}") from None
+            # (the text reaches tables, progress lines and the claim board: no password in it)
+            first = str(exc).splitlines()[0][:300] if str(exc) else ""
+            raise StudyStorageError(hide_passwords(f"the study storage {shown_url(url)} cannot be used: "
+                                                   f"{type(exc).__name__}: {first}", url)) from None
     raise AssertionError("unreachable")
+
+
+def _passing(exc: Exception) -> bool:
+    """Whether a failure to open a study may pass on its own (the database's errors: a collision,
+    a dropped connection), unlike a URL that cannot be parsed or a schema of another version."""
+    import sqlalchemy.exc
+
+    return isinstance(exc, sqlalchemy.exc.DBAPIError)
 
 
 def study_name_for(problem: Problem, device: Device, space: SearchSpace) -> str:
@@ -177,14 +181,25 @@ def ask_params(trial: optuna.Trial, space: SearchSpace, choices: dict[str, tuple
 
 
 def best_configs(study: optuna.Study, space: SearchSpace, limit: int) -> list:
-    """The best distinct configurations measured in the study (earlier runs included)."""
+    """The best distinct configurations measured in the study (earlier runs included). A trial
+    whose config this version cannot read (a study another version wrote) is skipped with a
+    warning: it must not cost the whole search its result."""
     seen: dict[str, float] = {}
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         name = t.user_attrs.get("config")
-        if name and t.value is not None and t.value > seen.get(name, 0.0):
+        if isinstance(name, str) and name and t.value is not None and t.value > seen.get(name, 0.0):
             seen[name] = t.value
-    best = sorted(seen, key=seen.get, reverse=True)[:limit]
-    return [space.config_class.from_name(name) for name in best]
+    configs = []
+    for name in sorted(seen, key=seen.get, reverse=True):
+        try:
+            configs.append(space.config_class.from_name(name))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            warnings.warn(f"study {study.study_name}: skipped the trials of config {str(name)[:200]!r}, which this "
+                          f"version cannot read ({str(exc)[:200]})", stacklevel=2)
+            continue
+        if len(configs) == limit:
+            break
+    return configs
 
 
 def lock_study(name: str, wait: float = 0.0):

@@ -6,10 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .problem import Device, Problem
+from .url_secrets import shown_url
 
 
 class TuneError(RuntimeError):
     pass
+
+
+class TuneStorageError(TuneError):
+    """The study storage could not be opened: nothing is wrong with the problem, which a later run
+    (the storage back) can tune."""
 
 
 class TuneRunning(TuneError):
@@ -59,6 +65,11 @@ class TuneResult:
     # kernel's ratio, measured trials, kept cuBLAS) of each, in the order searched
     searched: list = field(default_factory=list)
     unsearched: list = field(default_factory=list)  # spaces in which nothing could be measured, and why
+
+    def __post_init__(self) -> None:
+        # the result is printed and kept (tables, JSON, a campaign's board): never a password
+        if self.storage:
+            self.storage = shown_url(self.storage)
 
     @property
     def single_call_ratio(self) -> float | None:

@@ -15,7 +15,7 @@ from .problem import Problem
 from .search import search_study
 from .space import SearchSpace, candidate_space_names
 from .study import Sharing, StudyLocked, lock_study, study_name_for
-from .tune_result import TuneError, TuneResult, TuneRunning
+from .tune_result import TuneError, TuneResult, TuneRunning, TuneStorageError
 
 DEFAULT_TRIALS = 400
 # The default budget: 30 s of search (startup and the finalists' re-timing come on top: 36 s wall
@@ -84,7 +84,7 @@ def _tune_spaces(problem: Problem, names: tuple, trials: int, timeout: float | N
         try:
             result = _tune_space(problem, name, trials=max(1, (trials - used) // left), timeout=share_timeout,
                                  study_name=f"{study_name}:{name}" if study_name else None, **arguments)
-        except TuneRunning:
+        except (TuneRunning, TuneStorageError):  # (every space's study is in that storage)
             raise
         except TuneError as exc:  # nothing measurable in this space: the others may still serve
             errors.append(f"{name}: {exc}")
@@ -102,14 +102,14 @@ def _tune_spaces(problem: Problem, names: tuple, trials: int, timeout: float | N
 
 
 def _device_for(evaluator: Evaluator | None):
-    """The device a tune measures on: the evaluator's, or the current GPU (CuPy missing: say which
-    extra to install)."""
+    """The device a tune measures on: the evaluator's, or the current GPU (GpuUnavailable where
+    there is none, CuPy missing or no driver, rather than CuPy's own error)."""
     if evaluator is not None:
         return evaluator.device
     from .launch import current_device
-    from .runtime import cupy
+    from .runtime import require_gpu
 
-    cupy()
+    require_gpu()
     return current_device()
 
 

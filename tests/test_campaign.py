@@ -32,13 +32,21 @@ SLUG = "nvidia-h200-sm90"  # the recorded table's device
 
 
 # ---- PostgreSQL: a real server, one per test session, a fresh database per test -------------------
+_SERVER: dict = {}  # the session's one server, shared by the test modules that import these fixtures
+
+
 @pytest.fixture(scope="session")
 def postgres_server(tmp_path_factory):
     import pgserver
 
-    server = pgserver.get_server(str(tmp_path_factory.mktemp("pgdata")), cleanup_mode="stop")
-    yield server
-    server.cleanup()
+    if not _SERVER:
+        _SERVER.update(server=pgserver.get_server(str(tmp_path_factory.mktemp("pgdata")), cleanup_mode="stop"), users=0)
+    _SERVER["users"] += 1
+    yield _SERVER["server"]
+    _SERVER["users"] -= 1
+    if not _SERVER["users"]:
+        _SERVER.pop("server").cleanup()
+        _SERVER.clear()
 
 
 @pytest.fixture
@@ -467,13 +475,16 @@ def test_sigint_stops_the_campaign_keeping_the_best_and_a_rerun_resumes(tmp_path
                 break
         except Exception:  # the tables are not there yet
             continue
-    time.sleep(1.5)  # a few trials in
+    # a few trials in: until the first verified kernel is cached (a fixed 1.5 s was not always
+    # enough on a loaded machine, and then nothing was there to keep)
+    cache = TuningCache(tmp_path / "cache", shipped=False)
+    while time.monotonic() < deadline and not list(cache.records(SLUG)):
+        time.sleep(0.2)
     process.send_signal(signal.SIGINT)
     out, _ = process.communicate(timeout=120)
     assert "INTERRUPTED" in out
     claims = board.claims("interrupted")
     assert [c.state for c in claims] == [OPEN, OPEN]  # the claim was given back at once
-    cache = TuningCache(tmp_path / "cache", shipped=False)
     kept = [r for _, r in cache.records(SLUG)]
     assert len(kept) == 1 and kept[0].provisional  # the best verified kernel so far is cached
     measured = sum(len(s.get_trials(states=(optuna.trial.TrialState.COMPLETE,))) for s in _studies(storage))

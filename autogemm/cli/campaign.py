@@ -1,15 +1,15 @@
-"""`autogemm campaign run|status FILE`: many problems over every GPU of this host (and, through a
-shared storage, of other hosts), with a line per GPU while it runs and a table at the end."""
+"""`autogemm campaign run|status|export FILE`: many problems over every GPU of this host (and, through
+a shared storage, of other hosts), with a line per GPU while it runs and a table at the end; each
+action an argparse subcommand with its own help and only its own options."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
-from pathlib import Path
 
+from ..url_secrets import hide_passwords, shown_url
 from .arguments import EXIT_FAILURES, CliError, CliFailure, positive_int, positive_seconds
 from .tables import table
 
@@ -99,108 +99,162 @@ def _table(rows: list[dict]) -> str:
     return table(header, body)
 
 
-def cmd_campaign(args: argparse.Namespace) -> int:
-    from ..campaign import (CampaignError, board_summary, list_gpus, resolve_storage, run_campaign,
-                            select_gpus, worker_specs)
+def _load(args: argparse.Namespace):
+    """The campaign file named on the command line, checked (a fault is a usage error)."""
     from ..campaign_file import CampaignFileError, load_campaign
-    from ..claims import ClaimBoard
-    from ..study import shown_url
-    from ..tuner import default_jobs
 
     try:
-        campaign = load_campaign(args.file)
+        return load_campaign(args.file, trust_cache_dir=args.trust_cache_dir, cache_dir=getattr(args, "cache_dir", None))
     except CampaignFileError as exc:
-        raise CliError(str(exc)) from None
-    if args.cache_dir:
-        campaign = dataclasses.replace(campaign, cache_dir=str(Path(args.cache_dir).expanduser().resolve()))
-    storage = resolve_storage(campaign)
-    if args.action == "run":
-        try:
-            gpus = select_gpus(campaign.devices, list_gpus())
-        except CampaignError as exc:
-            raise CliFailure(str(exc)) from None
-        stop_at = time.time() + args.stop_after if args.stop_after else None
-        specs = worker_specs(campaign, storage, gpus, args.jobs or default_jobs(), stop_at)
-        print(f"campaign {campaign.name}: {len(campaign.problems)} problems on {len(gpus)} GPU(s) of this host "
-              f"({', '.join(f'{g.index} {g.name}' for g in gpus)}); storage {shown_url(storage)}", file=sys.stderr)
-        view = None if args.json else CampaignView([s.label for s in specs], len(campaign.problems))
-        try:
-            codes = run_campaign(campaign, specs, view)
-        finally:
-            if view is not None:
-                view.close()
-        broken = [label for label, code in codes.items() if code != 0]
-        if broken:
-            print(f"campaign {campaign.name}: worker(s) {', '.join(broken)} ended with an error", file=sys.stderr)
-    if args.action == "export":
-        return _export(campaign, storage, args.output)
+        raise CliError(hide_passwords(str(exc))) from None
+
+
+def _cannot_read(storage: str, exc: Exception) -> CliFailure:
+    first = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return CliFailure(hide_passwords(f"cannot read the campaign's claims from {shown_url(storage)}: "
+                                     f"{type(exc).__name__}: {first}", storage))
+
+
+def _results(campaign, storage: str) -> list[dict]:
+    """The campaign's rows: the board's (read without creating anything) and the campaign cache's."""
+    from ..cache import TuningCache
+    from ..campaign import board_summary
+    from ..claims import BoardReader
+
     try:
-        board = ClaimBoard(storage)
-        rows = board_summary(board, campaign)
-        board.close()
+        board = BoardReader(storage)
+        try:
+            rows = board_summary(board, campaign, cache=TuningCache(campaign.cache_dir, shipped=False))
+        finally:
+            board.close()
     except Exception as exc:  # SQLAlchemy's errors, whatever the database
-        raise CliFailure(f"cannot read the campaign's claims from {shown_url(storage)}: {type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0][:200]}") from None
-    wanted = {p.key for p in campaign.problems}
-    rows = [r for r in rows if r["problem"] in wanted]
-    if args.json:
+        raise _cannot_read(storage, exc) from None
+    for row in rows:  # (rows written before errors were kept without passwords)
+        row["error"] = hide_passwords(row["error"], storage)
+    return rows
+
+
+def _show(campaign, rows: list[dict], as_json: bool) -> None:
+    from ..campaign import progress_lines
+
+    if as_json:
         print(json.dumps({"campaign": campaign.name, "problems": len(campaign.problems), "results": rows}, indent=2))
     elif rows:
         print(_table(rows))
     else:
         print(f"campaign {campaign.name}: nothing on the board yet (no worker has started)")
-    done = sum(r["done"] for r in rows)
-    print(f"campaign {campaign.name}: {done} of {len(rows)} problem(s) done", file=sys.stderr)
-    if args.action == "run" and (any(r["error"] for r in rows) or any(code != 0 for code in codes.values())):
-        return EXIT_FAILURES
+    for line in progress_lines(campaign, rows):
+        print(line, file=sys.stderr)
+
+
+def cmd_campaign_run(args: argparse.Namespace) -> int:
+    from ..campaign import CampaignError, list_gpus, resolve_storage, run_campaign, select_gpus, worker_specs
+    from ..tuner import default_jobs
+
+    campaign = _load(args)
+    storage = resolve_storage(campaign)
+    try:
+        gpus = select_gpus(campaign.devices, list_gpus())
+    except CampaignError as exc:
+        raise CliFailure(str(exc)) from None
+    stop_at = time.time() + args.stop_after if args.stop_after else None
+    specs = worker_specs(campaign, storage, gpus, args.jobs or default_jobs(), stop_at)
+    print(f"campaign {campaign.name}: {len(campaign.problems)} problems on {len(gpus)} GPU(s) of this host "
+          f"({', '.join(f'{g.index} {g.name}' for g in gpus)}); storage {shown_url(storage)}", file=sys.stderr)
+    view = None if args.json else CampaignView([s.label for s in specs], len(campaign.problems))
+    try:
+        codes = run_campaign(campaign, specs, view)
+    finally:
+        if view is not None:
+            view.close()
+    broken = [label for label, code in codes.items() if code != 0]
+    if broken:
+        print(f"campaign {campaign.name}: worker(s) {', '.join(broken)} ended with an error", file=sys.stderr)
+    rows = _results(campaign, storage)
+    _show(campaign, rows, args.json)
+    return EXIT_FAILURES if broken or any(r["error"] for r in rows) else 0
+
+
+def cmd_campaign_status(args: argparse.Namespace) -> int:
+    from ..campaign import resolve_storage
+
+    campaign = _load(args)
+    _show(campaign, _results(campaign, resolve_storage(campaign, create=False)), args.json)
     return 0
 
 
-def _export(campaign, storage: str, output: str | None) -> int:
+def cmd_campaign_export(args: argparse.Namespace) -> int:
     """Writes the records on the board (every host's) as one cache file."""
     from ..cache_merge import write_documents
-    from ..campaign import board_records
-    from ..claims import ClaimBoard
-    from ..study import shown_url
+    from ..campaign import board_records, resolve_storage
+    from ..claims import BoardReader
 
-    if not output:
+    if not args.output:
         raise CliError("campaign export needs -o OUT, the cache file to write")
+    campaign = _load(args)
+    storage = resolve_storage(campaign, create=False)
     try:
-        board = ClaimBoard(storage)
-        documents = board_records(board, campaign)
-        board.close()
+        board = BoardReader(storage)
+        try:
+            documents = board_records(board, campaign)
+        finally:
+            board.close()
     except Exception as exc:  # SQLAlchemy's errors, whatever the database
-        raise CliFailure(f"cannot read the campaign's claims from {shown_url(storage)}: {type(exc).__name__}") from None
+        raise _cannot_read(storage, exc) from None
     if not documents:
         raise CliFailure(f"campaign {campaign.name} has no finished record on the board yet")
     try:
-        write_documents(documents, output)
+        write_documents(documents, args.output)
     except OSError as exc:
-        raise CliFailure(f"cannot write {output}: {exc}") from None
-    print(f"exported {', '.join(f'{len(e)} records of {slug}' for slug, e in documents.items())} to {output}")
+        raise CliFailure(f"cannot write {args.output}: {exc}") from None
+    print(f"exported {', '.join(f'{len(e)} records of {slug}' for slug, e in documents.items())} to {args.output}")
     return 0
+
+
+_TRUST = ("accept a cache_dir in the campaign file that is an absolute path outside the file's folder (without "
+          "it, a file's cache_dir must lie inside its folder, so that a campaign file from someone else decides "
+          "nothing about where results are written)")
 
 
 def add_campaign_parser(sub) -> None:
     campaign_p = sub.add_parser(
         "campaign", help="tune many problems over every GPU of this host and over hosts sharing a storage",
-        description="run FILE: tune every problem of a campaign file (TOML: [campaign] with name, storage, devices, "
-        "timeout, trials, seed, grace; [[problems]] grids or shapes) on this host's GPUs, one worker process "
-        "per GPU. Hosts given the same storage URL (PostgreSQL) share the problems: each is tuned once per "
-        "GPU model. Results land in the cache as they are found. Ctrl-C keeps each GPU's best so far and "
-        "gives its problem back; running the command again resumes. status FILE: the table of results so far. "
-        "export FILE -o OUT: the records every host left on the board, as one cache file (a device document, "
-        "or an export bundle for several GPU models), for `autogemm cache import` or cache/.")
-    campaign_p.add_argument("action", choices=("run", "status", "export"))
-    campaign_p.add_argument("file", help="campaign file (TOML)")
-    campaign_p.add_argument("--jobs", type=positive_int, help="compile workers in all (default: this host's cores), "
-                                                     "shared evenly between the GPUs")
-    campaign_p.add_argument("--json", action="store_true", help="print the results as JSON (no progress lines)")
-    campaign_p.add_argument("--stop-after", type=positive_seconds, metavar="SECONDS",
-                            help="run: claim no new problem after this many seconds (each GPU finishes the one "
-                                 "it tunes); the rest waits for the next run")
-    campaign_p.add_argument("-o", "--output", metavar="OUT", help="export: the cache file to write")
-    campaign_p.add_argument("--cache-dir", metavar="DIR",
-                            help="run: write results to this directory instead of the campaign's cache_dir (a "
-                                 "problem finished there counts as done; shipped results only seed the search)")
-    campaign_p.set_defaults(handler=cmd_campaign)
+        description="Tune every problem of a campaign file (TOML: [campaign] with name, storage, devices, timeout, "
+        "trials, seed, grace, patience, cache_dir; [[problems]] grids or shapes) on this host's GPUs, and follow it. "
+        "See `autogemm campaign ACTION --help` for each action's options.")
+    actions = campaign_p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    run_p = actions.add_parser(
+        "run", help="tune the campaign's problems on this host's GPUs",
+        description="Tune every problem of a campaign file on this host's GPUs, one worker process per GPU. Hosts "
+        "given the same storage URL (PostgreSQL) share the problems: each is tuned once per GPU model. Results land "
+        "in the cache as they are found (the campaign's cache_dir, a folder inside the file's own). Ctrl-C keeps "
+        "each GPU's best so far and gives its problem back; running the command again resumes. Ends with the "
+        "table of results.")
+    status_p = actions.add_parser(
+        "status", help="the table of results so far",
+        description="The table of the campaign's results so far: every host's, from the board in the storage, and "
+        "the problems finished in the campaign's cache. Reads only: creates nothing.")
+    export_p = actions.add_parser(
+        "export", help="the records every host left on the board, as one cache file",
+        description="Write the records every host left on the board as one cache file (a device document, or an "
+        "export bundle for several GPU models), for `autogemm cache import` or cache/. Reads only the board.")
+    for parser in (run_p, status_p, export_p):
+        parser.add_argument("file", help="campaign file (TOML)")
+        parser.add_argument("--trust-cache-dir", action="store_true", help=_TRUST)
+    for parser in (run_p, status_p):
+        parser.add_argument("--json", action="store_true", help="print the results as JSON" +
+                            (" (no progress lines)" if parser is run_p else ""))
+        parser.add_argument("--cache-dir", metavar="DIR",
+                            help="the campaign's cache: " + ("write results to this directory instead of the "
+                                 "campaign's cache_dir (a problem finished there counts as done; shipped results "
+                                 "only seed the search)" if parser is run_p else "count the problems finished in "
+                                 "this directory instead of the campaign's cache_dir"))
+    run_p.add_argument("--jobs", type=positive_int, help="compile workers in all (default: this host's cores), "
+                                                          "shared evenly between the GPUs")
+    run_p.add_argument("--stop-after", type=positive_seconds, metavar="SECONDS",
+                       help="claim no new problem after this many seconds (each GPU finishes the one it tunes); "
+                            "the rest waits for the next run")
+    export_p.add_argument("-o", "--output", metavar="OUT", help="the cache file to write")
+    run_p.set_defaults(handler=cmd_campaign_run)
+    status_p.set_defaults(handler=cmd_campaign_status)
+    export_p.set_defaults(handler=cmd_campaign_export)
