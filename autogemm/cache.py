@@ -1,14 +1,17 @@
 """The store of tuned results: one JSON document per device, entries keyed by the problem.
 
 Documents live in ``<cache dir>/tuned/<device-slug>.json`` (the user's, written by tuning) and in
-the tuned results shipped with autogemm (read after the user's). Writes are atomic (temporary file
-+ rename, fsynced, mode 0644 so that a team can share the directory) under a file lock, so
-concurrent tuners lose nothing; reads take no lock, so a read-only cache (a shared mount) serves
-read-only. Nothing read from a file is trusted: a document that is not one is moved aside (or
-ignored where it cannot be moved), and every record is validated (types, ranges, a config some
-family reads) before use; a bad one is skipped with a warning naming the file and the key. Device
-names become file names only in the form `Device.slug` gives them. A record whose template hash
-differs from its kernel template's today is ignored by lookups and shown as stale by listings.
+the tuned results shipped with autogemm (read after the user's). Writes are atomic (atomic_write.py:
+temporary file + rename, fsynced, mode 0644 so that a team can share the directory, what a killed
+writer left removed by the next) under a file lock, so concurrent tuners lose nothing; reads take
+no lock, so a read-only cache (a shared mount) serves read-only. An import writes each device's
+document once. Nothing read from a file is trusted: a document that is not one (not JSON, nested
+deeper than any document autogemm writes, a key given twice: strict_json.py) is moved aside (or
+ignored where it cannot be moved), and every record is validated (types, ranges, figures a GPU can
+reach, a config some family reads) before use; a bad one is skipped with a warning naming the file
+and the key. Device names become file names only in the form `Device.slug` gives them. A record
+whose template hash differs from its kernel template's today is ignored by lookups and shown as
+stale by listings.
 """
 
 from __future__ import annotations
@@ -17,32 +20,45 @@ import datetime
 import json
 import os
 import re
-import tempfile
 import warnings
 from pathlib import Path
 
 from filelock import FileLock
 
+from .atomic_write import FILE_MODE, write_atomically
 from .paths import shipped_cache_dir, user_cache_dir
 from .problem import Problem
 # the records themselves, named here too: most callers know them as the cache's
 from .record import CUBLAS, Record, cublas_record, filed_record, shown_value  # noqa: F401
+from .strict_json import loads
 
 FORMAT = 1
 # the form Device.slug gives a device's name: lowercase letters and digits in hyphenated words
 DEVICE_SLUG = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
-FILE_MODE = 0o644
+# The longest slug taken: a GPU's name is a few words, and the files named after it (its document,
+# lock, temporary and set-aside files) must stay within the 255 bytes a file name may have.
+MAX_SLUG_LENGTH = 128
 
 
 class CacheWarning(UserWarning):
     pass
 
 
+class CacheWriteError(OSError):
+    """The cache directory refused a write; the message says what had been written before."""
+
+
+def is_slug(slug) -> bool:
+    return isinstance(slug, str) and len(slug) <= MAX_SLUG_LENGTH and DEVICE_SLUG.fullmatch(slug) is not None
+
+
 def check_slug(slug) -> str:
     """`slug` if it is a device slug (so a file name inside the cache directory); ValueError otherwise."""
-    if not isinstance(slug, str) or not DEVICE_SLUG.fullmatch(slug):
-        raise ValueError(f"not a device name autogemm writes: {str(slug)[:80]!r} "
-                         "(expected lowercase words joined by hyphens, like nvidia-h100-80gb-hbm3-sm90)")
+    if not is_slug(slug):
+        length = f"{len(slug)} characters, " if isinstance(slug, str) and len(slug) > MAX_SLUG_LENGTH else ""
+        raise ValueError(f"not a device name autogemm writes: {str(slug)[:80]!r} ({length}expected lowercase "
+                         f"words joined by hyphens, at most {MAX_SLUG_LENGTH} characters, like "
+                         "nvidia-h100-80gb-hbm3-sm90)")
     return slug
 
 
@@ -69,20 +85,17 @@ def valid_records(document: dict, where, keys=None) -> dict[str, Record]:
 
 
 def write_json(path: Path, document: dict) -> None:
-    """Writes atomically (temporary file in the same directory, fsync, rename), mode 0644; on any
-    failure (a full disk, say) the old file stays and no temporary file is left."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(document, out, indent=1, sort_keys=True)
-            out.flush()
-            os.fchmod(out.fileno(), FILE_MODE)
-            os.fsync(out.fileno())
-        os.replace(tmp, path)  # atomic: readers see the old or the new document, never half
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Writes atomically (atomic_write.py), mode 0644; on any failure (a full disk, say) the old file
+    stays and no temporary file is left."""
+    write_atomically(Path(path), json.dumps(document, indent=1, sort_keys=True).encode())
+
+
+def _keeps(previous: Record | None, record: Record) -> bool:
+    """Whether a current record with a better ratio to cuBLAS (the figure that is comparable between
+    runs) stays instead of `record`. Ratios of an older timing protocol are not comparable
+    (host-bound baselines inflated them). Staleness, which renders the kernel, is asked last."""
+    return previous is not None and not previous.provisional and previous.protocol >= record.protocol \
+        and previous.ratio > record.ratio and not previous.stale
 
 
 class TuningCache:
@@ -114,7 +127,7 @@ class TuningCache:
             warnings.warn(f"autogemm cache {path} cannot be read ({exc}); ignoring it", CacheWarning, stacklevel=3)
             return _empty_document(device_slug)
         try:
-            document = json.loads(text)
+            document = loads(text)
             if not isinstance(document, dict) or not isinstance(document.get("entries"), dict):
                 raise ValueError("no 'entries' object")
             if type(document.get("format")) is not int or document["format"] != FORMAT:
@@ -168,23 +181,25 @@ class TuningCache:
     def devices(self, include_shipped: bool = True) -> list[str]:
         folders = [self.directory] + ([self.shipped] if include_shipped and self.shipped else [])
         slugs = {p.stem for folder in folders if folder.is_dir() for p in folder.glob("*.json")}
-        return sorted(s for s in slugs if DEVICE_SLUG.fullmatch(s))
+        return sorted(s for s in slugs if is_slug(s))
 
     # ---- updates (OSError where the cache cannot be written) -----------------------------------
     def store(self, record: Record, device_slug: str, *, keep_better: bool = True) -> Path:
         """Adds a record. With `keep_better`, an existing current record with a better ratio to
         cuBLAS (the figure that is comparable between runs) is kept instead. Other entries of the
         document, even ones this version cannot read, are kept as they are."""
+        return self._store_all([record], device_slug, keep_better)
+
+    def _store_all(self, records: list[Record], device_slug: str, keep_better: bool = True) -> Path:
+        """Adds records of one device as `store` does, in one write of its document."""
         path = self.path(device_slug)
         with self._lock(device_slug):
             document = self._load(path, device_slug, repair=True)
-            previous = valid_records(document, path, keys=(record.problem,)).get(record.problem)
-            # (ratios of an older timing protocol are not comparable: host-bound baselines inflated them)
-            if keep_better and previous is not None and not previous.stale and not previous.provisional \
-                    and previous.protocol >= record.protocol and previous.ratio > record.ratio:
-                return path
-            document["entries"][record.problem] = record.to_json()
-            write_json(path, document)
+            previous = valid_records(document, path, keys=[r.problem for r in records]) if keep_better else {}
+            taken = [record for record in records if not _keeps(previous.get(record.problem), record)]
+            if taken:
+                document["entries"].update((record.problem, record.to_json()) for record in taken)
+                write_json(path, document)
         return path
 
     def remove(self, device_slug: str, problem_key: str) -> bool:
@@ -214,12 +229,23 @@ class TuningCache:
         return sum(len(d["entries"]) for d in devices.values())
 
     def import_bundle(self, source: Path | str) -> int:
-        """Merges a bundle written by `export` (or one device document); returns records taken.
-        The whole bundle is checked first, device names and every record: if anything is wrong,
-        ValueError names it and nothing is written."""
+        """Merges a bundle written by `export` (or one device document) as `store` would, record by
+        record; returns the records read. The whole bundle is checked first, device names and every
+        record: if anything is wrong, ValueError names it and nothing is written. Then each device's
+        document is written once, atomically; where the directory refuses a write, CacheWriteError
+        says which devices were written before."""
         from .cache_merge import read_records
 
-        staged = read_records(source)
-        for slug, record in staged:
-            self.store(record, slug)
-        return len(staged)
+        staged: dict[str, list[Record]] = {}
+        for slug, record in read_records(source):
+            staged.setdefault(slug, []).append(record)
+        written: list[str] = []
+        for slug in sorted(staged):
+            try:
+                self._store_all(staged[slug], slug)
+            except OSError as exc:
+                done = "nothing imported" if not written else \
+                    f"wrote the records of {', '.join(written)}; {', '.join(s for s in sorted(staged) if s not in written)} not written"
+                raise CacheWriteError(f"{done}: cannot write the cache directory {self.directory}: {exc}") from exc
+            written.append(slug)
+        return sum(len(records) for records in staged.values())

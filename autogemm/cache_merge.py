@@ -11,22 +11,26 @@ host, date, versions (autogemm, CUDA driver and runtime, NVRTC).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .cache import FORMAT, Record, check_slug, filed_record, write_json
 from .record import shown_value
+from .strict_json import loads
 
 
 def read_records(source: Path | str) -> list[tuple[str, Record]]:
     """(device slug, record) for every record of a device document or an export bundle; ValueError
     naming the file and the first fault (device name, document, record)."""
     try:
-        data = json.loads(Path(source).read_text())
+        text = Path(source).read_text()
     except FileNotFoundError:
         raise ValueError(f"no such file: {source}") from None
-    except (OSError, ValueError, RecursionError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{source} is not JSON: {str(exc)[:200]}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {source}: {str(exc)[:200]}") from None
+    try:
+        data = loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{source} is not a JSON document autogemm reads: {str(exc)[:200]}; nothing imported") from None
     if isinstance(data, dict) and isinstance(data.get("devices"), dict):
         documents = data["devices"]
     elif isinstance(data, dict) and isinstance(data.get("entries"), dict) and "device" in data:

@@ -3,8 +3,10 @@
 GPU path: `compile_to_cubin` runs NVRTC and needs no GPU context (so worker processes can compile
 in parallel); `load` turns a cubin into launchable CUDA functions and records their registers,
 shared and local memory. Cubins are kept on disk under the cache directory, keyed by the source
-digest, the architecture and the NVRTC version, so a kernel is compiled once per machine. Where
-the disk cannot take one (full, read-only), it is handed on and loaded from memory instead.
+digest, the architecture and the NVRTC version, so a kernel is compiled once per machine; each
+with the SHA-256 of what was compiled beside it (`<cubin>.sha256`), and one that does not match
+it (truncated, replaced, or without one) is compiled again rather than loaded. Where the disk
+cannot take one (full, read-only), it is handed on and loaded from memory instead.
 
 Modules are loaded with CUDA's module API directly rather than through `cupy.RawModule`, which
 keeps every module it ever loaded for the life of the process: a tune loads hundreds of candidates,
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import multiprocessing
 import os
 import re
@@ -27,6 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomic_write import write_atomically
 from .paths import cubin_dir, user_cache_dir
 from .render import Source
 
@@ -194,7 +198,7 @@ def compile_to_cubin(source: Source, arch: str) -> Path | UnstoredCubin:
 
     target = source.target(arch)
     path = _cubin_path(source, target)
-    if path.exists():
+    if stored_cubin_intact(path):
         return path
     with _unstored_lock:
         kept = _unstored.get(path.name)
@@ -216,22 +220,25 @@ def compile_to_cubin(source: Source, arch: str) -> Path | UnstoredCubin:
     return path
 
 
-def store_cubin(path: Path, data: bytes) -> None:
-    """Writes a cubin atomically (temporary file, fsync, rename), readable by all (0644), so that
-    concurrent compilers of the same kernel never see half a file; on a failure (a full disk) no
-    temporary file is left."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+def _digest_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def stored_cubin_intact(path: Path) -> bool:
+    """Whether the cubin at `path` is what was compiled: its SHA-256 is the one stored beside it."""
     try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fchmod(out.fileno(), 0o644)
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        return hashlib.sha256(path.read_bytes()).hexdigest() == _digest_path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError):  # either missing or unreadable: not to be trusted
+        return False
+
+
+def store_cubin(path: Path, data: bytes) -> None:
+    """Writes a cubin, then its SHA-256 beside it, each atomically (atomic_write.py), readable by all
+    (0644), so that concurrent compilers of the same kernel never see half a file (a reader between
+    the two writes sees a mismatch and compiles again); on a failure (a full disk) no temporary file
+    is left."""
+    write_atomically(path, bytes(data))
+    write_atomically(_digest_path(path), hashlib.sha256(data).hexdigest().encode() + b"\n")
 
 
 _shared_pool = None  # a campaign worker's RemoteCompilePool (compile_service.py), when it has one

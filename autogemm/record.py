@@ -11,10 +11,22 @@ import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from .families import config_from_dict
+from .predict import bytes_moved  # (the roofline's bytes: predict.py imports nothing of records)
 from .problem import Problem
 from .render import kernel_digest, kernel_template_hash
 
 CUBLAS = "cublas"  # the family of records whose winner is cuBLAS itself
+
+# What no GPU autogemm serves reaches, so that a record claiming it is forged or broken (a record's
+# figures feed the predictor's roofline and decide what is served). Generous where the device's
+# own peak is not known (reading a file, it is not): some ten times the dense FP16 tensor-core
+# peak of the fastest GPU there is, beyond any L2 cache's bandwidth, and a speed-up over cuBLAS far
+# beyond any measured (the shipped results' best is ~5x).
+MAX_TFLOPS = 20_000.0
+MAX_BYTES_PER_S = 200e12
+MAX_RATIO = 1000.0
+# ratio is cublas_ms / time_ms as measured; more apart than rounding makes them is not a measurement
+RATIO_TOLERANCE = 0.05
 
 
 def shown_value(value) -> str:
@@ -137,7 +149,10 @@ class Record:
             raise ValueError(f"provisional must be true or false, got {shown_value(values['provisional'])}")
         if "best_generated" in values and not isinstance(values["best_generated"], dict):
             raise ValueError(f"best_generated must be an object, got {shown_value(values['best_generated'])}")
-        Problem.from_key(values["problem"])
+        if values.get("family") != CUBLAS:  # only a cuBLAS record names a kernel it beat: nothing to keep
+            values.pop("best_generated", None)
+        problem = Problem.from_key(values["problem"])
+        _check_reachable(values, problem)
         record = cls(**values)
         if record.is_cublas:
             if record.config or record.config_name != CUBLAS:
@@ -199,14 +214,54 @@ def cublas_record(generated: Record, latency_ratio: float | None = None) -> Reco
     )
 
 
+def _check_reachable(values: dict, problem: Problem) -> None:
+    """ValueError where a record's figures are beyond what a GPU does: above the compute or memory
+    roofline (the problem's flops and bytes in the time given), a speed-up beyond MAX_RATIO, or a
+    ratio that is not its two times' quotient. The fields' types are checked already."""
+    if values["ratio"] > MAX_RATIO:
+        raise ValueError(f"ratio {shown_value(values['ratio'])} is beyond any measured speed-up (at most {MAX_RATIO:g})")
+    for name in ("tflops", "cublas_tflops"):
+        if values[name] > MAX_TFLOPS:
+            raise ValueError(f"{name} {shown_value(values[name])} is beyond any GPU (at most {MAX_TFLOPS:g})")
+    for name in ("time_ms", "cublas_ms"):
+        seconds = values[name] / 1e3
+        if problem.flops / seconds > MAX_TFLOPS * 1e12 or bytes_moved(problem) / seconds > MAX_BYTES_PER_S:
+            raise ValueError(f"{name} {shown_value(values[name])} is shorter than any GPU computes {problem.key} in")
+    quotient = values["cublas_ms"] / values["time_ms"]
+    if abs(values["ratio"] / quotient - 1) > RATIO_TOLERANCE:
+        raise ValueError(f"ratio {shown_value(values['ratio'])} is not cublas_ms / time_ms ({quotient:.4g})")
+
+
+def _positive(name: str, value, bound: float) -> None:
+    if type(value) not in (int, float) or not math.isfinite(value) or not 0 < value <= bound:
+        raise ValueError(f"best_generated.{name} must be a positive number up to {bound:g}, got {shown_value(value)}")
+
+
+# what a cuBLAS record says of the kernel it beat, beside the kernel's config (bounded like a record's)
+_BEATEN_FIGURES = {"ratio": MAX_RATIO, "tflops": MAX_TFLOPS, "latency_ratio": MAX_RATIO, "single_call_ratio": MAX_RATIO}
+_BEATEN_TEXT_CHARS = 1000
+
+
 def _best_generated(data: dict):
-    """The config of a cuBLAS record's best generated kernel, checked like a record's."""
+    """The config of a cuBLAS record's best generated kernel, checked like a record's: its config,
+    its figures numbers in range, anything else a flat value (it is written back by every export
+    and listing)."""
     config = config_from_dict({**data.get("config", {}), "family": data.get("family")})
     if data.get("config_name") != config.name:
         raise ValueError(f"best_generated config_name {shown_value(data.get('config_name'))} is not its config's name")
-    ratio = data.get("ratio")
-    if type(ratio) not in (int, float) or not math.isfinite(ratio) or ratio <= 0:
-        raise ValueError(f"best_generated ratio must be a positive number, got {shown_value(ratio)}")
+    _positive("ratio", data.get("ratio"), MAX_RATIO)
+    for key, value in data.items():
+        if key in ("family", "config", "config_name"):
+            continue
+        if key in _BEATEN_FIGURES:
+            _positive(key, value, _BEATEN_FIGURES[key])
+        elif key == "rel_error":
+            if type(value) not in (int, float) or value < 0:
+                raise ValueError(f"best_generated.rel_error must be a number >= 0, got {shown_value(value)}")
+        elif not (value is None or type(value) in (bool, int) or (type(value) is float and math.isfinite(value))
+                  or (isinstance(value, str) and len(value) <= _BEATEN_TEXT_CHARS)):
+            raise ValueError(f"best_generated.{key} must be a flat value (text, number, true/false), "
+                             f"got {shown_value(value)}")
     return config
 
 

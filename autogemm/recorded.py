@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .evaluate import Evaluator, Measurement
 from .problem import Device, Problem
+from .strict_json import loads
 
 @dataclass
 class RecordedTable:
@@ -24,13 +25,13 @@ class RecordedTable:
     @classmethod
     def load(cls, path: str | Path) -> RecordedTable:
         lines = Path(path).read_text().splitlines()
-        header = json.loads(lines[0])
+        header = loads(lines[0])  # (a table is read like any file autogemm did not write: strictly)
         device_fields = {f.name for f in fields(Device)}
         device_data = {k: v for k, v in header["device"].items() if k in device_fields}
         device_data["compute_capability"] = tuple(device_data["compute_capability"])
         rows = {}
         for line in lines[1:]:
-            row = json.loads(line)
+            row = loads(line)
             name = row.pop("config")
             rows[name] = Measurement(**row)
         return cls(Problem.from_key(header["problem"]), Device(**device_data), header["cublas_ms"], rows, header)

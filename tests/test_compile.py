@@ -266,7 +266,7 @@ def test_cubins_are_stored_whole_shared_and_leave_nothing_behind(tmp_path, monke
     monkeypatch.setattr(os, "fsync", full)
     with pytest.raises(OSError, match="No space left"):
         store_cubin(tmp_path / "other.cubin", b"\x7fELF other")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["kernel.cubin"]  # no .tmp-* left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kernel.cubin", "kernel.cubin.sha256"]  # no .tmp left
 
 
 def test_a_kernel_the_disk_will_not_take_comes_back_in_memory(tmp_path, monkeypatch):
@@ -291,6 +291,30 @@ def test_a_kernel_the_disk_will_not_take_comes_back_in_memory(tmp_path, monkeypa
     assert isinstance(first, UnstoredCubin) and first.data == b"\x7fELF" and "No space left on device" in first.reason
     assert compile_to_cubin(source, "sm_80") == first and calls == ["sm_80"]  # from memory, not compiled again
     assert not (tmp_path / "cubins").exists() or not any((tmp_path / "cubins").iterdir())
+
+
+def test_a_cubin_on_disk_that_is_not_what_was_compiled_is_compiled_again(tmp_path, monkeypatch):
+    """A cubin is trusted only while it matches the digest kept beside it: one truncated, swapped or
+    written without a digest (by a killed compiler, a careless tool, an attacker) is compiled again."""
+    from autogemm import nvrtc
+    from autogemm.compile import compile_to_cubin
+
+    calls = []
+    monkeypatch.setattr(nvrtc, "compile_cubin", lambda code, name, arch, options: calls.append(arch) or b"\x7fELF good")
+    monkeypatch.setattr(nvrtc, "version", lambda: (13, 0))
+    monkeypatch.setenv("AUTOGEMM_CUBIN_DIR", str(tmp_path / "cubins"))
+    source = render(SimtConfig(), Problem(96, 128, 128))  # (one no other test keeps in memory)
+    path = compile_to_cubin(source, "sm_80")
+    assert path.read_bytes() == b"\x7fELF good" and compile_to_cubin(source, "sm_80") == path and len(calls) == 1
+    for tampering in (b"\x7fELF evil", b"\x7fEL", None):
+        if tampering is None:  # the digest itself lost
+            next(p for p in path.parent.iterdir() if p != path).unlink()
+        else:
+            path.write_bytes(tampering)
+        before = len(calls)
+        assert compile_to_cubin(source, "sm_80") == path
+        assert len(calls) == before + 1 and path.read_bytes() == b"\x7fELF good"
+    assert not [p.name for p in path.parent.iterdir() if ".tmp" in p.name]
 
 
 def test_nvrtc_compiles_through_the_public_bindings_with_cupys_options(monkeypatch):

@@ -11,7 +11,7 @@ import sys
 
 from ..families import SimtConfig
 from .arguments import EXIT_CANNOT_RUN, EXIT_USAGE, CliError, CliFailure, add_problem_arguments, non_negative_int, positive_int
-from .cache import cmd_cache
+from .cache import add_cache_parser
 from .campaign import add_campaign_parser
 from .kernels import cmd_check, cmd_render
 from .report import add_report_parser
@@ -118,41 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_campaign_parser(sub)
     add_report_parser(sub)
 
-    cache_p = sub.add_parser("cache", help="list, show, export, import, merge or clear tuned results",
-                             description="Manage tuned results: list (every record, stale ones marked), "
-                             "show KEY (records of a problem key), verify [--all] (re-verify this GPU's cached "
-                             "kernels on fresh inputs, each in an isolated process, and drop the wrong ones), "
-                             "retime [FILE] (measure this GPU's records again under the current timing protocol: GPU "
-                             "time in steady state and single-call latency against the faster baseline; a kernel that "
-                             "no longer wins in both becomes a cuBLAS record; FILE: a device document such as "
-                             "cache/<device>.json, default the user's; records already at the protocol are skipped "
-                             "unless --force), "
-                             "export FILE, import FILE, merge FILE... -o OUT (the best record per device and problem of "
-                             "several cache documents or exports, with each record's host, date and versions), "
-                             "clear [--yes]. "
-                             "User results live in $AUTOGEMM_CACHE_DIR or the user cache directory; results "
-                             "shipped with autogemm are listed too and read after the user's.")
-    cache_p.add_argument("action", choices=("list", "show", "verify", "retime", "export", "import", "merge", "clear"))
-    cache_p.add_argument("key", nargs="*", metavar="KEY_OR_FILE",
-                         help="problem key (show), file (export, import) or files (merge)")
-    cache_p.add_argument("-o", "--output", help="merge: the file to write (a device document if every record is "
-                                                "of one device, else an export bundle)")
-    cache_p.add_argument("--yes", action="store_true", help="clear without asking")
-    cache_p.add_argument("--json", action="store_true", help="list: every record as JSON, with its device slug, source and status")
-    cache_p.add_argument("--force", action="store_true", help="retime: also records already at the current protocol")
-    cache_p.add_argument("--only", help="retime: only problem keys containing one of these comma-separated texts")
-    cache_p.add_argument("--all", action="store_true",
-                         help="verify: also the shipped results for this GPU (reported, not dropped)")
-    cache_p.set_defaults(handler=cmd_cache)
+    add_cache_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..runtime import GpuUnavailable
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
-    except (CliError, CliFailure) as exc:
+    except (CliError, CliFailure, GpuUnavailable) as exc:  # (the GPU lost past a command's own check, too)
         code = EXIT_USAGE if isinstance(exc, CliError) else EXIT_CANNOT_RUN
         print(f"autogemm {args.command}: error: {exc}", file=sys.stderr)
         if getattr(args, "json", False):  # what reads the JSON learns of the failure as JSON

@@ -1,4 +1,5 @@
-"""`autogemm cache`: list, show, verify, retime, export, import and clear tuned results."""
+"""`autogemm cache ACTION`: list, show, verify, retime, export, import, merge and clear tuned results,
+each action a subcommand with its own help and only its own flags."""
 
 from __future__ import annotations
 
@@ -11,71 +12,140 @@ from .tables import table
 from .tuning import require_gpu
 
 
-def cmd_cache(args: argparse.Namespace) -> int:
+def add_cache_parser(sub) -> None:
+    cache_p = sub.add_parser("cache", help="list, show, export, import, merge or clear tuned results",
+                             description="Manage tuned results. User results live in $AUTOGEMM_CACHE_DIR or the "
+                             "user cache directory; results shipped with autogemm are listed too and read after "
+                             "the user's. `autogemm cache ACTION --help` tells more of each action.")
+    actions = cache_p.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    list_p = actions.add_parser("list", help="every tuned result (stale ones marked)",
+                                description="List every tuned result, the user's and the shipped ones; a record "
+                                "whose kernel's source changed since it was tuned is marked stale.")
+    list_p.add_argument("--json", action="store_true", help="every record as JSON, with its device slug, source and status")
+    list_p.set_defaults(handler=_cache_list)
+
+    show_p = actions.add_parser("show", help="the records of one problem key, as JSON",
+                                description="Print every record (of every device, user's and shipped) of a problem key.")
+    show_p.add_argument("key", metavar="KEY", help="problem key, e.g. float32/fp32/nn/b1/4096x4096x4096")
+    show_p.set_defaults(handler=_cache_show)
+
+    verify_p = actions.add_parser("verify", help="re-verify this GPU's cached kernels and drop the wrong ones",
+                                  description="Re-verify this GPU's cached kernels on fresh inputs, each in an "
+                                  "isolated process, and drop the user's that are wrong. Exits 1 if any is.")
+    verify_p.add_argument("--all", action="store_true", help="also the shipped results for this GPU (reported, not dropped)")
+    verify_p.set_defaults(handler=lambda args: _cache_verify(_cache(), include_shipped=args.all))
+
+    retime_p = actions.add_parser("retime", help="measure this GPU's records again under the current timing protocol",
+                                  description="Measure this GPU's records again under the current timing protocol: "
+                                  "GPU time in steady state and single-call latency against the faster baseline; a "
+                                  "kernel that no longer wins in both becomes a cuBLAS record. Records already at the "
+                                  "protocol are skipped unless --force.")
+    retime_p.add_argument("file", nargs="?", metavar="FILE",
+                          help="a device document such as cache/<device>.json (default: the user's for this GPU)")
+    retime_p.add_argument("--force", action="store_true", help="also records already at the current protocol")
+    retime_p.add_argument("--only", help="only problem keys containing one of these comma-separated texts")
+    retime_p.set_defaults(handler=lambda args: _cache_retime(_cache(), args.file, args.force, args.only))
+
+    export_p = actions.add_parser("export", help="write every user record into one bundle",
+                                  description="Write the valid records of every user document into one bundle "
+                                  "(for cache import on another machine).")
+    export_p.add_argument("file", metavar="FILE", help="the bundle to write")
+    export_p.set_defaults(handler=_cache_export)
+
+    import_p = actions.add_parser("import", help="merge a bundle (or a device document) into the user's results",
+                                  description="Merge a bundle written by cache export (or one device document) "
+                                  "into the user's results; a current record with a better ratio to cuBLAS is kept. "
+                                  "The whole file is checked first: if anything in it is wrong, nothing is written. "
+                                  "Each device's document is then written once, atomically.")
+    import_p.add_argument("file", metavar="FILE", help="a file written by cache export, or a device document")
+    import_p.set_defaults(handler=_cache_import)
+
+    merge_p = actions.add_parser("merge", help="the best record per device and problem of several cache files",
+                                 description="Merge several cache documents or exports into one file: the best "
+                                 "record per device and problem, with each record's host, date and versions.")
+    merge_p.add_argument("files", nargs="*", metavar="FILE", help="device documents or exports to merge")
+    merge_p.add_argument("-o", "--output", help="the file to write (a device document if every record is of one "
+                                                "device, else an export bundle)")
+    merge_p.set_defaults(handler=lambda args: _cache_merge(args.files, args.output))
+
+    clear_p = actions.add_parser("clear", help="delete every user tuned result",
+                                 description="Delete every tuned result of the user (the shipped ones stay).")
+    clear_p.add_argument("--yes", action="store_true", help="clear without asking")
+    clear_p.set_defaults(handler=_cache_clear)
+
+
+def _cache():
     from ..cache import TuningCache
 
-    if args.action == "merge":
-        return _cache_merge(args.key, args.output)
-    if len(args.key) > 1:
-        raise CliError(f"cache {args.action} takes one argument, got {len(args.key)}")
-    args.key = args.key[0] if args.key else None
-    cache = TuningCache()
-    if args.action == "list":
-        rows, records = [], []
-        for slug in cache.devices():
-            for source, record in cache.records(slug):
-                status = "stale (its kernel changed)" if record.stale else "ok"
-                rows.append((slug, source, record.problem, record.config_name, f"{record.tflops:.1f}",
-                             f"{record.ratio:.3f}", record.date[:10], status))
-                records.append({**record.to_json(), "device_slug": slug, "source": source, "status": status})
-        if args.json:
-            print(json.dumps(records, indent=2))
-            return 0
-        if not rows:
-            print(f"no tuned kernels in {cache.directory}" + (f" or {cache.shipped}" if cache.shipped else ""))
-            return 0
-        print(table(("device", "source", "problem", "config", "TFLOP/s", "vs cuBLAS", "date", "status"), rows))
+    return TuningCache()
+
+
+def _cache_list(args: argparse.Namespace) -> int:
+    cache = _cache()
+    rows, records = [], []
+    for slug in cache.devices():
+        for source, record in cache.records(slug):
+            status = "stale (its kernel changed)" if record.stale else "ok"
+            rows.append((slug, source, record.problem, record.config_name, f"{record.tflops:.1f}",
+                         f"{record.ratio:.3f}", record.date[:10], status))
+            records.append({**record.to_json(), "device_slug": slug, "source": source, "status": status})
+    if args.json:
+        print(json.dumps(records, indent=2))
         return 0
-    if args.action == "show":
-        if not args.key:
-            raise CliError("cache show needs a problem key, e.g. float32/fp32/nn/b1/4096x4096x4096")
-        matches = [{"device": slug, "source": source, **record.to_json()}
-                   for slug in cache.devices() for source, record in cache.records(slug) if record.problem == args.key]
-        if not matches:
-            raise CliFailure(f"no cached entry for {args.key}")
-        print(json.dumps(matches, indent=2))
+    if not rows:
+        print(f"no tuned kernels in {cache.directory}" + (f" or {cache.shipped}" if cache.shipped else ""))
         return 0
-    if args.action == "export":
-        if not args.key:
-            raise CliError("cache export needs a destination file")
-        count = cache.export(args.key)
-        print(f"exported {count} records to {args.key}")
-        return 0
-    if args.action == "import":
-        if not args.key:
-            raise CliError("cache import needs a file written by cache export")
-        try:
-            count = cache.import_bundle(args.key)
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-        print(f"merged {count} records from {args.key} into {cache.directory}")
-        return 0
-    if args.action == "verify":
-        return _cache_verify(cache, include_shipped=args.all)
-    if args.action == "retime":
-        return _cache_retime(cache, args.key, args.force, args.only)
-    if args.action == "clear":
-        if not args.yes:
-            if not sys.stdin.isatty():
-                raise CliError("cache clear deletes every tuned result in " f"{cache.directory}; add --yes to confirm")
-            answer = input(f"delete every tuned result in {cache.directory}? [y/N] ")
-            if answer.strip().lower() not in ("y", "yes"):
-                print("nothing deleted")
-                return 1
+    print(table(("device", "source", "problem", "config", "TFLOP/s", "vs cuBLAS", "date", "status"), rows))
+    return 0
+
+
+def _cache_show(args: argparse.Namespace) -> int:
+    cache = _cache()
+    matches = [{"device": slug, "source": source, **record.to_json()}
+               for slug in cache.devices() for source, record in cache.records(slug) if record.problem == args.key]
+    if not matches:
+        raise CliFailure(f"no cached entry for {args.key}")
+    print(json.dumps(matches, indent=2))
+    return 0
+
+
+def _cache_export(args: argparse.Namespace) -> int:
+    try:
+        count = _cache().export(args.file)
+    except OSError as exc:
+        raise CliFailure(f"cannot write {args.file}: {exc}") from None
+    print(f"exported {count} records to {args.file}")
+    return 0
+
+
+def _cache_import(args: argparse.Namespace) -> int:
+    cache = _cache()
+    try:
+        count = cache.import_bundle(args.file)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    except OSError as exc:  # CacheWriteError: what was written before, and the directory that refused
+        raise CliFailure(str(exc)) from None
+    print(f"merged {count} records from {args.file} into {cache.directory}")
+    return 0
+
+
+def _cache_clear(args: argparse.Namespace) -> int:
+    cache = _cache()
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise CliError("cache clear deletes every tuned result in " f"{cache.directory}; add --yes to confirm")
+        answer = input(f"delete every tuned result in {cache.directory}? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("nothing deleted")
+            return 1
+    try:
         removed = cache.clear()
-        print(f"removed {len(removed)} cache files from {cache.directory}")
-        return 0
-    raise CliError(f"unknown cache action {args.action!r}")
+    except OSError as exc:
+        raise CliFailure(f"cannot clear the cache directory {cache.directory}: {exc}") from None
+    print(f"removed {len(removed)} cache files from {cache.directory}")
+    return 0
 
 
 def _cache_merge(sources: list[str], output: str | None) -> int:
