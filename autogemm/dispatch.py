@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import dtypes, numpy_semantics, runtime
-from .numpy_semantics import as_cupy, contiguous_copy
+from .numpy_semantics import as_cupy, contiguous_copy, copy_into
 from .operands import (ArrayInfo, KernelOperand, check_scalars, common_device, contiguous_strides, describe,
                        real_scalar, validate)
 from .planning import PROVISIONAL_PLAN_S, Dispatcher
@@ -42,6 +42,7 @@ SPARE_OUTPUT_BYTES = 32 * 1024 * 1024
 # compared on its first calls (guard.Guard) and the faster serves.
 API_GUARD_FLOPS = 2e10
 _PLAIN_SCALARS = (float, int)
+_FLOAT_MAX = float(np.finfo(np.float64).max)  # (compared with an int exactly, where math.isfinite overflows)
 _NDARRAY = None  # cupy.ndarray once CuPy is imported (the fast path compares types with it)
 _current_device = None  # cupy.cuda.runtime.getDevice, likewise
 
@@ -95,7 +96,8 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
     converted); integer, boolean and complex operands are computed by cupy.matmul. Transposed views
     run as the TN/NT/TT kernels without copies; other strides are copied once, as are broadcast
     batches that no single batch stride walks. `out` must have the result's shape and a dtype the
-    result casts to (casting='same_kind'); alpha and beta scale as NumPy arithmetic would.
+    result casts to (casting='same_kind'); it may overlap `a` or `b` (the product then goes
+    through a temporary, as NumPy computes it); alpha and beta scale as NumPy arithmetic would.
     `compute="tf32"` opts float32 into TF32 (the tensor-core template). Nothing is tuned unless
     `tune=True` or AUTOGEMM_TUNE=1 (then a problem without a cached entry is tuned once, with a
     small budget, and cached). With `race=True` or AUTOGEMM_RACE=1, the first call of a problem
@@ -109,7 +111,7 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
     # validation (it passed for exactly these shapes, strides, dtypes, compute and device); what
     # is left costs about a dictionary lookup over the cuBLAS call or the launch itself.
     if out is None and tune is None and race is None and beta == 0 and type(a) is _NDARRAY and type(b) is _NDARRAY \
-            and type(alpha) in _PLAIN_SCALARS and (alpha == 1 or math.isfinite(alpha)):
+            and type(alpha) in _PLAIN_SCALARS and (alpha == 1 or -_FLOAT_MAX <= alpha <= _FLOAT_MAX):
         data_a = a.data
         plan = _DISPATCHER.fast.get(_fast_key(a, b, compute, data_a.device_id))
         if plan is not None:
@@ -124,15 +126,18 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
     _bind_cupy()
     alpha, beta = real_scalar(alpha, "alpha"), real_scalar(beta, "beta")
     operand_a, operand_b = numpy_semantics.read(a, "a"), numpy_semantics.read(b, "b")
-    operand_out = numpy_semantics.read(out, "out") if out is not None else None
+    operand_out = numpy_semantics.read(out, "out", output=True) if out is not None else None
     call = numpy_semantics.plan(operand_a, operand_b, operand_out)
-    if call.takes_as_given(operand_a, operand_b, operand_out):
+    # an out that overlaps an operand (matmul(a, a, out=a)): computed through a temporary, as NumPy
+    # and CuPy compute it, where the kernels would overwrite what they still read
+    apart = operand_out is not None and bool(numpy_semantics.overlapping(operand_out, operand_a, operand_b))
+    if not apart and call.takes_as_given(operand_a, operand_b, operand_out):
         return _gemm(a, b, out, alpha, beta, compute, tune, race)
     check_scalars(alpha, beta, out is not None)
     device = common_device(_device_of(operand_a), _device_of(operand_b),
                            None if operand_out is None else _device_of(operand_out))
     return numpy_semantics.run(call, a, b, out, alpha, beta, compute, device,
-                               lambda *args: _gemm(*args, compute, tune, race))
+                               lambda *args: _gemm(*args, compute, tune, race), apart=apart)
 
 
 def _gemm(a, b, out, alpha: float, beta: float, compute, tune, race):
@@ -141,7 +146,7 @@ def _gemm(a, b, out, alpha: float, beta: float, compute, tune, race):
     cupy = runtime.cupy()
     requested_compute = compute  # the fast path's key holds the argument as given
     ia, ib = describe(a, "a"), describe(b, "b")
-    io = describe(out, "out") if out is not None else None
+    io = describe(out, "out", output=True) if out is not None else None
     shape, compute = validate(ia, ib, io, alpha, beta, compute)
     device_a = common_device(_device_of(ia), _device_of(ib), None if io is None else _device_of(io))
     fast_memo = tune is None and race is None  # a plan the fast path may serve (it reads neither)
@@ -255,15 +260,8 @@ class _Plan:
             target = contiguous_copy(out_arr) if self.copy_out else out_arr  # beta reads out's values
             self.launch(a_arr.data.ptr, b_arr.data.ptr, target.data.ptr, alpha, beta)
             if self.copy_out:
-                _copy_into(out_arr, target)
+                copy_into(out_arr, target)
             return out_arr
-
-
-def _copy_into(out, values) -> None:
-    if out.dtype.kind == "V":
-        out.view(np.uint16)[...] = values.view(np.uint16)
-    else:
-        out[...] = values
 
 
 def _writes_in_place(out: ArrayInfo, m: int, n: int) -> KernelOperand | None:

@@ -29,7 +29,8 @@ from typing import NamedTuple
 import numpy as np
 
 from . import dtypes
-from .operands import ArrayInfo, contiguous_strides, describe
+from .array_interface import check_output_strides, read_interface
+from .operands import ArrayInfo, byte_range, contiguous_strides, describe, is_cupy_array
 
 # who computes a call: autogemm's GEMM (its kernels or cuBLAS), or cupy.matmul
 KERNELS, CUPY_MATMUL = "kernels", "cupy.matmul"
@@ -54,21 +55,22 @@ def bfloat16() -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16)
 
 
-def read(x, name: str) -> Operand:
-    """A CuPy array or __cuda_array_interface__ object of any dtype; anything else raises the
-    error `operands.describe` gives it (a NumPy array, a CPU tensor, an object without the
-    interface)."""
-    if type(x).__module__.startswith("cupy") and hasattr(x, "data") and hasattr(x, "strides"):
+def read(x, name: str, *, output: bool = False) -> Operand:
+    """A CuPy array or __cuda_array_interface__ object of any dtype (its fields checked first:
+    array_interface; with `output`, that it may be written); anything else raises the error
+    `operands.describe` gives it (a NumPy array, a CPU tensor, an object without the interface)."""
+    if is_cupy_array(x):
+        if output:
+            check_output_strides(name, tuple(x.shape), tuple(x.strides))
         return Operand(name, tuple(x.shape), tuple(x.strides), np.dtype(x.dtype), x.data.ptr, x.device.id)
-    interface = getattr(x, "__cuda_array_interface__", None)
+    interface = read_interface(x, name, output=output)
     if interface is None:
         describe(x, name)  # raises the error that says what x is and what to do
         raise TypeError(f"{name} has no __cuda_array_interface__")  # (describe always raises here)
-    typestr = interface["typestr"]
+    typestr = interface.typestr
     dtype = bfloat16() if dtypes.from_array_name(typestr) == "bfloat16" else np.dtype(typestr)
-    shape = tuple(interface["shape"])
-    strides = interface.get("strides") or contiguous_strides(shape, dtype.itemsize)
-    return Operand(name, shape, tuple(strides), dtype, int(interface["data"][0]), None)
+    strides = interface.strides or contiguous_strides(interface.shape, dtype.itemsize)
+    return Operand(name, interface.shape, strides, dtype, interface.pointer, None)
 
 
 @dataclass
@@ -167,6 +169,18 @@ def plan(a: Operand, b: Operand, out: Operand | None = None) -> Call:
             raise TypeError(f"{out.name} has dtype {out.dtype.name}, which the {dtype.name} result cannot be cast "
                             "to under casting='same_kind'")
     return Call(shape, dtype, served_by, batch, vector_a, vector_b, m, n, k, reason)
+
+
+def overlapping(out: Operand, *operands: Operand) -> list[str]:
+    """The names of the operands whose bytes `out`'s bytes reach into (by the ranges they span:
+    an interleaved view counts, as it does for NumPy's may_share_memory)."""
+    out_low, out_high = byte_range(out.pointer, out.shape, out.strides, out.dtype.itemsize)
+    names = []
+    for x in operands:
+        low, high = byte_range(x.pointer, x.shape, x.strides, x.dtype.itemsize)
+        if out_low < high and low < out_high:
+            names.append(x.name)
+    return names
 
 
 def flat_batch(shape: tuple, strides: tuple, batch: tuple) -> tuple[tuple, tuple] | None:
@@ -295,6 +309,14 @@ def out_array(out, call: Call):
     return None if layout is None else _view(out, *layout)
 
 
+def copy_into(out, values) -> None:
+    """out[...] = values of the same dtype (bfloat16 copied as its bits: CuPy before 14 cannot)."""
+    if out.dtype.kind == "V":
+        out.view(np.uint16)[...] = values.view(np.uint16)
+    else:
+        out[...] = values
+
+
 def write_into(out, result, beta: float = 0.0) -> None:
     """out = result + beta * out, cast to out's dtype as NumPy's casting='same_kind' allows (for an
     `out` the GEMM cannot write directly, and for cupy.matmul's results)."""
@@ -307,13 +329,15 @@ def write_into(out, result, beta: float = 0.0) -> None:
     cupy.add(out, result, out=out, casting="same_kind")
 
 
-def run(call: Call, a, b, out, alpha: float, beta: float, compute: str | None, device: int, gemm):
+def run(call: Call, a, b, out, alpha: float, beta: float, compute: str | None, device: int, gemm, *,
+        apart: bool = False):
     """`matmul` of a call that needs NumPy's shaping before the GEMM takes it (vectors, batch axes
     broadcast or more than one, operands of another dtype than the result, an `out` of another
     dtype or whose batch no single stride walks), or that cupy.matmul serves, on GPU `device`.
     `gemm(a, b, out, alpha, beta)` is matmul's GEMM of 2-D or 3-D operands of one dtype; returns
-    `out` (as a CuPy array) when given, else the result. The caller has checked alpha and beta
-    (operands.check_scalars)."""
+    `out` (as a CuPy array) when given, else the result. `apart`: `out` overlaps an operand (see
+    `overlapping`), so that the result is computed into a temporary and then copied into out. The
+    caller has checked alpha and beta (operands.check_scalars)."""
     import cupy
 
     with cupy.cuda.Device(device):  # (before the views: cupy.asarray copies an array of another GPU)
@@ -328,6 +352,14 @@ def run(call: Call, a, b, out, alpha: float, beta: float, compute: str | None, d
         else:
             a_gemm, b_gemm = kernel_array(a, "a", call), kernel_array(b, "b", call)
             target = None if out is None else out_array(out, call)
+            if apart and target is not None:
+                # the GEMM writes a temporary, which holds out's values where beta reads them
+                temporary = cupy.empty(out.shape, out.dtype)
+                if beta != 0:
+                    copy_into(temporary, out)
+                gemm(a_gemm, b_gemm, out_array(temporary, call), alpha, beta)
+                copy_into(out, temporary)
+                return out
             if out is None or target is not None:
                 result = gemm(a_gemm, b_gemm, target, alpha, beta)
                 return out if out is not None else result.reshape(call.shape)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import dtypes
+from .array_interface import check_output_strides, read_interface
 from .families import widest_vector
 
 _KINDS = {"i": "integer", "u": "unsigned integer", "c": "complex", "b": "boolean"}
@@ -39,6 +40,20 @@ class KernelOperand:
         return widest_vector(limit, self.ld, self.batch_stride, self.pointer // itemsize)
 
 
+def byte_range(pointer: int, shape: tuple, strides: tuple, itemsize: int) -> tuple[int, int]:
+    """[low, high) of the bytes an array reaches (empty where it has no elements)."""
+    low = high = pointer
+    for extent, stride in zip(shape, strides):
+        if extent == 0:
+            return pointer, pointer
+        reach = (extent - 1) * stride
+        if reach < 0:
+            low += reach
+        else:
+            high += reach
+    return low, high + itemsize
+
+
 @dataclass(frozen=True)
 class ArrayInfo:
     """What validation and launch need of an array, read without touching the GPU."""
@@ -55,16 +70,7 @@ class ArrayInfo:
         return dtypes.lookup(self.dtype).itemsize
 
     def byte_range(self) -> tuple[int, int]:
-        low = high = self.pointer
-        for extent, stride in zip(self.shape, self.strides):
-            if extent == 0:
-                return self.pointer, self.pointer
-            reach = (extent - 1) * stride
-            if reach < 0:
-                low += reach
-            else:
-                high += reach
-        return low, high + self.itemsize
+        return byte_range(self.pointer, self.shape, self.strides, self.itemsize)
 
     def transposed(self) -> ArrayInfo:
         """The same memory seen with its last two axes swapped (op(X) of an operand stored X^T)."""
@@ -123,11 +129,19 @@ def real_scalar(value, name: str) -> float:
     if isinstance(value, bool) or isinstance(value, np.bool_):
         raise TypeError(f"{name} must be a real number, got a bool ({value!r})")
     if isinstance(value, (int, float, np.integer, np.floating)):
-        return float(value)
+        return _as_float(value, name)
     dtype = getattr(value, "dtype", None)
     if getattr(value, "ndim", None) == 0 and dtype is not None and np.dtype(dtype).kind in "iuf":
-        return float(value)
+        return _as_float(value, name)
     raise TypeError(f"{name} must be a real number, got {type(value).__name__} {str(value)[:40]!r}")
+
+
+def _as_float(value, name: str) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # a Python int beyond 1.8e308
+        raise ValueError(f"{name} is too large for a float (an int of {int(value).bit_length()} bits); alpha and "
+                         "beta must be finite") from None
 
 
 def contiguous_strides(shape: tuple, itemsize: int) -> tuple:
@@ -139,32 +153,38 @@ def contiguous_strides(shape: tuple, itemsize: int) -> tuple:
     return tuple(reversed(strides))
 
 
-def describe(x, name: str, *, bfloat16_bits: bool = False) -> ArrayInfo:
-    """An operand from a CuPy array or any object with __cuda_array_interface__. With
-    `bfloat16_bits`, uint16 arrays are read as bfloat16 bits (how autogemm's own buffers hold it)."""
+def is_cupy_array(x) -> bool:
+    return type(x).__module__.startswith("cupy") and hasattr(x, "data") and hasattr(x, "strides")
+
+
+def describe(x, name: str, *, bfloat16_bits: bool = False, output: bool = False) -> ArrayInfo:
+    """An operand from a CuPy array or any object with __cuda_array_interface__ (its fields checked
+    first: array_interface). With `bfloat16_bits`, uint16 arrays are read as bfloat16 bits (how
+    autogemm's own buffers hold it); with `output`, the array is written: refused where it cannot be."""
     if isinstance(x, np.ndarray):
         raise TypeError(f"{name} is a NumPy array in host memory; move it to the GPU first, e.g. cupy.asarray({name})")
-    if type(x).__module__.startswith("cupy") and hasattr(x, "data") and hasattr(x, "strides"):
+    if is_cupy_array(x):
         np_dtype = np.dtype(x.dtype)
         dtype = "bfloat16" if bfloat16_bits and np_dtype == np.uint16 else dtypes.from_array_name(np_dtype.name)
         if dtype is None:
             raise _unsupported(name, np_dtype.name, np_dtype.kind)
+        if output:
+            check_output_strides(name, tuple(x.shape), tuple(x.strides))
         return ArrayInfo(name, tuple(x.shape), tuple(x.strides), dtype, x.data.ptr, x.device.id)
-    interface = getattr(x, "__cuda_array_interface__", None)
+    interface = read_interface(x, name, output=output)
     if interface is None and type(x).__module__.split(".")[0] == "torch":
         raise TypeError(f"{name} is a PyTorch tensor on the {getattr(x, 'device', 'CPU')}; move it to the GPU "
                         f"first, e.g. {name}.cuda()")
     if interface is None:
         raise TypeError(f"{name} must be a CuPy array or support __cuda_array_interface__ "
                         f"(PyTorch CUDA tensors, Numba device arrays); got {type(x).__name__}")
-    typestr = interface["typestr"]
+    typestr = interface.typestr
     dtype = "bfloat16" if bfloat16_bits and typestr == "<u2" else dtypes.from_array_name(typestr)
     if dtype is None:
         numeric = typestr[1:2] in tuple("iucbf")
         raise _unsupported(name, np.dtype(typestr).name if numeric else typestr, typestr[1:2])
-    shape = tuple(interface["shape"])
-    strides = interface.get("strides") or contiguous_strides(shape, dtypes.lookup(dtype).itemsize)  # (None: C order)
-    return ArrayInfo(name, shape, tuple(strides), dtype, int(interface["data"][0]), None)
+    strides = interface.strides or contiguous_strides(interface.shape, interface.itemsize)  # (None: C order)
+    return ArrayInfo(name, interface.shape, strides, dtype, interface.pointer, None)
 
 
 def validate(a: ArrayInfo, b: ArrayInfo, out: ArrayInfo | None, alpha: float, beta: float,

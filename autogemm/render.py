@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jinja2
 import jinja2.meta
+import jinja2.sandbox
 
 from .families import VectorWidths, all_families
 from .paths import template_override_dir, templates_dir
@@ -54,7 +55,9 @@ def _environment(override: Path | None, family_dirs: tuple[Path, ...], stamp: tu
     loaders = [*(jinja2.FileSystemLoader(str(d)) for d in family_dirs), base, jinja2.PrefixLoader({"base": base})]
     if override is not None:
         loaders.insert(0, jinja2.FileSystemLoader(str(override)))
-    return jinja2.Environment(
+    # sandboxed: a template from $AUTOGEMM_TEMPLATE_DIR or a family of outside the package can read
+    # the values it is given, not reach Python (no dunder attributes, no mutating calls)
+    return jinja2.sandbox.ImmutableSandboxedEnvironment(
         loader=jinja2.ChoiceLoader(loaders),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -122,9 +125,10 @@ def render(config, problem: Problem, widths: VectorWidths | None = None, *, forc
     The shape enters only through which of M, N, K are multiples of the block tile (tails need
     bounds checks, multiples do not); M, N, K themselves are kernel arguments. `widths` are the
     operands' vector widths (default: those of densely packed operands). A knob of the wrong type,
-    or (unless `force`, for experiments) out of its range, never reaches the source: ValueError.
+    a string knob that is not one of its choices, or (unless `force`, for experiments) a number out
+    of its range never reaches the source: ValueError.
     """
-    reasons = config.knob_reasons(ranges=not force)
+    reasons = config.render_reasons(force)
     if reasons:
         raise ValueError(f"config {config.name} is not rendered: " + "; ".join(r.removeprefix("choice: ") for r in reasons))
     problem = config.kernel_problem(problem)  # a config that swaps the operands renders C^T = B^T A^T
@@ -132,8 +136,13 @@ def render(config, problem: Problem, widths: VectorWidths | None = None, *, forc
         widths = config.packed_widths(problem)
     config.check_widths(widths)
     name = config.kernel_name(problem, widths)
-    code = environment().get_template(config.template).render(
-        kernel=name, config_name=config.name, **config.context(problem, widths))
+    template = environment().get_template(config.template)
+    try:
+        code = template.render(kernel=name, config_name=config.name, **config.context(problem, widths))
+    except jinja2.exceptions.SecurityError as exc:
+        raise ValueError(f"template {config.template} ({template.filename}) is refused: {exc} (templates "
+                         "render in a sandbox: they may read the values given to them, not Python's "
+                         "internals)") from None
     return Source(kernel=name, reduce_kernel=config.reduce_kernel(name), code=code, arch_suffix=config.arch_suffix,
                   repack_kernel=config.repack_kernel(name))
 

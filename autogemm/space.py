@@ -1,23 +1,30 @@
 """Search spaces as data: the choices of each knob and the constraints between them, loaded from a
-TOML file of `search_spaces/`, enumerated by backtracking and sampled reproducibly. Expressions
-may use the named constants of the space's family (`space_constants`: facts of the hardware and of
+TOML file of `search_spaces/`, enumerated by backtracking (within ENUMERATION_LIMIT_S) and sampled
+reproducibly. Expressions (the closed language of `space_expressions`, its arithmetic bounded) may
+use the named constants of the space's family (`space_constants`: facts of the hardware and of
 the pipeline, such as WARP or FIRST_ASYNC_STAGE), so that no such number is written out in a file."""
 
 from __future__ import annotations
 
-import ast
 import functools
+import math
 import random
+import time
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from . import dtypes, families
 from .families.base import packed_leading_dimensions
 from .families.hopper import ARCH as HOPPER_ARCH
 from .paths import search_spaces_dir
 from .problem import Device, Problem
+from .space_expressions import Expression, SpaceError
+
+# How long enumerating a space (all its configurations, or the draws that make one config) may
+# take before it is a SpaceError: the shipped SIMT space has 1.4e10 draws of its knobs, which the
+# constraints prune as the walk goes; a space that they do not prune would run for hours.
+ENUMERATION_LIMIT_S = 60.0
 
 
 def default_space_name(problem) -> str:
@@ -46,16 +53,6 @@ def candidate_space_names(problem, device: Device | None = None) -> tuple[str, .
         names.append("hopper")
     return tuple(names)
 
-# The expression language of constraints: arithmetic, comparisons, boolean logic, x if c else y, min/max.
-_ALLOWED_NODES = (
-    ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.BinOp,
-    ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.Pow, ast.Compare, ast.Eq, ast.NotEq,
-    ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn, ast.Name, ast.Load, ast.Constant,
-    ast.Call, ast.Tuple, ast.List, ast.IfExp,
-)
-_FUNCTIONS = {"min": min, "max": max}
-
-
 # Names a constraint may read from the problem and the device: a rule that uses any of them is a
 # problem rule, applied where a problem is given (the tuner's draws, sampling for a problem) and
 # not in enumerating the space itself, which stays the same for every problem.
@@ -69,36 +66,6 @@ def problem_values(problem: Problem, device: Device) -> dict:
     if device.sm_count > 1:  # a generic device (compiling without a GPU) has no SM count: its rules are skipped
         values["SMS"] = device.sm_count
     return values
-
-
-class SpaceError(ValueError):
-    """A search-space file that cannot be used, with the file and the problem named."""
-
-
-@dataclass(frozen=True)
-class _Expression:
-    text: str
-    names: frozenset[str]
-    code: Any
-
-    @classmethod
-    def parse(cls, text: str, where: str) -> _Expression:
-        try:
-            tree = ast.parse(text, mode="eval")
-        except SyntaxError as exc:
-            raise SpaceError(f"{where}: cannot parse {text!r}: {exc.msg}") from None
-        names = set()
-        for node in ast.walk(tree):
-            if not isinstance(node, _ALLOWED_NODES):
-                raise SpaceError(f"{where}: {type(node).__name__} is not allowed in {text!r}")
-            if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS):
-                raise SpaceError(f"{where}: only min() and max() may be called, in {text!r}")
-            if isinstance(node, ast.Name) and node.id not in _FUNCTIONS:
-                names.add(node.id)
-        return cls(text, frozenset(names), compile(tree, where, "eval"))
-
-    def __call__(self, values: dict) -> Any:
-        return eval(self.code, {"__builtins__": {}, **_FUNCTIONS}, values)  # noqa: S307 (AST-checked)
 
 
 def _declared_dtypes(declared, config_class, path: Path) -> tuple[tuple[str, str], ...]:
@@ -116,10 +83,26 @@ def _declared_dtypes(declared, config_class, path: Path) -> tuple[tuple[str, str
     return tuple(pairs)
 
 
+class _Deadline:
+    """The time an enumeration of `space` may take (ENUMERATION_LIMIT_S), checked every 4096 steps."""
+
+    def __init__(self, space: SearchSpace):
+        self.space, self.limit, self.steps = space, ENUMERATION_LIMIT_S, 0
+        self.end = time.monotonic() + self.limit
+
+    def tick(self) -> None:
+        self.steps += 1
+        if self.steps & 4095 == 0 and time.monotonic() > self.end:
+            draws = math.prod(len(choices) for choices in self.space.knobs.values())
+            raise SpaceError(f"{self.space.path}: enumerating the space took more than {self.limit:g} s (its knobs "
+                             f"have {draws} combinations): give the knobs fewer choices, or constraints that rule "
+                             "draws out as soon as their knobs are set")
+
+
 class SearchSpace:
-    def __init__(self, path: Path, family: str, knobs: dict[str, tuple], derived: dict[str, _Expression],
-                 constraints: list[_Expression], problem_constraints: list[_Expression] = (),
-                 knob_conditions: dict[str, _Expression] | None = None):
+    def __init__(self, path: Path, family: str, knobs: dict[str, tuple], derived: dict[str, Expression],
+                 constraints: list[Expression], problem_constraints: list[Expression] = (),
+                 knob_conditions: dict[str, Expression] | None = None):
         self.path = path
         self.family = family
         self.config_class = families.get(family)
@@ -189,7 +172,7 @@ class SearchSpace:
                 raise SpaceError(f"{path}: knob {name} needs a non-empty list of choices")
             knobs[name] = tuple(values)
         derived = {
-            name: _Expression.parse(text, f"{path}: derived.{name}") for name, text in data.get("derived", {}).items()
+            name: Expression.parse(text, f"{path}: derived.{name}") for name, text in data.get("derived", {}).items()
         }
         overlap = set(knobs) & set(derived)
         if overlap:
@@ -203,7 +186,7 @@ class SearchSpace:
         if missing:
             raise SpaceError(f"{path}: config fields neither searched nor derived: {', '.join(missing)}")
         rules = data.get("constraints", {}).get("rules", [])
-        constraints = [_Expression.parse(text, f"{path}: constraint") for text in rules]
+        constraints = [Expression.parse(text, f"{path}: constraint") for text in rules]
         known = set(knobs) | set(derived) | set(config_class.space_constants)
         used = set()
         for expr in derived.values():
@@ -222,7 +205,7 @@ class SearchSpace:
             where = f"{path}: knob_conditions.{knob}"
             if knob not in knobs:
                 raise SpaceError(f"{where}: not a searched knob of this space")
-            condition = _Expression.parse(text, where) if isinstance(text, str) else None
+            condition = Expression.parse(text, where) if isinstance(text, str) else None
             if condition is None or condition.names - set(PROBLEM_NAMES):
                 raise SpaceError(f"{where}: a condition is an expression over {', '.join(PROBLEM_NAMES)} only")
             knob_conditions[knob] = condition
@@ -250,10 +233,10 @@ class SearchSpace:
 
     # ---- enumeration ------------------------------------------------------------------------
     @functools.cached_property
-    def _schedule(self) -> list[tuple[str, list[tuple[str, _Expression]], list[_Expression]]]:
+    def _schedule(self) -> list[tuple[str, list[tuple[str, Expression]], list[Expression]]]:
         return self._stages(list(self.knobs), set(self.constants))  # every knob, in the file's order
 
-    def _stages(self, order: list[str], bound: set[str]) -> list[tuple[str, list[tuple[str, _Expression]], list[_Expression]]]:
+    def _stages(self, order: list[str], bound: set[str]) -> list[tuple[str, list[tuple[str, Expression]], list[Expression]]]:
         """For each knob of `order`, set in turn after the names in `bound`: the derived values and
         constraints that become computable once it is set (those computable before the first knob
         come with the first)."""
@@ -278,15 +261,19 @@ class SearchSpace:
             schedule.append((knob, ready_derived, ready_rules))
         return schedule
 
-    def _walk(self, stages: list, depth: int, values: dict, target: dict | None = None) -> Iterator[dict]:
+    def _walk(self, stages: list, depth: int, values: dict, target: dict | None = None,
+              deadline: _Deadline | None = None) -> Iterator[dict]:
         """Every setting of the stages' knobs (`_stages`) that the constraints allow, depth first;
         with `target` (config field -> value), only those whose derived fields take those values, a
-        partial one dropped as soon as one does not."""
+        partial one dropped as soon as one does not. SpaceError once it runs past ENUMERATION_LIMIT_S."""
+        if deadline is None:
+            deadline = _Deadline(self)
         if depth == len(stages):
             yield dict(values)
             return
         knob, derived, rules = stages[depth]
         for choice in self.knobs[knob]:
+            deadline.tick()
             values[knob] = choice
             try:
                 ok = True
@@ -299,7 +286,7 @@ class SearchSpace:
             except ZeroDivisionError:
                 ok = False
             if ok:
-                yield from self._walk(stages, depth + 1, values, target)
+                yield from self._walk(stages, depth + 1, values, target, deadline)
         values.pop(knob, None)
 
     @functools.cached_property

@@ -285,3 +285,80 @@ def test_pytorch_tensors_are_computed_on_torchs_current_stream():
     expected = torch.matmul(a_values.double(), b_values.double())
     assert _torch_error(torch, out, expected) <= 1e-5
     assert _torch_error(torch, c, expected) <= 1e-5
+
+
+@pytest.mark.parametrize("shape", [(900, 900), (2, 600, 600)])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_an_out_that_overlaps_the_operands_goes_through_a_temporary(shape, dtype):
+    """CuPy's TestMatmulOutOverlap: matmul(a, a, out=a), which NumPy and CuPy compute through a
+    temporary (autogemm refused it: "out overlaps a")."""
+    import cupy
+
+    a = cupy.ones(shape, dtype)
+    assert autogemm.matmul(a, a, out=a) is a
+    assert bool((a == shape[-1]).all())
+
+
+@pytest.mark.parametrize("case", ["a", "b", "partial", "mixed", "broadcast", "vector"])
+def test_overlapping_outs_with_alpha_and_beta(case):
+    import cupy
+
+    base = _values((128, 64), np.float32, 1)
+    a, b = base[:64], _values((64, 64), np.float32, 2)
+    b_given = b
+    if case == "a":
+        out = a
+    elif case == "b":
+        out = b
+    elif case == "partial":  # rows 32..95 of the buffer a's rows 0..63 lie in
+        out = base[32:96]
+    elif case == "mixed":  # a float16 b converted, the float32 result into a
+        b_given = b.astype(np.float16)
+        b = b_given.astype(np.float32)
+        out = a
+    elif case == "broadcast":  # a batch of a against one b, written into the batch
+        a = _values((3, 64, 64), np.float32, 3)
+        out = a
+    else:  # a matrix times a column of itself
+        b_given = b = a[:, 5]
+        out = a[:, 5]
+    a_before, b_before, before = a.copy(), b.copy(), out.copy()
+    explained = autogemm.explain(a, b_given, out=out, alpha=1.5, beta=-0.5)
+    assert "out" in explained["copies"] and "temporary" in explained["out"]
+    assert autogemm.matmul(a, b_given, out=out, alpha=1.5, beta=-0.5) is out
+    cupy.cuda.Device().synchronize()
+    _check_values(out, a_before, b_before, "float32", alpha=1.5, beta=-0.5, before=before)
+
+
+def test_alpha_too_large_for_a_float_is_named_on_the_fast_path():
+    import cupy
+
+    a = cupy.ones((64, 64), np.float32)
+    autogemm.matmul(a, a)
+    autogemm.matmul(a, a, alpha=2)  # the plan is in the fast path's memo now
+    with pytest.raises(ValueError, match="alpha is too large for a float"):
+        autogemm.matmul(a, a, alpha=10**400)
+
+
+def test_broadcast_outs_are_refused():
+    import cupy
+
+    a = cupy.ones((3, 16, 16), np.float32)
+    with pytest.raises(ValueError, match=r"out has stride 0 along axis 0 \(extent 3\)"):
+        autogemm.matmul(a, a, out=cupy.broadcast_to(cupy.zeros((16, 16), np.float32), (3, 16, 16)))
+
+
+def test_a_bfloat16_out_that_overlaps_an_operand():
+    """bfloat16 goes through the temporary as its bits (CuPy before 14 cannot copy it otherwise)."""
+    import cupy
+    import ml_dtypes
+
+    from autogemm.bench import to_bfloat16, to_float64
+
+    a = to_bfloat16(_values((64, 64), np.float32, 1)).view(ml_dtypes.bfloat16)
+    b = to_bfloat16(_values((64, 64), np.float32, 2)).view(ml_dtypes.bfloat16)
+    wide_a, wide_b = to_float64(a.view(np.uint16)), to_float64(b.view(np.uint16))
+    assert autogemm.matmul(a, b, out=a, alpha=2.0, beta=0.5) is a
+    reference = 2.0 * cupy.matmul(wide_a, wide_b) + 0.5 * wide_a
+    error = float(cupy.linalg.norm(to_float64(a.view(np.uint16)) - reference) / cupy.linalg.norm(reference))
+    assert error <= 1e-2

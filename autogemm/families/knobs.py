@@ -119,6 +119,8 @@ class Config:
         for knob in cls.knobs:
             if knob.kind is int and not knob.choices and (knob.low is None or knob.high is None):
                 raise TypeError(f"{cls.__name__}: int knob {knob.name} needs choices or a range (low and high)")
+            if knob.kind is str and not knob.choices:  # (its value reaches the source: render_reasons)
+                raise TypeError(f"{cls.__name__}: str knob {knob.name} needs its choices")
         for before, knob in zip(cls.knobs, cls.knobs[1:]):
             if knob.join == "" and not (before.words or before.choices or before.kind is not int):
                 raise TypeError(f"{cls.__name__}: {knob.name} follows {before.name} with no separator, "
@@ -179,6 +181,17 @@ class Config:
         """'choice' reasons for every knob whose value is not one the table allows (without
         `ranges`: only those of the wrong type)."""
         return [f"choice: {reason}" for k in self.knobs for reason in k.reasons(getattr(self, k.name), ranges)]
+
+    def render_reasons(self, force: bool = False) -> list[str]:
+        """Why this config is not rendered: `knob_reasons` (without `force`, ranges included), and
+        even with `force` a string knob's value must be one of its choices: it is written into the
+        kernel's source, where other text (a newline, an #include) would become code."""
+        reasons = self.knob_reasons(ranges=not force)
+        if force:
+            texts = [(k, getattr(self, k.name)) for k in self.knobs if k.kind is str]
+            reasons += [f"choice: {reason}" for k, value in texts if not k.type_reason(value)
+                        for reason in k.range_reasons(value)]
+        return reasons
 
     def validated(self, ranges: bool = True):
         """This config, if every knob has its exact type (and, with `ranges`, a value the table
