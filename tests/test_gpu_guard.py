@@ -55,8 +55,13 @@ def test_the_guard_drops_a_slow_predicted_kernel_within_its_first_calls():
     cupy.cuda.Device().synchronize()
     assert relative_error(autogemm.matmul(a, b), reference) <= 1e-5  # the call that decides
     after = autogemm.explain(a, b)
-    assert after["source"] == "guard" and after["config"] is None, after
-    assert after["guard"]["kernel_won"] is False and after["guard"]["ratio"] < 0.9
+    assert after["config"] is None, after  # cuBLAS serves from the deciding call on
+    # explained by the verdict in this process, or, once the guard's thread has written the loss to
+    # the user cache (sooner on a loaded machine), by that record, which the cache lookup finds first
+    if after["source"] == "guard":
+        assert after["guard"]["kernel_won"] is False and after["guard"]["ratio"] < 0.9
+    else:
+        assert after["source"] == "cache" and "under the online guard" in after["reason"], after
 
     for thread in threading.enumerate():  # the loss is written to the user cache from a thread
         if thread.name == "autogemm-guard":
