@@ -75,6 +75,8 @@ class Winner:
     serves: str = ""  # what matmul serves, in words
     served_by_matmul: bool = False  # the generated kernel of a current cache record
     date: str = ""
+    # the record's own timing figures, as `tune`'s table and `explain` give them: (label, text) rows
+    timing: list = field(default_factory=list)
 
 
 @dataclass
@@ -210,11 +212,34 @@ def _importances(measured: list) -> tuple[dict[str, float], str]:
     return {str(k): float(v) for k, v in importances.items()}, ""
 
 
+def record_timing(record) -> list[tuple[str, str]]:
+    """The figures a record was chosen by, as `tune`'s table shows them: GPU time in steady state and
+    single-call latency of what it serves and of the baseline, in microseconds, with the timing
+    protocol they were measured under (records of protocol 1 have GPU times only, possibly host-bound)."""
+    served = "cuBLAS" if record.is_cublas else "kernel"
+    rows = [("timing protocol", f"{record.protocol}" + ("" if record.current_protocol else
+                                                        " (an older protocol: the baseline's time may be host time)")),
+            (f"GPU time ({served} / baseline)", f"{record.time_ms * 1e3:.1f} us / {record.cublas_ms * 1e3:.1f} us")]
+    if record.latency_us and record.baseline_latency_us:
+        rows.append((f"latency ({served} / baseline)",
+                     f"{record.latency_us:.1f} us / {record.baseline_latency_us:.1f} us"))
+    best = record.best_generated if record.is_cublas else {}
+    one_call = _number(best.get("latency_ratio")) if best else record.latency_ratio
+    if one_call:
+        rows.append(("ratio one call at a time", f"{one_call:.3f}x"))
+    if record.baselines:
+        rows.append(("baselines (GPU time)", ", ".join(f"{name} {_number(ms) * 1e3:.1f} us"
+                                                      for name, ms in sorted(record.baselines.items())
+                                                      if _number(ms) is not None)))
+    return rows
+
+
 def winner_from_cache(cache: TuningCache, problem: Problem, slug: str) -> Winner | None:
     found = cache.lookup(problem, slug)
     if found is None:
         return None
     record, source = found
+    timing = record_timing(record)
     serves = "cuBLAS (no generated kernel beat it by more than the noise)" if record.is_cublas else "the generated kernel"
     if record.is_cublas:
         # the cache checks the beaten kernel's config and ratio; its other figures are taken only
@@ -223,9 +248,9 @@ def winner_from_cache(cache: TuningCache, problem: Problem, slug: str) -> Winner
         ratio = _number(best.get("ratio"))
         tflops = _number(best.get("tflops")) or (ratio * record.cublas_tflops if ratio else record.cublas_tflops)
         return Winner(f"{source} cache", best.get("config_name", "cublas"), dict(best.get("config", {})), tflops,
-                      record.cublas_tflops, ratio, _number(best.get("rel_error")), serves, False, record.date)
+                      record.cublas_tflops, ratio, _number(best.get("rel_error")), serves, False, record.date, timing)
     return Winner(f"{source} cache", record.config_name, dict(record.config), record.tflops, record.cublas_tflops,
-                  record.ratio, record.rel_error, serves, True, record.date)
+                  record.ratio, record.rel_error, serves, True, record.date, timing)
 
 
 def _number(value) -> float | None:

@@ -158,6 +158,7 @@ def _winner_table(winner) -> str:
             ("cuBLAS TFLOP/s", f"{winner.cublas_tflops:.2f}" if winner.cublas_tflops else "not measured"),
             ("ratio to cuBLAS", f"{winner.ratio:.3f}x" if winner.ratio else "not measured"),
             ("relative error", f"{winner.rel_error:.2e}" if winner.rel_error is not None else "not recorded"),
+            *winner.timing,
             ("date", winner.date or "-"),
             ("knobs", ", ".join(f"{k}={v}" for k, v in winner.knobs.items()) or "-")]
     return "<table class=\"facts\">" + "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows) + "</table>"

@@ -377,3 +377,20 @@ def test_headless_chromium_draws_every_chart_without_console_errors(recorded, tm
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 50_000
     if os.environ.get("AUTOGEMM_KEEP_SCREENSHOT"):  # for a person to look at
         shutil.copy(shot, os.environ["AUTOGEMM_KEEP_SCREENSHOT"])
+
+
+def test_the_page_shows_the_figures_the_tune_table_and_explain_show(recorded, tmp_path, capsys):
+    """A record of the current timing protocol: its GPU times and single-call latencies of the
+    kernel and the baseline, each baseline's time and the protocol, as `tune` printed them."""
+    url, _ = recorded
+    cache = TuningCache()
+    record, _ = cache.lookup(FP32, DEVICE.slug)
+    cache.store(dataclasses.replace(record, protocol=2, latency_us=2512.5, baseline_latency_us=2771.25,
+                                    baselines={"cublaslt": 2.75, "cupy.matmul": 2.8}), DEVICE.slug, keep_better=False)
+    out = tmp_path / "report.html"
+    assert run_cli(capsys, "report", "--M", "4096", "--storage", url, "-o", str(out))[0] == 0
+    page = out.read_text()
+    for text in ("timing protocol</th><td>2<", "2500.0 us / 2750.0 us", "2512.5 us / 2771.2 us", "1.103x",
+                 "cublaslt 2750.0 us, cupy.matmul 2800.0 us"):
+        assert text in page, text
+    assert "older protocol" not in page
