@@ -6,7 +6,8 @@
     result = autogemm.tune(4096)         # search, verify and cache the best kernel for 4096^3
 
 The GPU-facing parts (compilation, launching, tuning) import CuPy and Optuna lazily, so that
-configurations, search spaces and rendering work on machines without a GPU.
+configurations, search spaces and rendering work on machines without a GPU. PyTorch is imported
+only by `autogemm.torch` (torch.ops.autogemm.matmul, autogemm.torch.Linear), on its first use.
 """
 
 from .dispatch import matmul, reset
@@ -35,6 +36,15 @@ def tune(problem_or_m, n: int | None = None, k: int | None = None, *, batch: int
     result = run(problem, **options)
     reset()  # calls made from now on see the new entry
     return result
+
+
+def __getattr__(name: str):
+    """`autogemm.torch` (the PyTorch operator and Linear layer, which import torch) on first use."""
+    if name == "torch":
+        import importlib
+
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = ["Device", "GpuUnavailable", "Problem", "SimtConfig", "TensorCoreConfig", "config_from_dict", "config_from_name", "explain",

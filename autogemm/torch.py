@@ -1,0 +1,166 @@
+"""autogemm as a PyTorch operator: `torch.ops.autogemm.matmul`, its autograd, and a Linear layer.
+
+    import autogemm.torch                       # registers torch.ops.autogemm.matmul (imports torch)
+    y = autogemm.torch.matmul(x, w.mT)          # = torch.ops.autogemm.matmul(x, w.mT)
+    layer = autogemm.torch.Linear(1024, 4096, device="cuda", dtype=torch.bfloat16)
+    model = torch.compile(model, fullgraph=True)  # the op is one node of the graph, no graph break
+
+The operator is a `torch.library.custom_op`: its real implementation is `autogemm.matmul` on the
+tensors (the tuned kernel or cuBLAS, on PyTorch's current stream, a fresh result tensor), its fake
+implementation gives the result's shape, dtype and (C-contiguous) strides as NumPy's matmul
+semantics do (1-D operands, broadcast batch axes, float16/bfloat16/float32/float64 promoted as NumPy
+promotes them), and its backward is two more calls of the operator (grad @ b^T and a^T @ grad,
+broadcast batch axes summed away), so that training is served by autogemm too.
+
+This is the only module of autogemm that imports torch at import time; `import autogemm` does not
+(`autogemm.torch` is imported on first use of the attribute, or explicitly).
+"""
+
+# (no `from __future__ import annotations`: custom_op reads the types of the signature)
+
+from typing import Optional
+
+import torch
+
+__all__ = ["DTYPES", "Linear", "matmul"]
+
+# the dtypes autogemm's kernels (or cuBLAS through them) multiply
+DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_NAME = "autogemm::matmul"
+
+
+def result_dtype(dtype_a: torch.dtype, dtype_b: torch.dtype) -> torch.dtype:
+    """The dtype of a @ b as NumPy (with ml_dtypes) promotes, which autogemm computes in: the wider
+    of the two; float16 with bfloat16 has no common dtype there (TypeError, as autogemm.matmul)."""
+    for name, dtype in (("a", dtype_a), ("b", dtype_b)):
+        if dtype not in DTYPES:
+            raise TypeError(f"{_NAME}: {name} is {dtype}; the operator multiplies "
+                            f"{', '.join(str(d) for d in DTYPES)} tensors")
+    if {dtype_a, dtype_b} == {torch.float16, torch.bfloat16}:
+        raise TypeError(f"{_NAME}: a is {dtype_a} and b is {dtype_b}, which NumPy's promotion (autogemm's) has no "
+                        "common dtype for; convert one first, e.g. b.to(a.dtype)")
+    return torch.promote_types(dtype_a, dtype_b)
+
+
+def result_shape(a_shape, b_shape) -> tuple:
+    """The shape of a @ b under NumPy's matmul semantics: a 1-D `a` is a row and a 1-D `b` a column,
+    that axis removed from the result; the batch axes (all but the last two) broadcast."""
+    torch._check(len(a_shape) >= 1 and len(b_shape) >= 1,
+                 lambda: f"{_NAME} takes tensors of 1 or more dimensions; got shapes {tuple(a_shape)} and "
+                         f"{tuple(b_shape)} (multiply by a 0-d tensor instead)")
+    k_a = a_shape[-1]
+    k_b = b_shape[0] if len(b_shape) == 1 else b_shape[-2]
+    torch._check(k_a == k_b, lambda: f"{_NAME}: inner dimensions differ: a is {tuple(a_shape)} (K = {k_a}), "
+                                     f"b is {tuple(b_shape)} (K = {k_b})")
+    batch = tuple(torch.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2])))
+    rows = () if len(a_shape) == 1 else (a_shape[-2],)
+    cols = () if len(b_shape) == 1 else (b_shape[-1],)
+    return batch + rows + cols
+
+
+@torch.library.custom_op(_NAME, mutates_args=())
+def _matmul(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, compute: Optional[str] = None) -> torch.Tensor:
+    """alpha · a @ b by autogemm (NumPy's matmul semantics), a fresh tensor."""
+    from .dispatch import matmul as autogemm_matmul
+
+    # the autograd layer above hands the tensors in as they are (requires_grad included); autogemm
+    # records no graph and reads them through DLPack, which refuses tensors that require grad
+    result = autogemm_matmul(a.detach(), b.detach(), alpha=alpha, compute=compute)
+    if not isinstance(result, torch.Tensor):  # (autogemm returns a tensor for tensor operands)
+        result = torch.from_dlpack(result)
+    return result
+
+
+@_matmul.register_fake
+def _matmul_fake(a, b, alpha=1.0, compute=None):
+    dtype = result_dtype(a.dtype, b.dtype)
+    torch._check(a.device == b.device, lambda: f"{_NAME}: a is on {a.device}, b on {b.device}")
+    return a.new_empty(result_shape(a.shape, b.shape), dtype=dtype)  # C-contiguous, as autogemm's results
+
+
+def _transposed(x) -> bool:
+    """Whether the last two axes of `x` are column-major (a transposed view, as w.mT of a Linear's
+    weight): its gradient is then made in that layout too (as PyTorch's mm backward does), so that
+    it accumulates into .grad without a transposing copy."""
+    return x.dim() >= 2 and x.stride(-2) == 1 and x.stride(-1) != 1
+
+
+def _product(x, y, alpha, compute, transposed=False):
+    """alpha · x @ y through the operator; computed as (y^T @ x^T)^T where `transposed` (the
+    gradient's operand is a transposed view): the same values in that operand's layout."""
+    if transposed:
+        return torch.ops.autogemm.matmul(y.mT, x.mT, alpha, compute).mT
+    return torch.ops.autogemm.matmul(x, y, alpha, compute)
+
+
+def _setup_context(ctx, inputs, output):
+    a, b, alpha, compute = inputs
+    need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    ctx.save_for_backward(a if need_b else None, b if need_a else None)  # what each gradient reads
+    ctx.alpha, ctx.compute = alpha, compute
+    ctx.a_info = (a.shape, a.dtype, _transposed(a))
+    ctx.b_info = (b.shape, b.dtype, _transposed(b))
+
+
+def _backward(ctx, grad):
+    """grad_a = alpha · grad @ b^T and grad_b = alpha · a^T @ grad, each by the operator (so that
+    autogemm serves them), with the batch axes a or b was broadcast along summed away."""
+    a, b = ctx.saved_tensors
+    alpha, compute = ctx.alpha, ctx.compute
+    (a_shape, a_dtype, a_transposed), (b_shape, b_dtype, b_transposed) = ctx.a_info, ctx.b_info
+    vector_a, vector_b = len(a_shape) == 1, len(b_shape) == 1
+    # vectors as matrices: a (K,) as a row (1, K), b (K,) as a column (K, 1); grad gets those axes back
+    if vector_b:
+        grad = grad.unsqueeze(-1)
+    if vector_a:
+        grad = grad.unsqueeze(-2)
+    grad_a = grad_b = None
+    if ctx.needs_input_grad[0]:
+        b_matrix = b.unsqueeze(-1) if vector_b else b
+        full = _product(grad, b_matrix.mT, alpha, compute, a_transposed)  # (batch..., M, K)
+        grad_a = _reduced(full, (1, a_shape[0]) if vector_a else a_shape, a_dtype).reshape(a_shape)
+    if ctx.needs_input_grad[1]:
+        a_matrix = a.unsqueeze(-2) if vector_a else a
+        if len(b_shape) <= 2 and a_matrix.dim() > 2:
+            # one b for the whole batch: one GEMM, the batch stacked along M (nothing left to sum)
+            k, n = a_matrix.shape[-1], grad.shape[-1]
+            full = _product(a_matrix.reshape(-1, k).mT, grad.reshape(-1, n), alpha, compute, b_transposed)
+        else:
+            full = _product(a_matrix.mT, grad, alpha, compute, b_transposed)  # (batch..., K, N)
+        grad_b = _reduced(full, (b_shape[0], 1) if vector_b else b_shape, b_dtype).reshape(b_shape)
+    return grad_a, grad_b, None, None
+
+
+def _reduced(full, shape, dtype):
+    """The gradient of an operand of `shape` and `dtype` from `full`, that of its broadcast: the batch
+    axes it was broadcast along summed away, cast to its dtype."""
+    full = full.sum_to_size(shape)
+    return full if full.dtype == dtype else full.to(dtype)
+
+
+_matmul.register_autograd(_backward, setup_context=_setup_context)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, compute: Optional[str] = None) -> torch.Tensor:
+    """alpha · a @ b as `torch.ops.autogemm.matmul` computes it: autogemm's kernel (or cuBLAS) for
+    CUDA tensors, NumPy's matmul semantics, differentiable, traceable by torch.compile without a
+    graph break. `compute="tf32"` opts float32 into TF32. Returns a fresh tensor."""
+    return torch.ops.autogemm.matmul(a, b, alpha, compute)
+
+
+class Linear(torch.nn.Linear):
+    """A drop-in for `torch.nn.Linear` whose product is `autogemm.torch.matmul`: y = x @ W^T + bias.
+
+    The same constructor (in_features, out_features, bias=True, device=None, dtype=None), the same
+    parameters (weight out_features x in_features, bias out_features), the same initialization
+    (`reset_parameters`) and state dict, so that weights move between the two as they are. Inputs of
+    any leading dimensions are flattened to (rows, in_features) and the result shaped back; W^T is a
+    transposed view, which autogemm multiplies (the NT layout) without a copy.
+    """
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        rows = input.reshape(-1, self.in_features)
+        output = torch.ops.autogemm.matmul(rows, self.weight.mT, 1.0, None)
+        if self.bias is not None:
+            output = output + self.bias
+        return output.reshape(*input.shape[:-1], self.out_features)
