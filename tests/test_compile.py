@@ -1,13 +1,27 @@
 """Compilation without a GPU: nvcc is found where the toolkit puts it (and its absence is said
 clearly); a fixed, diverse sample of every family compiles with nvcc for sm_90 and sm_80 without
-spills. The variants of both architectures compile in one parallel pool, each distinct source once.
+spills: one test per family and architecture (pytest-xdist spreads them over its workers), each
+compiling its distinct sources once, in a pool of its own (80 compiles in all).
+
+sm_90 covers every family and instruction path. SIMT: 16 sampled configs, one per shape and layout,
+with every knob value of `samples.COVERAGE` (pipeline depths 1-4 among them); split-K added up by
+the tile's last block and by a cluster (fixed configs and sampled ones), each in every layout; repacked
+operands in every layout. Tensor cores: per dtype the first sampled config of each instruction path
+(WMMA, mma.sync, wgmma), each path in every layout it reads, on even shapes and tails (16-bit wgmma
+on even shapes only: on tails it spills, a known failure marked xfail below). GEMV: one
+sampled config per problem and B path; swapped operands in every layout. Hopper: one sampled config
+per problem, each in a layout of its own, and the fixed cluster, TMA-store, pingpong, swap and TF32
+configs. sm_80 proves that the non-Hopper paths compile for Ampere (no wgmma, no clusters; cp.async):
+of each family's variants there, a few that together show every value of its features (layout,
+pipeline depth, launch kind, transpose, instruction path per dtype, B path, swap, ...). The templates
+render the same source for both (nothing depends on __CUDA_ARCH__): the architectures differ in
+which configs are valid and in what ptxas makes of them.
 
 CI has nvcc; if it is missing the compile tests fail (they do not skip) and say so.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import stat
 from concurrent.futures import ThreadPoolExecutor
@@ -16,18 +30,25 @@ import pytest
 
 import autogemm.compile as compile_module
 from autogemm.compile import CompileError, NvccNotFound, find_nvcc, nvcc_resources
-from autogemm.families import GemvConfig, HopperConfig, SimtConfig, TensorCoreConfig, config_from_name
-from autogemm.space import SearchSpace
+from autogemm.families import GemvConfig, HopperConfig, SimtConfig, TensorCoreConfig, config_from_name, wgmma
 from autogemm.problem import LAYOUTS, Device, Problem
 from autogemm.render import render
-from samples import TENSOR_CORE_KINDS, diverse_sample, tensor_core_sample
+from autogemm.space import SearchSpace
+from samples import COVERAGE, TENSOR_CORE_KINDS, diverse_sample, tensor_core_sample
 
 ARCHS = ("sm_90", "sm_80")
 # Shapes that switch tails on and off and narrow the vector widths (odd leading dimensions).
 SIMT_SHAPES = [(4096, 4096, 4096), (127, 129, 65), (255, 257, 1023), (132, 260, 68)]
 TENSOR_CORE_SHAPES = [(4096, 4096, 4096), (127, 129, 65), (255, 257, 1023)]
-IN_KERNEL_SPLITS = ("128x128x16_w32x64_t8x8_v44_s4_pad_g8_k4_o1_r_fr", "32x128x16_w32x64_t8x8_v44_s2_swizzle_g8_k8_o2_fr",
-                    "128x128x16_w32x64_t8x8_v44_s3_pad_g8_k4_o1_r_cr", "16x128x16_w16x64_t8x4_v24_s3_pad_g8_k4_o3_r_reg231_cr")
+# diverse_sample(8, seed=5): 16 configs (5 reference ones, 8 drawn, the rest topped up to every knob
+# value of samples.COVERAGE), each on one of the 16 pairs of SIMT_SHAPES and LAYOUTS
+SIMT_SAMPLE = 8
+# split-K added up in the kernel, on short M or N: by the tile's last block ("fr"), or over a
+# thread-block cluster ("cr", sm_90 only); each way, with the sampled configs, in every layout
+IN_KERNEL_SPLITS = (("128x128x16_w32x64_t8x8_v44_s4_pad_g8_k4_o1_r_fr", (127, 4096, 4096), ("tt",)),
+                    ("32x128x16_w32x64_t8x8_v44_s2_swizzle_g8_k8_o2_fr", (64, 4096, 4096), ("nt",)),
+                    ("128x128x16_w32x64_t8x8_v44_s3_pad_g8_k4_o1_r_cr", (8191, 63, 8191), ("nn", "tt")),
+                    ("16x128x16_w16x64_t8x4_v24_s3_pad_g8_k4_o3_r_reg231_cr", (16, 11008, 4096), ("tn",)))
 # operands repacked to aligned pitches: the kernels load at full width on odd shapes
 REPACKING = (("128x256x16_w32x128_t8x16_v44_s3_plain_g1_k1_o1_r_sk_pk", ("nn",)),
              ("128x256x16_w64x64_t8x16_v44_s3_pad_g8_k1_o1_pk", ("tt",)),
@@ -57,23 +78,38 @@ def test_find_nvcc_looks_where_the_toolkit_is(tmp_path, monkeypatch):
     assert find_nvcc() == str(on_path)  # PATH first
 
 
+def _covering(variants, features) -> list:
+    """A few of the variants that together show every value of every feature (a function of config
+    and problem) that the whole list shows: repeatedly the one that shows the most values not shown
+    yet (the first of equals), kept in the list's order."""
+    values = [{(i, feature(c, p)) for i, feature in enumerate(features)} for c, p in variants]
+    shown, kept = set(), []
+    while any(v - shown for v in values):
+        best = max(range(len(variants)), key=lambda j: (len(values[j] - shown), -j))
+        shown |= values[best]
+        kept.append(best)
+    return [variants[j] for j in sorted(kept)]
+
+
 def _simt_variants(device: Device):
     variants = []
-    for i, config in enumerate(diverse_sample(24, seed=5)):
+    for i, config in enumerate(diverse_sample(SIMT_SAMPLE, seed=5)):
         m, n, k = SIMT_SHAPES[i % len(SIMT_SHAPES)]
         problem = Problem.from_layout(m, n, k, LAYOUTS[(i // len(SIMT_SHAPES)) % 4])
         if config.check(problem, device):
             problem = Problem.from_layout(4096, 4096, 4096, problem.layout)
-        if not config.check(problem, device):
+        reasons = config.check(problem, device)
+        assert not reasons or (config.cluster_reduce and device.compute_capability < (9, 0)), (config.name, reasons)
+        if not reasons:  # (the sample's cluster split: sm_90 only)
             variants.append((config, problem))
-    # split-K added up in the kernel: by the tile's last block, or over a thread-block cluster (sm_90
-    # only); each in every layout, on short M or N
-    for i, name in enumerate(IN_KERNEL_SPLITS):
-        m, n, k = ((127, 4096, 4096), (64, 4096, 4096), (8191, 63, 8191), (16, 11008, 4096))[i % 4]
-        for layout in LAYOUTS:
+    for name, (m, n, k), layouts in IN_KERNEL_SPLITS:
+        for layout in layouts:
             problem = Problem.from_layout(m, n, k, layout)
             config = SimtConfig.from_name(name)
-            if not config.check(problem, device):
+            reasons = config.check(problem, device)
+            below_sm_90 = device.compute_capability < (9, 0)
+            assert not reasons or (config.cluster_reduce and below_sm_90), (name, layout, reasons)
+            if not reasons:
                 variants.append((config, problem))
     for name, layouts in REPACKING:
         for layout in layouts:
@@ -84,22 +120,49 @@ def _simt_variants(device: Device):
     return variants
 
 
+SIMT_FEATURES = (lambda c, p: p.layout, lambda c, p: c.stages, lambda c, p: c.launch_kind,
+                 lambda c, p: (c.split_k > 1, c.split_reduce), lambda c, p: c.transpose, lambda c, p: c.smem,
+                 lambda c, p: c.repacks_operands, lambda c, p: bool(c.register_cap), lambda c, p: c.even(p) == "111")
+
+
 def _tensor_core_variants(device: Device):
-    variants = []
+    """Per dtype, the first sampled config of each instruction path the device has, then (across
+    dtypes) the first that single-buffers and the first that splits K where none chosen does. Each
+    path takes the shapes in turn and the layouts in turn (skipping one it cannot read: wgmma and
+    TN); a config refused on a tail shape takes the even one. 16-bit wgmma kernels spill on tails
+    (see test_16bit_wgmma_kernels_on_tails_do_not_spill): until they don't, they take even shapes."""
+    chosen, samples = [], []
     for dtype, compute, space in TENSOR_CORE_KINDS:
         sample = tensor_core_sample(dtype, compute, space, 4, seed=11, device=device)
-        # six of the sample, the mma.sync path among them where the device has it, and three wgmma ones
-        chosen = sample[:4] + [c for c in sample[4:] if c.instruction == "mma"][:2]
-        chosen += sample[4: 4 + 6 - len(chosen)]
-        chosen += [c for c in sample if c.instruction == "wgmma" and c not in chosen][:3]
-        for i, config in enumerate(chosen):
-            m, n, k = TENSOR_CORE_SHAPES[i % len(TENSOR_CORE_SHAPES)]
-            problem = Problem.from_layout(m, n, k, LAYOUTS[i % 4], dtype=dtype, compute=compute)
+        firsts = {}
+        for config in sample:
+            firsts.setdefault(config.instruction, config)
+        chosen += [(config, dtype, compute) for config in firsts.values()]
+        samples.append((sample, dtype, compute))
+    for need in (lambda c: c.stages == 1, lambda c: c.split_k > 1):
+        if not any(need(c) for c, *_ in chosen):
+            chosen.append(next((c, dtype, compute) for sample, dtype, compute in samples for c in sample if need(c)))
+    variants, turns = [], {}
+    for config, dtype, compute in chosen:
+        shape_turn, layout_turn = turns.get(config.instruction, (0, 0))
+        m, n, k = TENSOR_CORE_SHAPES[shape_turn % len(TENSOR_CORE_SHAPES)]
+        if config.instruction == "wgmma" and dtype in ("float16", "bfloat16"):
+            m, n, k = TENSOR_CORE_SHAPES[0]
+        for t in range(layout_turn, layout_turn + 4):
+            problem = Problem.from_layout(m, n, k, LAYOUTS[t % 4], dtype=dtype, compute=compute)
             if config.check(problem, device):
                 problem = Problem.from_layout(4096, 4096, 4096, problem.layout, dtype=dtype, compute=compute)
             if not config.check(problem, device):
                 variants.append((config, problem))
+                turns[config.instruction] = (shape_turn + 1, t + 1)
+                break
+        else:
+            raise AssertionError(f"{config.name} ({dtype}) is valid in no layout")
     return variants
+
+
+TENSOR_CORE_FEATURES = (lambda c, p: (c.instruction, p.dtype, p.compute), lambda c, p: p.layout,
+                        lambda c, p: c.stages == 1, lambda c, p: c.split_k > 1)
 
 
 # GEMV: every dtype it computes, both B paths (N-contiguous, K-contiguous), tails on and off
@@ -107,6 +170,8 @@ GEMV_PROBLEMS = [("float32", 16, 4096, 4096), ("float16", 1, 11008, 4096), ("bfl
                  ("float64", 16, 4096, 4096), ("float32", 3, 333, 1025), ("float16", 16, 4096, 11008)]
 
 
+# a short N with the operands swapped (C written transposed), each in two complementary layouts
+# (the kernel's B path either way), together every layout
 SWAPPED_GEMV = [("gemv_m1_n64_k1024_w4_v4_u1_s4_o1_sw", ("float32", 4096, 1, 4096)),
                 ("gemv_m16_n32_k512_w8_v4_u1_s8_o1_sw", ("bfloat16", 999, 7, 8000))]
 
@@ -117,15 +182,19 @@ def _gemv_variants(device: Device):
     for i, (dtype, m, n, k) in enumerate(GEMV_PROBLEMS):
         for j, layout in enumerate(("nn", "nt")):
             problem = Problem.from_layout(m, n, k, LAYOUTS[(i + 2 * j) % 4][0] + layout[1], dtype=dtype)
-            variants += [(config, problem) for config in space.sample(2, problem, device, seed=i)]
-    # a short N with the operands swapped (C written transposed), in every layout, with and without a split
-    for name, (dtype, m, n, k) in SWAPPED_GEMV:
-        for layout in LAYOUTS:
+            configs = space.sample(1, problem, device, seed=i)
+            assert len(configs) == 1, (str(problem), configs)
+            variants.append((configs[0], problem))
+    for i, (name, (dtype, m, n, k)) in enumerate(SWAPPED_GEMV):
+        for layout in (("nn", "tt"), ("nt", "tn"))[i % 2]:
             variants.append((GemvConfig.from_name(name), Problem.from_layout(m, n, k, layout, dtype=dtype)))
     return variants
 
 
-# Hopper (sm_90a only): a sample of its space in every layout, on even shapes and on tails
+GEMV_FEATURES = (lambda c, p: p.dtype, lambda c, p: p.trans_b, lambda c, p: c.swaps_operands, lambda c, p: p.layout)
+
+
+# Hopper (sm_90a only): a sample of its space, each problem in a layout of its own, on even shapes and on tails
 HOPPER_PROBLEMS = [("float16", 4096, 4096, 4096), ("bfloat16", 127, 129, 65), ("float16", 255, 257, 1023),
                    ("bfloat16", 1000, 3000, 200)]
 
@@ -143,86 +212,161 @@ HOPPER_SWAP_TF32 = [("hopper_128x256x32_w64x256_s4_g8_k1_o1_p_ts_sw", "float32",
                     ("hopper_128x256x64_w64x256_s4_g16_k1_o1_p_sw", "float16", "tn")]
 
 
+def _hopper_fixed():
+    for name, layout in zip(HOPPER_FIXED, ("nt", "tn", "tt")):
+        yield config_from_name(name), Problem.from_layout(1000, 3000, 200, layout, dtype="float16")
+    for name, dtype, layout in HOPPER_SWAP_TF32:
+        compute = "tf32" if dtype == "float32" else "fp32"
+        yield config_from_name(name), Problem.from_layout(1000, 3001, 200, layout, dtype=dtype, compute=compute)
+
+
 def _hopper_variants(device: Device):
-    if device.compute_capability < (9, 0):
-        return []  # (no Hopper config is valid there: sampling for one spent ~35 s finding none)
     space = SearchSpace.load("hopper")
     variants = []
     for i, (dtype, m, n, k) in enumerate(HOPPER_PROBLEMS):
-        for layout in LAYOUTS:
-            problem = Problem.from_layout(m, n, k, layout, dtype=dtype)
-            variants += [(config, problem) for config in space.sample(1, problem, device, seed=i)]
-    for name, layout in zip(HOPPER_FIXED, ("nt", "tn", "tt")):
-        config, problem = config_from_name(name), Problem.from_layout(1000, 3000, 200, layout, dtype="float16")
-        if not config.check(problem, device):
-            variants.append((config, problem))
-    for name, dtype, layout in HOPPER_SWAP_TF32:
-        config = config_from_name(name)
-        problem = Problem.from_layout(1000, 3001, 200, layout, dtype=dtype, compute="tf32" if dtype == "float32" else "fp32")
-        if not config.check(problem, device):
-            variants.append((config, problem))
+        problem = Problem.from_layout(m, n, k, LAYOUTS[i % 4], dtype=dtype)
+        configs = space.sample(1, problem, device, seed=i)
+        assert len(configs) == 1, (str(problem), configs)
+        variants.append((configs[0], problem))
+    for config, problem in _hopper_fixed():
+        assert not config.check(problem, device), (config.name, str(problem))
+        variants.append((config, problem))
     return variants
 
 
-@functools.lru_cache(maxsize=1)
-def _compiled() -> dict:
-    """{arch: [(config, problem, resource report or None, error or None)]}, compiled in one pool."""
-    jobs = []
-    for arch in ARCHS:
-        device = Device.for_arch(arch)
-        jobs += [(arch, config, problem) for config, problem in
-                 _simt_variants(device) + _tensor_core_variants(device) + _gemv_variants(device)
-                 + _hopper_variants(device)]
-    sources = {(arch, render(c, p).digest): render(c, p) for arch, c, p in jobs}
+def _variants(family: str, arch: str) -> list:
+    device = Device.for_arch(arch)
+    if family == "simt":
+        variants = _simt_variants(device)
+        return variants if arch == "sm_90" else _covering(variants, SIMT_FEATURES)
+    if family == "tensor_core":
+        variants = _tensor_core_variants(device)
+        return variants if arch == "sm_90" else _covering(variants, TENSOR_CORE_FEATURES)
+    if family == "gemv":
+        variants = _gemv_variants(device)
+        return variants if arch == "sm_90" else _covering(variants, GEMV_FEATURES)
+    assert family == "hopper" and arch == "sm_90", (family, arch)
+    return _hopper_variants(device)
 
-    def compile_one(key):
-        arch, _ = key
+
+def _compile(arch: str, variants) -> list:
+    """[(config, problem, resource report or None, error or None)], each distinct source compiled once."""
+    sources = {render(c, p).digest: render(c, p) for c, p in variants}
+
+    def compile_one(digest):
         try:
-            return key, nvcc_resources(sources[key], arch), None
+            return digest, nvcc_resources(sources[digest], arch), None
         except CompileError as exc:
-            return key, None, str(exc)
+            return digest, None, str(exc)
 
-    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
-        done = {key: (report, error) for key, report, error in pool.map(compile_one, sources)}
-    out: dict = {arch: [] for arch in ARCHS}
-    for arch, config, problem in jobs:
-        report, error = done[(arch, render(config, problem).digest)]
-        out[arch].append((config, problem, report, error))
-    return out
+    with ThreadPoolExecutor(min(len(sources), os.cpu_count() or 2)) as pool:
+        done = {digest: (report, error) for digest, report, error in pool.map(compile_one, sources)}
+    return [(c, p, *done[render(c, p).digest]) for c, p in variants]
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_sample_compiles_without_spills(arch):
+def _check_simt(results, arch):
+    # sm_90: 16 sampled, 5 split in the kernel, 4 repacking
+    assert len(results) == 25 if arch == "sm_90" else len(results) >= 4, [(c.name, str(p)) for c, p, *_ in results]
+    assert {c.stages for c, *_ in results} == {1, 2, 3, 4}, "the SIMT sample lacks pipeline depths"
+    assert {p.layout for _, p, *_ in results} == set(LAYOUTS)
+    assert {c.launch_kind for c, *_ in results} >= {"tiles", "stream_k", "split_k_fused"}
+    assert any(c.split_k > 1 and c.split_reduce == "kernel" for c, *_ in results), "split-K by a second kernel"
+    assert {c.transpose for c, *_ in results} == {"async", "registers"}
+    assert {c.smem for c, *_ in results} == {"plain", "pad", "swizzle"}
+    clusters = {p.layout for c, p, *_ in results if c.cluster_reduce}
+    fused = {p.layout for c, p, *_ in results if c.launch_kind == "split_k_fused"}
+    repacked = {p.layout for c, p, *_ in results if c.repacks_operands}
+    if arch == "sm_90":  # every layout; and every knob value that diverse_sample covers
+        assert clusters == fused == repacked == set(LAYOUTS), (clusters, fused, repacked)
+        for knob, values in COVERAGE.items():
+            assert {getattr(c, knob) for c, *_ in results} >= set(values), knob
+    else:  # no clusters below sm_90; the rest at least once
+        assert not clusters and fused and repacked, (clusters, fused, repacked)
+
+
+def _check_tensor_core(results, arch):
+    paths = {c.instruction for c, *_ in results}
+    assert paths == ({"wmma", "mma", "wgmma"} if arch == "sm_90" else {"wmma", "mma"}), paths
+    kinds = {(p.dtype, p.compute) for _, p, *_ in results}
+    assert kinds == {(dtype, compute) for dtype, compute, _ in TENSOR_CORE_KINDS}, kinds
+    # mma.sync for every dtype but FP64 (which the sm_80 sample takes through WMMA)
+    assert {p.dtype for c, p, *_ in results if c.instruction == "mma"} >= {"float16", "bfloat16", "float32"}
+    assert {c.stages == 1 for c, *_ in results} == {False, True}, "single-buffered and pipelined"
+    assert {c.split_k > 1 for c, *_ in results} == {False, True}, "split-K and not"
+    if arch == "sm_90":  # each path in every layout it reads; wgmma with the operands swapped (NN) and not
+        for path in ("wmma", "mma"):
+            assert {p.layout for c, p, *_ in results if c.instruction == path} == set(LAYOUTS), path
+        assert {p.layout for c, p, *_ in results if c.instruction == "wgmma"} == {"nn", "nt", "tt"}
+        assert {wgmma.swaps_operands(p) for c, p, *_ in results if c.instruction == "wgmma"} == {False, True}
+        for path in ("wmma", "mma", "wgmma"):  # (wgmma on tails: TF32 only, see _tensor_core_variants)
+            assert {c.even(p) == "111" for c, p, *_ in results if c.instruction == path} == {False, True}, path
+        assert len(results) >= 11, len(results)  # 3 wgmma, 4 mma.sync, 4 WMMA
+    else:
+        assert {p.layout for _, p, *_ in results} == set(LAYOUTS)
+
+
+def _check_gemv(results, arch):
+    problems = [(c.name, str(p)) for c, p, *_ in results]
+    # sm_90: one config per problem and B path, and the swapped ones; sm_80: each dtype (and so layout) once
+    assert len(results) == (2 * len(GEMV_PROBLEMS) + 2 * len(SWAPPED_GEMV) if arch == "sm_90" else 4), problems
+    assert {p.trans_b for _, p, *_ in results} == {False, True}, problems
+    assert {p.dtype for _, p, *_ in results} == {dtype for dtype, *_ in GEMV_PROBLEMS}, problems
+    swapped = {p.layout for c, p, *_ in results if c.swaps_operands}
+    assert swapped == set(LAYOUTS) if arch == "sm_90" else swapped, swapped
+    assert {p.layout for _, p, *_ in results} == set(LAYOUTS)
+
+
+def _check_hopper(results, arch):
+    hopper_layouts = {p.layout for _, p, *_ in results}
+    assert hopper_layouts == set(LAYOUTS), hopper_layouts
+    # one config per problem, several of them different, and the fixed ones
+    assert len(results) == len(HOPPER_PROBLEMS) + len(HOPPER_FIXED) + len(HOPPER_SWAP_TF32), len(results)
+    assert len({c.name for c, *_ in results}) >= 4
+    assert {c.cluster for c, *_ in results} == {1, 2} and {c.tma_store for c, *_ in results} == {False, True}
+    assert {c.pingpong for c, *_ in results} == {False, True} and {c.swap for c, *_ in results} == {False, True}
+    assert {p.layout for _, p, *_ in results if p.compute == "tf32"} == {"nn", "nt", "tt"}
+
+
+FAMILY_CONFIGS = {"simt": SimtConfig, "tensor_core": TensorCoreConfig, "gemv": GemvConfig, "hopper": HopperConfig}
+CHECKS = {"simt": _check_simt, "tensor_core": _check_tensor_core, "gemv": _check_gemv, "hopper": _check_hopper}
+# Hopper's sample is sm_90a only (no Hopper config is valid on sm_80: the test below says so without
+# sampling, which spent ~35 s finding none)
+CASES = [(family, arch) for arch in ARCHS for family in CHECKS if family != "hopper" or arch == "sm_90"]
+
+
+@pytest.mark.parametrize("family, arch", CASES, ids=[f"{f}-{a}" for f, a in CASES])
+def test_sample_compiles_without_spills(family, arch):
     assert find_nvcc(), "nvcc is required for the compile tests: install the CUDA toolkit"
-    results = _compiled()[arch]
-    simt = [r for r in results if isinstance(r[0], SimtConfig)]
-    gemv = [r for r in results if isinstance(r[0], GemvConfig)]
-    tensor_core = [r for r in results if isinstance(r[0], TensorCoreConfig)]
-    hopper = [r for r in results if isinstance(r[0], HopperConfig)]
-    assert len(simt) >= 24 and len(tensor_core) >= 20, f"{len(simt)} SIMT, {len(tensor_core)} tensor-core variants"
-    assert len(gemv) == 32 and {p.trans_b for _, p, *_ in gemv} == {False, True}, [(c.name, str(p)) for c, p, *_ in gemv]
-    assert {p.layout for c, p, *_ in gemv if c.swaps_operands} == {"nn", "nt", "tn", "tt"}
+    results = _compile(arch, _variants(family, arch))
+    assert results and all(isinstance(c, FAMILY_CONFIGS[family]) for c, *_ in results), family
+    assert len({c.even(p) for c, p, *_ in results}) > 1, "tails on and off"
     errors = [f"{c.name} {p}: {e}" for c, p, _, e in results if e]
     assert not errors, "\n".join(errors)
     spilling = [f"{c.name} {p}: {u.kernel} spills {u.spills} bytes ({u.registers} registers)"
                 for c, p, report, _ in results if not c.register_cap  # under an explicit cap: refused when loaded
                 for u in report.values() if u.spills or u.stack_bytes]
     assert not spilling, "\n".join(spilling)
-    assert {c.stages for c, *_ in simt} == {1, 2, 3, 4}, "the SIMT sample lacks pipeline depths"
-    clusters = {p.layout for c, p, *_ in simt if c.cluster_reduce}
-    assert clusters == ({"nn", "nt", "tn", "tt"} if arch == "sm_90" else set()), clusters
-    assert {p.layout for c, p, *_ in simt if c.launch_kind == "split_k_fused"} == {"nn", "nt", "tn", "tt"}
-    assert {p.layout for c, p, *_ in simt if c.repacks_operands} == {"nn", "nt", "tn", "tt"}
-    hopper_layouts = {p.layout for _, p, *_ in hopper}
-    assert hopper_layouts == ({"nn", "nt", "tn", "tt"} if arch == "sm_90" else set()), hopper_layouts
-    if arch == "sm_90":  # one config per problem and layout, several of them different, and the fixed ones
-        assert len(hopper) == 4 * len(HOPPER_PROBLEMS) + len(HOPPER_FIXED) + len(HOPPER_SWAP_TF32), len(hopper)
-        assert len({c.name for c, *_ in hopper}) >= 4
-        assert {c.cluster for c, *_ in hopper} == {1, 2} and {c.tma_store for c, *_ in hopper} == {False, True}
-        assert {c.pingpong for c, *_ in hopper} == {False, True} and {c.swap for c, *_ in hopper} == {False, True}
-        assert {p.layout for _, p, *_ in hopper if p.compute == "tf32"} == {"nn", "nt", "tt"}
-    paths = {c.instruction for c, *_ in tensor_core}
-    assert paths == ({"wmma", "mma", "wgmma"} if arch == "sm_90" else {"wmma", "mma"}), paths
+    CHECKS[family](results, arch)
+
+
+def test_no_hopper_config_is_valid_below_sm_90():
+    device = Device.for_arch("sm_80")
+    refused = [config.check(problem, device) for config, problem in _hopper_fixed()]
+    assert all(refused), [(c.name, str(p)) for (c, p), r in zip(_hopper_fixed(), refused) if not r]
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="16-bit wgmma kernels spill on tails (8-176 bytes at 255 registers: every tile and layout "
+                          "tried, e.g. 128x128x64 and 64x128x64 in NN/NT/TT) while check() accepts them")
+def test_16bit_wgmma_kernels_on_tails_do_not_spill():
+    """The sample compiles 16-bit wgmma kernels on even shapes only because of this; once it passes
+    (the kernels fit, or check() refuses them), move them back onto tails there and drop the mark."""
+    config = TensorCoreConfig.from_name("wmma_128x128x64_w128x64_v8_s5_pad_g8_k1_o1_wgmma")
+    problem = Problem.from_layout(127, 129, 65, "nt", dtype="bfloat16")
+    if config.check(problem, Device.for_arch("sm_90")):
+        return  # refused: no spilling kernel is accepted
+    report = nvcc_resources(render(config, problem), "sm_90")
+    assert not [u for u in report.values() if u.spills or u.stack_bytes], report
 
 
 # one of each shared-memory formula: SIMT (padded transposed A), WMMA with the epilogue's staging
