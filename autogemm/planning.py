@@ -37,6 +37,8 @@ class Dispatcher:
     def __init__(self, cache=None):
         self.plans: OrderedDict = OrderedDict()  # full key (shapes, strides, dtype, ..., out) -> plan
         self.fast: dict = {}  # key of the fast path (CuPy operands, no out, alpha only) -> plan
+        # key of the PyTorch fast path (the same, from torch's metadata: dispatch.torch_fast_key) -> plan
+        self.torch_fast: dict = {}
         self.lock = threading.Lock()
         self._building: dict = {}  # plan key -> Event set when the thread building it is done
         self._tune_locks: dict[int, threading.Lock] = {}  # GPU ordinal -> held while tuning on it
@@ -62,6 +64,7 @@ class Dispatcher:
         with self.lock:
             self.plans.clear()
             self.fast.clear()
+            self.torch_fast.clear()
             self.spare_bytes = 0
             self.races.clear()
             self.verdicts.clear()
@@ -107,6 +110,19 @@ class Dispatcher:
                 _, evicted = self.plans.popitem(last=False)
                 self._retire(evicted)
 
+    def keep_torch(self, key, plan) -> bool:
+        """Serves tensors of PyTorch fast-path key `key` by `plan` (one the CuPy fast path serves the
+        same operands with, seen through DLPack), while the plan stays memoized."""
+        with self.lock:
+            if plan.fast_key is None or self.fast.get(plan.fast_key) is not plan:  # retired meanwhile
+                return False
+            self.torch_fast[key] = plan
+            if plan.torch_keys is None:
+                plan.torch_keys = []
+            if key not in plan.torch_keys:
+                plan.torch_keys.append(key)
+            return True
+
     def reserve_spare(self, nbytes: int) -> bool:
         """Whether a new plan may keep a spare output of `nbytes` (within the budget of all plans)."""
         with self.lock:
@@ -121,6 +137,9 @@ class Dispatcher:
         plan.spare_bytes = 0
         if plan.fast_key is not None and self.fast.get(plan.fast_key) is plan:
             del self.fast[plan.fast_key]
+        for key in getattr(plan, "torch_keys", None) or ():
+            if self.torch_fast.get(key) is plan:
+                del self.torch_fast[key]
 
     def with_verdict(self, choice: Choice, device, problem: Problem) -> tuple[Choice, dict | None]:
         """A guarded choice as the online guard left it in this process, with its verdict (None: not
