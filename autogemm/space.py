@@ -360,7 +360,10 @@ class SearchSpace:
         fewer valid configurations than asked for.
         """
         chosen: dict[str, object] = {}
-        for config, _ in self.uniform_draws(problem, device, random.Random(seed), 2000 * count + 100_000):
+        attempts = 2000 * count + 100_000
+        if math.prod(len(choices) for choices in self.knob_choices(problem, device).values()) < count:
+            attempts = 0  # fewer knob combinations than configs asked for: no draws find them; enumerate
+        for config, _ in self.uniform_draws(problem, device, random.Random(seed), attempts):
             chosen.setdefault(config.name, config)
             if len(chosen) == count:
                 break

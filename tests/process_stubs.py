@@ -11,12 +11,14 @@ import time
 
 def hang_with_a_child(conn, problem_key, ordinal, seed, parent_pid):
     """A measuring process that starts normally, then, asked to measure, starts a child process
-    (its pid written to $AUTOGEMM_TEST_PIDFILE) and never answers, like a kernel that spins."""
+    (its pid written to $AUTOGEMM_TEST_PIDFILE) and never answers, like a kernel that spins. Asked to
+    stop instead, it stops."""
     from autogemm.isolate import detach
 
     detach(parent_pid)
     conn.send(("ready", 1.0))
-    conn.recv()
+    if conn.recv()[0] == "stop":  # (the restarted one, at the evaluator's close: stops as a real one does)
+        return
     child = subprocess.Popen(["sleep", "300"])
     with open(os.environ["AUTOGEMM_TEST_PIDFILE"], "a") as out:
         out.write(f"{os.getpid()} {child.pid}\n")

@@ -3,9 +3,11 @@ that loads and resumes; a second tune of the same study at the same time is refu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -43,16 +45,56 @@ def _assert_loadable(workdir: Path) -> int:
     return len(study.get_trials(deepcopy=False))
 
 
-def test_twenty_kills_leave_a_loadable_cache_and_study(tmp_path):
+def _stored_trials(workdir: Path) -> int:
+    """The trials in the study storage so far, read without writing anything (0 before its tables)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{workdir / 'studies.db'}?mode=ro", uri=True)) as db:
+            return db.execute("SELECT COUNT(*) FROM trials").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_ten_kills_leave_a_loadable_cache_and_study(tmp_path):
+    """Every other kill lands at a random moment of the tune's start (storage made, study opened,
+    first trials); the others once the tune has stored a trial of its own, at a random moment among
+    its trials' and cache records' writes (a kill timed from the start alone reached that part in 2
+    of 20 kills). The tunes are forked by one process that has done their imports."""
     rng = random.Random(20261122)
     trials_seen = []
-    for kill in range(20):
-        child = _start_child(tmp_path, seed=kill)
-        assert child.stdout.readline().strip() == b"started"  # imports done: kill inside the tune
-        time.sleep(rng.uniform(0.0, 1.5))
-        child.send_signal(signal.SIGKILL)
-        child.wait(30)
-        trials_seen.append(_assert_loadable(tmp_path))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), *sys.path]), OPENBLAS_NUM_THREADS="1")
+    with open(tmp_path / "children.err", "w") as errors:
+        server = subprocess.Popen([sys.executable, str(HERE / "durability_child.py"), "--fork"], env=env, text=True,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors)
+    try:
+        for kill in range(10):
+            before = _stored_trials(tmp_path)
+            server.stdin.write(f"{tmp_path} {kill}\n")
+            server.stdin.flush()
+            started, pid = server.stdout.readline().split()
+            assert started == "started", (tmp_path / "children.err").read_text()[-2000:]
+            if kill % 2:
+                deadline = time.monotonic() + 120
+                while _stored_trials(tmp_path) <= before:
+                    assert time.monotonic() < deadline and _running(int(pid)), "the tune stored no trial"
+                    time.sleep(0.01)
+                time.sleep(rng.uniform(0.0, 0.5))
+            else:
+                time.sleep(rng.uniform(0.0, 1.5))
+            os.kill(int(pid), signal.SIGKILL)
+            exited, status = server.stdout.readline().split()
+            assert exited == "exited" and os.WIFSIGNALED(int(status)) and os.WTERMSIG(int(status)) == signal.SIGKILL
+            trials_seen.append(_assert_loadable(tmp_path))
+    finally:
+        server.kill()
+        server.wait()
     assert trials_seen[-1] > 0, "no trial ever reached the study"
     assert trials_seen == sorted(trials_seen), "a kill lost trials that were already stored"
     # and the study resumes

@@ -347,13 +347,19 @@ def test_switching_among_many_operands_always_points_at_the_right_map(monkeypatc
     launched = []
     monkeypatch.setattr(tensor_maps, "encode", fake_encode)
     monkeypatch.setattr(PackedKernel, "launch", lambda self, stream: launched.append(self.arguments()))
-    launch = _fake_hopper_launcher()
-    weights = [0x100000 * (i + 1) for i in range(20)]
-    for turn in range(3):
-        for i, weight in enumerate(weights):
-            launch(0x1000 + 0x100 * (i % 2), weight, 0x9000, 1.0, 0.0, SimpleNamespace(ptr=0))
-            gc.collect()
-            arguments = launched[-1]
-            assert arguments[1] == np.full(16, weight, dtype=np.uint64).tobytes(), (turn, i)
-            assert arguments[0] == np.full(16, 0x1000 + 0x100 * (i % 2), dtype=np.uint64).tobytes()
+    # what exists before the launcher is frozen out of the collections below: each then looks at the
+    # launcher's own objects only (a full collection of a test process's heap took 0.1-0.4 s, 60 times)
+    gc.freeze()
+    try:
+        launch = _fake_hopper_launcher()
+        weights = [0x100000 * (i + 1) for i in range(20)]
+        for turn in range(3):
+            for i, weight in enumerate(weights):
+                launch(0x1000 + 0x100 * (i % 2), weight, 0x9000, 1.0, 0.0, SimpleNamespace(ptr=0))
+                gc.collect()
+                arguments = launched[-1]
+                assert arguments[1] == np.full(16, weight, dtype=np.uint64).tobytes(), (turn, i)
+                assert arguments[0] == np.full(16, 0x1000 + 0x100 * (i % 2), dtype=np.uint64).tobytes()
+    finally:
+        gc.unfreeze()
     assert encoded.count(0x1000) == 1 and encoded.count(0x9000) == 1  # the two activations and C: once each

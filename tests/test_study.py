@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -20,16 +21,30 @@ HERE = Path(__file__).parent
 TABLE = RecordedTable.load(HERE / "data" / "simt_small_4096.jsonl")
 
 
-def test_six_processes_tuning_at_once_on_a_fresh_cache_all_succeed(tmp_path):
-    for attempt in range(3):  # the race hit 2-3 of 6 processes in 2 runs of 3 before the storage was locked
-        cache_dir = tmp_path / f"cache{attempt}"
-        env = dict(os.environ, AUTOGEMM_CACHE_DIR=str(cache_dir), PYTHONPATH=os.pathsep.join([str(HERE), *sys.path]))
-        children = [subprocess.Popen([sys.executable, str(HERE / "study_child.py"), str(i)], env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(6)]
+def test_four_processes_tuning_at_once_on_a_fresh_cache_all_succeed(tmp_path):
+    # Before the storage was locked, the race hit 2-3 of 6 processes in 2 runs of 3; the processes
+    # now wait for each other after their imports (tests/study_child.py) and open the storage at the
+    # same moment: without the lock, all but one of them fail in every run.
+    cache_dir, barrier = tmp_path / "cache", tmp_path / "barrier"
+    barrier.mkdir()
+    env = dict(os.environ, AUTOGEMM_CACHE_DIR=str(cache_dir), PYTHONPATH=os.pathsep.join([str(HERE), *sys.path]))
+    children = [subprocess.Popen([sys.executable, str(HERE / "study_child.py"), str(i), str(barrier), "5"], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]
+    try:
+        deadline = time.monotonic() + 300
+        while len(list(barrier.glob("ready-*"))) < 4:
+            assert time.monotonic() < deadline and all(child.poll() is None for child in children), \
+                [child.communicate()[1][-2000:] for child in children if child.poll() is not None]
+            time.sleep(0.01)
+        (barrier / "go").touch()
         outputs = [child.communicate(timeout=300)[0].strip() for child in children]
-        assert all(out == "OK 20" for out in outputs), outputs
-        storage = f"sqlite:///{cache_dir / 'studies.db'}"
-        assert len(optuna.get_all_study_summaries(storage)) == 6
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    assert outputs == ["OK 5"] * 4, outputs
+    storage = f"sqlite:///{cache_dir / 'studies.db'}"
+    assert len(optuna.get_all_study_summaries(storage)) == 4
 
 
 def _tune(cache_dir: Path, storage=None):

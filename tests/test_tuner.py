@@ -104,7 +104,7 @@ def test_the_stored_study_names_its_metric_and_counts_each_measurement_once(tmp_
     from autogemm.study import storage_object
 
     storage = f"sqlite:///{tmp_path / 'studies.db'}"
-    result = run(tmp_path, 40, storage=storage, seed=0)
+    result = run(tmp_path, 20, storage=storage, seed=0)
     assert result.duplicates > 0  # (the small space makes TPE propose measured configs again)
     stored = optuna.load_study(study_name=result.study_name, storage=storage_object(storage))
     assert stored.metric_names == ["TFLOP/s"]
@@ -239,14 +239,16 @@ def test_the_convergence_rule():
     assert not converged([10.0] * 5 + [10.0 * (1 + 2 * CONVERGED_GAIN)] + [10.0] * 4, 5)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+# (not seed 2: it converges only after 356 trials, 13 s of TPE, and shows nothing these three do not)
+@pytest.mark.parametrize("seed", [0, 1, 3])
 def test_stopping_at_convergence_costs_less_than_two_percent(tmp_path, seed):
     """The default patience stops well before 400 measured trials and within 2% of what the 400
-    find (on the recorded table; the same comparison on a GPU is in the README's tuning section)."""
+    find (on the recorded table; the same comparison on a GPU is in the README's tuning section).
+    What 400 trials find is at most the table's best, so the early stop is held to 2% of that: no
+    400-trial search needs to run."""
     early = run(tmp_path / "early", 400, seed=seed)
-    full = run(tmp_path / "full", 400, seed=seed, patience=0)
-    assert full.valid == 400 and early.valid < 400 and early.stopped.startswith("converged")
-    assert early.tflops >= 0.98 * full.tflops
+    assert early.valid < 400 and early.stopped.startswith("converged")
+    assert early.tflops >= 0.98 * BEST.tflops
 
 
 def test_a_negative_patience_is_refused(tmp_path):
@@ -301,8 +303,9 @@ def test_a_space_with_nothing_measurable_does_not_end_the_others(tmp_path):
                 return Measurement.failure("compile", "broken toolchain for this family")
             return super().finish(handle, best_ms)
 
+    # (random proposals: TPE's, over the SIMT space's 50 failures and 400-odd rejected draws, took 7 s)
     result = tune(problem, trials=120, timeout=None, evaluator=SimtBroken(problem), storage=":memory:",
-                  cache=TuningCache(tmp_path / "cache", shipped=False), patience=0)
+                  sampler="random", cache=TuningCache(tmp_path / "cache", shipped=False), patience=0)
     assert result.config.family == "gemv" and [family for _, family, *_ in result.searched] == ["gemv"]
     assert len(result.unsearched) == 1 and result.unsearched[0].startswith("simt: no configuration")
 
