@@ -16,27 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
+
+# (benchmarks/ is the script's folder, first on sys.path)
+from host_time import per_call_us
 
 HOST_SHAPES = ((64, 64, 64), (256, 256, 256))
 LATENCY_SHAPES = ((64, 64, 64), (256, 256, 256), (1, 4096, 4096), (1024, 1024, 1024))
 DTYPES = ("float16", "float32")
-
-
-def per_call_us(call, sync, calls: int = 3000) -> float:
-    for _ in range(50):
-        call()
-    sync()
-    best = float("inf")
-    for _ in range(3):
-        began = time.perf_counter()
-        for i in range(calls):
-            call()
-            if i % 100 == 99:
-                sync()
-        sync()
-        best = min(best, (time.perf_counter() - began) / calls * 1e6)
-    return best
 
 
 def main() -> int:
@@ -121,7 +107,7 @@ def main() -> int:
             pieces["general torch path (before)"] = general_path(ta, tb)
             print(f"-- {m}x{n}x{k} {dtype_name} (served by {plan.choice.source})", flush=True)
             for name, call in pieces.items():
-                print(f"host {m}x{n}x{k} {dtype_name} {name:<58} {per_call_us(call, sync, args.calls):7.2f} us",
+                print(f"host {m}x{n}x{k} {dtype_name} {name:<58} {per_call_us(call, args.calls, sync):7.2f} us",
                       flush=True)
 
     print("\n== single-call latency (median, us) ==", flush=True)
