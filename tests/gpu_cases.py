@@ -5,10 +5,29 @@ parallel (the tests then load the cubins from disk)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
 from autogemm.problem import LAYOUTS, Device, Problem
+
+
+@contextlib.contextmanager
+def serving(dtypes_cublas_serves):
+    """Within the block, untuned problems of these dtypes are served by cuBLAS and the others by the
+    built-in default kernels (select.CUBLAS_SERVES), with the plans made so far forgotten on entry
+    and on exit."""
+    import autogemm
+    from autogemm import select
+
+    saved = select.CUBLAS_SERVES
+    select.CUBLAS_SERVES = dtypes_cublas_serves
+    autogemm.reset()
+    try:
+        yield
+    finally:
+        select.CUBLAS_SERVES = saved
+        autogemm.reset()
 
 
 @dataclass(frozen=True)

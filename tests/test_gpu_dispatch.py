@@ -7,7 +7,6 @@ except those about cuBLAS serving (`cublas_serving`)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import numpy as np
@@ -18,32 +17,21 @@ from hypothesis import strategies as st
 import autogemm
 import autogemm.select as select
 from autogemm.bench import relative_error
+from gpu_cases import serving
 
 pytestmark = pytest.mark.gpu
 CUBLAS_SERVES = select.CUBLAS_SERVES  # as the package has it, before this module's fixture changes it
 
 
-@contextlib.contextmanager
-def _serving(dtypes_cublas_serves):
-    saved = select.CUBLAS_SERVES
-    select.CUBLAS_SERVES = dtypes_cublas_serves
-    autogemm.reset()
-    try:
-        yield
-    finally:
-        select.CUBLAS_SERVES = saved
-        autogemm.reset()
-
-
 @pytest.fixture(scope="module", autouse=True)
 def generated_kernels():
     """Untuned problems get the built-in default kernels, not cuBLAS."""
-    with _serving(set()):
+    with serving(set()):
         yield
 
 
 def cublas_serving():
-    return _serving(CUBLAS_SERVES)
+    return serving(CUBLAS_SERVES)
 
 
 def _random(shape, seed):

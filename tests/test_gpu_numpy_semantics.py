@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpu_cases import serving
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import autogemm
-
-from test_gpu_dispatch import _serving
 
 pytestmark = pytest.mark.gpu
 
@@ -115,7 +114,7 @@ def test_matches_cupy_matmul(call):
 
 def _generated_kernels():
     """Untuned problems get the built-in default kernels instead of cuBLAS."""
-    return _serving(set())
+    return serving(set())
 
 
 @pytest.mark.parametrize("shape_a, shape_b", [

@@ -6,9 +6,8 @@ path, is not entered) and gives the right values, for cuBLAS plans and generated
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
+from gpu_cases import serving
 
 import autogemm
 from autogemm import dispatch, select, torch_tensors
@@ -25,19 +24,10 @@ def _torch():
     return torch
 
 
-@contextlib.contextmanager
 def _serving(kind):
     """cuBLAS serves untuned problems ("cublas", the package's default) or the built-in default
     kernels do ("kernels")."""
-    saved = select.CUBLAS_SERVES
-    if kind == "kernels":
-        select.CUBLAS_SERVES = set()
-    autogemm.reset()
-    try:
-        yield
-    finally:
-        select.CUBLAS_SERVES = saved
-        autogemm.reset()
+    return serving(set() if kind == "kernels" else select.CUBLAS_SERVES)
 
 
 @pytest.fixture
