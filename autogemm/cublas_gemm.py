@@ -57,8 +57,9 @@ class _DeviceState:
     """The cuBLASLt and cuBLAS handles of one GPU and the workspace of each stream used on it. A
     cuBLAS handle is bound to one stream at a time: each thread has its own (`legacy_handle`)."""
 
-    def __init__(self):
+    def __init__(self, ordinal: int):
         lt, legacy = _bindings()
+        self.ordinal = ordinal
         self._legacy_bindings = legacy
         self.lt = lt.create()
         self.workspaces: dict[int, object] = {}  # stream pointer -> cupy memory
@@ -78,14 +79,25 @@ class _DeviceState:
         return handle
 
     def workspace(self, stream: int) -> int:
+        """The workspace of `stream`, allocated on it the first time: CuPy's pool hands out memory
+        whose last use is ordered on the stream it is allocated on, and a call on a stream that is
+        not CuPy's current one (PyTorch's, from matmul's torch fast path) must not get memory that
+        CuPy's current stream may still be using."""
         memory = self.workspaces.get(stream)
         if memory is None:
             import cupy
 
+            from .runtime import cupy_stream
+
             with self.lock:
                 memory = self.workspaces.get(stream)
                 if memory is None:
-                    memory = self.workspaces[stream] = cupy.cuda.alloc(WORKSPACE_BYTES)
+                    if stream == cupy.cuda.get_current_stream().ptr:
+                        memory = cupy.cuda.alloc(WORKSPACE_BYTES)
+                    else:
+                        with cupy_stream(stream, self.ordinal):
+                            memory = cupy.cuda.alloc(WORKSPACE_BYTES)
+                    self.workspaces[stream] = memory
         return memory.ptr
 
 
@@ -99,7 +111,7 @@ def _state(ordinal: int) -> _DeviceState:
         with _STATES_LOCK:
             state = _STATES.get(ordinal)
             if state is None:
-                state = _STATES[ordinal] = _DeviceState()
+                state = _STATES[ordinal] = _DeviceState(ordinal)
     return state
 
 

@@ -132,21 +132,10 @@ def remember_torch(a, b, a_arr, b_arr, result_arr, result, compute, device: int)
 
 def _torch_stream(streams: dict, pointer: int, device: int):
     """A CuPy stream object of PyTorch's stream `pointer` (the launchers take one), kept in
-    `streams`. A stream seen for the first time gets its cuBLAS workspace here, allocated on it:
-    the fast path sets no CuPy stream, and a launch would allocate it on CuPy's current one, from
-    memory whose last use is ordered on that stream only."""
-    from .cublas_gemm import CublasUnavailable, _state
-    from .torch_tensors import cupy_stream
-
+    `streams` (a cuBLAS launch allocates that stream's workspace on it: cublas_gemm)."""
     if len(streams) >= MAX_TORCH_STREAMS:
         streams.clear()
-    stream = cupy_stream(pointer, device)
-    try:
-        with stream:
-            _state(device).workspace(pointer)
-    except CublasUnavailable:  # (then no plan launches cuBLAS)
-        pass
-    streams[pointer] = stream
+    stream = streams[pointer] = runtime.cupy_stream(pointer, device)
     return stream
 
 
@@ -212,7 +201,8 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
     if is_tensor(a) or is_tensor(b) or is_tensor(out):
         from . import torch_tensors
 
-        return torch_tensors.call(matmul, a, b, out, alpha=alpha, beta=beta, compute=compute, tune=tune, race=race)
+        return torch_tensors.call(matmul, a, b, out, remember=remember_torch, alpha=alpha, beta=beta, compute=compute,
+                                  tune=tune, race=race)
     _bind_cupy()
     alpha, beta = real_scalar(alpha, "alpha"), real_scalar(beta, "beta")
     operand_a, operand_b = numpy_semantics.read(a, "a"), numpy_semantics.read(b, "b")

@@ -57,6 +57,26 @@ def require_gpu() -> None:
         raise GpuUnavailable(f"{NO_GPU} on this host (the CUDA driver sees no device); this needs a CUDA GPU")
 
 
+class _StreamHandle:
+    """A raw stream handle offered through the CUDA stream protocol (`__cuda_stream__`), which
+    CuPy 14's `Stream.from_external` takes (its `ExternalStream` is deprecated there)."""
+
+    def __init__(self, pointer: int):
+        self.pointer = pointer
+
+    def __cuda_stream__(self):
+        return 0, self.pointer
+
+
+def cupy_stream(pointer: int, device: int):
+    """A CuPy stream object of a stream that PyTorch (or anyone) created, by its handle."""
+    import cupy
+
+    if hasattr(cupy.cuda.Stream, "from_external"):
+        return cupy.cuda.Stream.from_external(_StreamHandle(pointer))
+    return cupy.cuda.ExternalStream(pointer, device)
+
+
 def cublas_product(dtype: str, compute: str):
     """`product(a, b, out=None)`: a @ b through cuBLAS for operands of `dtype` in `compute` mode,
     into `out` when given (a fresh array otherwise), with nothing added to what the call itself

@@ -13,29 +13,11 @@ torch is imported only once a tensor is seen: `is_tensor` looks at the type's mo
 
 from __future__ import annotations
 
+from .runtime import cupy_stream
+
 
 def is_tensor(x) -> bool:
     return type(x).__module__.startswith("torch")
-
-
-class _StreamHandle:
-    """A raw stream handle offered through the CUDA stream protocol (`__cuda_stream__`), which
-    CuPy 14's `Stream.from_external` takes (its `ExternalStream` is deprecated there)."""
-
-    def __init__(self, pointer: int):
-        self.pointer = pointer
-
-    def __cuda_stream__(self):
-        return 0, self.pointer
-
-
-def cupy_stream(pointer: int, device: int):
-    """A CuPy stream object for a stream PyTorch (or anyone) created."""
-    import cupy
-
-    if hasattr(cupy.cuda.Stream, "from_external"):
-        return cupy.cuda.Stream.from_external(_StreamHandle(pointer))
-    return cupy.cuda.ExternalStream(pointer, device)
 
 
 def to_cupy(x, name: str):
@@ -55,10 +37,12 @@ def to_cupy(x, name: str):
     return cupy.from_dlpack(x)
 
 
-def call(run, a, b, out, **options):
+def call(run, a, b, out, *, remember=None, **options):
     """`run(a, b, out=out, **options)` (matmul on CuPy arrays) for operands of which at least one
     is a tensor: on PyTorch's current stream of the tensors' device; a tensor back where no `out`
-    was given, `out` itself (the tensor, written in place) where one was."""
+    was given, `out` itself (the tensor, written in place) where one was. Where two plain tensors of
+    that device gave a fresh result, `remember(a, b, a_arr, b_arr, result_arr, result, compute,
+    device)` is told how (dispatch.remember_torch, which registers the plan for the torch fast path)."""
     device = next(x.device for x in (a, b, out) if is_tensor(x))
     if getattr(device, "type", None) != "cuda":  # a CPU tensor: to_cupy raises, naming it
         return run(to_cupy(a, "a"), to_cupy(b, "b"), out=to_cupy(out, "out"), **options)
@@ -72,9 +56,7 @@ def call(run, a, b, out, **options):
         if out is not None:
             return out
         tensor = torch.from_dlpack(result)
-        if type(a) is torch.Tensor and type(b) is torch.Tensor and a.get_device() == b.get_device() == device.index:
-            # the next calls of this key skip DLPack and validation (dispatch.matmul's torch fast path)
-            from .dispatch import remember_torch
-
-            remember_torch(a, b, a_arr, b_arr, result, tensor, options.get("compute"), device.index)
+        if remember is not None and type(a) is torch.Tensor and type(b) is torch.Tensor \
+                and a.get_device() == b.get_device() == device.index:
+            remember(a, b, a_arr, b_arr, result, tensor, options.get("compute"), device.index)
         return tensor
