@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 
-from . import dtypes
+from . import capture, dtypes
 from .operands import KernelOperand, describe
 from .problem import Problem
 
@@ -82,7 +82,10 @@ class _DeviceState:
         """The workspace of `stream`, allocated on it the first time: CuPy's pool hands out memory
         whose last use is ordered on the stream it is allocated on, and a call on a stream that is
         not CuPy's current one (PyTorch's, from matmul's torch fast path) must not get memory that
-        CuPy's current stream may still be using."""
+        CuPy's current stream may still be using. Under a CUDA graph capture, the capture's own
+        (capture.memory): a replay must not share it with the stream's other calls."""
+        if capture.capturing(stream):
+            return capture.memory(self.ordinal, stream, "cublas", WORKSPACE_BYTES)
         memory = self.workspaces.get(stream)
         if memory is None:
             import cupy
@@ -210,9 +213,7 @@ def cublas_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, c: Ker
 
     lt, legacy = _bindings()
     state = _state(cupy.cuda.Device().id if ordinal is None else ordinal)
-    if api == "gemmex":
-        return _gemmex_launcher(problem, a, b, c, state, legacy)
-    if api != "lt":
+    if api not in ("lt", "gemmex"):
         raise ValueError(f"unknown cuBLAS API {api!r}: lt or gemmex")
     plan = _LtPlan(problem, a, b, c, state)
     itemsize = dtypes.lookup(problem.dtype).itemsize
@@ -229,7 +230,13 @@ def cublas_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, c: Ker
     matmul, handle, workspace = lt.matmul, state.lt, state.workspace
     desc, a_desc, b_desc, c_desc = plan.desc, plan.a_desc, plan.b_desc, plan.c_desc
     get_stream = cupy.cuda.get_current_stream
-    gemmex = _gemmex_launcher(problem, a, b, c, state, legacy)
+
+    def uncapturable(pa, pb, pc, alpha, beta, stream=None):
+        raise capture.CaptureError(f"cuBLASLt has no algorithm for {problem} with these operands' alignment, and "
+                                   f"cublasGemmEx, which serves it instead, cannot be captured into a CUDA graph "
+                                   f"(its handle's workspace would be shared with every later call)")
+
+    gemmex = _gemmex_launcher(problem, a, b, c, state, legacy, uncapturable)
     algorithms = {}  # the lowest alignment of a call's pointers (when under 256) -> algorithm address
 
     def launch(pa, pb, pc, alpha, beta, stream=None):
@@ -251,13 +258,20 @@ def cublas_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, c: Ker
                algorithm, workspace(stream_pointer), WORKSPACE_BYTES, stream_pointer)
 
     launch.plan = plan  # (kept alive with the launcher; tests read its algorithms)
+    if api == "gemmex":  # under a capture, cuBLASLt serves (with the capture's own workspace)
+        launch_gemmex = _gemmex_launcher(problem, a, b, c, state, legacy, launch)
+        launch_gemmex.plan = plan
+        return launch_gemmex
     return launch
 
 
 def _gemmex_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, c: KernelOperand, state: _DeviceState,
-                     legacy):
+                     legacy, under_capture):
     """`launch(pa, pb, pc, alpha, beta, stream=None)` through cublasGemmEx (StridedBatched for a
-    batch) with this thread's handle, as cupy.matmul calls it."""
+    batch) with this thread's handle, as cupy.matmul calls it; a call on a stream under a CUDA graph
+    capture goes to `under_capture` instead (a cuBLAS handle keeps a workspace of its own, which a
+    graph would share with every later call on it, and creating one with another cannot happen
+    inside a capture)."""
     import cupy
 
     row = dtypes.lookup(problem.dtype, problem.compute)
@@ -266,11 +280,14 @@ def _gemmex_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, c: Ke
     op_a, op_b = (_OP_T if a.transposed else _OP_N), (_OP_T if b.transposed else _OP_N)
     scalar = _scalar_type(problem)
     one_zero_pointer, step = _ONE_ZERO[scalar].ctypes.data, np.dtype(scalar).itemsize
-    get_stream, handle_for = cupy.cuda.get_current_stream, state.legacy_handle
+    get_stream, handle_for, capturing = cupy.cuda.get_current_stream, state.legacy_handle, capture.capturing
     gemm_ex, strided = legacy.gemm_ex, legacy.gemm_strided_batched_ex
 
     def launch(pa, pb, pc, alpha, beta, stream=None):
-        handle = handle_for(stream.ptr if stream is not None else get_stream().ptr)
+        stream_pointer = stream.ptr if stream is not None else get_stream().ptr
+        if capturing(stream_pointer):
+            return under_capture(pa, pb, pc, alpha, beta, stream)
+        handle = handle_for(stream_pointer)
         if alpha == 1 and beta == 0:
             pointer = one_zero_pointer
         else:

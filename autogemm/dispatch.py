@@ -11,6 +11,7 @@ repeated call costs one dictionary lookup and one launch.
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import os
 import time
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import dtypes, numpy_semantics, runtime
+from . import capture, dtypes, numpy_semantics, runtime
 from .numpy_semantics import as_cupy, contiguous_copy, copy_into
 from .operands import (ArrayInfo, KernelOperand, check_scalars, common_device, contiguous_strides, describe,
                        real_scalar, validate)
@@ -31,6 +32,7 @@ from .select import Choice
 from .torch_tensors import is_tensor
 
 _DISPATCHER = Dispatcher()
+_capturing = capture.capturing
 # The fast path keeps one fresh output of a plan ready for its next call, made after the launch while
 # the GPU works, so that a call launches before it allocates: a user waiting for one call waits for
 # what comes before the launch (on an H100 an allocation costs 2.2 us, a cuBLASLt call 8.7 us, against
@@ -45,6 +47,7 @@ _PLAIN_SCALARS = (float, int)
 _FLOAT_MAX = float(np.finfo(np.float64).max)  # (compared with an int exactly, where math.isfinite overflows)
 _NDARRAY = None  # cupy.ndarray once CuPy is imported (the fast path compares types with it)
 _current_device = None  # cupy.cuda.runtime.getDevice, likewise
+_current_stream = None  # cupy.cuda.get_current_stream, likewise
 # PyTorch's names the torch fast path uses, bound once a tensor plan is registered (`remember_torch`):
 _TENSOR = None  # torch.Tensor
 _torch_raw_stream = None  # device index -> the handle of PyTorch's current stream there
@@ -53,9 +56,9 @@ _torch_empty_like = None  # torch.empty_like
 
 def _bind_cupy():
     """CuPy, with the names the fast path uses bound once."""
-    global _NDARRAY, _current_device
+    global _NDARRAY, _current_device, _current_stream
     cupy = runtime.cupy()
-    _NDARRAY, _current_device = cupy.ndarray, cupy.cuda.runtime.getDevice
+    _NDARRAY, _current_device, _current_stream = cupy.ndarray, cupy.cuda.runtime.getDevice, cupy.cuda.get_current_stream
     return cupy
 
 
@@ -99,6 +102,7 @@ def _bind_torch():
 
 _TORCH_STREAMS: dict = {}  # device -> {PyTorch stream handle -> a CuPy stream object of it}
 MAX_TORCH_STREAMS = 256  # handles kept per device (a program may make a stream per call)
+MAX_TORCH_SPARES = 4  # streams a plan keeps a spare output for
 
 
 def remember_torch(a, b, a_arr, b_arr, result_arr, result, compute, device: int) -> bool:
@@ -127,6 +131,8 @@ def remember_torch(a, b, a_arr, b_arr, result_arr, result, compute, device: int)
         template = torch.empty((), dtype=result.dtype, device=result.device)
         plan.torch_template = template.expand(plan.shape) if result.numel() > 1 else torch.empty_like(result)
         plan.torch_streams = _TORCH_STREAMS.setdefault(device, {})
+        if plan.spares is not None:  # a spare budget reserved for the plan (_make_plan)
+            plan.torch_spares = {}
     return _DISPATCHER.keep_torch(torch_fast_key(a, b, compute), plan)
 
 
@@ -216,8 +222,23 @@ def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: st
     check_scalars(alpha, beta, out is not None)
     device = common_device(_device_of(operand_a), _device_of(operand_b),
                            None if operand_out is None else _device_of(operand_out))
-    return numpy_semantics.run(call, a, b, out, alpha, beta, compute, device,
-                               lambda *args: _gemm(*args, compute, tune, race), apart=apart)
+    with _capture_allocations():
+        return numpy_semantics.run(call, a, b, out, alpha, beta, compute, device,
+                                   lambda *args: _gemm(*args, compute, tune, race), apart=apart)
+
+
+@contextlib.contextmanager
+def _capture_allocations():
+    """Within the block, after validation: whether CuPy's current stream is being captured into a
+    CUDA graph, and if it is, every array CuPy makes in this thread has memory that lives as long
+    as the graph (capture.allocator)."""
+    cupy = runtime.cupy()
+    stream_pointer = cupy.cuda.get_current_stream().ptr
+    if not capture.capturing(stream_pointer):
+        yield False
+        return
+    with cupy.cuda.using_allocator(capture.allocator(cupy.cuda.Device().id, stream_pointer)):
+        yield True
 
 
 def _gemm(a, b, out, alpha: float, beta: float, compute, tune, race):
@@ -232,7 +253,7 @@ def _gemm(a, b, out, alpha: float, beta: float, compute, tune, race):
     fast_memo = tune is None and race is None  # a plan the fast path may serve (it reads neither)
     tune, race = _flag(tune, "AUTOGEMM_TUNE"), _flag(race, "AUTOGEMM_RACE")
 
-    with cupy.cuda.Device(device_a):
+    with cupy.cuda.Device(device_a), _capture_allocations() as captured:
         m, n = shape[-2:]
         k = ia.shape[-1]
         if out is None and (math.prod(shape) == 0 or k == 0):
@@ -259,7 +280,13 @@ def _gemm(a, b, out, alpha: float, beta: float, compute, tune, race):
             target = out_arr if out_arr is not None else cupy.empty(shape, dtype=_cupy_dtype(ia.dtype))
             return _make_plan(a, ia, b, ib, target, shape, compute, device_a, tune, race)
 
-        plan = _DISPATCHER.plan_for(key, build, fast_key)
+        if captured:  # only a plan made before the capture serves inside it
+            plan = _DISPATCHER.plans.get(key)  # as it stands (a provisional one too): nothing is planned here
+            if plan is None:
+                raise capture.require_plan(f"{ia.dtype} {tuple(ia.shape)} @ {tuple(ib.shape)}"
+                                           f"{f' ({compute})' if compute else ''}")
+        else:
+            plan = _DISPATCHER.plan_for(key, build, fast_key)
         return plan.call(a, b, out_arr, alpha, beta)
 
 
@@ -303,6 +330,9 @@ class _Plan:
     torch_keys: list | None = None
     torch_streams: dict | None = None
     torch_template: object = None
+    # the torch fast path's next output on each PyTorch stream (made after the last launch there, as the
+    # CuPy path's spares are), where the plan has a spare budget; at most MAX_TORCH_SPARES streams
+    torch_spares: dict | None = None
 
     def expired(self) -> bool:
         return self.provisional_until is not None and time.monotonic() > self.provisional_until
@@ -318,16 +348,19 @@ class _Plan:
         pointer_b = data_b.ptr
         if self.alignment is not None and (pointer_a % 16, pointer_b % 16) != self.alignment:
             return None
+        stream = _current_stream()  # (looked up once: the launcher takes it)
+        if _capturing(stream.ptr):  # the general path gives a graph's call memory of its lifetime
+            return None
         spares = self.spares
         if spares is None:
             out_arr = _NDARRAY(self.shape, self.dtype)
-            self.launch(pointer_a, pointer_b, out_arr.data.ptr, alpha, 0.0)
+            self.launch(pointer_a, pointer_b, out_arr.data.ptr, alpha, 0.0, stream)
             return out_arr
         try:
             out_arr = spares.pop()
         except IndexError:  # the first call, or another thread took it
             out_arr = _NDARRAY(self.shape, self.dtype)
-        self.launch(pointer_a, pointer_b, out_arr.data.ptr, alpha, 0.0)
+        self.launch(pointer_a, pointer_b, out_arr.data.ptr, alpha, 0.0, stream)
         spares.append(_NDARRAY(self.shape, self.dtype))
         return out_arr
 
@@ -335,13 +368,13 @@ class _Plan:
         """A repeated call on two CUDA tensors with a fresh output (matmul's torch fast path), on
         PyTorch's current stream of the plan's device; None where the current device, b's device or
         the alignment a kernel's vector widths assumed differ from the plan's (the general path then
-        plans the call). The output is allocated before the launch, by PyTorch's caching allocator on
-        that stream (a CUDA graph's pool while one is captured): torch.empty_like of the plan's
-        template, the cheapest of PyTorch's factories from Python (on an H100, 2.0 us against 2.7 for
-        a.new_empty(shape) and 3.2 for torch.empty(shape, dtype=, device=)). No spare is kept as the
-        CuPy path does: a call's latency is within 1 us of torch.matmul's without one, a spare
-        saved at most about 1 us on long products, and one made outside a CUDA graph capture or a
-        torch.cuda.use_mem_pool block would hand that block's calls memory of the wrong pool."""
+        plans the call). The output is a tensor of PyTorch's caching allocator: torch.empty_like of the
+        plan's template (the cheapest of PyTorch's factories from Python: on an H100, 2.0 us against
+        2.7 for a.new_empty(shape) and 3.2 for torch.empty(shape, dtype=, device=)), made for the
+        stream's next call after this call's launch, so that a call launches before it allocates (an
+        allocation before the launch cost 3-4 us of latency against torch.matmul, which allocates in
+        C++). Under a CUDA graph capture the output is made at the call, from the graph's pool, and
+        no spare is kept or handed out."""
         device = self.device
         if _current_device() != device or b.get_device() != device:
             return None
@@ -352,8 +385,18 @@ class _Plan:
         stream = self.torch_streams.get(pointer)
         if stream is None:
             stream = _torch_stream(self.torch_streams, pointer, device)
-        out = _torch_empty_like(self.torch_template)
+        spares = self.torch_spares
+        if spares is None or _capturing(pointer):
+            out = _torch_empty_like(self.torch_template)
+            self.launch(pointer_a, pointer_b, out.data_ptr(), alpha, 0.0, stream)
+            return out
+        out = spares.pop(pointer, None)  # (atomic: two threads never take the same one)
+        if out is None:
+            out = _torch_empty_like(self.torch_template)
         self.launch(pointer_a, pointer_b, out.data_ptr(), alpha, 0.0, stream)
+        if len(spares) >= MAX_TORCH_SPARES:
+            spares.clear()
+        spares[pointer] = _torch_empty_like(self.torch_template)
         return out
 
     def call(self, a, b, out_arr, alpha: float, beta: float):

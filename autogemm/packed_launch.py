@@ -18,6 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
+from . import capture
+
 
 PER_THREAD_STREAM = 2  # cudaStreamPerThread
 # the host-side copy of the arguments aligns each to its size up to this (a 128-byte tensor map
@@ -103,7 +105,10 @@ class WorkspacePool:
         self._lock = threading.Lock()
 
     def get(self, device: int, stream_pointer: int, purpose: str, nbytes: int, zeroed: bool = False) -> int:
-        """The address of at least `nbytes` bytes for work ordered on that stream."""
+        """The address of at least `nbytes` bytes for work ordered on that stream. Under a CUDA graph
+        capture, a buffer of that capture's own (capture.memory), which lives as long as the graph."""
+        if capture.capturing(stream_pointer):
+            return capture.memory(device, stream_pointer, purpose, nbytes, zeroed)
         key = (device, stream_pointer, purpose)
         if stream_pointer == PER_THREAD_STREAM:  # one handle, but a different stream in each thread
             key += (threading.get_ident(),)

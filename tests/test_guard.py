@@ -29,9 +29,12 @@ class _Event:
 @pytest.fixture
 def fake_cupy(monkeypatch):
     """A CuPy whose events read a clock that each launcher advances by its own cost."""
-    cuda = types.SimpleNamespace(Event=_Event, get_current_stream=lambda: None,
+    import autogemm.guard
+
+    cuda = types.SimpleNamespace(Event=_Event, get_current_stream=lambda: types.SimpleNamespace(ptr=0),
                                  get_elapsed_time=lambda start, stop: stop.at - start.at)
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(autogemm.guard, "capturing", lambda stream_pointer: False)  # no graph is captured
     return cuda
 
 
@@ -96,3 +99,18 @@ def test_remember_loss_on_a_cache_that_cannot_be_written_warns(tmp_path):
     with pytest.warns(CacheWarning, match="cannot remember"):
         remember_loss(TuningCache(blocker / "cache", shipped=False), Device.for_arch("sm_90"), Problem(64, 64, 64),
                       CONFIG, {"kernel_ms": 2.0, "fallback_ms": 1.0, "ratio": 0.5, "kernel_won": False})
+
+
+def test_under_a_graph_capture_the_fallback_serves_untimed(fake_cupy, monkeypatch):
+    """A call captured into a CUDA graph is replayed later, where no event of the guard's would
+    time it: the fallback serves it, and the guard neither counts nor decides."""
+    import autogemm.guard
+    from autogemm.guard import GUARD_CALLS, Guard
+
+    monkeypatch.setattr(autogemm.guard, "capturing", lambda stream_pointer: True)
+    calls, settled = [], []
+    guard = Guard(_launcher(0.5, calls), _launcher(1.0, calls), lambda winner, v: settled.append(v))
+    for _ in range(2 * GUARD_CALLS + 1):
+        guard(0, 0, 0, 1.0, 0.0)
+    assert calls == [1.0] * (2 * GUARD_CALLS + 1) and not settled
+    assert all(start.at is None and stop.at is None for start, stop in guard._events)

@@ -226,8 +226,12 @@ def test_scalars_too_large_for_a_float_are_named(name, value):
 
 @pytest.fixture
 def no_gpu_needed(monkeypatch):
-    """explain's and matmul's device look-ups answered without a driver (an sm_90 without SMs)."""
+    """explain's and matmul's device look-ups answered without a driver (an sm_90 without SMs, its
+    stream not captured into a CUDA graph)."""
+    import contextlib
+
     monkeypatch.setattr(dispatch, "_device_of", lambda info: 0)
+    monkeypatch.setattr(dispatch, "_capture_allocations", lambda: contextlib.nullcontext(False))
     monkeypatch.setattr(launch, "device_info", lambda device: Device.for_arch("sm_90"))
 
 

@@ -105,8 +105,11 @@ def test_the_workspace_pool_keeps_one_buffer_per_stream_and_purpose(monkeypatch)
             self.data = type("Memory", (), {"ptr": 4096 * (len(made) + 1)})()
             made.append(self)
 
+    import autogemm.packed_launch
+
     pool = WorkspacePool()
     monkeypatch.setattr(pool, "_allocate", lambda device, stream, nbytes, zeroed: Buffer(nbytes))
+    monkeypatch.setattr(autogemm.packed_launch.capture, "capturing", lambda stream_pointer: False)  # no graph
     first = pool.get(0, 5, "split_k", 1000)
     assert pool.get(0, 5, "split_k", 800) == first and len(made) == 1  # reused, not allocated per call
     assert pool.get(0, 6, "split_k", 800) != first  # another stream: its own buffer
