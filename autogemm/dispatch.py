@@ -38,11 +38,10 @@ _capturing = capture.capturing
 # what comes before the launch (on an H100 an allocation costs 2.2 us, a cuBLASLt call 8.7 us, against
 # a GEMV of 10 us). Only outputs up to this size, where that time is a visible part of a call.
 SPARE_OUTPUT_BYTES = 32 * 1024 * 1024
-# From this much work a call's GPU time outweighs its host time, and cuBLASLt's heuristic and
-# cublasGemmEx may pick kernels several percent apart (on an H100, BF16 8192^3: 1.41 ms through
-# cublasGemmEx, 1.59 ms through cuBLASLt's first choice): on a problem without a record, the two are
-# compared on its first calls (guard.Guard) and the faster serves.
-API_GUARD_FLOPS = 2e10
+# cuBLASLt's heuristic and cublasGemmEx (torch.matmul's call) may pick kernels apart by several
+# percent on large products (on an H100, BF16 8192^3: 1.41 ms through cublasGemmEx, 1.59 ms through
+# cuBLASLt's first choice) and by several microseconds on small ones: on a problem without a record,
+# the two are compared on its first calls (guard.Guard) and the faster serves.
 _PLAIN_SCALARS = (float, int)
 _FLOAT_MAX = float(np.finfo(np.float64).max)  # (compared with an int exactly, where math.isfinite overflows)
 _NDARRAY = None  # cupy.ndarray once CuPy is imported (the fast path compares types with it)
@@ -474,7 +473,7 @@ def _make_plan(a, ia, b, ib, out_arr, shape, compute, device_id, tune, race) -> 
     plan.choice = choice
     if choice.config is None:
         plan.launch = cublas_launch
-        if choice.record is None and problem.flops >= API_GUARD_FLOPS:
+        if choice.record is None:
             # nothing measured this problem: which cuBLAS call is faster on it is settled on its first
             # calls, as a predicted kernel's place is (guard.py)
             gemmex = cublas_launcher(problem, layout_a, layout_b, layout_c, device.compute_capability, api="gemmex")
