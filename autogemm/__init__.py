@@ -10,12 +10,12 @@ configurations, search spaces and rendering work on machines without a GPU. PyTo
 only by `autogemm.torch` (torch.ops.autogemm.matmul, autogemm.torch.Linear), on its first use.
 """
 
-from .dispatch import matmul, reset
-from .explain import explain
+from .serving.dispatch import matmul, reset
+from .serving.explain import explain
 from .families import SimtConfig, TensorCoreConfig, config_from_dict, config_from_name
 from .problem import Device, Problem
-from .render import render
-from .runtime import GpuUnavailable
+from .kernels.render import render
+from .gpu.runtime import GpuUnavailable
 from .version import __version__
 
 
@@ -24,9 +24,9 @@ def tune(problem_or_m, n: int | None = None, k: int | None = None, *, batch: int
     """Tunes one problem on the current GPU and caches the winner; returns a `TuneResult`.
 
     Either a `Problem` or M (N and K default to M) with batch, dtype, compute and layout; the
-    options are those of `autogemm.tuner.tune` (trials, timeout, seed, sampler, space, storage...).
+    options are those of `autogemm.tuning.tuner.tune` (trials, timeout, seed, sampler, space, storage...).
     """
-    from .tuner import tune as run
+    from .tuning.tuner import tune as run
 
     if isinstance(problem_or_m, Problem):
         problem = problem_or_m

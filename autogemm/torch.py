@@ -61,7 +61,7 @@ def result_shape(a_shape, b_shape) -> tuple:
 @torch.library.custom_op(_NAME, mutates_args=())
 def _matmul(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, compute: Optional[str] = None) -> torch.Tensor:
     """alpha · a @ b by autogemm (NumPy's matmul semantics), a fresh tensor."""
-    from .dispatch import matmul as autogemm_matmul
+    from .serving.dispatch import matmul as autogemm_matmul
 
     # the autograd layer above hands the tensors in as they are (requires_grad included); autogemm
     # records no graph and reads them through DLPack, which refuses tensors that require grad

@@ -1,7 +1,7 @@
 """The fallback autogemm serves where nothing generated is chosen (cuBLASLt with its heuristic and a
 workspace, `cublas_gemm`) against what a user would call instead: torch.matmul and cupy.matmul on the
 same memory, and cublasGemmEx (cuBLAS's legacy API, the call cupy.matmul makes) through the same
-bindings. Each competitor is timed the same way (autogemm/timing.py): GPU time in steady state behind
+bindings. Each competitor is timed the same way (autogemm/measure/timing.py): GPU time in steady state behind
 the gate, and latency one call at a time on an idle GPU, the competitors taking turns.
 
 autogemm.matmul runs with an empty user cache and no shipped results, so every call is the fallback.
@@ -47,9 +47,9 @@ AUTOGEMM, LEGACY = "autogemm.matmul", "cublasGemmEx"
 
 def measure_one(spec) -> dict:
     import autogemm
-    from autogemm import baselines
-    from autogemm.bench import relative_error, tolerance
-    from autogemm.operands import describe
+    from autogemm.measure import baselines
+    from autogemm.measure.bench import relative_error, tolerance
+    from autogemm.gpu.operands import describe
 
     problem, a, b = make_operands(spec, seed=0)
     compute = problem.compute if problem.compute == "tf32" else None
@@ -59,7 +59,7 @@ def measure_one(spec) -> dict:
 
     out = cupy.empty(calls[AUTOGEMM]().shape, dtype=a.dtype)
     layouts = [describe(x, name).layout() for x, name in ((a, "a"), (b, "b"), (out, "out"))]
-    from autogemm.cublas_gemm import cublas_launcher
+    from autogemm.gpu.cublas_gemm import cublas_launcher
 
     gemmex = cublas_launcher(problem, *layouts, api="gemmex")
 
@@ -88,7 +88,7 @@ def _values(result, problem):
     """A result of any competitor (CuPy array or PyTorch tensor) as float64 CuPy values."""
     import cupy
 
-    from autogemm.bench import to_float64
+    from autogemm.measure.bench import to_float64
 
     if not isinstance(result, cupy.ndarray):  # a PyTorch tensor
         import torch
@@ -107,13 +107,13 @@ def main() -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one shape, in a TF32 process
     args = parser.parse_args()
     os.environ.setdefault("AUTOGEMM_CACHE_DIR", tempfile.mkdtemp(prefix="autogemm-baselines-"))
-    import autogemm.cache
+    import autogemm.results.cache
 
-    autogemm.cache.shipped_cache_dir = lambda: None  # the fallback everywhere
+    autogemm.results.cache.shipped_cache_dir = lambda: None  # the fallback everywhere
     if args.child:
         print(json.dumps(measure_one(json.loads(args.child))))
         return 0
-    from autogemm.launch import current_device
+    from autogemm.gpu.launch import current_device
 
     wanted = args.only.split(",") if args.only else None
     rows = []
@@ -137,7 +137,7 @@ def main() -> int:
     device = current_device()
     lines = [f"# The served fallback against torch.matmul and cupy.matmul on {device.name}", "",
              "autogemm.matmul with nothing tuned (cuBLASLt, its heuristic, a 32 MiB workspace) against the faster "
-             "of torch.matmul and cupy.matmul, each timed the same way in one run (autogemm/timing.py). "
+             "of torch.matmul and cupy.matmul, each timed the same way in one run (autogemm/measure/timing.py). "
              "Ratios > 1: autogemm is faster. GPU time in steady state (>= 100 ms of work behind the gate); latency "
              "one call at a time on an idle GPU (median of 25). Figures in us: GPU time / latency.", "",
              "| problem | GPU ratio | latency ratio | autogemm | torch.matmul | cupy.matmul | cublasGemmEx |",

@@ -54,9 +54,9 @@ def main(argv=None) -> int:
                                root / "full")
     print(f"{args.full_trials} trials: {full['config']} {full['ratio']:.3f}x, {full_wall:.1f} s", flush=True)
 
-    from autogemm.evaluate import GpuEvaluator
+    from autogemm.measure.evaluate import GpuEvaluator
     from autogemm.families import config_from_name
-    from autogemm.launch import current_device
+    from autogemm.gpu.launch import current_device
     from autogemm.problem import Problem
 
     problem = Problem(args.m, args.n or args.m, args.k or args.m, dtype=args.dtype)

@@ -67,7 +67,7 @@ def run(label: str, devices: list[int], root: Path) -> dict:
 
 
 def main() -> int:
-    from autogemm.campaign import CampaignError, list_gpus
+    from autogemm.campaigns.campaign import CampaignError, list_gpus
 
     try:
         gpus = list_gpus()

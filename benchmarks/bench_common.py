@@ -44,7 +44,7 @@ def make_operands(spec, seed: int = 0):
     bfloat16 as ml_dtypes' type)."""
     import cupy
 
-    from autogemm.bench import random_uniform
+    from autogemm.measure.bench import random_uniform
     from autogemm.problem import Problem
 
     dtype, compute, layout, batch, m, n, k = spec

@@ -22,13 +22,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report  # noqa: E402
 
-from autogemm.bench import random_uniform, reference_gemm, relative_error, time_gpu  # noqa: E402
-from autogemm.compile import CompileError, compile_many  # noqa: E402
+from autogemm.measure.bench import random_uniform, reference_gemm, relative_error, time_gpu  # noqa: E402
+from autogemm.kernels.compile import CompileError, compile_many  # noqa: E402
 from autogemm.families import SimtConfig  # noqa: E402
-from autogemm.launch import bind, current_device  # noqa: E402
+from autogemm.gpu.launch import bind, current_device  # noqa: E402
 from autogemm.problem import Problem  # noqa: E402
-from autogemm.render import render  # noqa: E402
-from autogemm.space import SearchSpace  # noqa: E402
+from autogemm.kernels.render import render  # noqa: E402
+from autogemm.kernels.space import SearchSpace  # noqa: E402
 
 # Strong configurations picked by hand from the optimisation literature (warp-tiled SGEMM, thread
 # tiles of 8x8 and 8x16 built from 4-wide chunks, 128-bit loads everywhere).

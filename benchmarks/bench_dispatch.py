@@ -51,8 +51,8 @@ def main(argv=None) -> int:
     import numpy as np
 
     import autogemm
-    from autogemm.bench import random_uniform, time_gpu, warm_up
-    from autogemm.launch import current_device
+    from autogemm.measure.bench import random_uniform, time_gpu, warm_up
+    from autogemm.gpu.launch import current_device
 
     device = current_device()
     rows = []

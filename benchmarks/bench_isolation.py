@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     off, on = rows[0][1], rows[1][1]
     print(f"isolation costs {100 * (on / off - 1):+.1f}% wall time")
     if not args.no_write:
-        from autogemm.launch import current_device
+        from autogemm.gpu.launch import current_device
 
         dev = current_device()
         lines = ["## Fault isolation overhead (`benchmarks/bench_isolation.py`)", "",

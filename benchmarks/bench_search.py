@@ -18,10 +18,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report  # noqa: E402
 
-from autogemm.cache import TuningCache  # noqa: E402
-from autogemm.recorded import RecordedEvaluator, RecordedTable  # noqa: E402
-from autogemm.space import SearchSpace  # noqa: E402
-from autogemm.tuner import tune  # noqa: E402
+from autogemm.results.cache import TuningCache  # noqa: E402
+from autogemm.measure.recorded import RecordedEvaluator, RecordedTable  # noqa: E402
+from autogemm.kernels.space import SearchSpace  # noqa: E402
+from autogemm.tuning.tuner import tune  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

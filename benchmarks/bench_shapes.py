@@ -1,6 +1,6 @@
 """`autogemm.matmul` against what a user would call instead, the faster of `torch.matmul` and
 `cupy.matmul` (each on the same memory), over the public shape suite (benchmarks/shapes.toml), in one
-run and timed the same way (autogemm/timing.py): latency, each call on an idle GPU with its host
+run and timed the same way (autogemm/measure/timing.py): latency, each call on an idle GPU with its host
 time, the competitors taking turns (median); and GPU time in steady state, each competitor's calls
 back to back behind the gate for at least 100 ms (median of samples). Ratios are the faster
 baseline's figure over autogemm's (> 1: autogemm is faster). Ways of meeting a shape:
@@ -59,7 +59,7 @@ def load_suite(path: Path):
 
 
 def operands(problem, seed: int):
-    from autogemm.bench import random_uniform
+    from autogemm.measure.bench import random_uniform
 
     dtype = problem.dtype
     a = random_uniform((problem.m, problem.k), dtype, seed=seed)
@@ -73,7 +73,7 @@ def operands(problem, seed: int):
 
 def measure(problem, pairs: int, seed: int) -> dict:
     import autogemm
-    from autogemm import baselines
+    from autogemm.measure import baselines
 
     if problem.compute == "tf32" and not baselines.cupy_in_tf32():
         return measure_in_tf32_process(problem, pairs, seed)
@@ -105,7 +105,7 @@ def measure_in_tf32_process(problem, pairs: int, seed: int) -> dict:
     CUPY_TF32=1, is read once when CuPy is imported; the child inherits the cache directory)."""
     import subprocess
 
-    from autogemm import baselines
+    from autogemm.measure import baselines
 
     child = subprocess.run([sys.executable, __file__, "--measure-one", problem.key, "--pairs", str(pairs),
                             "--seed", str(seed)], env={**os.environ, **baselines.tf32_environment()},
@@ -118,7 +118,7 @@ def measure_in_tf32_process(problem, pairs: int, seed: int) -> dict:
 def check(problem, mine, base) -> None:
     """A ratio of a wrong result means nothing: autogemm's product must agree with cupy.matmul's
     (to twice the dtype's verification tolerance)."""
-    from autogemm.bench import relative_error, to_float64, tolerance
+    from autogemm.measure.bench import relative_error, to_float64, tolerance
 
     def values(x):
         return to_float64(x.view(np.uint16)) if problem.dtype == "bfloat16" else x
@@ -135,7 +135,7 @@ def geomean(values) -> float:
 
 
 def write(rows: list[dict], mode: str, note: str) -> Path:
-    from autogemm.launch import current_device
+    from autogemm.gpu.launch import current_device
 
     device = current_device()
     out = HERE / "results" / f"shapes-{device.slug}-{mode}"
@@ -195,8 +195,8 @@ def main() -> int:
     problems = [p for p in load_suite(args.suite) if any(text in p.key for text in wanted)]
 
     import autogemm
-    from autogemm.cache import TuningCache
-    from autogemm.launch import current_device
+    from autogemm.results.cache import TuningCache
+    from autogemm.gpu.launch import current_device
 
     device = current_device()
     rows = []

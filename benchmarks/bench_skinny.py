@@ -69,8 +69,8 @@ def main() -> int:
     import dataclasses
 
     import autogemm
-    from autogemm.launch import current_device
-    from autogemm.tuner import TuneError
+    from autogemm.gpu.launch import current_device
+    from autogemm.tuning.tuner import TuneError
 
     problems = [dataclasses.replace(p, trans_a=args.layout[0] == "t", trans_b=args.layout[1] == "t")
                 for p in load_suite(args.suite)]

@@ -7,7 +7,7 @@ the same memory and cupy.matmul.
 Each problem: the operands are made as a user holds them (transposed views, batches; bench_common),
 shared with PyTorch without a copy; autogemm's result on the tensors is checked against torch.matmul's
 (a wrong result ends the run), autogemm is warmed up as a loop would (16 calls, a synchronization,
-4 more: a plan settles within its first calls), then both are timed by latency (autogemm/timing.py:
+4 more: a plan settles within its first calls), then both are timed by latency (autogemm/measure/timing.py:
 each call on an idle GPU, host time included, in rotating order; medians). Ratio = torch.matmul's
 latency / autogemm's (> 1: autogemm is faster). TF32 problems run with
 torch.backends.cuda.matmul.allow_tf32 on and autogemm's compute="tf32". Host time: calls back to back,
@@ -56,8 +56,8 @@ def measure(spec, rounds: int, seed: int, gpu_time_ms: float = 0.0) -> dict:
     import torch
 
     import autogemm
-    from autogemm.baselines import as_torch
-    from autogemm.bench import tolerance
+    from autogemm.measure.baselines import as_torch
+    from autogemm.measure.bench import tolerance
 
     problem, a, b = make_operands(spec, seed=seed)
     ta, tb = as_torch(a), as_torch(b)
@@ -81,7 +81,7 @@ def measure(spec, rounds: int, seed: int, gpu_time_ms: float = 0.0) -> dict:
         raise SystemExit(f"{problem_label(problem)} ({problem.key}): autogemm on tensors differs from torch.matmul "
                          f"by {worst:.3g} (limit {limit:.3g})")
     served = autogemm.explain(ta, tb, compute=compute)
-    from autogemm import timing
+    from autogemm.measure import timing
 
     latency = {name: statistics.median(values) * 1e3 for name, values in timing.latencies(calls, rounds=rounds).items()}
     row = {"spec": list(spec), "problem": problem.key, "label": problem_label(problem), "mode": mode_name(spec),
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     os.environ["AUTOGEMM_CACHE_DIR"] = tempfile.mkdtemp(prefix="autogemm-torch-")  # before autogemm is imported
     import torch
 
-    from autogemm.launch import current_device
+    from autogemm.gpu.launch import current_device
 
     if not torch.cuda.is_available():
         raise SystemExit("bench_torch needs PyTorch with CUDA")

@@ -54,7 +54,7 @@ def main(argv=None) -> int:
               f"command {wall:.1f} s", flush=True)
 
     if not args.no_write and rows:
-        from autogemm.launch import current_device
+        from autogemm.gpu.launch import current_device
 
         dev = current_device()
         budget = "default budget" if not (args.trials or args.timeout) else f"trials={args.trials}, timeout={args.timeout}"

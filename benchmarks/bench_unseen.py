@@ -14,7 +14,7 @@ Each problem: autogemm's result is checked against cupy.matmul's (a wrong result
 timing of a wrong result), then autogemm.matmul is warmed up as a user's loop would (16 calls, a
 synchronization, 4 more: the kernel served to an untuned problem may be settled within its first
 calls) and checked again, `autogemm.explain` says what serves it, and the competitors are timed by
-latency (autogemm/timing.py: each call on an idle GPU, host time included, competitors in rotating
+latency (autogemm/measure/timing.py: each call on an idle GPU, host time included, competitors in rotating
 order; medians). Ratio = faster baseline latency / autogemm latency (> 1: autogemm is faster).
 --gpu-time-ms adds GPU time in steady state (timing.gpu_time). TF32 problems run in one child
 process started with CUPY_TF32=1 (baselines.tf32_environment), where torch and cupy compute in TF32.
@@ -73,7 +73,7 @@ def mode_name(spec) -> str:
 
 def known_keys() -> set[str]:
     """Keys of every problem something shipped was tuned or benchmarked on."""
-    from autogemm.campaign_file import load_campaign
+    from autogemm.campaigns.file import load_campaign
     from bench_baselines import SHAPES
     from bench_shapes import load_suite
 
@@ -184,8 +184,8 @@ def measure(spec, rounds: int = ROUNDS, gpu_time_ms: float = 0.0, seed: int = 0)
     import cupy
 
     import autogemm
-    from autogemm import baselines, timing
-    from autogemm.bench import relative_error, tolerance
+    from autogemm.measure import baselines, timing
+    from autogemm.measure.bench import relative_error, tolerance
 
     problem, a, b = make_operands(spec, seed=seed)
     compute = problem.compute if problem.compute == "tf32" else None
@@ -315,8 +315,8 @@ def main(argv=None) -> int:
         for index, spec in indexed:
             print(f"#{index:<4d}{problem_label(_problem(spec)):<36} {_problem(spec).key}")
         return 0
-    from autogemm import baselines
-    from autogemm.launch import current_device
+    from autogemm.measure import baselines
+    from autogemm.gpu.launch import current_device
 
     rows = measure_all([(i, s) for i, s in indexed if s[1] != "tf32"], args.rounds, args.gpu_time_ms)
     tf32 = [(i, s) for i, s in indexed if s[1] == "tf32"]

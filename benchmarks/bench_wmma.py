@@ -19,10 +19,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report  # noqa: E402
 
-from autogemm.cache import TuningCache  # noqa: E402
-from autogemm.select import default_config  # noqa: E402
-from autogemm.evaluate import GpuMeasurer  # noqa: E402
-from autogemm.launch import current_device  # noqa: E402
+from autogemm.results.cache import TuningCache  # noqa: E402
+from autogemm.serving.select import default_config  # noqa: E402
+from autogemm.measure.evaluate import GpuMeasurer  # noqa: E402
+from autogemm.gpu.launch import current_device  # noqa: E402
 from autogemm.problem import Problem  # noqa: E402
 
 # name on the command line -> (dtype, compute)

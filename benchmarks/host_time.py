@@ -48,12 +48,12 @@ def main() -> int:
     import torch
 
     import autogemm
-    import autogemm.cache
-    from autogemm.cublas_gemm import cublas_launcher
-    from autogemm.operands import describe
+    import autogemm.results.cache
+    from autogemm.gpu.cublas_gemm import cublas_launcher
+    from autogemm.gpu.operands import describe
     from autogemm.problem import Problem
 
-    autogemm.cache.shipped_cache_dir = lambda: None
+    autogemm.results.cache.shipped_cache_dir = lambda: None
     n = args.size
     a = cupy.random.random((n, n)).astype(args.dtype)
     b = cupy.random.random((n, n)).astype(args.dtype)
@@ -78,7 +78,7 @@ def main() -> int:
     for name, call in pieces.items():
         print(f"{name:<40} {per_call_us(call):7.2f} us", flush=True)
     # latency (each call on an idle GPU): what comes before a launch counts, what comes after overlaps
-    from autogemm.timing import median_latency
+    from autogemm.measure.timing import median_latency
 
     for shape in ((n, n, n), (1, 4096, 4096)):
         m, nn, k = shape

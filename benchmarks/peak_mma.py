@@ -18,8 +18,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report  # noqa: E402
 
-from autogemm.bench import cublas_runner, random_uniform, time_gpu, warm_up  # noqa: E402
-from autogemm.launch import current_device  # noqa: E402
+from autogemm.measure.bench import cublas_runner, random_uniform, time_gpu, warm_up  # noqa: E402
+from autogemm.gpu.launch import current_device  # noqa: E402
 from autogemm.problem import Problem  # noqa: E402
 
 # (dtype, compute, PTX shape, PTX operand type, A registers, B registers, accumulator type)

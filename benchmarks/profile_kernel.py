@@ -12,10 +12,10 @@ import sys
 
 import cupy
 
-from autogemm.bench import cublas_runner, random_uniform
+from autogemm.measure.bench import cublas_runner, random_uniform
 from autogemm.dtypes import DTYPES
 from autogemm.families import config_from_name
-from autogemm.launch import bind, compute_for
+from autogemm.gpu.launch import bind, compute_for
 from autogemm.problem import Problem
 
 

@@ -17,8 +17,8 @@ import argparse
 
 import numpy as np
 
-from autogemm.bench import rotation_count
-from autogemm.timing import gpu_time
+from autogemm.measure.bench import rotation_count
+from autogemm.measure.timing import gpu_time
 
 READ_KERNEL = r'''
 extern "C" __global__ void read_all(const uint4* __restrict__ p, long long n, unsigned* out) {

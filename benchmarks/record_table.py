@@ -16,14 +16,14 @@ import dataclasses
 import sys
 import time
 
-from autogemm.provenance import now, runtime_versions
-from autogemm.evaluate import GpuEvaluator
-from autogemm.recorded import RecordedTable
-from autogemm.launch import current_device
+from autogemm.results.provenance import now, runtime_versions
+from autogemm.measure.evaluate import GpuEvaluator
+from autogemm.measure.recorded import RecordedTable
+from autogemm.gpu.launch import current_device
 from autogemm.problem import Problem
-from autogemm.render import template_hash
-from autogemm.space import SearchSpace
-from autogemm.tuner import default_jobs
+from autogemm.kernels.render import template_hash
+from autogemm.kernels.space import SearchSpace
+from autogemm.tuning.tuner import default_jobs
 
 
 def main(argv=None) -> int:

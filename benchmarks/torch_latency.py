@@ -5,7 +5,7 @@ PyTorch's: what every call on tensors cost before the fast path). Problems cuBLA
 cache), so that autogemm and torch.matmul run the same kind of kernel.
 
 Host time: wall-clock time of many calls in a row (synchronized every 100 calls) over their number,
-on products small enough that the GPU keeps up with the host. Latency: autogemm.timing.median_latency,
+on products small enough that the GPU keeps up with the host. Latency: autogemm.measure.timing.median_latency,
 each call on an idle GPU between CUDA events (what comes before the launch counts).
 
     python benchmarks/torch_latency.py [--rounds 200]
@@ -35,11 +35,11 @@ def main() -> int:
     import torch
 
     import autogemm
-    import autogemm.cache
-    from autogemm import dispatch, torch_tensors
-    from autogemm.timing import median_latency
+    import autogemm.results.cache
+    from autogemm.serving import dispatch, torch_tensors
+    from autogemm.measure.timing import median_latency
 
-    autogemm.cache.shipped_cache_dir = lambda: None  # untuned: cuBLAS serves fp16 and fp32
+    autogemm.results.cache.shipped_cache_dir = lambda: None  # untuned: cuBLAS serves fp16 and fp32
     sync = torch.cuda.synchronize
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  cupy {cupy.__version__}  "
           f"raw stream query: {hasattr(torch._C, '_cuda_getCurrentRawStream')}", flush=True)

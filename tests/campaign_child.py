@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sys
 
-from autogemm.campaign import run_campaign
-from autogemm.campaign_worker import WorkerSpec
-from autogemm.campaign_file import parse_campaign
+from autogemm.campaigns.campaign import run_campaign
+from autogemm.campaigns.worker import WorkerSpec
+from autogemm.campaigns.file import parse_campaign
 
 from campaign_helpers import SPACE_PATH, ReplayFactory
 

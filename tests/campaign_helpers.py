@@ -8,8 +8,8 @@ import dataclasses
 import time
 from pathlib import Path
 
-from autogemm.evaluate import Measurement
-from autogemm.recorded import RecordedEvaluator, RecordedTable
+from autogemm.measure.evaluate import Measurement
+from autogemm.measure.recorded import RecordedEvaluator, RecordedTable
 
 TABLE_PATH = Path(__file__).parent / "data" / "simt_small_4096.jsonl"
 SPACE_PATH = Path(__file__).parent / "data" / "simt_small.toml"

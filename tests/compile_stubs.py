@@ -19,7 +19,7 @@ def compile_or_die(source, arch):
 
 def compile_unstored(source, arch):
     """A compiler on a full disk: every kernel compiles, none can be stored."""
-    from autogemm.compile import UnstoredCubin
+    from autogemm.kernels.compile import UnstoredCubin
 
     return UnstoredCubin(f"{source.kernel}.cubin", b"\x7fELF " + source.kernel.encode(),
                          "cannot store compiled kernels in /cache/cubins: OSError: [Errno 28] No space left on device")
@@ -27,6 +27,6 @@ def compile_unstored(source, arch):
 
 def compile_error(source, arch):
     """A compiler that refuses every kernel."""
-    from autogemm.compile import CompileError
+    from autogemm.kernels.compile import CompileError
 
     raise CompileError(f"made-up error in {source.kernel}", "log", None)

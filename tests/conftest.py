@@ -73,4 +73,4 @@ def _isolated_cache(tmp_path_factory, monkeypatch, request):
     `shipped_results`."""
     monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
     if "shipped_results" not in request.keywords:
-        monkeypatch.setattr("autogemm.cache.shipped_cache_dir", lambda: None)
+        monkeypatch.setattr("autogemm.results.cache.shipped_cache_dir", lambda: None)

@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from autogemm.cache import TuningCache
-from autogemm.recorded import RecordedEvaluator, RecordedTable
-from autogemm.tuner import tune
+from autogemm.results.cache import TuningCache
+from autogemm.measure.recorded import RecordedEvaluator, RecordedTable
+from autogemm.tuning.tuner import tune
 
 DATA = Path(__file__).parent / "data"
 

@@ -23,8 +23,8 @@ sys.path.insert(0, str(HERE))
 
 from autogemm.families import VectorWidths, family_for  # noqa: E402
 from autogemm.problem import Device, Problem  # noqa: E402
-from autogemm.render import render  # noqa: E402
-from autogemm.space import SearchSpace  # noqa: E402
+from autogemm.kernels.render import render  # noqa: E402
+from autogemm.kernels.space import SearchSpace  # noqa: E402
 from samples import KINDS  # noqa: E402
 from test_families import REASON_CASES  # noqa: E402
 

@@ -18,7 +18,7 @@ def serving(dtypes_cublas_serves):
     built-in default kernels (select.CUBLAS_SERVES), with the plans made so far forgotten on entry
     and on exit."""
     import autogemm
-    from autogemm import select
+    from autogemm.serving import select
 
     saved = select.CUBLAS_SERVES
     select.CUBLAS_SERVES = dtypes_cublas_serves
@@ -100,7 +100,7 @@ def runs_for(config, dtype: str, compute: str, device: Device, offset: int = 0) 
 def _operand(shape, batch, misalign, dtype, seed, fill=True):
     import cupy
 
-    from autogemm.bench import random_uniform
+    from autogemm.measure.bench import random_uniform
 
     full = (batch, *shape) if batch > 1 else shape
     rows, cols = shape
@@ -114,7 +114,7 @@ def operands(run: Run, seed: int, fill: bool = True):
     """(a, b, c) of a run, stored as its layout says; c is poisoned with NaN unless beta reads it."""
     import cupy
 
-    from autogemm.bench import poison, random_uniform
+    from autogemm.measure.bench import poison, random_uniform
 
     p, case = run.problem, run.case
     a = _operand((p.k, p.m) if p.trans_a else (p.m, p.k), case.batch, case.misalign, run.dtype, seed, fill)
@@ -131,9 +131,9 @@ def operands(run: Run, seed: int, fill: bool = True):
 def precompile(runs: list[Run], device: Device) -> int:
     """Compiles the kernel of every run in worker processes (cubins land in the shared cubin
     directory, where the runs' own compilation finds them); returns how many distinct kernels."""
-    from autogemm.compile import compile_many
-    from autogemm.launch import resolve
-    from autogemm.render import render
+    from autogemm.kernels.compile import compile_many
+    from autogemm.gpu.launch import resolve
+    from autogemm.kernels.render import render
 
     sources = {}
     for run in runs:
@@ -153,8 +153,8 @@ def execute(run: Run, device: Device, seed: int) -> float:
     as tuning does); returns the relative error."""
     import cupy
 
-    from autogemm.bench import check_result, reference_gemm
-    from autogemm.launch import gemm
+    from autogemm.measure.bench import check_result, reference_gemm
+    from autogemm.gpu.launch import gemm
 
     config, p, case = run.runnable(device), run.problem, run.case
     a, b, c = operands(run, seed)

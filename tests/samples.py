@@ -15,7 +15,7 @@ import random
 
 from autogemm.families import SimtConfig, TensorCoreConfig
 from autogemm.problem import LAYOUTS, Device, Problem
-from autogemm.space import SearchSpace
+from autogemm.kernels.space import SearchSpace
 
 # (dtype, compute, shipped space) of every shipped space
 KINDS = (

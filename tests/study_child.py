@@ -14,9 +14,9 @@ from pathlib import Path
 
 import optuna.storages._rdb.models  # noqa: F401  (what opening an SQLite storage imports: before the barrier)
 
-from autogemm.cache import TuningCache
-from autogemm.recorded import RecordedEvaluator, RecordedTable
-from autogemm.tuner import tune
+from autogemm.results.cache import TuningCache
+from autogemm.measure.recorded import RecordedEvaluator, RecordedTable
+from autogemm.tuning.tuner import tune
 
 DATA = Path(__file__).parent / "data"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autogemm.bench import check_result, reference_gemm, relative_error, rotation_count, to_float64, tolerance
+from autogemm.measure.bench import check_result, reference_gemm, relative_error, rotation_count, to_float64, tolerance
 from autogemm.problem import Problem
 
 

@@ -44,7 +44,7 @@ def test_known_keys_cover_what_is_shipped():
     assert entries and set(entries) <= known
     assert "float16/fp32/nt/b1/16x4096x4096" in known  # bench_baselines.SHAPES
     assert "float64/fp64/nn/b1/511x513x257" in known  # benchmarks/shapes.toml
-    from autogemm.campaign_file import load_campaign
+    from autogemm.campaigns.file import load_campaign
 
     assert {p.key for p in load_campaign(ROOT / "campaigns" / "shipped.toml").problems} <= known
 

@@ -11,10 +11,10 @@ import warnings
 
 import pytest
 
-from autogemm.cache import CacheWarning, Record, TuningCache, check_slug
+from autogemm.results.cache import CacheWarning, Record, TuningCache, check_slug
 from autogemm.families import SimtConfig
 from autogemm.problem import Problem
-from autogemm.render import kernel_template_hash
+from autogemm.kernels.render import kernel_template_hash
 
 SLUG = "test-gpu-sm90"
 
@@ -155,7 +155,7 @@ def _bad_entries() -> dict:
 
 
 def test_bad_records_are_skipped_with_one_warning_and_the_rest_served(tmp_path):
-    from autogemm.planning import Dispatcher
+    from autogemm.serving.planning import Dispatcher
     from autogemm.problem import Device
 
     cache = TuningCache(tmp_path, shipped=False)

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from autogemm.cache import CacheWarning, Record, TuningCache, check_slug
-from autogemm.cache_merge import merge_files
+from autogemm.results.cache import CacheWarning, Record, TuningCache, check_slug
+from autogemm.results.merge import merge_files
 from autogemm.cli import main
 from autogemm.problem import Problem
-from autogemm.render import kernel_digest
+from autogemm.kernels.render import kernel_digest
 
 from test_cache import SLUG, make_record
 
@@ -86,10 +86,10 @@ def fsync(fd):
     real(fd)
 os.fsync = fsync
 if action == "import":
-    from autogemm.cache import TuningCache
+    from autogemm.results.cache import TuningCache
     TuningCache(target, shipped=False).import_bundle(source)
 else:
-    from autogemm.cache_merge import merge_files
+    from autogemm.results.merge import merge_files
     merge_files([source], target)
 print("done", flush=True)
 """
@@ -258,7 +258,7 @@ def test_a_document_with_duplicate_keys_is_refused(tmp_path):
 
 
 def test_the_depth_of_json_read_is_bounded_before_parsing():
-    from autogemm.strict_json import MAX_DEPTH, loads
+    from autogemm.results.strict_json import MAX_DEPTH, loads
 
     assert loads("[" * MAX_DEPTH + "]" * MAX_DEPTH) is not None
     text = "[{" * MAX_DEPTH + "\\\""  # brackets (and an escaped quote) inside strings do not count
@@ -268,7 +268,7 @@ def test_the_depth_of_json_read_is_bounded_before_parsing():
 
 
 def test_a_recorded_table_is_read_as_strictly(tmp_path):
-    from autogemm.recorded import RecordedTable
+    from autogemm.measure.recorded import RecordedTable
 
     lines = (Path(__file__).parent / "data" / "simt_small_4096.jsonl").read_text().splitlines()[:3]
     crafted = tmp_path / "table.jsonl"

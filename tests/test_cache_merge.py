@@ -9,12 +9,12 @@ import shutil
 
 import pytest
 
-from autogemm.cache import TuningCache
-from autogemm.cache_merge import merge_files
+from autogemm.results.cache import TuningCache
+from autogemm.results.merge import merge_files
 from autogemm.families import SimtConfig
 from autogemm.paths import templates_dir
 from autogemm.problem import Problem
-from autogemm.render import kernel_digest, kernel_template_hash
+from autogemm.kernels.render import kernel_digest, kernel_template_hash
 
 from test_cache import SLUG, make_record
 

@@ -17,12 +17,12 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autogemm.cache import TuningCache
-from autogemm.cache_merge import merge_files
-from autogemm.campaign import board_records, board_summary, run_campaign, select_gpus, Gpu, CampaignError
-from autogemm.campaign_worker import WorkerSpec, worker_main
-from autogemm.campaign_file import CampaignFileError, load_campaign, parse_campaign
-from autogemm.claims import CLAIMED, DONE, OPEN, ClaimBoard, new_owner
+from autogemm.results.cache import TuningCache
+from autogemm.results.merge import merge_files
+from autogemm.campaigns.campaign import board_records, board_summary, run_campaign, select_gpus, Gpu, CampaignError
+from autogemm.campaigns.worker import WorkerSpec, worker_main
+from autogemm.campaigns.file import CampaignFileError, load_campaign, parse_campaign
+from autogemm.campaigns.claims import CLAIMED, DONE, OPEN, ClaimBoard, new_owner
 from autogemm.problem import Problem
 
 from campaign_helpers import SPACE_PATH, ReplayFactory
@@ -236,7 +236,7 @@ class _Events:
 
 
 def _studies(storage: str) -> list:
-    from autogemm.study import storage_object
+    from autogemm.tuning.study import storage_object
 
     return [optuna.load_study(study_name=s.study_name, storage=storage_object(storage))
             for s in optuna.get_all_study_summaries(storage=storage_object(storage))]
@@ -356,8 +356,8 @@ def test_a_worker_past_its_stop_time_claims_nothing(tmp_path, monkeypatch):
 def test_an_idle_worker_stops_waiting_once_a_held_problem_changes_but_not_on_a_heartbeat():
     # the last problem's holder finishes: the worker waiting with nothing to claim looks again at
     # once instead of sleeping out its pause (which kept a 2-GPU campaign open ~5 s longer)
-    from autogemm.campaign_worker import CHANGE_POLL_S, _wait_for_a_change
-    from autogemm.claims import Claim
+    from autogemm.campaigns.worker import CHANGE_POLL_S, _wait_for_a_change
+    from autogemm.campaigns.claims import Claim
 
     held = [Claim("c", "gpu", "float32/fp32/nn/b1/64x64x64", 0, CLAIMED, "other", time.time(), 1, None, "study")]
     reads = []
@@ -402,7 +402,7 @@ def test_a_worker_killed_with_sigkill_has_its_claim_taken_over_and_its_trials_ke
     assert len(held) == 1
     killed_problem = held[0].problem
     # make the dead worker look like another host's: its claim must wait for the grace period
-    from autogemm.claims import claims_table
+    from autogemm.campaigns.claims import claims_table
 
     with board.engine.begin() as db:
         db.execute(claims_table.update().where(claims_table.c.problem == killed_problem)
@@ -498,7 +498,7 @@ def test_sigint_stops_the_campaign_keeping_the_best_and_a_rerun_resumes(tmp_path
 
 
 def test_storage_urls_are_shown_without_their_password():
-    from autogemm.study import shown_url
+    from autogemm.tuning.study import shown_url
 
     assert shown_url("postgresql+psycopg2://tuner:s3cret@db.example/autogemm") == \
         "postgresql+psycopg2://tuner:***@db.example/autogemm"
@@ -522,7 +522,7 @@ def test_campaign_run_without_a_usable_gpu_says_so(tmp_path, capsys, monkeypatch
 
 
 def test_export_skips_what_is_not_a_valid_record_on_the_board(tmp_path):
-    from autogemm.campaign import board_records
+    from autogemm.campaigns.campaign import board_records
 
     storage = f"sqlite:///{tmp_path / 'studies.db'}"
     campaign = _campaign(storage, tmp_path / "cache")

@@ -19,11 +19,11 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autogemm.cache import TuningCache
-from autogemm.campaign_file import MAX_PROBLEMS, CampaignFileError, load_campaign, parse_campaign
-from autogemm.claims import DONE, OPEN, ClaimBoard, claims_table, new_owner
+from autogemm.results.cache import TuningCache
+from autogemm.campaigns.file import MAX_PROBLEMS, CampaignFileError, load_campaign, parse_campaign
+from autogemm.campaigns.claims import DONE, OPEN, ClaimBoard, claims_table, new_owner
 from autogemm.cli import main
-from autogemm.recorded import RecordedEvaluator, RecordedTable
+from autogemm.measure.recorded import RecordedEvaluator, RecordedTable
 
 from campaign_helpers import SPACE_PATH, ReplayFactory
 from test_cache import make_record
@@ -47,7 +47,7 @@ def run_cli(capsys, *argv):
 # ---- the campaign file: size -----------------------------------------------------------------
 _CHILD = """
 import sys, time, tracemalloc
-from autogemm.campaign_file import CampaignFileError, load_campaign
+from autogemm.campaigns.file import CampaignFileError, load_campaign
 tracemalloc.start()
 started = time.perf_counter()
 try:
@@ -119,8 +119,8 @@ def test_the_largest_seed_and_shortest_grace_allowed_work():
 def test_a_helper_tune_with_the_largest_seed_searches(tmp_path):
     # a helper's sampler takes another seed than the holder's: added to 2**32 - 1 it left numpy's
     # range and every helper died
-    from autogemm.study import Sharing
-    from autogemm.tuner import tune
+    from autogemm.tuning.study import Sharing
+    from autogemm.tuning.tuner import tune
 
     asked = []
 
@@ -177,8 +177,8 @@ def test_a_claim_of_another_pid_namespace_on_the_same_host_is_left_to_its_heartb
     child.start()
     child.join()
     with monkeypatch.context() as patch:  # the other container: another PID namespace, a PID not running here
-        patch.setattr("autogemm.claims.os.getpid", lambda: child.pid)
-        patch.setattr("autogemm.claims._identity", lambda: ("boot-id", "4026531999"), raising=False)
+        patch.setattr("autogemm.campaigns.claims.os.getpid", lambda: child.pid)
+        patch.setattr("autogemm.campaigns.claims._identity", lambda: ("boot-id", "4026531999"), raising=False)
         theirs = new_owner()
     assert board.claim("c", SLUG, theirs, grace=600) == "p0"
     assert board.claim("c", SLUG, new_owner(), grace=600) is None
@@ -207,7 +207,7 @@ def test_a_claim_in_an_unknown_state_does_not_make_claim_spin(tmp_path):
 def test_a_trial_this_version_cannot_read_is_skipped_with_a_warning(tmp_path):
     from optuna.distributions import CategoricalDistribution
 
-    from autogemm.tuner import tune
+    from autogemm.tuning.tuner import tune
 
     storage = f"sqlite:///{tmp_path / 'studies.db'}"
     study = optuna.create_study(study_name="old", storage=storage, direction="maximize")
@@ -230,7 +230,7 @@ class _Events:
 def test_a_storage_failure_gives_the_claim_back_for_a_rerun(tmp_path, monkeypatch):
     import sqlalchemy as sa
 
-    from autogemm.campaign_worker import WorkerSpec, _claim_and_tune
+    from autogemm.campaigns.worker import WorkerSpec, _claim_and_tune
 
     monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path / "user"))
     storage = f"sqlite:///{tmp_path / 'studies.db'}"
@@ -281,7 +281,7 @@ def test_report_never_creates_nor_alters_a_schema(tmp_path, capsys, postgres_url
 
 def test_the_report_page_shows_the_storage_as_given(tmp_path, capsys, monkeypatch):
     pytest.importorskip("plotly")
-    from autogemm.tuner import tune
+    from autogemm.tuning.tuner import tune
 
     user = tmp_path / "home-of-someone" / "cache"
     monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(user))
@@ -481,7 +481,7 @@ CRAFTED = [
 _FUZZ_CHILD = """
 import json, resource, sys, time
 from pathlib import Path
-from autogemm.campaign_file import CampaignFileError, load_campaign
+from autogemm.campaigns.file import CampaignFileError, load_campaign
 
 def peak():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from autogemm import capture
-from autogemm.capture import CaptureError
+from autogemm.gpu import capture
+from autogemm.gpu.capture import CaptureError
 
 
 @pytest.fixture
@@ -53,8 +53,8 @@ def test_a_zeroed_workspace_is_asked_for_zeroed(captures):
 
 
 def test_the_per_stream_pool_hands_a_capture_to_capture_memory(monkeypatch):
-    from autogemm import packed_launch
-    from autogemm.packed_launch import WorkspacePool
+    from autogemm.gpu import packed_launch
+    from autogemm.gpu.packed_launch import WorkspacePool
 
     pool = WorkspacePool()
     monkeypatch.setattr(pool, "_allocate", lambda *args: pytest.fail("the stream's own pool allocated under a capture"))

@@ -164,7 +164,7 @@ def test_version_and_python_dash_m_autogemm(capsys):
 def test_cache_list_as_json(tmp_path, capsys, monkeypatch):
     import json
 
-    from autogemm.cache import TuningCache
+    from autogemm.results.cache import TuningCache
     from test_cache import SLUG, make_record
 
     monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path))
@@ -187,7 +187,7 @@ def test_the_license_file_is_the_declared_license():
 def test_tune_progress_is_a_line_per_interval_where_stderr_is_not_a_terminal(monkeypatch):
     import io
 
-    from autogemm import tune_progress
+    from autogemm.tuning import progress as tune_progress
     from autogemm.problem import Problem
 
     class Evaluator:

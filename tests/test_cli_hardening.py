@@ -48,7 +48,7 @@ def _fake_cupy(driver_version: int, count=None, error: str = ""):
                              "version"), "driver (CUDA 11.4) is too old"),
 ])
 def test_require_gpu_names_what_is_missing(monkeypatch, fake, message):
-    from autogemm import runtime
+    from autogemm.gpu import runtime
 
     monkeypatch.setattr(runtime, "cupy", lambda: fake)
     with pytest.raises(autogemm.GpuUnavailable, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -56,7 +56,7 @@ def test_require_gpu_names_what_is_missing(monkeypatch, fake, message):
 
 
 def test_require_gpu_passes_where_there_is_one(monkeypatch):
-    from autogemm import runtime
+    from autogemm.gpu import runtime
 
     monkeypatch.setattr(runtime, "cupy", lambda: _fake_cupy(12020, count=1))
     runtime.require_gpu()
@@ -83,14 +83,14 @@ def test_autogemm_tune_without_a_driver_raises_gpu_unavailable():
 
 
 def test_an_unavailable_gpu_raised_deep_in_a_command_exits_3(monkeypatch, capsys):
-    from autogemm import runtime
+    from autogemm.gpu import runtime
     from autogemm.cli import tuning
 
     def lost():
         raise runtime.GpuUnavailable(f"{NO_GPU} (made up)")
 
     monkeypatch.setattr(tuning, "require_gpu", lambda: None)
-    monkeypatch.setattr("autogemm.launch.current_device", lost)
+    monkeypatch.setattr("autogemm.gpu.launch.current_device", lost)
     code, _, err = run_cli(capsys, "bench", "--M", "64")
     assert code == 3 and NO_GPU in err
 
@@ -104,9 +104,9 @@ PLAIN = SimtConfig()
 @pytest.fixture
 def stub_check(monkeypatch):
     """`check` over PLAIN and CAPPED with an nvcc that reports spills for the capped kernel."""
-    from autogemm import compile as compile_module
-    from autogemm.compile import ResourceUsage
-    from autogemm.space import SearchSpace
+    from autogemm.kernels import compile as compile_module
+    from autogemm.kernels.compile import ResourceUsage
+    from autogemm.kernels.space import SearchSpace
 
     def resources(source, arch):
         spill = 64 if "_reg96" in source.kernel else 0

@@ -28,12 +28,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-import autogemm.compile as compile_module
-from autogemm.compile import CompileError, NvccNotFound, find_nvcc, nvcc_resources
+import autogemm.kernels.compile as compile_module
+from autogemm.kernels.compile import CompileError, NvccNotFound, find_nvcc, nvcc_resources
 from autogemm.families import GemvConfig, HopperConfig, SimtConfig, TensorCoreConfig, config_from_name, wgmma
 from autogemm.problem import LAYOUTS, Device, Problem
-from autogemm.render import render
-from autogemm.space import SearchSpace
+from autogemm.kernels.render import render
+from autogemm.kernels.space import SearchSpace
 from samples import COVERAGE, TENSOR_CORE_KINDS, diverse_sample, tensor_core_sample
 
 ARCHS = ("sm_90", "sm_80")
@@ -398,7 +398,7 @@ def test_the_kernel_refuses_a_shared_memory_figure_other_than_its_own(name, prob
 def test_cubins_are_stored_whole_shared_and_leave_nothing_behind(tmp_path, monkeypatch):
     import errno
 
-    from autogemm.compile import store_cubin
+    from autogemm.kernels.compile import store_cubin
 
     path = tmp_path / "kernel.cubin"
     store_cubin(path, b"\x7fELF cubin")
@@ -418,8 +418,8 @@ def test_a_kernel_the_disk_will_not_take_comes_back_in_memory(tmp_path, monkeypa
     tune); it is returned as bytes, kept, and not compiled again while the disk stays full."""
     import errno
 
-    from autogemm import nvrtc
-    from autogemm.compile import UnstoredCubin, compile_to_cubin
+    from autogemm.kernels import nvrtc
+    from autogemm.kernels.compile import UnstoredCubin, compile_to_cubin
 
     calls = []
     monkeypatch.setattr(nvrtc, "compile_cubin", lambda code, name, arch, options: calls.append(arch) or b"\x7fELF")
@@ -440,8 +440,8 @@ def test_a_kernel_the_disk_will_not_take_comes_back_in_memory(tmp_path, monkeypa
 def test_a_cubin_on_disk_that_is_not_what_was_compiled_is_compiled_again(tmp_path, monkeypatch):
     """A cubin is trusted only while it matches the digest kept beside it: one truncated, swapped or
     written without a digest (by a killed compiler, a careless tool, an attacker) is compiled again."""
-    from autogemm import nvrtc
-    from autogemm.compile import compile_to_cubin
+    from autogemm.kernels import nvrtc
+    from autogemm.kernels.compile import compile_to_cubin
 
     calls = []
     monkeypatch.setattr(nvrtc, "compile_cubin", lambda code, name, arch, options: calls.append(arch) or b"\x7fELF good")
@@ -466,7 +466,7 @@ def test_nvrtc_compiles_through_the_public_bindings_with_cupys_options(monkeypat
     --device-as-default-execution-space after ours), and a refused program's log reaches the error."""
     import types
 
-    from autogemm import nvrtc
+    from autogemm.kernels import nvrtc
 
     class Result:
         NVRTC_SUCCESS = "ok"
@@ -508,7 +508,7 @@ def test_nvrtc_compiles_through_the_public_bindings_with_cupys_options(monkeypat
 def test_nvrtc_missing_is_named_with_what_to_install(monkeypatch):
     import sys
 
-    from autogemm import nvrtc
+    from autogemm.kernels import nvrtc
 
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)  # as where cuda-bindings is not installed
     monkeypatch.setitem(sys.modules, "cuda.bindings.nvrtc", None)

@@ -9,11 +9,11 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pytest
 
-from autogemm.compile import CompileError
-from autogemm.compile_service import CompileService, RemoteCompilePool
+from autogemm.kernels.compile import CompileError
+from autogemm.kernels.compile_service import CompileService, RemoteCompilePool
 from autogemm.families import SimtConfig
 from autogemm.problem import Problem
-from autogemm.render import render
+from autogemm.kernels.render import render
 
 import compile_stubs
 
@@ -81,8 +81,8 @@ def test_a_gone_service_fails_what_was_pending_and_what_comes_after():
 
 
 def test_an_evaluator_of_a_campaign_worker_compiles_in_the_shared_pool_and_leaves_it_open():
-    from autogemm.compile import share_compile_pool, shared_compile_pool
-    from autogemm.evaluate import CompileAheadEvaluator
+    from autogemm.kernels.compile import share_compile_pool, shared_compile_pool
+    from autogemm.measure.evaluate import CompileAheadEvaluator
 
     service = CompileService(1)
     remote = RemoteCompilePool(service.connect())

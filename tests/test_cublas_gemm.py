@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from autogemm.cublas_gemm import INT32_MAX, cublas_launcher
-from autogemm.operands import KernelOperand
+from autogemm.gpu.cublas_gemm import INT32_MAX, cublas_launcher
+from autogemm.gpu.operands import KernelOperand
 from autogemm.problem import Problem
 
 ROW_MAJOR = KernelOperand(False, 8, 0, 0)

@@ -17,9 +17,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autogemm.cache import CacheWarning, TuningCache
-from autogemm.recorded import RecordedEvaluator, RecordedTable
-from autogemm.tuner import TuneError, tune
+from autogemm.results.cache import CacheWarning, TuningCache
+from autogemm.measure.recorded import RecordedEvaluator, RecordedTable
+from autogemm.tuning.tuner import TuneError, tune
 
 HERE = Path(__file__).parent
 TABLE = RecordedTable.load(HERE / "data" / "simt_small_4096.jsonl")

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from autogemm.evaluate import FAILURE_KINDS, Measurement
-from autogemm.isolate import candidate_timeout
+from autogemm.measure.evaluate import FAILURE_KINDS, Measurement
+from autogemm.measure.isolate import candidate_timeout
 from autogemm.families import SimtConfig
 from autogemm.problem import Device, Problem
-from autogemm.recorded import RecordedEvaluator, RecordedTable
+from autogemm.measure.recorded import RecordedEvaluator, RecordedTable
 
 TABLE = Path(__file__).parent / "data" / "simt_small_4096.jsonl"
 
@@ -54,7 +54,7 @@ def test_candidate_time_limit_grows_with_the_work():
 def _compiling_evaluator(compile_function, on_measure=None):
     """A compile-ahead evaluator whose workers run `compile_function` (a stand-in of
     tests/compile_stubs.py) and whose measuring always succeeds (after `on_measure(self, config)`)."""
-    from autogemm.evaluate import CompileAheadEvaluator
+    from autogemm.measure.evaluate import CompileAheadEvaluator
 
     class Evaluator(CompileAheadEvaluator):
         def __init__(self):
@@ -89,7 +89,7 @@ class _FailingMeasurer:
     """A GpuMeasurer stand-in whose verification raises what it is given."""
 
     def __init__(self, exc: BaseException):
-        from autogemm.evaluate import GpuMeasurer
+        from autogemm.measure.evaluate import GpuMeasurer
 
         import cupy
 
@@ -128,7 +128,7 @@ def test_the_measuring_process_answers_every_request_whatever_a_candidate_raises
     import multiprocessing
     import threading
 
-    from autogemm.isolate import serve
+    from autogemm.measure.isolate import serve
 
     class Measurer:
         poisoned = ""

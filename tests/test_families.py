@@ -8,10 +8,9 @@ import dataclasses
 
 import pytest
 
-from autogemm.families import (REASON_CODES, SimtConfig, TensorCoreConfig, config_from_dict, config_from_name,
-                               family_for, get, register)
+from autogemm.families import REASON_CODES, SimtConfig, TensorCoreConfig, config_from_dict, config_from_name, family_for, get, register
 from autogemm.problem import LAYOUTS, Device, Problem
-from autogemm.render import render
+from autogemm.kernels.render import render
 from samples import REFERENCE_CONFIGS
 
 SM90 = Device.for_arch("sm_90")

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from autogemm.cache import CacheWarning, Record, TuningCache
+from autogemm.results.cache import CacheWarning, Record, TuningCache
 from autogemm.cli import main
-from autogemm.planning import Dispatcher
+from autogemm.serving.planning import Dispatcher
 from autogemm.families import SimtConfig, TensorCoreConfig
 from autogemm.problem import Device, Problem
-from autogemm.render import kernel_template_hash
+from autogemm.kernels.render import kernel_template_hash
 
 # the warnings this test expects it checks itself, where it reads; the rest (the commands') are noise here
-pytestmark = pytest.mark.filterwarnings("ignore::autogemm.cache.CacheWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::autogemm.results.cache.CacheWarning")
 
 DEVICE = Device(name="Fuzz GPU", compute_capability=(9, 0), sm_count=132, smem_per_block_optin=227 * 1024,
                 smem_per_sm=228 * 1024)

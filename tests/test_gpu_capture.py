@@ -20,15 +20,15 @@ import pytest
 from gpu_cases import serving
 
 import autogemm
-from autogemm import select
-from autogemm.cache import CUBLAS, Record, TuningCache
-from autogemm.capture import CaptureError
+from autogemm.serving import select
+from autogemm.results.cache import CUBLAS, Record, TuningCache
+from autogemm.gpu.capture import CaptureError
 from autogemm.families import HopperConfig, SimtConfig
-from autogemm.launch import current_device
+from autogemm.gpu.launch import current_device
 from autogemm.problem import Problem
-from autogemm.record import cublas_record
-from autogemm.render import kernel_template_hash
-from autogemm.timing import PROTOCOL
+from autogemm.results.record import cublas_record
+from autogemm.kernels.render import kernel_template_hash
+from autogemm.measure.timing import PROTOCOL
 
 pytestmark = pytest.mark.gpu
 
@@ -147,8 +147,8 @@ def _shake(sentinels: list) -> None:
     again, filled with a sentinel."""
     import cupy
 
-    from autogemm import cublas_gemm
-    from autogemm.packed_launch import WORKSPACES
+    from autogemm.gpu import cublas_gemm
+    from autogemm.gpu.packed_launch import WORKSPACES
 
     WORKSPACES.clear()
     for state in cublas_gemm._STATES.values():
@@ -337,7 +337,7 @@ def test_a_capture_on_a_stream_with_a_spare_output_takes_its_output_from_the_gra
     under capture on that stream must not hand it out (it is not the graph's memory: it would be
     freed, and reused, while the graph still writes it), nor replace it."""
     torch = _torch()
-    from autogemm import dispatch
+    from autogemm.serving import dispatch
 
     with serving(select.CUBLAS_SERVES):
         autogemm.reset()

@@ -17,7 +17,7 @@ TYPES = [(d, c) for d, c, _ in TENSOR_CORE_KINDS] + [("float32", "fp32")]
 
 
 def _device():
-    from autogemm.launch import current_device
+    from autogemm.gpu.launch import current_device
 
     return current_device()
 

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import autogemm
-import autogemm.select as select
-from autogemm.bench import relative_error
+import autogemm.serving.select as select
+from autogemm.measure.bench import relative_error
 from gpu_cases import serving
 
 pytestmark = pytest.mark.gpu
@@ -84,8 +84,8 @@ def test_tuned_entry_is_used_and_explained():
 def _check_tuned_entry():
     import cupy
 
-    from autogemm.cache import TuningCache
-    from autogemm.launch import current_device
+    from autogemm.results.cache import TuningCache
+    from autogemm.gpu.launch import current_device
 
     result = autogemm.tune(256, trials=8, timeout=120)
     a, b = _random((256, 256), 1), _random((256, 256), 2)
@@ -156,9 +156,9 @@ def test_other_dtypes_run_the_tensor_core_family(dtype, compute, limit):
 def test_untuned_problems_and_cublas_records_are_served_by_cublas():
     """With nothing tuned, and for a problem whose tune kept cuBLAS, matmul is cupy.matmul (TF32
     mode where TF32 was asked for)."""
-    from autogemm.cache import TuningCache, cublas_record
+    from autogemm.results.cache import TuningCache, cublas_record
     from autogemm.families import SimtConfig
-    from autogemm.launch import current_device
+    from autogemm.gpu.launch import current_device
     from test_select import _record
 
     with cublas_serving():
@@ -207,7 +207,7 @@ def test_cublas_serves_every_dtype_layout_batch_and_scaling(dtype, compute, limi
     import cupy
     import ml_dtypes
 
-    from autogemm.bench import to_bfloat16, to_float64
+    from autogemm.measure.bench import to_bfloat16, to_float64
 
     def operand(shape, seed):
         x = _random(shape, seed)
@@ -273,10 +273,10 @@ def test_the_fast_path_serves_every_dtype_and_replans_for_another_alignment():
 def test_the_race_caches_its_winner_per_process(monkeypatch):
     """matmul(race=True) on a problem nobody tuned races the model's configs against cuBLAS on the
     real operands once; later calls of the problem (and other strides of it) reuse the winner."""
-    import autogemm.race as race
-    from autogemm.cache import TuningCache
+    import autogemm.serving.race as race
+    from autogemm.results.cache import TuningCache
     from autogemm.families import SimtConfig
-    from autogemm.launch import current_device
+    from autogemm.gpu.launch import current_device
     from test_select import _record
 
     runs = []

@@ -17,9 +17,9 @@ SLOW = dict(bm=16, bn=16, bk=8, wm=16, wn=8, tm=2, tn=2, vec=1, vec_frag=1, stag
 def _claimed_win(problem, config, device):
     """A record of a nearby shape, under the current protocol, that claims `config` beats cuBLAS
     by 1.5x: what a prediction would carry from a record that lies, or from a model that errs."""
-    from autogemm.cache import Record
-    from autogemm.render import kernel_digest, kernel_template_hash
-    from autogemm.timing import PROTOCOL
+    from autogemm.results.cache import Record
+    from autogemm.kernels.render import kernel_digest, kernel_template_hash
+    from autogemm.measure.timing import PROTOCOL
 
     cublas_ms = problem.flops / 40e12 * 1e3
     return Record(problem=problem.key, family=config.family,
@@ -33,11 +33,11 @@ def test_the_guard_drops_a_slow_predicted_kernel_within_its_first_calls():
     import cupy
 
     import autogemm
-    from autogemm.bench import random_uniform, reference_gemm, relative_error
-    from autogemm.cache import TuningCache
+    from autogemm.measure.bench import random_uniform, reference_gemm, relative_error
+    from autogemm.results.cache import TuningCache
     from autogemm.families import SimtConfig
-    from autogemm.guard import GUARD_CALLS
-    from autogemm.launch import current_device
+    from autogemm.serving.guard import GUARD_CALLS
+    from autogemm.gpu.launch import current_device
     from autogemm.problem import Problem
 
     device = current_device()
@@ -80,10 +80,10 @@ def test_a_kernel_that_wins_under_the_guard_keeps_serving():
     side is cuBLAS, the fallback side cuBLAS three times over; the kernel side wins and serves."""
     import cupy
 
-    from autogemm.bench import random_uniform
-    from autogemm.cublas_gemm import cublas_launcher
-    from autogemm.guard import Guard
-    from autogemm.operands import describe
+    from autogemm.measure.bench import random_uniform
+    from autogemm.gpu.cublas_gemm import cublas_launcher
+    from autogemm.serving.guard import Guard
+    from autogemm.gpu.operands import describe
     from autogemm.problem import Problem
 
     a, b = random_uniform((1024, 1024), seed=3), random_uniform((1024, 1024), seed=4)

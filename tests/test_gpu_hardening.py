@@ -34,12 +34,12 @@ def _free_bytes() -> int:
 @pytest.mark.exhaustive  # 200 compilations and measurements: ~20 s, too long for the quick tier
 def test_memory_stays_flat_over_200_measured_candidates():
     """Every measured candidate's module stayed loaded (cupy.RawModule memoizes them all)."""
-    from autogemm.compile import compile_many
-    from autogemm.evaluate import GpuMeasurer
+    from autogemm.kernels.compile import compile_many
+    from autogemm.measure.evaluate import GpuMeasurer
     from autogemm.families import SimtConfig
-    from autogemm.launch import current_device
+    from autogemm.gpu.launch import current_device
     from autogemm.problem import Problem
-    from autogemm.render import render
+    from autogemm.kernels.render import render
 
     device = current_device()
     problem = Problem(256, 256, 256)
@@ -69,11 +69,11 @@ def test_memory_stays_flat_over_200_measured_candidates():
 def test_a_few_wrong_elements_fail_verification(monkeypatch):
     """Six zeroed outputs of 1024x1024 FP16 stay under the 1e-2 norm-wise tolerance; the
     element-wise bound fails the candidate."""
-    import autogemm.launch as launch
-    from autogemm.evaluate import GpuMeasurer
-    from autogemm.launch import current_device
+    import autogemm.gpu.launch as launch
+    from autogemm.measure.evaluate import GpuMeasurer
+    from autogemm.gpu.launch import current_device
     from autogemm.problem import Problem
-    from autogemm.select import default_config
+    from autogemm.serving.select import default_config
 
     device = current_device()
     problem = Problem(1024, 1024, 256, dtype="float16")
@@ -100,10 +100,10 @@ def test_a_few_wrong_elements_fail_verification(monkeypatch):
 def test_out_of_memory_and_python_errors_are_candidate_failures(monkeypatch):
     import cupy
 
-    import autogemm.launch as launch
-    from autogemm.evaluate import GpuMeasurer
+    import autogemm.gpu.launch as launch
+    from autogemm.measure.evaluate import GpuMeasurer
     from autogemm.families import SimtConfig
-    from autogemm.launch import current_device
+    from autogemm.gpu.launch import current_device
     from autogemm.problem import Problem
 
     device = current_device()
@@ -129,9 +129,9 @@ def test_out_of_memory_and_python_errors_are_candidate_failures(monkeypatch):
 def test_a_tune_goes_on_when_compiled_kernels_cannot_be_stored(tmp_path, monkeypatch):
     """A cubin directory that cannot be written (here: below a regular file, which fails even
     for root) failed every candidate, then the tune."""
-    from autogemm.cache import TuningCache
+    from autogemm.results.cache import TuningCache
     from autogemm.problem import Problem
-    from autogemm.tuner import tune
+    from autogemm.tuning.tuner import tune
 
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
@@ -147,8 +147,8 @@ def test_a_tune_goes_on_when_compiled_kernels_cannot_be_stored(tmp_path, monkeyp
 HANG_SCRIPT = """
 import os, sys
 from autogemm.families import SimtConfig
-from autogemm.isolate import IsolatedEvaluator
-from autogemm.launch import current_device
+from autogemm.measure.isolate import IsolatedEvaluator
+from autogemm.gpu.launch import current_device
 from autogemm.problem import Problem
 
 evaluator = IsolatedEvaluator(Problem(512, 512, 512), current_device(), jobs=2, timeout=600)
@@ -196,9 +196,9 @@ def test_many_threads_on_new_shapes_with_tune_get_correct_results_from_one_tune_
     import cupy
 
     import autogemm
-    import autogemm.planning as planning
-    import autogemm.tuner as tuner
-    from autogemm.bench import check_result, random_uniform
+    import autogemm.serving.planning as planning
+    import autogemm.tuning.tuner as tuner
+    from autogemm.measure.bench import check_result, random_uniform
     from autogemm.problem import Problem
 
     monkeypatch.setattr(planning, "AUTOTUNE_TRIALS", 2)

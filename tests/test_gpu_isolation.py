@@ -63,16 +63,16 @@ def test_broken_variants_fail_with_their_kind_and_the_tune_survives(tmp_path):
 def test_cache_verify_drops_a_wrong_kernel(tmp_path):
     """A cached record whose kernel now computes wrong (here: the broken template behind its
     name) is dropped by `cache verify`."""
-    from autogemm.cache import Record, TuningCache
+    from autogemm.results.cache import Record, TuningCache
     from autogemm.families import SimtConfig
-    from autogemm.launch import current_device
+    from autogemm.gpu.launch import current_device
     from autogemm.problem import Problem
 
     wrong = SimtConfig(64, 64, 8, 32, 32, 4, 8, 4, 4, 2, "pad", 6, 1)  # group_m 6: wrong result
     env_dir = os.environ.get("AUTOGEMM_TEMPLATE_DIR")
     os.environ["AUTOGEMM_TEMPLATE_DIR"] = str(HERE / "broken_templates")
     try:
-        from autogemm.render import kernel_template_hash
+        from autogemm.kernels.render import kernel_template_hash
 
         current_hash = kernel_template_hash(wrong.template)
     finally:

@@ -61,7 +61,7 @@ QUICK = (
 
 
 def _device():
-    from autogemm.launch import current_device
+    from autogemm.gpu.launch import current_device
 
     return current_device()
 
@@ -117,8 +117,8 @@ def test_stream_k_counters_are_reset_for_the_next_launch():
     zeroes; launch after launch the result must stay right (primes: shares straddle tiles)."""
     import cupy
 
-    from autogemm.bench import random_uniform, reference_gemm, relative_error
-    from autogemm.launch import bind
+    from autogemm.measure.bench import random_uniform, reference_gemm, relative_error
+    from autogemm.gpu.launch import bind
 
     config = config_from_name(QUICK[2][2])
     a, b = random_uniform((331, 2039), seed=11), random_uniform((509, 2039), seed=12)
@@ -143,9 +143,9 @@ def test_one_launcher_serves_threads_on_their_own_streams(index):
 
     import cupy
 
-    from autogemm.bench import random_uniform, reference_gemm, relative_error
-    from autogemm.launch import launcher, prepare, resolve
-    from autogemm.packed_launch import WORKSPACES
+    from autogemm.measure.bench import random_uniform, reference_gemm, relative_error
+    from autogemm.gpu.launch import launcher, prepare, resolve
+    from autogemm.gpu.packed_launch import WORKSPACES
 
     dtype, _, name = QUICK[index]
     config = config_from_name(name)

@@ -352,7 +352,7 @@ def test_a_bfloat16_out_that_overlaps_an_operand():
     import cupy
     import ml_dtypes
 
-    from autogemm.bench import to_bfloat16, to_float64
+    from autogemm.measure.bench import to_bfloat16, to_float64
 
     a = to_bfloat16(_values((64, 64), np.float32, 1)).view(ml_dtypes.bfloat16)
     b = to_bfloat16(_values((64, 64), np.float32, 2)).view(ml_dtypes.bfloat16)

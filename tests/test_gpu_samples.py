@@ -29,7 +29,7 @@ STREAM_K_CASES = (
 
 
 def _device():
-    from autogemm.launch import current_device
+    from autogemm.gpu.launch import current_device
 
     return current_device()
 

@@ -10,7 +10,7 @@ import pytest
 from gpu_cases import serving
 
 import autogemm
-from autogemm import dispatch, select, torch_tensors
+from autogemm.serving import dispatch, select, torch_tensors
 
 pytestmark = pytest.mark.gpu
 

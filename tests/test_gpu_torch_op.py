@@ -12,7 +12,7 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch", reason="torch.ops.autogemm.matmul needs PyTorch, which is not installed")
 
 import autogemm.torch as agt
-from autogemm import dispatch
+from autogemm.serving import dispatch
 
 OP = torch.ops.autogemm.matmul
 DTYPES = ["float32", "float16", "bfloat16"]

@@ -23,10 +23,10 @@ def _tune(*args: str) -> dict:
 def test_tune_caches_a_verified_kernel_and_resumes():
     import cupy
 
-    from autogemm.bench import random_uniform, reference_gemm, relative_error
-    from autogemm.cache import TuningCache
+    from autogemm.measure.bench import random_uniform, reference_gemm, relative_error
+    from autogemm.results.cache import TuningCache
     from autogemm.families import config_from_name
-    from autogemm.launch import current_device, gemm
+    from autogemm.gpu.launch import current_device, gemm
     from autogemm.problem import Problem
 
     first = _tune("--M", "1024", "--trials", "10", "--timeout", "300")
@@ -62,11 +62,11 @@ def test_the_measuring_process_compares_a_kernel_with_cublas_one_call_at_a_time(
     """The tuner's latency check, through the isolated measuring process and in this one, on a
     transposed float16 problem: both run the kernel and the served cuBLAS on the measurer's stored
     operands and give plausible latencies."""
-    from autogemm.evaluate import GpuMeasurer
-    from autogemm.isolate import IsolatedEvaluator
-    from autogemm.launch import current_device
+    from autogemm.measure.evaluate import GpuMeasurer
+    from autogemm.measure.isolate import IsolatedEvaluator
+    from autogemm.gpu.launch import current_device
     from autogemm.problem import Problem
-    from autogemm.select import default_config
+    from autogemm.serving.select import default_config
 
     problem = Problem.from_layout(127, 257, 65, "tn", dtype="float16")
     device = current_device()
@@ -91,11 +91,11 @@ def test_a_short_problem_records_gpu_time_for_the_kernel_and_the_baselines():
 
     import cupy
 
-    from autogemm.bench import random_uniform
-    from autogemm.cache import TuningCache
-    from autogemm.launch import current_device
+    from autogemm.measure.bench import random_uniform
+    from autogemm.results.cache import TuningCache
+    from autogemm.gpu.launch import current_device
     from autogemm.problem import Problem
-    from autogemm.timing import PROTOCOL
+    from autogemm.measure.timing import PROTOCOL
 
     out = _tune("--M", "256", "--dtype", "float16", "--trials", "6", "--timeout", "120", "--space", "wmma_fp16")
     problem = Problem(256, 256, 256, dtype="float16")
@@ -121,10 +121,10 @@ def test_a_kept_measuring_process_measures_each_next_problem_on_its_own_inputs()
     """Inside keep_measuring_processes (a campaign worker's life, a tune over several spaces) one
     measuring process serves problem after problem: each gets its own operands and cuBLAS baseline,
     and a wrong kernel is still caught on the second problem."""
-    from autogemm.isolate import IsolatedEvaluator, _kept, keep_measuring_processes
-    from autogemm.launch import current_device
+    from autogemm.measure.isolate import IsolatedEvaluator, _kept, keep_measuring_processes
+    from autogemm.gpu.launch import current_device
     from autogemm.problem import Problem
-    from autogemm.select import default_config
+    from autogemm.serving.select import default_config
 
     device = current_device()
     small, large = Problem(128, 128, 128, dtype="float16"), Problem.from_layout(2048, 2056, 1040, "nt")
@@ -150,8 +150,8 @@ def test_a_campaign_on_this_gpu_tunes_each_problem_once_and_caches_its_record(tm
     """`autogemm campaign run` end to end on the real GPU: a worker process, its kept measuring
     process and the shared compile pool; every problem done on the board with a record in the
     campaign's cache, and a second run finds nothing left to tune."""
-    from autogemm.cache import TuningCache
-    from autogemm.launch import current_device
+    from autogemm.results.cache import TuningCache
+    from autogemm.gpu.launch import current_device
     from autogemm.problem import Problem
 
     path = tmp_path / "campaign.toml"

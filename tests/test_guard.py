@@ -8,10 +8,10 @@ import types
 
 import pytest
 
-from autogemm.cache import TuningCache
+from autogemm.results.cache import TuningCache
 from autogemm.families import SimtConfig
 from autogemm.problem import Device, Problem
-from autogemm.select import choose
+from autogemm.serving.select import choose
 
 CONFIG = SimtConfig(64, 128, 16, 32, 64, 8, 8, 4, 4, 3, "swizzle", 8, 1, 1)
 
@@ -29,12 +29,12 @@ class _Event:
 @pytest.fixture
 def fake_cupy(monkeypatch):
     """A CuPy whose events read a clock that each launcher advances by its own cost."""
-    import autogemm.guard
+    import autogemm.serving.guard
 
     cuda = types.SimpleNamespace(Event=_Event, get_current_stream=lambda: types.SimpleNamespace(ptr=0),
                                  get_elapsed_time=lambda start, stop: stop.at - start.at)
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(cuda=cuda))
-    monkeypatch.setattr(autogemm.guard, "capturing", lambda stream_pointer: False)  # no graph is captured
+    monkeypatch.setattr(autogemm.serving.guard, "capturing", lambda stream_pointer: False)  # no graph is captured
     return cuda
 
 
@@ -47,7 +47,7 @@ def _launcher(cost_ms, calls):
 
 @pytest.mark.parametrize("kernel_ms,won", [(2.0, False), (0.5, True), (0.995, False)])
 def test_the_guard_alternates_then_hands_the_plan_to_the_winner(fake_cupy, kernel_ms, won):
-    from autogemm.guard import GUARD_CALLS, Guard
+    from autogemm.serving.guard import GUARD_CALLS, Guard
 
     calls, settled = [], []
     guard = Guard(_launcher(kernel_ms, calls), _launcher(1.0, calls), lambda winner, v: settled.append(v))
@@ -61,7 +61,7 @@ def test_the_guard_alternates_then_hands_the_plan_to_the_winner(fake_cupy, kerne
 
 
 def test_while_the_events_are_pending_the_fallback_serves(fake_cupy):
-    from autogemm.guard import GUARD_CALLS, Guard
+    from autogemm.serving.guard import GUARD_CALLS, Guard
 
     calls, settled = [], []
     guard = Guard(_launcher(0.5, calls), _launcher(1.0, calls), lambda winner, v: settled.append(v))
@@ -75,8 +75,8 @@ def test_while_the_events_are_pending_the_fallback_serves(fake_cupy):
 def test_a_loss_is_remembered_as_a_cublas_record_that_is_no_evidence(tmp_path):
     """remember_loss files a cuBLAS record naming the kernel that lost: the next process serves cuBLAS
     for that problem (and says why), and the predictor does not learn from the guard's figures."""
-    from autogemm.guard import remember_loss
-    from autogemm.predict import candidates
+    from autogemm.serving.guard import remember_loss
+    from autogemm.results.predict import candidates
 
     device = Device.for_arch("sm_90")
     problem = Problem(2048, 2048, 2048)
@@ -91,8 +91,8 @@ def test_a_loss_is_remembered_as_a_cublas_record_that_is_no_evidence(tmp_path):
 
 
 def test_remember_loss_on_a_cache_that_cannot_be_written_warns(tmp_path):
-    from autogemm.cache import CacheWarning
-    from autogemm.guard import remember_loss
+    from autogemm.results.cache import CacheWarning
+    from autogemm.serving.guard import remember_loss
 
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
@@ -104,10 +104,10 @@ def test_remember_loss_on_a_cache_that_cannot_be_written_warns(tmp_path):
 def test_under_a_graph_capture_the_fallback_serves_untimed(fake_cupy, monkeypatch):
     """A call captured into a CUDA graph is replayed later, where no event of the guard's would
     time it: the fallback serves it, and the guard neither counts nor decides."""
-    import autogemm.guard
-    from autogemm.guard import GUARD_CALLS, Guard
+    import autogemm.serving.guard
+    from autogemm.serving.guard import GUARD_CALLS, Guard
 
-    monkeypatch.setattr(autogemm.guard, "capturing", lambda stream_pointer: True)
+    monkeypatch.setattr(autogemm.serving.guard, "capturing", lambda stream_pointer: True)
     calls, settled = [], []
     guard = Guard(_launcher(0.5, calls), _launcher(1.0, calls), lambda winner, v: settled.append(v))
     for _ in range(2 * GUARD_CALLS + 1):

@@ -10,15 +10,15 @@ import dataclasses
 import numpy as np
 import pytest
 
-import autogemm.tensor_maps as tensor_maps
+import autogemm.gpu.tensor_maps as tensor_maps
 from autogemm.families import HopperConfig, config_from_name
-from autogemm.launch import PreparedGemm
-from autogemm.tma_launch import operand_layout, output_layout, tma_launcher
-from autogemm.operands import KernelOperand
+from autogemm.gpu.launch import PreparedGemm
+from autogemm.gpu.tma_launch import operand_layout, output_layout, tma_launcher
+from autogemm.gpu.operands import KernelOperand
 from autogemm.problem import Device, Problem
-from autogemm.render import render
-from autogemm.space import SearchSpace, candidate_space_names
-from autogemm.tensor_maps import TensorMapCache, TensorMapError, TiledLayout
+from autogemm.kernels.render import render
+from autogemm.kernels.space import SearchSpace, candidate_space_names
+from autogemm.gpu.tensor_maps import TensorMapCache, TensorMapError, TiledLayout
 
 H100 = Device.for_arch("sm_90")
 BIG = Problem(4096, 4096, 4096, dtype="float16", compute="fp32")
@@ -249,7 +249,7 @@ def test_a_repeated_address_encodes_no_map_again(monkeypatch):
 
 
 def test_a_map_argument_is_read_from_where_it_points():
-    from autogemm.packed_launch import PackedKernel
+    from autogemm.gpu.packed_launch import PackedKernel
 
     class Function:
         ptr = 0
@@ -277,7 +277,7 @@ def test_the_output_map_describes_c_in_store_chunks():
 def test_a_c_that_tma_cannot_address_is_written_from_registers(ldc, expected, monkeypatch):
     from types import SimpleNamespace
 
-    from autogemm.packed_launch import PackedKernel
+    from autogemm.gpu.packed_launch import PackedKernel
 
     def fake_encode(layout, address, operand):
         faults = layout.problems(address, operand)
@@ -301,7 +301,7 @@ def test_a_c_that_tma_cannot_address_is_written_from_registers(ldc, expected, mo
 def test_without_cuda_bindings_a_cluster_grid_says_what_to_install(monkeypatch):
     import builtins
 
-    from autogemm.tma_launch import resident_clusters
+    from autogemm.gpu.tma_launch import resident_clusters
 
     real_import = builtins.__import__
 
@@ -336,7 +336,7 @@ def test_switching_among_many_operands_always_points_at_the_right_map(monkeypatc
     import gc
     from types import SimpleNamespace
 
-    from autogemm.packed_launch import PackedKernel
+    from autogemm.gpu.packed_launch import PackedKernel
 
     encoded = []
 

@@ -17,13 +17,14 @@ import textwrap
 import pytest
 
 import autogemm
-from autogemm import dispatch, launch, numpy_semantics
+from autogemm.serving import dispatch, numpy_semantics
+from autogemm.gpu import launch
 from autogemm.families import SimtConfig, config_from_dict
-from autogemm.operands import describe, real_scalar
+from autogemm.gpu.operands import describe, real_scalar
 from autogemm.problem import Device, Problem
-from autogemm.render import render
+from autogemm.kernels.render import render
 
-explain_module = importlib.import_module("autogemm.explain")  # (autogemm.explain is the function)
+explain_module = importlib.import_module("autogemm.serving.explain")  # (autogemm.explain is the function)
 
 
 # ---- templates ----------------------------------------------------------------------------------
@@ -97,7 +98,7 @@ def _space_errors(tmp_path, spaces: dict[str, str], limit_s: float) -> dict:
         (tmp_path / f"{len(paths) - 1}.toml").write_text(text)
     script = textwrap.dedent(f"""
         import json, sys
-        import autogemm.space as space
+        import autogemm.kernels.space as space
         space.ENUMERATION_LIMIT_S = {limit_s}
         out = {{}}
         for label, path in json.loads(sys.argv[1]).items():
@@ -133,7 +134,7 @@ def test_space_enumeration_is_bounded_in_time(tmp_path):
 
 
 def test_bounded_arithmetic_keeps_the_shipped_spaces_values():
-    from autogemm.space import SearchSpace
+    from autogemm.kernels.space import SearchSpace
 
     space = SearchSpace.load("gemv")
     draw = {k: v[-1] for k, v in space.knobs.items()}

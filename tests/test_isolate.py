@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autogemm.families import SimtConfig
-from autogemm.isolate import IsolatedEvaluator
+from autogemm.measure.isolate import IsolatedEvaluator
 from autogemm.problem import Device, Problem
 
 HERE = Path(__file__).parent
@@ -86,7 +86,7 @@ def _served_by(evaluator) -> tuple[int, int]:
 
 def test_a_measuring_process_is_kept_for_the_next_tune_only_inside_keep_measuring_processes(monkeypatch):
     # a campaign worker used to start a measuring process (interpreter, CUDA context) for every tune
-    from autogemm import isolate
+    from autogemm.measure import isolate
     from process_stubs import serve_without_a_gpu
 
     class StandIn(IsolatedEvaluator):

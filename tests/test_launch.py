@@ -10,7 +10,7 @@ import re
 import pytest
 
 from autogemm.families import SimtConfig, TensorCoreConfig, VectorWidths
-from autogemm.launch import compute_for, resolve
+from autogemm.gpu.launch import compute_for, resolve
 from autogemm.problem import Problem
 
 _ADDRESSES = itertools.count(1 << 32, 1 << 24)  # fake, 256-byte-aligned and far apart
@@ -59,7 +59,7 @@ def test_a_tensor_core_config_on_float32_computes_tf32():
 ])
 def test_bind_refuses_dtypes_before_launching(config, a, b, message):
     pytest.importorskip("cupy", reason="launch.bind needs CuPy (the cuda13 or cuda12 extra); no GPU needed here")
-    from autogemm.launch import bind
+    from autogemm.gpu.launch import bind
 
     with pytest.raises(TypeError, match=re.escape(message)):
         bind(config, FakeDeviceArray((8, 8), a), FakeDeviceArray((8, 8), b))
@@ -76,7 +76,7 @@ def test_packed_arguments_sit_at_their_natural_alignment_and_are_rewritten_in_pl
 
     import numpy as np
 
-    from autogemm.packed_launch import PackedKernel
+    from autogemm.gpu.packed_launch import PackedKernel
 
     values = (np.uintp(7), np.int32(-3), np.int64(1 << 40), np.float32(0.5), np.int32(9), np.float64(2.25),
               np.uintp(11))
@@ -95,7 +95,7 @@ def test_packed_arguments_sit_at_their_natural_alignment_and_are_rewritten_in_pl
 
 
 def test_the_workspace_pool_keeps_one_buffer_per_stream_and_purpose(monkeypatch):
-    from autogemm.packed_launch import PER_THREAD_STREAM, WorkspacePool
+    from autogemm.gpu.packed_launch import PER_THREAD_STREAM, WorkspacePool
 
     made = []
 
@@ -105,11 +105,11 @@ def test_the_workspace_pool_keeps_one_buffer_per_stream_and_purpose(monkeypatch)
             self.data = type("Memory", (), {"ptr": 4096 * (len(made) + 1)})()
             made.append(self)
 
-    import autogemm.packed_launch
+    import autogemm.gpu.packed_launch
 
     pool = WorkspacePool()
     monkeypatch.setattr(pool, "_allocate", lambda device, stream, nbytes, zeroed: Buffer(nbytes))
-    monkeypatch.setattr(autogemm.packed_launch.capture, "capturing", lambda stream_pointer: False)  # no graph
+    monkeypatch.setattr(autogemm.gpu.packed_launch.capture, "capturing", lambda stream_pointer: False)  # no graph
     first = pool.get(0, 5, "split_k", 1000)
     assert pool.get(0, 5, "split_k", 800) == first and len(made) == 1  # reused, not allocated per call
     assert pool.get(0, 6, "split_k", 800) != first  # another stream: its own buffer

@@ -1,4 +1,4 @@
-"""`matmul`'s NumPy semantics without a GPU (autogemm.numpy_semantics): the result's shape and dtype
+"""`matmul`'s NumPy semantics without a GPU (autogemm.serving.numpy_semantics): the result's shape and dtype
 against NumPy's own for the same shapes and dtypes, the refusals and their messages, how operands
 and `out` are seen by the GEMM (views of one batch stride, copies where no single stride walks a
 broadcast batch), and `matmul` itself refusing before touching the GPU (__cuda_array_interface__
@@ -14,8 +14,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from autogemm import numpy_semantics as ns
-from autogemm.numpy_semantics import CUPY_MATMUL, KERNELS, Operand
+from autogemm.serving import numpy_semantics as ns
+from autogemm.serving.numpy_semantics import CUPY_MATMUL, KERNELS, Operand
 from test_operands import FakeDeviceArray
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from autogemm.operands import ArrayInfo, KernelOperand, describe, real_scalar, validate
+from autogemm.gpu.operands import ArrayInfo, KernelOperand, describe, real_scalar, validate
 
 
 class FakeDeviceArray:

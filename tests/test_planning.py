@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-import autogemm.planning as planning
-import autogemm.tuner as tuner
-from autogemm.cache import TuningCache
-from autogemm.planning import Dispatcher
+import autogemm.serving.planning as planning
+import autogemm.tuning.tuner as tuner
+from autogemm.results.cache import TuningCache
+from autogemm.serving.planning import Dispatcher
 from autogemm.problem import Device, Problem
 from test_cache import SLUG, make_record
 
@@ -128,7 +128,7 @@ def test_tunes_asked_for_by_many_threads_run_once_per_problem_one_at_a_time(cach
 def test_a_tune_running_in_another_process_is_waited_for_not_raised(cache, monkeypatch):
     """With the study lock held elsewhere, the call waits for that tune; when it outlasts the wait,
     the call is served without tuning (a provisional choice, planned again later)."""
-    from autogemm.study import lock_study
+    from autogemm.tuning.study import lock_study
 
     monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(cache.directory))
     monkeypatch.setattr(planning, "WAIT_FOR_TUNE_S", 0.5)
@@ -175,10 +175,10 @@ def test_a_failed_tune_is_a_warning_and_the_call_is_served(cache, monkeypatch):
 
 
 def test_a_race_runs_once_per_problem_and_its_winner_becomes_the_choice(monkeypatch):
-    """The first-call race (autogemm.race) is memoized per problem for the process: other plans of
+    """The first-call race (autogemm.serving.race) is memoized per problem for the process: other plans of
     the same problem (strides, alignment) reuse its winner; reset() forgets it."""
-    import autogemm.race as race
-    from autogemm.select import choose
+    import autogemm.serving.race as race
+    from autogemm.serving.select import choose
     from test_select import OTHER, TUNED, _record
 
     races = []
@@ -207,8 +207,8 @@ def test_a_race_runs_once_per_problem_and_its_winner_becomes_the_choice(monkeypa
 
 
 def test_a_race_cublas_wins_is_served_by_cublas():
-    import autogemm.race as race
-    from autogemm.select import choose
+    import autogemm.serving.race as race
+    from autogemm.serving.select import choose
     from test_select import TUNED, _record
 
     choice = choose(Problem(500, 500, 500), DEVICE, None, [_record(Problem(512, 512, 512), TUNED, ratio=0.9)])

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from autogemm.families import SimtConfig
-from autogemm.predict import WIN_MARGIN, blocks_per_sm, candidates, utilization
+from autogemm.results.predict import WIN_MARGIN, blocks_per_sm, candidates, utilization
 from autogemm.problem import Device, Problem
 from test_select import _record
 
@@ -59,7 +59,7 @@ def test_an_inflated_small_shape_record_is_not_carried_to_a_large_shape():
     the roofline bind on both sides, never the small shape's ratio carried over."""
     from test_select import _record
 
-    from autogemm.predict import LAUNCH_FLOOR_MS
+    from autogemm.results.predict import LAUNCH_FLOOR_MS
 
     small, large = Problem(512, 512, 512), Problem(4096, 4096, 4096)
     inflated = _record(small, CONFIG, ratio=2.4, tflops=20.0, protocol=1)

@@ -17,8 +17,8 @@ import pytest
 from autogemm.families import SimtConfig, TensorCoreConfig, VectorWidths, config_from_name
 from autogemm.paths import templates_dir
 from autogemm.problem import Device, Problem
-from autogemm.render import kernel_template_hash, render, template_hash
-from autogemm.space import SearchSpace
+from autogemm.kernels.render import kernel_template_hash, render, template_hash
+from autogemm.kernels.space import SearchSpace
 from samples import KINDS, covering_sample
 
 SM90 = Device.for_arch("sm_90")

@@ -8,10 +8,10 @@ import pytest
 
 from autogemm.families import config_from_name
 from autogemm.families.base import VectorWidths
-from autogemm.operands import KernelOperand
+from autogemm.gpu.operands import KernelOperand
 from autogemm.problem import LAYOUTS, Device, Problem
-from autogemm.render import render
-from autogemm.repack import plan_repacking, repacked, stored_extent
+from autogemm.kernels.render import render
+from autogemm.gpu.repack import plan_repacking, repacked, stored_extent
 
 REPACKING = "128x256x16_w32x128_t8x16_v44_s3_plain_g1_k1_o1_r_sk_pk"
 

@@ -19,13 +19,13 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution
 
-from autogemm.cache import Record, TuningCache
+from autogemm.results.cache import Record, TuningCache
 from autogemm.cli import main
 from autogemm.families import SimtConfig
 from autogemm.problem import Device, Problem
-from autogemm.render import kernel_template_hash
-from autogemm.space import SearchSpace
-from autogemm.study import study_name_for
+from autogemm.kernels.render import kernel_template_hash
+from autogemm.kernels.space import SearchSpace
+from autogemm.tuning.study import study_name_for
 
 pytest.importorskip("plotly", reason="the report extra (plotly) is not installed")
 
@@ -240,7 +240,7 @@ def test_an_empty_default_storage_says_to_tune_first(tmp_path, capsys):
 
 
 def test_a_record_that_kept_cublas_shows_the_best_generated_kernel_it_beat(recorded, tmp_path, capsys):
-    from autogemm.cache import cublas_record
+    from autogemm.results.cache import cublas_record
 
     url, _ = recorded
     cache = TuningCache()
@@ -296,7 +296,7 @@ def test_profile_with_ncu_but_no_gpu_is_refused(recorded, tmp_path, capsys, monk
 
 
 def test_nsight_compute_csv_is_read_kernel_by_kernel():
-    from autogemm.profile import parse_csv
+    from autogemm.measure.profile import parse_csv
 
     text = "\n".join([
         "==PROF== Connected to process 4242",
@@ -321,7 +321,7 @@ def test_only_the_pipes_the_gpu_lists_are_asked_for(tmp_path):
     """ncu refuses a run that names a metric the GPU lacks; the pipe metrics differ by architecture."""
     import ast
 
-    from autogemm.profile import DRIVER, METRICS, available_metrics
+    from autogemm.measure.profile import DRIVER, METRICS, available_metrics
 
     ncu = tmp_path / "ncu"
     ncu.write_text("#!/bin/sh\necho 'Metric Name   Metric Description'\n"

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from autogemm.cache import TuningCache
+from autogemm.results.cache import TuningCache
 from autogemm.cli import main
-from autogemm.recorded import RecordedEvaluator, RecordedTable
-from autogemm.study import shown_url
-from autogemm.tuner import TuneError, tune
+from autogemm.measure.recorded import RecordedEvaluator, RecordedTable
+from autogemm.tuning.study import shown_url
+from autogemm.tuning.tuner import TuneError, tune
 
 from campaign_helpers import SPACE_PATH, ReplayFactory
 from test_campaign import postgres_server  # noqa: F401 (a fixture)
@@ -97,8 +97,8 @@ def _tune(tmp_path: Path, storage: str):
 def test_a_storage_password_is_never_shown_nor_stored(tmp_path, capsys, monkeypatch, postgres_server):  # noqa: F811
     import sqlalchemy as sa
 
-    from autogemm.campaign_file import load_campaign
-    from autogemm.campaign_worker import WorkerSpec, _claim_and_tune
+    from autogemm.campaigns.file import load_campaign
+    from autogemm.campaigns.worker import WorkerSpec, _claim_and_tune
     from autogemm.cli.campaign import CampaignView
     from autogemm.cli.tuning import _format_result
 

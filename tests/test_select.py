@@ -8,14 +8,14 @@ import dataclasses
 
 import pytest
 
-from autogemm.cache import Record
+from autogemm.results.cache import Record
 from autogemm.families import SimtConfig
 from autogemm.problem import Device, Problem
-from autogemm.render import kernel_template_hash
-from autogemm import select
-from autogemm.timing import PROTOCOL
-from autogemm.select import choose, default_config
-from autogemm.cache import cublas_record
+from autogemm.kernels.render import kernel_template_hash
+from autogemm.serving import select
+from autogemm.measure.timing import PROTOCOL
+from autogemm.serving.select import choose, default_config
+from autogemm.results.cache import cublas_record
 
 SM90 = Device.for_arch("sm_90")
 # what the model needs: SMs and the memory's bandwidth

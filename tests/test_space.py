@@ -5,7 +5,7 @@ from pathlib import Path
 
 from autogemm.families import config_from_name
 from autogemm.problem import Device, Problem
-from autogemm.space import SearchSpace, SpaceError
+from autogemm.kernels.space import SearchSpace, SpaceError
 
 SM90 = Device.for_arch("sm_90")
 SQUARE = Problem(4096, 4096, 4096)
@@ -173,7 +173,7 @@ def test_a_knob_condition_offers_the_knob_only_to_the_problems_it_serves(tmp_pat
 
 
 def test_a_space_declares_the_dtypes_it_is_for_and_a_wrong_one_is_named(tmp_path):
-    from autogemm.space import SearchSpace, SpaceError
+    from autogemm.kernels.space import SearchSpace, SpaceError
 
     assert SearchSpace.load("hopper").dtypes == (("float16", "fp32"), ("bfloat16", "fp32"), ("float32", "tf32"))
     text = (Path(SearchSpace.load("wmma_bf16").path)).read_text()

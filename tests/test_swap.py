@@ -10,10 +10,10 @@ import pytest
 
 from autogemm.families import config_from_name
 from autogemm.families.base import VectorWidths
-from autogemm.operands import KernelOperand
+from autogemm.gpu.operands import KernelOperand
 from autogemm.problem import LAYOUTS, Device, Problem
-from autogemm.render import render
-from autogemm.space import SearchSpace, candidate_space_names
+from autogemm.kernels.render import render
+from autogemm.kernels.space import SearchSpace, candidate_space_names
 
 SM90 = dataclasses.replace(Device.for_arch("sm_90"), sm_count=132)
 

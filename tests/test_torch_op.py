@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch", reason="autogemm.torch (the PyTorch operato
 
 import autogemm
 import autogemm.torch as agt
-from autogemm import dispatch
+from autogemm.serving import dispatch
 
 OP = torch.ops.autogemm.matmul
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from autogemm.compile import nvcc_resources
+from autogemm.kernels.compile import nvcc_resources
 from autogemm.families import config_from_dict, config_from_name
 from autogemm.problem import Device, Problem
-from autogemm.render import kernel_template_hash, render
-from autogemm.space import SearchSpace
+from autogemm.kernels.render import kernel_template_hash, render
+from autogemm.kernels.space import SearchSpace
 
 TOY = Path(__file__).parent / "toy_family"
 sys.path.insert(0, str(TOY))
@@ -66,8 +66,8 @@ def test_it_runs_through_launch():
     """The toy family through the package's own launch path, against float64."""
     import cupy
 
-    from autogemm.bench import random_uniform, reference_gemm, relative_error
-    from autogemm.launch import gemm
+    from autogemm.measure.bench import random_uniform, reference_gemm, relative_error
+    from autogemm.gpu.launch import gemm
 
     for layout, config in (("nn", ToyConfig()), ("tt", ToyConfig(bm=4, bn=8, bk=1, fma=False))):
         trans_a, trans_b = layout[0] == "t", layout[1] == "t"

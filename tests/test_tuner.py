@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from autogemm.cache import TuningCache
-from autogemm.evaluate import Measurement
-from autogemm.recorded import RecordedEvaluator, RecordedTable
-from autogemm.space import SearchSpace
-from autogemm.tuner import TuneError, tune
+from autogemm.results.cache import TuningCache
+from autogemm.measure.evaluate import Measurement
+from autogemm.measure.recorded import RecordedEvaluator, RecordedTable
+from autogemm.kernels.space import SearchSpace
+from autogemm.tuning.tuner import TuneError, tune
 
 DATA = Path(__file__).parent / "data"
 TABLE = RecordedTable.load(DATA / "simt_small_4096.jsonl")
@@ -101,7 +101,7 @@ def test_the_stored_study_names_its_metric_and_counts_each_measurement_once(tmp_
     measured before (answered from the study) not stored as new COMPLETE trials."""
     import optuna
 
-    from autogemm.study import storage_object
+    from autogemm.tuning.study import storage_object
 
     storage = f"sqlite:///{tmp_path / 'studies.db'}"
     result = run(tmp_path, 20, storage=storage, seed=0)
@@ -156,7 +156,7 @@ def test_a_cache_that_cannot_be_written_does_not_end_the_tune(tmp_path, capsys):
 def test_cublas_is_kept_when_no_generated_kernel_beats_it_by_more_than_the_noise(tmp_path):
     """A tune whose best kernel is within the noise of cuBLAS (or slower) caches cuBLAS, with the
     kernel it beat; matmul then serves cuBLAS for the problem."""
-    from autogemm.select import choose
+    from autogemm.serving.select import choose
 
     close = dataclasses.replace(TABLE, cublas_ms=BEST.time_ms * 1.005)  # the best is 1.005x: inside 1% noise
     result = run(tmp_path, 20, evaluator=RecordedEvaluator(close), seed=1)
@@ -182,7 +182,7 @@ class _SingleCalls(RecordedEvaluator):
         self.ratio, self.asked = latency_ratio, []
 
     def single_call(self, config):
-        from autogemm.evaluate import Latency
+        from autogemm.measure.evaluate import Latency
 
         self.asked.append(config.name)
         return Latency(kernel_us=10.0, baseline_us=10.0 * self.ratio)
@@ -192,8 +192,8 @@ def test_a_kernel_must_also_win_one_call_at_a_time(tmp_path):
     """A kernel 1.5x faster than cuBLAS in GPU time but slower one call at a time (host time and all,
     as matmul serves each) leaves cuBLAS serving, and says why; one faster both ways is kept. Both
     records carry the latencies and the current timing protocol."""
-    from autogemm.select import choose
-    from autogemm.timing import PROTOCOL
+    from autogemm.serving.select import choose
+    from autogemm.measure.timing import PROTOCOL
 
     slower_alone = _SingleCalls(dataclasses.replace(TABLE, cublas_ms=BEST.time_ms * 1.5), 0.9)
     result = run(tmp_path / "slower", 20, evaluator=slower_alone, seed=1)
@@ -215,9 +215,9 @@ def test_a_kernel_must_also_win_one_call_at_a_time(tmp_path):
 
 def test_the_tune_starts_from_what_is_known(tmp_path):
     """A winner of a nearby problem is enqueued first: with a single trial, it is what gets measured."""
-    from autogemm.cache import Record
+    from autogemm.results.cache import Record
     from autogemm.problem import Problem
-    from autogemm.render import kernel_template_hash
+    from autogemm.kernels.render import kernel_template_hash
     from autogemm.families import config_from_name
 
     known = config_from_name(BEST_NAME)
@@ -232,7 +232,7 @@ def test_the_tune_starts_from_what_is_known(tmp_path):
 
 
 def test_the_convergence_rule():
-    from autogemm.search import CONVERGED_GAIN, converged
+    from autogemm.tuning.search import CONVERGED_GAIN, converged
 
     flat = [10.0] * 5 + [10.0 * (1 + CONVERGED_GAIN / 2)] * 5
     assert converged(flat, 5) and not converged(flat, 0) and not converged(flat[:5], 5)
@@ -274,7 +274,7 @@ def test_a_short_m_is_searched_in_the_gemv_space_and_the_tiled_one(tmp_path):
     """Without --space, a problem with M <= 16 is tuned in the GEMV space and in its dtype's own,
     the budget shared between them; the best of both is what is returned and cached."""
     from autogemm.problem import Problem
-    from autogemm.space import candidate_space_names
+    from autogemm.kernels.space import candidate_space_names
 
     problem = Problem(8, 4096, 4096)
     assert candidate_space_names(problem) == ("gemv", "simt")
@@ -316,7 +316,7 @@ def test_a_sampler_fixed_on_rejected_draws_is_given_valid_configurations(tmp_pat
     on 4095x4097x1023 and the tune ended with 7 measured (on the device: none, and a TuneError).
     After RESCUE_AFTER idle proposals the tuner enqueues valid configurations drawn uniformly."""
     from autogemm.problem import Problem
-    from autogemm.search import RESCUE_AFTER
+    from autogemm.tuning.search import RESCUE_AFTER
 
     class FirstFails(_ModelEvaluator):
         def finish(self, handle, best_ms):

@@ -60,9 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_problem_arguments(check_p, m_required=False, default_size=4096)
     check_p.set_defaults(handler=cmd_check)
 
-    from ..study import SAMPLERS
-    from ..search import CONVERGED_GAIN
-    from ..tuner import DEFAULT_PATIENCE, DEFAULT_TIMEOUT_S, DEFAULT_TRIALS, default_jobs
+    from ..tuning.study import SAMPLERS
+    from ..tuning.search import CONVERGED_GAIN
+    from ..tuning.tuner import DEFAULT_PATIENCE, DEFAULT_TIMEOUT_S, DEFAULT_TRIALS, default_jobs
 
     tune_p = sub.add_parser(
         "tune", help="search the best kernel for a problem on this GPU and cache it",
@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..runtime import GpuUnavailable
+    from ..gpu.runtime import GpuUnavailable
 
     parser = build_parser()
     args = parser.parse_args(argv)

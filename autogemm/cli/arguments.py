@@ -139,7 +139,7 @@ def load_space(text: str):
     """The search space --space names (a TOML file or a shipped name); CliError naming the shipped
     spaces where it is neither."""
     from ..paths import search_spaces_dir
-    from ..space import SearchSpace, SpaceError
+    from ..kernels.space import SearchSpace, SpaceError
 
     try:
         return SearchSpace.load(text)

@@ -76,7 +76,7 @@ def add_cache_parser(sub) -> None:
 
 
 def _cache():
-    from ..cache import TuningCache
+    from ..results.cache import TuningCache
 
     return TuningCache()
 
@@ -149,7 +149,7 @@ def _cache_clear(args: argparse.Namespace) -> int:
 
 
 def _cache_merge(sources: list[str], output: str | None) -> int:
-    from ..cache_merge import merge_files
+    from ..results.merge import merge_files
 
     if not sources:
         raise CliError("cache merge needs the cache files to merge (device documents or exports)")
@@ -170,9 +170,9 @@ def _cache_retime(cache, file, force: bool, only) -> int:
     protocol (retime.py)."""
     from pathlib import Path
 
-    from ..launch import current_device
-    from ..retime import retime_document
-    from ..tuner import default_jobs
+    from ..gpu.launch import current_device
+    from ..measure.retime import retime_document
+    from ..tuning.tuner import default_jobs
 
     require_gpu()
     device = current_device()
@@ -193,9 +193,9 @@ def _cache_retime(cache, file, force: bool, only) -> int:
 
 def _cache_verify(cache, include_shipped: bool) -> int:
     """Re-verifies every current record of this GPU; drops the user's that fail."""
-    from ..evaluate import FatalEvaluationError
-    from ..isolate import IsolatedEvaluator
-    from ..launch import current_device
+    from ..measure.evaluate import FatalEvaluationError
+    from ..measure.isolate import IsolatedEvaluator
+    from ..gpu.launch import current_device
 
     require_gpu()
     device = current_device()

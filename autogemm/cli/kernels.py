@@ -12,7 +12,7 @@ from .arguments import EXIT_FAILURES, CliError, CliFailure, device_for, load_spa
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from ..render import render
+    from ..kernels.render import render
 
     problem = problem_from_args(args)
     config = parse_config(args.config, problem, ranges=not args.force)
@@ -43,9 +43,9 @@ def _dtype_hint(config, problem, args: argparse.Namespace) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from ..compile import CompileError, NvccNotFound, find_nvcc, nvcc_resources
-    from ..render import render
-    from ..space import SearchSpace, SpaceError, default_space_name
+    from ..kernels.compile import CompileError, NvccNotFound, find_nvcc, nvcc_resources
+    from ..kernels.render import render
+    from ..kernels.space import SearchSpace, SpaceError, default_space_name
 
     space = None
     if args.space:

@@ -50,13 +50,13 @@ def _problem(args: argparse.Namespace):
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ..report import NothingToReport, ReportInputError, gather
-    from ..report_charts import PlotlyMissing, plotly, render_page
+    from ..reports.report import NothingToReport, ReportInputError, gather
+    from ..reports.charts import PlotlyMissing, plotly, render_page
 
     problem = _problem(args)
     ncu = None
     if args.profile:  # refused before anything is read
-        from ..profile import ProfilerUnavailable, require_profiler
+        from ..measure.profile import ProfilerUnavailable, require_profiler
 
         try:
             ncu = require_profiler()
@@ -95,8 +95,8 @@ def _profiles(ncu: str, report) -> dict:
     """Nsight Compute's figures for the problems of this GPU (the others' kernels cannot run here)."""
     import sys
 
-    from ..launch import current_device
-    from ..profile import available_metrics, profile_problem
+    from ..gpu.launch import current_device
+    from ..measure.profile import available_metrics, profile_problem
 
     slug = current_device().slug
     metrics = available_metrics(ncu)

@@ -47,9 +47,9 @@ def _format_result(result) -> str:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from ..evaluate import FatalEvaluationError
-    from ..space import SearchSpace, SpaceError, candidate_space_names
-    from ..tuner import TuneError, tune
+    from ..measure.evaluate import FatalEvaluationError
+    from ..kernels.space import SearchSpace, SpaceError, candidate_space_names
+    from ..tuning.tuner import TuneError, tune
 
     problem = problem_from_args(args)
     space = None  # without --space: every candidate space of the problem (tuner.tune)
@@ -81,8 +81,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def require_gpu() -> None:
     """CliFailure (exit 3) where this host has no usable CUDA GPU (also used by `cache verify`/`retime`)."""
-    from ..runtime import GpuUnavailable
-    from ..runtime import require_gpu as gpu_or_error
+    from ..gpu.runtime import GpuUnavailable
+    from ..gpu.runtime import require_gpu as gpu_or_error
 
     try:
         gpu_or_error()
@@ -91,10 +91,10 @@ def require_gpu() -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ..cache import TuningCache
-    from ..evaluate import GpuEvaluator
-    from ..launch import current_device
-    from ..tuner import default_jobs
+    from ..results.cache import TuningCache
+    from ..measure.evaluate import GpuEvaluator
+    from ..gpu.launch import current_device
+    from ..tuning.tuner import default_jobs
 
     problem = problem_from_args(args)
     require_gpu()

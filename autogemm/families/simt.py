@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from .. import dtypes
 from ..problem import REGISTERS_PER_BLOCK, Device, Problem
-from .base import (MAX_REGISTERS_PER_THREAD, REGISTER_GRANULE, WARP, GemmConfig, VectorizedLoads, VectorWidths, cxx_bool,
-                   grid_knobs, tile_knobs)
+from .base import MAX_REGISTERS_PER_THREAD, REGISTER_GRANULE, WARP, GemmConfig, VectorizedLoads, VectorWidths, cxx_bool, grid_knobs, tile_knobs
 from .knobs import Knob
 
 VECTOR_WIDTHS = (1, 2, 4)  # floats per global or shared-memory access (4 = 16 bytes)

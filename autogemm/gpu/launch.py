@@ -1,0 +1,328 @@
+"""Runs a configuration on CuPy operands: derives the problem and layouts from the arrays (the
+operand model of `operands`), picks the vector widths their alignment allows, compiles (once) and
+launches with the grid the config asks for ("tiles": a block per output tile, batch and K split,
+with a split-K reduction kernel, or "split_k_fused": the same grid, the last block of each tile
+adding the splits up, or "split_k_cluster": the same grid, a tile's splits one thread-block cluster
+adding up in shared memory; "stream_k": a persistent grid with a partial-sum workspace; "tma": a
+block per tile or a persistent grid, A and B passed as tensor maps)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import dtypes
+from . import runtime
+from ..kernels.compile import CompiledKernel, CompileError, compile_source
+from ..families import GemmConfig, VectorWidths
+from .operands import KernelOperand, describe, real_scalar, validate
+from .packed_launch import WORKSPACES, PackedKernel, current_stream_pointer
+from ..problem import Device, Problem
+from ..kernels.render import render
+from .repack import repacking_launcher
+from .tma_launch import resident_clusters, tma_launcher
+
+REDUCE_THREADS = 256
+REDUCE_GRID_MAX = 65535  # blocks of the split-K reduction (it loops over the rest)
+WORKSPACE_ROW_ALIGN = 4  # partial-sum rows padded to 4 elements, so they are stored as vectors
+
+
+@functools.lru_cache(maxsize=None)
+def device_info(ordinal: int) -> Device:
+    return Device.current(ordinal)
+
+
+def current_device() -> Device:
+    import cupy
+
+    return device_info(cupy.cuda.Device().id)
+
+
+def compute_for(config: GemmConfig, dtype: str) -> str:
+    """The compute mode a family implies for a dtype (the tensor-core family on float32: TF32)."""
+    compute = config.compute_for(dtype)
+    if compute is None:
+        raise TypeError(f"the {config.label} family has no kernel for {dtype}; it computes {config.computes_names()}")
+    return compute
+
+
+@dataclass
+class PreparedGemm:
+    """A kernel compiled for one problem class, with its launch geometry."""
+
+    config: GemmConfig
+    problem: Problem
+    kernel: CompiledKernel
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int
+    tiles_per_split: int
+
+
+def prepare(config: GemmConfig, problem: Problem, widths: VectorWidths | None = None,
+            device: Device | None = None) -> PreparedGemm:
+    device = device or current_device()
+    reasons = config.check(problem, device)
+    if reasons:
+        raise ValueError(f"config {config.name} cannot run {problem}: " + "; ".join(reasons))
+    source = render(config, problem, widths)
+    problem = config.kernel_problem(problem)  # from here on: the product the kernel computes
+    smem = config.smem_bytes(problem)
+    kernel = compile_source(source, device.arch, smem)
+    if config.register_cap and kernel.local_bytes:
+        # an explicit register cap is allowed somewhat under the estimate; where ptxas had to spill
+        # under it, the kernel is not worth running
+        raise CompileError(f"{source.kernel}: spills to local memory ({kernel.local_bytes} bytes per thread) "
+                           f"under max_registers={config.register_cap}", "", None)
+    grid = config.grid(problem)
+    if config.launch_kind == "stream_k":
+        grid = (stream_k_blocks(kernel, config.threads, smem, device), 1, 1)
+    elif config.launch_kind == "tma":
+        resident = resident_clusters(kernel, config.threads, smem, config.cluster) if config.cluster > 1 else None
+        grid = (config.grid_blocks(problem, device, resident), 1, 1)
+    return PreparedGemm(config=config, problem=problem, kernel=kernel, grid=grid, block=(config.threads, 1, 1),
+                        smem=smem, tiles_per_split=config.tiles_per_split(problem))
+
+
+def stream_k_blocks(kernel: CompiledKernel, threads: int, smem: int, device: Device) -> int:
+    """Blocks of a stream-K grid: as many as the device holds at once (more would wait for a
+    second wave; the kernel deals the work out over whatever the grid is)."""
+    from cupy.cuda import driver
+
+    per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.gemm.ptr, threads, smem)
+    return max(1, per_sm * device.sm_count)
+
+
+def gemm(config: GemmConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bool = False,
+         alpha: float = 1.0, beta: float = 0.0, stream=None):
+    """C = alpha * op(A) @ op(B) + beta * C with the kernel of `config`; returns C.
+
+    `a` is stored M×K (or K×M with trans_a), `b` K×N (or N×K with trans_b), each 2-D or 3-D
+    (a 2-D operand is shared by every matrix of the batch), rows of unit stride. C is M×N
+    row-major and is allocated when not given (then beta is ignored). bfloat16 operands may be
+    uint16 arrays of the raw bits.
+    """
+    run, c = bind(config, a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+    run(stream)
+    return c
+
+
+@dataclass(frozen=True)
+class Call:
+    """A GEMM call resolved against a config, without touching the GPU: the problem it is (None when
+    there is nothing to multiply: M, N or K is 0), the vector widths the operands' alignment allows,
+    and the operands as the kernel reads them."""
+
+    problem: Problem | None
+    widths: VectorWidths | None
+    a: KernelOperand
+    b: KernelOperand
+    c: KernelOperand
+    k: int
+
+
+def _describe_ab(config: GemmConfig, a, b, trans_a: bool, trans_b: bool):
+    """A and B as stored, op(A) and op(B) as validation sees them, and the compute mode."""
+    info_a, info_b = describe(a, "A", bfloat16_bits=True), describe(b, "B", bfloat16_bits=True)
+    compute = compute_for(config, info_a.dtype)
+    return info_a, info_b, info_a.transposed() if trans_a else info_a, info_b.transposed() if trans_b else info_b, compute
+
+
+def resolve(config: GemmConfig, a, b, c, *, trans_a: bool = False, trans_b: bool = False,
+            alpha: float = 1.0, beta: float = 0.0, described=None) -> Call:
+    """Validates the operands of `gemm` (C given) for `config`; raises TypeError/ValueError naming
+    the fault. `described`: A and B as `_describe_ab` read them, where the caller has."""
+    info_a, info_b, op_a, op_b, compute = described or _describe_ab(config, a, b, trans_a, trans_b)
+    info_c = describe(c, "C", bfloat16_bits=True)
+    shape, _ = validate(op_a, op_b, info_c, alpha, beta, compute)
+    m, n = shape[-2:]
+    k = op_a.shape[-1]
+    a_, b_, c_ = info_a.storage(trans_a), info_b.storage(trans_b), info_c.storage(False)
+    if min(m, n, k) == 0:
+        return Call(None, None, a_, b_, c_, k)
+    problem = Problem(m, n, k, batch=shape[0] if len(shape) == 3 else 1, dtype=info_a.dtype, compute=compute,
+                      trans_a=trans_a, trans_b=trans_b)
+    return Call(problem, config.vector_widths(a_, b_, c_, info_a.itemsize), a_, b_, c_, k)
+
+
+def bind(config: GemmConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bool = False,
+         alpha: float = 1.0, beta: float = 0.0):
+    """Validates the operands, compiles the kernel and returns (run, c): `run(stream=None)`
+    launches it with every argument prepared, for repeated calls (timing, tuning)."""
+    cupy = runtime.cupy()
+    alpha, beta = real_scalar(alpha, "alpha"), real_scalar(beta, "beta")
+    described = _describe_ab(config, a, b, trans_a, trans_b)
+    if c is None:
+        _, _, op_a, op_b, compute = described
+        shape, _ = validate(op_a, op_b, None, alpha, 0.0, compute)
+        c = cupy.empty(shape, dtype=a.dtype)
+        beta = 0.0
+    call = resolve(config, a, b, c, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, described=described)
+    if call.problem is None:
+        if c.size == 0:
+            return (lambda stream=None: None), c
+
+        def scale(stream=None):  # no products: C = beta * C, and beta == 0 must not propagate what C held
+            with stream if stream is not None else contextlib.nullcontext():
+                if beta == 0:
+                    c.fill(0)
+                else:
+                    c[...] *= beta
+        return scale, c
+
+    launch = launcher(prepare(config, call.problem, call.widths), call.a, call.b, call.c)
+
+    def run(stream=None):
+        launch(call.a.pointer, call.b.pointer, call.c.pointer, alpha, beta, stream)
+
+    return run, c
+
+
+def launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand):
+    """`launch(pa, pb, pc, alpha, beta, stream)` for operands of these pitches and batch strides
+    (their pointers are given at each launch): every other argument is packed once, here, and a
+    workspace comes from the per-stream pool (`packed_launch`). A config that repacks misaligned
+    operands copies them first (`repack`)."""
+    if prepared.config.swaps_operands:
+        # C^T = B^T A^T: the kernel's first operand is B, its second A (`prepared.problem` is swapped)
+        inner = _operand_launcher(prepared, b.in_other_role(), a.in_other_role(), c)
+
+        def launch_swapped(pa, pb, pc, alpha, beta, stream=None):
+            inner(pb, pa, pc, alpha, beta, stream)
+
+        return launch_swapped
+    return _operand_launcher(prepared, a, b, c)
+
+
+def _operand_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand):
+    """`launcher` for A and B in the kernel's own roles: copied to aligned pitches first where the
+    config repacks them."""
+    import cupy
+
+    if prepared.config.repacks_operands:
+        return repacking_launcher(prepared, a, b, c, _gemm_launcher, cupy.cuda.Device().id)
+    return _gemm_launcher(prepared, a, b, c)
+
+
+def _gemm_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand):
+    """`launcher` for operands the kernel reads as they are."""
+    import cupy
+
+    problem, config = prepared.problem, prepared.config
+    i32, i64, ptr = np.int32, np.int64, np.uintp
+    scalar = np.dtype(dtypes.lookup(problem.dtype, problem.compute).accumulator_storage).type  # alpha, beta
+    device = cupy.cuda.Device().id
+    grid, block, smem = prepared.grid, prepared.block, prepared.smem
+    m, n, batch = problem.m, problem.n, problem.batch
+    tiles = i32(prepared.tiles_per_split)
+    if config.launch_kind == "stream_k":
+        head = (i32(m), i32(n), i32(problem.k), i32(a.ld), i32(b.ld), i32(c.ld),
+                i64(a.batch_stride), i64(b.batch_stride), i64(c.batch_stride))
+        return _stream_k_launcher(prepared, head, device)
+    if config.launch_kind == "tma":
+        return tma_launcher(prepared, a, b, c, scalar)
+    lock = threading.Lock()
+    plain_arguments = (ptr(0), ptr(0), ptr(0), i32(m), i32(n), i32(problem.k), i32(a.ld), i32(b.ld), i32(c.ld),
+                       i64(a.batch_stride), i64(b.batch_stride), i64(c.batch_stride), scalar(1), scalar(0), tiles)
+    if config.launch_kind == "split_k_fused":
+        return _fused_split_launcher(prepared, plain_arguments, np.dtype(scalar).itemsize, device)
+    if config.split_k == 1 or config.launch_kind == "split_k_cluster":  # (a cluster writes C itself)
+        kernel = PackedKernel(prepared.kernel.gemm, grid, block, smem, plain_arguments)
+        (pointers, _), (scalars, alpha_at) = kernel.slot(0), kernel.slot(12)
+        launch_kernel = kernel.launch
+
+        def launch(pa, pb, pc, alpha, beta, stream=None):
+            stream_pointer = current_stream_pointer(stream)
+            with lock:
+                pointers[0], pointers[1], pointers[2] = pa, pb, pc
+                scalars[alpha_at], scalars[alpha_at + 1] = alpha, beta
+                launch_kernel(stream_pointer)
+
+        return launch
+
+    ldw = -(-n // WORKSPACE_ROW_ALIGN) * WORKSPACE_ROW_ALIGN
+    stride_w = m * ldw
+    workspace_bytes = batch * config.split_k * stride_w * np.dtype(scalar).itemsize
+    kernel = PackedKernel(prepared.kernel.gemm, grid, block, smem, (
+        ptr(0), ptr(0), ptr(0), i32(m), i32(n), i32(problem.k), i32(a.ld), i32(b.ld), i32(ldw),
+        i64(a.batch_stride), i64(b.batch_stride), i64(stride_w), scalar(1), scalar(0), tiles))
+    reduce_grid = (min(-(-(batch * m * n) // REDUCE_THREADS), REDUCE_GRID_MAX), 1, 1)
+    reduce = PackedKernel(prepared.kernel.reduce, reduce_grid, (REDUCE_THREADS, 1, 1), 0, (
+        ptr(0), ptr(0), i32(m), i32(n), i32(ldw), i64(stride_w), i32(c.ld), i64(c.batch_stride), i32(batch),
+        scalar(1), scalar(0)))
+    (pointers, _), (reduce_pointers, _), (scalars, alpha_at) = kernel.slot(0), reduce.slot(0), reduce.slot(9)
+    get_workspace = WORKSPACES.get
+
+    def launch_split(pa, pb, pc, alpha, beta, stream=None):
+        stream_pointer = current_stream_pointer(stream)
+        workspace = get_workspace(device, stream_pointer, "split_k", workspace_bytes)
+        with lock:
+            pointers[0], pointers[1], pointers[2] = pa, pb, workspace
+            reduce_pointers[0], reduce_pointers[1] = workspace, pc
+            scalars[alpha_at], scalars[alpha_at + 1] = alpha, beta
+            kernel.launch(stream_pointer)
+            reduce.launch(stream_pointer)
+
+    return launch_split
+
+
+def _stream_k_launcher(prepared: PreparedGemm, head: tuple, device: int):
+    """The stream-K kernel takes the plain kernel's arguments (`head`: sizes, pitches, strides) and
+    a workspace: two BM x BN partial-sum slots per block and a counter per tile, which must be
+    zero at launch (the kernel leaves them zero again). Both come from the per-stream pool, so
+    concurrent calls on different streams never share one."""
+    problem, config = prepared.problem, prepared.config
+    tiles = config.output_tiles(problem) * problem.batch
+    partial_bytes = 2 * prepared.grid[0] * config.bm * config.bn * 4
+    counter_bytes = tiles * 4
+    ptr, f32 = np.uintp, np.float32
+    kernel = PackedKernel(prepared.kernel.gemm, prepared.grid, prepared.block, prepared.smem, (
+        ptr(0), ptr(0), ptr(0), *head, f32(1), f32(0), np.int32(0), np.int32(problem.batch), ptr(0), ptr(0)))
+    # alpha (then beta), and the workspace (partials, then counters), by argument index
+    return _launch_with_workspace(kernel, len(head) + 3, len(head) + 7, device, ("stream_k_partials", partial_bytes),
+                                  ("stream_k_counters", counter_bytes))
+
+
+def _fused_split_launcher(prepared: PreparedGemm, plain_arguments: tuple, partial_size: int, device: int):
+    """A split-K kernel that adds its splits up itself takes the plain kernel's arguments and a
+    workspace: a BM x BN slot of partial sums per block, and a counter per output tile (and batch)
+    that must be zero at launch (the tile's last block sets it back to zero). Both come from the
+    per-stream pool, so concurrent calls on different streams never share one."""
+    problem, config = prepared.problem, prepared.config
+    tiles = config.output_tiles(problem) * problem.batch
+    partial_bytes = tiles * config.split_k * config.bm * config.bn * partial_size
+    counter_bytes = tiles * 4
+    kernel = PackedKernel(prepared.kernel.gemm, prepared.grid, prepared.block, prepared.smem,
+                          plain_arguments + (np.uintp(0), np.uintp(0)))
+    return _launch_with_workspace(kernel, 12, len(plain_arguments), device, ("split_k_partials", partial_bytes),
+                                  ("split_k_counters", counter_bytes))
+
+
+def _launch_with_workspace(kernel: PackedKernel, alpha_index: int, workspace_index: int, device: int,
+                           partials: tuple[str, int], counters: tuple[str, int]):
+    """`launch(pa, pb, pc, alpha, beta, stream)` of a kernel whose arguments 0-2 are A, B and C,
+    `alpha_index` and the next alpha and beta, and `workspace_index` and the next a partial-sum
+    workspace and tile counters that must be zero at launch: each a (purpose, bytes) buffer of the
+    per-stream pool."""
+    pointers = kernel.slot(0)[0]
+    workspace_at = kernel.slot(workspace_index)[1]  # two adjacent 8-byte pointer slots
+    scalars, alpha_position = kernel.slot(alpha_index)
+    lock = threading.Lock()
+    get_workspace = WORKSPACES.get
+    (partials_purpose, partial_bytes), (counters_purpose, counter_bytes) = partials, counters
+
+    def launch(pa, pb, pc, alpha, beta, stream=None):
+        stream_pointer = current_stream_pointer(stream)
+        partial_sums = get_workspace(device, stream_pointer, partials_purpose, partial_bytes)
+        tile_counters = get_workspace(device, stream_pointer, counters_purpose, counter_bytes, zeroed=True)
+        with lock:
+            pointers[0], pointers[1], pointers[2] = pa, pb, pc
+            pointers[workspace_at], pointers[workspace_at + 1] = partial_sums, tile_counters
+            scalars[alpha_position], scalars[alpha_position + 1] = alpha, beta
+            kernel.launch(stream_pointer)
+
+    return launch

@@ -1,0 +1,152 @@
+"""The launch of the Hopper family's kernels ("tma"): A, B and (with a TMA store epilogue) C are
+passed as tensor maps, which hold their addresses, so the launcher keeps each role's maps by address
+(`tensor_maps.TensorMapCache`) and a call points the kernel's map arguments at the cached maps; and
+the size of a persistent grid of clusters, which the driver knows (how many fit at once).
+
+The layouts asked of the driver: A and B as stored, in the boxes a stage holds (K-major operands in
+boxes of 64 K x the tile's rows, MN-major ones in boxes of 64 rows x bk), C in the boxes of one
+consumer's store chunk; every map has the batch as its third dimension."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import dtypes
+from . import tensor_maps
+from ..kernels.compile import CompiledKernel, CompileError
+from ..families import GemmConfig
+from .operands import KernelOperand
+from .packed_launch import PackedKernel, current_stream_pointer
+from ..problem import Problem
+from .tensor_maps import MAP_DTYPE, TensorMapCache, TensorMapError, TiledLayout
+
+if TYPE_CHECKING:
+    from .launch import PreparedGemm
+
+
+def resident_clusters(kernel: CompiledKernel, threads: int, smem: int, cluster: int) -> int:
+    """How many clusters of `cluster` blocks of this kernel the device holds at once, by the driver
+    (a cluster's blocks share a GPC, so this is not simply SMs / cluster: a GPC with an odd number of
+    free SMs leaves one idle)."""
+    driver = tensor_maps.driver()  # cuda-bindings, as the tensor maps need it (a clear error without it)
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = cluster, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+    config.sharedMemBytes = smem
+    result, count = driver.cuOccupancyMaxActiveClusters(driver.CUfunction(kernel.gemm.ptr), config)
+    if result != driver.CUresult.CUDA_SUCCESS or count < 1:
+        raise CompileError(f"{kernel.source.kernel}: no cluster of {cluster} blocks of {threads} threads and "
+                           f"{smem} bytes of shared memory fits the device ({getattr(result, 'name', result)})",
+                           "", None)
+    return count
+
+
+def operand_layout(problem: Problem, operand: KernelOperand, role: str, config: GemmConfig) -> tuple[TiledLayout, int]:
+    """The tensor map layout of A or B as stored (innermost dimension first, then the other, then
+    the batch) with the box a Hopper kernel copies, and the batch step (1: a matrix per batch, 0: one
+    matrix the batch shares). K-major operands come in boxes of 64 K x the tile's rows, MN-major
+    ones in boxes of 64 rows x bk."""
+    itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
+    atom = config.swizzle_row_bytes // itemsize
+    if role == "A":
+        tile = config.tile_rows
+        rows, length, mn_major = (problem.k, problem.m, True) if problem.trans_a else (problem.m, problem.k, False)
+    else:
+        tile = config.bn
+        rows, length, mn_major = (problem.n, problem.k, False) if problem.trans_b else (problem.k, problem.n, True)
+    box = (atom, config.bk) if mn_major else (atom, tile)
+    pitch = operand.ld * itemsize
+    if operand.batch_stride:
+        batch, stride, step = problem.batch, operand.batch_stride * itemsize, 1
+    else:  # one matrix for the whole batch: a batch dimension of 1, which coordinate 0 always reads
+        batch, stride, step = 1, pitch * rows, 0
+    return TiledLayout(map_dtype(problem), (length, rows, batch), (pitch, stride), box + (1,)), step
+
+
+def map_dtype(problem: Problem) -> str:
+    """The element type of A's and B's maps: TF32 products read FP32 through TMA's TFLOAT32 type,
+    which rounds to TF32 (to nearest) on the way into shared memory."""
+    return "tfloat32" if problem.compute == "tf32" else problem.dtype
+
+
+RECENT_MAPS = 8  # maps per operand role a TMA launcher switches between without asking its cache
+
+
+def output_layout(problem: Problem, c: KernelOperand, config: GemmConfig) -> TiledLayout:
+    """The tensor map layout of C (M x N row-major, then the batch) as a Hopper kernel's store
+    epilogue writes it: boxes of one consumer's rows x one 128-byte row of columns. `problem` is
+    the kernel's: where the config swaps the operands, C is its C^T (the kernel's M is C's N), and
+    a box is the kernel's columns (wm of C's rows) by a 128-byte row of its rows (C's columns)."""
+    itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
+    atom = config.swizzle_row_bytes // itemsize
+    pitch = c.ld * itemsize
+    rows, columns = (problem.n, problem.m) if config.swaps_operands else (problem.m, problem.n)
+    stride = c.batch_stride * itemsize if problem.batch > 1 else pitch * rows
+    return TiledLayout(problem.dtype, (columns, rows, problem.batch), (pitch, stride), (atom, config.wm, 1))
+
+
+def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand, scalar):
+    """A Hopper kernel takes A and B as tensor maps, which hold their addresses: each role keeps the
+    maps of the addresses it has seen (`TensorMapCache`), so a repeated call encodes none, and the
+    launch reads the two map arguments straight from the cached maps (a changed address costs a
+    pointer's write, not a copy)."""
+    problem, config = prepared.problem, prepared.config
+    i32, i64 = np.int32, np.int64
+    layout_a, step_a = operand_layout(problem, a, "A", config)
+    layout_b, step_b = operand_layout(problem, b, "B", config)
+    maps_a, maps_b = TensorMapCache(layout_a, "A"), TensorMapCache(layout_b, "B")
+    maps_c = TensorMapCache(output_layout(problem, c, config), "C") if config.tma_store else None
+    blank = np.zeros(1, dtype=MAP_DTYPE)[0]
+    kernel = PackedKernel(prepared.kernel.gemm, prepared.grid, prepared.block, prepared.smem, (
+        blank, blank, blank, np.uintp(0), i32(problem.m), i32(problem.n), i32(problem.k), i32(c.ld),
+        i64(c.batch_stride), scalar(1), scalar(0), i32(problem.batch), i32(step_a), i32(step_b), i32(0)))
+    pointers, c_at = kernel.slot(3)
+    scalars, alpha_at = kernel.slot(9)
+    flags, c_mapped_at = kernel.slot(14)
+    point, launch_kernel = kernel.point, kernel.launch
+    lock = threading.Lock()
+    current = [None, None, None]  # the addresses whose maps the arguments point at
+    held = [None, None, None]  # those maps (kept alive while pointed at, even if their cache lets go)
+    # per role, the maps of the addresses seen lately: switching back to one (layers alternating
+    # weights) costs a dict lookup; the role's cache (its lock, its LRU order) is asked only for a
+    # new address. False: a C that TMA cannot address (the kernel then writes from registers).
+    recent = ({}, {}, {})
+    caches = (maps_a, maps_b, maps_c)
+
+    def switch(role: int, address: int) -> bool:
+        found = recent[role].get(address)
+        if found is None:
+            try:
+                found = caches[role].get(address)
+            except TensorMapError:
+                if role < 2:
+                    raise
+                found = False
+            if len(recent[role]) >= RECENT_MAPS:
+                recent[role].clear()
+            recent[role][address] = found
+        current[role] = address
+        if found:
+            held[role] = found[0]
+            point(role, found[1])
+            return True
+        held[role] = None
+        return False
+
+    def launch(pa, pb, pc, alpha, beta, stream=None):
+        stream_pointer = current_stream_pointer(stream)
+        with lock:
+            if current[0] != pa:
+                switch(0, pa)
+            if current[1] != pb:
+                switch(1, pb)
+            if maps_c is not None and current[2] != pc:
+                flags[c_mapped_at] = switch(2, pc)
+            pointers[c_at] = pc
+            scalars[alpha_at], scalars[alpha_at + 1] = alpha, beta
+            launch_kernel(stream_pointer)
+
+    return launch

@@ -1,0 +1,352 @@
+"""CUDA source -> loaded kernel (NVRTC, `nvrtc.py`) or, without a GPU, an `nvcc` resource report.
+
+GPU path: `compile_to_cubin` runs NVRTC and needs no GPU context (so worker processes can compile
+in parallel); `load` turns a cubin into launchable CUDA functions and records their registers,
+shared and local memory. Cubins are kept on disk under the cache directory, keyed by the source
+digest, the architecture and the NVRTC version, so a kernel is compiled once per machine; each
+with the SHA-256 of what was compiled beside it (`<cubin>.sha256`), and one that does not match
+it (truncated, replaced, or without one) is compiled again rather than loaded. Where the disk
+cannot take one (full, read-only), it is handed on and loaded from memory instead.
+
+Modules are loaded with CUDA's module API directly rather than through `cupy.RawModule`, which
+keeps every module it ever loaded for the life of the process: a tune loads hundreds of candidates,
+and `unloaded_after` lets the measuring side free each one once it has been measured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections import OrderedDict
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..atomic_write import write_atomically
+from ..paths import cubin_dir, user_cache_dir
+from .render import Source
+
+NVRTC_OPTIONS = ("-std=c++17",)
+
+
+class CompileError(RuntimeError):
+    """The compiler rejected a rendered kernel. `source_path` holds the source for inspection."""
+
+    def __init__(self, message: str, log: str, source_path: Path | None):
+        where = f" (source saved to {source_path})" if source_path else ""
+        super().__init__(f"{message}{where}\n{log.strip()}")
+        self.message = message
+        self.log = log
+        self.source_path = source_path
+
+    def __reduce__(self):  # crosses process boundaries from compile workers
+        return (type(self), (self.message, self.log, self.source_path))
+
+
+class NvccNotFound(RuntimeError):
+    pass
+
+
+def save_failed_source(source: Source) -> Path | None:
+    """Keeps the source of a kernel that failed, so that the user can read and rebuild it."""
+    try:
+        folder = user_cache_dir() / "failed"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{source.kernel}.cu"
+        path.write_text(source.code)
+        return path
+    except OSError:
+        return None
+
+
+# ---- nvcc resource report (no GPU needed) ---------------------------------------------------------
+@dataclass(frozen=True)
+class ResourceUsage:
+    kernel: str
+    registers: int
+    stack_bytes: int
+    spill_store_bytes: int
+    spill_load_bytes: int
+    shared_bytes: int  # static shared memory (the GEMM kernels use dynamic shared memory)
+
+    @property
+    def spills(self) -> int:
+        return self.spill_store_bytes + self.spill_load_bytes
+
+
+# where a CUDA toolkit's nvcc is when it is neither on PATH nor named by $CUDA_HOME / $CUDA_PATH
+NVCC_FALLBACKS = ("/usr/local/cuda/bin/nvcc",)
+
+
+def find_nvcc() -> str:
+    """The nvcc to compile with: on PATH, in $CUDA_HOME/bin or $CUDA_PATH/bin, or a usual place;
+    raises NvccNotFound naming where it looked."""
+    candidates = [shutil.which("nvcc")]
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            candidates.append(str(Path(os.environ[var]) / "bin" / "nvcc"))
+    candidates += NVCC_FALLBACKS
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise NvccNotFound(
+        f"nvcc was not found (looked on PATH, in $CUDA_HOME/bin, $CUDA_PATH/bin and {', '.join(NVCC_FALLBACKS)}); "
+        "install the CUDA toolkit to compile kernels without a GPU"
+    )
+
+
+_PTXAS_FUNCTION = re.compile(r"Compiling entry function '(\w+)'")
+_PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+
+
+def nvcc_resources(source: Source, arch: str = "sm_90") -> dict[str, ResourceUsage]:
+    """Compiles with `nvcc -cubin -Xptxas -v` and returns each kernel's resource usage."""
+    nvcc = find_nvcc()
+    with tempfile.TemporaryDirectory(prefix="autogemm-") as tmp:
+        cu = Path(tmp) / f"{source.kernel}.cu"
+        cu.write_text(source.code)
+        cmd = [nvcc, "-cubin", f"-arch={source.target(arch)}", "-std=c++17", "-Xptxas", "-v", "-o", str(cu.with_suffix(".cubin")), str(cu)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CompileError(f"nvcc failed for {source.kernel} ({source.target(arch)})", proc.stderr + proc.stdout, save_failed_source(source))
+    report: dict[str, ResourceUsage] = {}
+    current = None
+    frame = (0, 0, 0)
+    for line in proc.stderr.splitlines():
+        if m := _PTXAS_FUNCTION.search(line):
+            current, frame = m.group(1), (0, 0, 0)
+        elif (m := _PTXAS_FRAME.search(line)) and current:
+            frame = tuple(int(x) for x in m.groups())
+        elif (m := _PTXAS_USED.search(line)) and current:
+            report[current] = ResourceUsage(
+                kernel=current,
+                registers=int(m.group(1)),
+                stack_bytes=frame[0],
+                spill_store_bytes=frame[1],
+                spill_load_bytes=frame[2],
+                shared_bytes=int(m.group(2) or 0),
+            )
+            current = None
+    if source.kernel not in report:
+        raise CompileError(f"no ptxas report for {source.kernel}", proc.stderr, save_failed_source(source))
+    return report
+
+
+# ---- NVRTC (GPU path) -----------------------------------------------------------------------------
+def _cubin_path(source: Source, arch: str) -> Path:
+    from .nvrtc import version
+
+    major, minor = version()
+    return cubin_dir() / f"{source.kernel[:80]}-{source.digest}-{arch}-nvrtc{major}.{minor}.cubin"
+
+
+@functools.lru_cache(maxsize=1)
+def _include_options() -> tuple[str, ...]:
+    """A CUDA toolkit include directory with the complete <mma.h> (it includes crt/mma.h), where
+    the tensor-core kernels find it. Wheel-installed toolkits may ship only part of it, so every
+    known location is tried; none found leaves NVRTC to its built-in headers."""
+    import cupy
+
+    candidates = [cupy.cuda.get_cuda_path(), os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(str(Path(nvcc).resolve().parent.parent))
+    for root in candidates:
+        if root and (Path(root) / "include" / "crt" / "mma.h").is_file():
+            return (f"-I{Path(root) / 'include'}",)
+    return ()
+
+
+@dataclass(frozen=True)
+class UnstoredCubin:
+    """A compiled kernel the disk would not take (`reason`: the error), to be loaded from memory.
+    It crosses process boundaries (compile worker -> tuner -> measuring process) by value."""
+
+    name: str  # the file name it would have had
+    data: bytes
+    reason: str
+
+
+# Cubins that could not be stored, by file name: the last few, so that a kernel compiled in this
+# process (or handed to it with `remember`) is not compiled again while the disk stays full.
+UNSTORED_KEPT = 64
+_unstored: OrderedDict[str, UnstoredCubin] = OrderedDict()
+_unstored_lock = threading.Lock()
+
+
+def remember(cubin: UnstoredCubin) -> None:
+    with _unstored_lock:
+        _unstored[cubin.name] = cubin
+        _unstored.move_to_end(cubin.name)
+        while len(_unstored) > UNSTORED_KEPT:
+            _unstored.popitem(last=False)
+
+
+def compile_to_cubin(source: Source, arch: str) -> Path | UnstoredCubin:
+    """Compiles with NVRTC (no GPU context needed) and returns the cubin's path, reusing a cached
+    one; where it cannot be stored (a full or read-only disk) returns it as an `UnstoredCubin`."""
+    from .nvrtc import NvrtcError, compile_cubin
+
+    target = source.target(arch)
+    path = _cubin_path(source, target)
+    if stored_cubin_intact(path):
+        return path
+    with _unstored_lock:
+        kept = _unstored.get(path.name)
+    if kept is not None:
+        return kept
+    options = NVRTC_OPTIONS + _include_options()
+    try:
+        cubin = compile_cubin(source.code, f"{source.kernel}.cu", target, options)
+    except NvrtcError as exc:
+        raise CompileError(f"NVRTC failed for {source.kernel} ({target}): {exc}", exc.log,
+                           save_failed_source(source)) from None
+    try:
+        store_cubin(path, cubin)
+    except OSError as exc:  # a full or read-only disk: the kernel is still good, from memory
+        unstored = UnstoredCubin(path.name, bytes(cubin), f"cannot store compiled kernels in {path.parent}: "
+                                                          f"{type(exc).__name__}: {exc}")
+        remember(unstored)
+        return unstored
+    return path
+
+
+def _digest_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def stored_cubin_intact(path: Path) -> bool:
+    """Whether the cubin at `path` is what was compiled: its SHA-256 is the one stored beside it."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest() == _digest_path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError):  # either missing or unreadable: not to be trusted
+        return False
+
+
+def store_cubin(path: Path, data: bytes) -> None:
+    """Writes a cubin, then its SHA-256 beside it, each atomically (atomic_write.py), readable by all
+    (0644), so that concurrent compilers of the same kernel never see half a file (a reader between
+    the two writes sees a mismatch and compiles again); on a failure (a full disk) no temporary file
+    is left."""
+    write_atomically(path, bytes(data))
+    write_atomically(_digest_path(path), hashlib.sha256(data).hexdigest().encode() + b"\n")
+
+
+_shared_pool = None  # a campaign worker's RemoteCompilePool (compile_service.py), when it has one
+
+
+def share_compile_pool(pool) -> None:
+    """Makes `pool` (a campaign's shared compile service, as its worker sees it) the pool every
+    tune of this process compiles in, instead of a pool of its own."""
+    global _shared_pool
+    _shared_pool = pool
+
+
+def shared_compile_pool():
+    return _shared_pool
+
+
+def compile_pool(jobs: int) -> ProcessPoolExecutor:
+    """Worker processes for parallel NVRTC compilation. They are spawned, not forked: a fork of a
+    process that holds a CUDA context is unsafe, and the workers never need a GPU."""
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+
+
+def compile_many(sources: list[Source], arch: str, jobs: int) -> dict[str, Path | CompileError]:
+    """Compiles many sources in parallel; maps each kernel name to its cubin or its CompileError."""
+    results: dict[str, Path | CompileError] = {}
+    unique = {s.kernel: s for s in sources}
+    with compile_pool(jobs) as pool:
+        futures = {name: pool.submit(compile_to_cubin, source, arch) for name, source in unique.items()}
+        for name, future in futures.items():
+            try:
+                results[name] = future.result()
+            except CompileError as exc:
+                results[name] = exc
+    return results
+
+
+@dataclass
+class CompiledKernel:
+    source: Source
+    gemm: object  # cupy.cuda.function.Function of the GEMM kernel (it holds its module)
+    reduce: object | None  # the split-K reduction's Function
+    repack: object | None  # the operand repacking's Function
+    registers: int
+    shared_bytes: int
+    local_bytes: int
+
+
+def _attribute(function, name: str) -> int:
+    from cupy.cuda import driver
+
+    return driver.funcGetAttribute(getattr(driver, f"CU_FUNC_ATTRIBUTE_{name}"), function.ptr)
+
+
+def load(source: Source, cubin: Path | UnstoredCubin, dynamic_smem: int) -> CompiledKernel:
+    """Loads a cubin (a file, or bytes that could not be stored) on the current device; raises the
+    kernel's dynamic shared-memory limit when static and dynamic shared memory together exceed the
+    default 48 KB of a block. The module is unloaded when its functions are no longer referenced."""
+    from cupy.cuda.function import Module
+    from cupy.cuda import driver
+
+    module = Module()
+    if isinstance(cubin, UnstoredCubin):
+        module.load(cubin.data)
+    else:
+        module.load_file(str(cubin))
+    gemm = module.get_function(source.kernel)
+    static_smem = _attribute(gemm, "SHARED_SIZE_BYTES")
+    if static_smem + dynamic_smem > 48 * 1024:
+        driver.funcSetAttribute(gemm.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, dynamic_smem)
+    reduce = module.get_function(source.reduce_kernel) if source.reduce_kernel else None
+    repack = module.get_function(source.repack_kernel) if source.repack_kernel else None
+    return CompiledKernel(
+        source=source,
+        gemm=gemm,
+        reduce=reduce,
+        repack=repack,
+        registers=_attribute(gemm, "NUM_REGS"),
+        shared_bytes=static_smem + dynamic_smem,
+        local_bytes=_attribute(gemm, "LOCAL_SIZE_BYTES"),
+    )
+
+
+_loaded: dict[tuple[str, str, int], CompiledKernel] = {}
+_loaded_lock = threading.Lock()
+
+
+def compile_source(source: Source, arch: str, dynamic_smem: int) -> CompiledKernel:
+    """Compile (or reuse) and load `source` on the current device; memoized per process and device."""
+    import cupy
+
+    key = (source.kernel, source.digest, cupy.cuda.Device().id)
+    with _loaded_lock:
+        if key in _loaded:
+            return _loaded[key]
+    kernel = load(source, compile_to_cubin(source, arch), dynamic_smem)
+    with _loaded_lock:
+        return _loaded.setdefault(key, kernel)
+
+
+@contextlib.contextmanager
+def unloaded_after():
+    """Kernels first loaded inside the block are forgotten at its end, so that their modules are
+    unloaded once nothing else holds them (the measuring side: one candidate after another)."""
+    with _loaded_lock:
+        before = set(_loaded)
+    try:
+        yield
+    finally:
+        with _loaded_lock:
+            for key in [key for key in _loaded if key not in before]:
+                del _loaded[key]

@@ -1,0 +1,158 @@
+"""Configuration + problem -> CUDA source. Pure: no CuPy, no GPU, the same input gives the same bytes.
+
+The config names its template (`config.template`) and the values it needs (`config.context`);
+nothing here knows a family. Templates come from `$AUTOGEMM_TEMPLATE_DIR` (if set), then the
+directories of families registered from outside the package, then the shipped templates (also
+reachable as ``base/<name>``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+import jinja2.meta
+import jinja2.sandbox
+
+from ..families import VectorWidths, all_families
+from ..paths import template_override_dir, templates_dir
+from ..problem import Problem
+
+
+@dataclass(frozen=True)
+class Source:
+    kernel: str  # name of the GEMM kernel function (extern "C")
+    reduce_kernel: str | None  # split-K reduction kernel, when split_k > 1
+    code: str
+    # "a" when the code uses architecture-specific instructions (wgmma: sm_90a), which the
+    # compilers must be asked for by name; such a cubin runs on that exact architecture only
+    arch_suffix: str = ""
+    repack_kernel: str | None = None  # the kernel copying misaligned operands to aligned pitches
+
+    def target(self, arch: str) -> str:
+        """The compiler architecture for `arch` (e.g. sm_90 -> sm_90a for wgmma kernels)."""
+        return arch if arch.endswith(self.arch_suffix) else arch + self.arch_suffix
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.code.encode()).hexdigest()[:16]
+
+
+def _template_dirs() -> tuple[Path | None, tuple[Path, ...]]:
+    family_dirs = tuple(dict.fromkeys(Path(f.template_dir) for f in all_families()
+                                      if getattr(f, "template_dir", None)))
+    return template_override_dir(), family_dirs
+
+
+@functools.lru_cache(maxsize=8)
+def _environment(override: Path | None, family_dirs: tuple[Path, ...], stamp: tuple) -> jinja2.Environment:
+    # (`stamp`: a template added, removed or edited makes a new environment, whose template cache
+    # cannot hold a version that another folder now overrides)
+    base = jinja2.FileSystemLoader(str(templates_dir()))
+    loaders = [*(jinja2.FileSystemLoader(str(d)) for d in family_dirs), base, jinja2.PrefixLoader({"base": base})]
+    if override is not None:
+        loaders.insert(0, jinja2.FileSystemLoader(str(override)))
+    # sandboxed: a template from $AUTOGEMM_TEMPLATE_DIR or a family of outside the package can read
+    # the values it is given, not reach Python (no dunder attributes, no mutating calls)
+    return jinja2.sandbox.ImmutableSandboxedEnvironment(
+        loader=jinja2.ChoiceLoader(loaders),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def environment() -> jinja2.Environment:
+    dirs = _template_dirs()
+    return _environment(*dirs, _stamp(*dirs))
+
+
+def _stamp(override: Path | None, family_dirs: tuple[Path, ...]) -> tuple:
+    """Name, size and modification time of every template in use: the hashes below are memoized
+    on it, so that a template edited while the process runs is hashed anew."""
+    folders = [templates_dir(), *family_dirs] + ([override] if override is not None else [])
+    return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for folder in folders for p in sorted(folder.glob("*.j2")))
+
+
+@functools.lru_cache(maxsize=8)
+def _template_hash(override: Path | None, family_dirs: tuple[Path, ...], stamp: tuple) -> str:
+    digest = hashlib.sha256()
+    folders = [templates_dir(), *family_dirs] + ([override] if override is not None else [])
+    for folder in folders:
+        for path in sorted(folder.glob("*.j2")):
+            digest.update(f"{folder == override}:{path.name}".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def template_hash() -> str:
+    """Hash of every template in use (study names carry it: timings of other templates do not carry over)."""
+    dirs = _template_dirs()
+    return _template_hash(*dirs, _stamp(*dirs))
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel_template_hash(name: str, override: Path | None, family_dirs: tuple[Path, ...], stamp: tuple) -> str:
+    env = _environment(override, family_dirs, stamp)
+    digest = hashlib.sha256()
+    pending, seen = [name], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        source, _, _ = env.loader.get_source(env, current)
+        digest.update(f"{current}\0".encode() + source.encode())
+        pending += [t for t in jinja2.meta.find_referenced_templates(env.parse(source)) if t]
+    return digest.hexdigest()[:16]
+
+
+def kernel_template_hash(template: str) -> str:
+    """Hash of one kernel template and every template it imports or includes: a cached kernel is
+    trusted while this is unchanged, so that editing one family's skeleton leaves the others' alone."""
+    dirs = _template_dirs()
+    return _kernel_template_hash(template, *dirs, _stamp(*dirs))
+
+
+def render(config, problem: Problem, widths: VectorWidths | None = None, *, force: bool = False) -> Source:
+    """Renders the kernel of `config` for `problem`'s dtype, layout and shape class.
+
+    The shape enters only through which of M, N, K are multiples of the block tile (tails need
+    bounds checks, multiples do not); M, N, K themselves are kernel arguments. `widths` are the
+    operands' vector widths (default: those of densely packed operands). A knob of the wrong type,
+    a string knob that is not one of its choices, or (unless `force`, for experiments) a number out
+    of its range never reaches the source: ValueError.
+    """
+    reasons = config.render_reasons(force)
+    if reasons:
+        raise ValueError(f"config {config.name} is not rendered: " + "; ".join(r.removeprefix("choice: ") for r in reasons))
+    problem = config.kernel_problem(problem)  # a config that swaps the operands renders C^T = B^T A^T
+    if widths is None:
+        widths = config.packed_widths(problem)
+    config.check_widths(widths)
+    name = config.kernel_name(problem, widths)
+    template = environment().get_template(config.template)
+    try:
+        code = template.render(kernel=name, config_name=config.name, **config.context(problem, widths))
+    except jinja2.exceptions.SecurityError as exc:
+        raise ValueError(f"template {config.template} ({template.filename}) is refused: {exc} (templates "
+                         "render in a sandbox: they may read the values given to them, not Python's "
+                         "internals)") from None
+    return Source(kernel=name, reduce_kernel=config.reduce_kernel(name), code=code, arch_suffix=config.arch_suffix,
+                  repack_kernel=config.repack_kernel(name))
+
+
+@functools.lru_cache(maxsize=4096)
+def _kernel_digest(config, problem: Problem, stamp: tuple) -> str:
+    return render(config, problem).digest
+
+
+def kernel_digest(config, problem: Problem) -> str:
+    """Digest of the source `config` renders to for `problem` (operands densely packed): a cached
+    kernel is current while this is unchanged, whatever else changes in the templates."""
+    return _kernel_digest(config, problem, _stamp(*_template_dirs()))

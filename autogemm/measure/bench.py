@@ -1,0 +1,227 @@
+"""Correctness check of GEMM kernels against a float64 reference, and the pieces timing shares.
+
+Protocol (see DESIGN.md, Measuring): random inputs in [-1, 1] (never zeros), output poisoned with
+NaN before the correctness run and every element checked. Timing itself (GPU time in steady state,
+single-call latency, the same for every competitor) is timing.py's.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import dtypes
+from ..gpu.runtime import bfloat16_bits_product, cublas_product
+
+# TF32 rounds every operand to 10 mantissa bits, so its error grows like sqrt(K) beyond this K
+TF32_TOLERANCE_K = 4096
+
+
+def tolerance(problem) -> float:
+    """The relative error a correct kernel stays under (the dtype row's, at K = 4096): TF32's
+    grows with sqrt(K), the others' are met at any K by the kernels' FP32/FP64 accumulation."""
+    row = dtypes.lookup(problem.dtype, problem.compute)
+    if problem.compute == "tf32":
+        return row.tolerance * max(1.0, (problem.k / TF32_TOLERANCE_K) ** 0.5)
+    return row.tolerance
+
+
+def to_bfloat16(x):
+    """float32/float64 CuPy array -> uint16 array of bfloat16 bits, rounded to nearest even."""
+    import cupy
+
+    f = x.astype(np.float32)
+    bits = f.view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    return cupy.where(cupy.isnan(f), np.uint32(0x7FC0), rounded).astype(np.uint16)
+
+
+def poison(c) -> None:
+    """Fills an output with NaN (bfloat16 NaN bits for uint16), so an element a kernel never
+    writes fails the check."""
+    c.fill(0x7FC0 if c.dtype == np.uint16 else np.nan)
+
+
+def to_float64(x):
+    """Values of an operand as float64 (uint16 arrays hold bfloat16 bits)."""
+    if x.dtype == np.uint16:
+        return (x.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
+    return x.astype(np.float64)
+
+
+def random_uniform(shape, dtype=np.float32, seed: int | None = None):
+    """Uniform in [-1, 1]; dtype "bfloat16" gives uint16 bfloat16 bits."""
+    import cupy
+
+    rng = cupy.random.default_rng(seed)
+    values = rng.random(shape, dtype=np.float64) * 2 - 1
+    if isinstance(dtype, str) and dtype == "bfloat16":
+        return to_bfloat16(values)
+    return values.astype(dtype)
+
+
+def _array_module(x):
+    """NumPy for NumPy arrays, CuPy otherwise: the checks below run on either (tests use NumPy)."""
+    if isinstance(x, np.ndarray):
+        return np
+    import cupy
+
+    return cupy
+
+
+def _op(x, trans: bool, xp):
+    return xp.swapaxes(x, -1, -2) if trans else x
+
+
+def reference_gemm(a, b, c=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
+    """alpha * op(A) @ op(B) + beta * C in float64 (cuBLAS DGEMM on upcast copies)."""
+    xp = _array_module(a)
+    out = alpha * xp.matmul(_op(to_float64(a), trans_a, xp), _op(to_float64(b), trans_b, xp))
+    if c is not None and beta != 0:
+        out = out + beta * to_float64(c)
+    return out
+
+
+def relative_error(result, reference) -> float:
+    """‖result − ref‖ / ‖ref‖ over every element; inf when any element is not finite."""
+    xp = _array_module(reference)
+    result = to_float64(result)
+    if not bool(xp.isfinite(result).all()):
+        return float("inf")
+    norm = float(xp.linalg.norm(reference.ravel()))
+    diff = float(xp.linalg.norm((result - reference).ravel()))
+    return diff / norm if norm > 0 else diff
+
+
+def element_bounds(a, b, c, problem, *, alpha=1.0, beta=0.0, reference):
+    """How far each element of a correct result may be from the float64 reference: the classic
+    bound for a dot product of length K, |fl(x·y) − x·y| <= γ_K |x|·|y|, taken elementwise over
+    |op(A)|·|op(B)| (so a row of large values gets the room it needs and no element gets more):
+
+        2 [ (2 u_in + K u_acc) |alpha| (|A||B|)_ij + u_acc |beta| |C_ij| + u_out |ref_ij| ] + tiny
+
+    u_in: how far the arithmetic moves an input (TF32), for both operands of a product; K u_acc:
+    accumulation in any order; u_out: rounding to the element type. The factor 2 is the margin for
+    hardware that truncates instead of rounding, for paths that round twice (through a float
+    partial sum) and for the float64 reference's own error. Far looser than a typical error (which
+    grows like sqrt(K)), far tighter than what a wrong element is off by (a missing product,
+    garbage, a stale value)."""
+    xp = _array_module(a)
+    row = dtypes.lookup(problem.dtype, problem.compute)
+    u_acc = row.accumulator_roundoff
+    magnitude = xp.matmul(_op(xp.abs(to_float64(a)), problem.trans_a, xp), _op(xp.abs(to_float64(b)), problem.trans_b, xp))
+    bound = (2 * (2 * row.input_roundoff + problem.k * u_acc) * abs(alpha)) * magnitude
+    if c is not None and beta != 0:
+        bound = bound + (2 * u_acc * abs(beta)) * xp.abs(to_float64(c))
+    return bound + (2 * row.element_roundoff) * xp.abs(reference) + row.smallest_normal
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of checking a result against the float64 reference: norm-wise (`rel_error`
+    under the dtype's `limit`) and element-wise (`over` elements outside their bound; `worst`,
+    the largest ratio of error to bound, <= 1 for a correct result)."""
+
+    rel_error: float
+    limit: float
+    over: int
+    worst: float
+    first: tuple = ()  # index of the first element outside its bound
+
+    @property
+    def ok(self) -> bool:
+        return self.rel_error <= self.limit and self.over == 0
+
+    @property
+    def message(self) -> str:
+        if self.rel_error > self.limit:
+            return f"relative error {self.rel_error:.3g} exceeds {self.limit:g}"
+        if self.over:
+            return (f"{self.over} element(s) outside the error bound (worst {self.worst:.3g}x the bound, "
+                    f"first at {self.first}); relative error {self.rel_error:.3g}")
+        return f"relative error {self.rel_error:.3g}"
+
+
+def check_result(result, a, b, problem, *, c=None, alpha=1.0, beta=0.0, reference=None) -> Verdict:
+    """Checks `result` (= alpha·op(A)·op(B) + beta·C for `problem`; `c`: C as it was before the
+    call) both norm-wise and element by element; every element must be finite."""
+    xp = _array_module(a)
+    if reference is None:
+        reference = reference_gemm(a, b, c, trans_a=problem.trans_a, trans_b=problem.trans_b, alpha=alpha, beta=beta)
+    rel = relative_error(result, reference)
+    limit = tolerance(problem)
+    values = to_float64(result)
+    if not bool(xp.isfinite(values).all()):
+        bad = xp.argwhere(~xp.isfinite(values))
+        return Verdict(float("inf"), limit, int(bad.shape[0]), float("inf"), tuple(int(i) for i in bad[0]))
+    ratio = xp.abs(values - reference) / element_bounds(a, b, c, problem, alpha=alpha, beta=beta, reference=reference)
+    over = int((ratio > 1).sum())
+    first = tuple(int(i) for i in xp.argwhere(ratio > 1)[0]) if over else ()
+    return Verdict(rel, limit, over, float(ratio.max()) if ratio.size else 0.0, first)
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    min_ms: float
+    repeats: int
+
+    def tflops(self, flops: int) -> float:
+        return flops / (self.median_ms * 1e-3) / 1e12
+
+
+def time_gpu(run, *, warmup: int = 3, repeats: int = 20, inputs: int = 1, stream=None) -> Timing:
+    """Median of `repeats` CUDA-event timings of `run(i)`, cycling i over `inputs` buffer sets.
+
+    Each repeat is timed on its own (events around one call) so that the median discards
+    outliers such as a clock ramp or another process's burst.
+    """
+    import cupy
+
+    stream = stream or cupy.cuda.get_current_stream()
+    for i in range(warmup):
+        run(i % inputs)
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for i in range(repeats):
+        start.record(stream)
+        run(i % inputs)
+        stop.record(stream)
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop))
+    return Timing(statistics.median(times), min(times), repeats)
+
+
+def warm_up(run, seconds: float = 0.3) -> None:
+    """Keeps the GPU busy for a while so that clocks have ramped up before anything is timed."""
+    import time
+
+    import cupy
+
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(4):
+            run()
+        cupy.cuda.get_current_stream().synchronize()
+
+
+def rotation_count(bytes_per_set: int, l2_bytes: int) -> int:
+    """How many input sets to cycle so that one call's inputs are not still in L2 from the last."""
+    if l2_bytes <= 0 or bytes_per_set >= 2 * l2_bytes:
+        return 1
+    return min(8, -(-3 * l2_bytes // max(bytes_per_set, 1)))
+
+
+def cublas_runner(problem, a, b, c):
+    """`run()` computing C = op(A) @ op(B) with cuBLAS as a user of CuPy would get it and as
+    `matmul` serves it: cupy.matmul (in TF32 mode for compute "tf32"; on bfloat16 views of the
+    uint16 bits for bfloat16, or cublasGemmEx where CuPy has no bfloat16)."""
+    import cupy
+
+    swap = cupy.swapaxes
+    op_a = swap(a, -1, -2) if problem.trans_a else a
+    op_b = swap(b, -1, -2) if problem.trans_b else b
+    product = bfloat16_bits_product() if problem.dtype == "bfloat16" else cublas_product(problem.dtype, problem.compute)
+    return lambda: product(op_a, op_b, out=c)

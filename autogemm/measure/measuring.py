@@ -1,0 +1,244 @@
+"""The measuring side of evaluation, in the process that owns the CUDA context (`GpuMeasurer`):
+inputs, verification against float64, GPU time and single-call latency under the timing protocol
+(timing.py), and the baselines (cuBLASLt as `matmul` serves it, and cupy.matmul). Its outcomes are
+values: every candidate ends as a `Measurement`, with a failure kind when it is not usable."""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from dataclasses import asdict, dataclass
+
+from .bench import Verdict, check_result, cublas_runner, poison, random_uniform, rotation_count, warm_up
+from ..kernels.compile import CompileError, unloaded_after
+from ..problem import Device, Problem
+from .timing import TARGET_MS, gpu_time, latencies
+
+# GPU time (timing.gpu_time) of a candidate during the search: a short steady run; the finalists and
+# the baselines are re-timed with the protocol's full TARGET_MS each.
+TRIAL_TARGET_MS = 10.0
+TRIAL_MAX_CALLS = 400
+# the baselines' first timing, when a measuring process takes a problem (re-timed with the finalists)
+FIRST_BASELINE_MS = 30.0
+# The least run-to-run spread assumed of a timing (H100 re-timings of one kernel differ by ~1%)
+MIN_NOISE = 0.01
+# A generated kernel must also beat the served cuBLAS fallback by this much in single-call latency
+# (each call on an idle GPU, host time included, as a user waits for it)
+LATENCY_MARGIN = 0.01
+SINGLE_CALL_PAIRS = 40
+# the baselines a generated kernel is measured against: cuBLASLt as matmul serves it (cublas_gemm)
+# and cupy.matmul; the faster of the two in GPU time is the one to beat
+SERVED, CUPY = "cublaslt", "cupy.matmul"
+
+
+@dataclass
+class Latency:
+    """Single-call latency of a kernel and of the served cuBLAS fallback, microseconds (medians)."""
+
+    kernel_us: float
+    baseline_us: float
+
+    @property
+    def ratio(self) -> float:
+        return self.baseline_us / self.kernel_us
+
+
+# compile: the compiler refused it; launch: CUDA refused to launch it; wrong: verification failed;
+# timeout/crash: it hung or killed the measuring process; oom: GPU memory ran out while measuring
+# it; error: preparing or measuring it raised anything else (a bug, reported with its traceback)
+FAILURE_KINDS = ("compile", "launch", "wrong", "timeout", "crash", "oom", "error", "cancelled", "unrecorded")
+
+
+@dataclass
+class Measurement:
+    ok: bool
+    time_ms: float = 0.0
+    tflops: float = 0.0
+    rel_error: float | None = None
+    kind: str = ""  # failure kind, one of FAILURE_KINDS
+    message: str = ""
+
+    @classmethod
+    def failure(cls, kind: str, message: str) -> Measurement:
+        return cls(ok=False, kind=kind, message=message[:2000])
+
+    def to_json(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v not in ("", None)}
+
+
+def failure_from_exception(exc: BaseException) -> Measurement:
+    """An unexpected exception while measuring one candidate, as its failure: kind "error", the
+    exception and the innermost frames of its traceback (where to look for the bug)."""
+    import traceback
+
+    frames = "".join(traceback.format_tb(exc.__traceback__, limit=-3))
+    return Measurement.failure("error", f"{type(exc).__name__}: {exc}\n{frames}")
+
+
+# CUDA errors after which the context is unusable: the process that owns it must end.
+STICKY_CUDA_ERRORS = (
+    "ILLEGAL_ADDRESS", "IllegalAddress", "LAUNCH_FAILED", "LaunchFailure", "ILLEGAL_INSTRUCTION",
+    "IllegalInstruction", "MISALIGNED_ADDRESS", "MisalignedAddress", "INVALID_PC", "InvalidPc",
+    "HARDWARE_STACK_ERROR", "HardwareStackError", "ASSERT", "Assert", "LAUNCH_TIMEOUT", "LaunchTimeout",
+)
+
+
+class GpuMeasurer:
+    """The GPU side of evaluation, in the process that owns the CUDA context: inputs, verification
+    against float64 on fresh random inputs (output poisoned with NaN), timing, cuBLAS baseline."""
+
+    def __init__(self, problem: Problem, device: Device, seed: int = 0):
+        import cupy
+
+        self.problem, self.device = problem, device
+        self._cupy = cupy
+        self._rng = cupy.random.default_rng(seed)
+        self.poisoned = ""  # set to the error once the CUDA context is unusable
+        per_set = 4 * problem.batch * (problem.m * problem.k + problem.k * problem.n + problem.m * problem.n)
+        self._sets = [self._operands(seed + 100 * i) for i in range(rotation_count(per_set, device.l2_bytes))]
+        self._served_calls: list | None = None
+        self.baselines: dict[str, float] = {}  # ms of each baseline, from the last timing
+        warm_up(self._served()[0])
+        self.cublas_ms = self.time_cublas(target_ms=FIRST_BASELINE_MS)
+
+    def _shapes(self):
+        p = self.problem
+        batch = (p.batch,) if p.batch > 1 else ()
+        a = batch + ((p.k, p.m) if p.trans_a else (p.m, p.k))
+        b = batch + ((p.n, p.k) if p.trans_b else (p.k, p.n))
+        c = batch + (p.m, p.n)
+        return a, b, c
+
+    def _operands(self, seed: int):
+        a_shape, b_shape, c_shape = self._shapes()
+        dtype = self.problem.dtype
+        a = random_uniform(a_shape, dtype, seed=seed)
+        b = random_uniform(b_shape, dtype, seed=seed + 1)
+        c = self._cupy.empty(c_shape, dtype=a.dtype)
+        return a, b, c
+
+    def _cublas_runner(self, i: int):
+        a, b, c = self._sets[i]
+        return cublas_runner(self.problem, a, b, c)
+
+    def _served(self) -> list:
+        """cuBLASLt as matmul serves it (cublas_gemm's launcher), bound to each input set."""
+        if self._served_calls is None:
+            from ..gpu.cublas_gemm import cublas_launcher
+            from ..gpu.operands import describe
+
+            problem, calls = self.problem, []
+            for a, b, c in self._sets:
+                layouts = [describe(x, name, bfloat16_bits=True).storage(trans) for x, name, trans in
+                           ((a, "a", problem.trans_a), (b, "b", problem.trans_b), (c, "c", False))]
+                launch = cublas_launcher(problem, *layouts, self.device.compute_capability)
+                calls.append(functools.partial(launch, *(layout.pointer for layout in layouts), 1.0, 0.0))
+            self._served_calls = calls
+        return self._served_calls
+
+    def time_baselines(self, target_ms: float = TARGET_MS) -> dict[str, float]:
+        """GPU time (ms a call, timing.gpu_time) of each baseline: cuBLASLt as served, cupy.matmul."""
+        served = self._served()
+        users = [self._cublas_runner(i) for i in range(len(self._sets))]
+        baselines = {SERVED: gpu_time(lambda i: served[i % len(served)](), target_ms=target_ms).median_ms}
+        try:
+            baselines[CUPY] = gpu_time(lambda i: users[i % len(users)](), target_ms=target_ms).median_ms
+        except (TypeError, NotImplementedError):  # CuPy cannot compute this type in this form: no user can
+            pass
+        self.baselines = baselines
+        return baselines
+
+    def time_cublas(self, repeats: int | None = None, target_ms: float = TARGET_MS) -> float:
+        """The faster baseline's GPU time, ms a call (`repeats`: unused, the protocol decides)."""
+        return min(self.time_baselines(target_ms).values())
+
+    def single_call(self, config, pairs: int = SINGLE_CALL_PAIRS) -> Latency:
+        """Evaluator.single_call: the kernel's launcher and the served cuBLASLt, each after
+        allocating a fresh output as matmul does. The calls rotate over the input sets, so that
+        neither finds its operands still in L2 from the call before (a weight matrix of a decode step
+        is not, and 32 MB of FP16 B would be)."""
+        cupy = self._cupy
+        try:
+            with unloaded_after():
+                waits = latencies({"kernel": self._as_served(self._kernel_runners(config)),
+                                   "baseline": self._as_served(self._served())}, rounds=pairs)
+        except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
+            self._poisoned_by(exc)
+            raise
+        return Latency(statistics.median(waits["kernel"]) * 1e3, statistics.median(waits["baseline"]) * 1e3)
+
+    def fallback_latency_us(self, calls: int = SINGLE_CALL_PAIRS) -> float:
+        """The served cuBLAS fallback's single-call latency alone (a record with no generated kernel to
+        compare it with), measured as `single_call` measures it."""
+        waits = latencies({"baseline": self._as_served(self._served())}, rounds=calls)
+        return statistics.median(waits["baseline"]) * 1e3
+
+    def _as_served(self, runners: list):
+        """A zero-argument call as matmul serves one: a fresh output allocated, then the launch, the
+        launches taking the input sets in turn."""
+        import itertools
+
+        cupy, (shape, dtype) = self._cupy, (self._sets[0][2].shape, self._sets[0][2].dtype)
+        following = itertools.cycle(runners)
+
+        def call():
+            cupy.empty(shape, dtype=dtype)
+            next(following)()
+
+        return call
+
+    def _kernel_runners(self, config) -> list:
+        """The candidate bound to each input set (one `run(stream=None)` per set), for timing."""
+        from ..gpu.launch import bind
+
+        problem = self.problem
+        return [bind(config, a, b, c, trans_a=problem.trans_a, trans_b=problem.trans_b)[0] for a, b, c in self._sets]
+
+    def _poisoned_by(self, exc: BaseException) -> bool:
+        """Whether a CUDA error leaves the context unusable (then remembered in `poisoned`)."""
+        if any(name in str(exc) for name in STICKY_CUDA_ERRORS):
+            self.poisoned = f"{type(exc).__name__}: {exc}"
+            return True
+        return False
+
+    def _verify(self, config) -> Verdict:
+        """Runs the candidate once on fresh inputs into a NaN-poisoned output and checks every
+        element against the float64 reference (norm-wise and element-wise bounds)."""
+        from ..gpu.launch import bind
+
+        seed = int(self._rng.integers(0, 2**31))
+        a, b, c = self._operands(seed)
+        poison(c)
+        run, _ = bind(config, a, b, c, trans_a=self.problem.trans_a, trans_b=self.problem.trans_b)
+        run()
+        return check_result(c, a, b, self.problem)
+
+    def measure(self, config, best_ms: float | None, repeats: int = 10, final: bool = False) -> Measurement:
+        """Verifies, then times. `final`: the reported figures, sampled like cuBLAS's."""
+        with unloaded_after():  # this candidate's module goes once measured: memory stays flat
+            return self._measure(config, best_ms, repeats, final)
+
+    def _measure(self, config, best_ms: float | None, repeats: int, final: bool) -> Measurement:
+        cupy = self._cupy
+        try:
+            verdict = self._verify(config)
+            error = verdict.rel_error
+            if not verdict.ok:
+                return Measurement(ok=False, rel_error=error, kind="wrong", message=verdict.message)
+            runners = self._kernel_runners(config)
+            ms = gpu_time(lambda i: runners[i % len(runners)](), target_ms=TARGET_MS if final else TRIAL_TARGET_MS,
+                          max_calls=None if final else TRIAL_MAX_CALLS).median_ms
+        except CompileError as exc:
+            return Measurement.failure("compile", str(exc))
+        except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
+            message = f"{type(exc).__name__}: {exc}"
+            if self._poisoned_by(exc):
+                return Measurement.failure("crash", message)
+            if "OUT_OF_MEMORY" in str(exc) or "MemoryAllocation" in str(exc):
+                return Measurement.failure("oom", message)
+            return Measurement.failure("launch", message)
+        except (cupy.cuda.memory.OutOfMemoryError, MemoryError) as exc:
+            return Measurement.failure("oom", f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # one candidate's bug is its failure, not the measuring process's end
+            return failure_from_exception(exc)
+        return Measurement(ok=True, time_ms=ms, tflops=self.problem.flops / ms / 1e9, rel_error=error)

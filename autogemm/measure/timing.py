@@ -1,0 +1,208 @@
+"""The timing protocol: how every competitor (a generated kernel, cuBLASLt as `matmul` serves it,
+cupy.matmul, torch.matmul) is timed, the same way for each (DESIGN.md, Measuring).
+
+Two figures:
+
+- **GPU time** (`gpu_time`): what a call costs the GPU in steady state, with no host limit on any
+  competitor. Each sample is a batch of back-to-back calls held behind a *gate*: a one-thread kernel
+  that spins on the GPU's clock for longer than the host takes to enqueue the batch (measured), so
+  that the GPU then runs the batch at its own pace whatever each call costs the host (cupy.matmul
+  spends 15-45 us of host time a call; timed back to back without the gate, a 5 us product measured
+  the host). A sample whose enqueueing outlasted its gate is discarded and the gate lengthened. Samples
+  follow each other without a synchronization, so a long kernel keeps the GPU busy for the whole
+  measurement (by default at least 100 ms of work, as in training or prefill, where clocks and power
+  have settled; a tiny product stops at MAX_CALLS calls, where clocks do not matter). Unlike a CUDA
+  graph, the gate times any library call, also the ones that refuse stream capture.
+- **Latency** (`latencies`): what a user waits for, one call at a time, each starting on an idle GPU,
+  its host time included; the competitors take turns in rotating order.
+
+Both report medians. PROTOCOL is the version stored with every cached record: records of an older
+protocol (host-bound baseline timings) are not evidence for the predictor.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..results.record import PROTOCOL  # noqa: F401 (the records' protocol version lives with them)
+
+# GPU time: samples last about SAMPLE_MS of GPU time (at most MAX_BATCH calls); the measurement goes
+# on until TARGET_MS of GPU time or MAX_CALLS calls, with at least MIN_SAMPLES valid samples.
+TARGET_MS = 100.0
+SAMPLE_MS = 2.0
+MAX_BATCH = 200
+MIN_SAMPLES = 5
+MAX_CALLS = 3000
+MAX_SAMPLES = 400
+# the gate holds the GPU this much longer than the last enqueueing took, plus GATE_SLACK_S
+GATE_FACTOR = 1.5
+GATE_SLACK_S = 50e-6
+# samples in flight before the host waits for the oldest (bounds the launch queue)
+SAMPLES_IN_FLIGHT = 2
+# latency: calls of each competitor, after warm-up calls
+LATENCY_CALLS = 25
+
+_GATE_SOURCE = r"""
+extern "C" __global__ void autogemm_gate(unsigned long long hold_ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < hold_ns);
+}
+"""
+
+_GATES: dict[int, object] = {}
+_GATES_LOCK = threading.Lock()
+
+
+def _gate():
+    """The gate kernel of the current GPU (compiled once per process and GPU)."""
+    import cupy
+
+    device = cupy.cuda.Device().id
+    with _GATES_LOCK:
+        gate = _GATES.get(device)
+        if gate is None:
+            gate = _GATES[device] = cupy.RawKernel(_GATE_SOURCE, "autogemm_gate")
+    return gate
+
+
+@dataclass(frozen=True)
+class GpuTime:
+    """Milliseconds per call: the median over valid samples, their spread (half the interquartile
+    range over the median), how many samples and calls, the GPU time measured in all, and the samples
+    discarded because the host had not finished enqueueing when the gate opened."""
+
+    median_ms: float
+    spread: float
+    samples: int
+    calls: int
+    total_ms: float
+    discarded: int = 0
+
+    @property
+    def us(self) -> float:
+        return self.median_ms * 1e3
+
+
+def gpu_time(call, *, target_ms: float = TARGET_MS, min_samples: int = MIN_SAMPLES, sample_ms: float = SAMPLE_MS,
+             max_calls: int | None = None, stream=None) -> GpuTime:
+    """GPU time per call of `call(i)` (i counts calls; a caller rotating input sets uses it), which
+    enqueues one call on `stream` (CuPy's current stream when None; a PyTorch call must be on the
+    same stream). Batches of back-to-back calls behind the gate (module docstring)."""
+    import cupy
+
+    stream = stream or cupy.cuda.get_current_stream()
+    max_calls = MAX_CALLS if max_calls is None else max_calls
+    gate = _gate()
+    with stream:
+        count = 0
+        for _ in range(2):  # warm: the first call may load a module or pick an algorithm
+            call(count)
+            count += 1
+        stream.synchronize()
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        began = time.perf_counter()
+        start.record(stream)
+        for _ in range(4):
+            call(count)
+            count += 1
+        stop.record(stream)
+        host_per_call = (time.perf_counter() - began) / 4
+        stop.synchronize()
+        per_call = cupy.cuda.get_elapsed_time(start, stop) / 4
+        if per_call < 2 * host_per_call * 1e3:  # the host may have set the pace: ask the GPU behind the gate
+            start, stop, _ = _gated_batch(call, count, 8, gate, GATE_FACTOR * 8 * host_per_call + GATE_SLACK_S, stream)
+            count += 8
+            stop.synchronize()
+            per_call = cupy.cuda.get_elapsed_time(start, stop) / 8
+        per_call = max(per_call, 1e-4)
+        batch = max(1, min(MAX_BATCH, math.ceil(sample_ms / per_call)))
+        hold_s = GATE_FACTOR * batch * host_per_call + GATE_SLACK_S
+        samples: list[float] = []
+        pending: list[tuple] = []
+        total, discarded, calls = 0.0, 0, 0
+
+        def take(sample) -> None:
+            nonlocal total, discarded, hold_s
+            start, stop, enqueue_s = sample
+            stop.synchronize()
+            if enqueue_s >= hold_s:  # the GPU may have waited for the host: not GPU time
+                discarded += 1
+                hold_s = GATE_FACTOR * enqueue_s + GATE_SLACK_S
+                return
+            elapsed = cupy.cuda.get_elapsed_time(start, stop)
+            samples.append(elapsed / batch)
+            total += elapsed
+
+        while len(samples) + len(pending) + discarded < MAX_SAMPLES:
+            pending.append(_gated_batch(call, count, batch, gate, hold_s, stream))
+            count += batch
+            calls += batch
+            if len(pending) > SAMPLES_IN_FLIGHT:
+                take(pending.pop(0))
+                if len(samples) >= min_samples and (total >= target_ms or calls >= max_calls):
+                    break
+        for sample in pending:
+            take(sample)
+    if not samples:
+        raise RuntimeError(f"no valid GPU-time sample in {discarded}: the host never got ahead of the GPU")
+    median = statistics.median(samples)
+    quartiles = np.percentile(samples, [25, 75])
+    return GpuTime(median, float(quartiles[1] - quartiles[0]) / (2 * median), len(samples), len(samples) * batch,
+                   total, discarded)
+
+
+def _gated_batch(call, first: int, batch: int, gate, hold_s: float, stream) -> tuple:
+    """Enqueues the gate (holding the GPU `hold_s`), then `batch` calls between two events; returns
+    (start, stop, seconds the host took to enqueue it all)."""
+    import cupy
+
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    began = time.perf_counter()
+    gate((1,), (1,), (np.uint64(int(hold_s * 1e9)),), stream=stream)
+    start.record(stream)
+    for i in range(first, first + batch):
+        call(i)
+    stop.record(stream)
+    return start, stop, time.perf_counter() - began
+
+
+def latencies(calls: dict, *, rounds: int = LATENCY_CALLS, warmup: int = 3) -> dict[str, list[float]]:
+    """Milliseconds of single calls of each zero-argument function in `calls` (name -> call), each
+    call on an idle GPU: CUDA events around it on the current stream, the host waiting for it before
+    the next. Within a round the competitors go in rotating order, so that none always follows the
+    same one. The call's own host time (allocation, argument packing, the launch) is in its figure,
+    as it is in a user's wait."""
+    import cupy
+
+    names = list(calls)
+    stream = cupy.cuda.get_current_stream()
+    for _ in range(warmup):
+        for name in names:
+            calls[name]()
+    stream.synchronize()
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    out: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for j in range(len(names)):
+            name = names[(r + j) % len(names)]
+            start.record(stream)
+            calls[name]()
+            stop.record(stream)
+            stop.synchronize()
+            out[name].append(cupy.cuda.get_elapsed_time(start, stop))
+    return out
+
+
+def median_latency(calls: dict, **kwargs) -> dict[str, float]:
+    """`latencies`, each competitor's median."""
+    return {name: statistics.median(values) for name, values in latencies(calls, **kwargs).items()}

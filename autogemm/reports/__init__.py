@@ -1,0 +1,1 @@
+"""The report: an HTML page of what a cache and its studies hold."""

@@ -1,0 +1,36 @@
+"""Where a measurement comes from: the date, the host and the versions of everything that can change
+a kernel's behaviour. Tuned records carry them (`cache.Record`), so that results merged from many
+hosts and runs (`results/merge.py`) still say where each came from."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+
+
+def host() -> str:
+    return socket.gethostname()
+
+
+def now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def runtime_versions() -> dict:
+    """autogemm, CuPy, CUDA runtime, driver and NVRTC versions (a change can break a kernel)."""
+    from ..version import __version__
+
+    versions = {"autogemm": __version__}
+    try:
+        import cupy
+
+        versions["cupy"] = cupy.__version__
+        runtime = cupy.cuda.runtime.runtimeGetVersion()
+        driver = cupy.cuda.runtime.driverGetVersion()
+        versions["cuda_runtime"] = f"{runtime // 1000}.{runtime % 1000 // 10}"
+        versions["driver_api"] = f"{driver // 1000}.{driver % 1000 // 10}"
+        major, minor = cupy.cuda.nvrtc.getVersion()
+        versions["nvrtc"] = f"{major}.{minor}"
+    except Exception:  # no GPU runtime here: record what is known
+        pass
+    return versions

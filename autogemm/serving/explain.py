@@ -1,0 +1,108 @@
+"""`explain()`: which kernel `matmul` would run for some operands, and why, without running it (the
+same validation, NumPy semantics and selection as `dispatch.matmul`, the plan memo's races and guard
+verdicts of this process included)."""
+
+from __future__ import annotations
+
+from . import dispatch, numpy_semantics
+from ..gpu import runtime
+from .numpy_semantics import CUPY_MATMUL, KERNELS
+from ..gpu.operands import check_scalars, describe, real_scalar, validate
+from ..problem import Problem
+from .race import race_choice
+from .torch_tensors import is_tensor
+
+
+def explain(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: str | None = None,
+            tune: bool | None = None, race: bool | None = None) -> dict:
+    """Which kernel `matmul(a, b, ...)` would run, and why: the source of the choice, the config,
+    the figures cached with it and the candidates the model weighed (each with its predicted ratio
+    to cuBLAS and the ratio it needed); with racing on, the race's figures once a call has run it
+    (`race`: None before). Also the result's `shape` and `dtype` (NumPy's), the operands converted
+    to that dtype (`conversions`) and copied (`copies`: strides no kernel reads, or a broadcast
+    batch no single stride walks; "out" where out overlaps an operand and the product goes through
+    a temporary), and how the result reaches `out` (`out`: None without one). It takes matmul's
+    arguments and refuses what matmul refuses, with the same errors. A call that cupy.matmul
+    serves (integer, boolean or complex operands) says so: `source` "cupy.matmul", the reason, no
+    problem. Runs nothing (but may compile the chosen kernel). `cached` has the record's figures as the tune measured them: GPU times
+    of the kernel and the faster baseline, single-call latencies, each baseline's GPU time, and the
+    timing protocol; `guard`, the online guard's verdict once one was reached in this process."""
+    runtime.cupy()
+    if is_tensor(a) or is_tensor(b) or is_tensor(out):
+        from .torch_tensors import to_cupy
+
+        a, b, out = to_cupy(a, "a"), to_cupy(b, "b"), to_cupy(out, "out")
+    alpha, beta = real_scalar(alpha, "alpha"), real_scalar(beta, "beta")  # (as matmul checks them)
+    operands = numpy_semantics.read(a, "a"), numpy_semantics.read(b, "b")
+    operand_out = numpy_semantics.read(out, "out", output=True) if out is not None else None
+    call = numpy_semantics.plan(*operands, operand_out)
+    check_scalars(alpha, beta, out is not None)
+    overlapped = numpy_semantics.overlapping(operand_out, *operands) if out is not None else []
+    from ..gpu.launch import device_info
+
+    device_id = dispatch._device_of(operands[0])
+    device = device_info(device_id)
+    shown = {"shape": call.shape, "dtype": None if call.dtype is None else call.dtype.name,
+             "out": _writing_out(call, operand_out, overlapped)}
+    if call.served_by != KERNELS:
+        return {"problem": None, "device": device.name, "source": CUPY_MATMUL, "config": None,
+                "reason": call.reason, "candidates": [], "race": None, "copies": [], "conversions": [],
+                "cached": None, **shown}
+    if call.takes_as_given(*operands, operand_out) and not overlapped:
+        ia, ib = describe(a, "a"), describe(b, "b")
+        io = describe(out, "out", output=True) if out is not None else None
+        copied = []
+    else:  # as numpy_semantics.run would shape them (plan() has checked out)
+        (ia, _, copied_a), (ib, _, copied_b) = (numpy_semantics.kernel_info(x, call, device_id) for x in operands)
+        io, copied = None, [x.name for x, flag in ((ia, copied_a), (ib, copied_b)) if flag]
+    shape, compute = validate(ia, ib, io, alpha, beta if io is not None else 0.0, compute)
+    layout_a, layout_b = ia.layout(), ib.layout()
+    trans_a = layout_a.transposed if layout_a else False
+    trans_b = layout_b.transposed if layout_b else False
+    m, n = shape[-2:]
+    problem = Problem(max(m, 1), max(n, 1), max(ia.shape[-1], 1), batch=max(shape[0], 1) if len(shape) == 3 else 1,
+                      dtype=ia.dtype, compute=compute, trans_a=trans_a, trans_b=trans_b)
+    choice = dispatch._DISPATCHER.select(problem, device, bool(tune))
+    raced = dispatch._DISPATCHER.races.get((device.slug, problem.key)) if dispatch._flag(race, "AUTOGEMM_RACE") else None
+    if raced is not None and choice.record is None:
+        choice = race_choice(choice, raced)
+    choice, _ = dispatch._DISPATCHER.with_verdict(choice, device, problem)
+    record = choice.record
+    return {
+        "problem": problem.key,
+        "device": device.name,
+        "source": choice.source,
+        "config": choice.config.name if choice.config else None,
+        "reason": choice.reason,
+        "candidates": choice.details.get("candidates", []),
+        "race": choice.details.get("race"),
+        "guarded": choice.guarded,
+        "guard": choice.details.get("guard"),
+        "copies": copied + [x.name for x, lay in ((ia, layout_a), (ib, layout_b)) if lay is None]
+        + (["out"] if overlapped else []),
+        "conversions": [f"{x.name}: {x.dtype.name} -> {call.dtype.name}" for x in operands if x.dtype != call.dtype],
+        "cached": None if record is None else {
+            "problem": record.problem, "tflops": record.tflops, "cublas_tflops": record.cublas_tflops,
+            "ratio": record.ratio, "date": record.date, "rel_error": record.rel_error,
+            "protocol": record.protocol, "gpu_us": record.time_ms * 1e3, "baseline_gpu_us": record.cublas_ms * 1e3,
+            "latency_us": record.latency_us or None, "baseline_latency_us": record.baseline_latency_us or None,
+            "latency_ratio": record.latency_ratio, "baselines_us": {k: v * 1e3 for k, v in record.baselines.items()},
+        },
+        **shown,
+    }
+
+
+def _writing_out(call, out, overlapped: list[str]) -> str | None:
+    """How the result reaches `out` (None: there is none), as numpy_semantics.run writes it."""
+    if out is None:
+        return None
+    if call.served_by != KERNELS:
+        return f"cupy.matmul's result is written into out ({out.dtype.name})"
+    if overlapped:
+        return (f"out overlaps {' and '.join(overlapped)}: the product is computed into a temporary, then "
+                "copied into out (as NumPy computes it)")
+    if out.dtype != call.dtype:
+        return f"the {call.dtype.name} result is computed apart, then cast to out's {out.dtype.name}"
+    if numpy_semantics.out_layout(out, call) is None:
+        return "the result is computed apart, then written into out (no single stride walks its batch axes)"
+    return "written into out directly"

@@ -1,0 +1,234 @@
+"""The per-process state behind `matmul`: the plan memo (bounded, least recently used first out) and
+the coordination of threads and tunes. Many threads may call with a shape nobody planned yet: one
+builds the plan, the others wait for it. Tunes asked for by `matmul` run one at a time per GPU in
+this process and once per problem, and a tune of the same problem in another process is waited
+for, never raced."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import OrderedDict
+
+from .. import dtypes
+from ..problem import Problem
+from .select import Choice, choose
+
+# the budget of a tune `matmul(..., tune=True)` starts for a problem without a record
+AUTOTUNE_TRIALS = 40
+AUTOTUNE_TIMEOUT_S = 30.0
+MAX_PLANS = 1024  # plans memoized per process (least recently used go first)
+# the spare outputs the fast path keeps ready (dispatch.SPARE_OUTPUT_BYTES), all plans together
+SPARE_BUDGET_BYTES = 1024 * 1024 * 1024
+# A call that finds another process tuning its problem waits this long for that tune's result,
+# then serves the best it has without tuning, and plans again after PROVISIONAL_PLAN_S.
+WAIT_FOR_TUNE_S = 2 * AUTOTUNE_TIMEOUT_S
+PROVISIONAL_PLAN_S = 30.0
+
+
+class Dispatcher:
+    """Per-process state of `matmul`: the plan memo, the cache, and the coordination of threads.
+
+    Many threads may call with a shape nobody planned yet: one builds the plan (cache lookup,
+    compilation, a tune when asked for), the others wait for it. Tunes run one at a time per GPU
+    in this process (concurrent tunes would time each other), and a tune of the same problem
+    running in another process is waited for, not raced."""
+
+    def __init__(self, cache=None):
+        self.plans: OrderedDict = OrderedDict()  # full key (shapes, strides, dtype, ..., out) -> plan
+        self.fast: dict = {}  # key of the fast path (CuPy operands, no out, alpha only) -> plan
+        # key of the PyTorch fast path (the same, from torch's metadata: dispatch.torch_fast_key) -> plan
+        self.torch_fast: dict = {}
+        self.lock = threading.Lock()
+        self._building: dict = {}  # plan key -> Event set when the thread building it is done
+        self._tune_locks: dict[int, threading.Lock] = {}  # GPU ordinal -> held while tuning on it
+        self.races: dict = {}  # (device slug, problem key) -> race.RaceResult, for the process's life
+        # (device slug, problem key) -> the online guard's verdict (guard.py), for the process's life
+        self.verdicts: dict = {}
+        self.spare_bytes = 0  # the plans' spare outputs (dispatch.SPARE_BUDGET_BYTES)
+        self._cache = cache
+
+    @property
+    def cache(self):
+        """The cache given at construction, else the user's (its directory read on each use, so
+        that $AUTOGEMM_CACHE_DIR set after import is honoured)."""
+        if self._cache is not None:
+            return self._cache
+        from ..results.cache import TuningCache
+
+        return TuningCache()
+
+    def clear(self) -> None:
+        """Forgets every plan and race (after tuning, say, so that the next call looks at the cache
+        again)."""
+        with self.lock:
+            self.plans.clear()
+            self.fast.clear()
+            self.torch_fast.clear()
+            self.spare_bytes = 0
+            self.races.clear()
+            self.verdicts.clear()
+
+    def plan_for(self, key, build, fast_key=None):
+        """The plan memoized under `key`, or the one `build()` makes: one thread builds it while
+        the others asking for the same key wait (if it fails, each of them tries in turn)."""
+        while True:
+            plan = self.plans.get(key)
+            if plan is not None and not plan.expired():
+                try:
+                    self.plans.move_to_end(key)
+                except KeyError:  # evicted meanwhile by another thread: still good for this call
+                    pass
+                return plan
+            with self.lock:
+                pending = self._building.get(key)
+                mine = pending is None
+                if mine:
+                    pending = self._building[key] = threading.Event()
+            if not mine:
+                pending.wait()
+                continue
+            try:
+                plan = build()
+                self._keep(key, plan, fast_key)
+                return plan
+            finally:
+                with self.lock:
+                    del self._building[key]
+                pending.set()
+
+    def _keep(self, key, plan, fast_key) -> None:
+        with self.lock:
+            old = self.plans.pop(key, None)
+            if old is not None:
+                self._retire(old)
+            self.plans[key] = plan
+            if fast_key is not None and plan.provisional_until is None:
+                self.fast[fast_key] = plan
+                plan.fast_key = fast_key
+            while len(self.plans) > MAX_PLANS:
+                _, evicted = self.plans.popitem(last=False)
+                self._retire(evicted)
+
+    def keep_torch(self, key, plan) -> bool:
+        """Serves tensors of PyTorch fast-path key `key` by `plan` (one the CuPy fast path serves the
+        same operands with, seen through DLPack), while the plan stays memoized."""
+        with self.lock:
+            if plan.fast_key is None or self.fast.get(plan.fast_key) is not plan:  # retired meanwhile
+                return False
+            self.torch_fast[key] = plan
+            if plan.torch_keys is None:
+                plan.torch_keys = []
+            if key not in plan.torch_keys:
+                plan.torch_keys.append(key)
+            return True
+
+    def reserve_spare(self, nbytes: int) -> bool:
+        """Whether a new plan may keep a spare output of `nbytes` (within the budget of all plans)."""
+        with self.lock:
+            if self.spare_bytes + nbytes > SPARE_BUDGET_BYTES:
+                return False
+            self.spare_bytes += nbytes
+            return True
+
+    def _retire(self, plan) -> None:
+        """A plan replaced or evicted: its share of the spare-output budget back, its fast-path entry gone."""
+        self.spare_bytes -= getattr(plan, "spare_bytes", 0)
+        plan.spare_bytes = 0
+        if plan.fast_key is not None and self.fast.get(plan.fast_key) is plan:
+            del self.fast[plan.fast_key]
+        for key in getattr(plan, "torch_keys", None) or ():
+            if self.torch_fast.get(key) is plan:
+                del self.torch_fast[key]
+
+    def with_verdict(self, choice: Choice, device, problem: Problem) -> tuple[Choice, dict | None]:
+        """A guarded choice as the online guard left it in this process, with its verdict (None: not
+        decided yet, or not guarded): a kernel that lost gives way to cuBLAS."""
+        verdict = self.verdicts.get((device.slug, problem.key)) if choice.guarded else None
+        if verdict is None:
+            return choice, None
+        if verdict["kernel_won"]:
+            choice.details["guard"] = verdict
+            return choice, verdict
+        return Choice("guard", None, f"{choice.source} {choice.config.name} lost to cuBLAS on this problem's first "
+                      f"calls ({verdict['ratio']:.3f}x): cuBLAS", choice.record,
+                      details=dict(choice.details, guard=verdict), ranked=choice.ranked), verdict
+
+    def settle_guard(self, plan, device, problem: Problem):
+        """What the guard of `plan` does once it has decided (guard.Guard's `settle`): the winner
+        serves the plan from the next call on; a kernel that lost is remembered (in the process, and
+        in the user cache for the next processes, written from a thread so that no call waits for the
+        file)."""
+        from .guard import remember_loss
+
+        config = plan.choice.config
+
+        def settle(winner, verdict: dict) -> None:
+            plan.launch = winner
+            self.verdicts[(device.slug, problem.key)] = verdict
+            plan.choice.details["guard"] = verdict
+            if not verdict["kernel_won"]:
+                threading.Thread(target=remember_loss, args=(self.cache, device, problem, config, verdict),
+                                 name="autogemm-guard").start()
+
+        return settle
+
+    def race(self, problem: Problem, device, choice: Choice, make_entrants) -> Choice:
+        """The choice a first-call race makes for `problem` (autogemm.serving.race), raced once per
+        problem and process: `make_entrants()` gives (entrants, check) when it has not run yet.
+        Threads planning the same key wait in plan_for; other keys of the same problem (other
+        strides, alignments) find the memoized winner."""
+        from .race import race_choice, run_race
+
+        result = self.races.get((device.slug, problem.key))
+        if result is None:
+            entrants, check = make_entrants()
+            result = self.races[(device.slug, problem.key)] = run_race(entrants, check)
+        return race_choice(choice, result)
+
+    # -- selection with side effects (cache reads, autotuning) --
+    def select(self, problem: Problem, device, tune: bool) -> Choice:
+        slug = device.slug
+        exact = self.cache.lookup(problem, slug)
+        provisional = False
+        if exact is None and tune and dtypes.find(problem.dtype, problem.compute) is not None:
+            choice, provisional = self._tune(problem, device)
+            if choice is not None:
+                return choice
+            exact = self.cache.lookup(problem, slug)
+        records = [r for _, r in self.cache.records(slug) if not r.stale]
+        choice = choose(problem, device, exact, records)
+        choice.provisional = provisional
+        return choice
+
+    def _tune(self, problem: Problem, device) -> tuple[Choice | None, bool]:
+        """Tunes `problem` (one tune at a time per GPU in this process; a thread that waited finds
+        the result of the one before it in the cache). Returns (the tuned choice or None, whether a
+        tune of it was still running elsewhere). A tune that fails is a warning, not an error:
+        the call is served without it."""
+        from ..tuning.tuner import TuneError, TuneRunning
+        from ..tuning.tuner import tune as run_tune
+
+        with self.lock:
+            gpu_lock = self._tune_locks.setdefault(device.ordinal, threading.Lock())
+        with gpu_lock:
+            exact = self.cache.lookup(problem, device.slug)  # tuned by a thread that held the lock first
+            if exact is not None:
+                return choose(problem, device, exact, []), False
+            try:
+                result = run_tune(problem, trials=AUTOTUNE_TRIALS, timeout=AUTOTUNE_TIMEOUT_S, cache=self.cache)
+            except TuneRunning as exc:  # another process tunes it: its result is worth waiting for
+                from ..tuning.study import wait_for_study
+
+                finished = wait_for_study(exc.study, WAIT_FOR_TUNE_S)
+                return None, not finished
+            except TuneError as exc:
+                warnings.warn(f"autogemm: tuning {problem} failed ({exc}); served without tuning", stacklevel=4)
+                return None, False
+        exact = self.cache.lookup(problem, device.slug)
+        if exact is None:  # tuned, but the cache could not keep it
+            return None, False
+        choice = choose(problem, device, exact, [])
+        kept = f"cuBLAS kept, {result.kept_reason}" if result.kept_cublas else f"{result.ratio:.3f}x cuBLAS"
+        choice.source, choice.reason = "autotune", f"tuned now ({result.valid} trials, {kept})"
+        return choice, False

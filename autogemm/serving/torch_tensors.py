@@ -1,0 +1,62 @@
+"""PyTorch tensors through `matmul`: tensors in, tensors out, on PyTorch's current stream.
+
+The operands are seen as CuPy arrays through DLPack (zero-copy, and unlike
+__cuda_array_interface__ it carries bfloat16), the call runs with PyTorch's current stream of
+the operands' device as CuPy's current stream (so it is ordered after the work PyTorch queued
+there, and what PyTorch queues next is ordered after it), and a fresh result goes back as a tensor
+on the same memory (`torch.from_dlpack`). An `out` tensor is written in place and returned.
+Such a call registers its plan for `dispatch.matmul`'s torch fast path (`dispatch.remember_torch`):
+the next call of the same shapes, strides, dtypes, device and compute skips all of this.
+
+torch is imported only once a tensor is seen: `is_tensor` looks at the type's module name.
+"""
+
+from __future__ import annotations
+
+from ..gpu.runtime import cupy_stream
+
+
+def is_tensor(x) -> bool:
+    return type(x).__module__.startswith("torch")
+
+
+def to_cupy(x, name: str):
+    """A CUDA tensor as a CuPy array on the same memory; anything else as it is (a CPU tensor
+    raises the error `operands.describe` gives it)."""
+    if not is_tensor(x):
+        return x
+    if not getattr(x, "is_cuda", False):
+        from ..gpu.operands import describe
+
+        describe(x, name)  # says where the tensor is and how to move it
+    if x.requires_grad:
+        raise TypeError(f"{name} requires grad: autogemm.matmul records no autograd graph; "
+                        f"pass {name}.detach()")
+    import cupy
+
+    return cupy.from_dlpack(x)
+
+
+def call(run, a, b, out, *, remember=None, **options):
+    """`run(a, b, out=out, **options)` (matmul on CuPy arrays) for operands of which at least one
+    is a tensor: on PyTorch's current stream of the tensors' device; a tensor back where no `out`
+    was given, `out` itself (the tensor, written in place) where one was. Where two plain tensors of
+    that device gave a fresh result, `remember(a, b, a_arr, b_arr, result_arr, result, compute,
+    device)` is told how (dispatch.remember_torch, which registers the plan for the torch fast path)."""
+    device = next(x.device for x in (a, b, out) if is_tensor(x))
+    if getattr(device, "type", None) != "cuda":  # a CPU tensor: to_cupy raises, naming it
+        return run(to_cupy(a, "a"), to_cupy(b, "b"), out=to_cupy(out, "out"), **options)
+    import cupy
+    import torch
+
+    pointer = torch.cuda.current_stream(device).cuda_stream
+    with cupy.cuda.Device(device.index), cupy_stream(pointer, device.index):
+        a_arr, b_arr = to_cupy(a, "a"), to_cupy(b, "b")
+        result = run(a_arr, b_arr, out=to_cupy(out, "out"), **options)
+        if out is not None:
+            return out
+        tensor = torch.from_dlpack(result)
+        if remember is not None and type(a) is torch.Tensor and type(b) is torch.Tensor \
+                and a.get_device() == b.get_device() == device.index:
+            remember(a, b, a_arr, b_arr, result, tensor, options.get("compute"), device.index)
+        return tensor

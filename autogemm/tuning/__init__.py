@@ -1,0 +1,1 @@
+"""The search: Optuna studies over a family's space, the tuning loop, its result and progress."""
