@@ -1,12 +1,13 @@
 """The element types autogemm multiplies: one row per (dtype, compute mode). This is the only table of
 dtype facts in the package (sizes, storage, the family and search space that serve a row, the
-verification tolerance, C++ types and conversions, tensor-core instruction shapes). It imports
-nothing from autogemm, so every other module can read it.
+verification tolerance, C++ types and conversions, tensor-core instruction shapes, the other
+families that compute a row, cuBLAS's and the CUDA driver's names for it, how NumPy and CuPy hold
+it). It imports nothing from autogemm, so every other module can read it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,9 @@ class TensorCoreShapes:
     mma_input: str  # PTX type of A and B in mma.sync
     mma_arch: tuple[int, int]
     wgmma_k: int = 0  # K of one Hopper wgmma; 0: no wgmma for this type
+    # whether wgmma's transpose bits let it read this type MN-major from shared memory (the 16-bit
+    # types); otherwise it reads K-major only
+    wgmma_transposes: bool = False
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,8 @@ class DType:
     compute: str  # the arithmetic: "fp32", "tf32" (FP32 inputs rounded to TF32 on tensor cores), "fp64"
     itemsize: int
     # NumPy dtype of the buffers autogemm makes itself (CuPy has no bfloat16 of its own: those hold
-    # the raw bits as uint16)
+    # the raw bits as uint16); where it is not `name`, an array of `storage` given with
+    # `bfloat16_bits` (operands.describe) is read as this type's bits
     storage: str
     # how users' arrays spell the type: NumPy dtype names and __cuda_array_interface__ typestrs
     array_names: tuple[str, ...]
@@ -41,11 +46,37 @@ class DType:
     to_acc: str  # C++ expression: element x -> accumulator
     from_acc: str  # C++ expression: accumulator x -> element
     tensor_core: TensorCoreShapes | None = None
+    # (the columns below are named at every row)
+    # the families that compute this row besides `family`, each with its one search space: a tune
+    # without --space searches it too where the family is a candidate for the problem
+    # (`GemmConfig.candidate_for`)
+    other_families: tuple[str, ...] = field(kw_only=True)
+    # whether matmul serves this row through cuBLAS where nothing generated is expected to win
+    # (serving.select.CUBLAS_SERVES)
+    cublas_serves: bool = field(kw_only=True)
     # cuBLAS(Lt)'s names for this row (library_types.h, cublas_api.h): the cudaDataType_t of A, B and
-    # C, and the cublasComputeType_t torch.matmul and cupy.matmul ask for (FP32 accumulation for the
-    # 16-bit types; TF32 through CUBLAS_COMPUTE_32F_FAST_TF32)
-    cuda_data_type: int = 0
-    cublas_compute_type: int = 68
+    # C, the cublasComputeType_t torch.matmul and cupy.matmul ask for (FP32 accumulation for the
+    # 16-bit types; TF32 through CUBLAS_COMPUTE_32F_FAST_TF32), and the cudaDataType_t of alpha and
+    # beta (cuBLASLt's scale type: the accumulator's)
+    cuda_data_type: int = field(kw_only=True)
+    cublas_compute_type: int = field(kw_only=True)
+    cuda_scale_type: int = field(kw_only=True)
+    # the CUtensorMapDataType (cuda.h; its member's name) of a tensor map of this type's arrays as
+    # stored (C's), and of A and B as the arithmetic reads them where that differs (TF32: TMA's
+    # TFLOAT32 type, which rounds FP32 to TF32 to nearest on the way into shared memory); empty:
+    # TMA does not copy this type
+    tensor_map_type: str = field(kw_only=True)
+    tensor_map_operand_type: str = field(default="", kw_only=True)
+    # the package that gives NumPy (and CuPy) this dtype, imported before `numpy.dtype(name)` is
+    # asked for it (bfloat16: ml_dtypes); empty: NumPy's own
+    numpy_package: str = field(default="", kw_only=True)
+    # the first CuPy major version that holds and multiplies arrays of this type (0: every one)
+    cupy_since: int = field(default=0, kw_only=True)
+
+    @property
+    def operand_map_type(self) -> str:
+        """The tensor-map element type of A and B as the arithmetic reads them."""
+        return self.tensor_map_operand_type or self.tensor_map_type
 
     @property
     def accumulator_storage(self) -> str:
@@ -77,6 +108,12 @@ class DType:
 # cudaDataType_t and cublasComputeType_t values (library_types.h, cublas_api.h)
 CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF = 0, 1, 2, 14
 CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_32F_FAST_TF32 = 68, 70, 77
+# CUtensorMapDataType members (cuda.h), by name as cuda-bindings spells them
+TMA_FLOAT16 = "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"
+TMA_BFLOAT16 = "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16"
+TMA_FLOAT32 = "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"
+TMA_TFLOAT32 = "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32"
+TMA_FLOAT64 = "CU_TENSOR_MAP_DATA_TYPE_FLOAT64"
 
 ELEMENT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
 SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126, "float64": 2.0**-1022}
@@ -85,24 +122,34 @@ SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-
 ROWS: tuple[DType, ...] = (
     # the first row of a dtype is its default compute mode
     DType("float32", "fp32", 4, "float32", ("float32", "<f4"), "simt", "simt", 1e-5,
-          "float", "float", 4, "x", "x", cuda_data_type=CUDA_R_32F, cublas_compute_type=CUBLAS_COMPUTE_32F),
+          "float", "float", 4, "x", "x",
+          other_families=("gemv",), cublas_serves=True, cuda_data_type=CUDA_R_32F,
+          cublas_compute_type=CUBLAS_COMPUTE_32F, cuda_scale_type=CUDA_R_32F, tensor_map_type=TMA_FLOAT32),
     DType("float32", "tf32", 4, "float32", ("float32", "<f4"), "wmma", "wmma_tf32", 5e-3,
           "float", "float", 4, "x", "x",
           TensorCoreShapes((16, 16, 8), "wmma::precision::tf32", (8, 0), (16, 8, 8), "tf32", (8, 0), wgmma_k=8),
-          cuda_data_type=CUDA_R_32F, cublas_compute_type=CUBLAS_COMPUTE_32F_FAST_TF32),
+          other_families=("hopper",), cublas_serves=True, cuda_data_type=CUDA_R_32F,
+          cublas_compute_type=CUBLAS_COMPUTE_32F_FAST_TF32, cuda_scale_type=CUDA_R_32F,
+          tensor_map_type=TMA_FLOAT32, tensor_map_operand_type=TMA_TFLOAT32),
     DType("float16", "fp32", 2, "float16", ("float16", "<f2"), "wmma", "wmma_fp16", 1e-2,
           "__half", "float", 4, "__half2float(x)", "__float2half_rn(x)",
-          TensorCoreShapes((16, 16, 16), "__half", (7, 0), (16, 8, 16), "f16", (8, 0), wgmma_k=16),
-          cuda_data_type=CUDA_R_16F, cublas_compute_type=CUBLAS_COMPUTE_32F),
+          TensorCoreShapes((16, 16, 16), "__half", (7, 0), (16, 8, 16), "f16", (8, 0), wgmma_k=16,
+                           wgmma_transposes=True),
+          other_families=("gemv", "hopper"), cublas_serves=True, cuda_data_type=CUDA_R_16F,
+          cublas_compute_type=CUBLAS_COMPUTE_32F, cuda_scale_type=CUDA_R_32F, tensor_map_type=TMA_FLOAT16),
     DType("bfloat16", "fp32", 2, "uint16", ("bfloat16", "|V2", "<V2"), "wmma", "wmma_bf16", 1e-2,
           "__nv_bfloat16", "float", 4, "__bfloat162float(x)", "__float2bfloat16_rn(x)",
-          TensorCoreShapes((16, 16, 16), "__nv_bfloat16", (8, 0), (16, 8, 16), "bf16", (8, 0), wgmma_k=16),
-          cuda_data_type=CUDA_R_16BF, cublas_compute_type=CUBLAS_COMPUTE_32F),
+          TensorCoreShapes((16, 16, 16), "__nv_bfloat16", (8, 0), (16, 8, 16), "bf16", (8, 0), wgmma_k=16,
+                           wgmma_transposes=True),
+          other_families=("gemv", "hopper"), cublas_serves=True, cuda_data_type=CUDA_R_16BF,
+          cublas_compute_type=CUBLAS_COMPUTE_32F, cuda_scale_type=CUDA_R_32F, tensor_map_type=TMA_BFLOAT16,
+          numpy_package="ml_dtypes", cupy_since=14),
     # mma.sync m16n8k8 in FP64 is new in sm_90 (sm_80 has only the m8n8k4 that WMMA uses)
     DType("float64", "fp64", 8, "float64", ("float64", "<f8"), "wmma", "wmma_fp64", 1e-12,
           "double", "double", 8, "x", "x",
           TensorCoreShapes((8, 8, 4), "double", (8, 0), (16, 8, 8), "f64", (9, 0)),
-          cuda_data_type=CUDA_R_64F, cublas_compute_type=CUBLAS_COMPUTE_64F),
+          other_families=("gemv",), cublas_serves=True, cuda_data_type=CUDA_R_64F,
+          cublas_compute_type=CUBLAS_COMPUTE_64F, cuda_scale_type=CUDA_R_64F, tensor_map_type=TMA_FLOAT64),
 )
 
 DTYPES: tuple[str, ...] = tuple(dict.fromkeys(row.name for row in ROWS))
@@ -112,6 +159,7 @@ COMPUTE_MODES: dict[str, tuple[str, ...]] = {
 }
 _BY_KEY = {(row.name, row.compute): row for row in ROWS}
 _BY_ARRAY_NAME = {spelling: row.name for row in ROWS for spelling in row.array_names}
+_BY_BITS_STORAGE = {row.storage: row.name for row in ROWS if row.storage != row.name}
 
 
 def find(dtype: str, compute: str) -> DType | None:
@@ -132,3 +180,9 @@ def lookup(dtype: str, compute: str = "") -> DType:
 def from_array_name(name: str) -> str | None:
     """The dtype of an array whose NumPy dtype name or typestr is `name`; None if unsupported."""
     return _BY_ARRAY_NAME.get(name)
+
+
+def from_bits_storage(name: str) -> str | None:
+    """The dtype whose raw bits autogemm's own buffers hold in arrays of NumPy dtype `name` (uint16:
+    bfloat16's), the `storage` column of a type that is not its own; None for any other name."""
+    return _BY_BITS_STORAGE.get(name)

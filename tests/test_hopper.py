@@ -200,12 +200,11 @@ def test_tf32_operands_are_mapped_as_tfloat32_which_tma_rounds_and_c_as_float32(
     a = KernelOperand(transposed=False, ld=304, batch_stride=0, pointer=0)
     b = KernelOperand(transposed=True, ld=304, batch_stride=0, pointer=0)
     (layout_a, _), (layout_b, _) = operand_layout(problem, a, "A", config), operand_layout(problem, b, "B", config)
-    assert layout_a.dtype == layout_b.dtype == "tfloat32"
+    assert layout_a.element == layout_b.element == "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32"
     assert (layout_a.box, layout_b.box) == ((32, 128, 1), (32, 256, 1))  # 32 floats: one 128-byte row
     assert layout_a.strides[0] == 4 * 304 and not layout_a.problems(0, "A")
     c = output_layout(problem, KernelOperand(False, 504, 0, 0), config)
-    assert c.dtype == "float32" and c.box == (32, 64, 1)
-    assert tensor_maps.DATA_TYPES["tfloat32"] == "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32"
+    assert c.element == "CU_TENSOR_MAP_DATA_TYPE_FLOAT32" and c.box == (32, 64, 1)
 
 
 def test_a_batched_operand_steps_through_its_matrices():
@@ -215,13 +214,16 @@ def test_a_batched_operand_steps_through_its_matrices():
     assert layout.dims == (96, 64, 3) and layout.strides == (192, 2 * (64 * 96 + 32)) and step == 1
 
 
+HALF, SINGLE = "CU_TENSOR_MAP_DATA_TYPE_FLOAT16", "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"
+
+
 @pytest.mark.parametrize("layout, address, fault", [
-    (TiledLayout("float16", (65, 10, 1), (130, 1300), (64, 64, 1)), 0, "pitch of 130 bytes"),
-    (TiledLayout("float16", (64, 10, 1), (128, 1280), (64, 64, 1)), 8, "not 16-byte aligned"),
-    (TiledLayout("float16", (64, 10, 1), (128, 1280), (64, 512, 1)), 0, "box extent 512"),
-    (TiledLayout("float32", (64, 10, 1), (256, 2560), (64, 64, 1)), 0, "exceeds the 128-byte swizzle"),
-    (TiledLayout("int8", (64, 10, 1), (128, 1280), (64, 64, 1)), 0, "not int8"),
-    (TiledLayout("float16", (64, 0, 1), (128, 1280), (64, 64, 1)), 0, "extent 0"),
+    (TiledLayout(HALF, 2, (65, 10, 1), (130, 1300), (64, 64, 1)), 0, "pitch of 130 bytes"),
+    (TiledLayout(HALF, 2, (64, 10, 1), (128, 1280), (64, 64, 1)), 8, "not 16-byte aligned"),
+    (TiledLayout(HALF, 2, (64, 10, 1), (128, 1280), (64, 512, 1)), 0, "box extent 512"),
+    (TiledLayout(SINGLE, 4, (64, 10, 1), (256, 2560), (64, 64, 1)), 0, "exceeds the 128-byte swizzle"),
+    (TiledLayout("", 1, (64, 10, 1), (128, 1280), (64, 64, 1)), 0, "does not copy its element type"),
+    (TiledLayout(HALF, 2, (64, 0, 1), (128, 1280), (64, 64, 1)), 0, "extent 0"),
 ])
 def test_what_tma_cannot_take_is_named_before_the_driver_is_asked(layout, address, fault, monkeypatch):
     monkeypatch.setattr(tensor_maps, "driver", lambda: pytest.fail("the driver was asked"))
@@ -237,7 +239,7 @@ def test_a_repeated_address_encodes_no_map_again(monkeypatch):
         return np.full(16, address, dtype=np.uint64)
 
     monkeypatch.setattr(tensor_maps, "encode", fake_encode)
-    cache = TensorMapCache(TiledLayout("float16", (64, 64, 1), (128, 8192), (64, 64, 1)), "A", capacity=2)
+    cache = TensorMapCache(TiledLayout(HALF, 2, (64, 64, 1), (128, 8192), (64, 64, 1)), "A", capacity=2)
     first, where = cache.get(0x1000)
     assert where == first.ctypes.data and first[0] == 0x1000
     assert cache.get(0x1000)[0] is first and encoded == [0x1000]
@@ -255,10 +257,10 @@ def test_a_map_argument_is_read_from_where_it_points():
         ptr = 0
 
     blank = np.zeros(1, dtype=tensor_maps.MAP_DTYPE)[0]
-    kernel = PackedKernel(Function(), (1, 1, 1), (1, 1, 1), 0, (blank, np.int32(7)))
+    kernel = PackedKernel(Function(), (1, 1, 1), (1, 1, 1), 0, ("map", "n"), {"n": np.int32(7), "map": blank})
     words = np.arange(16, dtype=np.uint64)
-    kernel.point(0, words.ctypes.data)
-    assert kernel.arguments() == [words.tobytes(), 7]
+    kernel.point(kernel.index("map"), words.ctypes.data)
+    assert kernel.arguments() == {"map": words.tobytes(), "n": 7}
 
 
 def test_the_output_map_describes_c_in_store_chunks():
@@ -292,10 +294,10 @@ def test_a_c_that_tma_cannot_address_is_written_from_registers(ldc, expected, mo
     stream = SimpleNamespace(ptr=0)
     for address in (0x10000, 0x20002, 0x10000):
         launch(0x1000, 0x2000, address, 1.0, 0.0, stream)
-    assert [arguments[-1] for arguments in launched] == expected
-    assert [arguments[3] for arguments in launched] == [0x10000, 0x20002, 0x10000]  # C itself, for the direct path
+    assert [arguments["c_mapped"] for arguments in launched] == expected
+    assert [arguments["C"] for arguments in launched] == [0x10000, 0x20002, 0x10000]  # C itself, for the direct path
     if expected[0]:
-        assert launched[0][2] == np.full(16, 0x10000, dtype=np.uint64).tobytes()  # the map of C's address
+        assert launched[0]["map_c"] == np.full(16, 0x10000, dtype=np.uint64).tobytes()  # the map of C's address
 
 
 def test_without_cuda_bindings_a_cluster_grid_says_what_to_install(monkeypatch):
@@ -324,10 +326,11 @@ def _fake_hopper_launcher(ldc: int = 512):
 
     config = config_from_name("hopper_128x128x64_w64x128_s3_g8_k1_o1_p_ts")
     problem = Problem(300, 500, 64, dtype="float16", compute="fp32")
-    prepared = PreparedGemm(config=config, problem=problem, kernel=SimpleNamespace(gemm=Function()), grid=(132, 1, 1),
-                            block=(384, 1, 1), smem=config.smem_bytes(problem), tiles_per_split=1)
+    kernel = SimpleNamespace(gemm=Function(), source=render(config, problem))
+    prepared = PreparedGemm(config=config, problem=problem, kernel=kernel, grid=(132, 1, 1), block=(384, 1, 1),
+                            smem=config.smem_bytes(problem), tiles_per_split=1)
     a, b = KernelOperand(False, 64, 0, 0), KernelOperand(False, 512, 0, 0)
-    return tma_launcher(prepared, a, b, KernelOperand(False, ldc, 0, 0), np.float32)
+    return tma_launcher(prepared, a, b, KernelOperand(False, ldc, 0, 0), 0)
 
 
 def test_switching_among_many_operands_always_points_at_the_right_map(monkeypatch):
@@ -358,8 +361,8 @@ def test_switching_among_many_operands_always_points_at_the_right_map(monkeypatc
                 launch(0x1000 + 0x100 * (i % 2), weight, 0x9000, 1.0, 0.0, SimpleNamespace(ptr=0))
                 gc.collect()
                 arguments = launched[-1]
-                assert arguments[1] == np.full(16, weight, dtype=np.uint64).tobytes(), (turn, i)
-                assert arguments[0] == np.full(16, 0x1000 + 0x100 * (i % 2), dtype=np.uint64).tobytes()
+                assert arguments["map_b"] == np.full(16, weight, dtype=np.uint64).tobytes(), (turn, i)
+                assert arguments["map_a"] == np.full(16, 0x1000 + 0x100 * (i % 2), dtype=np.uint64).tobytes()
     finally:
         gc.unfreeze()
     assert encoded.count(0x1000) == 1 and encoded.count(0x9000) == 1  # the two activations and C: once each

@@ -71,27 +71,43 @@ class _FakeFunction:
 
 def test_packed_arguments_sit_at_their_natural_alignment_and_are_rewritten_in_place():
     """cuLaunchKernel reads argument i through pointer i: each must point at the value, aligned for
-    its type, and a rewritten slot must change only that argument."""
+    its type, and a rewritten slot must change only that argument. Arguments are given by name and
+    packed in the kernel's parameter order, whatever order they are given in."""
     import ctypes
 
     import numpy as np
 
     from autogemm.gpu.packed_launch import PackedKernel
 
+    parameters = ("p", "i", "big", "f", "j", "d", "q")
     values = (np.uintp(7), np.int32(-3), np.int64(1 << 40), np.float32(0.5), np.int32(9), np.float64(2.25),
               np.uintp(11))
-    kernel = PackedKernel(_FakeFunction(), (1, 2, 3), (128, 1, 1), 0, values)
-    assert kernel.arguments() == [v.item() for v in values]
+    given = dict(reversed(list(zip(parameters, values))))  # not in the kernel's order
+    kernel = PackedKernel(_FakeFunction(), (1, 2, 3), (128, 1, 1), 0, parameters, given)
+    assert kernel.arguments() == {name: v.item() for name, v in zip(parameters, values)}
     for value, address in zip(values, kernel._pointers):
         assert int(address) % value.dtype.itemsize == 0, f"{value.dtype} at {address:#x}"
         assert np.frombuffer(ctypes.string_at(int(address), value.dtype.itemsize), value.dtype)[0] == value
-    array, position = kernel.slot(3)
+    array, position = kernel.slot("f")
     array[position] = 1.75
-    pointers, first = kernel.slot(0)
-    pointers[first] = 1 << 45
-    last, at = kernel.slot(6)
-    last[at] = 99
-    assert kernel.arguments() == [1 << 45, -3, 1 << 40, 1.75, 9, 2.25, 99]
+    pointers, (first, last) = kernel.slots("p", "q")
+    pointers[first], pointers[last] = 1 << 45, 99
+    assert list(kernel.arguments().values()) == [1 << 45, -3, 1 << 40, 1.75, 9, 2.25, 99]
+
+
+def test_arguments_that_do_not_name_the_kernels_parameters_are_refused_when_the_launcher_is_built():
+    import numpy as np
+
+    from autogemm.gpu.packed_launch import KernelArgumentError, PackedKernel
+
+    with pytest.raises(KernelArgumentError, match="missing beta; not parameters of the kernel gamma"):
+        PackedKernel(_FakeFunction(), (1, 1, 1), (1, 1, 1), 0, ("alpha", "beta"),
+                     {"alpha": np.float32(1), "gamma": np.float32(0)})
+    kernel = PackedKernel(_FakeFunction(), (1, 1, 1), (1, 1, 1), 0, ("A", "n"), {"A": np.uintp(0), "n": np.int32(0)})
+    with pytest.raises(KernelArgumentError, match="no parameter 'B'"):
+        kernel.slot("B")
+    with pytest.raises(KernelArgumentError, match="not of one type"):
+        kernel.slots("A", "n")
 
 
 def test_the_workspace_pool_keeps_one_buffer_per_stream_and_purpose(monkeypatch):

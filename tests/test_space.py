@@ -222,3 +222,65 @@ def test_knob_values_finds_the_draw_that_walking_every_combination_finds(name):
         expected = _knob_values_by_walking_every_draw(space, config)
         assert space.knob_values(config) == expected
         assert (expected is not None) == (config in inside)
+
+
+H100_FP16 = Problem(4096, 4096, 4096, dtype="float16", compute="fp32")
+
+
+@pytest.mark.parametrize("problem, device, expected", [
+    (Problem(8, 4096, 4096), None, ("gemv", "simt")),
+    (Problem(4096, 8, 4096), None, ("gemv", "simt")),  # a short N: GEMV kernels that swap the operands
+    (Problem(17, 4096, 4096), None, ("simt",)),
+    (Problem(8, 4096, 4096, dtype="float32", compute="tf32"), None, ("wmma_tf32",)),
+    (Problem(4096, 4096, 4096, dtype="float32", compute="tf32"), None, ("wmma_tf32", "hopper")),
+    (H100_FP16, SM90, ("wmma_fp16", "hopper")),
+    (H100_FP16, Device.for_arch("sm_80"), ("wmma_fp16",)),
+    (Problem(16, 4096, 4096, dtype="bfloat16", compute="fp32"), SM90, ("gemv", "wmma_bf16")),
+    (Problem(4096, 4096, 4096, dtype="float64", compute="fp64"), SM90, ("wmma_fp64",)),
+    (Problem(4, 4096, 4096, dtype="float64", compute="fp64"), SM90, ("gemv", "wmma_fp64")),
+])
+def test_the_candidate_spaces_are_those_of_the_families_that_declare_themselves(problem, device, expected):
+    from autogemm.kernels.space import candidate_space_names
+
+    assert candidate_space_names(problem, device) == expected
+
+
+def test_a_family_that_declares_itself_a_candidate_joins_without_the_space_module_knowing_it(monkeypatch):
+    from autogemm import families
+    from autogemm.families import HopperConfig
+    from autogemm.kernels.space import candidate_space_names
+
+    class Late(HopperConfig):
+        family, search_space, candidate_order = "late", "late", 5
+
+        @classmethod
+        def candidate_for(cls, problem, device=None):
+            return problem.dtype == "float16"
+
+    class Early(Late):
+        family, search_space, candidate_order = "early", "early", -5
+
+    monkeypatch.setitem(families._FAMILIES, "late", Late)
+    monkeypatch.setitem(families._FAMILIES, "early", Early)
+    assert candidate_space_names(H100_FP16, SM90) == ("early", "wmma_fp16", "hopper", "late")
+    assert candidate_space_names(SQUARE, SM90) == ("simt",)
+
+
+def test_the_space_module_names_no_family():
+    """Which families a tune searches is theirs to say (`candidate_for`): kernels/space.py imports no
+    family's module and spells no family's name."""
+    import ast
+
+    from autogemm import families
+    from autogemm.kernels import space
+
+    tree = ast.parse(Path(space.__file__).read_text())
+    imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module]
+    assert not [module for module in imported if module.startswith("families.") and module != "families.base"]
+    names = {family.family for family in families.all_families()}
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr)}
+    spelled = [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and id(node) not in docstrings
+               and isinstance(node.value, str) and any(name in node.value for name in names)]
+    assert not spelled

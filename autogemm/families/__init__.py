@@ -3,16 +3,20 @@
 A family is one module with a config class (a knob table, derived sizes, `check`, its template and
 render context, vector-width rules, defaults and register model), one template and one search
 space. The registry maps family names (as records and search spaces name them) to config classes,
-and a (dtype, compute) pair to the family that computes it (the `family` column of `dtypes`).
-A family defined outside the package joins with `register`, its templates in its `template_dir`.
+a (dtype, compute) pair to the family that computes it (the `family` column of `dtypes`), and a
+problem to the families that declare themselves candidates for it (`GemmConfig.candidate_for`:
+the spaces a tune searches). A family defined outside the package joins with `register`, its
+templates in its `template_dir`.
 """
 
 from __future__ import annotations
 
 from .. import dtypes
+from ..problem import Device, Problem
 from .base import GemmConfig, VectorWidths, widest_vector
 from .gemv import GemvConfig
 from .hopper import HopperConfig
+from .launch_kind import LaunchKind
 from .simt import SimtConfig
 from .tensor_core import TensorCoreConfig
 
@@ -73,6 +77,13 @@ def family_for(dtype: str, compute: str = "") -> type[GemmConfig]:
     return get(dtypes.lookup(dtype, compute).family)
 
 
+def candidate_families(problem: Problem, device: Device | None = None) -> tuple[type[GemmConfig], ...]:
+    """The families each of which declares itself a candidate for `problem` on `device`
+    (`GemmConfig.candidate_for`), in their `candidate_order` (the registry's order among equals)."""
+    candidates = [family for family in _FAMILIES.values() if family.candidate_for(problem, device)]
+    return tuple(sorted(candidates, key=lambda family: family.candidate_order))
+
+
 def config_from_dict(data: dict, ranges: bool = True) -> GemmConfig:
     """A configuration of any family from its dict form (`to_dict()`, or a record's), every knob of
     its exact type and (unless `ranges` is false) in its range; ValueError otherwise."""
@@ -98,5 +109,6 @@ def config_from_name(name: str, ranges: bool = True) -> GemmConfig:
     raise first_error or ValueError(f"not a config name of any family: {name!r}")
 
 
-__all__ = ["GemmConfig", "GemvConfig", "HopperConfig", "REASON_CODES", "SimtConfig", "TensorCoreConfig", "VectorWidths", "all_families",
-           "config_from_dict", "config_from_name", "family_for", "get", "register", "widest_vector"]
+__all__ = ["GemmConfig", "GemvConfig", "HopperConfig", "LaunchKind", "REASON_CODES", "SimtConfig", "TensorCoreConfig",
+           "VectorWidths", "all_families", "candidate_families", "config_from_dict", "config_from_name", "family_for",
+           "get", "register", "widest_vector"]

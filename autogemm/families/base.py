@@ -16,6 +16,7 @@ from typing import ClassVar
 from .. import dtypes
 from ..problem import Device, Problem
 from .knobs import Config, Knob
+from .launch_kind import LaunchKind
 
 WARP = 32  # threads of a warp
 INT32_MAX = 2**31 - 1  # the kernels index M, N, K and tile counts with 32-bit ints
@@ -96,19 +97,36 @@ class GemmConfig(Config):
 
     template: ClassVar[str] = ""  # the kernel skeleton in templates/ (a property where it varies)
     arch_suffix: ClassVar[str] = ""  # "a" for kernels that use architecture-specific instructions
-    # "tiles": a block per output tile, batch and K split (a reduction kernel adds the splits up);
-    # "split_k_fused": the same grid, the last block of a tile adding them up; "split_k_cluster": the
-    # same grid, a tile's splits one cluster adding up in shared memory; "stream_k": a persistent grid
-    launch_kind: ClassVar[str] = "tiles"
+    # how the kernel is launched (a property where the knobs decide it)
+    launch_kind: ClassVar[LaunchKind] = LaunchKind.TILES
     register_cap: ClassVar[int] = 0  # an explicit register cap per thread (0: from min_blocks)
     # named constants the family's search-space expressions may use (facts of the hardware and pipeline)
     space_constants: ClassVar[dict] = {}
     template_dir: ClassVar[str | None] = None  # where a family from outside the package keeps its templates
+    # the family's one shipped search space, for every row it computes (empty: the dtype's own, the
+    # `space` column of dtypes, for the rows whose `family` this is)
+    search_space: ClassVar[str] = ""
+    # where the family's space stands among a tune's candidates (`candidate_for`): the dtype's own
+    # family's at 0, those searched before it below 0, those after it above (ties: registry order)
+    candidate_order: ClassVar[int] = 0
 
     @classmethod
     def computes(cls) -> tuple[dtypes.DType, ...]:
-        """The (dtype, compute) rows this family computes: by default those `dtypes` assigns to it."""
-        return tuple(row for row in dtypes.ROWS if row.family == cls.family)
+        """The (dtype, compute) rows this family computes: by default those `dtypes` assigns to it
+        (its `family` or `other_families` column)."""
+        return tuple(row for row in dtypes.ROWS if cls.family == row.family or cls.family in row.other_families)
+
+    @classmethod
+    def candidate_for(cls, problem: Problem, device: Device | None = None) -> bool:
+        """Whether a tune without --space searches this family's space (`space_for`) for `problem`
+        on `device` (None: on whatever device it runs): by default where the family is the dtype's
+        own (the `family` column of dtypes)."""
+        return dtypes.lookup(problem.dtype, problem.compute).family == cls.family
+
+    @classmethod
+    def space_for(cls, problem: Problem) -> str:
+        """The shipped search space of this family for `problem`'s dtype and compute mode."""
+        return cls.search_space or dtypes.lookup(problem.dtype, problem.compute).space
 
     @classmethod
     def compute_for(cls, dtype: str) -> str | None:
@@ -222,7 +240,7 @@ class GemmConfig(Config):
         tiles = self.output_tiles(problem)
         if tiles > INT32_MAX:
             bad("grid", f"{tiles} blocks exceed the grid limit {INT32_MAX}")
-        if self.launch_kind == "stream_k" and tiles * problem.batch * tiles_k > INT32_MAX:
+        if self.launch_kind == LaunchKind.STREAM_K and tiles * problem.batch * tiles_k > INT32_MAX:
             bad("size", f"{tiles * problem.batch * tiles_k} stream-K iterations exceed the kernel's 32-bit count")
         if max(problem.m, problem.n, problem.k) > INT32_MAX:
             bad("size", "a dimension exceeds 2^31-1, beyond the kernel's 32-bit indexing")

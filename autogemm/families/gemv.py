@@ -17,8 +17,13 @@ from .. import dtypes
 from ..problem import Device, Problem
 from .base import WARP, GemmConfig, VectorizedLoads, VectorWidths, cxx_bool, swap_knob
 from .knobs import Knob
+from .launch_kind import LaunchKind
 
 MAX_ROWS = 16  # BM: rows of M a block keeps in registers (the family is for short M)
+# M (or N: the kernels swap the operands' roles) at or below which a product is GEMV-like: the GEMV
+# kernels keep all of a tile's rows in registers and read B once; above it, B would be read again
+# per tile of rows
+GEMV_MAX_M = 16
 MAX_VECTOR_BYTES = 16  # one global load: at most 16 bytes
 MAX_SHARED_PARTIALS = 48 * 1024  # static shared memory of the cross-group sums (bytes)
 # accumulators plus the values of B (and A) a thread holds at once: beyond this ptxas spills
@@ -44,6 +49,12 @@ KNOBS = (
     swap_knob(),
 )
 
+
+def is_short(problem: Problem) -> bool:
+    """Whether M or N is short enough for the product to be GEMV-like (`GEMV_MAX_M`)."""
+    return min(problem.m, problem.n) <= GEMV_MAX_M
+
+
 # Built-in configurations for problems nothing was tuned for (the GPU tests run them).
 DEFAULTS = (
     ("small", "gemv_m4_n256_k256_w4_v4_u4_s1_o1"),
@@ -58,11 +69,16 @@ class GemvConfig(VectorizedLoads, GemmConfig):
     knobs = KNOBS
     template = "gemv_gemm.cu.j2"
     space_constants = {"WARP": WARP}
+    search_space = "gemv"
+    candidate_order = -1  # searched first: the GEMV kernels win the memory-bound products outright
 
     @classmethod
-    def computes(cls) -> tuple[dtypes.DType, ...]:
-        """Every dtype but TF32, in its default compute mode: the products run on CUDA cores."""
-        return tuple(row for row in dtypes.ROWS if row.compute != "tf32")
+    def candidate_for(cls, problem: Problem, device: Device | None = None) -> bool:
+        """A short M or N (a short N served with the operands' roles swapped), in a dtype and compute
+        mode the family computes (every dtype in its default mode: the products run on CUDA cores,
+        the `other_families` column of dtypes). The two spaces win on different shapes: the GEMV
+        kernels on memory-bound products, tiled split-K where K is long against N."""
+        return is_short(problem) and cls.compute_for(problem.dtype) == problem.compute
 
     @classmethod
     def defaults(cls, problem: Problem) -> tuple[tuple[str, str], ...]:
@@ -77,8 +93,8 @@ class GemvConfig(VectorizedLoads, GemmConfig):
         return self.swap is True
 
     @property
-    def launch_kind(self) -> str:
-        return "split_k_fused" if self.split_k > 1 else "tiles"
+    def launch_kind(self) -> LaunchKind:
+        return LaunchKind.SPLIT_K_FUSED if self.split_k > 1 else LaunchKind.TILES
 
     def reduce_kernel(self, kernel: str) -> str | None:
         return None  # the splits are added up by the kernel itself

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 from .. import dtypes
 from ..problem import Device, Problem
-from . import wgmma
+from . import gemv, wgmma
 from .base import GemmConfig, VectorizedLoads, VectorWidths, cxx_bool, grid_knobs, swap_knob, tile_knobs
 from .knobs import Knob
+from .launch_kind import LaunchKind
 
 ARCH = wgmma.ARCH  # TMA, mbarrier transactions and wgmma: compute capability 9.0, compiled for sm_90a
 WARPGROUP = wgmma.WARPGROUP
@@ -53,7 +54,6 @@ BARRIER_BYTES = 8  # an mbarrier
 # registers per thread after setmaxnreg with two consumers: the producer gives up what the
 # consumers take (128 x 40 + 256 x 232 = 384 x 168, the block's share under __launch_bounds__)
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
-COMPUTES = (("float16", "fp32"), ("bfloat16", "fp32"), ("float32", "tf32"))
 # a consumer's A fragments with A from registers: two slices' worth (one in flight, one loading) of
 # 4 registers per m64 block and k-step, on top of the accumulators, within the consumer's registers
 MAX_ACCUMULATORS_AND_FRAGMENTS = 160
@@ -78,13 +78,19 @@ class HopperConfig(VectorizedLoads, GemmConfig):
     knobs = KNOBS
     template = "hopper_gemm.cu.j2"
     arch_suffix = wgmma.ARCH_SUFFIX
-    launch_kind = "tma"
+    launch_kind = LaunchKind.TMA
     swizzle_row_bytes = SWIZZLE_BYTES  # a TMA box row (the launcher's boxes are this wide)
     space_constants = {"WARPGROUP": WARPGROUP, "MAX_ACCUMULATORS": MAX_ACCUMULATORS}
+    search_space = "hopper"
+    candidate_order = 1  # searched after the dtype's own space
 
     @classmethod
-    def computes(cls) -> tuple[dtypes.DType, ...]:
-        return tuple(row for row in dtypes.ROWS if (row.name, row.compute) in COMPUTES)
+    def candidate_for(cls, problem: Problem, device: Device | None = None) -> bool:
+        """The types the family computes (the `other_families` column of dtypes) on a device of its
+        architecture (any where no device is given), where the product is not GEMV-like (those are
+        the GEMV family's: a Hopper tile of 64 rows and more would mostly compute padding)."""
+        return (cls.compute_for(problem.dtype) == problem.compute and not gemv.is_short(problem)
+                and (device is None or device.compute_capability == ARCH))
 
     # ---- derived sizes -------------------------------------------------------------------------
     @property
@@ -94,7 +100,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
     @staticmethod
     def transposes(problem: Problem) -> bool:
         """Whether wgmma's transpose bits serve MN-major operands (16-bit types; not TF32)."""
-        return dtypes.lookup(problem.dtype, problem.compute).itemsize == 2
+        shapes = dtypes.lookup(problem.dtype, problem.compute).tensor_core
+        return shapes is not None and shapes.wgmma_transposes
 
     def a_in_registers(self, problem: Problem) -> bool:
         """Whether the consumers read A into registers (wgmma's A from registers): TF32 with the

@@ -11,6 +11,7 @@ from .. import dtypes
 from ..problem import REGISTERS_PER_BLOCK, Device, Problem
 from .base import MAX_REGISTERS_PER_THREAD, REGISTER_GRANULE, WARP, GemmConfig, VectorizedLoads, VectorWidths, cxx_bool, grid_knobs, tile_knobs
 from .knobs import Knob
+from .launch_kind import LaunchKind
 
 VECTOR_WIDTHS = (1, 2, 4)  # floats per global or shared-memory access (4 = 16 bytes)
 FIRST_ASYNC_STAGE = 3  # stages 1-2 stage slices in registers; from 3 on they are a cp.async ring
@@ -109,12 +110,12 @@ class SimtConfig(VectorizedLoads, GemmConfig):
         return (self.bm // self.wm) * (self.bn // self.wn) * WARP
 
     @property
-    def launch_kind(self) -> str:
+    def launch_kind(self) -> LaunchKind:
         if self.stream_k:
-            return "stream_k"
+            return LaunchKind.STREAM_K
         if self.split_k > 1 and self.split_reduce == "fused":
-            return "split_k_fused"
-        return "split_k_cluster" if self.cluster_reduce else "tiles"
+            return LaunchKind.SPLIT_K_FUSED
+        return LaunchKind.SPLIT_K_CLUSTER if self.cluster_reduce else LaunchKind.TILES
 
     @property
     def cluster_reduce(self) -> bool:
@@ -244,7 +245,8 @@ class SimtConfig(VectorizedLoads, GemmConfig):
             if self.bk % self.vec or extent % self.vec or (extent * self.bk) % (threads * self.vec):
                 bad("tile-load", f"{operand} tile {extent}x{self.bk} does not split into {threads} threads "
                                  f"loading {self.vec}-wide vectors")
-        smem = self.smem_bytes(problem) + (STREAM_K_STATIC_SMEM if self.launch_kind in ("stream_k", "split_k_fused") else 0)
+        in_kernel_flag = self.launch_kind in (LaunchKind.STREAM_K, LaunchKind.SPLIT_K_FUSED)
+        smem = self.smem_bytes(problem) + (STREAM_K_STATIC_SMEM if in_kernel_flag else 0)
         if smem > device.smem_per_block_optin:
             bad("shared-memory", f"{smem} bytes of shared memory exceed the device limit {device.smem_per_block_optin}")
         regs, limit = self.estimated_registers(problem), self.register_limit(device)
@@ -283,7 +285,7 @@ class SimtConfig(VectorizedLoads, GemmConfig):
             vec_frag=self.vec_frag, va=widths.a, vb=widths.b, vc=widths.c,
             stages=self.stages, buffers=self.smem_buffers, use_cp_async=self.stages >= FIRST_ASYNC_STAGE,
             group_m=self.group_m, split_k=self.split_k, stream_k=self.stream_k, cluster_reduce=self.cluster_reduce,
-            fused_split=self.launch_kind == "split_k_fused",
+            fused_split=self.launch_kind == LaunchKind.SPLIT_K_FUSED,
             max_registers=self.max_registers, min_blocks=self.min_blocks,
             **self.even_flags(problem), pad_a=pad_a, pad_b=pad_b,
             swizzle_a=cxx_bool(self.smem == "swizzle" and a_transposed),

@@ -136,10 +136,9 @@ class _LtPlan:
         lt, _ = _bindings()
         self._lt, self._state = lt, state
         row = dtypes.lookup(problem.dtype, problem.compute)
-        data_type, scale = row.cuda_data_type, _scalar_type(problem)
+        data_type = row.cuda_data_type
         m, n, k, batch = problem.m, problem.n, problem.k, problem.batch
-        self.desc = lt.matmul_desc_create(row.cublas_compute_type,
-                                          dtypes.CUDA_R_64F if scale is np.float64 else dtypes.CUDA_R_32F)
+        self.desc = lt.matmul_desc_create(row.cublas_compute_type, row.cuda_scale_type)
         op_a, op_b = (_OP_T if a.transposed else _OP_N), (_OP_T if b.transposed else _OP_N)
         _set(lt.matmul_desc_set_attribute, self.desc, lt.MatmulDescAttribute.TRANSA, op_b, np.int32)
         _set(lt.matmul_desc_set_attribute, self.desc, lt.MatmulDescAttribute.TRANSB, op_a, np.int32)

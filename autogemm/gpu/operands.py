@@ -16,6 +16,8 @@ from .array_interface import check_output_strides, read_interface
 from ..families import widest_vector
 
 _KINDS = {"i": "integer", "u": "unsigned integer", "c": "complex", "b": "boolean"}
+# the typestrs of the arrays whose elements autogemm's own buffers hold as raw bits ("<u2": bfloat16's)
+_BITS_TYPESTRS = {np.dtype(row.storage).str: row.name for row in dtypes.ROWS if row.storage != row.name}
 
 
 @dataclass(frozen=True)
@@ -160,12 +162,13 @@ def is_cupy_array(x) -> bool:
 def describe(x, name: str, *, bfloat16_bits: bool = False, output: bool = False) -> ArrayInfo:
     """An operand from a CuPy array or any object with __cuda_array_interface__ (its fields checked
     first: array_interface). With `bfloat16_bits`, uint16 arrays are read as bfloat16 bits (how
-    autogemm's own buffers hold it); with `output`, the array is written: refused where it cannot be."""
+    autogemm's own buffers hold it: the `storage` column of dtypes); with `output`, the array is
+    written: refused where it cannot be."""
     if isinstance(x, np.ndarray):
         raise TypeError(f"{name} is a NumPy array in host memory; move it to the GPU first, e.g. cupy.asarray({name})")
     if is_cupy_array(x):
         np_dtype = np.dtype(x.dtype)
-        dtype = "bfloat16" if bfloat16_bits and np_dtype == np.uint16 else dtypes.from_array_name(np_dtype.name)
+        dtype = (bfloat16_bits and dtypes.from_bits_storage(np_dtype.name)) or dtypes.from_array_name(np_dtype.name)
         if dtype is None:
             raise _unsupported(name, np_dtype.name, np_dtype.kind)
         if output:
@@ -179,7 +182,7 @@ def describe(x, name: str, *, bfloat16_bits: bool = False, output: bool = False)
         raise TypeError(f"{name} must be a CuPy array or support __cuda_array_interface__ "
                         f"(PyTorch CUDA tensors, Numba device arrays); got {type(x).__name__}")
     typestr = interface.typestr
-    dtype = "bfloat16" if bfloat16_bits and typestr == "<u2" else dtypes.from_array_name(typestr)
+    dtype = (bfloat16_bits and _BITS_TYPESTRS.get(typestr)) or dtypes.from_array_name(typestr)
     if dtype is None:
         numeric = typestr[1:2] in tuple("iucbf")
         raise _unsupported(name, np.dtype(typestr).name if numeric else typestr, typestr[1:2])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -37,56 +37,113 @@ def current_stream_pointer(stream=None) -> int:
     return cupy.cuda.get_current_stream().ptr
 
 
+class KernelArgumentError(ValueError):
+    """A launcher's arguments do not name the kernel's parameters (a template changed its signature
+    and the launcher was not changed with it)."""
+
+
+def driver_launch():
+    """cuLaunchKernel, as CuPy's driver module offers it."""
+    from cupy.cuda import driver
+
+    return driver.launchKernel
+
+
 class PackedKernel:
     """A loaded kernel with its grid, block, shared memory and arguments, launched by `launch`
-    after `set` has rewritten the arguments that change between calls."""
+    after the arguments that change between calls have been rewritten in place (`slot`, `slots`,
+    `point`).
+
+    Arguments are given by name, and packed in the order of the kernel's parameters as its source
+    declares them (`render.Source.parameters`): a launcher never depends on where a template puts a
+    parameter, and one that names a parameter the kernel does not have (or misses one) fails here,
+    when it is built. Names are resolved to positions once, when a launcher is built, never per call."""
 
     def __init__(self, function, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
-                 arguments: Sequence[np.generic]):
-        from cupy.cuda import driver
-
-        self._launch_kernel = driver.launchKernel
+                 parameters: Sequence[str], arguments: Mapping[str, np.generic]):
+        if len(set(parameters)) != len(parameters):
+            raise KernelArgumentError(f"the kernel's parameters ({', '.join(parameters)}) repeat a name")
+        missing = [name for name in parameters if name not in arguments]
+        unknown = [name for name in arguments if name not in parameters]
+        if missing or unknown:
+            raise KernelArgumentError(
+                f"the launcher's arguments do not match the kernel's parameters ({', '.join(parameters)}): "
+                f"missing {', '.join(missing) or 'none'}; not parameters of the kernel {', '.join(unknown) or 'none'}")
+        self._launch_kernel = driver_launch()
         self.function = function  # held: the module stays loaded while this launcher lives
         self._geometry = (function.ptr, *grid, *block, smem)
+        values = [arguments[name] for name in parameters]
+        self.parameters = tuple(parameters)
+        self.argument_dtypes = {name: value.dtype for name, value in zip(parameters, values)}
+        self._index = {name: index for index, name in enumerate(parameters)}
         offsets, end = [], 0
-        for value in arguments:  # each argument at its natural alignment, as a C struct would be
+        for value in values:  # each argument at its natural alignment, as a C struct would be
             size = value.dtype.itemsize
             end = -(-end // min(size, MAX_ALIGNMENT)) * min(size, MAX_ALIGNMENT)
             offsets.append(end)
             end += size
         self._raw = np.zeros(max(1, -(-end // 8)), dtype=np.uint64)  # 8-byte aligned storage
         raw_bytes = self._raw.view(np.uint8)
-        for value, offset in zip(arguments, offsets):
+        for value, offset in zip(values, offsets):
             raw_bytes[offset:offset + value.dtype.itemsize] = np.frombuffer(value.tobytes(), dtype=np.uint8)
-        self._sizes = [value.dtype.itemsize for value in arguments]
-        self._raw_bytes = [value.dtype.kind == "V" for value in arguments]
+        self._sizes = [value.dtype.itemsize for value in values]
+        self._raw_bytes = [value.dtype.kind == "V" for value in values]
         self._pointers = np.array([self._raw.ctypes.data + offset for offset in offsets], dtype=np.uintp)
         self._address = self._pointers.ctypes.data
-        # raw-byte arguments (tensor maps) are redirected with `point`, not rewritten through a typed view
+        # one typed view per type, shared by its arguments (so that the pointers, or alpha and beta,
+        # are rewritten through one array); raw-byte arguments (tensor maps) are redirected with
+        # `point`, not rewritten through a typed view
+        views = {}
         self._slots = [(raw_bytes, offset) if value.dtype.kind == "V" else
-                       (self._raw.view(value.dtype), offset // value.dtype.itemsize)
-                       for value, offset in zip(arguments, offsets)]
+                       (views.setdefault(value.dtype, self._raw.view(value.dtype)), offset // value.dtype.itemsize)
+                       for value, offset in zip(values, offsets)]
 
-    def slot(self, index: int):
-        """(array, position): `array[position] = value` rewrites argument `index` in place."""
-        return self._slots[index]
+    def index(self, name: str) -> int:
+        """The position of parameter `name` among the kernel's (for `point`)."""
+        try:
+            return self._index[name]
+        except KeyError:
+            raise KernelArgumentError(f"the kernel has no parameter {name!r} ({', '.join(self.parameters)})") from None
+
+    def slot(self, name: str):
+        """(array, position): `array[position] = value` rewrites argument `name` in place."""
+        return self._slots[self.index(name)]
+
+    def slots(self, *names: str) -> tuple[np.ndarray, tuple[int, ...]]:
+        """(array, positions) of arguments of one type: `array[positions[i]] = value` rewrites the
+        i-th of `names` (the three operand pointers, or alpha and beta, in one array)."""
+        found = [self.slot(name) for name in names]
+        if any(array is not found[0][0] for array, _ in found):
+            raise KernelArgumentError(f"arguments {', '.join(names)} are not of one type: "
+                                      f"{', '.join(str(self.argument_dtypes[name]) for name in names)}")
+        return found[0][0], tuple(position for _, position in found)
 
     def point(self, index: int, address: int) -> None:
-        """Makes the launch read argument `index` from host memory at `address` (storage the caller
-        keeps alive, of the argument's size) instead of this buffer: a tensor map is switched by
-        one pointer instead of a copy of its 128 bytes."""
+        """Makes the launch read argument `index` (`index(name)`) from host memory at `address`
+        (storage the caller keeps alive, of the argument's size) instead of this buffer: a tensor
+        map is switched by one pointer instead of a copy of its 128 bytes."""
         self._pointers[index] = address
 
     def launch(self, stream_pointer: int) -> None:
         self._launch_kernel(*self._geometry, stream_pointer, self._address, 0)
 
-    def arguments(self) -> list:
-        """The arguments as they stand (for tests and debugging; raw-byte ones as the bytes their
-        pointer reaches)."""
+    def arguments(self) -> dict:
+        """The arguments as they stand, by name in the kernel's order (for tests and debugging;
+        raw-byte ones as the bytes their pointer reaches)."""
         import ctypes
 
-        return [ctypes.string_at(int(self._pointers[i]), self._sizes[i]) if self._raw_bytes[i]
-                else array[position].item() for i, (array, position) in enumerate(self._slots)]
+        return {name: ctypes.string_at(int(self._pointers[i]), self._sizes[i]) if self._raw_bytes[i]
+                else array[position].item()
+                for i, (name, (array, position)) in enumerate(zip(self.parameters, self._slots))}
+
+
+def compiled_kernel(kernel, role: str, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
+                    arguments: Mapping[str, np.generic]) -> PackedKernel:
+    """The PackedKernel of one kernel of a compiled source (`compile.CompiledKernel`): `role`
+    "gemm", "reduce" (the split-K reduction) or "repack" (the operand copy), its arguments by name."""
+    source = kernel.source
+    name = {"gemm": source.kernel, "reduce": source.reduce_kernel, "repack": source.repack_kernel}[role]
+    return PackedKernel(getattr(kernel, role), grid, block, smem, source.parameters(name), arguments)
 
 
 class WorkspacePool:

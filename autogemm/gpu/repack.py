@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import dtypes
 from .operands import KernelOperand
-from .packed_launch import WORKSPACES, PackedKernel, current_stream_pointer
+from .packed_launch import WORKSPACES, compiled_kernel, current_stream_pointer
 from ..problem import Problem
 
 REPACK_THREADS = 256
@@ -72,26 +72,28 @@ def repacked(stored: KernelOperand, repacking: Repacking | None) -> KernelOperan
 
 def repacking_launcher(prepared, a: KernelOperand, b: KernelOperand, c: KernelOperand, make_launcher, device: int):
     """`launch(pa, pb, pc, alpha, beta, stream)` that copies whichever of A and B needs it into its
-    pooled buffer and then runs `make_launcher(prepared, a', b', c)` on the copies. A lock holds
-    from the copy through the GEMM's launch: two threads sharing a stream must not overwrite each
-    other's copies in between."""
+    pooled buffer and then runs `make_launcher(prepared, a', b', c, device)` on the copies. A lock
+    holds from the copy through the GEMM's launch: two threads sharing a stream must not overwrite
+    each other's copies in between."""
     problem, config = prepared.problem, prepared.config
     itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
     plans = [plan_repacking(problem, name, stored, config.vec, itemsize) for name, stored in (("A", a), ("B", b))]
-    inner = make_launcher(prepared, repacked(a, plans[0]), repacked(b, plans[1]), c)
+    inner = make_launcher(prepared, repacked(a, plans[0]), repacked(b, plans[1]), c, device)
     if plans == [None, None]:
         return inner
     i32, i64, ptr = np.int32, np.int64, np.uintp
-    copies = []  # (operand index, kernel, its pointer slots, pool purpose, bytes)
+    copies = []  # (operand index, kernel, its pointers, source and destination positions, pool purpose, bytes)
     for index, (plan, stored) in enumerate(zip(plans, (a, b))):
         if plan is None:
             continue
         vectors = plan.pitch * itemsize // PITCH_ALIGN_BYTES
         grid = (-(-vectors // REPACK_THREADS), min(plan.rows * plan.matrices, REPACK_GRID_Y_MAX), 1)
-        kernel = PackedKernel(prepared.kernel.repack, grid, (REPACK_THREADS, 1, 1), 0, (
-            ptr(0), ptr(0), i32(plan.rows), i32(plan.length), i32(stored.ld), i64(stored.batch_stride),
-            i32(plan.pitch), i64(plan.stride), i32(plan.matrices)))
-        copies.append((index, kernel, kernel.slot(0)[0], "repack_" + "ab"[index], plan.nbytes))
+        kernel = compiled_kernel(prepared.kernel, "repack", grid, (REPACK_THREADS, 1, 1), 0, dict(
+            src=ptr(0), dst=ptr(0), rows=i32(plan.rows), length=i32(plan.length), src_ld=i32(stored.ld),
+            src_stride=i64(stored.batch_stride), dst_ld=i32(plan.pitch), dst_stride=i64(plan.stride),
+            matrices=i32(plan.matrices)))
+        pointers, (src_at, dst_at) = kernel.slots("src", "dst")
+        copies.append((index, kernel, pointers, src_at, dst_at, "repack_" + "ab"[index], plan.nbytes))
     lock = threading.Lock()
     get_workspace = WORKSPACES.get
 
@@ -99,9 +101,9 @@ def repacking_launcher(prepared, a: KernelOperand, b: KernelOperand, c: KernelOp
         stream_pointer = current_stream_pointer(stream)
         operands = [pa, pb]
         with lock:
-            for index, kernel, pointers, purpose, nbytes in copies:
+            for index, kernel, pointers, src_at, dst_at, purpose, nbytes in copies:
                 buffer = get_workspace(device, stream_pointer, purpose, nbytes)
-                pointers[0], pointers[1] = operands[index], buffer
+                pointers[src_at], pointers[dst_at] = operands[index], buffer
                 kernel.launch(stream_pointer)
                 operands[index] = buffer
             inner(operands[0], operands[1], pc, alpha, beta, stream)

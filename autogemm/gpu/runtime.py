@@ -7,7 +7,11 @@ cublas_gemm, the same GPU work with less host time per call."""
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
+
+from .. import dtypes
 
 INSTALL_HINT = 'install the CUDA extra: pip install "autogemm[cuda13]" (or "autogemm[cuda12]" with a CUDA 12 driver)'
 
@@ -80,11 +84,11 @@ def cupy_stream(pointer: int, device: int):
 def cublas_product(dtype: str, compute: str):
     """`product(a, b, out=None)`: a @ b through cuBLAS for operands of `dtype` in `compute` mode,
     into `out` when given (a fresh array otherwise), with nothing added to what the call itself
-    costs where cupy.matmul does it (fp32, fp16, fp64)."""
+    costs where cupy.matmul does it (a type this CuPy multiplies, in its default compute mode)."""
     cp = cupy()
-    if dtype == "bfloat16":
-        return cp.matmul if cupy_computes_bfloat16() else _bfloat16_gemm
-    if compute != "tf32":
+    if not cupy_computes(dtype):
+        return _bits_gemm
+    if dtypes.lookup(dtype, compute) is dtypes.lookup(dtype):
         return cp.matmul
 
     def tf32_matmul(a, b, out=None):
@@ -93,36 +97,54 @@ def cublas_product(dtype: str, compute: str):
         # CUBLAS_COMPUTE_32F_FAST_TF32 compute type and the tensor-op algorithm, as cublas_gemm gives it
         from .cublas_gemm import gemm
 
-        return gemm(a, b, out, compute="tf32")
+        return gemm(a, b, out, compute=compute)
 
     return tf32_matmul
 
 
-def cupy_computes_bfloat16() -> bool:
-    """CuPy 14 and later hold bfloat16 arrays (ml_dtypes') and multiply them with cuBLAS."""
-    return int(cupy().__version__.split(".")[0]) >= 14
+def cupy_computes(dtype: str) -> bool:
+    """Whether this CuPy holds and multiplies arrays of `dtype` (the `cupy_since` column of dtypes:
+    bfloat16 from CuPy 14, as ml_dtypes')."""
+    return int(cupy().__version__.split(".")[0]) >= dtypes.lookup(dtype).cupy_since
 
 
-def bfloat16_bits_product():
-    """`product(a, b, out=None)` for uint16 arrays holding bfloat16 bits (the tuner's buffers):
-    cupy.matmul on bfloat16 views where CuPy computes bfloat16, as a user's own call runs it;
-    cublasGemmEx on the bits otherwise."""
-    if not cupy_computes_bfloat16():
-        return _bfloat16_gemm
-    import ml_dtypes
+def numpy_dtype(dtype: str) -> np.dtype:
+    """NumPy's dtype of `dtype`, from the package that gives NumPy the type where it is not its own
+    (the `numpy_package` column of dtypes: ml_dtypes for bfloat16); TypeError naming the package
+    where it is not installed."""
+    package = dtypes.lookup(dtype).numpy_package
+    if package:
+        try:
+            importlib.import_module(package)
+        except ImportError:
+            raise TypeError(f"{dtype} arrays need the {package} package") from None
+    return np.dtype(dtype)
 
+
+def bits_product(dtype: str):
+    """`product(a, b, out=None)` for arrays of `dtype`'s storage holding its bits (the tuner's
+    buffers of a type stored as raw bits, bfloat16 in uint16): cupy.matmul on views of the type
+    where CuPy computes it, as a user's own call runs it; cublasGemmEx on the bits otherwise."""
+    if not cupy_computes(dtype):
+        return _bits_gemm
+    typed, storage = numpy_dtype(dtype), np.dtype(dtypes.lookup(dtype).storage)
     matmul = cupy().matmul
 
     def product(a, b, out=None):
-        c = matmul(a.view(ml_dtypes.bfloat16), b.view(ml_dtypes.bfloat16),
-                   out=None if out is None else out.view(ml_dtypes.bfloat16))
-        return c.view(np.uint16)
+        c = matmul(a.view(typed), b.view(typed), out=None if out is None else out.view(typed))
+        return c.view(storage)
 
     return product
 
 
-def _bfloat16_gemm(a, b, out=None):
-    """a @ b of bfloat16 operands (or uint16 arrays of their bits) where CuPy cannot multiply them."""
+def bfloat16_bits_product():
+    """`bits_product` of bfloat16 (for the callers that name the type)."""
+    return bits_product("bfloat16")
+
+
+def _bits_gemm(a, b, out=None):
+    """a @ b where CuPy cannot multiply the type: through cuBLAS on the operands' bits (uint16
+    arrays of bfloat16 bits, or bfloat16 arrays)."""
     from .cublas_gemm import gemm
 
     return gemm(a, b, out, bfloat16_bits=True)

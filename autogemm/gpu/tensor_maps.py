@@ -18,8 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import dtypes
-
 MAP_BYTES = 128
 ADDRESS_ALIGNMENT = 16
 STRIDE_ALIGNMENT = 16
@@ -28,12 +26,6 @@ DIM_LIMIT = 2**32
 BOX_LIMIT = 256
 SWIZZLE_ROW_BYTES = 128
 MAX_RANK = 5
-# numpy element dtype -> the driver's CUtensorMapDataType member; bfloat16 arrives as its uint16 bits.
-# "tfloat32": FP32 in memory that TMA rounds to TF32 as it copies (what a TF32 product reads).
-DATA_TYPES = {"float16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16", "bfloat16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
-              "float32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32", "float64": "CU_TENSOR_MAP_DATA_TYPE_FLOAT64",
-              "tfloat32": "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32"}
-STORED_AS = {"tfloat32": "float32"}  # the element in memory, where the map's type names a conversion
 
 # a numpy scalar type of 128 raw bytes: how a map travels in a packed argument buffer
 MAP_DTYPE = np.dtype((np.void, MAP_BYTES))
@@ -45,11 +37,14 @@ class TensorMapError(ValueError):
 
 @dataclass(frozen=True)
 class TiledLayout:
-    """What a tensor map describes: `dims` elements per dimension, innermost (contiguous) first;
-    `strides` the bytes between consecutive indices of dimensions 1.. (so one fewer than dims);
-    `box` the elements one copy brings per dimension."""
+    """What a tensor map describes: elements of the driver's type `element` (a CUtensorMapDataType
+    member's name: the `tensor_map_type` columns of dtypes), `itemsize` bytes each in memory; `dims`
+    elements per dimension, innermost (contiguous) first; `strides` the bytes between consecutive
+    indices of dimensions 1.. (so one fewer than dims); `box` the elements one copy brings per
+    dimension."""
 
-    dtype: str
+    element: str
+    itemsize: int
     dims: tuple[int, ...]
     strides: tuple[int, ...]
     box: tuple[int, ...]
@@ -57,9 +52,9 @@ class TiledLayout:
     def problems(self, address: int, operand: str) -> list[str]:
         """Why TMA cannot describe this operand at `address` (empty: it can)."""
         faults = []
-        if self.dtype not in DATA_TYPES:
-            return [f"{operand}: TMA copies {', '.join(DATA_TYPES)}, not {self.dtype}"]
-        itemsize = dtypes.lookup(STORED_AS.get(self.dtype, self.dtype)).itemsize
+        if not self.element:
+            return [f"{operand}: TMA does not copy its element type"]
+        itemsize = self.itemsize
         if not 1 <= len(self.dims) <= MAX_RANK or len(self.strides) != len(self.dims) - 1 \
                 or len(self.box) != len(self.dims):
             return [f"{operand}: a tensor map has 1 to {MAX_RANK} dimensions with a stride for each but the "
@@ -91,7 +86,7 @@ def encode(layout: TiledLayout, address: int, operand: str = "operand") -> np.nd
         raise TensorMapError("; ".join(faults))
     api = driver()
     result, tensor_map = api.cuTensorMapEncodeTiled(
-        getattr(api.CUtensorMapDataType, DATA_TYPES[layout.dtype]), len(layout.dims), address,
+        getattr(api.CUtensorMapDataType, layout.element), len(layout.dims), address,
         [api.cuuint64_t(d) for d in layout.dims], [api.cuuint64_t(s) for s in layout.strides],
         [api.cuuint32_t(b) for b in layout.box], [api.cuuint32_t(1)] * len(layout.dims),
         api.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,

@@ -19,7 +19,7 @@ from . import tensor_maps
 from ..kernels.compile import CompiledKernel, CompileError
 from ..families import GemmConfig
 from .operands import KernelOperand
-from .packed_launch import PackedKernel, current_stream_pointer
+from .packed_launch import compiled_kernel, current_stream_pointer
 from ..problem import Problem
 from .tensor_maps import MAP_DTYPE, TensorMapCache, TensorMapError, TiledLayout
 
@@ -49,7 +49,8 @@ def operand_layout(problem: Problem, operand: KernelOperand, role: str, config: 
     the batch) with the box a Hopper kernel copies, and the batch step (1: a matrix per batch, 0: one
     matrix the batch shares). K-major operands come in boxes of 64 K x the tile's rows, MN-major
     ones in boxes of 64 rows x bk."""
-    itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
+    row = dtypes.lookup(problem.dtype, problem.compute)
+    itemsize = row.itemsize
     atom = config.swizzle_row_bytes // itemsize
     if role == "A":
         tile = config.tile_rows
@@ -63,13 +64,17 @@ def operand_layout(problem: Problem, operand: KernelOperand, role: str, config: 
         batch, stride, step = problem.batch, operand.batch_stride * itemsize, 1
     else:  # one matrix for the whole batch: a batch dimension of 1, which coordinate 0 always reads
         batch, stride, step = 1, pitch * rows, 0
-    return TiledLayout(map_dtype(problem), (length, rows, batch), (pitch, stride), box + (1,)), step
+    # (TF32 products read FP32 through TMA's TFLOAT32 type, which rounds to TF32 on the way in)
+    return TiledLayout(_map_type(row, row.operand_map_type, role), itemsize, (length, rows, batch), (pitch, stride),
+                       box + (1,)), step
 
 
-def map_dtype(problem: Problem) -> str:
-    """The element type of A's and B's maps: TF32 products read FP32 through TMA's TFLOAT32 type,
-    which rounds to TF32 (to nearest) on the way into shared memory."""
-    return "tfloat32" if problem.compute == "tf32" else problem.dtype
+def _map_type(row: dtypes.DType, element: str, role: str) -> str:
+    """`element` (a tensor-map type of `row`), or TensorMapError where TMA does not copy the type."""
+    if not element:
+        copied = dict.fromkeys(r.name for r in dtypes.ROWS if r.tensor_map_type)
+        raise TensorMapError(f"{role}: TMA copies {', '.join(copied)}, not {row.name}")
+    return element
 
 
 RECENT_MAPS = 8  # maps per operand role a TMA launcher switches between without asking its cache
@@ -80,32 +85,37 @@ def output_layout(problem: Problem, c: KernelOperand, config: GemmConfig) -> Til
     epilogue writes it: boxes of one consumer's rows x one 128-byte row of columns. `problem` is
     the kernel's: where the config swaps the operands, C is its C^T (the kernel's M is C's N), and
     a box is the kernel's columns (wm of C's rows) by a 128-byte row of its rows (C's columns)."""
-    itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
+    row = dtypes.lookup(problem.dtype, problem.compute)
+    itemsize = row.itemsize
     atom = config.swizzle_row_bytes // itemsize
     pitch = c.ld * itemsize
     rows, columns = (problem.n, problem.m) if config.swaps_operands else (problem.m, problem.n)
     stride = c.batch_stride * itemsize if problem.batch > 1 else pitch * rows
-    return TiledLayout(problem.dtype, (columns, rows, problem.batch), (pitch, stride), (atom, config.wm, 1))
+    return TiledLayout(_map_type(row, row.tensor_map_type, "C"), itemsize, (columns, rows, problem.batch),
+                       (pitch, stride), (atom, config.wm, 1))
 
 
-def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand, scalar):
+def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand, ordinal: int):
     """A Hopper kernel takes A and B as tensor maps, which hold their addresses: each role keeps the
     maps of the addresses it has seen (`TensorMapCache`), so a repeated call encodes none, and the
     launch reads the two map arguments straight from the cached maps (a changed address costs a
-    pointer's write, not a copy)."""
+    pointer's write, not a copy). (`ordinal`: unused, the kernels take no workspace.)"""
     problem, config = prepared.problem, prepared.config
     i32, i64 = np.int32, np.int64
+    scalar = np.dtype(dtypes.lookup(problem.dtype, problem.compute).accumulator_storage).type  # alpha, beta
     layout_a, step_a = operand_layout(problem, a, "A", config)
     layout_b, step_b = operand_layout(problem, b, "B", config)
     maps_a, maps_b = TensorMapCache(layout_a, "A"), TensorMapCache(layout_b, "B")
     maps_c = TensorMapCache(output_layout(problem, c, config), "C") if config.tma_store else None
     blank = np.zeros(1, dtype=MAP_DTYPE)[0]
-    kernel = PackedKernel(prepared.kernel.gemm, prepared.grid, prepared.block, prepared.smem, (
-        blank, blank, blank, np.uintp(0), i32(problem.m), i32(problem.n), i32(problem.k), i32(c.ld),
-        i64(c.batch_stride), scalar(1), scalar(0), i32(problem.batch), i32(step_a), i32(step_b), i32(0)))
-    pointers, c_at = kernel.slot(3)
-    scalars, alpha_at = kernel.slot(9)
-    flags, c_mapped_at = kernel.slot(14)
+    kernel = compiled_kernel(prepared.kernel, "gemm", prepared.grid, prepared.block, prepared.smem, dict(
+        map_a=blank, map_b=blank, map_c=blank, C=np.uintp(0), M=i32(problem.m), N=i32(problem.n), K=i32(problem.k),
+        ldc=i32(c.ld), stride_c=i64(c.batch_stride), alpha=scalar(1), beta=scalar(0), batches=i32(problem.batch),
+        batch_step_a=i32(step_a), batch_step_b=i32(step_b), c_mapped=i32(0)))
+    map_at = (kernel.index("map_a"), kernel.index("map_b"), kernel.index("map_c"))  # by operand role
+    pointers, c_at = kernel.slot("C")
+    scalars, (alpha_at, beta_at) = kernel.slots("alpha", "beta")
+    flags, c_mapped_at = kernel.slot("c_mapped")
     point, launch_kernel = kernel.point, kernel.launch
     lock = threading.Lock()
     current = [None, None, None]  # the addresses whose maps the arguments point at
@@ -131,7 +141,7 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
         current[role] = address
         if found:
             held[role] = found[0]
-            point(role, found[1])
+            point(map_at[role], found[1])
             return True
         held[role] = None
         return False
@@ -146,7 +156,7 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
             if maps_c is not None and current[2] != pc:
                 flags[c_mapped_at] = switch(2, pc)
             pointers[c_at] = pc
-            scalars[alpha_at], scalars[alpha_at + 1] = alpha, beta
+            scalars[alpha_at], scalars[beta_at] = alpha, beta
             launch_kernel(stream_pointer)
 
     return launch

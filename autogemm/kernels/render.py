@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import jinja2
 import jinja2.meta
@@ -39,6 +41,87 @@ class Source:
     @property
     def digest(self) -> str:
         return hashlib.sha256(self.code.encode()).hexdigest()[:16]
+
+    @functools.cached_property
+    def signatures(self) -> dict[str, tuple[KernelParameter, ...]]:
+        """The parameters of every kernel the code defines (`extern "C" __global__`), by kernel name."""
+        return kernel_signatures(self.code)
+
+    def parameters(self, kernel: str) -> tuple[str, ...]:
+        """The parameter names of kernel `kernel`, in the order it takes them: what a launcher packs
+        its arguments by (`gpu.packed_launch`), so that no launcher depends on a template's order."""
+        try:
+            return tuple(parameter.name for parameter in self.signatures[kernel])
+        except KeyError:
+            raise ValueError(f"the source of {self.kernel} defines no kernel {kernel!r} (it defines "
+                             f"{', '.join(self.signatures) or 'none'})") from None
+
+
+class KernelParameter(NamedTuple):
+    name: str
+    type: str  # as declared, without qualifiers (const, __restrict__, __grid_constant__): "T*", "long long"
+
+
+_ENTRY = re.compile(r'extern\s+"C"\s+__global__\s+void\b')
+_WORD = re.compile(r"\s*(\w+)(\s*\()?")  # a name, and the parenthesis after it if one follows
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+_QUALIFIERS = re.compile(r"\b(?:const|volatile|__restrict__|__grid_constant__)\b")
+_PARENTHESIS = re.compile(r"[()]")
+_NESTING_OR_COMMA = re.compile(r"[()<>,]")
+
+
+def _closing(code: str, opening: int) -> int:
+    """The index just past the parenthesis that closes the one at `opening`."""
+    depth = 0
+    for match in _PARENTHESIS.finditer(code, opening):
+        depth += 1 if match.group() == "(" else -1
+        if depth == 0:
+            return match.end()
+    raise ValueError(f"unbalanced parentheses after {code[opening:opening + 40]!r}")
+
+
+def kernel_signatures(code: str) -> dict[str, tuple[KernelParameter, ...]]:
+    """Each `extern "C" __global__ void` kernel of `code` with its parameters, read from its
+    definition: past the attributes (`__launch_bounds__(...)`, `__cluster_dims__(...)`, ...) the
+    first name with a parenthesis is the kernel's, and each top-level comma-separated declaration
+    in it ends with a parameter's name."""
+    found = {}
+    for entry in _ENTRY.finditer(code):
+        at = entry.end()
+        while (match := _WORD.match(code, at)) is not None:
+            name, opened = match.group(1), match.group(2)
+            attribute = name.startswith("__") and name.endswith("__")  # CUDA's spelling of them
+            end = _closing(code, match.end() - 1) if opened else match.end()
+            if not attribute:
+                if opened:  # (a name without one is no kernel definition this reads)
+                    found[name] = _parameters(code[match.end():end - 1])
+                break
+            at = end
+    return found
+
+
+def _parameters(declarations: str) -> tuple[KernelParameter, ...]:
+    declarations = _COMMENT.sub(" ", declarations)
+    pieces, depth, start = [], 0, 0
+    for match in _NESTING_OR_COMMA.finditer(declarations):
+        char = match.group()
+        if char == ",":
+            if depth == 0:
+                pieces.append(declarations[start:match.start()])
+                start = match.end()
+        else:
+            depth += 1 if char in "(<" else -1
+    pieces.append(declarations[start:])
+    parameters = []
+    for piece in (p.strip() for p in pieces):
+        if not piece or piece == "void":
+            continue
+        match = re.fullmatch(r"(.*?)(\w+)", piece, re.DOTALL)
+        if match is None:
+            raise ValueError(f"cannot read a kernel parameter's name in {piece!r}")
+        declared = " ".join(_QUALIFIERS.sub(" ", match.group(1)).split()).replace(" *", "*")
+        parameters.append(KernelParameter(match.group(2), declared))
+    return tuple(parameters)
 
 
 def _template_dirs() -> tuple[Path | None, tuple[Path, ...]]:

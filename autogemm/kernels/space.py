@@ -16,7 +16,6 @@ from typing import Iterator
 
 from .. import dtypes, families
 from ..families.base import packed_leading_dimensions
-from ..families.hopper import ARCH as HOPPER_ARCH
 from ..paths import search_spaces_dir
 from ..problem import Device, Problem
 from .space_expressions import Expression, SpaceError
@@ -32,26 +31,13 @@ def default_space_name(problem) -> str:
     return dtypes.lookup(problem.dtype, problem.compute).space
 
 
-# M at or below which a product is GEMV-like: the GEMV family keeps all of a tile's rows in
-# registers and reads B once; above it, B would be read again per tile of rows
-GEMV_MAX_M = 16
-
-
 def candidate_space_names(problem, device: Device | None = None) -> tuple[str, ...]:
     """The shipped spaces a tune without --space searches, each with its share of the budget: the
-    dtype's own space, the GEMV space for a short M or N (the two win on different shapes: the
-    GEMV kernels on memory-bound products, tiled split-K where K is long against N; a short N is
-    served by GEMV kernels that swap the operands' roles), and the Hopper space for the types it
-    computes on a device of its architecture (all of them where no device is given)."""
-    names = [default_space_name(problem)]
-    short = min(problem.m, problem.n) <= GEMV_MAX_M
-    if short and families.get("gemv").compute_for(problem.dtype) == problem.compute:
-        names.insert(0, "gemv")
-    hopper = families.get("hopper")
-    if hopper.compute_for(problem.dtype) == problem.compute and not short and \
-            (device is None or device.compute_capability == HOPPER_ARCH):
-        names.append("hopper")
-    return tuple(names)
+    spaces of the families that declare themselves candidates for the problem on the device (all
+    devices where none is given; `GemmConfig.candidate_for`), in the families' candidate order. The
+    dtype's own family is always one (`default_space_name`)."""
+    names = [family.space_for(problem) for family in families.candidate_families(problem, device)]
+    return tuple(dict.fromkeys(names))
 
 # Names a constraint may read from the problem and the device: a rule that uses any of them is a
 # problem rule, applied where a problem is given (the tuner's draws, sampling for a problem) and
@@ -149,8 +135,11 @@ class SearchSpace:
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> SearchSpace:
-        """Loads a space file; a bare name like ``simt`` means the shipped ``search_spaces/simt.toml``."""
-        path = Path(path) if path is not None else search_spaces_dir() / "simt.toml"
+        """Loads a space file; a bare name like ``simt`` means the shipped ``search_spaces/simt.toml``,
+        and none the shipped space of the default dtype in its default compute mode (float32's)."""
+        if path is None:
+            path = search_spaces_dir() / f"{dtypes.lookup(dtypes.DTYPES[0]).space}.toml"
+        path = Path(path)
         if not path.suffix and not path.exists():
             path = search_spaces_dir() / f"{path}.toml"
         try:

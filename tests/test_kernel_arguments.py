@@ -1,0 +1,216 @@
+"""The launchers against the kernels' own parameter lists, without a GPU: every shipped space's seeds
+(and split-K, repacking and misaligned variants) are rendered, each launch kind's launcher is built
+on the rendered source (its kernels never loaded: `PackedKernel.launch` is recorded, not run) and
+called once. A launcher that names a parameter the kernel does not have, misses one, gives one a
+value of the wrong type, or writes a call's pointers and scalars anywhere but the named slots fails
+here; a template that moves a parameter takes its value with it."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from autogemm import dtypes
+from autogemm.families import LaunchKind, all_families
+from autogemm.gpu import packed_launch, tensor_maps
+from autogemm.gpu.launch import LAUNCHES, PreparedGemm, launcher
+from autogemm.gpu.operands import KernelOperand
+from autogemm.gpu.packed_launch import KernelArgumentError, PackedKernel
+from autogemm.gpu.repack import stored_extent
+from autogemm.kernels.render import render
+from autogemm.kernels.space import SearchSpace
+from autogemm.paths import search_spaces_dir, templates_dir
+from autogemm.problem import Device, Problem
+
+H100 = Device.for_arch("sm_90")
+PA, PB, PC = 0x1000000, 0x2000000, 0x3000000  # the call's operands (fake, never dereferenced)
+ALPHA, BETA = 2.0, 0.5
+WORKSPACE = {"split_k": 0xA0000, "split_k_partials": 0xB0000, "split_k_counters": 0xC0000,
+             "stream_k_partials": 0xD0000, "stream_k_counters": 0xE0000, "repack_a": 0xF0000, "repack_b": 0xF8000}
+
+
+class FakeFunction:
+    """A kernel that is never loaded: its name tells the recorded launches apart."""
+
+    def __init__(self, name: str):
+        self.name, self.ptr = name, 0
+
+
+def _variants(config):
+    """The seed itself, and where the family has the knobs, split-K through the reduction kernel
+    (a workspace for C) and operand repacking."""
+    yield config
+    knobs = {knob.name for knob in type(config).knobs}
+    if "split_k" in knobs and config.launch_kind == LaunchKind.TILES and "swap" not in knobs:
+        yield dataclasses.replace(config, split_k=2)
+    if "repack" in knobs and config.vec > 1:
+        yield dataclasses.replace(config, repack=True)
+
+
+def _cases():
+    """(config, problem, misaligned operands) for every variant of every seed that runs a problem of
+    each dtype and layout its space is for (misaligned operands where the config repacks them)."""
+    cases = {}
+    for path in sorted(search_spaces_dir().glob("*.toml")):
+        space = SearchSpace.load(path)
+        for seed in space.seeds:
+            for config in _variants(seed):
+                for (dtype, compute), layout in itertools.product(space.dtypes, ("nn", "nt", "tn", "tt")):
+                    problem = Problem.from_layout(512, 384, 1024, layout, batch=2, dtype=dtype, compute=compute)
+                    if not config.check(problem, H100):
+                        for misaligned in (False, True)[:1 + config.repacks_operands]:
+                            cases.setdefault((config.name, problem.key, misaligned), (config, problem, misaligned))
+    return list(cases.values())
+
+
+CASES = _cases()
+
+
+def test_the_cases_cover_every_family_launch_kind_and_kernel():
+    configs = [config for config, _, _ in CASES]
+    assert {type(config).family for config in configs} >= {family.family for family in all_families()
+                                                            if family.template_dir is None}
+    assert {config.launch_kind for config in configs} == set(LaunchKind) == set(LAUNCHES)
+    assert any(config.split_k > 1 and config.launch_kind == LaunchKind.TILES for config in configs)
+    assert any(config.repacks_operands and misaligned for config, _, misaligned in CASES)
+    assert any(config.swaps_operands for config in configs)
+
+
+def _operand(rows: int, length: int, transposed: bool, misaligned: bool, batch_stride: bool) -> KernelOperand:
+    """A stored operand of `rows` rows of `length` elements, its pitch one element over where
+    `misaligned` (what repacking copies)."""
+    ld = length + (1 if misaligned else 0)
+    return KernelOperand(transposed, ld, rows * ld if batch_stride else 0, 0)
+
+
+def _record_launches(monkeypatch) -> list:
+    launched = []
+    monkeypatch.setattr(packed_launch, "driver_launch", lambda: None)  # no CuPy, no driver
+    monkeypatch.setattr(PackedKernel, "launch", lambda self, stream: launched.append(self))
+    monkeypatch.setattr(packed_launch.WORKSPACES, "get",
+                        lambda device, stream, purpose, nbytes, zeroed=False: WORKSPACE[purpose])
+    monkeypatch.setattr(tensor_maps, "encode", lambda layout, address, operand="": np.full(16, address, np.uint64))
+    return launched
+
+
+def _prepared(config, problem: Problem, source) -> PreparedGemm:
+    kernel_problem = config.kernel_problem(problem)
+    compiled = SimpleNamespace(source=source, gemm=FakeFunction(source.kernel),
+                               reduce=FakeFunction(source.reduce_kernel) if source.reduce_kernel else None,
+                               repack=FakeFunction(source.repack_kernel) if source.repack_kernel else None)
+    grid = (132, 1, 1) if config.launch_kind in (LaunchKind.STREAM_K, LaunchKind.TMA) else config.grid(kernel_problem)
+    return PreparedGemm(config=config, problem=kernel_problem, kernel=compiled, grid=grid, block=(config.threads, 1, 1),
+                        smem=config.smem_bytes(kernel_problem), tiles_per_split=config.tiles_per_split(kernel_problem))
+
+
+def _declared_type(declared: str, row: dtypes.DType) -> np.dtype:
+    """The NumPy type of an argument the kernel declares as `declared` (without qualifiers)."""
+    if declared.endswith("*"):
+        return np.dtype(np.uintp)
+    named = {"int": np.int32, "long long": np.int64, "float": np.float32, "double": np.float64,
+             "Acc": row.accumulator_storage, "TensorMap": tensor_maps.MAP_DTYPE}
+    assert declared in named, f"a kernel parameter of type {declared!r}: add it here"
+    return np.dtype(named[declared])
+
+
+@pytest.mark.parametrize("config, problem, misaligned", CASES,
+                         ids=[f"{c.name}-{p.key}{'-misaligned' * m}" for c, p, m in CASES])
+def test_every_launcher_passes_each_argument_by_the_kernels_own_parameter_names(config, problem, misaligned,
+                                                                                monkeypatch):
+    launched = _record_launches(monkeypatch)
+    row = dtypes.lookup(problem.dtype, problem.compute)
+    a = _operand(*stored_extent(problem, "A"), problem.trans_a, misaligned, batch_stride=True)
+    b = _operand(*stored_extent(problem, "B"), problem.trans_b, misaligned, batch_stride=False)  # (shared)
+    c = KernelOperand(False, problem.n, problem.m * problem.n, 0)
+    source = render(config, problem, config.vector_widths(a, b, c, row.itemsize))
+    launch = launcher(_prepared(config, problem, source), a, b, c, ordinal=0)
+    launch(PA, PB, PC, ALPHA, BETA, SimpleNamespace(ptr=0))
+
+    for kernel in launched:
+        declared = source.signatures[kernel.function.name]
+        assert kernel.parameters == tuple(parameter.name for parameter in declared)
+        for parameter in declared:
+            assert kernel.argument_dtypes[parameter.name] == _declared_type(parameter.type, row), \
+                (kernel.function.name, parameter)
+    # the call's pointers and scalars went to the slots of those names: through the repacking copies
+    # (each from the operand to its buffer) to the GEMM, whose C (or the reduction's) is the call's
+    arguments = [kernel.arguments() for kernel in launched]
+    fed = {"A": PB, "B": PA} if config.swaps_operands else {"A": PA, "B": PB}
+    *copies, gemm = [args for kernel, args in zip(launched, arguments) if kernel.function.name != source.reduce_kernel]
+    for copy in copies:
+        role = next(role for role, pointer in fed.items() if pointer == copy["src"])
+        fed[role] = copy["dst"]
+        assert copy["dst"] == WORKSPACE["repack_" + role.lower()]
+    assert len(copies) == (2 * misaligned if config.repacks_operands else 0)
+    if config.launch_kind == LaunchKind.TMA:
+        assert [gemm["map_a"], gemm["map_b"]] == [np.full(16, fed[r], np.uint64).tobytes() for r in "AB"]
+    else:
+        assert (gemm["A"], gemm["B"]) == (fed["A"], fed["B"])
+    final = arguments[-1]
+    assert (final["C"], final["alpha"], final["beta"]) == (PC, ALPHA, BETA)
+    if source.reduce_kernel:
+        assert gemm["C"] == final["W"] == WORKSPACE["split_k"] and gemm["ldc"] == final["ldw"]
+    if "partials" in gemm:
+        kind = "stream_k" if config.launch_kind == LaunchKind.STREAM_K else "split_k"
+        assert (gemm["partials"], gemm["counters"]) == (WORKSPACE[f"{kind}_partials"], WORKSPACE[f"{kind}_counters"])
+
+
+def _edited_template(tmp_path, monkeypatch, old: str, new: str):
+    """The SIMT template with `old` replaced by `new` in its kernel's signature, in a template
+    override folder."""
+    text = (templates_dir() / "simt_gemm.cu.j2").read_text()
+    assert text.count(old) == 1
+    folder = tmp_path / "templates"
+    folder.mkdir()
+    (folder / "simt_gemm.cu.j2").write_text(text.replace(old, new))
+    monkeypatch.setenv("AUTOGEMM_TEMPLATE_DIR", str(folder))
+
+
+def test_a_template_that_moves_a_parameter_moves_its_value_with_it(tmp_path, monkeypatch):
+    from autogemm.families import SimtConfig
+
+    _edited_template(tmp_path, monkeypatch, "int M, int N, int K, int lda, int ldb, int ldc,",
+                     "int ldc, int ldb, int lda, int K, int N, int M,")
+    launched = _record_launches(monkeypatch)
+    config, problem = SimtConfig(), Problem(128, 256, 64)
+    source = render(config, problem)
+    assert source.parameters(source.kernel)[3:9] == ("ldc", "ldb", "lda", "K", "N", "M")
+    a, b, c = KernelOperand(False, 72, 0, 0), KernelOperand(False, 264, 0, 0), KernelOperand(False, 260, 0, 0)
+    launcher(_prepared(config, problem, source), a, b, c, ordinal=0)(PA, PB, PC, ALPHA, BETA, SimpleNamespace(ptr=0))
+    values = list(launched[0].arguments().values())
+    assert values[:12] == [PA, PB, PC, 260, 264, 72, 64, 256, 128, 0, 0, 0]
+
+
+def test_a_template_that_renames_a_parameter_fails_when_its_launcher_is_built(tmp_path, monkeypatch):
+    from autogemm.families import SimtConfig
+
+    _edited_template(tmp_path, monkeypatch, "int tiles_per_split", "int k_tiles_per_split")
+    _record_launches(monkeypatch)
+    config, problem = SimtConfig(), Problem(128, 256, 64)
+    source = render(config, problem)
+    operand = KernelOperand(False, 256, 0, 0)
+    with pytest.raises(KernelArgumentError, match="missing k_tiles_per_split; not parameters of the kernel "
+                                                  "tiles_per_split"):
+        launcher(_prepared(config, problem, source), operand, operand, operand, ordinal=0)
+
+
+def test_a_signature_is_read_past_attributes_comments_and_qualifiers():
+    from autogemm.kernels.render import KernelParameter, kernel_signatures
+
+    code = '''
+    __device__ void helper(int x) {}
+    extern "C" __global__ void __launch_bounds__(THREADS, min(2, 4))
+    __cluster_dims__(1, 2, 1)
+    ag_kernel(const __grid_constant__ TensorMap map_a, /* the output */ float* __restrict__ C,
+              const long long stride_c,  // per batch
+              Pair<int, int> pair) { helper(1); }
+    extern "C" __global__ void ag_kernel_reduce(void) {}
+    '''
+    assert kernel_signatures(code) == {
+        "ag_kernel": (KernelParameter("map_a", "TensorMap"), KernelParameter("C", "float*"),
+                      KernelParameter("stride_c", "long long"), KernelParameter("pair", "Pair<int, int>")),
+        "ag_kernel_reduce": ()}
