@@ -36,7 +36,7 @@ def main() -> int:
 
     import autogemm
     import autogemm.results.cache
-    from autogemm.serving import dispatch, torch_tensors
+    from autogemm.serving import dispatch, torch_fast_path, torch_tensors
     from autogemm.measure.timing import median_latency
 
     autogemm.results.cache.shipped_cache_dir = lambda: None  # untuned: cuBLAS serves fp16 and fp32
@@ -52,7 +52,7 @@ def main() -> int:
         for _ in range(3):
             autogemm.matmul(ta, tb)
             autogemm.matmul(ca, cb)
-        plan = dispatch._DISPATCHER.torch_fast.get(dispatch.torch_fast_key(ta, tb, None))
+        plan = dispatch._DISPATCHER.torch_fast.get(torch_fast_path.torch_fast_key(ta, tb, None))
         assert plan is not None, "the torch fast path has no plan"
         expected = ta.double() @ tb.double()
         error = (autogemm.matmul(ta, tb).double() - expected).abs().max() / expected.abs().max()
@@ -96,7 +96,8 @@ def main() -> int:
             "  torch._C._cuda_getCurrentRawStream(0)": (lambda: raw(0)) if raw else (lambda: None),
             "  torch.cuda.current_stream().cuda_stream": lambda: torch.cuda.current_stream(0).cuda_stream,
             "  torch._C._cuda_isCurrentStreamCapturing()": torch._C._cuda_isCurrentStreamCapturing,
-            "  key + memo lookup": lambda: dispatch._DISPATCHER.torch_fast.get(dispatch.torch_fast_key(ta, tb, None)),
+            "  key + memo lookup":
+                lambda: dispatch._DISPATCHER.torch_fast.get(torch_fast_path.torch_fast_key(ta, tb, None)),
         }
 
     print("\n== host time per call (us) ==", flush=True)

@@ -337,7 +337,7 @@ def test_a_capture_on_a_stream_with_a_spare_output_takes_its_output_from_the_gra
     under capture on that stream must not hand it out (it is not the graph's memory: it would be
     freed, and reused, while the graph still writes it), nor replace it."""
     torch = _torch()
-    from autogemm.serving import dispatch
+    from autogemm.serving import dispatch, torch_fast_path
 
     with serving(select.CUBLAS_SERVES):
         autogemm.reset()
@@ -348,7 +348,7 @@ def test_a_capture_on_a_stream_with_a_spare_output_takes_its_output_from_the_gra
             for _ in range(3):
                 autogemm.matmul(a, b)
         stream.synchronize()
-        plan = dispatch._DISPATCHER.torch_fast[dispatch.torch_fast_key(a, b, None)]
+        plan = dispatch._DISPATCHER.torch_fast[torch_fast_path.torch_fast_key(a, b, None)]
         spare = plan.torch_spares[stream.cuda_stream]
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):

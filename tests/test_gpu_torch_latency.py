@@ -1,5 +1,5 @@
 """The torch fast path of autogemm.matmul (issue 37): a repeated call on PyTorch CUDA tensors with a
-known plan skips DLPack and validation (dispatch.matmul's torch branch, `_Plan.call_torch`), its
+known plan skips DLPack and validation (dispatch.matmul's torch branch, `plan.Plan.call_torch`), its
 result a fresh tensor of PyTorch's caching allocator computed on PyTorch's current stream. Each
 case checks that the repeated call is served by the fast path (torch_tensors.call, the general
 path, is not entered) and gives the right values, for cuBLAS plans and generated kernels."""

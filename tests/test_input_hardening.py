@@ -274,6 +274,7 @@ def test_explain_describes_overlap_conversion_and_cast(no_gpu_needed):
     a = Crafted(interface(shape=(64, 64)))
     overlapped = explain_module.explain(a, a, out=a, alpha=2, beta=0.5)
     assert overlapped["copies"] == ["out"] and overlapped["source"] == "cublas"
+    assert type(overlapped["source"]) is str  # (a ChoiceSource's value: a printed explain() shows the string)
     assert "out overlaps a and b" in overlapped["out"]
     mixed = explain_module.explain(Crafted(interface(shape=(64, 32), typestr="<f2")),
                                    Crafted(interface(shape=(32, 16), pointer=1 << 36)),

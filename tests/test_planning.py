@@ -216,3 +216,28 @@ def test_a_race_cublas_wins_is_served_by_cublas():
     raced = race.race_choice(choice, result)
     assert (raced.source, raced.config) == ("race", None) and "cuBLAS won" in raced.reason
     assert "raced 3 entrants" in raced.reason and result.margin == 1.0
+
+
+def test_binding_reaches_the_names_each_fast_path_reads(monkeypatch):
+    """matmul's fast paths read CuPy's and PyTorch's names as module globals of the module they run
+    in (dispatch.matmul: the operand types; plan.Plan.call_fast and call_torch: the device, stream and
+    allocation functions): binding them once must reach both modules."""
+    import sys
+    import types
+
+    cupy = pytest.importorskip("cupy")
+    from autogemm.serving import dispatch, plan
+
+    for module, names in ((dispatch, ("_NDARRAY", "_TENSOR")),
+                          (plan, ("_NDARRAY", "_current_device", "_current_stream", "_torch_raw_stream",
+                                  "_torch_empty_like"))):
+        for name in names:
+            monkeypatch.setattr(module, name, None)
+    torch = types.SimpleNamespace(Tensor=type("Tensor", (), {}), empty_like=lambda template: template,
+                                  _C=types.SimpleNamespace(_cuda_getCurrentRawStream=lambda device: 1234))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    assert dispatch._bind_cupy() is cupy
+    dispatch._bind_torch()
+    assert dispatch._NDARRAY is plan._NDARRAY is cupy.ndarray and dispatch._TENSOR is torch.Tensor
+    assert (plan._current_device, plan._current_stream) == (cupy.cuda.runtime.getDevice, cupy.cuda.get_current_stream)
+    assert plan._torch_empty_like is torch.empty_like and plan._torch_raw_stream(0) == 1234

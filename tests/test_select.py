@@ -14,7 +14,7 @@ from autogemm.problem import Device, Problem
 from autogemm.kernels.render import kernel_template_hash
 from autogemm.serving import select
 from autogemm.measure.timing import PROTOCOL
-from autogemm.serving.select import choose, default_config
+from autogemm.serving.select import Choice, ChoiceSource, choose, default_config
 from autogemm.results.cache import cublas_record
 
 SM90 = Device.for_arch("sm_90")
@@ -101,3 +101,18 @@ def test_a_default_exists_for_every_shape(m, n, k):
     assert default_config(Problem(m, n, k), SM90) is not None
     for dtype, compute in (("float16", "fp32"), ("bfloat16", "fp32"), ("float32", "tf32"), ("float64", "fp64")):
         assert default_config(Problem(m, n, k, dtype=dtype, compute=compute), SM90) is not None
+
+
+def test_choice_sources_are_an_enum_of_the_strings_explain_shows():
+    """The sources are ChoiceSource members, equal to (and formatted as) the strings explain, the
+    benchmarks' tables and the tests have always shown; a string that names no source is refused."""
+    assert {source.value for source in ChoiceSource} == {
+        "cache", "shipped cache", "autotune", "predicted", "guard", "race", "default", "cublas", "cupy.matmul"}
+    problem = Problem(4096, 4096, 4096)
+    shipped = choose(problem, SM90, (_record(problem, TUNED), "shipped"), [])
+    assert shipped.source is ChoiceSource.SHIPPED_CACHE and shipped.source == "shipped cache"
+    assert f"{shipped.source}" == str(shipped.source) == "shipped cache"
+    assert choose(problem, SM90, None, []).source is ChoiceSource.CUBLAS
+    assert Choice("predicted", TUNED, "given as a string").source is ChoiceSource.PREDICTED
+    with pytest.raises(ValueError, match="'cached' is not a valid ChoiceSource"):
+        Choice("cached", None, "a misspelt source")

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from . import dispatch, numpy_semantics
 from ..gpu import runtime
-from .numpy_semantics import CUPY_MATMUL, KERNELS
+from .numpy_semantics import KERNELS
 from ..gpu.operands import check_scalars, describe, real_scalar, validate
 from ..problem import Problem
 from .race import race_choice
+from .select import ChoiceSource
 from .torch_tensors import is_tensor
 
 
@@ -24,9 +25,10 @@ def explain(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: s
     a temporary), and how the result reaches `out` (`out`: None without one). It takes matmul's
     arguments and refuses what matmul refuses, with the same errors. A call that cupy.matmul
     serves (integer, boolean or complex operands) says so: `source` "cupy.matmul", the reason, no
-    problem. Runs nothing (but may compile the chosen kernel). `cached` has the record's figures as the tune measured them: GPU times
-    of the kernel and the faster baseline, single-call latencies, each baseline's GPU time, and the
-    timing protocol; `guard`, the online guard's verdict once one was reached in this process."""
+    problem. `source` is one of select.ChoiceSource's strings. Runs nothing (but may compile the
+    chosen kernel). `cached` has the record's figures as the tune measured them: GPU times of the
+    kernel and the faster baseline, single-call latencies, each baseline's GPU time, and the timing
+    protocol; `guard`, the online guard's verdict once one was reached in this process."""
     runtime.cupy()
     if is_tensor(a) or is_tensor(b) or is_tensor(out):
         from .torch_tensors import to_cupy
@@ -45,7 +47,7 @@ def explain(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: s
     shown = {"shape": call.shape, "dtype": None if call.dtype is None else call.dtype.name,
              "out": _writing_out(call, operand_out, overlapped)}
     if call.served_by != KERNELS:
-        return {"problem": None, "device": device.name, "source": CUPY_MATMUL, "config": None,
+        return {"problem": None, "device": device.name, "source": ChoiceSource.CUPY_MATMUL.value, "config": None,
                 "reason": call.reason, "candidates": [], "race": None, "copies": [], "conversions": [],
                 "cached": None, **shown}
     if call.takes_as_given(*operands, operand_out) and not overlapped:
@@ -63,7 +65,8 @@ def explain(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: s
     problem = Problem(max(m, 1), max(n, 1), max(ia.shape[-1], 1), batch=max(shape[0], 1) if len(shape) == 3 else 1,
                       dtype=ia.dtype, compute=compute, trans_a=trans_a, trans_b=trans_b)
     choice = dispatch._DISPATCHER.select(problem, device, bool(tune))
-    raced = dispatch._DISPATCHER.races.get((device.slug, problem.key)) if dispatch._flag(race, "AUTOGEMM_RACE") else None
+    racing = dispatch._flag(race, "AUTOGEMM_RACE")
+    raced = dispatch._DISPATCHER.races.get((device.slug, problem.key)) if racing else None
     if raced is not None and choice.record is None:
         choice = race_choice(choice, raced)
     choice, _ = dispatch._DISPATCHER.with_verdict(choice, device, problem)
@@ -71,7 +74,7 @@ def explain(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: s
     return {
         "problem": problem.key,
         "device": device.name,
-        "source": choice.source,
+        "source": choice.source.value,  # (the plain string: a printed explain() shows 'cache', not the enum)
         "config": choice.config.name if choice.config else None,
         "reason": choice.reason,
         "candidates": choice.details.get("candidates", []),

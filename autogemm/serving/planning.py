@@ -12,18 +12,24 @@ from collections import OrderedDict
 
 from .. import dtypes
 from ..problem import Problem
-from .select import Choice, choose
+from .select import Choice, ChoiceSource, choose
 
 # the budget of a tune `matmul(..., tune=True)` starts for a problem without a record
 AUTOTUNE_TRIALS = 40
 AUTOTUNE_TIMEOUT_S = 30.0
 MAX_PLANS = 1024  # plans memoized per process (least recently used go first)
-# the spare outputs the fast path keeps ready (dispatch.SPARE_OUTPUT_BYTES), all plans together
+# the spare outputs the fast paths keep ready (plan.SPARE_OUTPUT_BYTES), all plans together
 SPARE_BUDGET_BYTES = 1024 * 1024 * 1024
 # A call that finds another process tuning its problem waits this long for that tune's result,
 # then serves the best it has without tuning, and plans again after PROVISIONAL_PLAN_S.
 WAIT_FOR_TUNE_S = 2 * AUTOTUNE_TIMEOUT_S
 PROVISIONAL_PLAN_S = 30.0
+
+
+def fast_key(a, b, compute, device: int) -> tuple:
+    """The key of `Dispatcher.fast` (matmul's fast path) of CuPy operands: what validation depended
+    on. Dtypes by number: hashing a NumPy dtype costs more than the rest of the key together."""
+    return a.shape, b.shape, a.strides, b.strides, a.dtype.num, b.dtype.num, compute, device
 
 
 class Dispatcher:
@@ -36,8 +42,8 @@ class Dispatcher:
 
     def __init__(self, cache=None):
         self.plans: OrderedDict = OrderedDict()  # full key (shapes, strides, dtype, ..., out) -> plan
-        self.fast: dict = {}  # key of the fast path (CuPy operands, no out, alpha only) -> plan
-        # key of the PyTorch fast path (the same, from torch's metadata: dispatch.torch_fast_key) -> plan
+        self.fast: dict = {}  # fast_key (CuPy operands, no out, alpha only) -> plan
+        # key of the PyTorch fast path (the same, from torch's metadata: torch_fast_path.torch_fast_key) -> plan
         self.torch_fast: dict = {}
         self.lock = threading.Lock()
         self._building: dict = {}  # plan key -> Event set when the thread building it is done
@@ -45,7 +51,7 @@ class Dispatcher:
         self.races: dict = {}  # (device slug, problem key) -> race.RaceResult, for the process's life
         # (device slug, problem key) -> the online guard's verdict (guard.py), for the process's life
         self.verdicts: dict = {}
-        self.spare_bytes = 0  # the plans' spare outputs (dispatch.SPARE_BUDGET_BYTES)
+        self.spare_bytes = 0  # the plans' spare outputs (SPARE_BUDGET_BYTES)
         self._cache = cache
 
     @property
@@ -150,9 +156,10 @@ class Dispatcher:
         if verdict["kernel_won"]:
             choice.details["guard"] = verdict
             return choice, verdict
-        return Choice("guard", None, f"{choice.source} {choice.config.name} lost to cuBLAS on this problem's first "
-                      f"calls ({verdict['ratio']:.3f}x): cuBLAS", choice.record,
-                      details=dict(choice.details, guard=verdict), ranked=choice.ranked), verdict
+        lost = Choice(ChoiceSource.GUARD, None, f"{choice.source} {choice.config.name} lost to cuBLAS on this "
+                      f"problem's first calls ({verdict['ratio']:.3f}x): cuBLAS", choice.record,
+                      details=dict(choice.details, guard=verdict), ranked=choice.ranked)
+        return lost, verdict
 
     def settle_guard(self, plan, device, problem: Problem):
         """What the guard of `plan` does once it has decided (guard.Guard's `settle`): the winner
@@ -230,5 +237,5 @@ class Dispatcher:
             return None, False
         choice = choose(problem, device, exact, [])
         kept = f"cuBLAS kept, {result.kept_reason}" if result.kept_cublas else f"{result.ratio:.3f}x cuBLAS"
-        choice.source, choice.reason = "autotune", f"tuned now ({result.valid} trials, {kept})"
+        choice.source, choice.reason = ChoiceSource.AUTOTUNE, f"tuned now ({result.valid} trials, {kept})"
         return choice, False

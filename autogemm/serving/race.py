@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from .select import Choice
+from .select import Choice, ChoiceSource
 
 # entrants besides cuBLAS: the model's best-predicted configs
 RACE_CONFIGS = 3
@@ -75,8 +75,8 @@ def race_choice(choice: Choice, result: RaceResult) -> Choice:
     raced = len(result.times_ms) + len(result.disqualified)
     if result.winner == CUBLAS:
         reason = f"raced {raced} entrants on the first call: cuBLAS won ({result.times_ms[CUBLAS]:.4f} ms)"
-        return Choice("race", None, reason, details=details, ranked=choice.ranked)
+        return Choice(ChoiceSource.RACE, None, reason, details=details, ranked=choice.ranked)
     config = next(c.config for c in choice.ranked if c.config.name == result.winner)
     reason = (f"raced {raced} entrants on the first call: {result.margin:.3f}x cuBLAS "
               f"({result.times_ms[result.winner]:.4f} vs {result.times_ms[CUBLAS]:.4f} ms)")
-    return Choice("race", config, reason, details=details, ranked=choice.ranked)
+    return Choice(ChoiceSource.RACE, config, reason, details=details, ranked=choice.ranked)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from .. import dtypes
 from ..results import predict
@@ -15,9 +16,8 @@ from ..families import GemmConfig, config_from_name, family_for
 from ..problem import Problem
 
 # (dtype, compute) that cuBLAS serves when nothing generated is expected to win: the cublasGemmEx call
-# cupy.matmul makes, with less host time per call (cublas_gemm).
-CUBLAS_SERVES = {("float32", "fp32"), ("float32", "tf32"), ("float16", "fp32"), ("bfloat16", "fp32"),
-                 ("float64", "fp64")}
+# cupy.matmul makes, with less host time per call (cublas_gemm). The `cublas_serves` column of dtypes.
+CUBLAS_SERVES = {(row.name, row.compute) for row in dtypes.ROWS if row.cublas_serves}
 SHOWN_CANDIDATES = 8  # candidates `explain` lists
 # cublasGemmEx serves a problem whose record measured it this much faster than cuBLASLt (cublas_api)
 GEMMEX_MARGIN = 0.03
@@ -29,9 +29,25 @@ LONG_K_RATIO = 8
 MAX_DEFAULT_SPLIT_K = 8
 
 
+class ChoiceSource(StrEnum):
+    """Where the choice of kernel for a problem came from (`Choice.source`, explain()'s "source"). Its
+    members are strings ("cache" == ChoiceSource.CACHE, f"{ChoiceSource.CACHE}" == "cache"), so that
+    explain's output, the benchmarks' tables and comparisons with plain strings read the same text."""
+
+    CACHE = "cache"  # the problem's record in the user cache (a kernel, or cuBLAS kept)
+    SHIPPED_CACHE = "shipped cache"  # the problem's record in the cache shipped with the package
+    AUTOTUNE = "autotune"  # the problem tuned by this call (matmul(..., tune=True))
+    PREDICTED = "predicted"  # a tuned config the model expects to beat cuBLAS here (under the guard)
+    GUARD = "guard"  # cuBLAS: the guarded kernel lost to it on this problem's first calls
+    RACE = "race"  # the first-call race's winner (matmul(..., race=True))
+    DEFAULT = "default"  # the family's built-in config, for a dtype cuBLAS is not asked to serve
+    CUBLAS = "cublas"  # cuBLAS: nothing generated is expected to win
+    CUPY_MATMUL = "cupy.matmul"  # integer, boolean or complex operands (explain only: no kernel is chosen)
+
+
 @dataclass
 class Choice:
-    source: str  # "cache", "shipped cache", "predicted", "default", "cublas", "autotune"
+    source: ChoiceSource
     config: GemmConfig | None
     reason: str
     record: object | None = None  # the cache record the choice came from
@@ -40,6 +56,9 @@ class Choice:
     ranked: list = field(default_factory=list)  # the model's candidates, best first (predict.Candidate)
     # served under the online guard (guard.py): a prediction, or a record of an older timing protocol
     guarded: bool = False
+
+    def __post_init__(self):
+        self.source = ChoiceSource(self.source)  # (a plain string refused unless it names a source)
 
 
 def size_class(problem: Problem) -> str:
@@ -55,7 +74,8 @@ def default_config(problem: Problem, device) -> GemmConfig | None:
     """The built-in config for a problem nothing was tuned for: those of its size class first, then
     the others (largest first), the first that can run it; None when none can."""
     wanted = size_class(problem)
-    ranked = [(cls, config_from_name(name)) for cls, name in family_for(problem.dtype, problem.compute).defaults(problem)]
+    defaults = family_for(problem.dtype, problem.compute).defaults(problem)
+    ranked = [(cls, config_from_name(name)) for cls, name in defaults]
     order = [c for cls, c in ranked if cls == wanted] + [c for cls, c in ranked if cls != wanted]
     for config in order:
         if problem.k >= LONG_K_RATIO * max(problem.m, problem.n) and wanted != "large":
@@ -74,10 +94,10 @@ def choose(problem: Problem, device, exact, records) -> Choice:
     `records` are the device's current records (the model's evidence). `details["candidates"]`
     lists what the model considered, for `explain`."""
     if dtypes.find(problem.dtype, problem.compute) is None:
-        return Choice("cublas", None, f"no template for {problem.dtype}/{problem.compute} yet: cuBLAS")
+        return Choice(ChoiceSource.CUBLAS, None, f"no template for {problem.dtype}/{problem.compute} yet: cuBLAS")
     if exact is not None:
         record, source = exact
-        where = "shipped cache" if source == "shipped" else "cache"
+        where = ChoiceSource.SHIPPED_CACHE if source == "shipped" else ChoiceSource.CACHE
         if record.is_cublas:
             best = record.best_generated
             lost = f"; best generated kernel {best['ratio']:.3f}x" if best else ""
@@ -90,8 +110,8 @@ def choose(problem: Problem, device, exact, records) -> Choice:
         config = record.config_object
         if not config.check(problem, device):
             if not record.current_protocol:  # its ratio may be host time: checked on the first calls
-                return Choice(where, config, f"tuned for this problem ({record.ratio:.3f}x cuBLAS on {record.date[:10]}, "
-                              "an older timing protocol: guarded)", record, guarded=True)
+                return Choice(where, config, f"tuned for this problem ({record.ratio:.3f}x cuBLAS on "
+                              f"{record.date[:10]}, an older timing protocol: guarded)", record, guarded=True)
             latency = f", {record.latency_ratio:.3f}x one call at a time" if record.latency_ratio else ""
             return Choice(where, config, f"tuned for this problem ({record.ratio:.3f}x cuBLAS in GPU time{latency} "
                           f"on {record.date[:10]})", record)
@@ -106,18 +126,20 @@ def _choose_untuned(problem: Problem, device, considered) -> Choice:
     best = considered[0] if considered else None
     if best is not None and best.wins:
         latency = f", {best.latency_ratio:.3f}x one call at a time" if best.latency_ratio is not None else ""
-        return Choice("predicted", best.config,
-                      f"predicted {best.predicted_ratio:.3f}x cuBLAS in GPU time{latency} (needs {best.needed_ratio:.3f}x) "
-                      f"from its {best.measured_ratio:.3f}x on {best.source}; guarded", details=details, guarded=True)
+        return Choice(ChoiceSource.PREDICTED, best.config,
+                      f"predicted {best.predicted_ratio:.3f}x cuBLAS in GPU time{latency} "
+                      f"(needs {best.needed_ratio:.3f}x) from its {best.measured_ratio:.3f}x on {best.source}; guarded",
+                      details=details, guarded=True)
     why = (f"no tuned config is predicted to beat cuBLAS by the margin (best {best.predicted_ratio:.3f}x, "
            f"needs {best.needed_ratio:.3f}x)" if best is not None else "nothing tuned for this dtype on this GPU")
     if (problem.dtype, problem.compute) in CUBLAS_SERVES:
-        return Choice("cublas", None, f"{why}: cuBLAS", details=details)
+        return Choice(ChoiceSource.CUBLAS, None, f"{why}: cuBLAS", details=details)
     config = default_config(problem, device)
     if config is not None:
-        return Choice("default", config, f"{why}; cuBLAS is not asked to serve {problem.dtype}: built-in "
+        return Choice(ChoiceSource.DEFAULT, config, f"{why}; cuBLAS is not asked to serve {problem.dtype}: built-in "
                       f"{size_class(problem)}-problem configuration", details=details)
-    return Choice("cublas", None, "no configuration of the template can run this problem: cuBLAS", details=details)
+    return Choice(ChoiceSource.CUBLAS, None, "no configuration of the template can run this problem: cuBLAS",
+                  details=details)
 
 
 def cublas_api(record) -> str:

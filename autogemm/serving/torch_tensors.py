@@ -5,8 +5,9 @@ __cuda_array_interface__ it carries bfloat16), the call runs with PyTorch's curr
 the operands' device as CuPy's current stream (so it is ordered after the work PyTorch queued
 there, and what PyTorch queues next is ordered after it), and a fresh result goes back as a tensor
 on the same memory (`torch.from_dlpack`). An `out` tensor is written in place and returned.
-Such a call registers its plan for `dispatch.matmul`'s torch fast path (`dispatch.remember_torch`):
-the next call of the same shapes, strides, dtypes, device and compute skips all of this.
+Such a call registers its plan for `dispatch.matmul`'s torch fast path (`dispatch.remember_torch`,
+`torch_fast_path.register`): the next call of the same shapes, strides, dtypes, device and compute
+skips all of this.
 
 torch is imported only once a tensor is seen: `is_tensor` looks at the type's module name.
 """
