@@ -20,11 +20,13 @@ from .version import __version__
 
 
 def tune(problem_or_m, n: int | None = None, k: int | None = None, *, batch: int = 1, dtype: str = "float32",
-         compute: str = "", layout: str = "nn", **options):
+         compute: str = "", layout: str = "nn", options=None, **keywords):
     """Tunes one problem on the current GPU and caches the winner; returns a `TuneResult`.
 
-    Either a `Problem` or M (N and K default to M) with batch, dtype, compute and layout; the
-    options are those of `autogemm.tuning.tuner.tune` (trials, timeout, seed, sampler, space, storage...).
+    Either a `Problem` or M (N and K default to M) with batch, dtype, compute and layout. The tune's
+    options are `options` (an `autogemm.tuning.options.TuneOptions`) or given by name, which makes
+    one (trials, timeout, patience, seed, sampler, space, storage...); `cache`, `evaluator` and
+    `progress` are also taken, as `autogemm.tuning.tuner.tune` takes them.
     """
     from .tuning.tuner import tune as run
 
@@ -33,7 +35,7 @@ def tune(problem_or_m, n: int | None = None, k: int | None = None, *, batch: int
     else:
         m = problem_or_m
         problem = Problem.from_layout(m, n or m, k or m, layout, batch=batch, dtype=dtype, compute=compute)
-    result = run(problem, **options)
+    result = run(problem, options, **keywords)
     reset()  # calls made from now on see the new entry
     return result
 

@@ -22,7 +22,7 @@ from autogemm.results.merge import merge_files
 from autogemm.campaigns.campaign import board_records, board_summary, run_campaign, select_gpus, Gpu, CampaignError
 from autogemm.campaigns.worker import WorkerSpec, worker_main
 from autogemm.campaigns.file import CampaignFileError, load_campaign, parse_campaign
-from autogemm.campaigns.claims import CLAIMED, DONE, OPEN, ClaimBoard, new_owner
+from autogemm.campaigns.claims import ClaimBoard, ClaimState, new_owner
 from autogemm.problem import Problem
 
 from campaign_helpers import SPACE_PATH, ReplayFactory
@@ -87,7 +87,7 @@ def test_grids_expand_with_n_and_k_defaulting_to_m_and_duplicates_once():
     assert len(keys) == 8 + 1 + 3  # 512^3 float32 nn is listed twice and kept once
     assert "float16/fp32/nn/b1/16x11008x4096" in keys and "bfloat16/fp32/nn/b1/1x4096x4096" in keys
     assert "float32/fp32/nn/b1/512x512x512" in keys and "float32/fp32/tn/b1/127x4096x4096" in keys
-    assert (campaign.timeout, campaign.trials, campaign.devices) == (5.0, 30, "all")
+    assert (campaign.tune_options.timeout, campaign.tune_options.trials, campaign.devices) == (5.0, 30, "all")
 
 
 @pytest.mark.parametrize("data, fault", [
@@ -161,7 +161,7 @@ def test_claims_go_once_each_and_a_late_claim_is_taken_over(kind, tmp_path, post
     assert board.claim("c", SLUG, first, grace=1.0) == "p2"  # taken over from the silent holder
     assert not board.heartbeat("c", SLUG, "p2", second)  # the old holder learns it lost it
     states = {c.problem: (c.state, c.attempts) for c in board.claims("c")}
-    assert states == {"p0": (DONE, 1), "p1": (CLAIMED, 2), "p2": (CLAIMED, 2)}
+    assert states == {"p0": (ClaimState.DONE, 1), "p1": (ClaimState.CLAIMED, 2), "p2": (ClaimState.CLAIMED, 2)}
     board.close()
 
 
@@ -258,7 +258,8 @@ def test_two_worker_processes_tune_every_problem_exactly_once(kind, tmp_path, po
     board = ClaimBoard(storage)
     rows = board_summary(board, campaigns[0])
     assert sorted(r["problem"] for r in rows) == sorted(p.key for p in PROBLEMS)
-    assert all(r["state"] == DONE and r["attempts"] == 1 and (r["ratio"] or 0) > 0 for r in rows), [(r["problem"], r["state"], r["ratio"], r["error"]) for r in rows]
+    assert all(r["state"] == ClaimState.DONE and r["attempts"] == 1 and (r["ratio"] or 0) > 0 for r in rows), \
+        [(r["problem"], r["state"], r["ratio"], r["error"]) for r in rows]
     done_events = [e for e in events.seen if e[0] == "done"]
     assert sorted(e[2] for e in done_events) == sorted(p.key for p in PROBLEMS)  # each once, by one worker
     # every trial a worker measured is in the storage, finished (none left RUNNING)
@@ -296,7 +297,7 @@ def test_a_worker_with_nothing_to_claim_helps_the_holder_search_its_study(tmp_pa
     run_campaign(campaign, _specs(campaign, storage, 2, delay=0.1), events)
     board = ClaimBoard(storage)
     (claim,) = board.claims(campaign.name)
-    assert claim.state == DONE and claim.attempts == 1 and claim.study is None
+    assert claim.state == ClaimState.DONE and claim.attempts == 1 and claim.study is None
     assert [e[2] for e in events.seen if e[0] == "done"] == [problem.key]  # decided once, by the holder
     helping = [e for e in events.seen if e[0] == "helping"]
     assert helping and {e[2] for e in helping} == {problem.key}, [e[:3] for e in events.seen if e[0] != "trial"]
@@ -350,7 +351,7 @@ def test_a_worker_past_its_stop_time_claims_nothing(tmp_path, monkeypatch):
     campaign = _campaign(storage, tmp_path / "cache")
     spec = dataclasses.replace(_specs(campaign, storage, 1)[0], stop_at=time.time())
     run_campaign(campaign, [spec], _Events())
-    assert {c.state for c in ClaimBoard(storage).claims(campaign.name)} == {OPEN}
+    assert {c.state for c in ClaimBoard(storage).claims(campaign.name)} == {ClaimState.OPEN}
 
 
 def test_an_idle_worker_stops_waiting_once_a_held_problem_changes_but_not_on_a_heartbeat():
@@ -359,7 +360,8 @@ def test_an_idle_worker_stops_waiting_once_a_held_problem_changes_but_not_on_a_h
     from autogemm.campaigns.worker import CHANGE_POLL_S, _wait_for_a_change
     from autogemm.campaigns.claims import Claim
 
-    held = [Claim("c", "gpu", "float32/fp32/nn/b1/64x64x64", 0, CLAIMED, "other", time.time(), 1, None, "study")]
+    held = [Claim("c", "gpu", "float32/fp32/nn/b1/64x64x64", 0, ClaimState.CLAIMED, "other", time.time(), 1, None,
+                  "study")]
     reads = []
 
     def finished_on_the_second_read():
@@ -398,7 +400,7 @@ def test_a_worker_killed_with_sigkill_has_its_claim_taken_over_and_its_trials_ke
     os.kill(victim.pid, signal.SIGKILL)
     victim.join()
     board = ClaimBoard(storage)
-    held = [c for c in board.claims(campaign.name) if c.state == CLAIMED]
+    held = [c for c in board.claims(campaign.name) if c.state == ClaimState.CLAIMED]
     assert len(held) == 1
     killed_problem = held[0].problem
     # make the dead worker look like another host's: its claim must wait for the grace period
@@ -412,7 +414,7 @@ def test_a_worker_killed_with_sigkill_has_its_claim_taken_over_and_its_trials_ke
     started = time.monotonic()
     run_campaign(campaign, _specs(campaign, storage, 1), _Events())
     rows = {r["problem"]: r for r in board_summary(board, campaign)}
-    assert all(r["state"] == DONE for r in rows.values())
+    assert all(r["state"] == ClaimState.DONE for r in rows.values())
     assert rows[killed_problem]["attempts"] == 2 and time.monotonic() - started >= 1.0
     assert all(r["attempts"] == 1 for key, r in rows.items() if key != killed_problem)
     for study in _studies(storage):
@@ -471,7 +473,7 @@ def test_sigint_stops_the_campaign_keeping_the_best_and_a_rerun_resumes(tmp_path
     while time.monotonic() < deadline:  # wait until the worker has claimed its first problem
         time.sleep(0.3)
         try:
-            if any(c.state == CLAIMED for c in board.claims("interrupted")):
+            if any(c.state == ClaimState.CLAIMED for c in board.claims("interrupted")):
                 break
         except Exception:  # the tables are not there yet
             continue
@@ -484,7 +486,7 @@ def test_sigint_stops_the_campaign_keeping_the_best_and_a_rerun_resumes(tmp_path
     out, _ = process.communicate(timeout=120)
     assert "INTERRUPTED" in out
     claims = board.claims("interrupted")
-    assert [c.state for c in claims] == [OPEN, OPEN]  # the claim was given back at once
+    assert [c.state for c in claims] == [ClaimState.OPEN, ClaimState.OPEN]  # the claim was given back at once
     kept = [r for _, r in cache.records(SLUG)]
     assert len(kept) == 1 and kept[0].provisional  # the best verified kernel so far is cached
     measured = sum(len(s.get_trials(states=(optuna.trial.TrialState.COMPLETE,))) for s in _studies(storage))
@@ -492,7 +494,7 @@ def test_sigint_stops_the_campaign_keeping_the_best_and_a_rerun_resumes(tmp_path
     again = subprocess.run(child + ["0"], env=env, stdout=subprocess.PIPE, text=True, timeout=300)
     assert "DONE" in again.stdout
     claims = board.claims("interrupted")
-    assert [c.state for c in claims] == [DONE, DONE] and claims[0].attempts == 2
+    assert [c.state for c in claims] == [ClaimState.DONE, ClaimState.DONE] and claims[0].attempts == 2
     assert all(not r.provisional for _, r in cache.records(SLUG))
     board.close()
 
@@ -575,3 +577,81 @@ def test_the_readme_campaign_example_is_a_valid_campaign():
     assert campaign.storage.startswith("postgresql+psycopg2://")
     shipped = load_campaign(Path(__file__).parent.parent / "campaigns" / "shipped.toml")
     assert len(shipped.problems) == 103
+
+
+# ---- what workers share with the tuner and the parent ---------------------------------------------
+def test_a_campaign_tunes_each_problem_with_its_files_options_and_the_workers_own(monkeypatch):
+    """The file's timeout, trials, seed and patience make the campaign's TuneOptions (the rest the
+    tuner's defaults, 20 s where the file gives no timeout); a worker adds its storage, compile
+    jobs and space, and reports each trial as an event."""
+    import autogemm.tuning.tuner as tuner
+    from autogemm.campaigns.events import WorkerEvent
+    from autogemm.campaigns.worker import _campaign_tune
+    from autogemm.tuning.options import TuneOptions
+
+    assert parse_campaign({"campaign": {"name": "x"}, "problems": [{"M": 8}]}).tune_options == TuneOptions(timeout=20.0)
+    campaign = parse_campaign({"campaign": {"name": "x", "timeout": 5, "trials": 30, "seed": 7, "patience": 0},
+                               "problems": [{"M": 8}]})
+    assert campaign.tune_options == TuneOptions(timeout=5.0, trials=30, seed=7, patience=0)
+    asked = []
+
+    def fake_tune(problem, options, **given):
+        asked.append((options, given))
+        given["progress"](3, 100.0, 1.1)
+
+    monkeypatch.setattr(tuner, "tune", fake_tune)
+    events = []
+
+    class Queue:
+        put = events.append
+
+    spec = WorkerSpec(campaign, "sqlite:///claims.db", "W0", None, 4)
+    _campaign_tune(spec, campaign.problems[0], "cache", Queue(), "sharing", space="simt", study_name="s")
+    [(options, given)] = asked
+    assert options == TuneOptions(timeout=5.0, trials=30, seed=7, patience=0, storage="sqlite:///claims.db", jobs=4,
+                                  space="simt", study_name="s")
+    assert (given["cache"], given["sharing"], given["evaluator"]) == ("cache", "sharing", None)
+    assert events == [(WorkerEvent.TRIAL, "W0", campaign.problems[0].key, 3, 100.0, 1.1)]
+
+
+def test_worker_events_are_the_strings_they_have_always_been():
+    """A WorkerEvent is its string: the view reads an event of members as one of plain strings (an
+    older worker's), after the queue's pickling too, and prints it the same."""
+    import io
+    import pickle
+
+    from autogemm.campaigns.events import WorkerEvent
+    from autogemm.cli.campaign import CampaignView
+
+    assert {event.value for event in WorkerEvent} == {"ready", "start", "trial", "done", "helping", "failed",
+                                                      "skipped", "stopped", "lost", "error"}
+    shown = []
+    for kind in (WorkerEvent.FAILED, "failed"):
+        stream = io.StringIO()
+        CampaignView(["GPU0"], total=1, stream=stream).event(pickle.loads(pickle.dumps((kind, "GPU0", "p", "why"))))
+        shown.append(stream.getvalue().split(" ", 1)[1])  # (after the time of day)
+    assert shown == ["GPU0: failed p: why\n"] * 2
+
+
+def test_claim_states_are_the_strings_the_board_has_always_stored(tmp_path):
+    """Rows an older version wrote ("open", "claimed", "done") read as the ClaimState of that name,
+    and this version writes the plain strings, which older versions read."""
+    import sqlalchemy as sa
+
+    from autogemm.campaigns.claims import claims_table
+
+    assert [state.value for state in ClaimState] == ["open", "claimed", "done"]
+    board = ClaimBoard(f"sqlite:///{tmp_path / 'claims.db'}")
+    board.register("c", "gpu", ["p0", "p1", "p2"])
+    rows = claims_table.c.problem
+    with board.engine.begin() as db:  # as an older version left them: p0 done, p1 held by a silent worker
+        db.execute(claims_table.update().where(rows == "p0").values(state="done", result='{"ratio": 1.5}'))
+        db.execute(claims_table.update().where(rows == "p1").values(state="claimed", owner="old", heartbeat=0.0))
+    assert [c.state for c in board.claims("c")] == [ClaimState.DONE, ClaimState.CLAIMED, ClaimState.OPEN]
+    owner = new_owner()
+    assert board.claim("c", "gpu", owner, grace=60) == "p1"  # taken over: its heartbeat is late
+    assert board.finish("c", "gpu", "p1", owner, {"ratio": 1.2})
+    with board.engine.begin() as db:
+        stored = dict(db.execute(sa.select(rows, claims_table.c.state)).all())
+    assert stored == {"p0": "done", "p1": "done", "p2": "open"} and {type(s) for s in stored.values()} == {str}
+    board.close()

@@ -21,7 +21,7 @@ import pytest
 
 from autogemm.results.cache import TuningCache
 from autogemm.campaigns.file import MAX_PROBLEMS, CampaignFileError, load_campaign, parse_campaign
-from autogemm.campaigns.claims import DONE, OPEN, ClaimBoard, claims_table, new_owner
+from autogemm.campaigns.claims import ClaimBoard, ClaimState, claims_table, new_owner
 from autogemm.cli import main
 from autogemm.measure.recorded import RecordedEvaluator, RecordedTable
 
@@ -113,7 +113,7 @@ def test_values_that_would_stop_every_worker_are_refused_with_the_key_named(head
 
 def test_the_largest_seed_and_shortest_grace_allowed_work():
     campaign = parse_campaign({"campaign": {"name": "x", "seed": 2 ** 32 - 1, "grace": 1.0}, "problems": [{"M": 8}]})
-    assert (campaign.seed, campaign.grace) == (2 ** 32 - 1, 1.0)
+    assert (campaign.tune_options.seed, campaign.grace) == (2 ** 32 - 1, 1.0)
 
 
 def test_a_helper_tune_with_the_largest_seed_searches(tmp_path):
@@ -190,7 +190,7 @@ def test_a_claim_in_an_unknown_state_does_not_make_claim_spin(tmp_path):
     board.register("c", SLUG, ["p0", "p1"])
     with board.engine.begin() as db:
         db.execute(claims_table.update().where(claims_table.c.problem == "p0").values(state="paused", heartbeat=0.0))
-        db.execute(claims_table.update().where(claims_table.c.problem == "p1").values(state=DONE))
+        db.execute(claims_table.update().where(claims_table.c.problem == "p1").values(state=ClaimState.DONE))
     found = []
     worker = threading.Thread(target=lambda: found.append(board.claim("c", SLUG, new_owner(), grace=1.0)), daemon=True)
     worker.start()
@@ -244,7 +244,7 @@ def test_a_storage_failure_gives_the_claim_back_for_a_rerun(tmp_path, monkeypatc
     events = _Events()
     _claim_and_tune(WorkerSpec(campaign, storage, "W0", None, 1, ReplayFactory(), str(SPACE_PATH)), events)
     (claim,) = ClaimBoard(storage).claims("c")
-    assert (claim.state, claim.owner, claim.result) == (OPEN, None, None), claim
+    assert (claim.state, claim.owner, claim.result) == (ClaimState.OPEN, None, None), claim
     assert [e[0] for e in events.seen if e[0] not in ("ready", "start")] == ["skipped"]
     assert "study storage" in events.seen[-1][3]
 
@@ -343,7 +343,7 @@ def test_a_stored_result_of_another_shape_does_not_crash_status(tmp_path, capsys
     board = ClaimBoard(storage)
     board.register("c", SLUG, [KEY])
     with board.engine.begin() as db:
-        db.execute(claims_table.update().values(state=DONE, result=result))
+        db.execute(claims_table.update().values(state=ClaimState.DONE, result=result))
     board.close()
     code, out, err = run_cli(capsys, "campaign", "status", str(path))
     assert code == 0 and "Traceback" not in err and KEY in out, err
@@ -493,8 +493,8 @@ for path in sorted(folder.glob("d*.toml"), key=lambda p: int(p.stem[1:])):
     started = time.perf_counter()
     try:
         campaign = load_campaign(path)
-        facts = [len(campaign.problems), campaign.seed, campaign.grace, campaign.timeout, campaign.storage,
-                 campaign.cache_dir]
+        facts = [len(campaign.problems), campaign.tune_options.seed, campaign.grace, campaign.tune_options.timeout,
+                 campaign.storage, campaign.cache_dir]
         verdict, message = "read", ""
     except CampaignFileError as exc:
         facts, verdict, message = None, "refused", str(exc)

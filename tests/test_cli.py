@@ -245,3 +245,20 @@ def test_cache_and_campaign_arguments_that_cannot_work_are_named(tmp_path, capsy
     with pytest.raises(SystemExit) as info:
         main(["campaign", "run", str(path), "--stop-after", "-5"])
     assert info.value.code == 2 and "must be a positive number of seconds, got '-5'" in capsys.readouterr().err
+
+
+def test_the_tune_flags_are_the_tune_options_with_their_defaults():
+    """`autogemm tune` asks for TuneOptions' defaults where no flag is given (its --jobs shows this
+    machine's cores, which is what the options' None means), and each flag sets its option."""
+    from autogemm.cli import build_parser
+    from autogemm.cli.tuning import tune_options_from
+    from autogemm.tuning.options import TuneOptions, default_jobs
+
+    args = build_parser().parse_args(["tune", "--M", "64"])
+    assert tune_options_from(args, None) == TuneOptions(jobs=default_jobs())
+    args = build_parser().parse_args(["tune", "--M", "64", "--trials", "9", "--timeout", "2.5", "--patience", "0",
+                                      "--seed", "3", "--sampler", "random", "--storage", ":memory:", "--study-name",
+                                      "s", "--jobs", "2", "--candidate-timeout", "4", "--no-isolation"])
+    assert tune_options_from(args, "simt") == TuneOptions(
+        trials=9, timeout=2.5, patience=0, seed=3, sampler="random", space="simt", storage=":memory:",
+        study_name="s", jobs=2, isolate=False, candidate_timeout=4.0)

@@ -331,3 +331,45 @@ def test_a_sampler_fixed_on_rejected_draws_is_given_valid_configurations(tmp_pat
                   cache=TuningCache(tmp_path / "cache", shipped=False), storage=":memory:", patience=0)
     assert result.valid == 60, (result.valid, result.rejected, result.failed)
     assert RESCUE_AFTER < 300  # (rescued well before the search would count as converged)
+
+
+# ---- the tune's options ---------------------------------------------------------------------------
+@pytest.mark.parametrize("values, message", [
+    ({"trials": 0}, "trials must be >= 1, got 0"),
+    ({"patience": -1}, "patience must be >= 0, got -1"),
+    ({"sampler": "annealing"}, "unknown sampler 'annealing'; choose from tpe, random, grid"),
+])
+def test_tune_options_are_checked_where_they_are_made(values, message):
+    """TuneOptions checks its values itself: made directly, or by name as `tune` makes them (before
+    any space is loaded or evaluator started: a bad sampler used to be found once the study opened)."""
+    import re
+
+    from autogemm.tuning.options import TuneOptions, tune_options
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        TuneOptions(**values)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        tune_options(**values)
+
+
+def test_tune_options_by_name_replace_the_defaults_or_the_options_given():
+    from autogemm.tuning.options import DEFAULT_PATIENCE, DEFAULT_TIMEOUT_S, DEFAULT_TRIALS, TuneOptions, tune_options
+
+    defaults = tune_options()
+    assert defaults == TuneOptions()
+    assert (defaults.trials, defaults.timeout, defaults.patience, defaults.seed, defaults.sampler, defaults.isolate) \
+        == (DEFAULT_TRIALS, DEFAULT_TIMEOUT_S, DEFAULT_PATIENCE, 0, "tpe", True)
+    assert tune_options(TuneOptions(trials=7, seed=3), timeout=None) == TuneOptions(trials=7, seed=3, timeout=None)
+    with pytest.raises(TypeError, match=r"unknown tune option\(s\) budget; the options are trials, timeout"):
+        tune(TABLE.problem, budget=3)
+
+
+def test_a_tune_given_its_options_searches_as_one_given_them_by_name(tmp_path):
+    from autogemm.tuning.options import TuneOptions
+
+    by_name = run(tmp_path / "by-name", 25, seed=2, sampler="random")
+    options = TuneOptions(trials=25, timeout=None, seed=2, sampler="random", storage=":memory:", space=small_space())
+    given = tune(TABLE.problem, options, evaluator=RecordedEvaluator(TABLE),
+                 cache=TuningCache(tmp_path / "given" / "cache", shipped=False))
+    assert (given.config, given.history, given.rejected, given.duplicates) == \
+        (by_name.config, by_name.history, by_name.rejected, by_name.duplicates)

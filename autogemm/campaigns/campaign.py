@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from .file import Campaign
 from .worker import WorkerSpec, worker_main
-from .claims import DONE
+from .claims import ClaimState
 from ..kernels.compile_service import CompileService
 
 class CampaignError(RuntimeError):
@@ -105,7 +105,7 @@ def board_records(board, campaign: Campaign) -> dict[str, dict]:
 
     entries: dict[str, dict] = {}
     for claim in board.claims(campaign.name):
-        if claim.state == DONE and claim.result and isinstance(claim.result.get("record"), dict):
+        if claim.state == ClaimState.DONE and claim.result and isinstance(claim.result.get("record"), dict):
             try:
                 check_slug(claim.device)  # (it becomes a file name where the export is imported)
             except ValueError as exc:
@@ -222,7 +222,8 @@ def board_summary(board, campaign: Campaign, cache=None) -> list[dict]:
     campaign's own, TuningCache), a problem finished there counts as done, as a worker would take
     it, on the board or not: for the device models of the board and of the cache."""
     wanted = {p.key for p in campaign.problems}
-    rows = {(c.device, c.problem): _row(c.device, c.problem, c.state, c.attempts, c.result or {}, c.state == DONE)
+    rows = {(c.device, c.problem): _row(c.device, c.problem, c.state, c.attempts, c.result or {},
+                                        c.state == ClaimState.DONE)
             for c in board.claims(campaign.name) if c.problem in wanted}
     if cache is not None:
         from ..results.cache import is_slug

@@ -28,12 +28,23 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from urllib.parse import quote
 
 import sqlalchemy as sa
 
-OPEN, CLAIMED, DONE = "open", "claimed", "done"
+
+class ClaimState(StrEnum):
+    """A claim's state, as the board's `state` column holds it: the strings of every version so far,
+    so that rows written by an older version read the same (a row in a state this version does not
+    know is left alone)."""
+
+    OPEN = "open"  # nobody tunes it: not yet, or given back
+    CLAIMED = "claimed"  # a worker tunes it, while its heartbeat is on time
+    DONE = "done"  # tuned (or failed for good): the result is on the board
+
+
 CLAIM_ROUNDS = 100  # see ClaimBoard.claim
 
 _metadata = sa.MetaData()
@@ -105,7 +116,7 @@ class Claim:
     device: str
     problem: str
     position: int
-    state: str
+    state: str  # as stored: equal to a ClaimState, unless another version wrote a state this one does not know
     owner: str | None
     heartbeat: float | None
     attempts: int
@@ -173,8 +184,8 @@ class ClaimBoard:
                     return 0
                 try:
                     db.execute(claims_table.insert(), [
-                        {"campaign": campaign, "device": device, "problem": p, "position": i, "state": OPEN,
-                         "attempts": 0} for i, p in missing])
+                        {"campaign": campaign, "device": device, "problem": p, "position": i,
+                         "state": ClaimState.OPEN, "attempts": 0} for i, p in missing])
                     return len(missing)
                 except sa.exc.IntegrityError:  # another worker registered some meanwhile: look again
                     continue
@@ -186,19 +197,22 @@ class ClaimBoard:
         seconds, or whose holder was a process of this host that has ended) for `owner`; its key,
         or None when every problem is done or held by a live worker. `only` limits the choice."""
         t = claims_table.c
-        takeable = sa.or_(t.state == OPEN, sa.and_(t.state == CLAIMED, t.heartbeat < self._now - grace))
+        takeable = sa.or_(t.state == ClaimState.OPEN,
+                          sa.and_(t.state == ClaimState.CLAIMED, t.heartbeat < self._now - grace))
         # every round that finds candidates takes one, unless other workers took them all meanwhile:
         # a bounded number of rounds (a row no update can take must not spin this loop forever)
         for _ in range(CLAIM_ROUNDS):
             with self.engine.begin() as db:
                 rows = db.execute(sa.select(t.problem, t.state, t.owner, t.heartbeat < self._now - grace)
-                                  .where(t.campaign == campaign, t.device == device, t.state.in_((OPEN, CLAIMED)))
+                                  .where(t.campaign == campaign, t.device == device,
+                                         t.state.in_((ClaimState.OPEN, ClaimState.CLAIMED)))
                                   .order_by(t.position)).all()
             # (problem, its holder where that is a process of this host that has ended)
             candidates = []
             for problem, state, holder, late in rows:
-                dead_holder = holder if state == CLAIMED and _owner_is_dead_here(holder) else None
-                if (only is None or problem in only) and (state == OPEN or (state == CLAIMED and (late or dead_holder))):
+                held = state == ClaimState.CLAIMED
+                dead_holder = holder if held and _owner_is_dead_here(holder) else None
+                if (only is None or problem in only) and (state == ClaimState.OPEN or (held and (late or dead_holder))):
                     candidates.append((problem, dead_holder))
             if not candidates:
                 return None
@@ -206,8 +220,9 @@ class ClaimBoard:
                 condition = sa.or_(takeable, t.owner == dead_holder) if dead_holder else takeable
                 with self.engine.begin() as db:
                     taken = db.execute(claims_table.update()
-                                       .where(self._key(campaign, device, problem), t.state != DONE, condition)
-                                       .values(state=CLAIMED, owner=owner, heartbeat=self._now, study=None,
+                                       .where(self._key(campaign, device, problem), t.state != ClaimState.DONE,
+                                              condition)
+                                       .values(state=ClaimState.CLAIMED, owner=owner, heartbeat=self._now, study=None,
                                                attempts=t.attempts + 1)).rowcount
                 if taken == 1:
                     return problem
@@ -219,7 +234,8 @@ class ClaimBoard:
         t = claims_table.c
         with self.engine.begin() as db:
             return db.execute(claims_table.update()
-                              .where(self._key(campaign, device, problem), t.owner == owner, t.state == CLAIMED)
+                              .where(self._key(campaign, device, problem), t.owner == owner,
+                                     t.state == ClaimState.CLAIMED)
                               .values(values)).rowcount == 1
 
     def heartbeat(self, campaign: str, device: str, problem: str, owner: str) -> bool:
@@ -234,12 +250,13 @@ class ClaimBoard:
     def finish(self, campaign: str, device: str, problem: str, owner: str, result: dict) -> bool:
         """Marks a claimed problem done with its result; False if the claim was no longer this owner's."""
         return self._update_held(campaign, device, problem, owner,
-                                 {"state": DONE, "finished": self._now, "result": json.dumps(result), "study": None})
+                                 {"state": ClaimState.DONE, "finished": self._now, "result": json.dumps(result),
+                                  "study": None})
 
     def release(self, campaign: str, device: str, problem: str, owner: str) -> bool:
         """Gives a claim back (the tune stopped before it ended): the next worker resumes it at once."""
         return self._update_held(campaign, device, problem, owner,
-                                 {"state": OPEN, "owner": None, "heartbeat": None, "study": None})
+                                 {"state": ClaimState.OPEN, "owner": None, "heartbeat": None, "study": None})
 
     def helpable(self, campaign: str, device: str, grace: float, not_owner: str) -> list[Claim]:
         """Problems another live holder is searching now (a study announced, a heartbeat within the
@@ -247,7 +264,7 @@ class ClaimBoard:
         t = claims_table.c
         with self.engine.begin() as db:
             rows = db.execute(sa.select(claims_table).where(
-                t.campaign == campaign, t.device == device, t.state == CLAIMED, t.study.is_not(None),
+                t.campaign == campaign, t.device == device, t.state == ClaimState.CLAIMED, t.study.is_not(None),
                 t.owner != not_owner, t.heartbeat >= self._now - grace).order_by(t.position)).mappings().all()
         return [_claim_of(r) for r in rows]
 

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from ..problem import LAYOUTS, Problem
 from ..results.url_secrets import shown_url
+from ..tuning.options import TuneOptions
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 STORAGE_SCHEMES = ("sqlite:///", "postgresql://", "postgresql+psycopg2://", "postgresql+psycopg://",
@@ -61,6 +62,8 @@ MAX_TRIALS = 1_000_000
 MAX_DEVICES = 1024
 MAX_URL_CHARS = 4096
 SEEDS = 2 ** 32  # numpy's generators take seeds below 2**32
+# Each problem's tune: `autogemm tune`'s options, but 20 s of search where the file gives no timeout
+DEFAULT_TUNE = TuneOptions(timeout=20.0)
 
 
 class CampaignFileError(ValueError):
@@ -73,11 +76,8 @@ class Campaign:
     problems: tuple[Problem, ...]
     storage: str | None = None  # None: the default SQLite file of the cache directory
     devices: str | tuple = "all"  # "all", or GPU indices (ints) or UUIDs (strings)
-    timeout: float = 20.0
-    trials: int = 400
-    seed: int = 0
+    tune_options: TuneOptions = DEFAULT_TUNE  # the file's timeout, trials, seed and patience; the rest default
     grace: float = 120.0
-    patience: int = 100
     cache_dir: str | None = None  # None: the user's cache
     source: str = field(default="", compare=False)
 
@@ -251,10 +251,10 @@ def parse_campaign(data: dict, source: str = "") -> Campaign:
     if cache_dir is not None and (not isinstance(cache_dir, str) or not cache_dir or len(cache_dir) > 4096
                                   or any(ord(c) < 32 for c in cache_dir)):
         raise CampaignFileError(f"campaign.cache_dir must be a directory path, got {_shown(cache_dir)}")
-    patience = _count(head.get("patience", 100), "campaign.patience", 0, MAX_TRIALS)
-    seed = _count(head.get("seed", 0), "campaign.seed", 0, SEEDS - 1)
-    timeout = _seconds(head.get("timeout", 20.0), "campaign.timeout", 0.0)
-    trials = _count(head.get("trials", 400), "campaign.trials", 1, MAX_TRIALS)
+    patience = _count(head.get("patience", DEFAULT_TUNE.patience), "campaign.patience", 0, MAX_TRIALS)
+    seed = _count(head.get("seed", DEFAULT_TUNE.seed), "campaign.seed", 0, SEEDS - 1)
+    timeout = _seconds(head.get("timeout", DEFAULT_TUNE.timeout), "campaign.timeout", 0.0)
+    trials = _count(head.get("trials", DEFAULT_TUNE.trials), "campaign.trials", 1, MAX_TRIALS)
     grace = _seconds(head.get("grace", 120.0), "campaign.grace", MIN_GRACE_S)
     tables = data.get("problems")
     if not isinstance(tables, list) or not tables:
@@ -262,8 +262,9 @@ def parse_campaign(data: dict, source: str = "") -> Campaign:
     made: list[Problem] = []  # every table's, a problem listed twice counted twice (an upper bound)
     for i, table in enumerate(tables):
         made += _problems_of(table, f"problems[{i}]", MAX_PROBLEMS - len(made))
-    return Campaign(name=name, problems=tuple(dict.fromkeys(made)), storage=storage, devices=devices, timeout=timeout,
-                    trials=trials, seed=seed, grace=grace, patience=patience, cache_dir=cache_dir, source=source)
+    tune_options = dataclasses.replace(DEFAULT_TUNE, timeout=timeout, trials=trials, seed=seed, patience=patience)
+    return Campaign(name=name, problems=tuple(dict.fromkeys(made)), storage=storage, devices=devices,
+                    tune_options=tune_options, grace=grace, cache_dir=cache_dir, source=source)
 
 
 def load_campaign(path: str | Path, *, trust_cache_dir: bool = False, cache_dir: str | Path | None = None) -> Campaign:

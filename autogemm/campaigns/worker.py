@@ -1,11 +1,12 @@
 """A campaign's worker process, one per GPU: it claims problems from the board (`claims.py`) and
 tunes each with the usual tuner, renewing its claim's heartbeat meanwhile; with nothing left to
 claim it helps a live holder search its study (several GPUs on one study: `study.TrialExchange`).
-`campaign.run_campaign` starts the workers and shows their events.
+`campaign.run_campaign` starts the workers and shows their events (`events.WorkerEvent`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -14,7 +15,8 @@ import time
 from dataclasses import dataclass
 
 from .file import Campaign
-from .claims import CLAIMED, ClaimBoard, new_owner
+from .claims import ClaimBoard, ClaimState, new_owner
+from .events import WorkerEvent
 from ..problem import Problem
 from ..results.provenance import host
 from ..results.url_secrets import hide_passwords
@@ -86,7 +88,7 @@ def _claim_and_tune(spec: WorkerSpec, events) -> None:
             from ..gpu.launch import current_device
             device = current_device()
         board.register(campaign.name, device.slug, [p.key for p in campaign.problems])
-        events.put(("ready", spec.label, device.name, owner))
+        events.put((WorkerEvent.READY, spec.label, device.name, owner))
         # the tunes read the shipped results too (their winners seed the search); only the
         # campaign's own cache says what is done
         cache = TuningCache(campaign.cache_dir) if campaign.cache_dir else TuningCache()
@@ -101,7 +103,8 @@ def _claim_and_tune(spec: WorkerSpec, events) -> None:
                 # them (search its study too), or wait: a holder that dies leaves its problem to be
                 # taken over once its heartbeat is late
                 def read_held(left=left):  # (a row in a state this version does not know is nobody's)
-                    return [c for c in board.claims(campaign.name, device.slug) if c.state == CLAIMED and c.problem in left]
+                    return [c for c in board.claims(campaign.name, device.slug)
+                            if c.state == ClaimState.CLAIMED and c.problem in left]
 
                 held = read_held()
                 if not held:
@@ -117,9 +120,9 @@ def _claim_and_tune(spec: WorkerSpec, events) -> None:
                 # cache being extended): done with the record's figures, not tuned again
                 summary = _record_summary(found[0], found[1])
                 board.finish(campaign.name, device.slug, key, owner, summary)
-                events.put(("done", spec.label, key, summary))
+                events.put((WorkerEvent.DONE, spec.label, key, summary))
                 continue
-            events.put(("start", spec.label, key))
+            events.put((WorkerEvent.START, spec.label, key))
             beat = _Heartbeat(board, campaign, device.slug, key, owner)
 
             def announce(study, key=key):  # which study helpers may join now
@@ -132,7 +135,7 @@ def _claim_and_tune(spec: WorkerSpec, events) -> None:
                 result = _campaign_tune(spec, problem, cache, events, Sharing(announce=announce), space=spec.space)
             except KeyboardInterrupt:
                 board.release(campaign.name, device.slug, key, owner)
-                events.put(("stopped", spec.label, key, "interrupted"))
+                events.put((WorkerEvent.STOPPED, spec.label, key, "interrupted"))
                 return
             except (TuneRunning, TuneStorageError) as exc:
                 # a tune outside the campaign runs this study here, or the study storage failed (a
@@ -140,18 +143,18 @@ def _claim_and_tune(spec: WorkerSpec, events) -> None:
                 # for another worker or a rerun; this worker leaves it
                 board.release(campaign.name, device.slug, key, owner)
                 skipped.add(key)
-                events.put(("skipped", spec.label, key, hide_passwords(str(exc), spec.storage)))
+                events.put((WorkerEvent.SKIPPED, spec.label, key, hide_passwords(str(exc), spec.storage)))
                 continue
             except TuneError as exc:  # nothing measurable: done, with the reason (not retried forever)
                 reason = hide_passwords(str(exc), spec.storage)[:1000]
                 board.finish(campaign.name, device.slug, key, owner, {"error": reason, "host": host()})
-                events.put(("failed", spec.label, key, reason))
+                events.put((WorkerEvent.FAILED, spec.label, key, reason))
                 continue
             finally:
                 beat.stop()
             if result.interrupted:  # Ctrl-C or a lost GPU: the best so far is cached; the claim goes back
                 board.release(campaign.name, device.slug, key, owner)
-                events.put(("stopped", spec.label, key, result.stopped))
+                events.put((WorkerEvent.STOPPED, spec.label, key, result.stopped))
                 return
             summary = {**result.to_json(), "host": host(), "kept_cublas": result.kept_cublas}
             summary.pop("storage", None)  # the board keeps no storage URL (everyone reading it knows it)
@@ -159,13 +162,14 @@ def _claim_and_tune(spec: WorkerSpec, events) -> None:
             if cached is not None:  # the board keeps the record too: `campaign export` rebuilds the cache from it
                 summary["record"] = cached[0].to_json()
             if board.finish(campaign.name, device.slug, key, owner, summary):
-                events.put(("done", spec.label, key, summary))
+                events.put((WorkerEvent.DONE, spec.label, key, summary))
             else:
-                events.put(("lost", spec.label, key, "the claim was taken over (heartbeat late); the result is cached"))
+                events.put((WorkerEvent.LOST, spec.label, key,
+                            "the claim was taken over (heartbeat late); the result is cached"))
     except KeyboardInterrupt:
-        events.put(("stopped", spec.label, "", "interrupted"))
+        events.put((WorkerEvent.STOPPED, spec.label, "", "interrupted"))
     except Exception as exc:  # report it to the parent, which says which GPU failed
-        events.put(("error", spec.label, hide_passwords(f"{type(exc).__name__}: {exc}", spec.storage)))
+        events.put((WorkerEvent.ERROR, spec.label, hide_passwords(f"{type(exc).__name__}: {exc}", spec.storage)))
         raise
     finally:
         if board is not None:
@@ -218,29 +222,30 @@ def _help_one(spec: WorkerSpec, board: ClaimBoard, device, owner: str, cache, he
             except Exception:  # the database away: stop helping rather than search blind
                 return False
 
-        events.put(("helping", spec.label, claim.problem, claim.study))
+        events.put((WorkerEvent.HELPING, spec.label, claim.problem, claim.study))
         try:
             _campaign_tune(spec, problem, cache, events, Sharing(keep_helping=keep_helping), space=space,
                            study_name=claim.study)
         except KeyboardInterrupt:
-            events.put(("stopped", spec.label, claim.problem, "interrupted while helping"))
+            events.put((WorkerEvent.STOPPED, spec.label, claim.problem, "interrupted while helping"))
             return True
         except TuneError as exc:  # this worker could not search it: the holder goes on alone
-            events.put(("skipped", spec.label, claim.problem, hide_passwords(f"helping: {exc}", spec.storage)))
+            events.put((WorkerEvent.SKIPPED, spec.label, claim.problem,
+                        hide_passwords(f"helping: {exc}", spec.storage)))
         return False
     return False
 
 
 def _campaign_tune(spec: WorkerSpec, problem: Problem, cache, events, sharing, **where):
-    """`tune` with the campaign's budget and seed, this worker's storage, compile jobs and evaluator,
-    its progress as events; `where`: the space (and, for a helper, the study)."""
+    """`tune` with the campaign's options (budget and seed), this worker's storage, compile jobs and
+    evaluator, its progress as events; `where`: the space (and, for a helper, the study)."""
     from ..tuning.tuner import tune
 
-    campaign, key = spec.campaign, problem.key
-    return tune(problem, trials=campaign.trials, timeout=campaign.timeout, seed=campaign.seed, storage=spec.storage,
-                cache=cache, jobs=spec.jobs, patience=campaign.patience, sharing=sharing,
+    key = problem.key
+    options = dataclasses.replace(spec.campaign.tune_options, storage=spec.storage, jobs=spec.jobs, **where)
+    return tune(problem, options, cache=cache, sharing=sharing,
                 evaluator=spec.evaluator_factory(problem) if spec.evaluator_factory is not None else None,
-                progress=lambda n, tflops, ratio: events.put(("trial", spec.label, key, n, tflops, ratio)), **where)
+                progress=lambda n, tflops, ratio: events.put((WorkerEvent.TRIAL, spec.label, key, n, tflops, ratio)))
 
 
 def _record_summary(record, source: str) -> dict:

@@ -10,12 +10,12 @@ import os
 import sys
 
 from ..families import SimtConfig
-from .arguments import EXIT_CANNOT_RUN, EXIT_USAGE, CliError, CliFailure, add_problem_arguments, non_negative_int, positive_int
+from .arguments import EXIT_CANNOT_RUN, EXIT_USAGE, CliError, CliFailure, add_problem_arguments, positive_int
 from .cache import add_cache_parser
 from .campaign import add_campaign_parser
 from .kernels import cmd_check, cmd_render
 from .report import add_report_parser
-from .tuning import cmd_bench, cmd_tune
+from .tuning import add_bench_parser, add_tune_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,60 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_problem_arguments(check_p, m_required=False, default_size=4096)
     check_p.set_defaults(handler=cmd_check)
 
-    from ..tuning.study import SAMPLERS
-    from ..tuning.search import CONVERGED_GAIN
-    from ..tuning.tuner import DEFAULT_PATIENCE, DEFAULT_TIMEOUT_S, DEFAULT_TRIALS, default_jobs
-
-    tune_p = sub.add_parser(
-        "tune", help="search the best kernel for a problem on this GPU and cache it",
-        description="Search kernel configurations for one GEMM problem on the current GPU with Optuna. "
-        "Every candidate is verified against a float64 reference before it is timed; cuBLAS "
-        "(cupy.matmul) is timed on the same inputs in the same run. The best few are re-timed "
-        "together at the end, and the winner is cached for autogemm.matmul. The study is kept, so "
-        "running the same command again resumes and adds --trials more. The search starts from what is "
-        "known (the config serving the problem now, the nearest tuned problems' winners, the model's "
-        "predictions) and stops at --trials, --timeout or convergence (--patience), whichever comes "
-        "first. If no kernel beats cuBLAS by more than the measured noise, cuBLAS is kept. Ctrl-C stops "
-        "and keeps the best verified result so far.")
-    add_problem_arguments(tune_p, m_required=True)
-    search = tune_p.add_argument_group("search")
-    search.add_argument("--trials", type=positive_int, default=DEFAULT_TRIALS,
-                        help=f"measured (valid) candidates to try in this run (default {DEFAULT_TRIALS})")
-    search.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                        help=f"seconds of search before the final re-timing (default {DEFAULT_TIMEOUT_S:g})")
-    search.add_argument("--patience", type=non_negative_int, default=DEFAULT_PATIENCE, metavar="TRIALS",
-                        help=f"stop once this many measured trials in a row gain less than {100 * CONVERGED_GAIN:g}%% "
-                             f"on the best (default {DEFAULT_PATIENCE}; 0: never stop early)")
-    search.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
-    search.add_argument("--sampler", choices=SAMPLERS, default="tpe", help="Optuna sampler (default tpe)")
-    search.add_argument("--space", help="search-space TOML file or shipped name (default: the one for the dtype and compute "
-                                        "mode, for M or N <= 16 also the GEMV space, for float16 and bfloat16 on "
-                                        "sm_90 also the Hopper TMA space: each searched with a share of the budget, "
-                                        "the best kept)")
-    search.add_argument("--storage", help="Optuna storage URL (default: SQLite in the cache directory; "
-                                          "':memory:' keeps nothing)")
-    search.add_argument("--study-name", help="study name (default: device, problem, space and template version; where "
-                                             "several spaces are searched, the space's name is appended)")
-    search.add_argument("--jobs", type=positive_int, default=default_jobs(),
-                        help=f"parallel compile workers (default {default_jobs()}: this machine's cores)")
-    safety = tune_p.add_argument_group("fault isolation")
-    safety.add_argument("--candidate-timeout", type=float, metavar="SECONDS",
-                        help="time one candidate may take before it counts as hung and its measuring process "
-                             "is killed and restarted (default: from the problem's flops and the GPU's peak)")
-    safety.add_argument("--no-isolation", action="store_true",
-                        help="measure in this process: a little less overhead, but a faulting or hanging "
-                             "kernel ends the tune")
-    tune_p.add_argument("--json", action="store_true", help="print the result as JSON (no progress bar)")
-    tune_p.set_defaults(handler=cmd_tune)
-
-    bench_p = sub.add_parser("bench", help="re-time the cached kernel of a problem against cuBLAS",
-                             description="Verify and re-time the cached kernel of a problem on this GPU, "
-                             "interleaved with cuBLAS (cupy.matmul) on the same inputs, and print the ratio.")
-    add_problem_arguments(bench_p, m_required=True)
-    bench_p.add_argument("--rounds", type=positive_int, default=5, help="interleaved timing rounds (default 5)")
-    bench_p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
-    bench_p.add_argument("--json", action="store_true", help="print the result as JSON")
-    bench_p.set_defaults(handler=cmd_bench)
+    add_tune_parser(sub)
+    add_bench_parser(sub)
 
     add_campaign_parser(sub)
     add_report_parser(sub)

@@ -1,5 +1,6 @@
 """`autogemm tune` and `autogemm bench`: search the best kernel of a problem on this GPU, and re-time
-a cached one against cuBLAS in the same run."""
+a cached one against cuBLAS in the same run. The tune's flags are TuneOptions' fields, with its
+defaults (tuning/options.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import argparse
 import json
 
 from ..problem import Problem
-from .arguments import CliError, CliFailure, load_space, problem_from_args
+from ..tuning.options import CONVERGED_GAIN, SAMPLERS, TuneOptions, default_jobs
+from .arguments import CliError, CliFailure, add_problem_arguments, load_space, non_negative_int, positive_int, \
+    problem_from_args
+
+DEFAULTS = TuneOptions()
 
 
 def _format_result(result) -> str:
@@ -66,10 +71,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 raise CliError(str(exc)) from None
     require_gpu()
     try:
-        result = tune(problem, trials=args.trials, timeout=args.timeout, seed=args.seed, sampler=args.sampler,
-                      space=space, storage=args.storage, study_name=args.study_name, jobs=args.jobs,
-                      progress=not args.json, isolate=not args.no_isolation,
-                      candidate_timeout=args.candidate_timeout, patience=args.patience)
+        result = tune(problem, tune_options_from(args, space), progress=not args.json)
     except (TuneError, FatalEvaluationError) as exc:
         raise CliFailure(str(exc)) from None
     if args.json:
@@ -77,6 +79,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
     else:
         print(_format_result(result))
     return 0
+
+
+def tune_options_from(args: argparse.Namespace, space) -> TuneOptions:
+    """The options `autogemm tune` was given (`space`: --space loaded, or None)."""
+    return TuneOptions(trials=args.trials, timeout=args.timeout, patience=args.patience, seed=args.seed,
+                       sampler=args.sampler, space=space, storage=args.storage, study_name=args.study_name,
+                       jobs=args.jobs, isolate=not args.no_isolation, candidate_timeout=args.candidate_timeout)
 
 
 def require_gpu() -> None:
@@ -94,14 +103,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from ..results.cache import TuningCache
     from ..measure.evaluate import GpuEvaluator
     from ..gpu.launch import current_device
-    from ..tuning.tuner import default_jobs
 
     problem = problem_from_args(args)
     require_gpu()
     device = current_device()
     found = TuningCache().lookup(problem, device.slug)
     if found is None:
-        raise CliFailure(f"no tuned kernel for {problem} on {device.name}; run: autogemm tune {_problem_flags(problem)}")
+        raise CliFailure(f"no tuned kernel for {problem} on {device.name}; "
+                         f"run: autogemm tune {_problem_flags(problem)}")
     record, source = found
     if record.is_cublas:
         lost = f" (best generated kernel {record.best_generated['ratio']:.3f}x)" if record.best_generated else ""
@@ -138,3 +147,59 @@ def _problem_flags(problem: Problem) -> str:
     if problem.layout != "nn":
         flags += f" --layout {problem.layout}"
     return flags
+
+
+def add_tune_parser(sub) -> None:
+    tune_p = sub.add_parser(
+        "tune", help="search the best kernel for a problem on this GPU and cache it",
+        description="Search kernel configurations for one GEMM problem on the current GPU with Optuna. "
+        "Every candidate is verified against a float64 reference before it is timed; cuBLAS "
+        "(cupy.matmul) is timed on the same inputs in the same run. The best few are re-timed "
+        "together at the end, and the winner is cached for autogemm.matmul. The study is kept, so "
+        "running the same command again resumes and adds --trials more. The search starts from what is "
+        "known (the config serving the problem now, the nearest tuned problems' winners, the model's "
+        "predictions) and stops at --trials, --timeout or convergence (--patience), whichever comes "
+        "first. If no kernel beats cuBLAS by more than the measured noise, cuBLAS is kept. Ctrl-C stops "
+        "and keeps the best verified result so far.")
+    add_problem_arguments(tune_p, m_required=True)
+    search = tune_p.add_argument_group("search")
+    search.add_argument("--trials", type=positive_int, default=DEFAULTS.trials,
+                        help=f"measured (valid) candidates to try in this run (default {DEFAULTS.trials})")
+    search.add_argument("--timeout", type=float, default=DEFAULTS.timeout,
+                        help=f"seconds of search before the final re-timing (default {DEFAULTS.timeout:g})")
+    search.add_argument("--patience", type=non_negative_int, default=DEFAULTS.patience, metavar="TRIALS",
+                        help=f"stop once this many measured trials in a row gain less than {100 * CONVERGED_GAIN:g}%% "
+                             f"on the best (default {DEFAULTS.patience}; 0: never stop early)")
+    search.add_argument("--seed", type=int, default=DEFAULTS.seed, help=f"sampler seed (default {DEFAULTS.seed})")
+    search.add_argument("--sampler", choices=SAMPLERS, default=DEFAULTS.sampler,
+                        help=f"Optuna sampler (default {DEFAULTS.sampler})")
+    search.add_argument("--space", help="search-space TOML file or shipped name (default: the one for the dtype and "
+                                        "compute mode, for M or N <= 16 also the GEMV space, for float16 and bfloat16 "
+                                        "on sm_90 also the Hopper TMA space: each searched with a share of the "
+                                        "budget, the best kept)")
+    search.add_argument("--storage", help="Optuna storage URL (default: SQLite in the cache directory; "
+                                          "':memory:' keeps nothing)")
+    search.add_argument("--study-name", help="study name (default: device, problem, space and template version; where "
+                                             "several spaces are searched, the space's name is appended)")
+    search.add_argument("--jobs", type=positive_int, default=default_jobs(),
+                        help=f"parallel compile workers (default {default_jobs()}: this machine's cores)")
+    safety = tune_p.add_argument_group("fault isolation")
+    safety.add_argument("--candidate-timeout", type=float, metavar="SECONDS",
+                        help="time one candidate may take before it counts as hung and its measuring process "
+                             "is killed and restarted (default: from the problem's flops and the GPU's peak)")
+    safety.add_argument("--no-isolation", action="store_true",
+                        help="measure in this process: a little less overhead, but a faulting or hanging "
+                             "kernel ends the tune")
+    tune_p.add_argument("--json", action="store_true", help="print the result as JSON (no progress bar)")
+    tune_p.set_defaults(handler=cmd_tune)
+
+
+def add_bench_parser(sub) -> None:
+    bench_p = sub.add_parser("bench", help="re-time the cached kernel of a problem against cuBLAS",
+                             description="Verify and re-time the cached kernel of a problem on this GPU, "
+                             "interleaved with cuBLAS (cupy.matmul) on the same inputs, and print the ratio.")
+    add_problem_arguments(bench_p, m_required=True)
+    bench_p.add_argument("--rounds", type=positive_int, default=5, help="interleaved timing rounds (default 5)")
+    bench_p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
+    bench_p.add_argument("--json", action="store_true", help="print the result as JSON")
+    bench_p.set_defaults(handler=cmd_bench)

@@ -1,1 +1,2 @@
-"""The search: Optuna studies over a family's space, the tuning loop, its result and progress."""
+"""The search: a tune's options, Optuna studies over a family's space, the tuning loop, what it keeps,
+its result and progress."""

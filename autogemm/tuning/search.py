@@ -4,6 +4,10 @@ candidates compile in worker processes a few trials ahead while the GPU verifies
 ones; compile errors, launch errors and wrong results fail their trial with the kind and message,
 and the search goes on. At the end the best few are re-timed together with cuBLAS and the winner is
 cached. In a campaign, other GPUs may search the same study meanwhile (study.TrialExchange).
+
+`SearchLoop.run` reads top to bottom: open the study, enqueue what is known, search (`_search`:
+propose candidates ahead, measure the next one, until the budget, the deadline, convergence or
+failures stop it), then choose the winner and cache it.
 """
 
 from __future__ import annotations
@@ -12,20 +16,23 @@ import random
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass, field
 
 import optuna
 
-from ..results.cache import Record, TuningCache, cublas_record
-from ..measure.evaluate import LATENCY_MARGIN, MIN_NOISE, FatalEvaluationError, GpuEvaluator, Measurement
+from ..results.cache import TuningCache, cublas_record
+from ..measure.evaluate import LATENCY_MARGIN, Evaluator, FatalEvaluationError, GpuEvaluator, Measurement
 from ..measure.isolate import IsolatedEvaluator
+from ..problem import Device, Problem
 from ..results.predict import known_configs
-from ..results.provenance import host, now, runtime_versions
-from ..kernels.render import kernel_digest, kernel_template_hash
-from .study import StudyStorageError, StudyWriter, TrialExchange, ask_params, best_configs, default_storage, make_sampler, open_study, tell_trials
+from ..kernels.space import SearchSpace
+from .options import CONVERGED_GAIN, TuneOptions
+from .outcome import RecordKeeper, Winner, best_so_far, retimed_best
+from .study import (Sharing, StudyStorageError, StudyWriter, TrialExchange, ask_params, best_configs, default_storage,
+                    make_sampler, open_study, remember_trials, tell_trials)
 from .progress import TuneProgress
 from .result import TuneError, TuneResult, TuneStorageError
 
-CONVERGED_GAIN = 0.005  # see `converged`
 FINALISTS = 5
 # Consecutive proposals that are rejected or already measured before the search counts as converged.
 MAX_IDLE_PROPOSALS = 300
@@ -40,294 +47,342 @@ RESCUE_DRAWS = 20_000
 MAX_CONSECUTIVE_FAILURES = 50
 
 
-def search_study(problem, device, name, *, trials, timeout, seed, sampler, space, storage, jobs, evaluator, cache,
-                 progress, seed_configs, isolate, candidate_timeout, patience, started,
-                 sharing) -> TuneResult | None:
-    """Searches study `name` of `problem` in `space` (see `tuner.tune` for the arguments), re-times the
-    finalists with cuBLAS and caches the winner; a campaign helper's search (sharing.helper) stops
-    before that and returns None."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    # The sampler works on an in-memory study (fast asks and tells); every finished trial is also
-    # written, from a background thread, to the persistent study, from which a rerun resumes.
-    persistent = None
-    if storage != ":memory:":
-        try:
-            persistent = open_study(name, storage)
-        except StudyStorageError as exc:
-            raise TuneStorageError(str(exc)) from None
-        storage = storage or default_storage()
-    cache = cache if cache is not None else TuningCache()
-    cache_errors: list[str] = []
+@dataclass
+class SearchCounters:
+    """What a search has done so far, as its result and its cached records report it."""
 
-    def keep(record: Record):
-        """Caches a record; where the cache cannot be written (read-only, full), says so once and
-        goes on: the tune's result is reported all the same."""
-        try:
-            return cache.store(record, device.slug)
-        except OSError as exc:
-            if not cache_errors:
-                print(f"autogemm: cannot write tuned results to {cache.directory} ({exc}); the tune goes on, "
-                      "its result will not be cached", file=sys.stderr)
-            cache_errors.append(f"{type(exc).__name__}: {exc}")
+    valid: int = 0  # candidates measured here
+    rejected: int = 0  # proposals that break the space's rules or the config's check (pruned, never compiled)
+    failed: int = 0  # candidates that failed: compile, launch, wrong result...
+    duplicates: int = 0  # proposals of a configuration measured, failed or in flight already
+    measured_elsewhere: int = 0  # configurations other workers measured into the study meanwhile
+    seeded: int = 0  # known configurations enqueued before the search
+    idle_proposals: int = 0  # proposals in a row that measured nothing new
+    consecutive_failures: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # failed candidates per failure kind
+    history: list[float] = field(default_factory=list)  # TFLOP/s of the candidates measured here, in order
+
+    @property
+    def measured(self) -> int:
+        """What `trials` counts: configurations measured in this run, here or by other workers."""
+        return self.valid + self.measured_elsewhere
+
+    def for_record(self) -> dict:
+        """The counts a cached record carries (Record.trials)."""
+        return {"valid": self.valid, "rejected": self.rejected, "failed": self.failed}
+
+
+@dataclass
+class InFlight:
+    """A candidate compiling or waiting for the GPU, with the trials that proposed it."""
+
+    config: object
+    trials: list
+    handle: object  # the evaluator's
+
+
+class SearchLoop:
+    """The search of one study (see the module's text). `run()` searches and, for the holder of the
+    study (not a campaign's helper: sharing.helper), re-times the finalists with cuBLAS, caches
+    the winner and returns the TuneResult; a helper's search returns None."""
+
+    def __init__(self, problem: Problem, device: Device, options: TuneOptions, *, evaluator: Evaluator | None,
+                 cache: TuningCache | None, progress, sharing: Sharing | None, started: float):
+        """`options` as the tuner settles them for one space (tuner._tune_space): the space loaded,
+        the study named, the compile jobs counted. `progress`: as `tuner.tune` takes it; `started`:
+        the time.perf_counter() at which the tune began (its wall time and deadline count from it)."""
+        self.problem, self.device, self.options = problem, device, options
+        self.space: SearchSpace = options.space
+        self.name: str = options.study_name
+        self.storage = options.storage  # the default's URL once the study is open
+        self.seed = options.seed  # a helper's differs from the holder's (see _open_study)
+        self.evaluator, self.owns_evaluator = evaluator, evaluator is None
+        self.cache, self.progress, self.sharing, self.started = cache, progress, sharing, started
+        self.helper = sharing is not None and sharing.helper
+        self.deadline = None if options.timeout is None else started + options.timeout
+        self.lookahead = max(2, min(8, options.jobs))  # candidates compiling ahead of the GPU
+        self.counters = SearchCounters()
+        self.known: dict[str, float] = {}  # config name -> TFLOP/s measured
+        self.failed_before: dict[str, Measurement] = {}  # a failed config is not measured twice
+        self.pending: deque[InFlight] = deque()
+        self.rescued: set[str] = set()  # configurations enqueued by `_rescue`
+        self.best_ms: float | None = None
+        self.interrupted = False  # Ctrl-C or a lost GPU: the best so far is kept without re-timing
+        self.stopped = ""  # why the search stopped before its budget, if it did
+        self.records: RecordKeeper | None = None  # (once the evaluator has started)
+        self.persistent: optuna.Study | None = None  # the stored study, from which a rerun resumes
+        self.study: optuna.Study | None = None
+        self.exchange: TrialExchange | None = None
+        self.writer: StudyWriter | None = None
+        self.progress_bar: TuneProgress | None = None
+        self.offered: dict[str, tuple] | None = None  # each knob's choices, the same from trial to trial
+        self.rescue_rng: random.Random | None = None
+
+    def run(self) -> TuneResult | None:
+        """Searches the study; returns the tune's result, or None for a helper (the holder decides)."""
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self._open_storage()
+        if self.helper and not self.sharing.keep_helping():  # the holder left the study meanwhile: nothing to start
             return None
-    helper = sharing is not None and sharing.helper
-    if helper and not sharing.keep_helping():  # the holder left the study meanwhile: nothing to start
-        return None
-    # the evaluator (a measuring process, compile workers) starts once the study storage is open
-    owns_evaluator = evaluator is None
-    if evaluator is None:
-        if isolate:
-            evaluator = IsolatedEvaluator(problem, device, jobs, seed=seed or 0,
-                                          timeout=candidate_timeout)
-        else:
-            evaluator = GpuEvaluator(problem, device, jobs, seed=seed or 0)
-    if helper and seed is not None:  # another seed than the holder's: the two samplers propose differently
-        seed = (seed + 1 + random.Random().randrange(1 << 30)) % (1 << 32)  # (numpy's seeds are 32-bit)
-    study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, seed, space))
-    exchange = None
-    if persistent is not None:
-        finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
-        loaded = persistent.get_trials(deepcopy=False, states=finished)
-        study.add_trials(loaded)
-        if sharing is not None:
-            exchange = TrialExchange(persistent, study, loaded)
-            if sharing.announce:
-                sharing.announce(name)
-    writer = StudyWriter(persistent)
-    known: dict[str, float] = {}  # config name -> TFLOP/s measured
-    failed_before: dict[str, Measurement] = {}  # a failed config is not measured twice
-    remember_trials(study.get_trials(deepcopy=False), known, failed_before)
-    if known and progress is True:
-        print(f"resuming study {name} ({len(known)} configurations measured)", file=sys.stderr)
-    seeded = 0
-    if seed_configs and not helper:  # (the holder enqueued the seeds)
-        # What is known comes first (what serves this problem now, the nearest tuned problems'
-        # winners, the model's best predictions): a tune never ends below what was serving. The
-        # space's own seeds follow in a new study. What the space's problem rules exclude is not
-        # enqueued (it would be pruned); a better cached record of it stays in the cache all the same.
-        for config in known_configs(problem, device, cache, space) + (space.seeds if not study.trials else []):
+        self._start_evaluator()  # (once the study storage is open)
+        self._open_study()
+        if self.options.seed_configs and not self.helper:  # (the holder enqueued the seeds)
+            self._enqueue_known_configs()
+        self._search()
+        if self.helper:  # the holder re-times and decides, with what this search added to the study
+            return None
+        if self.exchange is not None:  # the holder: helpers leave the study; their last trials count
+            if self.sharing.announce:
+                self.sharing.announce(None)
+            self._take_in(self.exchange.pull())
+        return self._result(self._choose_winner())
+
+    # ---- before the search -----------------------------------------------------------------------
+    def _open_storage(self) -> None:
+        """The persistent study, and the cache. The sampler works on an in-memory study (fast asks
+        and tells); every finished trial is also written, from a background thread, to the
+        persistent study, from which a rerun resumes."""
+        if self.storage != ":memory:":
+            try:
+                self.persistent = open_study(self.name, self.storage)
+            except StudyStorageError as exc:
+                raise TuneStorageError(str(exc)) from None
+            self.storage = self.storage or default_storage()
+        self.cache = self.cache if self.cache is not None else TuningCache()
+
+    def _start_evaluator(self) -> None:
+        """The evaluator given, or one of this search's own: a measuring process and compile workers."""
+        options = self.options
+        if self.evaluator is None and options.isolate:
+            self.evaluator = IsolatedEvaluator(self.problem, self.device, options.jobs, seed=self.seed or 0,
+                                               timeout=options.candidate_timeout)
+        elif self.evaluator is None:
+            self.evaluator = GpuEvaluator(self.problem, self.device, options.jobs, seed=self.seed or 0)
+        self.records = RecordKeeper(self.cache, self.problem, self.device, self.name, self.evaluator, self.started)
+
+    def _open_study(self) -> None:
+        """The in-memory study with the persistent one's finished trials, what they measured, and
+        (in a campaign) the exchange with the other workers searching it."""
+        # a helper's seed differs from the holder's: the two samplers propose differently
+        if self.helper and self.seed is not None:
+            self.seed = (self.seed + 1 + random.Random().randrange(1 << 30)) % (1 << 32)  # (numpy's seeds are 32-bit)
+        self.study = optuna.create_study(direction="maximize",
+                                         sampler=make_sampler(self.options.sampler, self.seed, self.space))
+        if self.persistent is not None:
+            states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+            loaded = self.persistent.get_trials(deepcopy=False, states=states)
+            self.study.add_trials(loaded)
+            if self.sharing is not None:
+                self.exchange = TrialExchange(self.persistent, self.study, loaded)
+                if self.sharing.announce:
+                    self.sharing.announce(self.name)
+        self.writer = StudyWriter(self.persistent)
+        remember_trials(self.study.get_trials(deepcopy=False), self.known, self.failed_before)
+        if self.known and self.progress is True:
+            print(f"resuming study {self.name} ({len(self.known)} configurations measured)", file=sys.stderr)
+
+    def _enqueue_known_configs(self) -> None:
+        """What is known comes first (what serves this problem now, the nearest tuned problems'
+        winners, the model's best predictions): a tune never ends below what was serving. The
+        space's own seeds follow in a new study. What the space's problem rules exclude is not
+        enqueued (it would be pruned); a better cached record of it stays in the cache all the same."""
+        problem, device, space = self.problem, self.device, self.space
+        space_seeds = space.seeds if not self.study.trials else []
+        for config in known_configs(problem, device, self.cache, space) + space_seeds:
             values = space.knob_values(config)
             if values is not None and not config.check(problem, device) and \
                     space.evaluate(values, problem, device)[0] is not None:
-                study.enqueue_trial(values, skip_if_exists=True)
-                seeded += 1
+                self.study.enqueue_trial(values, skip_if_exists=True)
+                self.counters.seeded += 1
 
-    progress_bar = TuneProgress(progress, trials, problem, evaluator)
-    deadline = None if timeout is None else started + timeout
-    lookahead = max(2, min(8, jobs))
-    pending: deque = deque()  # (config, [trials], handle)
-    valid = rejected = failed = duplicates = measured_elsewhere = 0
-    failures: dict[str, int] = {}
-    history: list[float] = []
-    best_ms: float | None = min((problem.flops / v / 1e9 for v in known.values() if v), default=None)
-    idle_asks = 0  # consecutive proposals that measured nothing new
-    consecutive_failures = 0
-    interrupted = False
-    stopped = ""
+    # ---- the search --------------------------------------------------------------------------------
+    def _search(self) -> None:
+        """Measures candidates, `lookahead` of them compiling ahead, until `trials` are measured (here
+        or elsewhere), the deadline passes, the search converges, the sampler proposes nothing new,
+        too many candidates fail in a row, the holder of a helped study leaves it, or Ctrl-C."""
+        counters = self.counters
+        self.progress_bar = TuneProgress(self.progress, self.options.trials, self.problem, self.evaluator)
+        self.best_ms = min((self.problem.flops / v / 1e9 for v in self.known.values() if v), default=None)
+        self.offered = self.space.knob_choices(self.problem, self.device)
+        self.rescue_rng = random.Random(self.seed)
+        try:
+            while (counters.measured < self.options.trials and not self._out_of_time()
+                   and counters.consecutive_failures < MAX_CONSECUTIVE_FAILURES):
+                if self.exchange is not None and self.exchange.due():
+                    self._take_in(self.exchange.pull())
+                    if self.helper and not self.sharing.keep_helping():
+                        self.stopped = "the holder of the problem left this study"
+                        break
+                self._propose_candidates()
+                if not self.pending:
+                    break  # the sampler proposes nothing new
+                measurement = self._measure_next()
+                if measurement.ok and converged(counters.history, self.options.patience):
+                    self.stopped = (f"converged: the last {self.options.patience} measured trials gained less "
+                                    f"than {CONVERGED_GAIN:.1%} on the best")
+                    break
+        except KeyboardInterrupt:
+            self.interrupted, self.stopped = True, "interrupted (Ctrl-C)"
+        except FatalEvaluationError as exc:
+            self.interrupted, self.stopped = True, str(exc)
+        finally:
+            self._cancel_in_flight()
+            self.progress_bar.close()
+            self.writer.close()
+            if self.helper and self.owns_evaluator:
+                self.evaluator.close()
 
-    def record_for(config, measurement: Measurement, cublas_ms: float, provisional: bool, latency=None) -> Record:
-        return Record(
-            problem=problem.key, family=config.family,
-            config={k: v for k, v in config.to_dict().items() if k != "family"}, config_name=config.name,
-            time_ms=measurement.time_ms, tflops=measurement.tflops, cublas_ms=cublas_ms,
-            cublas_tflops=problem.flops / cublas_ms / 1e9, ratio=cublas_ms / measurement.time_ms,
-            rel_error=measurement.rel_error if measurement.rel_error is not None else float("nan"),
-            template_hash=kernel_template_hash(config.template), device=device.name, versions=runtime_versions(), date=now(), host=host(),
-            source_digest=kernel_digest(config, problem),
-            trials={"valid": valid, "rejected": rejected, "failed": failed}, wall_s=time.perf_counter() - started,
-            study=name, provisional=provisional, protocol=evaluator.protocol,
-            latency_us=latency.kernel_us if latency else 0.0, baseline_latency_us=latency.baseline_us if latency else 0.0,
-            baselines=dict(evaluator.baselines),
-        )
+    def _out_of_time(self) -> bool:
+        return self.deadline is not None and time.perf_counter() > self.deadline
 
-    def out_of_time() -> bool:
-        return deadline is not None and time.perf_counter() > deadline
+    def _propose_candidates(self) -> None:
+        """Asks the sampler for trials until `lookahead` candidates are in flight (or the budget,
+        the deadline or MAX_IDLE_PROPOSALS says no more). A proposal that breaks a rule is pruned;
+        one of a configuration measured, failed or in flight already is answered from that."""
+        counters, problem, device = self.counters, self.problem, self.device
+        while (len(self.pending) < self.lookahead and counters.measured + len(self.pending) < self.options.trials
+               and not self._out_of_time() and counters.idle_proposals < MAX_IDLE_PROPOSALS):
+            trial = self.study.ask()
+            if self.exchange is not None:
+                self.exchange.tag(trial)
+            config, broken = self.space.evaluate(ask_params(trial, self.space, self.offered), problem, device)
+            reasons = [f"space: {rule}" for rule in broken] if config is None else config.check(problem, device)
+            if counters.idle_proposals and counters.idle_proposals % RESCUE_AFTER == 0:
+                self._rescue()
+            if reasons:
+                trial.set_user_attr("rejected", reasons)
+                self.writer.put(self.study.tell(trial, state=optuna.trial.TrialState.PRUNED))
+                counters.rejected += 1
+                counters.idle_proposals += 1
+                continue
+            trial.set_user_attr("config", config.name)
+            if self._answer_repeat(trial, config):
+                counters.duplicates += 1
+                counters.idle_proposals += 1
+                continue
+            counters.idle_proposals = 0
+            self.pending.append(InFlight(config, [trial], self.evaluator.start(config)))
 
-    offered = space.knob_choices(problem, device)  # a study's knobs keep their choices from trial to trial
-    rescue_rng = random.Random(seed)
-    rescued: set[str] = set()
+    def _answer_repeat(self, trial: optuna.Trial, config) -> bool:
+        """Whether `config` failed, was measured or is in flight already; if so, `trial` gets that
+        answer (now, or with the candidate in flight) instead of a measurement of its own."""
+        name = config.name
+        if name in self.failed_before:
+            trial.set_user_attr("duplicate", True)
+            tell_trials(self.study, self.writer, [trial], self.failed_before[name])
+            return True
+        if name in self.known:  # measured before: answer from the study
+            trial.set_user_attr("duplicate", True)
+            self.writer.put(self.study.tell(trial, self.known[name]))
+            return True
+        waiting = next((candidate for candidate in self.pending if candidate.config.name == name), None)
+        if waiting is not None:
+            waiting.trials.append(trial)
+            return True
+        return False
 
-    def take_in(trials_elsewhere) -> None:
-        """Other workers' trials of this study: measured there, never measured here again, and
-        counted in this run's `trials` (the problem gets that many measurements, by any GPU)."""
-        nonlocal measured_elsewhere
-        measured_elsewhere += remember_trials(trials_elsewhere, known, failed_before)
+    def _measure_next(self) -> Measurement:
+        """Verifies and times the oldest candidate in flight, and counts what came of it."""
+        counters = self.counters
+        candidate = self.pending.popleft()
+        config = candidate.config
+        measurement = self.evaluator.finish(candidate.handle, self.best_ms)
+        tell_trials(self.study, self.writer, candidate.trials, measurement)
+        if measurement.ok:
+            counters.valid += 1
+            counters.consecutive_failures = 0
+            self.known[config.name] = measurement.tflops
+            counters.history.append(measurement.tflops)
+            if self.best_ms is None or measurement.time_ms < self.best_ms:
+                self.best_ms = measurement.time_ms
+                # Kept as it is found: a killed tune still leaves its best verified kernel
+                # (a helper's measurements go to the holder's study; the holder caches)
+                if not self.helper:
+                    self.records.keep(self.records.record(config, measurement, self.evaluator.cublas_ms,
+                                                          counters.for_record(), provisional=True))
+        else:
+            counters.failed += 1
+            counters.consecutive_failures += 1
+            self.failed_before[config.name] = measurement
+            counters.failures[measurement.kind] = counters.failures.get(measurement.kind, 0) + 1
+        self.progress_bar.update(measurement.ok, self.best_ms, counters.rejected, counters.failed)
+        return measurement
 
-    def rescue() -> None:
+    def _rescue(self) -> None:
         """Enqueues a few valid, unmeasured configurations drawn uniformly (see RESCUE_AFTER)."""
         found = 0
-        for config, values in space.uniform_draws(problem, device, rescue_rng, RESCUE_DRAWS):
+        for config, values in self.space.uniform_draws(self.problem, self.device, self.rescue_rng, RESCUE_DRAWS):
             name = config.name
-            if name in known or name in failed_before or name in rescued or any(p[0].name == name for p in pending):
+            if name in self.known or name in self.failed_before or name in self.rescued \
+                    or any(candidate.config.name == name for candidate in self.pending):
                 continue
-            rescued.add(name)
-            study.enqueue_trial(values)
+            self.rescued.add(name)
+            self.study.enqueue_trial(values)
             found += 1
             if found == RESCUE_CONFIGS:
                 break
 
-    try:
-        while (valid + measured_elsewhere < trials and not out_of_time()
-               and consecutive_failures < MAX_CONSECUTIVE_FAILURES):
-            if exchange is not None and exchange.due():
-                take_in(exchange.pull())
-                if helper and not sharing.keep_helping():
-                    stopped = "the holder of the problem left this study"
-                    break
-            while (len(pending) < lookahead and valid + measured_elsewhere + len(pending) < trials
-                   and not out_of_time() and idle_asks < MAX_IDLE_PROPOSALS):
-                trial = study.ask()
-                if exchange is not None:
-                    exchange.tag(trial)
-                config, broken = space.evaluate(ask_params(trial, space, offered), problem, device)
-                reasons = [f"space: {rule}" for rule in broken] if config is None else config.check(problem, device)
-                if idle_asks and idle_asks % RESCUE_AFTER == 0:
-                    rescue()
-                if reasons:
-                    trial.set_user_attr("rejected", reasons)
-                    writer.put(study.tell(trial, state=optuna.trial.TrialState.PRUNED))
-                    rejected += 1
-                    idle_asks += 1
-                    continue
-                trial.set_user_attr("config", config.name)
-                if config.name in failed_before:
-                    trial.set_user_attr("duplicate", True)
-                    tell_trials(study, writer, [trial], failed_before[config.name])
-                    duplicates += 1
-                    idle_asks += 1
-                    continue
-                if config.name in known:  # measured before: answer from the study
-                    trial.set_user_attr("duplicate", True)
-                    writer.put(study.tell(trial, known[config.name]))
-                    duplicates += 1
-                    idle_asks += 1
-                    continue
-                waiting = next((p for p in pending if p[0].name == config.name), None)
-                if waiting:
-                    waiting[1].append(trial)
-                    duplicates += 1
-                    idle_asks += 1
-                    continue
-                idle_asks = 0
-                pending.append((config, [trial], evaluator.start(config)))
-            if not pending:
-                break  # the sampler proposes nothing new
-            config, asked, handle = pending.popleft()
-            measurement = evaluator.finish(handle, best_ms)
-            tell_trials(study, writer, asked, measurement)
-            if measurement.ok:
-                valid += 1
-                consecutive_failures = 0
-                known[config.name] = measurement.tflops
-                history.append(measurement.tflops)
-                if best_ms is None or measurement.time_ms < best_ms:
-                    best_ms = measurement.time_ms
-                    # Kept as it is found: a killed tune still leaves its best verified kernel
-                    # (a helper's measurements go to the holder's study; the holder caches)
-                    if not helper:
-                        keep(record_for(config, measurement, evaluator.cublas_ms, provisional=True))
-            else:
-                failed += 1
-                consecutive_failures += 1
-                failed_before[config.name] = measurement
-                failures[measurement.kind] = failures.get(measurement.kind, 0) + 1
-            progress_bar.update(measurement.ok, best_ms, rejected, failed)
-            if measurement.ok and converged(history, patience):
-                stopped = (f"converged: the last {patience} measured trials gained less than "
-                           f"{CONVERGED_GAIN:.1%} on the best")
-                break
-    except KeyboardInterrupt:
-        interrupted, stopped = True, "interrupted (Ctrl-C)"
-    except FatalEvaluationError as exc:
-        interrupted, stopped = True, str(exc)
-    finally:
-        for _, asked, handle in pending:
-            evaluator.cancel(handle)
-            tell_trials(study, writer, asked, Measurement.failure("cancelled", "tuning stopped before it was measured"))
-        progress_bar.close()
-        writer.close()
-        if helper and owns_evaluator:
-            evaluator.close()
-    if helper:  # the holder re-times and decides, with what this search added to the study
-        return None
-    if exchange is not None:  # the holder: helpers leave the study; their last trials count
-        if sharing.announce:
-            sharing.announce(None)
-        take_in(exchange.pull())
+    def _take_in(self, trials_elsewhere) -> None:
+        """Other workers' trials of this study: measured there, never measured here again, and
+        counted in this run's `trials` (the problem gets that many measurements, by any GPU)."""
+        self.counters.measured_elsewhere += remember_trials(trials_elsewhere, self.known, self.failed_before)
 
-    latency = None  # the winner's and the served cuBLAS fallback's, one call at a time
-    try:
-        finalists = best_configs(study, space, FINALISTS)
-        if not finalists:
-            raise TuneError(
-                f"no configuration of {space.path.name} was measured for {problem} "
-                f"({rejected} rejected, {failed} failed: {failures or 'none'})"
-            )
-        if interrupted:
-            # Ctrl-C or a lost GPU: keep the best verified measurement as it stands, without re-timing
-            winner = finalists[0]
-            ms = problem.flops / known[winner.name] / 1e9 if winner.name in known else None
-            if ms is None:
-                raise TuneError("interrupted before any configuration was measured")
-            chosen = Measurement(ok=True, time_ms=ms, tflops=known[winner.name])
-            cublas_ms = evaluator.cublas_ms
-            noise = MIN_NOISE
-        else:
-            remeasured, cublas_ms = evaluator.retime(finalists)
-            ranked = sorted((m.time_ms, i) for i, m in enumerate(remeasured) if m.ok)
-            if not ranked:
-                raise TuneError(f"every finalist failed its re-check: {[m.kind for m in remeasured]}")
-            winner, chosen = finalists[ranked[0][1]], remeasured[ranked[0][1]]
-            if chosen.rel_error is None:
-                chosen.rel_error = next((m.rel_error for m in remeasured if m.ok and m.rel_error), None)
-            noise = evaluator.retime_noise
-            # it must also win one call at a time, host time and all, as matmul serves it
-            latency = evaluator.single_call(winner)
-    finally:
-        if owns_evaluator:
-            evaluator.close()
+    def _cancel_in_flight(self) -> None:
+        """The candidates still in flight when the search stops: cancelled, their trials failed."""
+        for candidate in self.pending:
+            self.evaluator.cancel(candidate.handle)
+            tell_trials(self.study, self.writer, candidate.trials,
+                        Measurement.failure("cancelled", "tuning stopped before it was measured"))
 
-    wall = time.perf_counter() - started
-    study_trials = sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-                       if "config" in t.user_attrs and not t.user_attrs.get("duplicate"))
-    # an interrupted tune's best stays provisional: served, and replaced by the next finished tune
-    record = record_for(winner, chosen, cublas_ms, provisional=interrupted, latency=latency)
-    rel_error = record.rel_error  # the best generated kernel's, whichever is kept
-    kept_cublas = record.ratio <= 1 + noise or (latency is not None and latency.ratio <= 1 + LATENCY_MARGIN)
-    if kept_cublas:  # within the noise of cuBLAS or slower: cuBLAS is the winner, with its figures
-        record = cublas_record(record, latency.ratio if latency else None)
-    record.trials["in_study"] = study_trials
-    if exchange is not None:
-        record.trials["other_gpus"] = exchange.pulled  # trials helpers measured into this study
-    record.wall_s = wall
-    cache_path = keep(record)
-    return TuneResult(
-        problem=problem, device=device, config=winner, time_ms=chosen.time_ms, tflops=chosen.tflops,
-        rel_error=rel_error, cublas_ms=cublas_ms, valid=valid, rejected=rejected, failed=failed,
-        duplicates=duplicates, study_trials=study_trials, wall_s=wall, study_name=name,
-        storage=storage, cache_path=str(cache_path) if cache_path else None, interrupted=interrupted,
-        history=history, failures=failures, stopped=stopped,
-        restarts=evaluator.restarts, restart_s=evaluator.restart_s, cache_error=cache_errors[-1] if cache_errors else "",
-        unstored_kernels=evaluator.unstored, storage_error=evaluator.storage_error,
-        kept_cublas=kept_cublas, noise=noise, seeded=seeded, latency=latency,
-    )
+    # ---- after the search --------------------------------------------------------------------------
+    def _choose_winner(self) -> Winner:
+        """The best finalist re-timed with cuBLAS; after Ctrl-C or a lost GPU, the best as it stands."""
+        try:
+            finalists = best_configs(self.study, self.space, FINALISTS)
+            if not finalists:
+                counters = self.counters
+                raise TuneError(
+                    f"no configuration of {self.space.path.name} was measured for {self.problem} "
+                    f"({counters.rejected} rejected, {counters.failed} failed: {counters.failures or 'none'})"
+                )
+            if self.interrupted:
+                return best_so_far(finalists, self.known, self.problem, self.evaluator)
+            return retimed_best(finalists, self.evaluator)
+        finally:
+            if self.owns_evaluator:
+                self.evaluator.close()
 
-
-def remember_trials(trials, known: dict[str, float], failed_before: dict[str, Measurement]) -> int:
-    """Adds finished trials to what a search knows: measured configs' TFLOP/s (repeated proposals
-    answered from the study add nothing) and failed configs' failures (a cancelled one may still
-    be measured). Returns how many configs were measured that `known` did not hold."""
-    new = 0
-    for t in trials:
-        config = t.user_attrs.get("config")
-        if not config:
-            continue
-        if t.state == optuna.trial.TrialState.COMPLETE and not t.user_attrs.get("duplicate"):
-            new += config not in known
-            known[config] = max(known.get(config, 0.0), t.value)
-        elif t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("failure") not in (None, "cancelled"):
-            failed_before.setdefault(config, Measurement.failure(t.user_attrs["failure"], t.user_attrs.get("message", "")))
-    return new
+    def _result(self, winner: Winner) -> TuneResult:
+        """Caches the winner (or cuBLAS, where the winner does not beat it by more than the noise)
+        and returns the tune's result."""
+        counters, latency = self.counters, winner.latency
+        wall = time.perf_counter() - self.started
+        study_trials = sum(1 for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                           if "config" in t.user_attrs and not t.user_attrs.get("duplicate"))
+        # an interrupted tune's best stays provisional: served, and replaced by the next finished tune
+        record = self.records.record(winner.config, winner.measurement, winner.cublas_ms, counters.for_record(),
+                                     provisional=self.interrupted, latency=latency)
+        rel_error = record.rel_error  # the best generated kernel's, whichever is kept
+        kept_cublas = record.ratio <= 1 + winner.noise or (latency is not None and latency.ratio <= 1 + LATENCY_MARGIN)
+        if kept_cublas:  # within the noise of cuBLAS or slower: cuBLAS is the winner, with its figures
+            record = cublas_record(record, latency.ratio if latency else None)
+        record.trials["in_study"] = study_trials
+        if self.exchange is not None:
+            record.trials["other_gpus"] = self.exchange.pulled  # trials helpers measured into this study
+        record.wall_s = wall
+        cache_path = self.records.keep(record)
+        evaluator, chosen, errors = self.evaluator, winner.measurement, self.records.errors
+        return TuneResult(
+            problem=self.problem, device=self.device, config=winner.config, time_ms=chosen.time_ms,
+            tflops=chosen.tflops, rel_error=rel_error, cublas_ms=winner.cublas_ms, valid=counters.valid,
+            rejected=counters.rejected, failed=counters.failed, duplicates=counters.duplicates,
+            study_trials=study_trials, wall_s=wall, study_name=self.name, storage=self.storage,
+            cache_path=str(cache_path) if cache_path else None, interrupted=self.interrupted,
+            history=counters.history, failures=counters.failures, stopped=self.stopped,
+            restarts=evaluator.restarts, restart_s=evaluator.restart_s, cache_error=errors[-1] if errors else "",
+            unstored_kernels=evaluator.unstored, storage_error=evaluator.storage_error,
+            kept_cublas=kept_cublas, noise=winner.noise, seeded=counters.seeded, latency=latency,
+        )
 
 
 def converged(history: list[float], patience: int) -> bool:

@@ -33,8 +33,7 @@ from ..problem import Device, Problem
 from ..kernels.render import template_hash
 from ..kernels.space import SearchSpace
 from ..results.url_secrets import hide_passwords, shown_url
-
-SAMPLERS = ("tpe", "random", "grid")
+from .options import SAMPLERS
 
 
 SQLITE_BUSY_TIMEOUT_S = 120  # how long a write waits for another process's
@@ -242,6 +241,24 @@ def tell_trials(study: optuna.Study, writer: StudyWriter, asked: list, measureme
             trial.set_user_attr("failure", measurement.kind)
             trial.set_user_attr("message", measurement.message[:1000])
             writer.put(study.tell(trial, state=optuna.trial.TrialState.FAIL))
+
+
+def remember_trials(trials, known: dict[str, float], failed_before: dict[str, Measurement]) -> int:
+    """Adds finished trials to what a search knows: measured configs' TFLOP/s (repeated proposals
+    answered from the study add nothing) and failed configs' failures (a cancelled one may still
+    be measured). Returns how many configs were measured that `known` did not hold."""
+    new = 0
+    for t in trials:
+        config = t.user_attrs.get("config")
+        if not config:
+            continue
+        if t.state == optuna.trial.TrialState.COMPLETE and not t.user_attrs.get("duplicate"):
+            new += config not in known
+            known[config] = max(known.get(config, 0.0), t.value)
+        elif t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("failure") not in (None, "cancelled"):
+            failure = Measurement.failure(t.user_attrs["failure"], t.user_attrs.get("message", ""))
+            failed_before.setdefault(config, failure)
+    return new
 
 
 class StudyWriter:

@@ -1,93 +1,75 @@
 """Tuning a problem: its candidate search spaces in turn, each one Optuna study per (device,
-problem, search space, template version), searched by `search.search_study` under a per-machine
+problem, search space, template version), searched by `search.SearchLoop` under a per-machine
 lock (one tuner per study), the budget shared between the spaces and the best of them returned.
 """
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import time
+from collections.abc import Callable
 
 from ..results.cache import TuningCache
 from ..measure.evaluate import Evaluator
 from ..measure.isolate import keep_measuring_processes
 from ..problem import Problem
-from .search import search_study
+from .options import TuneOptions, default_jobs, tune_options
+from .search import SearchLoop
 from ..kernels.space import SearchSpace, candidate_space_names
 from .study import Sharing, StudyLocked, lock_study, study_name_for
 from .result import TuneError, TuneResult, TuneRunning, TuneStorageError
 
-DEFAULT_TRIALS = 400
-# The default budget: 30 s of search (startup and the finalists' re-timing come on top: 36 s wall
-# for 4096^3 on an H100) or convergence, whichever comes first.
-DEFAULT_TIMEOUT_S = 30.0
-# Converged: the last PATIENCE measured trials did not raise the best TFLOP/s by more than
-# CONVERGED_GAIN (search.converged; PATIENCE 0 never stops it early).
-DEFAULT_PATIENCE = 100
 
-
-def tune(
-    problem: Problem,
-    *,
-    trials: int = DEFAULT_TRIALS,
-    timeout: float | None = DEFAULT_TIMEOUT_S,
-    seed: int | None = 0,
-    sampler: str = "tpe",
-    space: SearchSpace | str | None = None,
-    storage: str | None = None,
-    study_name: str | None = None,
-    jobs: int | None = None,
-    evaluator: Evaluator | None = None,
-    cache: TuningCache | None = None,
-    progress: bool = False,
-    seed_configs: bool = True,
-    isolate: bool = True,
-    candidate_timeout: float | None = None,
-    patience: int = DEFAULT_PATIENCE,
-    sharing: Sharing | None = None,
-) -> TuneResult | None:
+def tune(problem: Problem, options: TuneOptions | None = None, *, evaluator: Evaluator | None = None,
+         cache: TuningCache | None = None, progress: bool | Callable = False, sharing: Sharing | None = None,
+         **option_values) -> TuneResult | None:
     """Searches configurations for `problem` on the current GPU (or with `evaluator`), caches and
-    returns the best verified one. Without `space`, every candidate space of the problem is
-    searched in turn (`candidate_space_names`: a short M adds the GEMV space to the dtype's own),
-    each with an even share of what is left of `trials` and `timeout`, each in its own study, and
-    the best of them is returned (the cache keeps the better record by itself). `trials` counts measured candidates of this run; `timeout`
-    (seconds) bounds the search, the final re-timing comes on top. With `isolate` (the default)
-    candidates run in a separate process that owns the GPU, so that a faulting or hanging kernel
-    costs one failed trial (`candidate_timeout` seconds at most) instead of the tune. The search
-    stops early once `patience` measured trials in a row have not raised the best by more than
-    CONVERGED_GAIN (0: never). With `sharing` (campaigns), other GPUs may search the same studies
-    at the same time (study.Sharing); a helper's tune returns None."""
-    if trials < 1:
-        raise ValueError(f"trials must be >= 1, got {trials}")
-    if patience < 0:
-        raise ValueError(f"patience must be >= 0, got {patience}")
-    arguments = dict(seed=seed, sampler=sampler, storage=storage, jobs=jobs, evaluator=evaluator, cache=cache,
-                     progress=progress, seed_configs=seed_configs, isolate=isolate,
-                     candidate_timeout=candidate_timeout, patience=patience, sharing=sharing)
-    if sharing is not None and sharing.helper and space is None:
+    returns the best verified one. What to search and for how long is `options` (TuneOptions), or
+    its fields given by name (`tune(problem, trials=100, timeout=None)`), which replace the
+    defaults or those of `options`.
+
+    Without `options.space`, every candidate space of the problem is searched in turn
+    (`candidate_space_names`: a short M adds the GEMV space to the dtype's own), each with an even
+    share of what is left of `trials` and `timeout`, each in its own study, and the best of them
+    is returned (the cache keeps the better record by itself). `trials` counts measured candidates
+    of this run; `timeout` (seconds) bounds the search, the final re-timing comes on top. With
+    `isolate` (the default) candidates run in a separate process that owns the GPU, so that a
+    faulting or hanging kernel costs one failed trial (`candidate_timeout` seconds at most)
+    instead of the tune. The search stops early once `patience` measured trials in a row have not
+    raised the best by more than CONVERGED_GAIN (0: never).
+
+    `cache`: where the winner goes (the user's cache by default); `progress`: True draws a bar (or
+    log lines), a callable gets (measured trials, best TFLOP/s, ratio to cuBLAS) after each trial.
+    With `sharing` (campaigns), other GPUs may search the same studies at the same time
+    (study.Sharing); a helper's tune returns None."""
+    options = tune_options(options, **option_values)
+    if sharing is not None and sharing.helper and options.space is None:
         raise ValueError("a helper joins one study: give its space")
-    names = candidate_space_names(problem, _device_for(evaluator)) if space is None else (space,)
+    names = candidate_space_names(problem, _device_for(evaluator)) if options.space is None else (options.space,)
+    collaborators = dict(evaluator=evaluator, cache=cache, progress=progress, sharing=sharing)
     with keep_measuring_processes():  # one measuring process serves the spaces in turn
-        return _tune_spaces(problem, names, trials, timeout, study_name, arguments)
+        return _tune_spaces(problem, names, options, collaborators)
 
 
-def _tune_spaces(problem: Problem, names: tuple, trials: int, timeout: float | None, study_name: str | None,
-                 arguments: dict) -> TuneResult | None:
-    """`tune` over `names`, each space with an even share of what is left of the budget."""
-    if len(names) == 1:
-        return _tune_space(problem, names[0], trials=trials, timeout=timeout, study_name=study_name, **arguments)
+def _tune_spaces(problem: Problem, spaces: tuple, options: TuneOptions, collaborators: dict) -> TuneResult | None:
+    """`tune` over `spaces`, each with an even share of what is left of the budget."""
+    if len(spaces) == 1:
+        return _tune_space(problem, dataclasses.replace(options, space=spaces[0]), **collaborators)
     started, results, errors = time.perf_counter(), [], []
-    for index, name in enumerate(names):
-        left = len(names) - index
+    for index, space in enumerate(spaces):
+        left = len(spaces) - index
         used = sum(result.valid for result in results)
-        share_timeout = None if timeout is None else max(1.0, (timeout - (time.perf_counter() - started)) / left)
+        timeout = options.timeout
+        share = dataclasses.replace(
+            options, space=space, trials=max(1, (options.trials - used) // left),
+            timeout=None if timeout is None else max(1.0, (timeout - (time.perf_counter() - started)) / left),
+            study_name=f"{options.study_name}:{space}" if options.study_name else None)
         try:
-            result = _tune_space(problem, name, trials=max(1, (trials - used) // left), timeout=share_timeout,
-                                 study_name=f"{study_name}:{name}" if study_name else None, **arguments)
+            result = _tune_space(problem, share, **collaborators)
         except (TuneRunning, TuneStorageError):  # (every space's study is in that storage)
             raise
         except TuneError as exc:  # nothing measurable in this space: the others may still serve
-            errors.append(f"{name}: {exc}")
+            errors.append(f"{space}: {exc}")
             continue
         results.append(result)
         if result.interrupted:
@@ -113,32 +95,22 @@ def _device_for(evaluator: Evaluator | None):
     return current_device()
 
 
-def _tune_space(problem: Problem, space, *, trials, timeout, seed, sampler, storage, study_name, jobs, evaluator,
-                cache, progress, seed_configs, isolate, candidate_timeout, patience, sharing) -> TuneResult | None:
-    """`tune` over one search space."""
+def _tune_space(problem: Problem, options: TuneOptions, *, evaluator, cache, progress, sharing) -> TuneResult | None:
+    """`tune` over one search space (`options.space`)."""
     started = time.perf_counter()
-    space = space if isinstance(space, SearchSpace) else SearchSpace.load(space)
+    space = options.space if isinstance(options.space, SearchSpace) else SearchSpace.load(options.space)
     device = _device_for(evaluator)
-    name = study_name or study_name_for(problem, device, space)
+    name = options.study_name or study_name_for(problem, device, space)
     lock = None
-    if storage != ":memory:" and not (sharing and sharing.helper):  # (a helper joins the holder's study)
+    if options.storage != ":memory:" and not (sharing and sharing.helper):  # (a helper joins the holder's study)
         try:
             lock = lock_study(name)
         except StudyLocked as exc:
             raise TuneRunning(str(exc), name) from None
     try:
-        return search_study(problem, device, name, trials=trials, timeout=timeout, seed=seed, sampler=sampler,
-                            space=space, storage=storage, jobs=jobs or default_jobs(), evaluator=evaluator, cache=cache,
-                            progress=progress, seed_configs=seed_configs, isolate=isolate,
-                            candidate_timeout=candidate_timeout, patience=patience, started=started, sharing=sharing)
+        settled = dataclasses.replace(options, space=space, study_name=name, jobs=options.jobs or default_jobs())
+        return SearchLoop(problem, device, settled, evaluator=evaluator, cache=cache, progress=progress,
+                          sharing=sharing, started=started).run()
     finally:
         if lock is not None:
             lock.release()
-
-
-def default_jobs() -> int:
-    """Compile workers: one per CPU core this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # no sched_getaffinity (macOS)
-        return max(1, os.cpu_count() or 1)

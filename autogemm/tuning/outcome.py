@@ -1,0 +1,89 @@
+"""What a search keeps: the winner among its finalists, and the records it caches (its best kernel
+as it is found, provisional, and the winner, or cuBLAS, at the end)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..results.cache import Record, TuningCache
+from ..measure.evaluate import MIN_NOISE, Evaluator, Latency, Measurement
+from ..problem import Device, Problem
+from ..results.provenance import host, now, runtime_versions
+from ..kernels.render import kernel_digest, kernel_template_hash
+from .result import TuneError
+
+
+@dataclass
+class Winner:
+    """The configuration a search keeps, with the figures it is cached with."""
+
+    config: object
+    measurement: Measurement
+    cublas_ms: float
+    noise: float  # cuBLAS is kept where the kernel beats it by no more than this
+    latency: Latency | None = None  # the kernel's and the served cuBLAS fallback's, one call at a time
+
+
+def retimed_best(finalists: list, evaluator: Evaluator) -> Winner:
+    """The fastest of the finalists re-timed together with cuBLAS, and timed one call at a time
+    (host time and all) as matmul serves it."""
+    remeasured, cublas_ms = evaluator.retime(finalists)
+    ranked = sorted((m.time_ms, i) for i, m in enumerate(remeasured) if m.ok)
+    if not ranked:
+        raise TuneError(f"every finalist failed its re-check: {[m.kind for m in remeasured]}")
+    winner, chosen = finalists[ranked[0][1]], remeasured[ranked[0][1]]
+    if chosen.rel_error is None:
+        chosen.rel_error = next((m.rel_error for m in remeasured if m.ok and m.rel_error), None)
+    noise = evaluator.retime_noise
+    return Winner(winner, chosen, cublas_ms, noise, evaluator.single_call(winner))
+
+
+def best_so_far(finalists: list, known: dict[str, float], problem: Problem, evaluator: Evaluator) -> Winner:
+    """After Ctrl-C or a lost GPU: the best verified measurement as it stands, not re-timed."""
+    winner = finalists[0]
+    if winner.name not in known:
+        raise TuneError("interrupted before any configuration was measured")
+    tflops = known[winner.name]
+    measurement = Measurement(ok=True, time_ms=problem.flops / tflops / 1e9, tflops=tflops)
+    return Winner(winner, measurement, evaluator.cublas_ms, MIN_NOISE)
+
+
+class RecordKeeper:
+    """Makes a search's cache records and caches them. Where the cache cannot be written
+    (read-only, full), says so once and goes on: the tune's result is reported all the same."""
+
+    def __init__(self, cache: TuningCache, problem: Problem, device: Device, study_name: str, evaluator: Evaluator,
+                 started: float):
+        self.cache, self.problem, self.device, self.study_name = cache, problem, device, study_name
+        self.evaluator, self.started = evaluator, started  # (wall times count from `started`, a perf_counter)
+        self.errors: list[str] = []  # the cache's, one per record it could not keep
+
+    def record(self, config, measurement: Measurement, cublas_ms: float, trials: dict, provisional: bool,
+               latency: Latency | None = None) -> Record:
+        problem, evaluator = self.problem, self.evaluator
+        return Record(
+            problem=problem.key, family=config.family,
+            config={k: v for k, v in config.to_dict().items() if k != "family"}, config_name=config.name,
+            time_ms=measurement.time_ms, tflops=measurement.tflops, cublas_ms=cublas_ms,
+            cublas_tflops=problem.flops / cublas_ms / 1e9, ratio=cublas_ms / measurement.time_ms,
+            rel_error=measurement.rel_error if measurement.rel_error is not None else float("nan"),
+            template_hash=kernel_template_hash(config.template), device=self.device.name,
+            versions=runtime_versions(), date=now(), host=host(), source_digest=kernel_digest(config, problem),
+            trials=trials, wall_s=time.perf_counter() - self.started, study=self.study_name, provisional=provisional,
+            protocol=evaluator.protocol, latency_us=latency.kernel_us if latency else 0.0,
+            baseline_latency_us=latency.baseline_us if latency else 0.0, baselines=dict(evaluator.baselines),
+        )
+
+    def keep(self, record: Record) -> Path | None:
+        """Caches `record`; returns where, or None where the cache could not be written."""
+        try:
+            return self.cache.store(record, self.device.slug)
+        except OSError as exc:
+            if not self.errors:
+                print(f"autogemm: cannot write tuned results to {self.cache.directory} ({exc}); the tune goes on, "
+                      "its result will not be cached", file=sys.stderr)
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+            return None
