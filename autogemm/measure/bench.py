@@ -1,6 +1,6 @@
 """Correctness check of GEMM kernels against a float64 reference, and the pieces timing shares.
 
-Protocol (see DESIGN.md, Measuring): random inputs in [-1, 1] (never zeros), output poisoned with
+Protocol (docs/decisions/timing-protocol.md): random inputs in [-1, 1] (never zeros), output poisoned with
 NaN before the correctness run and every element checked. Timing itself (GPU time in steady state,
 single-call latency, the same for every competitor) is timing.py's.
 """

@@ -1,5 +1,5 @@
 """The timing protocol: how every competitor (a generated kernel, cuBLASLt as `matmul` serves it,
-cupy.matmul, torch.matmul) is timed, the same way for each (DESIGN.md, Measuring).
+cupy.matmul, torch.matmul) is timed, the same way for each (docs/decisions/timing-protocol.md).
 
 Two figures:
 
