@@ -10,6 +10,10 @@ configurations, search spaces and rendering work on machines without a GPU. PyTo
 only by `autogemm.torch` (torch.ops.autogemm.matmul, autogemm.torch.Linear), on its first use.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .serving.dispatch import matmul, reset
 from .serving.explain import explain
 from .families import SimtConfig, TensorCoreConfig, config_from_dict, config_from_name
@@ -18,9 +22,14 @@ from .kernels.render import render
 from .gpu.runtime import GpuUnavailable
 from .version import __version__
 
+if TYPE_CHECKING:
+    from .tuning.options import TuneOptions
+    from .tuning.result import TuneResult
 
-def tune(problem_or_m, n: int | None = None, k: int | None = None, *, batch: int = 1, dtype: str = "float32",
-         compute: str = "", layout: str = "nn", options=None, **keywords):
+
+def tune(problem_or_m: Problem | int, n: int | None = None, k: int | None = None, *, batch: int = 1,
+         dtype: str = "float32", compute: str = "", layout: str = "nn", options: TuneOptions | None = None,
+         **keywords: Any) -> TuneResult:
     """Tunes one problem on the current GPU and caches the winner; returns a `TuneResult`.
 
     Either a `Problem` or M (N and K default to M) with batch, dtype, compute and layout. The tune's
@@ -28,7 +37,7 @@ def tune(problem_or_m, n: int | None = None, k: int | None = None, *, batch: int
     one (trials, timeout, patience, seed, sampler, space, storage...); `cache`, `evaluator` and
     `progress` are also taken, as `autogemm.tuning.tuner.tune` takes them.
     """
-    from .tuning.tuner import tune as run
+    from .tuning.tuner import tune as run  # (lazy: Optuna)
 
     if isinstance(problem_or_m, Problem):
         problem = problem_or_m
@@ -40,7 +49,7 @@ def tune(problem_or_m, n: int | None = None, k: int | None = None, *, batch: int
     return result
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """`autogemm.torch` (the PyTorch operator and Linear layer, which import torch) on first use."""
     if name == "torch":
         import importlib

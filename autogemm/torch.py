@@ -22,6 +22,8 @@ from typing import Optional
 
 import torch
 
+from .serving import dispatch
+
 __all__ = ["DTYPES", "Linear", "matmul"]
 
 # the dtypes autogemm's kernels (or cuBLAS through them) multiply
@@ -61,11 +63,9 @@ def result_shape(a_shape, b_shape) -> tuple:
 @torch.library.custom_op(_NAME, mutates_args=())
 def _matmul(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, compute: Optional[str] = None) -> torch.Tensor:
     """alpha · a @ b by autogemm (NumPy's matmul semantics), a fresh tensor."""
-    from .serving.dispatch import matmul as autogemm_matmul
-
     # the autograd layer above hands the tensors in as they are (requires_grad included); autogemm
     # records no graph and reads them through DLPack, which refuses tensors that require grad
-    result = autogemm_matmul(a.detach(), b.detach(), alpha=alpha, compute=compute)
+    result = dispatch.matmul(a.detach(), b.detach(), alpha=alpha, compute=compute)
     if not isinstance(result, torch.Tensor):  # (autogemm returns a tensor for tensor operands)
         result = torch.from_dlpack(result)
     return result

@@ -30,8 +30,10 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 
+from ..results.cache import FORMAT, CacheWarning, check_slug, is_slug, valid_records
 from .file import Campaign
 from .worker import WorkerSpec, worker_main
 from .claims import ClaimState
@@ -99,10 +101,6 @@ def board_records(board, campaign: Campaign) -> dict[str, dict]:
     """The cache records the campaign's workers left on the board (a ClaimBoard or BoardReader),
     every host's, as device documents' entries ({device slug: {problem key: record JSON}}), each
     checked as the cache checks what it reads (a bad one is skipped with a warning)."""
-    import warnings
-
-    from ..results.cache import FORMAT, CacheWarning, check_slug, valid_records
-
     entries: dict[str, dict] = {}
     for claim in board.claims(campaign.name):
         if claim.state == ClaimState.DONE and claim.result and isinstance(claim.result.get("record"), dict):
@@ -226,8 +224,6 @@ def board_summary(board, campaign: Campaign, cache=None) -> list[dict]:
                                         c.state == ClaimState.DONE)
             for c in board.claims(campaign.name) if c.problem in wanted}
     if cache is not None:
-        from ..results.cache import is_slug
-
         for slug in sorted({device for device, _ in rows} | set(cache.devices(include_shipped=False))):
             if not is_slug(slug):
                 continue
@@ -255,6 +251,6 @@ def progress_lines(campaign: Campaign, rows: list[dict]) -> list[str]:
 
 def resolve_storage(campaign: Campaign, create: bool = True) -> str:
     """The campaign's storage URL; the default one made only with `create` (a reader makes nothing)."""
-    from ..tuning.study import default_storage
+    from ..tuning.study import default_storage  # (lazy: Optuna)
 
     return campaign.storage or default_storage(create)

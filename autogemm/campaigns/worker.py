@@ -14,11 +14,18 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ..gpu import launch
+from ..results.cache import TuningCache
 from .file import Campaign
 from .claims import ClaimBoard, ClaimState, new_owner
+from ..kernels.compile import share_compile_pool
+from ..kernels.compile_service import RemoteCompilePool
 from .events import WorkerEvent
+from ..measure.isolate import detach, keep_measuring_processes
 from ..problem import Problem
 from ..results.provenance import host
+from ..kernels.space import SearchSpace, candidate_space_names
+from ..tuning.result import TuneError, TuneRunning, TuneStorageError
 from ..results.url_secrets import hide_passwords
 
 HEARTBEAT_FRACTION = 0.25  # a worker renews its claim every grace * this seconds
@@ -55,8 +62,6 @@ def worker_main(spec: WorkerSpec, events) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.visible_devices  # before anything touches CUDA
     # A group of its own: a Ctrl-C at the terminal reaches the parent alone, which passes one on to
     # each worker (two at once could break a tune's orderly stop); and it dies with the parent.
-    from ..measure.isolate import detach, keep_measuring_processes
-
     detach(os.getppid())
     # One measuring process serves every tune of this worker, started first: its interpreter and
     # CUDA context come up while this process imports the tuner, registers and claims its first
@@ -67,15 +72,9 @@ def worker_main(spec: WorkerSpec, events) -> None:
 
 def _claim_and_tune(spec: WorkerSpec, events) -> None:
     """`worker_main` once its process is set up."""
-    from ..results.cache import TuningCache
-    from ..tuning.study import Sharing
-    from ..tuning.tuner import TuneError, TuneRunning
-    from ..tuning.result import TuneStorageError
+    from ..tuning.study import Sharing  # (lazy: Optuna)
 
     if spec.compile_conn is not None:
-        from ..kernels.compile import share_compile_pool
-        from ..kernels.compile_service import RemoteCompilePool
-
         share_compile_pool(RemoteCompilePool(spec.compile_conn))
     campaign, factory = spec.campaign, spec.evaluator_factory
     board = None
@@ -85,8 +84,7 @@ def _claim_and_tune(spec: WorkerSpec, events) -> None:
         if factory is not None:
             device = factory.device
         else:
-            from ..gpu.launch import current_device
-            device = current_device()
+            device = launch.current_device()
         board.register(campaign.name, device.slug, [p.key for p in campaign.problems])
         events.put((WorkerEvent.READY, spec.label, device.name, owner))
         # the tunes read the shipped results too (their winners seed the search); only the
@@ -198,9 +196,7 @@ def _help_one(spec: WorkerSpec, board: ClaimBoard, device, owner: str, cache, he
     """Searches, beside its holder, the study of a problem another live worker is tuning (the first
     one this worker has not helped yet), until the holder leaves that study. Returns True if the
     worker was interrupted (Ctrl-C) and must stop; False otherwise (helped, or nothing to help)."""
-    from ..kernels.space import SearchSpace, candidate_space_names
-    from ..tuning.study import Sharing, study_name_for
-    from ..tuning.tuner import TuneError
+    from ..tuning.study import Sharing, study_name_for  # (lazy: Optuna)
 
     campaign = spec.campaign
     for claim in board.helpable(campaign.name, device.slug, campaign.grace, owner):
@@ -239,7 +235,7 @@ def _help_one(spec: WorkerSpec, board: ClaimBoard, device, owner: str, cache, he
 def _campaign_tune(spec: WorkerSpec, problem: Problem, cache, events, sharing, **where):
     """`tune` with the campaign's options (budget and seed), this worker's storage, compile jobs and
     evaluator, its progress as events; `where`: the space (and, for a helper, the study)."""
-    from ..tuning.tuner import tune
+    from ..tuning.tuner import tune  # (lazy: Optuna)
 
     key = problem.key
     options = dataclasses.replace(spec.campaign.tune_options, storage=spec.storage, jobs=spec.jobs, **where)

@@ -10,6 +10,8 @@ import os
 import sys
 
 from ..families import SimtConfig
+from ..gpu.runtime import GpuUnavailable
+from ..version import __version__
 from .arguments import EXIT_CANNOT_RUN, EXIT_USAGE, CliError, CliFailure, add_problem_arguments, positive_int
 from .cache import add_cache_parser
 from .campaign import add_campaign_parser
@@ -29,8 +31,6 @@ def build_parser() -> argparse.ArgumentParser:
         "not run (no GPU or CuPy, nothing cached, the tune failed). With --json, an error is also printed "
         "as {\"error\": ..., \"exit_code\": ...}.",
     )
-    from ..version import __version__
-
     parser.add_argument("--version", action="version", version=f"autogemm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -71,8 +71,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..gpu.runtime import GpuUnavailable
-
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

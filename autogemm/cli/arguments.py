@@ -9,6 +9,8 @@ from pathlib import Path
 
 from .. import dtypes, families
 from ..families import config_from_dict, config_from_name, family_for
+from ..kernels.space import SearchSpace, SpaceError
+from ..paths import search_spaces_dir
 from ..problem import LAYOUTS, Device, Problem
 
 COMPUTES = tuple(dict.fromkeys(row.compute for row in dtypes.ROWS))
@@ -138,9 +140,6 @@ def _knobs_hint(data: dict) -> str:
 def load_space(text: str):
     """The search space --space names (a TOML file or a shipped name); CliError naming the shipped
     spaces where it is neither."""
-    from ..paths import search_spaces_dir
-    from ..kernels.space import SearchSpace, SpaceError
-
     try:
         return SearchSpace.load(text)
     except SpaceError as exc:

@@ -6,7 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
+from ..gpu import launch
+from ..measure.evaluate import FatalEvaluationError
+from ..measure.isolate import IsolatedEvaluator
+from ..measure.retime import retime_document
+from ..results.cache import TuningCache
+from ..results.merge import merge_files
+from ..tuning.options import default_jobs
 from .arguments import EXIT_FAILURES, CliError, CliFailure
 from .tables import table
 from .tuning import require_gpu
@@ -76,8 +84,6 @@ def add_cache_parser(sub) -> None:
 
 
 def _cache():
-    from ..results.cache import TuningCache
-
     return TuningCache()
 
 
@@ -149,8 +155,6 @@ def _cache_clear(args: argparse.Namespace) -> int:
 
 
 def _cache_merge(sources: list[str], output: str | None) -> int:
-    from ..results.merge import merge_files
-
     if not sources:
         raise CliError("cache merge needs the cache files to merge (device documents or exports)")
     if not output:
@@ -168,14 +172,8 @@ def _cache_merge(sources: list[str], output: str | None) -> int:
 def _cache_retime(cache, file, force: bool, only) -> int:
     """Re-times this GPU's records of a device document (the user's, or FILE) under the current timing
     protocol (retime.py)."""
-    from pathlib import Path
-
-    from ..gpu.launch import current_device
-    from ..measure.retime import retime_document
-    from ..tuning.tuner import default_jobs
-
     require_gpu()
-    device = current_device()
+    device = launch.current_device()
     path = Path(file) if file else cache.path(device.slug)
     if not path.is_file():
         raise CliFailure(f"no document to retime at {path}" + ("" if file else f" (nothing tuned on {device.name} yet)"))
@@ -193,12 +191,8 @@ def _cache_retime(cache, file, force: bool, only) -> int:
 
 def _cache_verify(cache, include_shipped: bool) -> int:
     """Re-verifies every current record of this GPU; drops the user's that fail."""
-    from ..measure.evaluate import FatalEvaluationError
-    from ..measure.isolate import IsolatedEvaluator
-    from ..gpu.launch import current_device
-
     require_gpu()
-    device = current_device()
+    device = launch.current_device()
     records = [(source, r) for source, r in cache.records(device.slug, include_shipped=include_shipped) if not r.stale]
     if not records:
         print(f"nothing to verify for {device.name} in {cache.directory}")

@@ -9,7 +9,11 @@ import json
 import sys
 import time
 
+from ..campaigns.file import CampaignFileError, load_campaign
+from ..results.cache import TuningCache
+from ..results.merge import write_documents
 from ..results.url_secrets import hide_passwords, shown_url
+from ..tuning.options import default_jobs
 from .arguments import EXIT_FAILURES, CliError, CliFailure, positive_int, positive_seconds
 from .tables import table
 
@@ -101,8 +105,6 @@ def _table(rows: list[dict]) -> str:
 
 def _load(args: argparse.Namespace):
     """The campaign file named on the command line, checked (a fault is a usage error)."""
-    from ..campaigns.file import CampaignFileError, load_campaign
-
     try:
         return load_campaign(args.file, trust_cache_dir=args.trust_cache_dir, cache_dir=getattr(args, "cache_dir", None))
     except CampaignFileError as exc:
@@ -117,9 +119,8 @@ def _cannot_read(storage: str, exc: Exception) -> CliFailure:
 
 def _results(campaign, storage: str) -> list[dict]:
     """The campaign's rows: the board's (read without creating anything) and the campaign cache's."""
-    from ..results.cache import TuningCache
-    from ..campaigns.campaign import board_summary
-    from ..campaigns.claims import BoardReader
+    from ..campaigns.campaign import board_summary  # (lazy: SQLAlchemy)
+    from ..campaigns.claims import BoardReader  # (lazy: SQLAlchemy)
 
     try:
         board = BoardReader(storage)
@@ -135,7 +136,7 @@ def _results(campaign, storage: str) -> list[dict]:
 
 
 def _show(campaign, rows: list[dict], as_json: bool) -> None:
-    from ..campaigns.campaign import progress_lines
+    from ..campaigns.campaign import progress_lines  # (lazy: SQLAlchemy)
 
     if as_json:
         print(json.dumps({"campaign": campaign.name, "problems": len(campaign.problems), "results": rows}, indent=2))
@@ -148,8 +149,8 @@ def _show(campaign, rows: list[dict], as_json: bool) -> None:
 
 
 def cmd_campaign_run(args: argparse.Namespace) -> int:
+    # (lazy: SQLAlchemy)
     from ..campaigns.campaign import CampaignError, list_gpus, resolve_storage, run_campaign, select_gpus, worker_specs
-    from ..tuning.tuner import default_jobs
 
     campaign = _load(args)
     storage = resolve_storage(campaign)
@@ -176,7 +177,7 @@ def cmd_campaign_run(args: argparse.Namespace) -> int:
 
 
 def cmd_campaign_status(args: argparse.Namespace) -> int:
-    from ..campaigns.campaign import resolve_storage
+    from ..campaigns.campaign import resolve_storage  # (lazy: SQLAlchemy)
 
     campaign = _load(args)
     _show(campaign, _results(campaign, resolve_storage(campaign, create=False)), args.json)
@@ -185,9 +186,8 @@ def cmd_campaign_status(args: argparse.Namespace) -> int:
 
 def cmd_campaign_export(args: argparse.Namespace) -> int:
     """Writes the records on the board (every host's) as one cache file."""
-    from ..results.merge import write_documents
-    from ..campaigns.campaign import board_records, resolve_storage
-    from ..campaigns.claims import BoardReader
+    from ..campaigns.campaign import board_records, resolve_storage  # (lazy: SQLAlchemy)
+    from ..campaigns.claims import BoardReader  # (lazy: SQLAlchemy)
 
     if not args.output:
         raise CliError("campaign export needs -o OUT, the cache file to write")

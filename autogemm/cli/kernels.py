@@ -8,12 +8,14 @@ import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+from .. import dtypes
+from ..kernels import compile as kernel_compile
+from ..kernels.render import render
+from ..kernels.space import SearchSpace, SpaceError, default_space_name
 from .arguments import EXIT_FAILURES, CliError, CliFailure, device_for, load_space, parse_config, problem_from_args
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from ..kernels.render import render
-
     problem = problem_from_args(args)
     config = parse_config(args.config, problem, ranges=not args.force)
     reasons = config.check(problem, device_for(args.arch))
@@ -33,8 +35,6 @@ def _dtype_hint(config, problem, args: argparse.Namespace) -> str:
     (Hopper, WMMA: no float32/fp32), the flags that give it one it computes."""
     if args.dtype or args.compute or not config.dtype_reasons(problem):
         return ""
-    from .. import dtypes
-
     flags = [f"--dtype {row.name}" + ("" if dtypes.lookup(row.name, "").compute == row.compute
                                       else f" --compute {row.compute}") for row in config.computes()]
     flags.sort(key=lambda flag: "--compute" in flag)  # a dtype's own mode first: the plainest call
@@ -43,10 +43,6 @@ def _dtype_hint(config, problem, args: argparse.Namespace) -> str:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from ..kernels.compile import CompileError, NvccNotFound, find_nvcc, nvcc_resources
-    from ..kernels.render import render
-    from ..kernels.space import SearchSpace, SpaceError, default_space_name
-
     space = None
     if args.space:
         space = load_space(args.space)
@@ -57,8 +53,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise CliError(f"--space {args.space} is for {', '.join('/'.join(p) for p in space.dtypes)}, not "
                        f"{problem.dtype}/{problem.compute}; leave out --dtype and --compute to check it with its own")
     try:
-        find_nvcc()
-    except NvccNotFound as exc:
+        kernel_compile.find_nvcc()  # (through the module, so that tests can stand in for nvcc)
+    except kernel_compile.NvccNotFound as exc:
         raise CliFailure(str(exc)) from None
     if space is None:
         try:
@@ -75,8 +71,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     def compile_one(config):
         source = render(config, problem)
         try:
-            return config, nvcc_resources(source, device.arch)[source.kernel], None
-        except CompileError as exc:
+            return config, kernel_compile.nvcc_resources(source, device.arch)[source.kernel], None
+        except kernel_compile.CompileError as exc:
             return config, None, str(exc).splitlines()[0]
 
     failures = 0

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
+from ..gpu import launch
+from ..measure.profile import ProfilerUnavailable, available_metrics, profile_problem, require_profiler
+from ..reports.charts import PlotlyMissing, plotly, render_page
 from .arguments import CliError, CliFailure, add_problem_arguments, positive_float, problem_from_args
 
 
@@ -50,14 +54,11 @@ def _problem(args: argparse.Namespace):
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ..reports.report import NothingToReport, ReportInputError, gather
-    from ..reports.charts import PlotlyMissing, plotly, render_page
+    from ..reports.report import NothingToReport, ReportInputError, gather  # (lazy: Optuna)
 
     problem = _problem(args)
     ncu = None
     if args.profile:  # refused before anything is read
-        from ..measure.profile import ProfilerUnavailable, require_profiler
-
         try:
             ncu = require_profiler()
         except ProfilerUnavailable as exc:
@@ -93,12 +94,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _profiles(ncu: str, report) -> dict:
     """Nsight Compute's figures for the problems of this GPU (the others' kernels cannot run here)."""
-    import sys
-
-    from ..gpu.launch import current_device
-    from ..measure.profile import available_metrics, profile_problem
-
-    slug = current_device().slug
+    slug = launch.current_device().slug
     metrics = available_metrics(ncu)
     profiles = {}
     for device in report.devices:

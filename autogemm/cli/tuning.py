@@ -7,8 +7,15 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..gpu import launch
+from ..gpu.runtime import GpuUnavailable
+from ..gpu.runtime import require_gpu as gpu_or_error
+from ..kernels.space import SearchSpace, SpaceError, candidate_space_names
+from ..measure.evaluate import FatalEvaluationError, GpuEvaluator
 from ..problem import Problem
+from ..results.cache import TuningCache
 from ..tuning.options import CONVERGED_GAIN, SAMPLERS, TuneOptions, default_jobs
+from ..tuning.result import TuneError
 from .arguments import CliError, CliFailure, add_problem_arguments, load_space, non_negative_int, positive_int, \
     problem_from_args
 
@@ -52,9 +59,7 @@ def _format_result(result) -> str:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from ..measure.evaluate import FatalEvaluationError
-    from ..kernels.space import SearchSpace, SpaceError, candidate_space_names
-    from ..tuning.tuner import TuneError, tune
+    from ..tuning.tuner import tune  # (lazy: Optuna)
 
     problem = problem_from_args(args)
     space = None  # without --space: every candidate space of the problem (tuner.tune)
@@ -90,9 +95,6 @@ def tune_options_from(args: argparse.Namespace, space) -> TuneOptions:
 
 def require_gpu() -> None:
     """CliFailure (exit 3) where this host has no usable CUDA GPU (also used by `cache verify`/`retime`)."""
-    from ..gpu.runtime import GpuUnavailable
-    from ..gpu.runtime import require_gpu as gpu_or_error
-
     try:
         gpu_or_error()
     except GpuUnavailable as exc:
@@ -100,13 +102,9 @@ def require_gpu() -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ..results.cache import TuningCache
-    from ..measure.evaluate import GpuEvaluator
-    from ..gpu.launch import current_device
-
     problem = problem_from_args(args)
     require_gpu()
-    device = current_device()
+    device = launch.current_device()
     found = TuningCache().lookup(problem, device.slug)
     if found is None:
         raise CliFailure(f"no tuned kernel for {problem} on {device.name}; "

@@ -26,6 +26,8 @@ from __future__ import annotations
 import sys
 import threading
 
+from .runtime import cupy_stream
+
 WORKSPACE_ALIGN = 256  # bytes: what cudaMalloc gives, and what every kernel's workspace assumes
 
 
@@ -100,8 +102,6 @@ def _allocate(device: int, stream_pointer: int, nbytes: int, zeroed: bool):
         tensor = make(nbytes, dtype=torch.uint8, device=torch.device("cuda", device))
         return tensor.data_ptr(), tensor
     import cupy
-
-    from .runtime import cupy_stream
 
     with cupy.cuda.Device(device), cupy_stream(stream_pointer, device):
         memory = cupy.get_default_memory_pool().malloc(nbytes)

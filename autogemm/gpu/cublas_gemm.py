@@ -26,6 +26,7 @@ from . import capture
 from .. import dtypes
 from .operands import KernelOperand, describe
 from ..problem import Problem
+from .runtime import cupy_stream
 
 INT32_MAX = 2**31 - 1  # cuBLAS takes sizes and pitches as 32-bit ints
 # the workspace of each (GPU, stream): what torch gives cuBLAS(Lt) on Hopper
@@ -90,8 +91,6 @@ class _DeviceState:
         memory = self.workspaces.get(stream)
         if memory is None:
             import cupy
-
-            from .runtime import cupy_stream
 
             with self.lock:
                 memory = self.workspaces.get(stream)

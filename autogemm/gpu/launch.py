@@ -24,6 +24,7 @@ from ..kernels.compile import CompiledKernel, CompileError, compile_source
 from ..families import GemmConfig, LaunchKind, VectorWidths
 from .operands import KernelOperand, describe, real_scalar, validate
 from .packed_launch import WORKSPACES, compiled_kernel, current_stream_pointer
+from .prepared import PreparedGemm
 from ..problem import Device, Problem
 from ..kernels.render import render
 from .repack import repacking_launcher
@@ -51,19 +52,6 @@ def compute_for(config: GemmConfig, dtype: str) -> str:
     if compute is None:
         raise TypeError(f"the {config.label} family has no kernel for {dtype}; it computes {config.computes_names()}")
     return compute
-
-
-@dataclass
-class PreparedGemm:
-    """A kernel compiled for one problem class, with its launch geometry."""
-
-    config: GemmConfig
-    problem: Problem
-    kernel: CompiledKernel
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    smem: int
-    tiles_per_split: int
 
 
 def prepare(config: GemmConfig, problem: Problem, widths: VectorWidths | None = None,

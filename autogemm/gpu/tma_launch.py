@@ -10,7 +10,6 @@ consumer's store chunk; every map has the batch as its third dimension."""
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,11 +19,9 @@ from ..kernels.compile import CompiledKernel, CompileError
 from ..families import GemmConfig
 from .operands import KernelOperand
 from .packed_launch import compiled_kernel, current_stream_pointer
+from .prepared import PreparedGemm
 from ..problem import Problem
 from .tensor_maps import MAP_DTYPE, TensorMapCache, TensorMapError, TiledLayout
-
-if TYPE_CHECKING:
-    from .launch import PreparedGemm
 
 
 def resident_clusters(kernel: CompiledKernel, threads: int, smem: int, cluster: int) -> int:

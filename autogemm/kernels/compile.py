@@ -30,6 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import nvrtc
 from ..atomic_write import write_atomically
 from ..paths import cubin_dir, user_cache_dir
 from .render import Source
@@ -143,9 +144,7 @@ def nvcc_resources(source: Source, arch: str = "sm_90") -> dict[str, ResourceUsa
 
 # ---- NVRTC (GPU path) -----------------------------------------------------------------------------
 def _cubin_path(source: Source, arch: str) -> Path:
-    from .nvrtc import version
-
-    major, minor = version()
+    major, minor = nvrtc.version()
     return cubin_dir() / f"{source.kernel[:80]}-{source.digest}-{arch}-nvrtc{major}.{minor}.cubin"
 
 
@@ -194,8 +193,6 @@ def remember(cubin: UnstoredCubin) -> None:
 def compile_to_cubin(source: Source, arch: str) -> Path | UnstoredCubin:
     """Compiles with NVRTC (no GPU context needed) and returns the cubin's path, reusing a cached
     one; where it cannot be stored (a full or read-only disk) returns it as an `UnstoredCubin`."""
-    from .nvrtc import NvrtcError, compile_cubin
-
     target = source.target(arch)
     path = _cubin_path(source, target)
     if stored_cubin_intact(path):
@@ -206,8 +203,8 @@ def compile_to_cubin(source: Source, arch: str) -> Path | UnstoredCubin:
         return kept
     options = NVRTC_OPTIONS + _include_options()
     try:
-        cubin = compile_cubin(source.code, f"{source.kernel}.cu", target, options)
-    except NvrtcError as exc:
+        cubin = nvrtc.compile_cubin(source.code, f"{source.kernel}.cu", target, options)
+    except nvrtc.NvrtcError as exc:
         raise CompileError(f"NVRTC failed for {source.kernel} ({target}): {exc}", exc.log,
                            save_failed_source(source)) from None
     try:

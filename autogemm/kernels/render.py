@@ -19,7 +19,7 @@ import jinja2
 import jinja2.meta
 import jinja2.sandbox
 
-from ..families import VectorWidths, all_families
+from ..families import GemmConfig, VectorWidths, all_families
 from ..paths import template_override_dir, templates_dir
 from ..problem import Problem
 
@@ -202,7 +202,7 @@ def kernel_template_hash(template: str) -> str:
     return _kernel_template_hash(template, *dirs, _stamp(*dirs))
 
 
-def render(config, problem: Problem, widths: VectorWidths | None = None, *, force: bool = False) -> Source:
+def render(config: GemmConfig, problem: Problem, widths: VectorWidths | None = None, *, force: bool = False) -> Source:
     """Renders the kernel of `config` for `problem`'s dtype, layout and shape class.
 
     The shape enters only through which of M, N, K are multiples of the block tile (tails need

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .timing import gpu_time, latencies
+
 TORCH_MATMUL, CUPY_MATMUL = "torch.matmul", "cupy.matmul"
 
 
@@ -87,8 +89,6 @@ def measure(calls: dict, *, target_ms: float = 100.0, latency_calls: int = 25) -
     the competitors taking turns), then its GPU time (timing.gpu_time: GPU_ROUNDS rounds in which the
     competitors take turns, each a steady run of target_ms / GPU_ROUNDS, so that none is always
     measured on a cooler or hotter GPU; the median of its rounds)."""
-    from .timing import gpu_time, latencies
-
     waits = latencies(calls, rounds=latency_calls)
     names = list(calls)
     rounds: dict[str, list] = {name: [] for name in names}

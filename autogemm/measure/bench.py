@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import dtypes
-from ..gpu.runtime import bfloat16_bits_product, cublas_product
+from ..gpu.cublas_baseline import bfloat16_bits_product, cublas_product
 
 # TF32 rounds every operand to 10 mantissa bits, so its error grows like sqrt(K) beyond this K
 TF32_TOLERANCE_K = 4096

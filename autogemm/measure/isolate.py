@@ -20,6 +20,7 @@ from dataclasses import asdict
 
 from ..kernels.compile import remember
 from .evaluate import CompileAheadEvaluator, FatalEvaluationError, GpuMeasurer, Latency, Measurement, failure_from_exception
+from ..families import config_from_dict
 from ..problem import Device, Problem
 
 # a new measuring process starts an interpreter, a CUDA context, its inputs and the cuBLAS baseline
@@ -127,8 +128,6 @@ def serve(conn, measurer):
     process to another problem (returns that ("next", key, seed) request). Whatever one candidate
     raises is that candidate's failure (kind "oom" or "error"), never the end of the process; only
     a context the candidate made unusable ends it (the parent starts a fresh one)."""
-    from ..families import config_from_dict
-
     while True:
         try:
             request = conn.recv()

@@ -9,8 +9,11 @@ import functools
 import statistics
 from dataclasses import asdict, dataclass
 
+from ..gpu import launch
 from .bench import Verdict, check_result, cublas_runner, poison, random_uniform, rotation_count, warm_up
 from ..kernels.compile import CompileError, unloaded_after
+from ..gpu.cublas_gemm import cublas_launcher
+from ..gpu.operands import describe
 from ..problem import Device, Problem
 from .timing import TARGET_MS, gpu_time, latencies
 
@@ -124,15 +127,12 @@ class GpuMeasurer:
     def _served(self) -> list:
         """cuBLASLt as matmul serves it (cublas_gemm's launcher), bound to each input set."""
         if self._served_calls is None:
-            from ..gpu.cublas_gemm import cublas_launcher
-            from ..gpu.operands import describe
-
             problem, calls = self.problem, []
             for a, b, c in self._sets:
                 layouts = [describe(x, name, bfloat16_bits=True).storage(trans) for x, name, trans in
                            ((a, "a", problem.trans_a), (b, "b", problem.trans_b), (c, "c", False))]
-                launch = cublas_launcher(problem, *layouts, self.device.compute_capability)
-                calls.append(functools.partial(launch, *(layout.pointer for layout in layouts), 1.0, 0.0))
+                served = cublas_launcher(problem, *layouts, self.device.compute_capability)
+                calls.append(functools.partial(served, *(layout.pointer for layout in layouts), 1.0, 0.0))
             self._served_calls = calls
         return self._served_calls
 
@@ -189,10 +189,9 @@ class GpuMeasurer:
 
     def _kernel_runners(self, config) -> list:
         """The candidate bound to each input set (one `run(stream=None)` per set), for timing."""
-        from ..gpu.launch import bind
-
         problem = self.problem
-        return [bind(config, a, b, c, trans_a=problem.trans_a, trans_b=problem.trans_b)[0] for a, b, c in self._sets]
+        return [launch.bind(config, a, b, c, trans_a=problem.trans_a, trans_b=problem.trans_b)[0]
+                for a, b, c in self._sets]
 
     def _poisoned_by(self, exc: BaseException) -> bool:
         """Whether a CUDA error leaves the context unusable (then remembered in `poisoned`)."""
@@ -204,12 +203,10 @@ class GpuMeasurer:
     def _verify(self, config) -> Verdict:
         """Runs the candidate once on fresh inputs into a NaN-poisoned output and checks every
         element against the float64 reference (norm-wise and element-wise bounds)."""
-        from ..gpu.launch import bind
-
         seed = int(self._rng.integers(0, 2**31))
         a, b, c = self._operands(seed)
         poison(c)
-        run, _ = bind(config, a, b, c, trans_a=self.problem.trans_a, trans_b=self.problem.trans_b)
+        run, _ = launch.bind(config, a, b, c, trans_a=self.problem.trans_a, trans_b=self.problem.trans_b)
         run()
         return check_result(c, a, b, self.problem)
 

@@ -21,6 +21,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..gpu.runtime import GpuUnavailable, require_gpu
+
 # metric -> what the page calls it
 METRICS = {
     "gpu__time_duration.sum": "duration",
@@ -103,8 +105,6 @@ def require_profiler() -> str:
     if ncu is None:
         raise ProfilerUnavailable("--profile needs Nsight Compute's 'ncu' on PATH, and it is not there (it comes with "
                                   "the CUDA toolkit, or as the nsight-compute package); run without --profile")
-    from ..gpu.runtime import GpuUnavailable, require_gpu
-
     try:
         require_gpu()
     except GpuUnavailable as exc:  # (no CuPy included) the same words as tune's

@@ -20,9 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..results.cache import Record, TuningCache, cublas_record, filed_record, write_json
-from .evaluate import LATENCY_MARGIN, MIN_NOISE
+from ..kernels.compile import compile_many
+from .evaluate import LATENCY_MARGIN, MIN_NOISE, GpuMeasurer
 from ..problem import Device
 from ..results.provenance import host, now, runtime_versions
+from ..kernels.render import kernel_digest, render
 from .timing import PROTOCOL
 
 
@@ -47,9 +49,6 @@ class Retimed:
 def retime_record(record: Record, device: Device, seed: int = 0) -> Record:
     """`record` measured again under the current protocol on this GPU (module docstring)."""
     import cupy
-
-    from .evaluate import GpuMeasurer
-    from ..kernels.render import kernel_digest
 
     problem = record.problem_object
     config = record.generated_config
@@ -107,9 +106,6 @@ def retime_record(record: Record, device: Device, seed: int = 0) -> Record:
 def _precompile(records: list[Record], device: Device, jobs: int) -> None:
     """Compiles every kernel to be timed in parallel (the cubins land in the kernel cache, where the
     measurements find them)."""
-    from ..kernels.compile import compile_many
-    from ..kernels.render import render
-
     sources = []
     for record in records:
         config = record.generated_config

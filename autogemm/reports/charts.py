@@ -13,6 +13,8 @@ import datetime
 import html
 import json
 
+from .measured import group_of, intensity, shape_of
+
 INSTALL_HINT = "pip install 'autogemm[report]'"
 # nothing in the mode bar that leads off the page (Plotly's logo links to its site)
 CONFIG = {"displaylogo": False, "responsive": True, "showLink": False, "showSendToCloud": False,
@@ -98,8 +100,6 @@ def roofline_points(device):
 
 
 def roofline_figure(device):
-    from .measured import group_of, intensity, shape_of
-
     go = plotly().graph_objects
     points = roofline_points(device)
     figure = go.Figure()
@@ -175,8 +175,6 @@ def _profile_table(outcome) -> str:
 
 
 def _problem_section(page: Page, problem, profile) -> str:
-    from .measured import shape_of
-
     parts = [f"<section class=\"problem\"><h3 id=\"{esc(problem.device)}/{esc(problem.problem.key)}\">"
              f"{esc(problem.problem.key)}</h3>", _winner_table(problem.winner)]
     if profile is not None:
@@ -195,8 +193,6 @@ def _problem_section(page: Page, problem, profile) -> str:
 
 
 def _ceiling_notes(device) -> str:
-    from .measured import group_of
-
     lines = [f"{esc(group)}: {c.value:.1f} TFLOP/s, {esc(c.source)}" for group, c in sorted(device.compute_ceilings.items())]
     lines += [f"{esc(group)}: none (no cache record or benchmark result of it)"
               for group in sorted({group_of(p) for p, _, _ in roofline_points(device)} - set(device.compute_ceilings))]

@@ -22,8 +22,7 @@ import os
 import re
 import warnings
 from pathlib import Path
-
-from filelock import FileLock
+from typing import TYPE_CHECKING
 
 from ..atomic_write import FILE_MODE, write_atomically
 from ..paths import shipped_cache_dir, user_cache_dir
@@ -31,6 +30,9 @@ from ..problem import Problem
 # the records themselves, named here too: most callers know them as the cache's
 from .record import CUBLAS, Record, cublas_record, filed_record, shown_value  # noqa: F401
 from .strict_json import loads
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 FORMAT = 1
 # the form Device.slug gives a device's name: lowercase letters and digits in hyphenated words
@@ -113,6 +115,8 @@ class TuningCache:
 
     def _lock(self, device_slug: str) -> FileLock:
         """The lock of a device's document (writers only); OSError where the cache is not writable."""
+        from filelock import FileLock  # (lazy: its import costs `import autogemm` ~20 ms; only writers lock)
+
         self.directory.mkdir(parents=True, exist_ok=True)
         return FileLock(str(self.path(device_slug)) + ".lock", timeout=60, mode=FILE_MODE)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .. import dtypes
 from ..problem import Device, Problem
 
 # A generated kernel must be predicted this much faster than cuBLAS to be chosen over it, plus
@@ -51,8 +52,6 @@ SEEDED_NEAREST = 3
 
 def bytes_moved(problem: Problem) -> int:
     """The fewest bytes a GEMM moves through device memory: A and B read once, C written once."""
-    from .. import dtypes
-
     itemsize = dtypes.lookup(problem.dtype).itemsize
     return itemsize * problem.batch * (problem.m * problem.k + problem.k * problem.n + problem.m * problem.n)
 

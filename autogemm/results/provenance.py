@@ -7,6 +7,8 @@ from __future__ import annotations
 import datetime
 import socket
 
+from ..version import __version__
+
 
 def host() -> str:
     return socket.gethostname()
@@ -18,8 +20,6 @@ def now() -> str:
 
 def runtime_versions() -> dict:
     """autogemm, CuPy, CUDA runtime, driver and NVRTC versions (a change can break a kernel)."""
-    from ..version import __version__
-
     versions = {"autogemm": __version__}
     try:
         import cupy

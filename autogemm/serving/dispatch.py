@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+from typing import Any
 
 import numpy as np
 
@@ -83,8 +84,8 @@ def _flag(value: bool | None, variable: str) -> bool:
     return bool(value)
 
 
-def matmul(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: str | None = None,
-           tune: bool | None = None, race: bool | None = None):
+def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float = 0.0, compute: str | None = None,
+           tune: bool | None = None, race: bool | None = None) -> Any:
     """C = alpha · a @ b (+ beta · out), as numpy.matmul / cupy.matmul compute a @ b: the cached
     best kernel for this problem and GPU.
 

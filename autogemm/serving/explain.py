@@ -4,18 +4,20 @@ verdicts of this process included)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import dispatch, numpy_semantics
-from ..gpu import runtime
+from ..gpu import launch, runtime
 from .numpy_semantics import KERNELS
 from ..gpu.operands import check_scalars, describe, real_scalar, validate
 from ..problem import Problem
 from .race import race_choice
 from .select import ChoiceSource
-from .torch_tensors import is_tensor
+from .torch_tensors import is_tensor, to_cupy
 
 
-def explain(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: str | None = None,
-            tune: bool | None = None, race: bool | None = None) -> dict:
+def explain(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float = 0.0, compute: str | None = None,
+            tune: bool | None = None, race: bool | None = None) -> dict[str, Any]:
     """Which kernel `matmul(a, b, ...)` would run, and why: the source of the choice, the config,
     the figures cached with it and the candidates the model weighed (each with its predicted ratio
     to cuBLAS and the ratio it needed); with racing on, the race's figures once a call has run it
@@ -31,8 +33,6 @@ def explain(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: s
     protocol; `guard`, the online guard's verdict once one was reached in this process."""
     runtime.cupy()
     if is_tensor(a) or is_tensor(b) or is_tensor(out):
-        from .torch_tensors import to_cupy
-
         a, b, out = to_cupy(a, "a"), to_cupy(b, "b"), to_cupy(out, "out")
     alpha, beta = real_scalar(alpha, "alpha"), real_scalar(beta, "beta")  # (as matmul checks them)
     operands = numpy_semantics.read(a, "a"), numpy_semantics.read(b, "b")
@@ -40,10 +40,8 @@ def explain(a, b, *, out=None, alpha: float = 1.0, beta: float = 0.0, compute: s
     call = numpy_semantics.plan(*operands, operand_out)
     check_scalars(alpha, beta, out is not None)
     overlapped = numpy_semantics.overlapping(operand_out, *operands) if out is not None else []
-    from ..gpu.launch import device_info
-
     device_id = dispatch._device_of(operands[0])
-    device = device_info(device_id)
+    device = launch.device_info(device_id)
     shown = {"shape": call.shape, "dtype": None if call.dtype is None else call.dtype.name,
              "out": _writing_out(call, operand_out, overlapped)}
     if call.served_by != KERNELS:

@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import statistics
 import threading
+import warnings
 
 from ..gpu.capture import capturing
+from ..kernels.render import kernel_digest, kernel_template_hash
+from ..results.cache import CUBLAS, CacheWarning, Record
+from ..results.provenance import host, now, runtime_versions
 
 GUARD_CALLS = 4  # timed calls of each side
 GUARD_MARGIN = 0.02  # the kernel must be this much faster than the fallback to stay
@@ -74,12 +78,6 @@ def remember_loss(cache, device, problem, config, verdict: dict) -> None:
     (the figures are the guard's, not a tune's: the record says so in `study` and carries protocol 1,
     so it is never evidence for the predictor, and any tune of the problem replaces it). A cache that
     cannot be written is passed over: the process has dropped the kernel all the same."""
-    import warnings
-
-    from ..results.cache import CUBLAS, CacheWarning, Record
-    from ..results.provenance import host, now, runtime_versions
-    from ..kernels.render import kernel_digest, kernel_template_hash
-
     ms = verdict["fallback_ms"]
     tflops = problem.flops / ms / 1e9
     best = {"family": config.family, "config": {k: v for k, v in config.to_dict().items() if k != "family"},

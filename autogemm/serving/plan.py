@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..gpu import capture
+from ..gpu import capture, launch
 from ..gpu.cublas_gemm import cublas_launcher
 from ..gpu.operands import ArrayInfo, KernelOperand, describe
+from ..measure.bench import relative_error, tolerance, to_float64
 from ..problem import Problem
 from . import select
 from .guard import Guard
@@ -201,9 +202,7 @@ def make_plan(dispatcher, a, ia, b, ib, out_arr, shape, compute, device_id, tune
     not measured on this problem."""
     import cupy  # (lazy: autogemm imports without CuPy)
 
-    from ..gpu.launch import device_info, launcher, prepare  # (the compile machinery, loaded on the first plan)
-
-    device = device_info(device_id)
+    device = launch.device_info(device_id)
     layout_a, layout_b = ia.layout(), ib.layout()
     copy_a, copy_b = layout_a is None, layout_b is None
     a_arr = cupy.ascontiguousarray(as_cupy(a)) if copy_a else as_cupy(a)
@@ -231,8 +230,8 @@ def make_plan(dispatcher, a, ia, b, ib, out_arr, shape, compute, device_id, tune
     def kernel_launch(config):
         if config.name not in launches:
             widths = config.vector_widths(layout_a, layout_b, layout_c, out_arr.itemsize)
-            prepared = prepare(config, problem, widths, device)
-            launches[config.name] = launcher(prepared, layout_a, layout_b, layout_c), prepared
+            prepared = launch.prepare(config, problem, widths, device)
+            launches[config.name] = launch.launcher(prepared, layout_a, layout_b, layout_c), prepared
         return launches[config.name]
 
     cublas_launch = cublas_launcher(problem, layout_a, layout_b, layout_c, device.compute_capability,
@@ -266,8 +265,6 @@ def _race_entrants(plan: Plan, choice: Choice, a_arr, b_arr, kernel_launch, cubl
     plan would serve it (a fresh output per call) on the call's operands; `check` compares a
     result with cuBLAS's."""
     import cupy  # (lazy: autogemm imports without CuPy)
-
-    from ..measure.bench import relative_error, tolerance, to_float64  # (only where a race runs)
 
     def values(x):
         return to_float64(x.view(np.uint16) if plan.problem.dtype == "bfloat16" else x)

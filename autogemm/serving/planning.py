@@ -12,6 +12,10 @@ from collections import OrderedDict
 
 from .. import dtypes
 from ..problem import Problem
+from ..results.cache import TuningCache
+from ..tuning.result import TuneError, TuneRunning
+from . import race
+from .guard import remember_loss
 from .select import Choice, ChoiceSource, choose
 
 # the budget of a tune `matmul(..., tune=True)` starts for a problem without a record
@@ -60,8 +64,6 @@ class Dispatcher:
         that $AUTOGEMM_CACHE_DIR set after import is honoured)."""
         if self._cache is not None:
             return self._cache
-        from ..results.cache import TuningCache
-
         return TuningCache()
 
     def clear(self) -> None:
@@ -166,8 +168,6 @@ class Dispatcher:
         serves the plan from the next call on; a kernel that lost is remembered (in the process, and
         in the user cache for the next processes, written from a thread so that no call waits for the
         file)."""
-        from .guard import remember_loss
-
         config = plan.choice.config
 
         def settle(winner, verdict: dict) -> None:
@@ -185,13 +185,11 @@ class Dispatcher:
         problem and process: `make_entrants()` gives (entrants, check) when it has not run yet.
         Threads planning the same key wait in plan_for; other keys of the same problem (other
         strides, alignments) find the memoized winner."""
-        from .race import race_choice, run_race
-
         result = self.races.get((device.slug, problem.key))
         if result is None:
             entrants, check = make_entrants()
-            result = self.races[(device.slug, problem.key)] = run_race(entrants, check)
-        return race_choice(choice, result)
+            result = self.races[(device.slug, problem.key)] = race.run_race(entrants, check)
+        return race.race_choice(choice, result)
 
     # -- selection with side effects (cache reads, autotuning) --
     def select(self, problem: Problem, device, tune: bool) -> Choice:
@@ -213,8 +211,7 @@ class Dispatcher:
         the result of the one before it in the cache). Returns (the tuned choice or None, whether a
         tune of it was still running elsewhere). A tune that fails is a warning, not an error:
         the call is served without it."""
-        from ..tuning.tuner import TuneError, TuneRunning
-        from ..tuning.tuner import tune as run_tune
+        from ..tuning.tuner import tune as run_tune  # (lazy: Optuna)
 
         with self.lock:
             gpu_lock = self._tune_locks.setdefault(device.ordinal, threading.Lock())
@@ -225,7 +222,7 @@ class Dispatcher:
             try:
                 result = run_tune(problem, trials=AUTOTUNE_TRIALS, timeout=AUTOTUNE_TIMEOUT_S, cache=self.cache)
             except TuneRunning as exc:  # another process tunes it: its result is worth waiting for
-                from ..tuning.study import wait_for_study
+                from ..tuning.study import wait_for_study  # (lazy: Optuna)
 
                 finished = wait_for_study(exc.study, WAIT_FOR_TUNE_S)
                 return None, not finished

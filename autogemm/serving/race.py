@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from ..measure.bench import time_gpu
 from .select import Choice, ChoiceSource
 
 # entrants besides cuBLAS: the model's best-predicted configs
@@ -44,8 +45,6 @@ def run_race(entrants: dict, check) -> RaceResult:
     """`entrants`: name -> run() returning its result (CUBLAS among them); `check(result)`: None
     when a result agrees with cuBLAS's, else why not. Every entrant that fails (its compile, its
     launch, its check) is disqualified; cuBLAS cannot be."""
-    from ..measure.bench import time_gpu
-
     runs, disqualified = {}, {}
     for name, run in entrants.items():
         if name == CUBLAS:

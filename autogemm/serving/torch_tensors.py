@@ -14,6 +14,7 @@ torch is imported only once a tensor is seen: `is_tensor` looks at the type's mo
 
 from __future__ import annotations
 
+from ..gpu.operands import describe
 from ..gpu.runtime import cupy_stream
 
 
@@ -27,8 +28,6 @@ def to_cupy(x, name: str):
     if not is_tensor(x):
         return x
     if not getattr(x, "is_cuda", False):
-        from ..gpu.operands import describe
-
         describe(x, name)  # says where the tensor is and how to move it
     if x.requires_grad:
         raise TypeError(f"{name} requires grad: autogemm.matmul records no autograd graph; "

@@ -9,10 +9,12 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+from ..gpu import launch
 from ..results.cache import TuningCache
 from ..measure.evaluate import Evaluator
 from ..measure.isolate import keep_measuring_processes
 from ..problem import Problem
+from ..gpu.runtime import require_gpu
 from .options import TuneOptions, default_jobs, tune_options
 from .search import SearchLoop
 from ..kernels.space import SearchSpace, candidate_space_names
@@ -88,11 +90,8 @@ def _device_for(evaluator: Evaluator | None):
     there is none, CuPy missing or no driver, rather than CuPy's own error)."""
     if evaluator is not None:
         return evaluator.device
-    from ..gpu.launch import current_device
-    from ..gpu.runtime import require_gpu
-
     require_gpu()
-    return current_device()
+    return launch.current_device()
 
 
 def _tune_space(problem: Problem, options: TuneOptions, *, evaluator, cache, progress, sharing) -> TuneResult | None:
