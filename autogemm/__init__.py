@@ -12,6 +12,7 @@ only by `autogemm.torch` (torch.ops.autogemm.matmul, autogemm.torch.Linear), on 
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from .serving.dispatch import matmul, reset
@@ -52,7 +53,6 @@ def tune(problem_or_m: Problem | int, n: int | None = None, k: int | None = None
 def __getattr__(name: str) -> Any:
     """`autogemm.torch` (the PyTorch operator and Linear layer, which import torch) on first use."""
     if name == "torch":
-        import importlib
 
         return importlib.import_module(".torch", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,6 +6,7 @@ editable install) keeps them at the top of the repository, beside the package.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -29,8 +30,6 @@ def templates_dir() -> Path:
 
 
 def template_override_dir() -> Path | None:
-    import os
-
     override = os.environ.get("AUTOGEMM_TEMPLATE_DIR")
     if not override:
         return None
@@ -47,12 +46,11 @@ def search_spaces_dir() -> Path:
 def user_cache_dir() -> Path:
     """Where tuned results, studies and compiled kernels are kept: ``$AUTOGEMM_CACHE_DIR`` if set,
     else the platform's user cache directory (``~/.cache/autogemm`` on Linux)."""
-    import os
 
     override = os.environ.get("AUTOGEMM_CACHE_DIR")
     if override:
         return Path(override).expanduser()
-    import platformdirs
+    import platformdirs  # (lazy: only the user cache directory needs it)
 
     return Path(platformdirs.user_cache_dir("autogemm", appauthor=False))
 
@@ -61,7 +59,6 @@ def cubin_dir() -> Path:
     """Where compiled kernels are kept (keyed by source digest, architecture and compiler version,
     so that any number of processes can share them): ``$AUTOGEMM_CUBIN_DIR`` if set, else
     ``cubin/`` in the cache directory."""
-    import os
 
     override = os.environ.get("AUTOGEMM_CUBIN_DIR")
     return Path(override).expanduser() if override else user_cache_dir() / "cubin"

@@ -149,7 +149,7 @@ class Device:
     @classmethod
     def current(cls, ordinal: int | None = None) -> Device:
         """Reads the limits of a GPU (default: CuPy's current device)."""
-        import cupy
+        import cupy  # (lazy: CuPy)
 
         if ordinal is None:
             ordinal = cupy.cuda.Device().id
@@ -177,7 +177,7 @@ def _memory_bandwidth(ordinal: int) -> float:
     """Peak bandwidth of a GPU's memory, bytes/s: two transfers per memory clock over the bus
     (cudaDevAttrMemoryClockRate, kHz; cudaDevAttrGlobalMemoryBusWidth, bits); 0 where the driver does
     not say."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     try:
         clock_khz = cupy.cuda.runtime.deviceGetAttribute(36, ordinal)

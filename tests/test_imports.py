@@ -174,6 +174,33 @@ def test_a_function_level_import_of_autogemm_says_why():
     assert uncommented_function_imports() == []
 
 
+def uncommented_lazy_imports(package: Path = PACKAGE) -> list[str]:
+    """Function-level imports of anything (CuPy, torch, the standard library...) without a comment on
+    their lines or the line above saying why they are not at the top of the module."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        with path.open(encoding="utf-8") as file:
+            comments = {token.start[0] for token in tokenize.generate_tokens(file.readline)
+                        if token.type == tokenize.COMMENT}
+        for node, in_function in _statements(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if in_function and not set(range(node.lineno - 1, (node.end_lineno or node.lineno) + 1)) & comments:
+                found.append(f"{path}:{node.lineno}: an import inside a function without a comment saying why")
+    return found
+
+
+def test_every_function_level_import_says_why():
+    assert uncommented_lazy_imports() == []
+
+
+def test_the_lazy_import_check_sees_an_uncommented_one(tmp_path):
+    package = tmp_path / "autogemm"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "lazy.py").write_text("def f():\n    import cupy  # (lazy: CuPy)\n\n\ndef g():\n    import os\n")
+    assert [line.split(": ", 1)[1] for line in uncommented_lazy_imports(package)] == [
+        "an import inside a function without a comment saying why"]
+
+
 def test_the_checks_see_what_they_look_for(tmp_path):
     """A package with an upward import, an uncommented function-level import and a circle fails each
     check; the commented lazy import and the package's own import pass."""

@@ -53,7 +53,7 @@ class Gpu:
 def list_gpus() -> list[Gpu]:
     """The GPUs of this host, from the CUDA driver (no context is created)."""
     try:
-        from cuda.bindings import driver
+        from cuda.bindings import driver  # (lazy: cuda-bindings)
     except ImportError:
         raise CampaignError("listing GPUs needs the cuda-bindings package: pip install 'autogemm[cuda13]' "
                             "(or [cuda12])") from None

@@ -30,7 +30,7 @@ class CampaignView:
         self.bars = {}
         self.failed: list[str] = []
         if self.stream.isatty():
-            from tqdm import tqdm
+            from tqdm import tqdm  # (lazy: only progress display needs it)
 
             self.bars = {label: tqdm(total=total, position=i, desc=label, unit="problem", dynamic_ncols=True,
                                      file=self.stream, leave=True) for i, label in enumerate(labels)}

@@ -47,7 +47,7 @@ def capturing(stream_pointer: int) -> bool:
     """Whether work queued on the stream `stream_pointer` is being captured into a graph."""
     global _stream_is_capturing
     if _stream_is_capturing is None:
-        from cupy.cuda import runtime
+        from cupy.cuda import runtime  # (lazy: CuPy)
 
         _stream_is_capturing = runtime.streamIsCapturing
     try:
@@ -71,7 +71,7 @@ def require_plan(problem_text: str) -> CaptureError:
 
 
 def _capture_id(stream_pointer: int) -> int:
-    from cuda.bindings import runtime
+    from cuda.bindings import runtime  # (lazy: cuda-bindings)
 
     result = runtime.cudaStreamGetCaptureInfo(stream_pointer)
     if int(result[0]) != 0:
@@ -101,7 +101,7 @@ def _allocate(device: int, stream_pointer: int, nbytes: int, zeroed: bool):
         make = torch.zeros if zeroed else torch.empty
         tensor = make(nbytes, dtype=torch.uint8, device=torch.device("cuda", device))
         return tensor.data_ptr(), tensor
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     with cupy.cuda.Device(device), cupy_stream(stream_pointer, device):
         memory = cupy.get_default_memory_pool().malloc(nbytes)
@@ -142,7 +142,7 @@ def _address(owner) -> int:
 def allocator(device: int, stream_pointer: int):
     """A CuPy allocator (for `cupy.cuda.using_allocator`) that gives every array of a call made under
     the capture of that stream memory that lives as long as the graph (see the module's doc)."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     def allocate(nbytes: int):
         address, owner = _allocate(device, stream_pointer, nbytes, zeroed=False)

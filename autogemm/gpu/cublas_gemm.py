@@ -48,7 +48,7 @@ class CublasUnavailable(RuntimeError):
 
 def _bindings():
     try:
-        from nvmath.bindings import cublas, cublasLt
+        from nvmath.bindings import cublas, cublasLt  # (lazy: nvmath-python)
     except ImportError as exc:
         raise CublasUnavailable(f"autogemm serves cuBLAS through nvmath-python, which cannot be imported ({exc}); "
                                 f"{INSTALL_HINT}") from None
@@ -90,7 +90,7 @@ class _DeviceState:
             return capture.memory(self.ordinal, stream, "cublas", WORKSPACE_BYTES)
         memory = self.workspaces.get(stream)
         if memory is None:
-            import cupy
+            import cupy  # (lazy: CuPy)
 
             with self.lock:
                 memory = self.workspaces.get(stream)
@@ -208,7 +208,7 @@ def cublas_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, c: Ker
                if value > INT32_MAX]
     if too_big:
         raise ValueError(f"{', '.join(too_big)} of {problem} exceed cuBLAS's 32-bit limit {INT32_MAX}")
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     lt, legacy = _bindings()
     state = _state(cupy.cuda.Device().id if ordinal is None else ordinal)
@@ -271,7 +271,7 @@ def _gemmex_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, c: Ke
     capture goes to `under_capture` instead (a cuBLAS handle keeps a workspace of its own, which a
     graph would share with every later call on it, and creating one with another cannot happen
     inside a capture)."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     row = dtypes.lookup(problem.dtype, problem.compute)
     data_type, compute_type = row.cuda_data_type, row.cublas_compute_type
@@ -309,7 +309,7 @@ def gemm(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, compute: str 
     `bfloat16_bits`, uint16 arrays hold bfloat16 bits (autogemm's own buffers). Operands that are
     neither row-major nor a transposed view are copied once; an `out` cuBLAS cannot write in place
     goes through a contiguous buffer. K must be at least 1."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     info_a, info_b = describe(a, "a", bfloat16_bits=bfloat16_bits), describe(b, "b", bfloat16_bits=bfloat16_bits)
     layout_a, layout_b = info_a.layout(), info_b.layout()

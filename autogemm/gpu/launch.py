@@ -41,7 +41,7 @@ def device_info(ordinal: int) -> Device:
 
 
 def current_device() -> Device:
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     return device_info(cupy.cuda.Device().id)
 
@@ -167,7 +167,7 @@ def launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: Kern
     operands copies them first (`repack`). `ordinal`: the GPU whose workspaces the launches use
     (None: the current device)."""
     if ordinal is None:
-        import cupy
+        import cupy  # (lazy: CuPy)
 
         ordinal = cupy.cuda.Device().id
     if prepared.config.swaps_operands:
@@ -322,7 +322,7 @@ def _tile_grid(config: GemmConfig, problem: Problem, kernel: CompiledKernel, sme
 def _stream_k_grid(config: GemmConfig, problem: Problem, kernel: CompiledKernel, smem: int, device: Device):
     """As many blocks as the device holds at once (more would wait for a second wave; the kernel
     deals the work out over whatever the grid is)."""
-    from cupy.cuda import driver
+    from cupy.cuda import driver  # (lazy: CuPy)
 
     per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.gemm.ptr, config.threads, smem)
     return (max(1, per_sm * device.sm_count), 1, 1)

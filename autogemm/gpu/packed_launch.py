@@ -12,6 +12,7 @@ rewritten by the next call at once; a lock keeps two threads from interleaving t
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections import OrderedDict
 from typing import Mapping, Sequence
@@ -32,7 +33,7 @@ def current_stream_pointer(stream=None) -> int:
     when none was set)."""
     if stream is not None:
         return stream.ptr
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     return cupy.cuda.get_current_stream().ptr
 
@@ -44,7 +45,7 @@ class KernelArgumentError(ValueError):
 
 def driver_launch():
     """cuLaunchKernel, as CuPy's driver module offers it."""
-    from cupy.cuda import driver
+    from cupy.cuda import driver  # (lazy: CuPy)
 
     return driver.launchKernel
 
@@ -130,7 +131,6 @@ class PackedKernel:
     def arguments(self) -> dict:
         """The arguments as they stand, by name in the kernel's order (for tests and debugging;
         raw-byte ones as the bytes their pointer reaches)."""
-        import ctypes
 
         return {name: ctypes.string_at(int(self._pointers[i]), self._sizes[i]) if self._raw_bytes[i]
                 else array[position].item()
@@ -183,7 +183,7 @@ class WorkspacePool:
 
     @staticmethod
     def _allocate(device: int, stream_pointer: int, nbytes: int, zeroed: bool):
-        import cupy
+        import cupy  # (lazy: CuPy)
 
         stream = cupy.cuda.ExternalStream(stream_pointer, device)
         with cupy.cuda.Device(device), stream:

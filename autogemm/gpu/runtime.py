@@ -29,7 +29,7 @@ class GpuRuntimeMissing(GpuUnavailable, ImportError):
 def cupy():
     """The CuPy module; GpuRuntimeMissing naming the extra to install where it cannot be imported."""
     try:
-        import cupy as module
+        import cupy as module  # (lazy: CuPy)
     except ImportError as exc:
         raise GpuRuntimeMissing(f"autogemm needs CuPy to run kernels and it cannot be imported ({exc}); "
                                 f"{INSTALL_HINT}") from None
@@ -72,7 +72,7 @@ class _StreamHandle:
 
 def cupy_stream(pointer: int, device: int):
     """A CuPy stream object of a stream that PyTorch (or anyone) created, by its handle."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     if hasattr(cupy.cuda.Stream, "from_external"):
         return cupy.cuda.Stream.from_external(_StreamHandle(pointer))

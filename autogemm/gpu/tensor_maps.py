@@ -101,7 +101,7 @@ def encode(layout: TiledLayout, address: int, operand: str = "operand") -> np.nd
 def driver():
     """The CUDA driver API of NVIDIA's cuda-bindings (an optional dependency of the CUDA extras)."""
     try:
-        from cuda.bindings import driver as api
+        from cuda.bindings import driver as api  # (lazy: cuda-bindings)
     except ImportError as exc:  # an optional dependency of the CUDA extras
         raise TensorMapError("the Hopper TMA kernels need NVIDIA's cuda-bindings package "
                              "(pip install 'autogemm[cuda13]', or 'autogemm[cuda12]')") from exc

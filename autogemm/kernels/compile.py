@@ -153,7 +153,7 @@ def _include_options() -> tuple[str, ...]:
     """A CUDA toolkit include directory with the complete <mma.h> (it includes crt/mma.h), where
     the tensor-core kernels find it. Wheel-installed toolkits may ship only part of it, so every
     known location is tried; none found leaves NVRTC to its built-in headers."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     candidates = [cupy.cuda.get_cuda_path(), os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"]
     nvcc = shutil.which("nvcc")
@@ -284,7 +284,7 @@ class CompiledKernel:
 
 
 def _attribute(function, name: str) -> int:
-    from cupy.cuda import driver
+    from cupy.cuda import driver  # (lazy: CuPy)
 
     return driver.funcGetAttribute(getattr(driver, f"CU_FUNC_ATTRIBUTE_{name}"), function.ptr)
 
@@ -293,8 +293,8 @@ def load(source: Source, cubin: Path | UnstoredCubin, dynamic_smem: int) -> Comp
     """Loads a cubin (a file, or bytes that could not be stored) on the current device; raises the
     kernel's dynamic shared-memory limit when static and dynamic shared memory together exceed the
     default 48 KB of a block. The module is unloaded when its functions are no longer referenced."""
-    from cupy.cuda.function import Module
-    from cupy.cuda import driver
+    from cupy.cuda.function import Module  # (lazy: CuPy)
+    from cupy.cuda import driver  # (lazy: CuPy)
 
     module = Module()
     if isinstance(cubin, UnstoredCubin):
@@ -324,7 +324,7 @@ _loaded_lock = threading.Lock()
 
 def compile_source(source: Source, arch: str, dynamic_smem: int) -> CompiledKernel:
     """Compile (or reuse) and load `source` on the current device; memoized per process and device."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     key = (source.kernel, source.digest, cupy.cuda.Device().id)
     with _loaded_lock:

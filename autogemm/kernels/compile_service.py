@@ -12,6 +12,7 @@ pool would), and the next request gets a fresh pool.
 
 from __future__ import annotations
 
+import multiprocessing
 import itertools
 import pickle
 import threading
@@ -40,7 +41,6 @@ class CompileService:
 
     def connect(self):
         """A new worker's end of a pipe to the service (pass it to the worker process)."""
-        import multiprocessing
 
         ours, theirs = multiprocessing.get_context("spawn").Pipe()
         threading.Thread(target=self._serve, args=(ours,), name="autogemm-compile-service", daemon=True).start()

@@ -21,7 +21,7 @@ class NvrtcError(RuntimeError):
 
 def _bindings():
     try:
-        from cuda.bindings import nvrtc
+        from cuda.bindings import nvrtc  # (lazy: cuda-bindings)
     except ImportError:
         raise NvrtcError("compiling kernels needs NVIDIA's cuda-bindings package: pip install "
                          "'autogemm[cuda13]' (or [cuda12])") from None

@@ -9,6 +9,7 @@ in a process started that way (`tf32_environment`), where both are switched on.
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ TORCH_MATMUL, CUPY_MATMUL = "torch.matmul", "cupy.matmul"
 
 def torch_available() -> bool:
     try:
-        import torch
+        import torch  # (lazy: PyTorch)
     except ImportError:
         return False
     return torch.cuda.is_available()
@@ -33,14 +34,12 @@ def tf32_environment() -> dict:
 
 
 def cupy_in_tf32() -> bool:
-    import os
-
     return os.environ.get("CUPY_TF32") == "1"
 
 
 def as_torch(x):
     """A PyTorch view of a CuPy array (no copy), bfloat16 (ml_dtypes' or raw uint16 bits) included."""
-    import torch
+    import torch  # (lazy: PyTorch)
 
     if x.dtype.kind == "V" or x.dtype == np.uint16:  # bfloat16: shared as bits, viewed as torch's type
         return torch.as_tensor(x.view(np.uint16), device="cuda").view(torch.bfloat16)
@@ -52,7 +51,7 @@ def user_calls(a, b, compute: str = "") -> dict:
     transposed views included): cupy.matmul where it computes the operands' type in their form, and
     torch.matmul on views of the same memory where PyTorch has CUDA. Both run on the current stream
     (the default stream of both libraries)."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     if compute == "tf32" and not cupy_in_tf32():
         raise RuntimeError("a TF32 comparison needs a process started with CUPY_TF32=1 (baselines.tf32_environment)")
@@ -63,7 +62,7 @@ def user_calls(a, b, compute: str = "") -> dict:
     except (TypeError, NotImplementedError):
         pass
     if torch_available():
-        import torch
+        import torch  # (lazy: PyTorch)
 
         torch.backends.cuda.matmul.allow_tf32 = compute == "tf32"
         ta, tb = as_torch(a), as_torch(b)

@@ -7,6 +7,7 @@ single-call latency, the same for every competitor) is timing.py's.
 
 from __future__ import annotations
 
+import time
 import statistics
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ def tolerance(problem) -> float:
 
 def to_bfloat16(x):
     """float32/float64 CuPy array -> uint16 array of bfloat16 bits, rounded to nearest even."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     f = x.astype(np.float32)
     bits = f.view(np.uint32)
@@ -53,7 +54,7 @@ def to_float64(x):
 
 def random_uniform(shape, dtype=np.float32, seed: int | None = None):
     """Uniform in [-1, 1]; dtype "bfloat16" gives uint16 bfloat16 bits."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     rng = cupy.random.default_rng(seed)
     values = rng.random(shape, dtype=np.float64) * 2 - 1
@@ -66,7 +67,7 @@ def _array_module(x):
     """NumPy for NumPy arrays, CuPy otherwise: the checks below run on either (tests use NumPy)."""
     if isinstance(x, np.ndarray):
         return np
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     return cupy
 
@@ -178,7 +179,7 @@ def time_gpu(run, *, warmup: int = 3, repeats: int = 20, inputs: int = 1, stream
     Each repeat is timed on its own (events around one call) so that the median discards
     outliers such as a clock ramp or another process's burst.
     """
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     stream = stream or cupy.cuda.get_current_stream()
     for i in range(warmup):
@@ -196,9 +197,8 @@ def time_gpu(run, *, warmup: int = 3, repeats: int = 20, inputs: int = 1, stream
 
 def warm_up(run, seconds: float = 0.3) -> None:
     """Keeps the GPU busy for a while so that clocks have ramped up before anything is timed."""
-    import time
 
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
@@ -218,7 +218,7 @@ def cublas_runner(problem, a, b, c):
     """`run()` computing C = op(A) @ op(B) with cuBLAS as a user of CuPy would get it and as
     `matmul` serves it: cupy.matmul (in TF32 mode for compute "tf32"; on bfloat16 views of the
     uint16 bits for bfloat16, or cublasGemmEx where CuPy has no bfloat16)."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     swap = cupy.swapaxes
     op_a = swap(a, -1, -2) if problem.trans_a else a

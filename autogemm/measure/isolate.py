@@ -75,7 +75,7 @@ def _measuring_process(conn, problem_key: str | None, ordinal: int, seed: int, p
     problem after another (`serve_problems`). Started with no problem (`keep_measuring_processes`'s
     prestart), it sets up its context and waits for the first."""
     detach(parent_pid)
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     try:
         cupy.cuda.Device(ordinal).use()

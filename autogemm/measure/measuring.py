@@ -5,6 +5,8 @@ values: every candidate ends as a `Measurement`, with a failure kind when it is 
 
 from __future__ import annotations
 
+import itertools
+import traceback
 import functools
 import statistics
 from dataclasses import asdict, dataclass
@@ -72,7 +74,6 @@ class Measurement:
 def failure_from_exception(exc: BaseException) -> Measurement:
     """An unexpected exception while measuring one candidate, as its failure: kind "error", the
     exception and the innermost frames of its traceback (where to look for the bug)."""
-    import traceback
 
     frames = "".join(traceback.format_tb(exc.__traceback__, limit=-3))
     return Measurement.failure("error", f"{type(exc).__name__}: {exc}\n{frames}")
@@ -91,7 +92,7 @@ class GpuMeasurer:
     against float64 on fresh random inputs (output poisoned with NaN), timing, cuBLAS baseline."""
 
     def __init__(self, problem: Problem, device: Device, seed: int = 0):
-        import cupy
+        import cupy  # (lazy: CuPy)
 
         self.problem, self.device = problem, device
         self._cupy = cupy
@@ -176,7 +177,6 @@ class GpuMeasurer:
     def _as_served(self, runners: list):
         """A zero-argument call as matmul serves one: a fresh output allocated, then the launch, the
         launches taking the input sets in turn."""
-        import itertools
 
         cupy, (shape, dtype) = self._cupy, (self._sets[0][2].shape, self._sets[0][2].dtype)
         following = itertools.cycle(runners)

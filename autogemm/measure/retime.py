@@ -48,7 +48,7 @@ class Retimed:
 
 def retime_record(record: Record, device: Device, seed: int = 0) -> Record:
     """`record` measured again under the current protocol on this GPU (module docstring)."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     problem = record.problem_object
     config = record.generated_config
@@ -123,7 +123,7 @@ def retime_document(path: Path, device: Device, *, force: bool = False, jobs: in
     """Re-times every current record of the device document at `path` (written for `device`'s model)
     that is not at the current protocol yet (all of them with `force`; `only`: keys containing one
     of these texts); returns what changed, record by record."""
-    from filelock import FileLock
+    from filelock import FileLock  # (lazy: only this lock needs it)
 
     cache = TuningCache(path.parent, shipped=False)
     document = cache._load(path, device.slug, repair=False)

@@ -65,7 +65,7 @@ _GATES_LOCK = threading.Lock()
 
 def _gate():
     """The gate kernel of the current GPU (compiled once per process and GPU)."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     device = cupy.cuda.Device().id
     with _GATES_LOCK:
@@ -98,7 +98,7 @@ def gpu_time(call, *, target_ms: float = TARGET_MS, min_samples: int = MIN_SAMPL
     """GPU time per call of `call(i)` (i counts calls; a caller rotating input sets uses it), which
     enqueues one call on `stream` (CuPy's current stream when None; a PyTorch call must be on the
     same stream). Batches of back-to-back calls behind the gate (module docstring)."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     stream = stream or cupy.cuda.get_current_stream()
     max_calls = MAX_CALLS if max_calls is None else max_calls
@@ -164,7 +164,7 @@ def gpu_time(call, *, target_ms: float = TARGET_MS, min_samples: int = MIN_SAMPL
 def _gated_batch(call, first: int, batch: int, gate, hold_s: float, stream) -> tuple:
     """Enqueues the gate (holding the GPU `hold_s`), then `batch` calls between two events; returns
     (start, stop, seconds the host took to enqueue it all)."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     began = time.perf_counter()
@@ -182,7 +182,7 @@ def latencies(calls: dict, *, rounds: int = LATENCY_CALLS, warmup: int = 3) -> d
     the next. Within a round the competitors go in rotating order, so that none always follows the
     same one. The call's own host time (allocation, argument packing, the launch) is in its figure,
     as it is in a user's wait."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     names = list(calls)
     stream = cupy.cuda.get_current_stream()

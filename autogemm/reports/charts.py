@@ -31,7 +31,7 @@ class PlotlyMissing(ImportError):
 def plotly():
     """The plotly package; PlotlyMissing naming the extra where it is not installed."""
     try:
-        import plotly
+        import plotly  # (lazy: plotly, an extra)
         import plotly.graph_objects  # noqa: F401
     except ImportError as exc:
         raise PlotlyMissing(f"autogemm report draws its charts with Plotly, which cannot be imported ({exc}); "
@@ -51,7 +51,7 @@ class Page:
 
     def chart(self, kind: str, figure) -> str:
         self.count += 1
-        import plotly.io
+        import plotly.io  # (lazy: plotly, an extra)
 
         figure.update_layout(template=TEMPLATE, margin=dict(l=60, r=20, t=50, b=60), height=380)
         # "<" never appears in the JSON as such, so nothing in it can close the script element
@@ -240,7 +240,7 @@ document.querySelectorAll('script.figure').forEach(function (node) {
 
 def render_page(report, profiles: dict | None = None) -> str:
     """The whole page; `profiles` maps (device slug, problem key) to a profile.ProfileOutcome."""
-    from plotly.offline import get_plotlyjs
+    from plotly.offline import get_plotlyjs  # (lazy: plotly, an extra)
 
     plotly()
     page = Page()

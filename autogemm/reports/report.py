@@ -141,7 +141,7 @@ def _rdb_storage(url: str, named: str):
     """Optuna's storage in the database of `url`, opened only where Optuna's tables and version rows
     are all there: Optuna would otherwise create or complete them, and a report only reads (an
     SQLite file is opened read-only besides)."""
-    import sqlalchemy as sa
+    import sqlalchemy as sa  # (lazy: SQLAlchemy)
 
     path = sqlite_path(url)
     if path is not None:

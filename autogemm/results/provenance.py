@@ -22,7 +22,7 @@ def runtime_versions() -> dict:
     """autogemm, CuPy, CUDA runtime, driver and NVRTC versions (a change can break a kernel)."""
     versions = {"autogemm": __version__}
     try:
-        import cupy
+        import cupy  # (lazy: CuPy)
 
         versions["cupy"] = cupy.__version__
         runtime = cupy.cuda.runtime.runtimeGetVersion()

@@ -64,7 +64,7 @@ def _device_of(info) -> int:
     """The GPU of an ArrayInfo or numpy_semantics.Operand (the driver asked where unknown)."""
     if info.device is not None:
         return info.device
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     return cupy.cuda.runtime.pointerGetAttributes(info.pointer).device
 
@@ -221,7 +221,7 @@ def _gemm(a, b, out, alpha: float, beta: float, compute, tune, race):
 
 
 def _cupy_dtype(name: str):
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     if name == "bfloat16":
         try:

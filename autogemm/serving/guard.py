@@ -34,7 +34,7 @@ class Guard:
     `fallback` and then hands the plan to the winner through `settle(launcher, verdict)`."""
 
     def __init__(self, kernel, fallback, settle, calls: int = GUARD_CALLS, margin: float = GUARD_MARGIN):
-        import cupy
+        import cupy  # (lazy: CuPy)
 
         self._kernel, self._fallback, self._settle = kernel, fallback, settle
         self._events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(2 * calls)]

@@ -259,7 +259,7 @@ def out_layout(out: Operand, call: Call) -> tuple[tuple, tuple] | None:
 # -- the same on CuPy arrays --
 
 def _view(x, shape: tuple, strides: tuple):
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     return cupy.ndarray(shape, dtype=x.dtype, memptr=x.data, strides=strides)  # cupy's as_strided
 
@@ -268,7 +268,7 @@ def as_cupy(x):
     """A CuPy array, or a zero-copy CuPy view of a __cuda_array_interface__ object (whose bfloat16,
     typestr "<V2", CuPy reads as raw bytes: seen as ml_dtypes' bfloat16 again). Call it with the
     object's GPU current: cupy.asarray copies an object of another GPU to the current one."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     if isinstance(x, cupy.ndarray):
         return x  # itself: `out` is returned as given
@@ -280,7 +280,7 @@ def as_cupy(x):
 
 def contiguous_copy(x):
     """A C-contiguous copy of `x` (bfloat16 copied as its bits: CuPy before 14 cannot copy it)."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     if x.dtype.kind == "V":
         return cupy.ascontiguousarray(x.view(np.uint16)).view(x.dtype)
@@ -290,7 +290,7 @@ def contiguous_copy(x):
 def kernel_array(x, name: str, call: Call):
     """CuPy operand `x` ("a" or "b") as `kernel_layout` describes it: converted to the result's
     dtype where it differs, a view, or a contiguous copy of its broadcast batch."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     if x.dtype != call.dtype:
         x = x.astype(call.dtype)
@@ -320,7 +320,7 @@ def copy_into(out, values) -> None:
 def write_into(out, result, beta: float = 0.0) -> None:
     """out = result + beta * out, cast to out's dtype as NumPy's casting='same_kind' allows (for an
     `out` the GEMM cannot write directly, and for cupy.matmul's results)."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     if beta == 0:
         cupy.copyto(out, result, casting="same_kind")
@@ -338,7 +338,7 @@ def run(call: Call, a, b, out, alpha: float, beta: float, compute: str | None, d
     `out` (as a CuPy array) when given, else the result. `apart`: `out` overlaps an operand (see
     `overlapping`), so that the result is computed into a temporary and then copied into out. The
     caller has checked alpha and beta (operands.check_scalars)."""
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     with cupy.cuda.Device(device):  # (before the views: cupy.asarray copies an array of another GPU)
         a, b = as_cupy(a), as_cupy(b)

@@ -32,7 +32,7 @@ def to_cupy(x, name: str):
     if x.requires_grad:
         raise TypeError(f"{name} requires grad: autogemm.matmul records no autograd graph; "
                         f"pass {name}.detach()")
-    import cupy
+    import cupy  # (lazy: CuPy)
 
     return cupy.from_dlpack(x)
 
@@ -46,8 +46,8 @@ def call(run, a, b, out, *, remember=None, **options):
     device = next(x.device for x in (a, b, out) if is_tensor(x))
     if getattr(device, "type", None) != "cuda":  # a CPU tensor: to_cupy raises, naming it
         return run(to_cupy(a, "a"), to_cupy(b, "b"), out=to_cupy(out, "out"), **options)
-    import cupy
-    import torch
+    import cupy  # (lazy: CuPy)
+    import torch  # (lazy: PyTorch)
 
     pointer = torch.cuda.current_stream(device).cuda_stream
     with cupy.cuda.Device(device.index), cupy_stream(pointer, device.index):

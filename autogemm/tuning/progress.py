@@ -29,7 +29,7 @@ class TuneProgress:
         self.started = self.logged = time.monotonic()
         self.status = ""
         if shown and not self.log:
-            from tqdm import tqdm
+            from tqdm import tqdm  # (lazy: only progress display needs it)
 
             self.bar = tqdm(total=total, unit="trial", desc=f"tuning {problem}", dynamic_ncols=True, file=self.stream)
         elif self.log:

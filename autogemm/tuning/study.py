@@ -68,7 +68,7 @@ def storage_object(url: str):
     """What Optuna takes for a storage URL: the URL itself (RDB storages), or for journal:///PATH a
     journal file storage (one file, appended to under a lock; one host, no database server)."""
     if url.startswith(JOURNAL):
-        from optuna.storages.journal import JournalFileBackend, JournalStorage
+        from optuna.storages.journal import JournalFileBackend, JournalStorage  # (lazy: Optuna)
 
         path = Path(url[len(JOURNAL):])
         if not path.name or path.is_dir():
@@ -141,7 +141,7 @@ def _open_study(name: str, storage: str | None) -> optuna.Study:
 def _passing(exc: Exception) -> bool:
     """Whether a failure to open a study may pass on its own (the database's errors: a collision,
     a dropped connection), unlike a URL that cannot be parsed or a schema of another version."""
-    import sqlalchemy.exc
+    import sqlalchemy.exc  # (lazy: SQLAlchemy)
 
     return isinstance(exc, sqlalchemy.exc.DBAPIError)
 
@@ -204,7 +204,7 @@ def best_configs(study: optuna.Study, space: SearchSpace, limit: int) -> list:
 def lock_study(name: str, wait: float = 0.0):
     """One tuner per study at a time on this machine: a second one is refused (after waiting up
     to `wait` seconds for the first to finish), with the reason."""
-    from filelock import FileLock, Timeout
+    from filelock import FileLock, Timeout  # (lazy: only this lock needs it)
 
     digest = hashlib.sha256(name.encode()).hexdigest()[:16]
     path = user_cache_dir() / "locks" / f"tune-{digest}.lock"
