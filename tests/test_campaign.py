@@ -380,15 +380,17 @@ def test_an_idle_worker_stops_waiting_once_a_held_problem_changes_but_not_on_a_h
     assert time.monotonic() - started >= 1.2
 
 
-def test_a_worker_killed_with_sigkill_has_its_claim_taken_over_and_its_trials_kept(tmp_path, postgres_url,
-                                                                                   monkeypatch):
+def test_a_worker_killed_on_one_host_has_its_claim_taken_over_by_another_and_its_trials_kept(
+        tmp_path, postgres_url, monkeypatch):
     monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path / "user"))
     storage = postgres_url
     campaign = _campaign(storage, tmp_path / "cache", trials=12, grace=2.0)
     context = multiprocessing.get_context("spawn")
     events = context.Queue()
-    # a slow worker, on a "host" of its own (so that its death is seen only through the heartbeat)
+    # two "hosts" of this machine share the PostgreSQL server: a slow worker on host alpha, killed, and a
+    # campaign on host beta, which sees alpha's death only through the claim's heartbeat
     slow = WorkerSpec(campaign, storage, "slow", None, 1, ReplayFactory(delay=0.25), str(SPACE_PATH))
+    monkeypatch.setenv("AUTOGEMM_HOST_NAME", "alpha")
     victim = context.Process(target=worker_main, args=(slow, events))
     victim.start()
     deadline = time.monotonic() + 120
@@ -401,14 +403,9 @@ def test_a_worker_killed_with_sigkill_has_its_claim_taken_over_and_its_trials_ke
     victim.join()
     board = ClaimBoard(storage)
     held = [c for c in board.claims(campaign.name) if c.state == ClaimState.CLAIMED]
-    assert len(held) == 1
+    assert len(held) == 1 and held[0].owner.startswith("alpha:")
     killed_problem = held[0].problem
-    # make the dead worker look like another host's: its claim must wait for the grace period
-    from autogemm.campaigns.claims import claims_table
-
-    with board.engine.begin() as db:
-        db.execute(claims_table.update().where(claims_table.c.problem == killed_problem)
-                   .values(owner="another-host:1:dead"))
+    monkeypatch.setenv("AUTOGEMM_HOST_NAME", "beta")  # the takeover's workers: another host, so grace applies
     trials_before = {s.study_name: len(s.get_trials(states=(optuna.trial.TrialState.COMPLETE,))) for s in _studies(storage)}
     assert sum(trials_before.values()) >= 1  # what it measured before it died is in the storage
     started = time.monotonic()

@@ -532,3 +532,36 @@ def test_fuzzed_campaign_files_are_refused_with_their_key_named_or_read(tmp_path
     verdicts = [r[1] for r in results]
     assert verdicts.count("read") >= 10 and verdicts.count("refused") >= 100  # the fuzz reaches both
     assert results[6][1] == "read" and results[6][5][0] == MAX_PROBLEMS
+
+
+# ---- the host name in claims -------------------------------------------------------------------
+def test_a_host_name_given_for_claims_names_the_owner_and_decides_who_takes_a_dead_claim(monkeypatch):
+    """AUTOGEMM_HOST_NAME stands for the host name in claims: a dead process's claim is taken at once
+    only by a worker of the same name (and boot and PID namespace); a worker of another name waits for
+    the heartbeat, as another machine's would."""
+    from autogemm.campaigns import claims
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    monkeypatch.setenv("AUTOGEMM_HOST_NAME", "alpha")
+    owner = claims.new_owner()
+    assert owner.startswith("alpha:")
+    boot, namespace = claims._identity()
+    if not boot:
+        pytest.skip("no boot id or PID namespace to read here (not Linux)")
+    dead_owner = f"alpha:{boot}:{namespace}:{pid}:token"
+    assert claims._owner_is_dead_here(dead_owner)
+    monkeypatch.setenv("AUTOGEMM_HOST_NAME", "beta")
+    assert not claims._owner_is_dead_here(dead_owner)
+
+
+@pytest.mark.parametrize("name", ["", "a:b", "-x", "x" * 129, "name with space", "é"])
+def test_a_host_name_claims_cannot_carry_is_refused_before_any_worker_starts(monkeypatch, tmp_path, name):
+    from autogemm.campaigns import claims
+    from autogemm.campaigns.campaign import CampaignError, run_campaign
+
+    monkeypatch.setenv("AUTOGEMM_HOST_NAME", name)
+    with pytest.raises(claims.HostNameError, match="AUTOGEMM_HOST_NAME"):
+        claims.new_owner()
+    with pytest.raises(CampaignError, match="AUTOGEMM_HOST_NAME"):
+        run_campaign(None, [])

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from ..results.cache import FORMAT, CacheWarning, check_slug, is_slug, valid_records
 from .file import Campaign
 from .worker import WorkerSpec, worker_main
-from .claims import ClaimState
+from .claims import ClaimState, HostNameError, host_name
 from ..kernels.compile_service import CompileService
 
 class CampaignError(RuntimeError):
@@ -125,6 +125,10 @@ def worker_specs(campaign: Campaign, storage: str, gpus: list[Gpu], cores: int,
 def run_campaign(campaign: Campaign, specs: list[WorkerSpec], view=None) -> dict:
     """Runs the workers to the end (or Ctrl-C); returns {label: exit code}. `view` (CampaignView)
     gets every worker event."""
+    try:  # a host name claims cannot carry stops the run here, not in every worker
+        host_name()
+    except HostNameError as exc:
+        raise CampaignError(str(exc)) from None
     context = multiprocessing.get_context("spawn")
     events = context.Queue()
     processes = {}

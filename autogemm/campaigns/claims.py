@@ -86,11 +86,33 @@ def _identity() -> tuple[str, str]:
     return boot, found.group()
 
 
+HOST_NAME_VARIABLE = "AUTOGEMM_HOST_NAME"
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class HostNameError(ValueError):
+    """AUTOGEMM_HOST_NAME is not a name a claim can carry."""
+
+
+def host_name() -> str:
+    """The name this host's workers go by in claims: $AUTOGEMM_HOST_NAME where set (containers that share
+    a host name, or two "hosts" of one machine in a test of the multi-host recipe), else the host name.
+    Claims of a dead process are taken at once only by a worker of the same name, boot and PID namespace;
+    any other waits for the claim's heartbeat to age past the grace period."""
+    given = os.environ.get(HOST_NAME_VARIABLE)
+    if given is None:
+        return socket.gethostname()[:128]
+    if not _HOST_NAME.fullmatch(given):
+        raise HostNameError(f"{HOST_NAME_VARIABLE}={given[:40]!r}: a host name in claims is 1-128 letters, digits, "
+                            f"'.', '_' or '-', starting with a letter or digit")
+    return given
+
+
 def new_owner() -> str:
     """This process's name in claims: host, boot id, PID namespace, process id and a token no other
     process shares."""
     boot, namespace = _identity()
-    return f"{socket.gethostname()[:128]}:{boot}:{namespace}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    return f"{host_name()}:{boot}:{namespace}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
 def _owner_is_dead_here(owner: str | None) -> bool:
@@ -99,7 +121,7 @@ def _owner_is_dead_here(owner: str | None) -> bool:
     if not owner or not boot:
         return False
     parts = owner.rsplit(":", 4)
-    if len(parts) != 5 or parts[:3] != [socket.gethostname()[:128], boot, namespace]:
+    if len(parts) != 5 or parts[:3] != [host_name(), boot, namespace]:
         return False  # (owners named before boot and namespace were part of the name: heartbeat only)
     try:
         os.kill(int(parts[3]), 0)
