@@ -38,8 +38,9 @@ class CaptureError(RuntimeError):
 
 _stream_is_capturing = None  # cupy.cuda.runtime.streamIsCapturing, bound on first use
 _lock = threading.Lock()
-# (device, stream, purpose) -> (capture id, buffer): a workspace of the capture under way on that stream
-_held: dict[tuple, tuple[int, object]] = {}
+# (device, stream, purpose) -> (capture id, address, bytes, owner): a workspace of the capture under way on
+# that stream
+_held: dict[tuple, tuple[int, int, int, object]] = {}
 _kept: list = []  # buffers of CuPy captures, kept for the process
 
 
@@ -121,22 +122,14 @@ def memory(device: int, stream_pointer: int, purpose: str, nbytes: int, zeroed: 
     key = (device, stream_pointer, purpose)
     with _lock:
         held = _held.get(key)
-    if held is not None and held[0] == identity and _size(held[1]) >= nbytes:
-        return _address(held[1])
+    if held is not None and held[0] == identity and held[2] >= nbytes:
+        return held[1]
     address, owner = _allocate(device, stream_pointer, nbytes, zeroed)
     with _lock:
         # an older capture's buffer: PyTorch's goes back to that graph's pool (still the graph's), CuPy's
         # stays in _kept
-        _held[key] = (identity, owner)
+        _held[key] = (identity, address, nbytes, owner)
     return address
-
-
-def _size(owner) -> int:
-    return owner.numel() if hasattr(owner, "numel") else owner.mem.size
-
-
-def _address(owner) -> int:
-    return owner.data_ptr() if hasattr(owner, "data_ptr") else owner.ptr
 
 
 def allocator(device: int, stream_pointer: int):
@@ -151,9 +144,3 @@ def allocator(device: int, stream_pointer: int):
         return owner
 
     return allocate
-
-
-def kept_bytes() -> int:
-    """Bytes of CuPy's pool kept for captured graphs (for tests and diagnostics)."""
-    with _lock:
-        return sum(memory.mem.size for memory in _kept)
