@@ -49,6 +49,17 @@ def test_known_keys_cover_what_is_shipped():
     assert {p.key for p in load_campaign(ROOT / "campaigns" / "shipped.toml").problems} <= known
 
 
+def test_the_suite_is_the_one_the_published_results_measured(problems):
+    """Adding problems to a campaign or records to cache/ must not change the suite (a known key that
+    the generator would have drawn makes it draw again, and every later draw moves): the figures of
+    a re-run are comparable with the published ones only on the same problems."""
+    for path in sorted((ROOT / "benchmarks" / "results").glob("unseen-*.json")):
+        published = json.loads(path.read_text())
+        if published.get("seed") != bench.SEED or published.get("count") != bench.COUNT:
+            continue
+        assert [tuple(row["spec"]) for row in published["rows"]] == problems, path.name
+
+
 @pytest.mark.parametrize("seed", [bench.SEED, 7])
 def test_no_problem_is_known(seed):
     known = bench.known_keys()
