@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OUT = HERE / "results"
 SHIPPED = ROOT / "campaigns" / "shipped.toml"
-SECTION = "# ---- wider evidence"  # the section of shipped.toml this benchmark tunes (to the file's end)
+SECTION = "# ---- wider evidence"  # the section of shipped.toml this benchmark tunes (to the next "# ----")
 TIMEOUT_S, TRIALS, SEED = 10, 400, 0
 RUNS = {"fill": [0], "one-gpu": [0], "two-gpus": [0, 1]}
 TITLES = {"fill": "1 GPU, cold (fills the caches)", "one-gpu": "1 GPU, warm", "two-gpus": "2 GPUs, warm"}
@@ -55,7 +55,8 @@ def section() -> str:
     start = text.find(SECTION)
     if start < 0:
         raise SystemExit(f"{SHIPPED} has no section {SECTION!r}")
-    return text[start:]
+    end = text.find("\n# ---- ", start + len(SECTION))
+    return text[start:] if end < 0 else text[start:end + 1]
 
 
 def campaign_file(base: Path, devices: list[int]) -> Path:

@@ -573,7 +573,7 @@ def test_the_readme_campaign_example_is_a_valid_campaign():
     assert campaign.name == "llm" and len(campaign.problems) == 4 * 2 * 2
     assert campaign.storage.startswith("postgresql+psycopg2://")
     shipped = load_campaign(Path(__file__).parent.parent / "campaigns" / "shipped.toml")
-    assert len(shipped.problems) == 133
+    assert len(shipped.problems) == 152
 
 
 # ---- what workers share with the tuner and the parent ---------------------------------------------
