@@ -2,7 +2,9 @@
 layouts, batches, TF32, FP64) tuned with 10 s of search each (patience off, so every problem searches
 its whole budget), on 1 GPU and on 2 GPUs of one host, timed end to end with `autogemm campaign run`.
 
-Three runs, each with its own storage, campaign cache and user cache:
+Three runs, each with its own storage (a journal file, what the campaign docs advise for several GPUs
+of one host: on SQLite the workers' study writes wait for each other, bench_campaign_overhead.py), campaign
+cache and user cache:
 
 - `fill`: 1 GPU, cold: it fills the on-disk caches a later run can use (the compiled kernels of
   AUTOGEMM_CUBIN_DIR, shared by the three runs; CuPy's own kernel cache);
@@ -45,6 +47,7 @@ OUT = HERE / "results"
 SHIPPED = ROOT / "campaigns" / "shipped.toml"
 SECTION = "# ---- wider evidence"  # the section of shipped.toml this benchmark tunes (to the next "# ----")
 TIMEOUT_S, TRIALS, SEED = 10, 400, 0
+STORAGE = "journal"  # the runs' study storage (the first published run, 2026-11-26, used SQLite)
 RUNS = {"fill": [0], "one-gpu": [0], "two-gpus": [0, 1]}
 TITLES = {"fill": "1 GPU, cold (fills the caches)", "one-gpu": "1 GPU, warm", "two-gpus": "2 GPUs, warm"}
 
@@ -63,7 +66,7 @@ def campaign_file(base: Path, devices: list[int]) -> Path:
     toml = base / "campaign.toml"
     toml.write_text(f'''[campaign]
 name = "scaling"
-storage = "sqlite:///{base}/studies.db"
+storage = "journal:///{base}/studies.log"
 devices = {devices}
 timeout = {TIMEOUT_S}
 trials = {TRIALS}
@@ -99,7 +102,7 @@ def run(label: str, root: Path) -> dict:
     busy = sum(seconds for _, seconds in tunes.values())
     trials = [r["trials"]["valid"] + r["trials"]["rejected"] + r["trials"]["failed"]
               for r in records.values() if isinstance(r.get("trials"), dict)]
-    summary = {"devices": devices, "rc": campaign.returncode, "wall_s": wall, "done": len(records),
+    summary = {"devices": devices, "storage": STORAGE, "rc": campaign.returncode, "wall_s": wall, "done": len(records),
                "problems_per_hour": len(records) / wall * 3600, "busy_s": busy,
                "outside_tunes_s": wall * len(devices) - busy, "mean_trials": statistics.mean(trials) if trials else 0,
                "helping_events": campaign.stderr.count(": helping "),
@@ -148,8 +151,8 @@ def report(root: Path, device: str) -> list[str]:
     lines = [f"# Campaign scaling on 2 {device} (one host)", "",
              f"`benchmarks/bench_campaign_scaling.py` ({time.strftime('%Y-%m-%d')}): the {count} problems of the "
              f"\"wider evidence\" section of campaigns/shipped.toml, {TIMEOUT_S} s of search each (patience off), "
-             f"seed {SEED}. Each run has its own storage and caches; the compiled kernels are shared, filled by "
-             "the first run.", "",
+             f"seed {SEED}. Each run has its own storage ({runs['one-gpu'].get('storage', 'sqlite')}) and caches; the "
+             "compiled kernels are shared, filled by the first run.", "",
              f"**2 GPUs against the warm single-GPU run: {warm:.2f}x** problems per hour "
              f"(against the mean of the cold and the warm single-GPU runs: {mean:.2f}x).", "",
              "| run | problems | wall s | problems/hour | GPU-seconds inside tunes | outside tunes, per GPU | "

@@ -652,3 +652,13 @@ def test_claim_states_are_the_strings_the_board_has_always_stored(tmp_path):
         stored = dict(db.execute(sa.select(rows, claims_table.c.state)).all())
     assert stored == {"p0": "done", "p1": "done", "p2": "open"} and {type(s) for s in stored.values()} == {str}
     board.close()
+
+
+def test_several_workers_on_one_sqlite_file_are_told_of_the_journal():
+    from autogemm.campaigns.campaign import storage_advice
+
+    advice = storage_advice("sqlite:////tmp/studies.db", 2)
+    assert advice and "journal:///" in advice and "PostgreSQL" in advice
+    assert storage_advice("sqlite:////tmp/studies.db", 1) is None
+    assert storage_advice("journal:////tmp/studies.log", 8) is None
+    assert storage_advice("postgresql+psycopg2://tuner@db/autogemm", 8) is None

@@ -75,3 +75,17 @@ def test_a_storage_the_user_named_is_never_moved(tmp_path):
     with pytest.raises(TuneError, match=f"the study storage sqlite:///{db} cannot be used"):
         _tune(tmp_path, storage=f"sqlite:///{db}")
     assert db.read_bytes() == b"not a database \x00\x01" * 100
+
+
+def test_a_journal_storage_is_made_once_per_file_and_process(tmp_path):
+    """A new JournalStorage reads the whole log again; a campaign opens a study per problem and space."""
+    from autogemm.tuning.study import storage_object
+
+    url = f"journal:///{tmp_path / 'studies.log'}"
+    first = storage_object(url)
+    assert storage_object(url) is first
+    assert storage_object(f"journal:///{tmp_path / 'other.log'}") is not first
+    optuna.create_study(study_name="kept", storage=first)
+    (tmp_path / "studies.log").unlink()  # a log removed meanwhile: a fresh storage, not the old one's studies
+    fresh = storage_object(url)
+    assert fresh is not first and not optuna.get_all_study_summaries(storage=fresh)

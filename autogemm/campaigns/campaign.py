@@ -253,6 +253,18 @@ def progress_lines(campaign: Campaign, rows: list[dict]) -> list[str]:
             f"problem(s) done on {d}" for d in devices]
 
 
+def storage_advice(storage: str, workers: int) -> str | None:
+    """What to say of a campaign's storage before its workers start: several workers on one SQLite
+    file wait for each other's writes (every finished trial is written; SQLite lets one writer at a
+    time in, and a waiting one sleeps before it tries again), which a journal file does not make them do
+    (benchmarks/bench_campaign_overhead.py: replayed measurements, no GPU). None: nothing to say."""
+    if workers < 2 or not storage.startswith("sqlite:///"):
+        return None
+    return (f"{workers} workers share one SQLite file, which lets one of them write at a time: for several GPUs "
+            f"of one host a journal file scales better (storage = \"journal:///path/studies.log\" in the "
+            f"campaign file), PostgreSQL across hosts")
+
+
 def resolve_storage(campaign: Campaign, create: bool = True) -> str:
     """The campaign's storage URL; the default one made only with `create` (a reader makes nothing)."""
     from ..tuning.study import default_storage  # (lazy: Optuna)

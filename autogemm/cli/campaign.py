@@ -150,7 +150,8 @@ def _show(campaign, rows: list[dict], as_json: bool) -> None:
 
 def cmd_campaign_run(args: argparse.Namespace) -> int:
     # (lazy: SQLAlchemy)
-    from ..campaigns.campaign import CampaignError, list_gpus, resolve_storage, run_campaign, select_gpus, worker_specs
+    from ..campaigns.campaign import (CampaignError, list_gpus, resolve_storage, run_campaign, select_gpus,
+                                      storage_advice, worker_specs)
 
     campaign = _load(args)
     storage = resolve_storage(campaign)
@@ -162,6 +163,9 @@ def cmd_campaign_run(args: argparse.Namespace) -> int:
     specs = worker_specs(campaign, storage, gpus, args.jobs or default_jobs(), stop_at)
     print(f"campaign {campaign.name}: {len(campaign.problems)} problems on {len(gpus)} GPU(s) of this host "
           f"({', '.join(f'{g.index} {g.name}' for g in gpus)}); storage {shown_url(storage)}", file=sys.stderr)
+    advice = storage_advice(storage, len(specs))
+    if advice:
+        print(f"campaign {campaign.name}: note: {advice}", file=sys.stderr)
     view = None if args.json else CampaignView([s.label for s in specs], len(campaign.problems))
     try:
         codes = run_campaign(campaign, specs, view)
