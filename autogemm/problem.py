@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from . import dtypes
+from .epilogue import Epilogue
 
 LAYOUTS = ("nn", "nt", "tn", "tt")
 
@@ -25,6 +26,7 @@ class Problem:
     compute: str = ""  # empty: the dtype's default compute mode
     trans_a: bool = False
     trans_b: bool = False
+    epilogue: Epilogue = Epilogue()  # what is done to the accumulators before the store (epilogue.py)
 
     def __post_init__(self) -> None:
         for dim in ("m", "n", "k", "batch"):
@@ -34,6 +36,8 @@ class Problem:
             if value < 1:
                 raise ValueError(f"Problem.{dim} must be >= 1, got {value}")
         object.__setattr__(self, "compute", dtypes.lookup(self.dtype, self.compute).compute)
+        if not isinstance(self.epilogue, Epilogue):
+            raise TypeError(f"Problem.epilogue must be an Epilogue, got {self.epilogue!r}")
 
     @classmethod
     def from_layout(cls, m: int, n: int, k: int, layout: str = "nn", **kwargs) -> Problem:
@@ -50,7 +54,7 @@ class Problem:
         """The same product with the operands' roles swapped: C^T = B^T A^T, N x M. B becomes the first
         operand (its storage read transposed: op(A') = B^T), A the second (op(B') = A^T)."""
         return Problem(self.n, self.m, self.k, batch=self.batch, dtype=self.dtype, compute=self.compute,
-                       trans_a=not self.trans_b, trans_b=not self.trans_a)
+                       trans_a=not self.trans_b, trans_b=not self.trans_a, epilogue=self.epilogue.swapped())
 
     @property
     def flops(self) -> int:
@@ -58,20 +62,24 @@ class Problem:
 
     @property
     def key(self) -> str:
-        """Stable cache key, e.g. ``float32/fp32/nn/b1/4096x4096x4096``."""
-        return f"{self.dtype}/{self.compute}/{self.layout}/b{self.batch}/{self.m}x{self.n}x{self.k}"
+        """Stable cache key, e.g. ``float32/fp32/nn/b1/4096x4096x4096``; an epilogue follows the shape
+        (``float16/fp32/nt/b1/16x4096x4096/bias_n+gelu``), the identity one adds nothing."""
+        key = f"{self.dtype}/{self.compute}/{self.layout}/b{self.batch}/{self.m}x{self.n}x{self.k}"
+        return key if self.epilogue.is_identity else f"{key}/{self.epilogue.key}"
 
     @classmethod
     def from_key(cls, key: str) -> Problem:
-        match = re.fullmatch(r"(\w+)/(\w+)/([nt]{2})/b(\d+)/(\d+)x(\d+)x(\d+)", key)
+        match = re.fullmatch(r"(\w+)/(\w+)/([nt]{2})/b(\d+)/(\d+)x(\d+)x(\d+)(?:/([a-z0-9_+>]{1,64}))?", key)
         if not match:
             raise ValueError(f"not a problem key: {key!r} (expected like float32/fp32/nn/b1/64x64x64)")
-        dtype, compute, layout, batch, m, n, k = match.groups()
-        return cls.from_layout(int(m), int(n), int(k), layout, batch=int(batch), dtype=dtype, compute=compute)
+        dtype, compute, layout, batch, m, n, k, epilogue = match.groups()
+        return cls.from_layout(int(m), int(n), int(k), layout, batch=int(batch), dtype=dtype, compute=compute,
+                               epilogue=Epilogue.from_key(epilogue) if epilogue else Epilogue())
 
     def __str__(self) -> str:
         batch = f"{self.batch}×" if self.batch > 1 else ""
-        return f"{batch}{self.m}×{self.n}×{self.k} {self.dtype}/{self.compute} {self.layout.upper()}"
+        epilogue = "" if self.epilogue.is_identity else f" + {self.epilogue}"
+        return f"{batch}{self.m}×{self.n}×{self.k} {self.dtype}/{self.compute} {self.layout.upper()}{epilogue}"
 
 
 REGISTERS_PER_BLOCK = 65536  # the register file a block may use, on every architecture below

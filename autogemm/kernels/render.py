@@ -21,6 +21,7 @@ import jinja2.sandbox
 
 from ..families import GemmConfig, VectorWidths, all_families
 from ..paths import template_override_dir, templates_dir
+from ..epilogue import require_bare
 from ..problem import Problem
 
 
@@ -211,6 +212,7 @@ def render(config: GemmConfig, problem: Problem, widths: VectorWidths | None = N
     a string knob that is not one of its choices, or (unless `force`, for experiments) a number out
     of its range never reaches the source: ValueError.
     """
+    require_bare(problem, f"config {config.name} is not rendered")
     reasons = config.render_reasons(force)
     if reasons:
         raise ValueError(f"config {config.name} is not rendered: " + "; ".join(r.removeprefix("choice: ") for r in reasons))

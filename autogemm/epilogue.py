@@ -1,0 +1,163 @@
+"""What a GEMM does to its accumulators before it stores them (`Epilogue`): a bias, an activation, a
+residual and the output's type, as an LLM or MLP layer needs them (`act(x @ W.T + bias) + residual`).
+
+The order, for C = alpha · op(A) @ op(B) in FP32 (FP64 for float64) accumulators:
+
+    D = act(alpha · acc + bias) + residual + beta · C
+
+`bias` is a vector broadcast along the rows (one value per column, "n": torch's Linear) or along the
+columns (one value per row, "m": the same layer with the problem's operands swapped, C^T = B^T A^T).
+`residual` is a tensor of D's shape. `beta · C` stays what it was without an epilogue. The activations:
+
+- relu: max(x, 0)
+- gelu: x · Φ(x) = 0.5 · x · (1 + erf(x / √2)) (PyTorch's default GELU)
+- gelu_tanh: 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³))) (PyTorch's approximate="tanh")
+- silu: x · sigmoid(x) = x / (1 + exp(-x))
+
+An epilogue is part of a problem's identity (`Problem.epilogue`, in its cache key after the shape) and
+of a kernel's. The identity epilogue (nothing added, the inputs' dtype out) leaves keys as they were.
+`reference` computes D in float64 from the product, the figure kernels are checked against; its
+`error_bound` says how far a correct kernel may be from it, element by element.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from . import dtypes
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+BIAS_AXES = ("n", "m")  # "n": one value per column (along N); "m": one per row (along M)
+# The largest |act'(x)| over all x: how much an activation may grow an error of its input
+# (gelu's derivative peaks at 1.1289 near x = 2.42, gelu_tanh's likewise, silu's at 1.0998 near 2.40).
+SLOPES = {"": 1.0, "relu": 1.0, "gelu": 1.129, "gelu_tanh": 1.13, "silu": 1.1}
+_KEY = re.compile(r"(?:bias_(?P<bias>[nm]))?\+?(?P<activation>relu|gelu_tanh|gelu|silu)?\+?(?P<residual>res)?"
+                  r"(?:>(?P<out>[a-z0-9]+))?")
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    bias: str = ""  # "": no bias; "n" or "m": the axis the bias vector runs along (BIAS_AXES)
+    activation: str = ""  # "": none; else one of ACTIVATIONS
+    residual: bool = False  # a tensor of the output's shape, added after the activation
+    out_dtype: str = ""  # "": the inputs' dtype; else a dtype name of `dtypes` (accumulators converted to it)
+
+    def __post_init__(self) -> None:
+        if self.bias not in ("", *BIAS_AXES):
+            raise ValueError(f"Epilogue.bias must be '', 'n' or 'm' (the axis the bias runs along), got {self.bias!r}")
+        if self.activation not in ("", *ACTIVATIONS):
+            raise ValueError(f"unknown activation {self.activation!r}; expected one of {', '.join(ACTIVATIONS)}")
+        if not isinstance(self.residual, bool):
+            raise TypeError(f"Epilogue.residual must be a bool, got {self.residual!r}")
+        if self.out_dtype and self.out_dtype not in {row.name for row in dtypes.ROWS}:
+            known = ", ".join(sorted({row.name for row in dtypes.ROWS}))
+            raise ValueError(f"unknown output dtype {self.out_dtype!r}; expected one of {known}")
+
+    @property
+    def is_identity(self) -> bool:
+        return not (self.bias or self.activation or self.residual or self.out_dtype)
+
+    @property
+    def key(self) -> str:
+        """The epilogue's part of a problem key ('' for the identity), e.g. ``bias_n+gelu+res>bfloat16``."""
+        parts = [f"bias_{self.bias}"] if self.bias else []
+        parts += [self.activation] if self.activation else []
+        parts += ["res"] if self.residual else []
+        return "+".join(parts) + (f">{self.out_dtype}" if self.out_dtype else "")
+
+    @classmethod
+    def from_key(cls, key: str) -> Epilogue:
+        match = _KEY.fullmatch(key)
+        if not key or not match or not any(match.groupdict().values()):
+            raise ValueError(f"not an epilogue key: {key!r} (expected like bias_n+gelu+res>bfloat16)")
+        epilogue = cls(bias=match["bias"] or "", activation=match["activation"] or "", residual=bool(match["residual"]),
+                       out_dtype=match["out"] or "")
+        if epilogue.key != key:  # (one spelling per epilogue: keys are compared as strings)
+            raise ValueError(f"not an epilogue key: {key!r} (this epilogue's key is {epilogue.key!r})")
+        return epilogue
+
+    def swapped(self) -> Epilogue:
+        """The same epilogue for the problem with its operands swapped (C^T = B^T A^T): a bias along N
+        runs along M of the transposed output, and the other way round."""
+        if not self.bias:
+            return self
+        return Epilogue("m" if self.bias == "n" else "n", self.activation, self.residual, self.out_dtype)
+
+    def __str__(self) -> str:
+        return self.key or "none"
+
+
+def require_bare(problem, what: str) -> None:
+    """ValueError where `problem` has an epilogue: no kernel template applies one yet (issue 40), so
+    nothing may be rendered, tuned or recorded under an epilogue's key as if it were the bare GEMM."""
+    if not problem.epilogue.is_identity:
+        raise ValueError(f"{what}: {problem} has the epilogue {problem.epilogue}, which no kernel applies yet")
+
+
+def activate(x, activation: str, xp=None):
+    """`activation` of the float64 array `x` (NumPy or CuPy: `xp`, by default the array's module)."""
+    if xp is None:
+        import numpy as xp  # (NumPy unless CuPy is given: the reference runs on either)
+    if activation == "":
+        return x
+    if activation == "relu":
+        return xp.maximum(x, 0.0)
+    if activation == "gelu":
+        erf = _erf(xp)
+        return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+    if activation == "gelu_tanh":
+        return 0.5 * x * (1.0 + xp.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+    if activation == "silu":
+        return x / (1.0 + xp.exp(-x))
+    raise ValueError(f"unknown activation {activation!r}; expected one of {', '.join(ACTIVATIONS)}")
+
+
+def _erf(xp):
+    """The module's elementwise erf: NumPy has none (SciPy's, else math.erf vectorized); CuPy's
+    cupyx.scipy.special has one."""
+    if xp.__name__ == "numpy":
+        try:
+            from scipy.special import erf  # (optional: SciPy)
+
+            return erf
+        except ImportError:
+            return xp.vectorize(math.erf, otypes=[float])
+    from cupyx.scipy.special import erf  # (lazy: CuPy)
+
+    return erf
+
+
+def reference(product, epilogue: Epilogue, *, alpha: float = 1.0, beta: float = 0.0, c=None, bias=None, residual=None,
+              xp=None):
+    """D in float64 from the exact product (float64, M×N or batch×M×N): act(alpha·product + bias) +
+    residual + beta·c (module docstring). `bias` has N values (bias "n") or M (bias "m")."""
+    if xp is None:
+        import numpy as xp  # (NumPy unless CuPy is given)
+    y = alpha * product
+    if epilogue.bias:
+        if bias is None:
+            raise ValueError(f"the epilogue {epilogue} adds a bias: give it")
+        y = y + (bias.reshape(-1) if epilogue.bias == "n" else bias.reshape(-1, 1))
+    y = activate(y, epilogue.activation, xp)
+    if epilogue.residual:
+        if residual is None:
+            raise ValueError(f"the epilogue {epilogue} adds a residual: give it")
+        y = y + residual
+    if beta != 0:
+        y = y + beta * c
+    return y
+
+
+def error_bound(pre_activation_bound, epilogue: Epilogue, result_magnitude, out_unit_roundoff: float,
+                residual_magnitude=0.0):
+    """How far a correct kernel's D may be from `reference`, element by element: the bound of the
+    product's error (with the bias added, before the activation) grown by the activation's largest
+    slope, plus the roundings the epilogue adds (each an output unit roundoff of what it rounds: the
+    activation's value, the residual's sum, the final conversion)."""
+    slope = SLOPES[epilogue.activation]
+    rounding = 2 * out_unit_roundoff * result_magnitude
+    if epilogue.residual:
+        rounding = rounding + 2 * out_unit_roundoff * residual_magnitude
+    return slope * pre_activation_bound + rounding

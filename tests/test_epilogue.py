@@ -1,0 +1,138 @@
+"""The epilogue's vocabulary without a GPU: keys (alone and in problem keys), validation, the float64
+reference (activation values, the order of bias, activation, residual and beta·C) and the error bound."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from autogemm.epilogue import ACTIVATIONS, SLOPES, Epilogue, activate, error_bound, reference
+from autogemm.problem import Problem
+
+ALL = [Epilogue(bias, activation, residual, out)
+       for bias, activation, residual, out in itertools.product(("", "n", "m"), ("", *ACTIVATIONS), (False, True),
+                                                                 ("", "bfloat16", "float32"))]
+
+
+def test_every_epilogue_has_one_key_that_reads_back():
+    keys = [e.key for e in ALL]
+    assert len(set(keys)) == len(keys)
+    assert Epilogue().key == "" and Epilogue().is_identity
+    for epilogue in ALL[1:]:
+        assert not epilogue.is_identity and Epilogue.from_key(epilogue.key) == epilogue
+    assert Epilogue("n", "gelu", True, "bfloat16").key == "bias_n+gelu+res>bfloat16"
+
+
+@pytest.mark.parametrize("key", ["", "gelu+bias_n", "bias_x", "tanh", "res+gelu", "bias_n++gelu", "bias_n+",
+                                 ">float32x", "gelu>int8", "bias_n+relu+gelu", "relu+res+res"])
+def test_other_spellings_are_not_epilogue_keys(key):
+    with pytest.raises(ValueError):
+        Epilogue.from_key(key)
+
+
+def test_bad_fields_are_refused_by_name():
+    with pytest.raises(ValueError, match="activation 'tanh'"):
+        Epilogue(activation="tanh")
+    with pytest.raises(ValueError, match="bias"):
+        Epilogue(bias="k")
+    with pytest.raises(ValueError, match="output dtype 'int8'"):
+        Epilogue(out_dtype="int8")
+    with pytest.raises(TypeError, match="residual"):
+        Epilogue(residual=1)
+    with pytest.raises(TypeError, match="epilogue"):
+        Problem(4, 4, 4, epilogue="bias_n")
+
+
+def test_problem_keys_carry_the_epilogue_and_bare_keys_stay_as_they_were():
+    bare = Problem(16, 4096, 4096, dtype="float16", trans_b=True)
+    assert bare.key == "float16/fp32/nt/b1/16x4096x4096" and Problem.from_key(bare.key) == bare
+    fused = Problem(16, 4096, 4096, dtype="float16", trans_b=True, epilogue=Epilogue("n", "silu"))
+    assert fused.key == "float16/fp32/nt/b1/16x4096x4096/bias_n+silu"
+    assert Problem.from_key(fused.key) == fused and fused != bare and "bias_n+silu" in str(fused)
+    for bad in ("float16/fp32/nt/b1/16x4096x4096/", "float16/fp32/nt/b1/16x4096x4096/bias_q",
+                "float16/fp32/nt/b1/16x4096x4096/gelu/relu", "float16/fp32/nt/b1/16x4096x4096/../../x"):
+        with pytest.raises(ValueError):
+            Problem.from_key(bad)
+
+
+def test_swapping_the_operands_moves_the_bias_to_the_other_axis():
+    problem = Problem(8, 32, 16, epilogue=Epilogue("n", "relu", True))
+    swapped = problem.swapped()
+    assert (swapped.m, swapped.n, swapped.epilogue) == (32, 8, Epilogue("m", "relu", True))
+    assert swapped.swapped() == problem
+    assert Problem(8, 32, 16).swapped().epilogue == Epilogue()
+
+
+def test_activations_have_their_closed_forms():
+    x = np.array([-3.0, -1.0, -0.25, 0.0, 0.5, 1.0, 2.0, 6.0])
+    assert np.array_equal(activate(x, "relu"), np.maximum(x, 0))
+    gelu = [0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x]
+    assert np.allclose(activate(x, "gelu"), gelu, rtol=1e-15, atol=1e-300)
+    assert activate(np.array([1.0]), "gelu")[0] == pytest.approx(0.8413447460685429, rel=1e-14)
+    assert activate(np.array([1.0]), "gelu_tanh")[0] == pytest.approx(0.8411919906082768, rel=1e-14)
+    assert activate(np.array([1.0]), "silu")[0] == pytest.approx(0.7310585786300049, rel=1e-14)
+    assert activate(x, "") is x
+    with pytest.raises(ValueError, match="swish"):
+        activate(x, "swish")
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_each_slope_bounds_the_activations_derivative_and_is_tight(activation):
+    x = np.linspace(-12, 12, 240001)
+    steepest = np.max(np.abs(np.diff(activate(x, activation)) / np.diff(x)))
+    assert steepest <= SLOPES[activation] and steepest >= 0.99 * SLOPES[activation]
+
+
+def test_the_reference_adds_the_bias_then_activates_then_adds_the_residual_and_beta_c():
+    rng = np.random.default_rng(0)
+    product, c, residual = rng.uniform(-1, 1, (3, 4)), rng.uniform(-1, 1, (3, 4)), rng.uniform(-1, 1, (3, 4))
+    along_n, along_m = rng.uniform(-1, 1, 4), rng.uniform(-1, 1, 3)
+    got = reference(product, Epilogue("n", "relu", True), alpha=2.0, beta=0.5, c=c, bias=along_n, residual=residual)
+    assert np.allclose(got, np.maximum(2.0 * product + along_n[None, :], 0) + residual + 0.5 * c)
+    got = reference(product, Epilogue("m", "silu"), bias=along_m)
+    y = product + along_m[:, None]
+    assert np.allclose(got, y / (1 + np.exp(-y)))
+    assert np.array_equal(reference(product, Epilogue()), product)
+    batched = rng.uniform(-1, 1, (2, 3, 4))
+    assert np.allclose(reference(batched, Epilogue("n"), bias=along_n), batched + along_n)
+    with pytest.raises(ValueError, match="bias"):
+        reference(product, Epilogue("n"))
+    with pytest.raises(ValueError, match="residual"):
+        reference(product, Epilogue(residual=True))
+
+
+def test_the_error_bound_grows_the_products_bound_by_the_slope_and_adds_the_epilogues_roundings():
+    base = np.array([1e-3, 2e-3])
+    magnitude = np.array([1.0, 4.0])
+    u = 2.0 ** -8  # bfloat16's unit roundoff
+    plain = error_bound(base, Epilogue(), magnitude, u)
+    assert np.allclose(plain, base + 2 * u * magnitude)
+    gelu = error_bound(base, Epilogue(activation="gelu"), magnitude, u)
+    assert np.allclose(gelu, SLOPES["gelu"] * base + 2 * u * magnitude)
+    with_residual = error_bound(base, Epilogue(residual=True), magnitude, u, residual_magnitude=np.array([3.0, 0.0]))
+    assert with_residual[0] > plain[0] and with_residual[1] == plain[1]
+
+
+def test_nothing_renders_tunes_or_records_a_problem_with_an_epilogue_until_a_kernel_applies_it():
+    # (so that no bare kernel is ever measured, cached or served under an epilogue's key)
+    from autogemm.families import config_from_name
+    from autogemm.kernels.render import render
+    from autogemm.results.record import Record
+    from autogemm.tuning.tuner import tune
+
+    fused = Problem(64, 64, 64, epilogue=Epilogue("n", "gelu"))
+    config = config_from_name("64x64x16_w32x32_t4x8_v44_s3_pad_g8_k1_o2")
+    assert render(config, Problem(64, 64, 64)).kernel  # the bare problem renders
+    with pytest.raises(ValueError, match="bias_n\\+gelu, which no kernel applies yet"):
+        render(config, fused)
+    with pytest.raises(ValueError, match="no kernel applies yet"):
+        tune(fused)
+    record = {"problem": fused.key, "family": "cublas", "config": {}, "config_name": "cublas", "time_ms": 1.0,
+              "tflops": 1.0, "cublas_ms": 1.0, "cublas_tflops": 1.0, "ratio": 1.0, "rel_error": 0.0,
+              "template_hash": "", "device": "NVIDIA H100 80GB HBM3", "versions": {}, "date": "2026-11-26",
+              "host": "h"}
+    with pytest.raises(ValueError, match="no kernel applies yet"):
+        Record.from_json(record)
