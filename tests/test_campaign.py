@@ -662,3 +662,16 @@ def test_several_workers_on_one_sqlite_file_are_told_of_the_journal():
     assert storage_advice("sqlite:////tmp/studies.db", 1) is None
     assert storage_advice("journal:////tmp/studies.log", 8) is None
     assert storage_advice("postgresql+psycopg2://tuner@db/autogemm", 8) is None
+
+
+def test_a_campaign_without_a_storage_gets_a_journal_of_its_own_and_a_reader_makes_nothing(tmp_path, monkeypatch):
+    from autogemm.campaigns.campaign import resolve_storage
+
+    monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path / "user"))
+    campaign = parse_campaign({"campaign": {"name": "llm-proj.v2"}, "problems": [{"shapes": [[64, 64, 64]]}]})
+    assert resolve_storage(campaign, create=False) == f"journal:///{tmp_path / 'user' / 'campaigns' / 'llm-proj.v2.log'}"
+    assert not (tmp_path / "user").exists()
+    assert resolve_storage(campaign) == resolve_storage(campaign, create=False)
+    assert (tmp_path / "user" / "campaigns").is_dir() and not (tmp_path / "user" / "campaigns" / "llm-proj.v2.log").exists()
+    named = parse_campaign({"campaign": {"name": "c", "storage": "sqlite:////tmp/s.db"}, "problems": [{"shapes": [[8, 8, 8]]}]})
+    assert resolve_storage(named) == "sqlite:////tmp/s.db"

@@ -266,7 +266,9 @@ def storage_advice(storage: str, workers: int) -> str | None:
 
 
 def resolve_storage(campaign: Campaign, create: bool = True) -> str:
-    """The campaign's storage URL; the default one made only with `create` (a reader makes nothing)."""
-    from ..tuning.study import default_storage  # (lazy: Optuna)
+    """The campaign's storage URL: the file's, else a journal file of the campaign's own in the cache
+    directory (study.default_campaign_storage), its folder made only with `create` (a reader makes
+    nothing)."""
+    from ..tuning.study import default_campaign_storage  # (lazy: Optuna)
 
-    return campaign.storage or default_storage(create)
+    return campaign.storage or default_campaign_storage(campaign.name, create)

@@ -52,6 +52,17 @@ class StudyStorageError(RuntimeError):
     """The study storage cannot be opened or used."""
 
 
+def default_campaign_storage(name: str, create: bool = True) -> str:
+    """A campaign's storage where its file names none: a journal file of its own in the cache
+    directory (campaigns/<name>.log; the name is a campaign name, letters, digits and ._-, checked
+    with the file). Not the tunes' SQLite file: several workers writing one SQLite file wait for each
+    other (docs/campaigns.md), and a journal per campaign stays as small as the campaign."""
+    path = user_cache_dir() / "campaigns" / f"{name}.log"
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return f"{JOURNAL}{path}"
+
+
 def default_storage(create: bool = True) -> str:
     """The default storage's URL: SQLite in the cache directory (made, unless `create` is false:
     a reader creates nothing)."""
