@@ -373,3 +373,56 @@ def test_a_tune_given_its_options_searches_as_one_given_them_by_name(tmp_path):
                  cache=TuningCache(tmp_path / "given" / "cache", shipped=False))
     assert (given.config, given.history, given.rejected, given.duplicates) == \
         (by_name.config, by_name.history, by_name.rejected, by_name.duplicates)
+
+
+class _SlowCompiles(RecordedEvaluator):
+    """The first candidate "compiles" for `first_s` seconds after it is started, every later one for
+    `then_s` (a future that a timer completes), as slow nvcc compiles would; finishing one waits for
+    its compile."""
+
+    def __init__(self, table, first_s, then_s):
+        super().__init__(table)
+        self.times = [first_s]
+        self.then_s = then_s
+
+    def start(self, config):
+        import threading
+        from concurrent.futures import Future
+
+        future = Future()
+        timer = threading.Timer(self.times.pop() if self.times else self.then_s, future.set_result, args=(None,))
+        timer.daemon = True
+        timer.start()
+        return config, future
+
+    def ready_within(self, handle, seconds):
+        import concurrent.futures
+
+        try:
+            handle[1].result(timeout=max(0.0, seconds))
+        except concurrent.futures.TimeoutError:
+            return False
+        return True
+
+    def finish(self, handle, best_ms):
+        if isinstance(handle, tuple):  # (a candidate; the finalists' re-timing passes configs)
+            handle[1].result()
+            handle = handle[0]
+        return super().finish(handle, best_ms)
+
+
+def test_a_search_out_of_time_does_not_wait_for_a_compile(tmp_path):
+    import time
+
+    # the first candidate compiles in 0.1 s and is measured; the others take 4 s, far past the 1 s
+    # budget: the search stops at its deadline instead of waiting for the next one
+    started = time.perf_counter()
+    result = tune(TABLE.problem, trials=400, timeout=1.0, evaluator=_SlowCompiles(TABLE, 0.1, 4.0),
+                  storage=":memory:", space=small_space(), cache=TuningCache(tmp_path / "cache", shipped=False),
+                  patience=0)
+    took = time.perf_counter() - started
+    assert result.valid == 1 and took < 2.5, took
+    # a budget shorter than one compile still waits for the first candidate and measures it
+    result = tune(TABLE.problem, trials=400, timeout=0.2, evaluator=_SlowCompiles(TABLE, 0.6, 0.6), storage=":memory:",
+                  space=small_space(), cache=TuningCache(tmp_path / "cache2", shipped=False), patience=0)
+    assert result.valid >= 1

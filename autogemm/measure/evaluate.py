@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
+from concurrent.futures import CancelledError
+from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
@@ -51,6 +53,12 @@ class Evaluator:
 
     def cancel(self, handle) -> None:
         pass
+
+    def ready_within(self, handle, seconds: float) -> bool:
+        """Whether the candidate's preparation (its compile) is done within `seconds`, waiting at most
+        that long: a search out of time measures no candidate it would first have to wait for.
+        A back end with nothing to wait for is always ready."""
+        return True
 
     def retime(self, configs: list) -> tuple[list[Measurement], float]:
         """Re-verifies and re-times the finalists together with cuBLAS; returns (measurements, cuBLAS ms)."""
@@ -110,6 +118,15 @@ class CompileAheadEvaluator(Evaluator):
 
     def cancel(self, handle) -> None:
         handle[1].cancel()
+
+    def ready_within(self, handle, seconds: float) -> bool:
+        try:
+            handle[1].exception(timeout=max(0.0, seconds))  # (a failed compile is ready: finish reports it)
+        except FutureTimeout:
+            return False
+        except CancelledError:
+            return True
+        return True
 
     def _compiled(self, handle) -> Measurement | None:
         """None once the candidate's cubin is ready, else the compile failure. When a worker dies,

@@ -216,6 +216,11 @@ class SearchLoop:
                 self._propose_candidates()
                 if not self.pending:
                     break  # the sampler proposes nothing new
+                if self.deadline is not None and counters.valid and not self.evaluator.ready_within(
+                        self.pending[0].handle, self.deadline - time.perf_counter()):
+                    # out of time before the next candidate compiled: it is not waited for (once one
+                    # candidate is measured: a budget shorter than a compile still measures the first)
+                    break
                 measurement = self._measure_next()
                 if measurement.ok and converged(counters.history, self.options.patience):
                     self.stopped = (f"converged: the last {self.options.patience} measured trials gained less "
