@@ -2,7 +2,8 @@
 tuner per study at a time on a machine, and the background writer that copies finished trials
 into the persistent study (so that the storage's latency never holds up the search).
 
-The default storage is one SQLite file in the cache directory. Optuna creates its tables on first
+A tune's default storage is one SQLite file in the cache directory (a campaign's, a journal file of its
+own: `default_campaign_storage`). Optuna creates its tables on first
 use, which races between processes that start at once: the storage is opened under a file lock,
 and writers wait for each other (a busy timeout) instead of failing with "database is locked". A
 default file that is not a database is moved aside with a warning and started afresh.
