@@ -97,7 +97,8 @@ def require_bare(problem, what: str) -> None:
 
 
 def activate(x, activation: str, xp=None):
-    """`activation` of the float64 array `x` (NumPy or CuPy: `xp`, by default the array's module)."""
+    """`activation` of the float64 array `x`, with the array module `xp` (NumPy by default; CuPy for
+    CuPy arrays)."""
     if xp is None:
         import numpy as xp  # (NumPy unless CuPy is given: the reference runs on either)
     if activation == "":

@@ -47,7 +47,8 @@ OUT = HERE / "results"
 SHIPPED = ROOT / "campaigns" / "shipped.toml"
 SECTION = "# ---- wider evidence"  # the section of shipped.toml this benchmark tunes (to the next "# ----")
 TIMEOUT_S, TRIALS, SEED = 10, 400, 0
-STORAGE = "journal"  # the runs' study storage (the first published run, 2026-11-26, used SQLite)
+# the runs' study storage, in a run's folder (the first published run, 2026-11-26, used SQLite)
+STORAGE, STORAGE_FILE = "journal", "studies.log"
 RUNS = {"fill": [0], "one-gpu": [0], "two-gpus": [0, 1]}
 TITLES = {"fill": "1 GPU, cold (fills the caches)", "one-gpu": "1 GPU, warm", "two-gpus": "2 GPUs, warm"}
 
@@ -66,7 +67,7 @@ def campaign_file(base: Path, devices: list[int]) -> Path:
     toml = base / "campaign.toml"
     toml.write_text(f'''[campaign]
 name = "scaling"
-storage = "journal:///{base}/studies.log"
+storage = "{STORAGE}:///{base / STORAGE_FILE}"
 devices = {devices}
 timeout = {TIMEOUT_S}
 trials = {TRIALS}

@@ -29,6 +29,7 @@ def test_the_slice_is_the_shipped_campaigns_wider_evidence_with_ten_seconds_each
     assert len(keys) == len(set(keys)) >= 30 and set(keys) <= shipped
     assert campaign.tune_options.timeout >= 10 and campaign.tune_options.patience == 0
     assert list(campaign.devices) == [0, 1] and campaign.cache_dir == str(tmp_path / "cache")
+    assert campaign.storage == f"journal:///{tmp_path / 'studies.log'}"  # (SQLite makes two workers wait)
     assert {p.trans_b for p in campaign.problems} == {True, False} and any(p.trans_a for p in campaign.problems)
     assert any(p.batch > 1 for p in campaign.problems) and any(p.compute == "tf32" for p in campaign.problems)
 
