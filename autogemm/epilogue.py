@@ -33,6 +33,14 @@ BIAS_AXES = ("n", "m")  # "n": one value per column (along N); "m": one per row 
 # The largest |act'(x)| over all x: how much an activation may grow an error of its input
 # (gelu's derivative peaks at 1.1289 near x = 2.42, gelu_tanh's likewise, silu's at 1.0998 near 2.40).
 SLOPES = {"": 1.0, "relu": 1.0, "gelu": 1.129, "gelu_tanh": 1.13, "silu": 1.1}
+# How many unit roundoffs of the accumulator (relative to |x|) evaluating act(x) may cost: erf, tanh
+# and exp are accurate to about 2 ulps, and the products, sums and the quotient around them each add
+# one rounding; where act(x) is small against x (gelu of a negative x: 1 + erf(x/sqrt 2) cancels),
+# those roundings are of x's size, not of act(x)'s. relu and the identity round nothing.
+EVALUATION_ROUNDINGS = {"": 0, "relu": 0, "gelu": 8, "gelu_tanh": 10, "silu": 8}
+# D's dtypes by the products' dtype (Epilogue.output_dtype)
+OUTPUT_DTYPES = {"float16": ("float16", "bfloat16", "float32"), "bfloat16": ("bfloat16", "float16", "float32"),
+                 "float32": ("float32", "bfloat16", "float16"), "float64": ("float64", "float32")}
 _KEY = re.compile(r"(?:bias_(?P<bias>[nm]))?\+?(?P<activation>relu|gelu_tanh|gelu|silu)?\+?(?P<residual>res)?"
                   r"(?:>(?P<out>[a-z0-9]+))?")
 
@@ -84,6 +92,26 @@ class Epilogue:
         if not self.bias:
             return self
         return Epilogue("m" if self.bias == "n" else "n", self.activation, self.residual, self.out_dtype)
+
+    def output_dtype(self, dtype: str) -> str:
+        """D's dtype for products of `dtype`: out_dtype where given, else `dtype`. ValueError where the
+        pair is not one the kernels write: FP16, BF16 and FP32 products go to any of the three (an FP32
+        accumulator written as BF16, or FP16 products kept in FP32), FP64 to FP64 or FP32."""
+        out = self.out_dtype or dtype
+        allowed = OUTPUT_DTYPES.get(dtype, (dtype,))
+        if out not in allowed:
+            raise ValueError(f"out_dtype {out} is not written for {dtype} products; choose from {', '.join(allowed)}")
+        return out
+
+    def template_context(self, dtype: str) -> dict:
+        """What the templates' epilogue macros read (common.cuh.j2, epilogue_functions) for products
+        of `dtype`: the epilogue's parts, and D's C++ type with its conversions from and to the
+        accumulator (bias and residual have D's type)."""
+        row = dtypes.lookup(dtype)
+        out = dtypes.lookup(self.output_dtype(dtype))
+        return {"active": not self.is_identity, "key": self.key, "bias": self.bias, "activation": self.activation,
+                "residual": self.residual, "out": out.element, "out_bytes": out.itemsize,
+                "out_to_acc": f"Acc({out.to_acc})", "acc_to_out": out.from_acc, "double": row.accumulator == "double"}
 
     def __str__(self) -> str:
         return self.key or "none"
@@ -152,13 +180,21 @@ def reference(product, epilogue: Epilogue, *, alpha: float = 1.0, beta: float = 
 
 
 def error_bound(pre_activation_bound, epilogue: Epilogue, result_magnitude, out_unit_roundoff: float,
-                residual_magnitude=0.0):
-    """How far a correct kernel's D may be from `reference`, element by element: the bound of the
-    product's error (with the bias added, before the activation) grown by the activation's largest
-    slope, plus the roundings the epilogue adds (each an output unit roundoff of what it rounds: the
-    activation's value, the residual's sum, the final conversion)."""
+                residual_magnitude=0.0, *, pre_activation_magnitude=0.0, accumulator_unit_roundoff: float = 0.0,
+                out_smallest_normal: float = 0.0):
+    """How far a correct kernel's D may be from `reference`, element by element:
+
+    - the bound of the error of what the activation is given (the product's, with the bias added),
+      grown by the activation's largest slope (SLOPES);
+    - the activation's own evaluation in the accumulator's type (erf, tanh, exp and the products
+      around them: EVALUATION_ROUNDINGS unit roundoffs of the accumulator, relative to the
+      magnitude of what it is given);
+    - the roundings the epilogue adds in D's type: the final conversion of the result and of the
+      residual's sum (two unit roundoffs of each), and where D's type has subnormals that matter
+      (FP16), half of their spacing."""
     slope = SLOPES[epilogue.activation]
-    rounding = 2 * out_unit_roundoff * result_magnitude
+    rounding = 2 * out_unit_roundoff * result_magnitude + out_unit_roundoff * out_smallest_normal
     if epilogue.residual:
         rounding = rounding + 2 * out_unit_roundoff * residual_magnitude
-    return slope * pre_activation_bound + rounding
+    evaluation = EVALUATION_ROUNDINGS[epilogue.activation] * accumulator_unit_roundoff * pre_activation_magnitude
+    return slope * pre_activation_bound + evaluation + rounding

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from autogemm.epilogue import ACTIVATIONS, SLOPES, Epilogue, activate, error_bound, reference
+from autogemm.epilogue import ACTIVATIONS, EVALUATION_ROUNDINGS, SLOPES, Epilogue, activate, error_bound, reference
 from autogemm.problem import Problem
 
 ALL = [Epilogue(bias, activation, residual, out)
@@ -114,6 +114,16 @@ def test_the_error_bound_grows_the_products_bound_by_the_slope_and_adds_the_epil
     assert np.allclose(gelu, SLOPES["gelu"] * base + 2 * u * magnitude)
     with_residual = error_bound(base, Epilogue(residual=True), magnitude, u, residual_magnitude=np.array([3.0, 0.0]))
     assert with_residual[0] > plain[0] and with_residual[1] == plain[1]
+    # the activation's own evaluation in the accumulator: relative to what it is given, not to its result
+    evaluated = error_bound(base, Epilogue(activation="silu"), magnitude, u, pre_activation_magnitude=np.array([8.0, 0.0]),
+                            accumulator_unit_roundoff=2.0 ** -24)
+    assert np.allclose(evaluated - error_bound(base, Epilogue(activation="silu"), magnitude, u),
+                       [EVALUATION_ROUNDINGS["silu"] * 2.0 ** -24 * 8.0, 0.0])
+    assert np.array_equal(error_bound(base, Epilogue(activation="relu"), magnitude, u, pre_activation_magnitude=8.0,
+                                      accumulator_unit_roundoff=2.0 ** -24),
+                          error_bound(base, Epilogue(activation="relu"), magnitude, u))  # relu rounds nothing
+    # FP16's subnormals: half their spacing, whatever the result's size
+    assert np.allclose(error_bound(0.0, Epilogue(), 0.0, 2.0 ** -11, out_smallest_normal=2.0 ** -14), 2.0 ** -25)
 
 
 def test_nothing_renders_tunes_or_records_a_problem_with_an_epilogue_until_a_kernel_applies_it():

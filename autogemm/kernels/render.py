@@ -21,7 +21,8 @@ import jinja2.sandbox
 
 from ..families import GemmConfig, VectorWidths, all_families
 from ..paths import template_override_dir, templates_dir
-from ..epilogue import require_bare
+from .. import dtypes
+from ..epilogue import Epilogue, require_bare
 from ..problem import Problem
 
 
@@ -230,6 +231,21 @@ def render(config: GemmConfig, problem: Problem, widths: VectorWidths | None = N
                          "internals)") from None
     return Source(kernel=name, reduce_kernel=config.reduce_kernel(name), code=code, arch_suffix=config.arch_suffix,
                   repack_kernel=config.repack_kernel(name))
+
+
+def render_epilogue(dtype: str, epilogue: Epilogue) -> Source:
+    """The unfused epilogue kernel (templates/epilogue.cu.j2) for products of `dtype`: what follows a
+    GEMM that cannot apply `epilogue` itself (cuBLAS), in one pass over the output. ValueError for the
+    identity epilogue (there is nothing to apply) and for an output dtype the kernels do not write."""
+    if epilogue.is_identity:
+        raise ValueError("the identity epilogue has no kernel: the GEMM's output is D")
+    row = dtypes.lookup(dtype)
+    context = epilogue.template_context(dtype)  # (validates the output dtype)
+    name = "autogemm_epilogue_" + re.sub(r"[^0-9a-z]+", "_", f"{dtype}_{epilogue.key}").strip("_")
+    code = environment().get_template("epilogue.cu.j2").render(
+        kernel=name, dtype=dtype, element=row.element, accumulator=row.accumulator, element_bytes=row.itemsize,
+        to_acc=row.to_acc, epilogue=context)
+    return Source(kernel=name, reduce_kernel=None, code=code)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -1,0 +1,149 @@
+"""The epilogue's CUDA code without a GPU: the unfused epilogue kernel renders and compiles with nvcc
+for every product dtype, output dtype and epilogue part; the macros' arithmetic (bias, activation,
+residual, conversion to D's type), compiled for the host with nvcc, stays within `error_bound` of the
+float64 reference; and a bare kernel's source does not change because the macros exist.
+
+CI has nvcc (and the host compiler it drives); without them these tests fail and say so.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from autogemm import dtypes
+from autogemm.epilogue import ACTIVATIONS, Epilogue, error_bound, reference
+from autogemm.kernels.compile import find_nvcc, nvcc_resources
+from autogemm.kernels.render import environment, render_epilogue
+
+# every product dtype with every output dtype it is written as (each with one of the epilogues, in turn),
+# and every epilogue on FP16 products
+OUTPUTS = [("float16", ""), ("float16", "float32"), ("bfloat16", ""), ("bfloat16", "float32"), ("float32", ""),
+           ("float32", "bfloat16"), ("float32", "float16"), ("float64", ""), ("float64", "float32")]
+PARTS = [("n", "gelu", True), ("m", "silu", False), ("", "gelu_tanh", True), ("n", "relu", False), ("", "", True)]
+COMPILED = list(dict.fromkeys([(dtype, Epilogue(*PARTS[i % len(PARTS)], out)) for i, (dtype, out) in enumerate(OUTPUTS)]
+                              + [("float16", Epilogue(*parts)) for parts in PARTS]))
+
+
+def test_the_unfused_epilogue_kernel_compiles_for_every_dtype_and_part():
+    assert find_nvcc(), "nvcc is required for the compile tests: install the CUDA toolkit"
+    sources = [render_epilogue(dtype, epilogue) for dtype, epilogue in COMPILED]
+    assert len({s.kernel for s in sources}) == len(sources)  # one name per (dtype, epilogue)
+    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        reports = list(pool.map(lambda s: nvcc_resources(s, "sm_90"), sources))
+    for source, report in zip(sources, reports):
+        usage = report[source.kernel]
+        assert usage.spill_store_bytes == 0 and usage.stack_bytes == 0, (source.kernel, usage)
+        assert source.parameters(source.kernel)[-4:] == ("bias", "residual", "ldr", "stride_r")
+
+
+def test_the_unfused_kernel_is_refused_for_nothing_to_do_and_for_outputs_it_does_not_write():
+    with pytest.raises(ValueError, match="identity epilogue has no kernel"):
+        render_epilogue("float32", Epilogue())
+    with pytest.raises(ValueError, match="out_dtype float16 is not written for float64 products"):
+        render_epilogue("float64", Epilogue(activation="relu", out_dtype="float16"))
+    assert Epilogue(out_dtype="bfloat16").output_dtype("float32") == "bfloat16"
+    assert Epilogue(activation="gelu").output_dtype("float16") == "float16"
+
+
+def test_a_bare_kernels_source_has_no_epilogue_code():
+    # the macros emit nothing for the identity epilogue: the bare kernels' sources, and with them the
+    # shipped records' source digests, stay as they were
+    from autogemm.families import config_from_name
+    from autogemm.kernels.render import render
+    from autogemm.problem import Problem
+
+    code = render(config_from_name("64x64x16_w32x32_t4x8_v44_s3_pad_g8_k1_o2"), Problem(64, 64, 64)).code
+    assert "epilogue_value" not in code and "EpilogueArgs" not in code
+    identity = environment().from_string('{% import "common.cuh.j2" as common %}{{ common.epilogue_functions(e) }}'
+                                         '{{ common.epilogue_parameters(e) }}{{ common.epilogue_arguments(e) }}')
+    assert identity.render(e=Epilogue().template_context("float32")).strip() == ""
+
+
+# ---- the macros' arithmetic, on the host ----------------------------------------------------------------
+
+# pre-activation values (alpha * acc) spread over where the activations bend and saturate, exact in FP32
+Y = np.array([0.0, 1e-3, -1e-3, 0.125, -0.375, 0.7, -0.7, 1.5, -1.5, 2.4, -2.4, 3.9, -3.9, 6.0, -6.0, 11.0, -11.0,
+              30.0, -30.0, 100.0, -100.0], dtype=np.float32).astype(np.float64)
+BIAS = np.linspace(-1.25, 1.75, Y.size)
+RESIDUAL = np.linspace(2.5, -3.0, Y.size)
+
+HOST_PROGRAM = """{% import "common.cuh.j2" as common %}
+#include <cstdio>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+typedef {{ accumulator }} Acc;
+{{ common.epilogue_functions(e) }}
+int main() {
+    const double y[] = { {{ y }} }, bias[] = { {{ bias }} }, residual[] = { {{ residual }} };
+    EpOut b[{{ count }}], r[{{ count }}];
+    for (int i = 0; i < {{ count }}; ++i) { b[i] = epilogue_from_acc(Acc(bias[i])); r[i] = epilogue_from_acc(Acc(residual[i])); }
+    const EpilogueArgs ep{b, r, 0, 0};
+    for (int i = 0; i < {{ count }}; ++i) {
+        // bias "n" reads column i, "m" row i; the residual (pitch 0) column i
+        const EpOut d = epilogue_from_acc(epilogue_value(Acc(y[i]), ep, 0, i, i));
+        std::printf("%.17g %.17g %.17g\\n", double(epilogue_to_acc(d)), double(epilogue_to_acc(b[i])),
+                    double(epilogue_to_acc(r[i])));
+    }
+    return 0;
+}
+"""
+
+# each activation once at least, each accumulator type and each rounding of D (subnormal FP16 included)
+HOST_CASES = [("float32", Epilogue("n", "gelu", True)), ("float32", Epilogue("m", "gelu_tanh", False, "bfloat16")),
+              ("bfloat16", Epilogue("n", "silu", True, "float32")), ("float16", Epilogue("n", "relu", True)),
+              ("float16", Epilogue("", "silu", False)), ("float64", Epilogue("n", "gelu", True)),
+              ("float64", Epilogue("m", "silu", True, "float32")), ("bfloat16", Epilogue("", "gelu_tanh", True))]
+assert {e.activation for _, e in HOST_CASES} == set(ACTIVATIONS)
+
+
+def _run_on_host(dtype: str, epilogue: Epilogue, tmp_path) -> np.ndarray:
+    row = dtypes.lookup(dtype)
+    code = environment().from_string(HOST_PROGRAM).render(
+        accumulator=row.accumulator, e=epilogue.template_context(dtype), count=Y.size,
+        y=", ".join(repr(float(v)) for v in Y), bias=", ".join(repr(float(v)) for v in BIAS),
+        residual=", ".join(repr(float(v)) for v in RESIDUAL))
+    cu, program = tmp_path / "epilogue.cu", tmp_path / "epilogue"
+    cu.write_text(code)
+    built = subprocess.run([find_nvcc(), "-std=c++17", "-o", str(program), str(cu)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-3000:]
+    ran = subprocess.run([str(program)], capture_output=True, text=True, check=True)
+    return np.array([[float(v) for v in line.split()] for line in ran.stdout.splitlines()])
+
+
+@pytest.mark.parametrize("dtype,epilogue", HOST_CASES, ids=[f"{d}-{e}" for d, e in HOST_CASES])
+def test_the_epilogue_arithmetic_stays_within_its_bound_of_the_float64_reference(dtype, epilogue, tmp_path):
+    out = dtypes.lookup(epilogue.output_dtype(dtype))
+    acc_roundoff = dtypes.lookup(dtype).accumulator_roundoff
+    d, bias, residual = _run_on_host(dtype, epilogue, tmp_path).T
+    # bias and residual as the kernel holds them: rounded to D's type
+    assert np.all(np.abs(bias - BIAS) <= out.element_roundoff * np.abs(BIAS) + out.smallest_normal)
+    shape = (-1, 1) if epilogue.bias == "m" else (1, -1)  # (one row of outputs, or one column for a bias along M)
+    expected = reference(Y.reshape(shape), epilogue, bias=bias if epilogue.bias else None,
+                         residual=residual.reshape(shape) if epilogue.residual else None).ravel()
+    pre = Y + (bias if epilogue.bias else 0.0)
+    bound = error_bound(acc_roundoff * np.abs(pre), epilogue, np.abs(expected), out.element_roundoff,
+                        np.abs(residual) + np.abs(expected), pre_activation_magnitude=np.abs(pre),
+                        accumulator_unit_roundoff=acc_roundoff, out_smallest_normal=out.smallest_normal)
+    error = np.abs(d - expected)
+    worst = int(np.argmax(error / np.maximum(bound, math.ulp(0.0))))
+    assert np.all(error <= bound), (f"y={Y[worst]}: D={d[worst]!r}, reference {expected[worst]!r}, "
+                                    f"error {error[worst]:.3g} > bound {bound[worst]:.3g}")
+
+
+def test_the_host_check_catches_a_wrong_activation(tmp_path, monkeypatch):
+    # the check can fail: the tanh form computed where the erf form is asked for misses the bound
+    # at FP32 (the two GELUs differ by up to about 1e-3 near |x| = 2)
+    wrong = Epilogue("n", "gelu_tanh", True)
+    d, bias, residual = _run_on_host("float32", wrong, tmp_path).T
+    asked = Epilogue("n", "gelu", True)
+    expected = reference(Y.reshape(1, -1), asked, bias=bias, residual=residual.reshape(1, -1)).ravel()
+    pre = Y + bias
+    bound = error_bound(2.0 ** -24 * np.abs(pre), asked, np.abs(expected), 2.0 ** -24, np.abs(residual) + np.abs(expected),
+                        pre_activation_magnitude=np.abs(pre), accumulator_unit_roundoff=2.0 ** -24)
+    assert np.any(np.abs(d - expected) > bound)
