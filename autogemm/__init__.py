@@ -2,6 +2,7 @@
 
     import autogemm
     c = autogemm.matmul(a, b)            # the cached best kernel for this problem and GPU
+    y = autogemm.linear(x, w, bias, activation="gelu")   # act(x @ w.T + bias), w in torch's layout
     autogemm.explain(a, b)               # which kernel that is, and why
     result = autogemm.tune(4096)         # search, verify and cache the best kernel for 4096^3
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .serving.dispatch import matmul, reset
+from .serving.dispatch import linear, matmul, reset
 from .serving.explain import explain
 from .families import SimtConfig, TensorCoreConfig, config_from_dict, config_from_name
 from .problem import Device, Problem

@@ -12,6 +12,7 @@ arrays; PyTorch tensors, registered by `torch_fast_path`) run before anything el
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 from typing import Any
@@ -21,7 +22,7 @@ import numpy as np
 from .. import dtypes
 from ..gpu import capture, runtime
 from ..gpu.operands import check_scalars, common_device, contiguous_strides, describe, real_scalar, validate
-from . import numpy_semantics, torch_fast_path, torch_tensors
+from . import epilogue_step, numpy_semantics, torch_fast_path, torch_tensors
 from .numpy_semantics import as_cupy
 from .plan import bind_cupy_names, bind_torch_names, make_plan
 from .planning import Dispatcher, fast_key
@@ -85,7 +86,8 @@ def _flag(value: bool | None, variable: str) -> bool:
 
 
 def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float = 0.0, compute: str | None = None,
-           tune: bool | None = None, race: bool | None = None) -> Any:
+           tune: bool | None = None, race: bool | None = None, bias: Any = None, activation: str | None = None,
+           residual: Any = None, out_dtype: Any = None) -> Any:
     """C = alpha · a @ b (+ beta · out), as numpy.matmul / cupy.matmul compute a @ b: the cached
     best kernel for this problem and GPU.
 
@@ -105,6 +107,13 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
     without a record of its own races the model's best configs against cuBLAS on its operands and
     keeps the winner for the process (autogemm.serving.race).
 
+    An epilogue (autogemm.epilogue) makes D = act(alpha · a @ b + bias) + residual + beta · out:
+    `bias` a vector of one value per column of the result, `activation` one of "relu", "gelu" (erf),
+    "gelu_tanh" and "silu", `residual` an array of the result's shape, added after the activation,
+    and `out_dtype` D's dtype (float16, bfloat16 or float32 for those products, float64 or float32
+    for float64 ones; bias, residual and out have D's dtype). It runs after the GEMM as one
+    elementwise pass (autogemm.serving.epilogue_step).
+
     Returns `out` when given; else a PyTorch tensor where an operand is one (computed on PyTorch's
     current stream, on the same memory as the CuPy result), a CuPy array otherwise.
     """
@@ -112,6 +121,7 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
     # validation (it passed for exactly these shapes, strides, dtypes, compute and device); what
     # is left costs about a dictionary lookup over the cuBLAS call or the launch itself.
     if out is None and tune is None and race is None and beta == 0 and type(a) is _NDARRAY and type(b) is _NDARRAY \
+            and bias is None and activation is None and residual is None and out_dtype is None \
             and type(alpha) in _PLAIN_SCALARS and (alpha == 1 or -_FLOAT_MAX <= alpha <= _FLOAT_MAX):
         data_a = a.data
         plan = _DISPATCHER.fast.get(fast_key(a, b, compute, data_a.device_id))
@@ -124,6 +134,7 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
     # the result is a tensor from PyTorch's caching allocator, computed on PyTorch's current stream.
     # A call's first time goes the general path below, which registers its plan here (remember_torch).
     if type(a) is _TENSOR and type(b) is _TENSOR and out is None and tune is None and race is None and beta == 0 \
+            and bias is None and activation is None and residual is None and out_dtype is None \
             and type(alpha) in _PLAIN_SCALARS and (alpha == 1 or -_FLOAT_MAX <= alpha <= _FLOAT_MAX) \
             and a.is_cuda and b.is_cuda and not (a.requires_grad or b.requires_grad or a.is_neg() or b.is_neg()):
         try:
@@ -136,6 +147,8 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
             if result is not None:
                 return result
 
+    if bias is not None or activation is not None or residual is not None or out_dtype is not None:
+        return _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype)
     if is_tensor(a) or is_tensor(b) or is_tensor(out):
         return torch_tensors.call(matmul, a, b, out, remember=remember_torch, alpha=alpha, beta=beta, compute=compute,
                                   tune=tune, race=race)
@@ -155,6 +168,75 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
     with _capture_allocations():
         return numpy_semantics.run(call, a, b, out, alpha, beta, compute, device,
                                    lambda *args: _gemm(*args, compute, tune, race), apart=apart)
+
+
+def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None, *, residual: Any = None,
+           out_dtype: Any = None, out: Any = None) -> Any:
+    """y = act(x @ weight^T + bias) (+ residual), as torch.nn.functional.linear computes x @ weight^T +
+    bias: `weight` in PyTorch's layout (N × K, one row per output feature), `x` of shape (..., K),
+    `bias` of N values. The transposed weight is read in place (the NT kernels), never copied.
+    Keywords as `matmul` takes them."""
+    shape = getattr(weight, "shape", None)
+    if shape is None or len(shape) != 2:
+        raise ValueError(f"weight must be a 2-D matrix (out_features × in_features), got "
+                         f"{'shape ' + str(tuple(shape)) if shape is not None else type(weight).__name__}")
+    x_shape = getattr(x, "shape", None)
+    if x_shape is None or len(x_shape) == 0 or x_shape[-1] != shape[1]:
+        raise ValueError(f"x's last axis must be weight's in_features ({shape[1]}); x has shape "
+                         f"{tuple(x_shape) if x_shape is not None else type(x).__name__}")
+    transposed = getattr(weight, "mT", None)
+    if transposed is None:
+        transposed = getattr(weight, "T", None)
+    if transposed is None:
+        raise TypeError(f"weight must be a CuPy array or a PyTorch tensor (a transposed view is taken); got "
+                        f"{type(weight).__name__}")
+    return matmul(x, transposed, out=out, bias=bias, activation=activation, residual=residual, out_dtype=out_dtype)
+
+
+def _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype):
+    """matmul with an epilogue: everything checked first (the keywords, then the operands against the
+    result's shape and dtype), then the GEMM as matmul serves it, then epilogue_step's one pass."""
+    epilogue = epilogue_step.epilogue_of(bias, activation, residual, out_dtype)
+    if any(is_tensor(x) for x in (a, b, out, bias, residual)):
+        return torch_tensors.call_all(
+            lambda a, b, out, bias, residual: _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias,
+                                                             activation, residual, out_dtype),
+            a=a, b=b, out=out, bias=bias, residual=residual)
+    _bind_cupy()
+    alpha, beta = real_scalar(alpha, "alpha"), real_scalar(beta, "beta")
+    check_scalars(alpha, beta, out is not None)
+    call = numpy_semantics.plan(numpy_semantics.read(a, "a"), numpy_semantics.read(b, "b"))
+    product_dtype = dtypes.from_array_name(call.dtype.name) if call.dtype is not None else None
+    if product_dtype is None or call.served_by != numpy_semantics.KERNELS:
+        raise TypeError(f"an epilogue needs floating-point products; a @ b here is "
+                        f"{call.dtype if call.dtype is not None else 'not a float type'} ({call.reason or 'cupy.matmul'})")
+    infos = {name: describe(x, name, output=name == "out") if x is not None else None
+             for name, x in (("bias", bias), ("residual", residual), ("out", out))}
+    if epilogue.out_dtype == product_dtype:  # (one spelling per epilogue: D in the products' own dtype is "")
+        epilogue = dataclasses.replace(epilogue, out_dtype="")
+    epilogue_step.check(call.shape, product_dtype, epilogue, infos["bias"], infos["residual"], infos["out"])
+    if epilogue.is_identity:  # (out_dtype named the products' own dtype, and nothing else was asked)
+        return matmul(a, b, out=out, alpha=alpha, beta=beta, compute=compute, tune=tune, race=race)
+    device = _device_of(numpy_semantics.read(a, "a"))
+    for name, info in infos.items():
+        if info is not None and _device_of(info) != device:
+            raise ValueError(f"{name} is on GPU {_device_of(info)} and the operands on GPU {device}")
+    residual_arr = as_cupy(residual) if residual is not None else None
+    out_arr = as_cupy(out) if out is not None else None
+    product = as_cupy(matmul(a, b, alpha=alpha, compute=compute, tune=tune, race=race))
+    with _on_device(device), _capture_allocations():
+        if residual_arr is not None and out_arr is not None and residual_arr.data.ptr != out_arr.data.ptr \
+                and numpy_semantics.overlapping(numpy_semantics.read(out_arr, "out"),
+                                                numpy_semantics.read(residual_arr, "residual")):
+            residual_arr = residual_arr.copy()  # (D is written while the residual is read: keep it apart)
+        result = epilogue_step.apply(product, epilogue, bias=as_cupy(bias) if bias is not None else None,
+                                     residual=residual_arr, out=out_arr, beta=beta)
+    return out if out is not None else result
+
+
+def _on_device(device: int):
+    """CuPy's context of GPU `device` (where a call's arrays are made and its kernels loaded)."""
+    return runtime.cupy().cuda.Device(device)
 
 
 @contextlib.contextmanager

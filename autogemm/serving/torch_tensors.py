@@ -60,3 +60,27 @@ def call(run, a, b, out, *, remember=None, **options):
                 and a.get_device() == b.get_device() == device.index:
             remember(a, b, a_arr, b_arr, result, tensor, options.get("compute"), device.index)
         return tensor
+
+
+def call_all(run, **arrays):
+    """`run(**arrays)` (on CuPy arrays) where some of `arrays` (None for absent ones) are tensors: each
+    tensor seen as a CuPy array, on PyTorch's current stream of the tensors' device (ValueError where
+    the tensors are on different devices); a tensor back unless `out` was given (then `out`)."""
+    tensors = [(name, x) for name, x in arrays.items() if is_tensor(x)]
+    devices = {str(x.device) for _, x in tensors}
+    if len(devices) > 1:
+        raise ValueError("the tensors are on different devices (" + ", ".join(f"{name} on {x.device}" for name, x in tensors)
+                         + "): put them on one GPU")
+    device = tensors[0][1].device
+    converted = {name: to_cupy(x, name) if x is not None else None for name, x in arrays.items()} \
+        if device.type != "cuda" else None
+    if converted is not None:  # (a CPU tensor: to_cupy has raised, naming it)
+        return run(**converted)
+    import cupy  # (lazy: CuPy)
+    import torch  # (lazy: PyTorch)
+
+    pointer = torch.cuda.current_stream(device).cuda_stream
+    with cupy.cuda.Device(device.index), cupy_stream(pointer, device.index):
+        result = run(**{name: to_cupy(x, name) if x is not None else None for name, x in arrays.items()})
+        out = arrays.get("out")
+        return out if out is not None else torch.from_dlpack(result)

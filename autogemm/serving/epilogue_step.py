@@ -1,0 +1,160 @@
+"""`matmul(..., bias=, activation=, residual=, out_dtype=)`: the epilogue after the GEMM, in one pass.
+
+D = act(alpha · a @ b + bias) + residual + beta · out, written as `out_dtype` (autogemm.epilogue). The
+GEMM is served as `matmul` serves it (the cached kernel, cuBLAS, the guard); the epilogue follows as
+one generated elementwise kernel (templates/epilogue.cu.j2) on the same stream: one read of the
+product and one write of D, where eager PyTorch makes a pass for each step (bias add, activation,
+residual add, cast). Fusing the epilogue into the GEMM's own store saves that pass too; until a
+family does, this is how every epilogue is served.
+
+Validation comes first and names the fault (`check`): the activation's and output dtype's names,
+the bias (1-D, N values, D's dtype), the residual (D's shape and dtype), `out` (D's shape and dtype),
+all on the operands' GPU. Nothing is launched for a call that fails it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .. import dtypes
+from ..epilogue import ACTIVATIONS, Epilogue
+from ..gpu import capture
+from ..gpu.launch import device_info
+from ..gpu.operands import ArrayInfo
+from ..kernels.compile import compile_source
+from ..kernels.render import render_epilogue
+
+THREADS = 256  # per block of the epilogue kernel (a grid-stride loop: any size of D)
+BLOCKS_PER_SM = 8  # enough blocks in flight to keep the memory system busy, few enough to loop
+
+_kernels: dict[tuple[str, str, int], object] = {}  # (dtype, epilogue key, device) -> the loaded kernel
+_kernels_lock = threading.Lock()
+
+
+def dtype_name(value, what: str) -> str:
+    """A dtype given as a name, a NumPy or CuPy dtype or a PyTorch dtype, as autogemm names it."""
+    if value is None or value == "":
+        return ""
+    text = str(value).removeprefix("torch.")
+    if not isinstance(value, str):
+        try:
+            text = np.dtype(value).name
+        except TypeError:
+            pass  # (a torch dtype: its name without the module)
+    if text not in dtypes.DTYPES:
+        raise TypeError(f"{what} {value!r} is not a dtype autogemm writes; choose from {', '.join(dtypes.DTYPES)}")
+    return text
+
+
+def epilogue_of(bias, activation, residual, out_dtype) -> Epilogue:
+    """The Epilogue of matmul's keywords (the bias runs along N: one value per column of D)."""
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}; choose from {', '.join(ACTIVATIONS)}")
+    return Epilogue(bias="n" if bias is not None else "", activation=activation or "", residual=residual is not None,
+                    out_dtype=dtype_name(out_dtype, "out_dtype"))
+
+
+def check(product_shape: tuple, product_dtype: str, epilogue: Epilogue, bias: ArrayInfo | None,
+          residual: ArrayInfo | None, out: ArrayInfo | None) -> str:
+    """D's dtype; TypeError/ValueError naming what does not fit D = act(P + bias) + residual (+ beta · out)
+    for a product P of `product_shape` and `product_dtype`."""
+    out_dtype = epilogue.output_dtype(product_dtype)
+    if bias is not None:
+        if len(product_shape) < 2:
+            raise ValueError(f"bias needs a product with a column axis; this one has shape {product_shape} (b is 1-D)")
+        n = product_shape[-1]
+        if len(bias.shape) != 1 or bias.shape[0] != n:
+            raise ValueError(f"bias must be 1-D with one value per column of the result ({n}); got shape {bias.shape}")
+    for given in (bias, residual, out):
+        if given is not None and given.dtype != out_dtype:
+            raise TypeError(f"{given.name} is {given.dtype} but the result is {out_dtype}: give {given.name} in "
+                            f"{out_dtype}" + ("" if given.name == "out" else " (or ask for another out_dtype)"))
+    for given in (residual, out):
+        if given is not None and tuple(given.shape) != tuple(product_shape):
+            raise ValueError(f"{given.name} must have the result's shape {tuple(product_shape)}; got {tuple(given.shape)}")
+    return out_dtype
+
+
+def _matrices(array):
+    """`array` (..., M, N) as (batch, M, N) without a copy where its strides allow, else a C-ordered
+    copy: (view, pitch, batch stride) in elements, with unit column stride."""
+    cupy = _cupy()
+    shape = array.shape
+    if len(shape) == 1:
+        shape = (1, *shape)
+    m, n = shape[-2:]
+    batch = int(np.prod(shape[:-2], dtype=np.int64)) if len(shape) > 2 else 1
+    itemsize = array.dtype.itemsize
+    try:
+        view = array.reshape(batch, m, n)  # (a view where the leading axes collapse; CuPy copies otherwise)
+    except ValueError:
+        view = cupy.ascontiguousarray(array).reshape(batch, m, n)
+    if view.strides[2] != itemsize or (m > 1 and view.strides[1] % itemsize) or view.strides[0] % itemsize:
+        view = cupy.ascontiguousarray(view)
+    return view, view.strides[1] // itemsize if m > 1 else n, view.strides[0] // itemsize if batch > 1 else m * n
+
+
+def _cupy():
+    from ..gpu import runtime  # (lazy: CuPy)
+
+    return runtime.cupy()
+
+
+def kernel(dtype: str, epilogue: Epilogue, device: int):
+    """The loaded epilogue kernel for products of `dtype` on GPU `device`, compiled once per process.
+    Under a CUDA graph capture only one loaded before serves (compiling inside one is refused)."""
+    key = (dtype, epilogue.key, device)
+    with _kernels_lock:
+        found = _kernels.get(key)
+    if found is not None:
+        return found
+    cupy = _cupy()
+    if capture.capturing(cupy.cuda.get_current_stream().ptr):
+        raise capture.require_plan(f"the epilogue {epilogue} of {dtype} products")
+    loaded = compile_source(render_epilogue(dtype, epilogue), device_info(device).arch, 0).gemm
+    with _kernels_lock:
+        return _kernels.setdefault(key, loaded)
+
+
+def apply(product, epilogue: Epilogue, *, bias=None, residual=None, out=None, beta: float = 0.0):
+    """D of `product` (a CuPy array of the GEMM's result, alpha applied) on the current stream; the
+    arguments checked by `check` before. Returns `out` when given (beta · out read from it first),
+    else a new array of D's dtype."""
+    cupy = _cupy()
+    dtype = dtypes.from_array_name(np.dtype(product.dtype).name)
+    out_dtype = epilogue.output_dtype(dtype)
+    function = kernel(dtype, epilogue, product.device.id)
+    target = out if out is not None else cupy.empty(product.shape, dtype=_cupy_dtype(out_dtype))
+    p, ldp, stride_p = _matrices(product)
+    d, ldd, stride_d = _matrices(target)
+    c, ldc, stride_c = (d, ldd, stride_d) if out is not None else (d, 0, 0)
+    if beta != 0 and d.data.ptr != target.data.ptr:  # out's layout needed a copy: beta reads the copy
+        c, ldc, stride_c = d, ldd, stride_d
+    r, ldr, stride_r = _matrices(residual) if residual is not None else (None, 0, 0)
+    bias_vector = cupy.ascontiguousarray(bias) if bias is not None else None
+    batch, m, n = p.shape
+    row = dtypes.lookup(dtype)
+    acc = np.float64 if row.accumulator == "double" else np.float32
+    total = batch * m * n
+    blocks = max(1, min(-(-total // THREADS), device_info(product.device.id).sm_count * BLOCKS_PER_SM))
+    null = np.uint64(0)
+    function((blocks,), (THREADS,), (
+        p, d, c, np.int32(m), np.int32(n), np.int32(batch), np.int32(ldp), np.int64(stride_p), np.int32(ldd),
+        np.int64(stride_d), np.int32(ldc), np.int64(stride_c), acc(beta),
+        bias_vector if bias_vector is not None else null, r if r is not None else null, np.int32(ldr),
+        np.int64(stride_r)))
+    if d.data.ptr != target.data.ptr:  # out's strides needed a copy: D goes back into out
+        target[...] = d.reshape(target.shape)
+    return target
+
+
+def _cupy_dtype(name: str):
+    if name == "bfloat16":
+        try:
+            import ml_dtypes  # CuPy's bfloat16 is ml_dtypes'
+        except ImportError:
+            raise TypeError("bfloat16 arrays need the ml_dtypes package") from None
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)

@@ -1,0 +1,137 @@
+"""matmul's epilogues on a GPU: every activation, bias, residual, output dtype and beta · out on edge
+shapes (1×1×1, primes, tails, batches, transposed views) against the float64 reference within
+`epilogue.error_bound`; PyTorch tensors in and out, `linear` against torch.nn.functional.linear; a
+CUDA graph capture of a call with an epilogue, replayed on new operands."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import autogemm
+from autogemm import dtypes
+from autogemm.epilogue import Epilogue, error_bound, reference
+from autogemm.measure.bench import element_bounds, to_float64
+from autogemm.problem import Problem
+
+pytestmark = pytest.mark.gpu
+
+SHAPES = [(1, 1, 1), (17, 33, 65), (127, 61, 509), (256, 128, 64)]
+EPILOGUES = [("float16", Epilogue("n", "gelu", True)), ("bfloat16", Epilogue("n", "silu", False)),
+             ("bfloat16", Epilogue("", "gelu_tanh", True, "float32")), ("float32", Epilogue("n", "relu", True, "bfloat16")),
+             ("float32", Epilogue("n", "gelu", False)), ("float64", Epilogue("n", "silu", True)),
+             ("float16", Epilogue("", "", True, "float32"))]
+
+
+def _cupy_dtype(name):
+    from autogemm.gpu.runtime import numpy_dtype
+
+    return numpy_dtype(name)
+
+
+def _random(shape, dtype, seed, scale=2.0):
+    import cupy
+
+    values = (cupy.random.default_rng(seed).random(shape, dtype=np.float64) * 2 - 1) * scale
+    return values.astype(_cupy_dtype(dtype))
+
+
+def _check(d, a, b, dtype, epilogue, *, alpha=1.0, beta=0.0, c=None, bias=None, residual=None, batch=1):
+    """D against the float64 reference within the epilogue's bound (the product's own bound, grown by
+    the activation, plus the epilogue's roundings)."""
+    import cupy
+
+    out = dtypes.lookup(epilogue.output_dtype(dtype))
+    row = dtypes.lookup(dtype)
+    m, n, k = a.shape[-2], b.shape[-1], a.shape[-1]
+    problem = Problem(m, n, k, batch=batch, dtype=dtype)
+    product = alpha * cupy.matmul(to_float64(a), to_float64(b))
+    # the product as the GEMM stores it: rounded to its dtype (element_bounds' u_out term)
+    pre_bound = element_bounds(a, b, None, problem, alpha=alpha, reference=product)
+    bias64 = to_float64(bias) if bias is not None else None
+    pre = product + (bias64.reshape(-1) if bias64 is not None else 0.0)
+    pre_bound = pre_bound + row.accumulator_roundoff * cupy.abs(pre)
+    expected = reference(product, epilogue, bias=bias64, residual=to_float64(residual) if residual is not None else None,
+                         beta=beta, c=to_float64(c) if c is not None else None, xp=cupy)
+    bound = error_bound(pre_bound, epilogue, cupy.abs(expected), out.element_roundoff,
+                        cupy.abs(to_float64(residual)) + cupy.abs(expected) if residual is not None else 0.0,
+                        pre_activation_magnitude=cupy.abs(pre), accumulator_unit_roundoff=row.accumulator_roundoff,
+                        out_smallest_normal=out.smallest_normal)
+    if c is not None and beta:
+        bound = bound + 2 * out.element_roundoff * abs(beta) * cupy.abs(to_float64(c))
+    error = cupy.abs(to_float64(d) - expected)
+    over = int((error > bound).sum())
+    assert d.dtype == _cupy_dtype(out.name) and d.shape == expected.shape
+    assert bool(cupy.isfinite(to_float64(d)).all()) and over == 0, (
+        f"{over} element(s) outside the bound; worst {float((error / bound).max()):.3g}x")
+
+
+@pytest.mark.parametrize("dtype,epilogue", EPILOGUES, ids=[f"{d}-{e}" for d, e in EPILOGUES])
+@pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
+def test_epilogues_match_the_float64_reference(dtype, epilogue, shape):
+    m, n, k = shape
+    out_dtype = epilogue.output_dtype(dtype)
+    a, b = _random((m, k), dtype, 1), _random((k, n), dtype, 2)
+    bias = _random((n,), out_dtype, 3) if epilogue.bias else None
+    residual = _random((m, n), out_dtype, 4) if epilogue.residual else None
+    d = autogemm.matmul(a, b, alpha=0.5, bias=bias, activation=epilogue.activation or None, residual=residual,
+                        out_dtype=epilogue.out_dtype or None)
+    _check(d, a, b, dtype, epilogue, alpha=0.5, bias=bias, residual=residual)
+
+
+def test_batches_transposed_views_and_beta_into_out():
+    epilogue = Epilogue("n", "gelu", True)
+    a = _random((3, 40, 24), "float16", 5)
+    b_stored = _random((3, 56, 24), "float16", 6)
+    b = b_stored.transpose(0, 2, 1)  # a transposed view (NT): read in place
+    bias, residual = _random((56,), "float16", 7), _random((3, 40, 56), "float16", 8)
+    c = _random((3, 40, 56), "float16", 9)
+    out = c.copy()
+    result = autogemm.matmul(a, b, out=out, beta=0.25, bias=bias, activation="gelu", residual=residual)
+    assert result is out
+    _check(out, a, b, "float16", epilogue, beta=0.25, c=c, bias=bias, residual=residual, batch=3)
+    # a residual that is `out` itself (y = act(x @ w + b) + y): each element read before it is written
+    same = c.copy()
+    autogemm.matmul(a, b, out=same, bias=bias, activation="gelu", residual=same)
+    _check(same, a, b, "float16", epilogue, bias=bias, residual=c, batch=3)
+
+
+def test_torch_tensors_and_linear_match_torch():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(33, 64, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(96, 64, device="cuda", dtype=torch.bfloat16) / 8
+    bias = torch.randn(96, device="cuda", dtype=torch.bfloat16)
+    y = autogemm.linear(x, weight, bias, activation="silu")
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16 and y.shape == (33, 96)
+    expected = torch.nn.functional.silu(torch.nn.functional.linear(x.double(), weight.double(), bias.double()))
+    assert torch.allclose(y.double(), expected, rtol=2e-2, atol=2e-2)
+    wide = autogemm.linear(x, weight, bias.float(), activation="gelu", out_dtype=torch.float32)
+    assert wide.dtype == torch.float32
+    expected = torch.nn.functional.gelu(torch.nn.functional.linear(x.double(), weight.double(), bias.double()))
+    assert torch.allclose(wide.double(), expected, rtol=1e-2, atol=1e-2)
+    with pytest.raises(TypeError, match="bias is bfloat16 but the result is float32"):
+        autogemm.linear(x, weight, bias, activation="gelu", out_dtype=torch.float32)
+
+
+def test_a_cuda_graph_with_an_epilogue_replays_on_new_operands():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(16, 128, device="cuda", dtype=torch.float16)
+    weight = torch.randn(256, 128, device="cuda", dtype=torch.float16) / 16
+    bias = torch.randn(256, device="cuda", dtype=torch.float16)
+    residual = torch.randn(16, 256, device="cuda", dtype=torch.float16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the warm-up makes the plan and loads the epilogue's kernel
+        autogemm.linear(x, weight, bias, activation="gelu", residual=residual)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = autogemm.linear(x, weight, bias, activation="gelu", residual=residual)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        x.copy_(torch.randn_like(x))
+        residual.copy_(torch.randn_like(residual))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = torch.nn.functional.gelu(x.double() @ weight.double().T + bias.double()) + residual.double()
+        assert torch.allclose(y.double(), expected, rtol=1e-2, atol=1e-2), seed
