@@ -75,6 +75,11 @@ class Epilogue:
         parts += ["res"] if self.residual else []
         return "+".join(parts) + (f">{self.out_dtype}" if self.out_dtype else "")
 
+    @property
+    def identifier(self) -> str:
+        """The key spelled for a kernel's name ('' for the identity), e.g. ``bias_n_gelu_res_bfloat16``."""
+        return re.sub(r"[^0-9a-z]+", "_", self.key)
+
     @classmethod
     def from_key(cls, key: str) -> Epilogue:
         match = _KEY.fullmatch(key)

@@ -139,3 +139,23 @@ def test_dtype_names_are_read_from_names_and_numpy_dtypes():
     assert epilogue_step.dtype_name(None, "out_dtype") == ""
     with pytest.raises(TypeError, match="out_dtype 'complex64' is not a dtype autogemm writes"):
         epilogue_step.dtype_name("complex64", "out_dtype")
+
+
+def test_explain_checks_an_epilogue_as_matmul_does_and_says_what_follows_the_gemm(stand_ins, monkeypatch):
+    from autogemm.serving import explain as explain_module
+
+    with pytest.raises(ValueError, match=r"bias must be 1-D with one value per column of the result \(48\)"):
+        explain_module.explain(A, B, bias=Crafted((47,), pointer=1 << 40), activation="gelu")
+    shown = {}
+    real = explain_module.explain
+
+    def bare(a, b, **options):  # the GEMM's own explanation, as explain gives it without an epilogue
+        if any(options.get(k) is not None for k in ("bias", "activation", "residual", "out_dtype")):
+            return real(a, b, **options)
+        shown.update(options)
+        return {"source": "cublas", "dtype": "float32", "out": None}
+
+    monkeypatch.setattr(explain_module, "explain", bare)
+    said = real(A, B, bias=Crafted((48,), "<f2", pointer=1 << 40), activation="gelu", out_dtype="float16")
+    assert said["epilogue"]["key"] == "bias_n+gelu>float16" and said["dtype"] == "float16"
+    assert said["source"] == "cublas" and "bias" not in shown  # the GEMM explained is the bare one

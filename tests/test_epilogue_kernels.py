@@ -8,6 +8,7 @@ CI has nvcc (and the host compiler it drives); without them these tests fail and
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from autogemm import dtypes
-from autogemm.epilogue import ACTIVATIONS, Epilogue, error_bound, reference
+from autogemm.epilogue import ACTIVATIONS, OUTPUT_DTYPES, Epilogue, error_bound, reference
 from autogemm.kernels.compile import find_nvcc, nvcc_resources
 from autogemm.kernels.render import environment, render_epilogue
 
@@ -85,8 +86,8 @@ int main() {
     for (int i = 0; i < {{ count }}; ++i) { b[i] = epilogue_from_acc(Acc(bias[i])); r[i] = epilogue_from_acc(Acc(residual[i])); }
     const EpilogueArgs ep{b, r, 0, 0};
     for (int i = 0; i < {{ count }}; ++i) {
-        // bias "n" reads column i, "m" row i; the residual (pitch 0) column i
-        const EpOut d = epilogue_from_acc(epilogue_value(Acc(y[i]), ep, 0, i, i));
+        // bias "n" reads column i, "m" row i; the residual element i
+        const EpOut d = epilogue_from_acc(epilogue_value(Acc(y[i]), ep, i, i, i));
         std::printf("%.17g %.17g %.17g\\n", double(epilogue_to_acc(d)), double(epilogue_to_acc(b[i])),
                     double(epilogue_to_acc(r[i])));
     }
@@ -147,3 +148,59 @@ def test_the_host_check_catches_a_wrong_activation(tmp_path, monkeypatch):
     bound = error_bound(2.0 ** -24 * np.abs(pre), asked, np.abs(expected), 2.0 ** -24, np.abs(residual) + np.abs(expected),
                         pre_activation_magnitude=np.abs(pre), accumulator_unit_roundoff=2.0 ** -24)
     assert np.any(np.abs(d - expected) > bound)
+
+
+# ---- the families that apply an epilogue in their own store -------------------------------------------
+
+FUSED_EPILOGUES = [Epilogue("n", "gelu", True), Epilogue("n", "silu", False, "float32"), Epilogue("", "relu", True),
+                   Epilogue("n", "gelu_tanh", True, "bfloat16")]
+
+
+def _fused_variants():
+    """test_compile's GEMV sample (both B paths, split-K, operands swapped, every dtype and layout),
+    each with an epilogue in turn (one whose output dtype the products can be written as)."""
+    from test_compile import _gemv_variants
+
+    from autogemm.problem import Device
+
+    variants = []
+    for i, (config, problem) in enumerate(_gemv_variants(Device.for_arch("sm_90"))):
+        epilogue = FUSED_EPILOGUES[i % len(FUSED_EPILOGUES)]
+        if epilogue.out_dtype and epilogue.out_dtype not in OUTPUT_DTYPES[problem.dtype]:
+            epilogue = Epilogue(epilogue.bias, epilogue.activation, epilogue.residual)
+        variants.append((config, dataclasses.replace(problem, epilogue=epilogue)))
+    return variants
+
+
+def test_the_gemv_family_applies_every_epilogue_and_compiles():
+    from autogemm.kernels.render import render
+
+    variants = _fused_variants()
+    assert {c.split_k > 1 for c, _ in variants} == {False, True} and {c.swaps_operands for c, _ in variants} == {False, True}
+    assert {p.trans_b for _, p in variants} == {False, True}
+    sources = {render(c, p).digest: (c, p, render(c, p)) for c, p in variants}
+    for config, problem, source in sources.values():
+        kernel_problem = config.kernel_problem(problem)
+        assert source.kernel.endswith("_" + kernel_problem.epilogue.identifier)  # the name says it
+        assert "epilogue_value(alpha * sum" in source.code
+        assert source.parameters(source.kernel)[-4:] == ("bias", "residual", "ldr", "stride_r")
+        # the bias runs along the kernel's own axis: M where the operands are swapped
+        assert kernel_problem.epilogue.bias == ("m" if config.swaps_operands and problem.epilogue.bias else
+                                                problem.epilogue.bias)
+        bare = render(config, dataclasses.replace(problem, epilogue=Epilogue())).code
+        assert "epilogue" not in bare.lower().replace("epilogue's", "")  # nothing of it in the bare kernel
+    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        reports = list(pool.map(lambda s: (s, nvcc_resources(s[2], "sm_90")), sources.values()))
+    for (config, problem, source), report in reports:
+        usage = report[source.kernel]
+        assert usage.spill_store_bytes == 0, (config.name, str(problem), usage)
+
+
+def test_a_family_without_the_epilogue_is_not_rendered_for_one():
+    from autogemm.families import config_from_name
+    from autogemm.kernels.render import render
+    from autogemm.problem import Problem
+
+    with pytest.raises(ValueError, match="the simt family applies no epilogue yet \\(bias_n\\+gelu\\)"):
+        render(config_from_name("64x64x16_w32x32_t4x8_v44_s3_pad_g8_k1_o2"),
+               Problem(64, 64, 64, epilogue=Epilogue("n", "gelu")))

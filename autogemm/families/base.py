@@ -163,9 +163,14 @@ class GemmConfig(Config):
             raise ValueError(f"{self.label} kernels access memory element by element, not with widths {widths}")
 
     def kernel_name(self, problem: Problem, widths: VectorWidths) -> str:
-        """The kernel's function name: everything that makes its source differ."""
+        """The kernel's function name: everything that makes its source differ (render adds the
+        epilogue's part)."""
         return (f"ag_{self.name}_{problem.dtype}_{problem.compute}_{problem.layout}_e{self.even(problem)}"
                 f"_v{widths}")
+
+    # Whether the family's template applies an epilogue (autogemm.epilogue) in its store, through the
+    # macros of common.cuh.j2; a family that does not is never rendered for a problem that has one.
+    applies_epilogue = False
 
     def tiles_k(self, problem: Problem) -> int:
         return -(-problem.k // self.bk)

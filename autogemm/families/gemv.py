@@ -64,6 +64,7 @@ DEFAULTS = (
 
 class GemvConfig(VectorizedLoads, GemmConfig):
     family = "gemv"
+    applies_epilogue = True  # (store_output and finish_split: after the split-K sum, once)
     label = "GEMV"
     name_prefix = "gemv_"
     knobs = KNOBS

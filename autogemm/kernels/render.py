@@ -22,7 +22,7 @@ import jinja2.sandbox
 from ..families import GemmConfig, VectorWidths, all_families
 from ..paths import template_override_dir, templates_dir
 from .. import dtypes
-from ..epilogue import Epilogue, require_bare
+from ..epilogue import Epilogue
 from ..problem import Problem
 
 
@@ -213,7 +213,9 @@ def render(config: GemmConfig, problem: Problem, widths: VectorWidths | None = N
     a string knob that is not one of its choices, or (unless `force`, for experiments) a number out
     of its range never reaches the source: ValueError.
     """
-    require_bare(problem, f"config {config.name} is not rendered")
+    if not (problem.epilogue.is_identity or config.applies_epilogue):
+        raise ValueError(f"config {config.name} is not rendered: the {config.family} family applies no epilogue "
+                         f"yet ({problem.epilogue})")
     reasons = config.render_reasons(force)
     if reasons:
         raise ValueError(f"config {config.name} is not rendered: " + "; ".join(r.removeprefix("choice: ") for r in reasons))
@@ -222,9 +224,12 @@ def render(config: GemmConfig, problem: Problem, widths: VectorWidths | None = N
         widths = config.packed_widths(problem)
     config.check_widths(widths)
     name = config.kernel_name(problem, widths)
+    if not problem.epilogue.is_identity:  # (one kernel name per source: the epilogue changes the code)
+        name += "_" + problem.epilogue.identifier
     template = environment().get_template(config.template)
     try:
-        code = template.render(kernel=name, config_name=config.name, **config.context(problem, widths))
+        code = template.render(kernel=name, config_name=config.name,
+                               epilogue=problem.epilogue.template_context(problem.dtype), **config.context(problem, widths))
     except jinja2.exceptions.SecurityError as exc:
         raise ValueError(f"template {config.template} ({template.filename}) is refused: {exc} (templates "
                          "render in a sandbox: they may read the values given to them, not Python's "
@@ -241,7 +246,7 @@ def render_epilogue(dtype: str, epilogue: Epilogue) -> Source:
         raise ValueError("the identity epilogue has no kernel: the GEMM's output is D")
     row = dtypes.lookup(dtype)
     context = epilogue.template_context(dtype)  # (validates the output dtype)
-    name = "autogemm_epilogue_" + re.sub(r"[^0-9a-z]+", "_", f"{dtype}_{epilogue.key}").strip("_")
+    name = f"autogemm_epilogue_{dtype}_{epilogue.identifier}"
     code = environment().get_template("epilogue.cu.j2").render(
         kernel=name, dtype=dtype, element=row.element, accumulator=row.accumulator, element_bytes=row.itemsize,
         to_acc=row.to_acc, epilogue=context)

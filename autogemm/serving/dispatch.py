@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes
+from ..epilogue import Epilogue
 from ..gpu import capture, runtime
 from ..gpu.operands import check_scalars, common_device, contiguous_strides, describe, real_scalar, validate
 from . import epilogue_step, numpy_semantics, torch_fast_path, torch_tensors
@@ -193,19 +194,15 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
     return matmul(x, transposed, out=out, bias=bias, activation=activation, residual=residual, out_dtype=out_dtype)
 
 
-def _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype):
-    """matmul with an epilogue: everything checked first (the keywords, then the operands against the
-    result's shape and dtype), then the GEMM as matmul serves it, then epilogue_step's one pass."""
+def check_epilogue_call(a, b, out, alpha: float, beta: float, bias, activation, residual, out_dtype) -> Epilogue:
+    """The Epilogue of a matmul call with epilogue keywords (on CuPy arrays or other device arrays, not
+    tensors), every argument checked against the result's shape and dtype first (TypeError/ValueError
+    naming the fault); `explain` checks the same."""
     epilogue = epilogue_step.epilogue_of(bias, activation, residual, out_dtype)
-    if any(is_tensor(x) for x in (a, b, out, bias, residual)):
-        return torch_tensors.call_all(
-            lambda a, b, out, bias, residual: _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias,
-                                                             activation, residual, out_dtype),
-            a=a, b=b, out=out, bias=bias, residual=residual)
-    _bind_cupy()
     alpha, beta = real_scalar(alpha, "alpha"), real_scalar(beta, "beta")
     check_scalars(alpha, beta, out is not None)
-    call = numpy_semantics.plan(numpy_semantics.read(a, "a"), numpy_semantics.read(b, "b"))
+    operand_a = numpy_semantics.read(a, "a")
+    call = numpy_semantics.plan(operand_a, numpy_semantics.read(b, "b"))
     product_dtype = dtypes.from_array_name(call.dtype.name) if call.dtype is not None else None
     if product_dtype is None or call.served_by != numpy_semantics.KERNELS:
         raise TypeError(f"an epilogue needs floating-point products; a @ b here is "
@@ -215,12 +212,27 @@ def _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation
     if epilogue.out_dtype == product_dtype:  # (one spelling per epilogue: D in the products' own dtype is "")
         epilogue = dataclasses.replace(epilogue, out_dtype="")
     epilogue_step.check(call.shape, product_dtype, epilogue, infos["bias"], infos["residual"], infos["out"])
-    if epilogue.is_identity:  # (out_dtype named the products' own dtype, and nothing else was asked)
-        return matmul(a, b, out=out, alpha=alpha, beta=beta, compute=compute, tune=tune, race=race)
-    device = _device_of(numpy_semantics.read(a, "a"))
+    device = _device_of(operand_a)
     for name, info in infos.items():
         if info is not None and _device_of(info) != device:
             raise ValueError(f"{name} is on GPU {_device_of(info)} and the operands on GPU {device}")
+    return epilogue
+
+
+def _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype):
+    """matmul with an epilogue: everything checked first (check_epilogue_call), then the GEMM as
+    matmul serves it, then epilogue_step's one pass."""
+    epilogue_step.epilogue_of(bias, activation, residual, out_dtype)  # (the keywords' names, before any tensor)
+    if any(is_tensor(x) for x in (a, b, out, bias, residual)):
+        return torch_tensors.call_all(
+            lambda a, b, out, bias, residual: _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias,
+                                                             activation, residual, out_dtype),
+            a=a, b=b, out=out, bias=bias, residual=residual)
+    _bind_cupy()
+    epilogue = check_epilogue_call(a, b, out, alpha, beta, bias, activation, residual, out_dtype)
+    if epilogue.is_identity:  # (out_dtype named the products' own dtype, and nothing else was asked)
+        return matmul(a, b, out=out, alpha=alpha, beta=beta, compute=compute, tune=tune, race=race)
+    device = _device_of(numpy_semantics.read(a, "a"))
     residual_arr = as_cupy(residual) if residual is not None else None
     out_arr = as_cupy(out) if out is not None else None
     product = as_cupy(matmul(a, b, alpha=alpha, compute=compute, tune=tune, race=race))
@@ -230,7 +242,7 @@ def _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation
                                                 numpy_semantics.read(residual_arr, "residual")):
             residual_arr = residual_arr.copy()  # (D is written while the residual is read: keep it apart)
         result = epilogue_step.apply(product, epilogue, bias=as_cupy(bias) if bias is not None else None,
-                                     residual=residual_arr, out=out_arr, beta=beta)
+                                     residual=residual_arr, out=out_arr, beta=real_scalar(beta, "beta"))
     return out if out is not None else result
 
 
