@@ -123,10 +123,12 @@ class Epilogue:
 
 
 def require_bare(problem, what: str) -> None:
-    """ValueError where `problem` has an epilogue: no kernel template applies one yet (issue 40), so
-    nothing may be rendered, tuned or recorded under an epilogue's key as if it were the bare GEMM."""
+    """ValueError where `problem` has an epilogue: tuning does not yet verify and time a kernel with its
+    epilogue (its operands, reference and baseline), so nothing may be tuned or recorded under an
+    epilogue's key as if it were the bare GEMM. (Rendering checks the family instead:
+    GemmConfig.applies_epilogue.)"""
     if not problem.epilogue.is_identity:
-        raise ValueError(f"{what}: {problem} has the epilogue {problem.epilogue}, which no kernel applies yet")
+        raise ValueError(f"{what}: {problem} has the epilogue {problem.epilogue}, which tuning does not verify yet")
 
 
 def activate(x, activation: str, xp=None):
