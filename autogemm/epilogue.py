@@ -41,8 +41,8 @@ EVALUATION_ROUNDINGS = {"": 0, "relu": 0, "gelu": 8, "gelu_tanh": 10, "silu": 8}
 # D's dtypes by the products' dtype (Epilogue.output_dtype)
 OUTPUT_DTYPES = {"float16": ("float16", "bfloat16", "float32"), "bfloat16": ("bfloat16", "float16", "float32"),
                  "float32": ("float32", "bfloat16", "float16"), "float64": ("float64", "float32")}
-_KEY = re.compile(r"(?:bias_(?P<bias>[nm]))?\+?(?P<activation>relu|gelu_tanh|gelu|silu)?\+?(?P<residual>res)?"
-                  r"(?:>(?P<out>[a-z0-9]+))?")
+_KEY = re.compile(r"(?:bias_(?P<bias>[nm]))?\+?(?P<activation>relu|gelu_tanh|gelu|silu)?\+?(?P<gated>gate)?\+?"
+                  r"(?P<residual>res)?(?:>(?P<out>[a-z0-9]+))?")
 
 
 @dataclass(frozen=True)
@@ -51,12 +51,20 @@ class Epilogue:
     activation: str = ""  # "": none; else one of ACTIVATIONS
     residual: bool = False  # a tensor of the output's shape, added after the activation
     out_dtype: str = ""  # "": the inputs' dtype; else a dtype name of `dtypes` (accumulators converted to it)
+    # a gated linear unit (SwiGLU with silu, GeGLU with gelu): the product has 2N columns, the gate's N
+    # then the up projection's N (one GEMM against the stacked weights [W_gate; W_up] reads x once),
+    # and D (N columns) = act(gate + bias_gate) * (up + bias_up); a bias then has 2N values
+    gated: bool = False
 
     def __post_init__(self) -> None:
         if self.bias not in ("", *BIAS_AXES):
             raise ValueError(f"Epilogue.bias must be '', 'n' or 'm' (the axis the bias runs along), got {self.bias!r}")
         if self.activation not in ("", *ACTIVATIONS):
             raise ValueError(f"unknown activation {self.activation!r}; expected one of {', '.join(ACTIVATIONS)}")
+        if not isinstance(self.gated, bool):
+            raise TypeError(f"Epilogue.gated must be a bool, got {self.gated!r}")
+        if self.gated and self.bias == "m":
+            raise ValueError("a gated epilogue's halves are the product's columns: its bias runs along N")
         if not isinstance(self.residual, bool):
             raise TypeError(f"Epilogue.residual must be a bool, got {self.residual!r}")
         if self.out_dtype and self.out_dtype not in {row.name for row in dtypes.ROWS}:
@@ -65,13 +73,14 @@ class Epilogue:
 
     @property
     def is_identity(self) -> bool:
-        return not (self.bias or self.activation or self.residual or self.out_dtype)
+        return not (self.bias or self.activation or self.residual or self.out_dtype or self.gated)
 
     @property
     def key(self) -> str:
         """The epilogue's part of a problem key ('' for the identity), e.g. ``bias_n+gelu+res>bfloat16``."""
         parts = [f"bias_{self.bias}"] if self.bias else []
         parts += [self.activation] if self.activation else []
+        parts += ["gate"] if self.gated else []
         parts += ["res"] if self.residual else []
         return "+".join(parts) + (f">{self.out_dtype}" if self.out_dtype else "")
 
@@ -86,7 +95,7 @@ class Epilogue:
         if not key or not match or not any(match.groupdict().values()):
             raise ValueError(f"not an epilogue key: {key!r} (expected like bias_n+gelu+res>bfloat16)")
         epilogue = cls(bias=match["bias"] or "", activation=match["activation"] or "", residual=bool(match["residual"]),
-                       out_dtype=match["out"] or "")
+                       out_dtype=match["out"] or "", gated=bool(match["gated"]))
         if epilogue.key != key:  # (one spelling per epilogue: keys are compared as strings)
             raise ValueError(f"not an epilogue key: {key!r} (this epilogue's key is {epilogue.key!r})")
         return epilogue
@@ -94,6 +103,8 @@ class Epilogue:
     def swapped(self) -> Epilogue:
         """The same epilogue for the problem with its operands swapped (C^T = B^T A^T): a bias along N
         runs along M of the transposed output, and the other way round."""
+        if self.gated:
+            raise ValueError("a gated epilogue is not computed on the swapped product (its halves are columns)")
         if not self.bias:
             return self
         return Epilogue("m" if self.bias == "n" else "n", self.activation, self.residual, self.out_dtype)
@@ -115,7 +126,7 @@ class Epilogue:
         row = dtypes.lookup(dtype)
         out = dtypes.lookup(self.output_dtype(dtype))
         return {"active": not self.is_identity, "key": self.key, "bias": self.bias, "activation": self.activation,
-                "residual": self.residual, "out": out.element, "out_bytes": out.itemsize,
+                "residual": self.residual, "gated": self.gated, "out": out.element, "out_bytes": out.itemsize,
                 "out_to_acc": f"Acc({out.to_acc})", "acc_to_out": out.from_acc, "double": row.accumulator == "double"}
 
     def __str__(self) -> str:
@@ -168,7 +179,8 @@ def _erf(xp):
 def reference(product, epilogue: Epilogue, *, alpha: float = 1.0, beta: float = 0.0, c=None, bias=None, residual=None,
               xp=None):
     """D in float64 from the exact product (float64, M×N or batch×M×N): act(alpha·product + bias) +
-    residual + beta·c (module docstring). `bias` has N values (bias "n") or M (bias "m")."""
+    residual + beta·c (module docstring). `bias` has N values (bias "n") or M (bias "m"). Gated: the
+    product has 2N columns and the bias 2N values; D = act(gate half) * (up half) + residual + beta·c."""
     if xp is None:
         import numpy as xp  # (NumPy unless CuPy is given)
     y = alpha * product
@@ -176,7 +188,11 @@ def reference(product, epilogue: Epilogue, *, alpha: float = 1.0, beta: float = 
         if bias is None:
             raise ValueError(f"the epilogue {epilogue} adds a bias: give it")
         y = y + (bias.reshape(-1) if epilogue.bias == "n" else bias.reshape(-1, 1))
-    y = activate(y, epilogue.activation, xp)
+    if epilogue.gated:
+        half = y.shape[-1] // 2
+        y = activate(y[..., :half], epilogue.activation, xp) * y[..., half:]
+    else:
+        y = activate(y, epilogue.activation, xp)
     if epilogue.residual:
         if residual is None:
             raise ValueError(f"the epilogue {epilogue} adds a residual: give it")
@@ -188,7 +204,7 @@ def reference(product, epilogue: Epilogue, *, alpha: float = 1.0, beta: float = 
 
 def error_bound(pre_activation_bound, epilogue: Epilogue, result_magnitude, out_unit_roundoff: float,
                 residual_magnitude=0.0, *, pre_activation_magnitude=0.0, accumulator_unit_roundoff: float = 0.0,
-                out_smallest_normal: float = 0.0):
+                out_smallest_normal: float = 0.0, up_magnitude=0.0, up_bound=0.0, activated_magnitude=0.0):
     """How far a correct kernel's D may be from `reference`, element by element:
 
     - the bound of the error of what the activation is given (the product's, with the bias added),
@@ -198,10 +214,18 @@ def error_bound(pre_activation_bound, epilogue: Epilogue, result_magnitude, out_
       magnitude of what it is given);
     - the roundings the epilogue adds in D's type: the final conversion of the result and of the
       residual's sum (two unit roundoffs of each), and where D's type has subnormals that matter
-      (FP16), half of their spacing."""
+      (FP16), half of their spacing.
+
+    Gated (D = act(g) * u): the gate's part (what the activation is given: `pre_activation_*`) is
+    scaled by |u| (`up_magnitude`), the up half's error bound (`up_bound`) by |act(g)|
+    (`activated_magnitude`), and the product adds one rounding of the accumulator."""
     slope = SLOPES[epilogue.activation]
     rounding = 2 * out_unit_roundoff * result_magnitude + out_unit_roundoff * out_smallest_normal
     if epilogue.residual:
         rounding = rounding + 2 * out_unit_roundoff * residual_magnitude
     evaluation = EVALUATION_ROUNDINGS[epilogue.activation] * accumulator_unit_roundoff * pre_activation_magnitude
-    return slope * pre_activation_bound + evaluation + rounding
+    core = slope * pre_activation_bound + evaluation
+    if epilogue.gated:
+        core = (core * up_magnitude + activated_magnitude * up_bound
+                + accumulator_unit_roundoff * activated_magnitude * up_magnitude)
+    return core + rounding

@@ -147,3 +147,22 @@ def test_nothing_tunes_or_records_a_problem_with_an_epilogue_and_only_families_t
               "host": "h"}
     with pytest.raises(ValueError, match="which tuning does not verify yet"):
         Record.from_json(record)
+
+
+def test_a_gated_epilogue_has_its_key_its_reference_and_no_swap():
+    gated = Epilogue("n", "silu", True, "bfloat16", gated=True)
+    assert gated.key == "bias_n+silu+gate+res>bfloat16" and Epilogue.from_key(gated.key) == gated
+    assert Epilogue.from_key("gate") == Epilogue(gated=True) and not Epilogue(gated=True).is_identity
+    with pytest.raises(ValueError, match="halves are the product's columns"):
+        Epilogue("m", "silu", gated=True)
+    with pytest.raises(ValueError, match="not computed on the swapped product"):
+        gated.swapped()
+    product = np.array([[1.0, -2.0, 3.0, 0.5]])  # gate (1, -2), up (3, 0.5)
+    bias = np.array([0.5, 0.0, -1.0, 1.0])
+    d = reference(product, Epilogue("n", "silu", gated=True), bias=bias)
+    silu = lambda x: x / (1 + np.exp(-x))  # noqa: E731
+    assert np.allclose(d, [[silu(1.5) * 2.0, silu(-2.0) * 1.5]])
+    # the bound: the gate's part scaled by |up|, the up half's bound by |act(gate)|
+    bound = error_bound(1e-3, Epilogue(activation="silu", gated=True), 0.0, 0.0, up_magnitude=2.0, up_bound=1e-2,
+                        activated_magnitude=3.0)
+    assert np.isclose(bound, SLOPES["silu"] * 1e-3 * 2.0 + 3.0 * 1e-2)

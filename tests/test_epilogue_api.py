@@ -65,7 +65,7 @@ BIAS = Crafted((48,), pointer=1 << 40)
     (dict(activation="tanh"), ValueError, "unknown activation 'tanh'; choose from relu, gelu, gelu_tanh, silu"),
     (dict(out_dtype="int8"), TypeError, "out_dtype 'int8' is not a dtype autogemm writes"),
     (dict(bias=Crafted((47,), pointer=1 << 40)), ValueError,
-     r"bias must be 1-D with one value per column of the result \(48\); got shape \(47,\)"),
+     r"bias must be 1-D with one value per column of the product \(48\); got shape \(47,\)"),
     (dict(bias=Crafted((1, 48), pointer=1 << 40)), ValueError, "bias must be 1-D"),
     (dict(bias=Crafted((48,), "<f2", pointer=1 << 40)), TypeError,
      "bias is float16 but the result is float32: give bias in float32"),
@@ -144,7 +144,7 @@ def test_dtype_names_are_read_from_names_and_numpy_dtypes():
 def test_explain_checks_an_epilogue_as_matmul_does_and_says_what_follows_the_gemm(stand_ins, monkeypatch):
     from autogemm.serving import explain as explain_module
 
-    with pytest.raises(ValueError, match=r"bias must be 1-D with one value per column of the result \(48\)"):
+    with pytest.raises(ValueError, match=r"bias must be 1-D with one value per column of the product \(48\)"):
         explain_module.explain(A, B, bias=Crafted((47,), pointer=1 << 40), activation="gelu")
     shown = {}
     real = explain_module.explain
@@ -159,3 +159,25 @@ def test_explain_checks_an_epilogue_as_matmul_does_and_says_what_follows_the_gem
     said = real(A, B, bias=Crafted((48,), "<f2", pointer=1 << 40), activation="gelu", out_dtype="float16")
     assert said["epilogue"]["key"] == "bias_n+gelu>float16" and said["dtype"] == "float16"
     assert said["source"] == "cublas" and "bias" not in shown  # the GEMM explained is the bare one
+
+
+def test_a_gated_call_halves_the_columns_and_takes_a_bias_of_both_halves(stand_ins):
+    x, stacked = Crafted((64, 32)), Crafted((96, 32), pointer=1 << 36)  # [W_gate; W_up]: 2 x 48 rows
+    residual = Crafted((64, 48), pointer=1 << 44)
+    autogemm.linear(x, stacked, Crafted((96,), pointer=1 << 40), activation="silu", gated=True, residual=residual)
+    [(_, a, b, options)] = stand_ins
+    assert b.shape == (32, 96) and options["gated"] is True
+    stand_ins.clear()
+    assert autogemm.matmul(x, stacked.T, bias=Crafted((96,), pointer=1 << 40), activation="silu", gated=True,
+                           residual=residual) == "D"
+    assert stand_ins[1][2] == Epilogue("n", "silu", True, gated=True)
+    stand_ins.clear()
+    with pytest.raises(ValueError, match=r"residual must have the result's shape \(64, 48\); got \(64, 96\)"):
+        autogemm.matmul(x, stacked.T, activation="silu", gated=True, residual=Crafted((64, 96), pointer=1 << 44))
+    with pytest.raises(ValueError, match=r"a gated epilogue needs a product of 2N columns .* shape \(64, 95\)"):
+        autogemm.matmul(x, Crafted((32, 95), pointer=1 << 36), activation="silu", gated=True)
+    with pytest.raises(ValueError, match=r"one value per column of the product \(96: the gate and the up projection\)"):
+        autogemm.matmul(x, stacked.T, bias=Crafted((48,), pointer=1 << 40), activation="silu", gated=True)
+    with pytest.raises(TypeError, match="gated must be True or False"):
+        autogemm.matmul(x, stacked.T, gated="yes")
+    assert stand_ins == []

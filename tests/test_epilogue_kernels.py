@@ -28,7 +28,9 @@ OUTPUTS = [("float16", ""), ("float16", "float32"), ("bfloat16", ""), ("bfloat16
            ("float32", "bfloat16"), ("float32", "float16"), ("float64", ""), ("float64", "float32")]
 PARTS = [("n", "gelu", True), ("m", "silu", False), ("", "gelu_tanh", True), ("n", "relu", False), ("", "", True)]
 COMPILED = list(dict.fromkeys([(dtype, Epilogue(*PARTS[i % len(PARTS)], out)) for i, (dtype, out) in enumerate(OUTPUTS)]
-                              + [("float16", Epilogue(*parts)) for parts in PARTS]))
+                              + [("float16", Epilogue(*parts)) for parts in PARTS]
+                              + [("bfloat16", Epilogue("n", "silu", True, gated=True)),
+                                 ("float32", Epilogue("", "gelu", False, "bfloat16", gated=True))]))
 
 
 def test_the_unfused_epilogue_kernel_compiles_for_every_dtype_and_part():
@@ -204,3 +206,62 @@ def test_a_family_without_the_epilogue_is_not_rendered_for_one():
     with pytest.raises(ValueError, match="the simt family applies no epilogue yet \\(bias_n\\+gelu\\)"):
         render(config_from_name("64x64x16_w32x32_t4x8_v44_s3_pad_g8_k1_o2"),
                Problem(64, 64, 64, epilogue=Epilogue("n", "gelu")))
+
+
+GATED_PROGRAM = """{% import "common.cuh.j2" as common %}
+#include <cstdio>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+typedef {{ accumulator }} Acc;
+{{ common.epilogue_functions(e) }}
+int main() {
+    const double g[] = { {{ g }} }, u[] = { {{ u }} }, bias[] = { {{ bias }} }, residual[] = { {{ residual }} };
+    EpOut b[{{ 2 * count }}], r[{{ count }}];
+    for (int i = 0; i < {{ 2 * count }}; ++i) b[i] = epilogue_from_acc(Acc(bias[i]));
+    for (int i = 0; i < {{ count }}; ++i) r[i] = epilogue_from_acc(Acc(residual[i]));
+    const EpilogueArgs ep{b, r, 0, 0};
+    for (int i = 0; i < {{ count }}; ++i) {
+        const EpOut d = epilogue_from_acc(epilogue_gated_value(Acc(g[i]), Acc(u[i]), ep, i, i + {{ count }}, i));
+        std::printf("%.17g %.17g %.17g %.17g\\n", double(epilogue_to_acc(d)), double(epilogue_to_acc(b[i])),
+                    double(epilogue_to_acc(b[i + {{ count }}])), double(epilogue_to_acc(r[i])));
+    }
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("dtype,epilogue", [("bfloat16", Epilogue("n", "silu", True, "float32", gated=True)),
+                                            ("float32", Epilogue("n", "gelu", False, gated=True))],
+                         ids=["bfloat16-swiglu", "float32-geglu"])
+def test_the_gated_arithmetic_stays_within_its_bound_of_the_float64_reference(dtype, epilogue, tmp_path):
+    row, out = dtypes.lookup(dtype), dtypes.lookup(epilogue.output_dtype(dtype))
+    up = np.linspace(3.0, -2.5, Y.size).astype(np.float32).astype(np.float64)
+    bias = np.concatenate([BIAS, np.linspace(0.5, -0.75, Y.size)])
+    code = environment().from_string(GATED_PROGRAM).render(
+        accumulator=row.accumulator, e=epilogue.template_context(dtype), count=Y.size,
+        g=", ".join(repr(float(v)) for v in Y), u=", ".join(repr(float(v)) for v in up),
+        bias=", ".join(repr(float(v)) for v in bias), residual=", ".join(repr(float(v)) for v in RESIDUAL))
+    cu, program = tmp_path / "gated.cu", tmp_path / "gated"
+    cu.write_text(code)
+    built = subprocess.run([find_nvcc(), "-std=c++17", "-o", str(program), str(cu)], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-3000:]
+    ran = subprocess.run([str(program)], capture_output=True, text=True, check=True)
+    d, bias_gate, bias_up, residual = np.array([[float(v) for v in line.split()] for line in ran.stdout.splitlines()]).T
+    product = np.concatenate([Y, up]).reshape(1, -1)
+    expected = reference(product, epilogue, bias=np.concatenate([bias_gate, bias_up]),
+                         residual=residual.reshape(1, -1) if epilogue.residual else None).ravel()
+    u_acc = row.accumulator_roundoff
+    gate, upped = Y + bias_gate, up + bias_up
+    activated = np.abs(reference(gate.reshape(1, -1), Epilogue(activation=epilogue.activation)).ravel())
+    bound = error_bound(u_acc * np.abs(gate), epilogue, np.abs(expected), out.element_roundoff,
+                        np.abs(residual) + np.abs(expected) if epilogue.residual else 0.0,
+                        pre_activation_magnitude=np.abs(gate), accumulator_unit_roundoff=u_acc,
+                        out_smallest_normal=out.smallest_normal, up_magnitude=np.abs(upped),
+                        up_bound=u_acc * np.abs(upped), activated_magnitude=activated)
+    error = np.abs(d - expected)
+    assert np.all(error <= bound), (error / bound).max()
+    # and the check can fail: the halves swapped (act(up) * gate) miss it
+    swapped = reference(np.concatenate([up, Y]).reshape(1, -1), epilogue,
+                        bias=np.concatenate([bias_up, bias_gate]),
+                        residual=residual.reshape(1, -1) if epilogue.residual else None).ravel()
+    assert np.any(np.abs(swapped - expected) > bound)

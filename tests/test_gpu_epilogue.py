@@ -135,3 +135,31 @@ def test_a_cuda_graph_with_an_epilogue_replays_on_new_operands():
         torch.cuda.synchronize()
         expected = torch.nn.functional.gelu(x.double() @ weight.double().T + bias.double()) + residual.double()
         assert torch.allclose(y.double(), expected, rtol=1e-2, atol=1e-2), seed
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_swiglu_layer_is_one_gemm_and_one_pass_within_the_bound(dtype):
+    import cupy
+
+    m, n, k = 37, 160, 96
+    x = _random((m, k), dtype, 11)
+    stacked = _random((2 * n, k), dtype, 12, scale=0.25)  # [W_gate; W_up]
+    bias = _random((2 * n,), dtype, 13)
+    d = autogemm.linear(x, stacked, bias, activation="silu", gated=True)
+    assert d.shape == (m, n) and d.dtype == _cupy_dtype(dtype)
+    epilogue = Epilogue("n", "silu", gated=True)
+    row, out = dtypes.lookup(dtype), dtypes.lookup(dtype)
+    product = cupy.matmul(to_float64(x), to_float64(stacked).T)
+    product_bound = element_bounds(x, stacked.T, None, Problem(m, 2 * n, k, dtype=dtype), reference=product)
+    expected = reference(product, epilogue, bias=to_float64(bias), xp=cupy)
+    pre = product + to_float64(bias)
+    gate, up = pre[:, :n], pre[:, n:]
+    gate_bound = product_bound[:, :n] + row.accumulator_roundoff * cupy.abs(gate)
+    up_bound = product_bound[:, n:] + row.accumulator_roundoff * cupy.abs(up)
+    activated = cupy.abs(gate / (1 + cupy.exp(-gate)))
+    bound = error_bound(gate_bound, epilogue, cupy.abs(expected), out.element_roundoff,
+                        pre_activation_magnitude=cupy.abs(gate), accumulator_unit_roundoff=row.accumulator_roundoff,
+                        out_smallest_normal=out.smallest_normal, up_magnitude=cupy.abs(up), up_bound=up_bound,
+                        activated_magnitude=activated)
+    error = cupy.abs(to_float64(d) - expected)
+    assert int((error > bound).sum()) == 0, float((error / bound).max())

@@ -88,7 +88,7 @@ def _flag(value: bool | None, variable: str) -> bool:
 
 def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float = 0.0, compute: str | None = None,
            tune: bool | None = None, race: bool | None = None, bias: Any = None, activation: str | None = None,
-           residual: Any = None, out_dtype: Any = None) -> Any:
+           residual: Any = None, out_dtype: Any = None, gated: bool = False) -> Any:
     """C = alpha · a @ b (+ beta · out), as numpy.matmul / cupy.matmul compute a @ b: the cached
     best kernel for this problem and GPU.
 
@@ -112,8 +112,10 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
     `bias` a vector of one value per column of the result, `activation` one of "relu", "gelu" (erf),
     "gelu_tanh" and "silu", `residual` an array of the result's shape, added after the activation,
     and `out_dtype` D's dtype (float16, bfloat16 or float32 for those products, float64 or float32
-    for float64 ones; bias, residual and out have D's dtype). It runs after the GEMM as one
-    elementwise pass (autogemm.serving.epilogue_step).
+    for float64 ones; bias, residual and out have D's dtype). `gated=True` makes it a gated linear
+    unit (SwiGLU with "silu"): b holds the gate's N columns and then the up projection's N, and
+    D = act(gate + bias[:N]) * (up + bias[N:]) + residual has N columns. It runs after the GEMM as
+    one elementwise pass (autogemm.serving.epilogue_step).
 
     Returns `out` when given; else a PyTorch tensor where an operand is one (computed on PyTorch's
     current stream, on the same memory as the CuPy result), a CuPy array otherwise.
@@ -122,7 +124,7 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
     # validation (it passed for exactly these shapes, strides, dtypes, compute and device); what
     # is left costs about a dictionary lookup over the cuBLAS call or the launch itself.
     if out is None and tune is None and race is None and beta == 0 and type(a) is _NDARRAY and type(b) is _NDARRAY \
-            and bias is None and activation is None and residual is None and out_dtype is None \
+            and bias is None and activation is None and residual is None and out_dtype is None and not gated \
             and type(alpha) in _PLAIN_SCALARS and (alpha == 1 or -_FLOAT_MAX <= alpha <= _FLOAT_MAX):
         data_a = a.data
         plan = _DISPATCHER.fast.get(fast_key(a, b, compute, data_a.device_id))
@@ -135,7 +137,7 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
     # the result is a tensor from PyTorch's caching allocator, computed on PyTorch's current stream.
     # A call's first time goes the general path below, which registers its plan here (remember_torch).
     if type(a) is _TENSOR and type(b) is _TENSOR and out is None and tune is None and race is None and beta == 0 \
-            and bias is None and activation is None and residual is None and out_dtype is None \
+            and bias is None and activation is None and residual is None and out_dtype is None and not gated \
             and type(alpha) in _PLAIN_SCALARS and (alpha == 1 or -_FLOAT_MAX <= alpha <= _FLOAT_MAX) \
             and a.is_cuda and b.is_cuda and not (a.requires_grad or b.requires_grad or a.is_neg() or b.is_neg()):
         try:
@@ -148,8 +150,8 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
             if result is not None:
                 return result
 
-    if bias is not None or activation is not None or residual is not None or out_dtype is not None:
-        return _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype)
+    if bias is not None or activation is not None or residual is not None or out_dtype is not None or gated:
+        return _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype, gated)
     if is_tensor(a) or is_tensor(b) or is_tensor(out):
         return torch_tensors.call(matmul, a, b, out, remember=remember_torch, alpha=alpha, beta=beta, compute=compute,
                                   tune=tune, race=race)
@@ -172,11 +174,14 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
 
 
 def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None, *, residual: Any = None,
-           out_dtype: Any = None, out: Any = None) -> Any:
+           out_dtype: Any = None, out: Any = None, gated: bool = False) -> Any:
     """y = act(x @ weight^T + bias) (+ residual), as torch.nn.functional.linear computes x @ weight^T +
     bias: `weight` in PyTorch's layout (N × K, one row per output feature), `x` of shape (..., K),
     `bias` of N values. The transposed weight is read in place (the NT kernels), never copied.
-    Keywords as `matmul` takes them."""
+    Keywords as `matmul` takes them; with `gated=True`, `weight` stacks the gate's rows over the up
+    projection's (2N × K, as a fused gate_up projection holds them) and y = act(x @ W_gate^T) *
+    (x @ W_up^T): `linear(x, w_gate_up, activation="silu", gated=True)` is a SwiGLU MLP's first half,
+    one GEMM that reads x once."""
     shape = getattr(weight, "shape", None)
     if shape is None or len(shape) != 2:
         raise ValueError(f"weight must be a 2-D matrix (out_features × in_features), got "
@@ -191,14 +196,16 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
     if transposed is None:
         raise TypeError(f"weight must be a CuPy array or a PyTorch tensor (a transposed view is taken); got "
                         f"{type(weight).__name__}")
-    return matmul(x, transposed, out=out, bias=bias, activation=activation, residual=residual, out_dtype=out_dtype)
+    return matmul(x, transposed, out=out, bias=bias, activation=activation, residual=residual, out_dtype=out_dtype,
+                  gated=gated)
 
 
-def check_epilogue_call(a, b, out, alpha: float, beta: float, bias, activation, residual, out_dtype) -> Epilogue:
+def check_epilogue_call(a, b, out, alpha: float, beta: float, bias, activation, residual, out_dtype,
+                        gated: bool = False) -> Epilogue:
     """The Epilogue of a matmul call with epilogue keywords (on CuPy arrays or other device arrays, not
     tensors), every argument checked against the result's shape and dtype first (TypeError/ValueError
     naming the fault); `explain` checks the same."""
-    epilogue = epilogue_step.epilogue_of(bias, activation, residual, out_dtype)
+    epilogue = epilogue_step.epilogue_of(bias, activation, residual, out_dtype, gated)
     alpha, beta = real_scalar(alpha, "alpha"), real_scalar(beta, "beta")
     check_scalars(alpha, beta, out is not None)
     operand_a = numpy_semantics.read(a, "a")
@@ -219,17 +226,17 @@ def check_epilogue_call(a, b, out, alpha: float, beta: float, bias, activation, 
     return epilogue
 
 
-def _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype):
+def _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype, gated):
     """matmul with an epilogue: everything checked first (check_epilogue_call), then the GEMM as
     matmul serves it, then epilogue_step's one pass."""
-    epilogue_step.epilogue_of(bias, activation, residual, out_dtype)  # (the keywords' names, before any tensor)
+    epilogue_step.epilogue_of(bias, activation, residual, out_dtype, gated)  # (the keywords' names, before any tensor)
     if any(is_tensor(x) for x in (a, b, out, bias, residual)):
         return torch_tensors.call_all(
             lambda a, b, out, bias, residual: _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias,
-                                                             activation, residual, out_dtype),
+                                                             activation, residual, out_dtype, gated),
             a=a, b=b, out=out, bias=bias, residual=residual)
     _bind_cupy()
-    epilogue = check_epilogue_call(a, b, out, alpha, beta, bias, activation, residual, out_dtype)
+    epilogue = check_epilogue_call(a, b, out, alpha, beta, bias, activation, residual, out_dtype, gated)
     if epilogue.is_identity:  # (out_dtype named the products' own dtype, and nothing else was asked)
         return matmul(a, b, out=out, alpha=alpha, beta=beta, compute=compute, tune=tune, race=race)
     device = _device_of(numpy_semantics.read(a, "a"))

@@ -48,12 +48,25 @@ def dtype_name(value, what: str) -> str:
     return text
 
 
-def epilogue_of(bias, activation, residual, out_dtype) -> Epilogue:
-    """The Epilogue of matmul's keywords (the bias runs along N: one value per column of D)."""
+def epilogue_of(bias, activation, residual, out_dtype, gated=False) -> Epilogue:
+    """The Epilogue of matmul's keywords (the bias runs along N: one value per column of the product)."""
     if activation is not None and activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}; choose from {', '.join(ACTIVATIONS)}")
+    if not isinstance(gated, bool):
+        raise TypeError(f"gated must be True or False, got {gated!r}")
     return Epilogue(bias="n" if bias is not None else "", activation=activation or "", residual=residual is not None,
-                    out_dtype=dtype_name(out_dtype, "out_dtype"))
+                    out_dtype=dtype_name(out_dtype, "out_dtype"), gated=gated)
+
+
+def result_shape(product_shape: tuple, epilogue: Epilogue) -> tuple:
+    """D's shape: the product's, or with a gated epilogue half its columns (ValueError where the
+    product has no column axis or an odd number of columns)."""
+    if not epilogue.gated:
+        return tuple(product_shape)
+    if len(product_shape) < 2 or product_shape[-1] % 2:
+        raise ValueError(f"a gated epilogue needs a product of 2N columns (the gate's N, then the up "
+                         f"projection's N); this one has shape {tuple(product_shape)}")
+    return (*product_shape[:-1], product_shape[-1] // 2)
 
 
 def check(product_shape: tuple, product_dtype: str, epilogue: Epilogue, bias: ArrayInfo | None,
@@ -61,19 +74,21 @@ def check(product_shape: tuple, product_dtype: str, epilogue: Epilogue, bias: Ar
     """D's dtype; TypeError/ValueError naming what does not fit D = act(P + bias) + residual (+ beta · out)
     for a product P of `product_shape` and `product_dtype`."""
     out_dtype = epilogue.output_dtype(product_dtype)
+    shape = result_shape(product_shape, epilogue)
     if bias is not None:
         if len(product_shape) < 2:
             raise ValueError(f"bias needs a product with a column axis; this one has shape {product_shape} (b is 1-D)")
         n = product_shape[-1]
         if len(bias.shape) != 1 or bias.shape[0] != n:
-            raise ValueError(f"bias must be 1-D with one value per column of the result ({n}); got shape {bias.shape}")
+            raise ValueError(f"bias must be 1-D with one value per column of the product ({n}"
+                             f"{': the gate and the up projection' if epilogue.gated else ''}); got shape {bias.shape}")
     for given in (bias, residual, out):
         if given is not None and given.dtype != out_dtype:
             raise TypeError(f"{given.name} is {given.dtype} but the result is {out_dtype}: give {given.name} in "
                             f"{out_dtype}" + ("" if given.name == "out" else " (or ask for another out_dtype)"))
     for given in (residual, out):
-        if given is not None and tuple(given.shape) != tuple(product_shape):
-            raise ValueError(f"{given.name} must have the result's shape {tuple(product_shape)}; got {tuple(given.shape)}")
+        if given is not None and tuple(given.shape) != shape:
+            raise ValueError(f"{given.name} must have the result's shape {shape}; got {tuple(given.shape)}")
     return out_dtype
 
 
@@ -126,7 +141,7 @@ def apply(product, epilogue: Epilogue, *, bias=None, residual=None, out=None, be
     dtype = dtypes.from_array_name(np.dtype(product.dtype).name)
     out_dtype = epilogue.output_dtype(dtype)
     function = kernel(dtype, epilogue, product.device.id)
-    target = out if out is not None else cupy.empty(product.shape, dtype=_cupy_dtype(out_dtype))
+    target = out if out is not None else cupy.empty(result_shape(product.shape, epilogue), dtype=_cupy_dtype(out_dtype))
     p, ldp, stride_p = _matrices(product)
     d, ldd, stride_d = _matrices(target)
     c, ldc, stride_c = (d, ldd, stride_d) if out is not None else (d, 0, 0)
@@ -134,7 +149,7 @@ def apply(product, epilogue: Epilogue, *, bias=None, residual=None, out=None, be
         c, ldc, stride_c = d, ldd, stride_d
     r, ldr, stride_r = _matrices(residual) if residual is not None else (None, 0, 0)
     bias_vector = cupy.ascontiguousarray(bias) if bias is not None else None
-    batch, m, n = p.shape
+    batch, m, n = d.shape  # (gated: the product has 2n columns)
     row = dtypes.lookup(dtype)
     acc = np.float64 if row.accumulator == "double" else np.float32
     total = batch * m * n

@@ -18,7 +18,7 @@ from .torch_tensors import is_tensor, to_cupy
 
 def explain(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float = 0.0, compute: str | None = None,
             tune: bool | None = None, race: bool | None = None, bias: Any = None, activation: str | None = None,
-            residual: Any = None, out_dtype: Any = None) -> dict[str, Any]:
+            residual: Any = None, out_dtype: Any = None, gated: bool = False) -> dict[str, Any]:
     """Which kernel `matmul(a, b, ...)` would run, and why: the source of the choice, the config,
     the figures cached with it and the candidates the model weighed (each with its predicted ratio
     to cuBLAS and the ratio it needed); with racing on, the race's figures once a call has run it
@@ -33,8 +33,9 @@ def explain(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float 
     kernel and the faster baseline, single-call latencies, each baseline's GPU time, and the timing
     protocol; `guard`, the online guard's verdict once one was reached in this process."""
     runtime.cupy()
-    if bias is not None or activation is not None or residual is not None or out_dtype is not None:
-        return _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype)
+    if bias is not None or activation is not None or residual is not None or out_dtype is not None or gated:
+        return _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype,
+                                 gated)
     if is_tensor(a) or is_tensor(b) or is_tensor(out):
         a, b, out = to_cupy(a, "a"), to_cupy(b, "b"), to_cupy(out, "out")
     alpha, beta = real_scalar(alpha, "alpha"), real_scalar(beta, "beta")  # (as matmul checks them)
@@ -112,16 +113,18 @@ def _writing_out(call, out, overlapped: list[str]) -> str | None:
     return "written into out directly"
 
 
-def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype) -> dict:
+def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype,
+                      gated) -> dict:
     """explain of a call with an epilogue: the same checks as matmul's (dispatch.check_epilogue_call),
     then the GEMM's explanation, with `epilogue` saying what follows it and `dtype` D's."""
-    epilogue_step.epilogue_of(bias, activation, residual, out_dtype)  # (the keywords' names first)
+    epilogue_step.epilogue_of(bias, activation, residual, out_dtype, gated)  # (the keywords' names first)
     a, b, out, bias, residual = (to_cupy(x, name) if is_tensor(x) else x for x, name in
                                  ((a, "a"), (b, "b"), (out, "out"), (bias, "bias"), (residual, "residual")))
-    epilogue = dispatch.check_epilogue_call(a, b, out, alpha, beta, bias, activation, residual, out_dtype)
+    epilogue = dispatch.check_epilogue_call(a, b, out, alpha, beta, bias, activation, residual, out_dtype, gated)
     gemm = explain(a, b, alpha=alpha, compute=compute, tune=tune, race=race)
     if epilogue.is_identity:
         return explain(a, b, out=out, alpha=alpha, beta=beta, compute=compute, tune=tune, race=race)
     return {**gemm, "dtype": epilogue.output_dtype(gemm["dtype"]),
+            "shape": epilogue_step.result_shape(gemm["shape"], epilogue) if gemm.get("shape") else gemm.get("shape"),
             "epilogue": {"key": epilogue.key, "applied": "after the GEMM, in one elementwise pass (epilogue_step)"},
             "out": None if out is None else f"D written into out{' (beta · out added)' if beta else ''}"}
