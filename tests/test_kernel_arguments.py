@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from autogemm import dtypes
+from autogemm.epilogue import Epilogue
 from autogemm.families import LaunchKind, all_families
 from autogemm.gpu import packed_launch, tensor_maps
 from autogemm.gpu.launch import LAUNCHES, PreparedGemm, launcher
@@ -214,3 +215,53 @@ def test_a_signature_is_read_past_attributes_comments_and_qualifiers():
         "ag_kernel": (KernelParameter("map_a", "TensorMap"), KernelParameter("C", "float*"),
                       KernelParameter("stride_c", "long long"), KernelParameter("pair", "Pair<int, int>")),
         "ag_kernel_reduce": ()}
+
+
+# ---- epilogues: the GEMV family's kernels take the bias, the residual and its layout -------------------
+
+PBIAS, PRESIDUAL = 0x4000000, 0x5000000
+EPILOGUE_CASES = [(variant, dataclasses.replace(problem, epilogue=Epilogue("n", "gelu", True)), misaligned)
+                  for config, problem, misaligned in CASES if config.applies_epilogue
+                  for variant in (config, dataclasses.replace(config, split_k=2),  # (split-K adds its slots up)
+                                  dataclasses.replace(config, swap=True))  # (C written transposed)
+                  if not variant.check(problem, H100)]
+
+
+def test_the_epilogue_cases_cover_the_gemv_kinds_swaps_and_repacking():
+    configs = [config for config, _, _ in EPILOGUE_CASES]
+    assert {config.launch_kind for config in configs} == {LaunchKind.TILES, LaunchKind.SPLIT_K_FUSED}
+    assert any(config.swaps_operands for config in configs) and any(not c.swaps_operands for c in configs)
+
+
+@pytest.mark.parametrize("config, problem, misaligned", EPILOGUE_CASES,
+                         ids=[f"{c.name}-{p.key}{'-misaligned' * m}" for c, p, m in EPILOGUE_CASES])
+def test_an_epilogues_pointers_and_residual_layout_reach_the_slots_of_their_names(config, problem, misaligned,
+                                                                                  monkeypatch):
+    launched = _record_launches(monkeypatch)
+    row = dtypes.lookup(problem.dtype, problem.compute)
+    a = _operand(*stored_extent(problem, "A"), problem.trans_a, misaligned, batch_stride=True)
+    b = _operand(*stored_extent(problem, "B"), problem.trans_b, misaligned, batch_stride=False)
+    c = KernelOperand(False, problem.n, problem.m * problem.n, 0)
+    residual = KernelOperand(False, problem.n + 8, problem.m * (problem.n + 8), 0)  # a pitch of its own
+    source = render(config, problem, config.vector_widths(a, b, c, row.itemsize))
+    launch = launcher(_prepared(config, problem, source), a, b, c, ordinal=0, residual=residual)
+    launch(PA, PB, PC, ALPHA, BETA, SimpleNamespace(ptr=0), PBIAS, PRESIDUAL)
+    gemm = [kernel for kernel in launched if kernel.function.name == source.kernel]
+    assert len(gemm) == 1
+    declared = source.signatures[source.kernel]
+    for parameter in declared:
+        assert gemm[0].argument_dtypes[parameter.name] == _declared_type(parameter.type, row), parameter
+    values = gemm[0].arguments()
+    assert (values["bias"], values["residual"]) == (PBIAS, PRESIDUAL)
+    assert (values["ldr"], values["stride_r"]) == (problem.n + 8, problem.m * (problem.n + 8))
+    assert (values["C"], values["alpha"], values["beta"]) == (PC, ALPHA, BETA)
+
+
+def test_a_kind_that_passes_no_epilogue_refuses_a_problem_with_one(monkeypatch):
+    _record_launches(monkeypatch)
+    config, problem, _ = next((c, p, m) for c, p, m in CASES if c.launch_kind == LaunchKind.STREAM_K)
+    fused = dataclasses.replace(problem, epilogue=Epilogue(activation="relu"))
+    prepared = dataclasses.replace(_prepared(config, problem, render(config, problem)), problem=fused)
+    operand = KernelOperand(False, 1024, 0, 0)
+    with pytest.raises(ValueError, match="launches as stream_k, which passes no epilogue's arguments"):
+        launcher(prepared, operand, operand, operand, ordinal=0)

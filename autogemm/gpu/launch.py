@@ -160,31 +160,47 @@ def bind(config: GemmConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bo
 
 
 def launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand,
-             ordinal: int | None = None):
+             ordinal: int | None = None, residual: KernelOperand | None = None):
     """`launch(pa, pb, pc, alpha, beta, stream)` for operands of these pitches and batch strides
     (their pointers are given at each launch): every other argument is packed once, here, and a
     workspace comes from the per-stream pool (`packed_launch`). A config that repacks misaligned
     operands copies them first (`repack`). `ordinal`: the GPU whose workspaces the launches use
-    (None: the current device)."""
+    (None: the current device). A problem with an epilogue (autogemm.epilogue) launches as
+    `launch(pa, pb, pc, alpha, beta, stream, pbias, presidual)`: the bias's and the residual's
+    pointers (0 where the epilogue has none), the residual of the pitch and batch stride of
+    `residual` (in the user's layout, as C; a kernel that writes C transposed reads it so too)."""
+    if not prepared.problem.epilogue.is_identity and not _launches_epilogue(prepared.config):
+        raise ValueError(f"config {prepared.config.name} launches as {prepared.config.launch_kind}, which passes no "
+                         f"epilogue's arguments ({prepared.problem.epilogue})")
     if ordinal is None:
         import cupy  # (lazy: CuPy)
 
         ordinal = cupy.cuda.Device().id
     if prepared.config.swaps_operands:
         # C^T = B^T A^T: the kernel's first operand is B, its second A (`prepared.problem` is swapped)
-        inner = _operand_launcher(prepared, b.in_other_role(), a.in_other_role(), c, ordinal)
+        inner = _operand_launcher(prepared, b.in_other_role(), a.in_other_role(), c, ordinal, residual)
 
-        def launch_swapped(pa, pb, pc, alpha, beta, stream=None):
-            inner(pb, pa, pc, alpha, beta, stream)
+        def launch_swapped(pa, pb, pc, alpha, beta, stream=None, *epilogue_pointers):
+            inner(pb, pa, pc, alpha, beta, stream, *epilogue_pointers)
 
         return launch_swapped
-    return _operand_launcher(prepared, a, b, c, ordinal)
+    return _operand_launcher(prepared, a, b, c, ordinal, residual)
 
 
-def _operand_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand, ordinal: int):
+def _launches_epilogue(config: GemmConfig) -> bool:
+    """Whether the config's launch kind passes an epilogue's arguments (the kinds of the families
+    that apply one: a kernel that writes C itself, or adds its split-K slots up itself)."""
+    return config.launch_kind in (LaunchKind.SPLIT_K_FUSED, LaunchKind.SPLIT_K_CLUSTER) or (
+        config.launch_kind == LaunchKind.TILES and config.split_k == 1)
+
+
+def _operand_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand, ordinal: int,
+                      residual: KernelOperand | None = None):
     """`launcher` for A and B in the kernel's own roles: copied to aligned pitches first where the
     config repacks them."""
     kind_launcher = launch_of(prepared.config).launcher
+    if not prepared.problem.epilogue.is_identity:  # (only the kinds of _launches_epilogue take the residual)
+        kind_launcher = functools.partial(kind_launcher, residual=residual)
     if prepared.config.repacks_operands:
         return repacking_launcher(prepared, a, b, c, kind_launcher, ordinal)
     return kind_launcher(prepared, a, b, c, ordinal)
@@ -195,25 +211,46 @@ def _scalar_type(problem: Problem):
     return np.dtype(dtypes.lookup(problem.dtype, problem.compute).accumulator_storage).type
 
 
-def _gemm_arguments(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand) -> dict:
+def _gemm_arguments(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand,
+                    residual: KernelOperand | None = None) -> dict:
     """The arguments every tiled GEMM kernel takes (`families.base`), by name: A, B and C (their
     pointers set per launch), sizes, pitches, batch strides, alpha and beta (set per launch), and
-    the K tiles per split."""
+    the K tiles per split; with an epilogue, its bias and residual (pointers set per launch) and
+    the residual's pitch and batch stride (common.cuh.j2's epilogue_parameters)."""
     problem = prepared.problem
     i32, i64, ptr, scalar = np.int32, np.int64, np.uintp, _scalar_type(problem)
-    return dict(A=ptr(0), B=ptr(0), C=ptr(0), M=i32(problem.m), N=i32(problem.n), K=i32(problem.k),
-                lda=i32(a.ld), ldb=i32(b.ld), ldc=i32(c.ld), stride_a=i64(a.batch_stride),
-                stride_b=i64(b.batch_stride), stride_c=i64(c.batch_stride), alpha=scalar(1), beta=scalar(0),
-                tiles_per_split=i32(prepared.tiles_per_split))
+    arguments = dict(A=ptr(0), B=ptr(0), C=ptr(0), M=i32(problem.m), N=i32(problem.n), K=i32(problem.k),
+                     lda=i32(a.ld), ldb=i32(b.ld), ldc=i32(c.ld), stride_a=i64(a.batch_stride),
+                     stride_b=i64(b.batch_stride), stride_c=i64(c.batch_stride), alpha=scalar(1), beta=scalar(0),
+                     tiles_per_split=i32(prepared.tiles_per_split))
+    if not problem.epilogue.is_identity:
+        if problem.epilogue.residual and residual is None:
+            raise ValueError(f"the epilogue {problem.epilogue} adds a residual: the launcher needs its layout")
+        arguments.update(bias=ptr(0), residual=ptr(0), ldr=i32(residual.ld if residual else 0),
+                         stride_r=i64(residual.batch_stride if residual else 0))
+    return arguments
 
 
-def _direct_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand, ordinal: int):
+def _direct_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand, ordinal: int,
+                     residual: KernelOperand | None = None):
     """One kernel writing C itself: no split, or a split-K cluster adding its splits up."""
     kernel = compiled_kernel(prepared.kernel, "gemm", prepared.grid, prepared.block, prepared.smem,
-                             _gemm_arguments(prepared, a, b, c))
+                             _gemm_arguments(prepared, a, b, c, residual))
     pointers, (a_at, b_at, c_at) = kernel.slots("A", "B", "C")
     scalars, (alpha_at, beta_at) = kernel.slots("alpha", "beta")
     launch_kernel, lock = kernel.launch, threading.Lock()
+    if not prepared.problem.epilogue.is_identity:
+        _, (bias_at, residual_at) = kernel.slots("bias", "residual")
+
+        def launch_with_epilogue(pa, pb, pc, alpha, beta, stream=None, pbias=0, presidual=0):
+            stream_pointer = current_stream_pointer(stream)
+            with lock:
+                pointers[a_at], pointers[b_at], pointers[c_at] = pa, pb, pc
+                pointers[bias_at], pointers[residual_at] = pbias, presidual
+                scalars[alpha_at], scalars[beta_at] = alpha, beta
+                launch_kernel(stream_pointer)
+
+        return launch_with_epilogue
 
     def launch(pa, pb, pc, alpha, beta, stream=None):
         stream_pointer = current_stream_pointer(stream)
@@ -225,11 +262,12 @@ def _direct_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand,
     return launch
 
 
-def _tiles_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand, ordinal: int):
+def _tiles_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand, ordinal: int,
+                    residual: KernelOperand | None = None):
     """A block per tile; with split-K, the splits' partial sums go to a workspace from the
     per-stream pool, which the reduction kernel adds up into C (alpha and beta applied there)."""
     if prepared.config.split_k == 1:
-        return _direct_launcher(prepared, a, b, c, ordinal)
+        return _direct_launcher(prepared, a, b, c, ordinal, residual)
     problem, config = prepared.problem, prepared.config
     m, n, batch = problem.m, problem.n, problem.batch
     i32, i64, ptr, scalar = np.int32, np.int64, np.uintp, _scalar_type(problem)
@@ -277,7 +315,7 @@ def _stream_k_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperan
 
 
 def _fused_split_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand,
-                          ordinal: int):
+                          ordinal: int, residual: KernelOperand | None = None):
     """A split-K kernel that adds its splits up itself takes the plain kernel's arguments and a
     workspace: a BM x BN slot of partial sums per block, and a counter per output tile (and batch)
     that must be zero at launch (the tile's last block sets it back to zero). Both come from the
@@ -287,7 +325,7 @@ def _fused_split_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOpe
     partial_bytes = tiles * config.split_k * config.bm * config.bn * np.dtype(_scalar_type(problem)).itemsize
     counter_bytes = tiles * 4
     kernel = compiled_kernel(prepared.kernel, "gemm", prepared.grid, prepared.block, prepared.smem, {
-        **_gemm_arguments(prepared, a, b, c), "partials": np.uintp(0), "counters": np.uintp(0)})
+        **_gemm_arguments(prepared, a, b, c, residual), "partials": np.uintp(0), "counters": np.uintp(0)})
     return _launch_with_workspace(kernel, ordinal, ("split_k_partials", partial_bytes),
                                   ("split_k_counters", counter_bytes))
 
@@ -301,6 +339,21 @@ def _launch_with_workspace(kernel, ordinal: int, partials: tuple[str, int], coun
     lock = threading.Lock()
     get_workspace = WORKSPACES.get
     (partials_purpose, partial_bytes), (counters_purpose, counter_bytes) = partials, counters
+    if "bias" in kernel.parameters:  # (an epilogue's pointers, set per launch too)
+        _, (bias_at, residual_at) = kernel.slots("bias", "residual")
+
+        def launch_with_epilogue(pa, pb, pc, alpha, beta, stream=None, pbias=0, presidual=0):
+            stream_pointer = current_stream_pointer(stream)
+            partial_sums = get_workspace(ordinal, stream_pointer, partials_purpose, partial_bytes)
+            tile_counters = get_workspace(ordinal, stream_pointer, counters_purpose, counter_bytes, zeroed=True)
+            with lock:
+                pointers[a_at], pointers[b_at], pointers[c_at] = pa, pb, pc
+                pointers[partials_at], pointers[counters_at] = partial_sums, tile_counters
+                pointers[bias_at], pointers[residual_at] = pbias, presidual
+                scalars[alpha_at], scalars[beta_at] = alpha, beta
+                kernel.launch(stream_pointer)
+
+        return launch_with_epilogue
 
     def launch(pa, pb, pc, alpha, beta, stream=None):
         stream_pointer = current_stream_pointer(stream)

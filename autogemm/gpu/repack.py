@@ -71,8 +71,9 @@ def repacked(stored: KernelOperand, repacking: Repacking | None) -> KernelOperan
 
 
 def repacking_launcher(prepared, a: KernelOperand, b: KernelOperand, c: KernelOperand, make_launcher, device: int):
-    """`launch(pa, pb, pc, alpha, beta, stream)` that copies whichever of A and B needs it into its
-    pooled buffer and then runs `make_launcher(prepared, a', b', c, device)` on the copies. A lock
+    """`launch(pa, pb, pc, alpha, beta, stream)` (an epilogue's pointers after it passed on) that copies
+    whichever of A and B needs it into its pooled buffer and then runs `make_launcher(prepared, a', b',
+    c, device)` on the copies. A lock
     holds from the copy through the GEMM's launch: two threads sharing a stream must not overwrite
     each other's copies in between."""
     problem, config = prepared.problem, prepared.config
@@ -97,7 +98,7 @@ def repacking_launcher(prepared, a: KernelOperand, b: KernelOperand, c: KernelOp
     lock = threading.Lock()
     get_workspace = WORKSPACES.get
 
-    def launch(pa, pb, pc, alpha, beta, stream=None):
+    def launch(pa, pb, pc, alpha, beta, stream=None, *epilogue_pointers):
         stream_pointer = current_stream_pointer(stream)
         operands = [pa, pb]
         with lock:
@@ -106,7 +107,7 @@ def repacking_launcher(prepared, a: KernelOperand, b: KernelOperand, c: KernelOp
                 pointers[src_at], pointers[dst_at] = operands[index], buffer
                 kernel.launch(stream_pointer)
                 operands[index] = buffer
-            inner(operands[0], operands[1], pc, alpha, beta, stream)
+            inner(operands[0], operands[1], pc, alpha, beta, stream, *epilogue_pointers)
 
     return launch
 
