@@ -181,3 +181,25 @@ def test_a_gated_call_halves_the_columns_and_takes_a_bias_of_both_halves(stand_i
     with pytest.raises(TypeError, match="gated must be True or False"):
         autogemm.matmul(x, stacked.T, gated="yes")
     assert stand_ins == []
+
+
+@pytest.mark.parametrize("epilogue,keywords,error,message", [
+    (Epilogue("n", "gelu"), dict(bias=Crafted((47,), pointer=1 << 40)), ValueError,
+     r"bias must be a contiguous vector of 48 values \(along N\); got shape \(47,\)"),
+    (Epilogue("n", "gelu"), {}, ValueError, r"the epilogue bias_n\+gelu adds a bias: give it"),
+    (Epilogue(activation="relu"), dict(bias=BIAS), ValueError, "takes no bias, and one was given"),
+    (Epilogue(residual=True), dict(residual=Crafted((48, 64), pointer=1 << 44)), ValueError,
+     r"residual must have C's shape \(64, 48\); got \(48, 64\)"),
+    (Epilogue(residual=True), dict(residual=Crafted((64, 48), "<f2", pointer=1 << 44)), TypeError,
+     "residual is float16; C is float32"),
+    (Epilogue(activation="relu", out_dtype="bfloat16"), {}, ValueError, "is matmul's to serve"),
+])
+def test_bind_checks_an_epilogues_operands_before_compiling(epilogue, keywords, error, message, monkeypatch):
+    from autogemm.families import config_from_name
+    from autogemm.gpu import launch
+
+    monkeypatch.setattr(launch, "prepare", lambda *args, **kwargs: pytest.fail("compiled before the check"))
+    config = config_from_name("gemv_m4_n256_k256_w4_v4_u4_s1_o1")
+    c = Crafted((64, 48), pointer=1 << 48)
+    with pytest.raises(error, match=message):
+        launch.bind(config, A, B, c, epilogue=epilogue, **keywords)

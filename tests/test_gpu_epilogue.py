@@ -163,3 +163,51 @@ def test_a_swiglu_layer_is_one_gemm_and_one_pass_within_the_bound(dtype):
                         activated_magnitude=activated)
     error = cupy.abs(to_float64(d) - expected)
     assert int((error > bound).sum()) == 0, float((error / bound).max())
+
+
+# ---- the GEMV family's own epilogue (its store; split-K's last block; the swapped product) ----------------
+
+GEMV_EDGES = [("float16", 1, 4099, 1023, "nt"), ("bfloat16", 7, 2050, 513, "nn"), ("float32", 16, 1000, 777, "tn"),
+              ("float16", 2049, 5, 384, "nn"), ("bfloat16", 1001, 3, 1001, "tt")]  # (the last two: N short, swapped)
+GEMV_EPILOGUES = [Epilogue("n", "gelu", True), Epilogue("", "relu", False), Epilogue("n", "silu", False),
+                  Epilogue("", "gelu_tanh", True)]
+
+
+def _gemv_configs(problem, count=3):
+    """A few of the GEMV space's configs for `problem` (split-K among them where the space draws it)."""
+    from autogemm.gpu.launch import current_device
+    from autogemm.kernels.space import SearchSpace
+
+    device = current_device()
+    return [c for c in SearchSpace.load("gemv").sample(count, problem, device, seed=problem.m)
+            if not c.check(problem, device)]
+
+
+@pytest.mark.parametrize("dtype,m,n,k,layout", GEMV_EDGES, ids=["{}-{}x{}x{}-{}".format(*e) for e in GEMV_EDGES])
+def test_the_gemv_kernels_apply_the_epilogue_in_their_store(dtype, m, n, k, layout):
+    import cupy
+
+    from autogemm.gpu.launch import bind
+
+    trans_a, trans_b = layout[0] == "t", layout[1] == "t"
+    a_stored = _random((k, m) if trans_a else (m, k), dtype, 21)
+    b_stored = _random((n, k) if trans_b else (k, n), dtype, 22)
+    a, b = (a_stored.T if trans_a else a_stored), (b_stored.T if trans_b else b_stored)
+    problem = Problem.from_layout(m, n, k, layout, dtype=dtype)
+    configs = _gemv_configs(problem)
+    assert configs, f"no GEMV config runs {problem}"
+    for index, config in enumerate(configs):
+        epilogue = GEMV_EPILOGUES[index % len(GEMV_EPILOGUES)]
+        bias = _random((n,), dtype, 23) if epilogue.bias else None
+        residual = _random((m, n), dtype, 24) if epilogue.residual else None
+        c_before = _random((m, n), dtype, 25)
+        c = c_before.copy()
+        run, _ = bind(config, a_stored, b_stored, c, trans_a=trans_a, trans_b=trans_b, alpha=0.75, beta=0.5,
+                      epilogue=epilogue, bias=bias, residual=residual)
+        run()
+        cupy.cuda.Device().synchronize()
+        try:
+            _check(c, a, b, dtype, epilogue, alpha=0.75, beta=0.5, c=c_before, bias=bias, residual=residual)
+        except AssertionError as exc:
+            raise AssertionError(f"{config.name} ({'swapped, ' if config.swaps_operands else ''}split {config.split_k}) "
+                                 f"with {epilogue}: {exc}") from None

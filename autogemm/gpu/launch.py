@@ -13,12 +13,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
 
 from .. import dtypes
+from ..epilogue import Epilogue
 from . import runtime
 from ..kernels.compile import CompiledKernel, CompileError, compile_source
 from ..families import GemmConfig, LaunchKind, VectorWidths
@@ -127,9 +128,13 @@ def resolve(config: GemmConfig, a, b, c, *, trans_a: bool = False, trans_b: bool
 
 
 def bind(config: GemmConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bool = False,
-         alpha: float = 1.0, beta: float = 0.0):
+         alpha: float = 1.0, beta: float = 0.0, epilogue: Epilogue | None = None, bias=None, residual=None):
     """Validates the operands, compiles the kernel and returns (run, c): `run(stream=None)`
-    launches it with every argument prepared, for repeated calls (timing, tuning)."""
+    launches it with every argument prepared, for repeated calls (timing, tuning). With an
+    `epilogue` (its family must apply one), C = act(alpha * op(A) @ op(B) + bias) + residual +
+    beta * C in the operands' dtype: `bias` of N values (or M, for an epilogue whose bias runs along
+    M), `residual` of C's shape and dtype with unit-stride rows (an out_dtype or a gated epilogue is
+    `matmul`'s to serve)."""
     cupy = runtime.cupy()
     alpha, beta = real_scalar(alpha, "alpha"), real_scalar(beta, "beta")
     described = _describe_ab(config, a, b, trans_a, trans_b)
@@ -151,10 +156,53 @@ def bind(config: GemmConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bo
                     c[...] *= beta
         return scale, c
 
+    if epilogue is not None and not epilogue.is_identity:
+        return _bind_epilogue(config, call, c, alpha, beta, epilogue, bias, residual)
     launch = launcher(prepare(config, call.problem, call.widths), call.a, call.b, call.c)
 
     def run(stream=None):
         launch(call.a.pointer, call.b.pointer, call.c.pointer, alpha, beta, stream)
+
+    return run, c
+
+
+def _bind_epilogue(config: GemmConfig, call: Call, c, alpha: float, beta: float, epilogue: Epilogue, bias, residual):
+    """`bind` of a problem with an epilogue: its bias and residual checked against C (ValueError or
+    TypeError naming the fault), then the kernel rendered with the epilogue and launched with their
+    pointers."""
+    if epilogue.out_dtype or epilogue.gated:
+        raise ValueError(f"bind writes C in the operands' dtype, one column per output: the epilogue {epilogue} is "
+                         "matmul's to serve")
+    problem = replace(call.problem, epilogue=epilogue)
+    dtype = problem.dtype
+    pointers = []
+    for name, given, wanted in (("bias", bias, epilogue.bias), ("residual", residual, epilogue.residual)):
+        if not wanted:
+            if given is not None:
+                raise ValueError(f"the epilogue {epilogue} takes no {name}, and one was given")
+            pointers.append(0)
+            continue
+        if given is None:
+            raise ValueError(f"the epilogue {epilogue} adds a {name}: give it")
+        info = describe(given, name, bfloat16_bits=True)
+        if info.dtype != dtype:
+            raise TypeError(f"{name} is {info.dtype}; C is {dtype}")
+        pointers.append(info.pointer)
+        if name == "bias":
+            length = problem.n if epilogue.bias == "n" else problem.m
+            if len(info.shape) != 1 or info.shape[0] != length or (length > 1 and info.strides[0] != info.itemsize):
+                raise ValueError(f"bias must be a contiguous vector of {length} values (along {epilogue.bias.upper()}); "
+                                 f"got shape {info.shape}, strides {info.strides}")
+        else:
+            c_shape = tuple(describe(c, "C", bfloat16_bits=True).shape)
+            if tuple(info.shape) != c_shape:
+                raise ValueError(f"residual must have C's shape {c_shape}; got {tuple(info.shape)}")
+    residual_operand = describe(residual, "residual", bfloat16_bits=True).storage(False) if epilogue.residual else None
+    launch = launcher(prepare(config, problem, call.widths), call.a, call.b, call.c, residual=residual_operand)
+    pbias, presidual = pointers
+
+    def run(stream=None):
+        launch(call.a.pointer, call.b.pointer, call.c.pointer, alpha, beta, stream, pbias, presidual)
 
     return run, c
 
