@@ -22,6 +22,7 @@ from .. import dtypes
 from ..epilogue import ACTIVATIONS, Epilogue
 from ..gpu import capture
 from ..gpu.launch import device_info
+from ..gpu.runtime import numpy_dtype
 from ..gpu.operands import ArrayInfo
 from ..kernels.compile import compile_source
 from ..kernels.render import render_epilogue
@@ -141,7 +142,7 @@ def apply(product, epilogue: Epilogue, *, bias=None, residual=None, out=None, be
     dtype = dtypes.from_array_name(np.dtype(product.dtype).name)
     out_dtype = epilogue.output_dtype(dtype)
     function = kernel(dtype, epilogue, product.device.id)
-    target = out if out is not None else cupy.empty(result_shape(product.shape, epilogue), dtype=_cupy_dtype(out_dtype))
+    target = out if out is not None else cupy.empty(result_shape(product.shape, epilogue), dtype=numpy_dtype(out_dtype))
     p, ldp, stride_p = _matrices(product)
     d, ldd, stride_d = _matrices(target)
     c, ldc, stride_c = (d, ldd, stride_d) if out is not None else (d, 0, 0)
@@ -164,12 +165,3 @@ def apply(product, epilogue: Epilogue, *, bias=None, residual=None, out=None, be
         target[...] = d.reshape(target.shape)
     return target
 
-
-def _cupy_dtype(name: str):
-    if name == "bfloat16":
-        try:
-            import ml_dtypes  # CuPy's bfloat16 is ml_dtypes'
-        except ImportError:
-            raise TypeError("bfloat16 arrays need the ml_dtypes package") from None
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
