@@ -211,3 +211,27 @@ def test_the_gemv_kernels_apply_the_epilogue_in_their_store(dtype, m, n, k, layo
         except AssertionError as exc:
             raise AssertionError(f"{config.name} ({'swapped, ' if config.swaps_operands else ''}split {config.split_k}) "
                                  f"with {epilogue}: {exc}") from None
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_a_repeated_call_on_tensors_takes_the_fast_path_with_the_same_result(gated, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from autogemm.serving import dispatch
+
+    x = torch.randn(24, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2 * 192 if gated else 192, 256, device="cuda", dtype=torch.bfloat16) / 16
+    bias = torch.randn(w.shape[0], device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn(24, 192, device="cuda", dtype=torch.bfloat16)
+    first = autogemm.linear(x, w, bias, activation="silu", residual=residual, gated=gated)
+    assert dispatch._DISPATCHER.torch_epilogue, "the general path registered no fast-path plan"
+    monkeypatch.setattr(dispatch, "_with_epilogue", lambda *args, **kwargs: pytest.fail("took the general path"))
+    second = autogemm.linear(x, w, bias, activation="silu", residual=residual, gated=gated)
+    torch.cuda.synchronize()
+    assert second.shape == first.shape == (24, 192) and torch.equal(first, second)
+    # new values in the same tensors: the fast path reads them
+    x.copy_(torch.randn_like(x))
+    third = autogemm.linear(x, w, bias, activation="silu", residual=residual, gated=gated)
+    y = x.double() @ w.double().T + bias.double()
+    expected = (torch.nn.functional.silu(y[:, :192]) * y[:, 192:] if gated else torch.nn.functional.silu(y)) \
+        + residual.double()
+    assert torch.allclose(third.double(), expected, rtol=2e-2, atol=2e-2)

@@ -151,6 +151,18 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
                 return result
 
     if bias is not None or activation is not None or residual is not None or out_dtype is not None or gated:
+        # Fast path of tensors with an epilogue: the bare GEMM's torch plan, then the packed epilogue kernel
+        if type(a) is _TENSOR and type(b) is _TENSOR and out is None and tune is None and race is None and beta == 0 \
+                and type(alpha) in _PLAIN_SCALARS and _DISPATCHER.torch_epilogue:
+            try:
+                plan = _DISPATCHER.torch_epilogue.get(epilogue_step.torch_epilogue_key(
+                    a, b, compute, bias, residual, activation, out_dtype, gated))
+            except (RuntimeError, AttributeError, TypeError):  # (no strides, not a tensor: the general path names it)
+                plan = None
+            if plan is not None:
+                result = plan.call(a, b, bias, residual, alpha)
+                if result is not None:
+                    return result
         return _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype, gated)
     if is_tensor(a) or is_tensor(b) or is_tensor(out):
         return torch_tensors.call(matmul, a, b, out, remember=remember_torch, alpha=alpha, beta=beta, compute=compute,
@@ -226,15 +238,27 @@ def check_epilogue_call(a, b, out, alpha: float, beta: float, bias, activation, 
     return epilogue
 
 
-def _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype, gated):
+def _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype, gated,
+                   gemm=None):
     """matmul with an epilogue: everything checked first (check_epilogue_call), then the GEMM as
-    matmul serves it, then epilogue_step's one pass."""
+    matmul serves it (`gemm()`, where the caller has the GEMM of its own operands: tensors), then
+    epilogue_step's one pass. A call on tensors that could take the fast path registers it."""
     epilogue_step.epilogue_of(bias, activation, residual, out_dtype, gated)  # (the keywords' names, before any tensor)
     if any(is_tensor(x) for x in (a, b, out, bias, residual)):
-        return torch_tensors.call_all(
-            lambda a, b, out, bias, residual: _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias,
-                                                             activation, residual, out_dtype, gated),
+        held = {}
+
+        def tensor_gemm():  # the GEMM on the tensors themselves: it registers the bare torch fast path
+            held["product"] = matmul(a, b, alpha=alpha, compute=compute, tune=tune, race=race)
+            return held["product"]
+
+        result = torch_tensors.call_all(
+            lambda a_, b_, out_, bias_, residual_: _with_epilogue(
+                a_, b_, out_, alpha, beta, compute, tune, race, bias_, activation, residual_, out_dtype, gated,
+                gemm=tensor_gemm if is_tensor(a) and is_tensor(b) else None),
             a=a, b=b, out=out, bias=bias, residual=residual)
+        _remember_torch_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype,
+                                 gated, held.get("product"), result)
+        return result
     _bind_cupy()
     epilogue = check_epilogue_call(a, b, out, alpha, beta, bias, activation, residual, out_dtype, gated)
     if epilogue.is_identity:  # (out_dtype named the products' own dtype, and nothing else was asked)
@@ -242,7 +266,8 @@ def _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation
     device = _device_of(numpy_semantics.read(a, "a"))
     residual_arr = as_cupy(residual) if residual is not None else None
     out_arr = as_cupy(out) if out is not None else None
-    product = as_cupy(matmul(a, b, alpha=alpha, compute=compute, tune=tune, race=race))
+    product = gemm() if gemm is not None else matmul(a, b, alpha=alpha, compute=compute, tune=tune, race=race)
+    product = torch_tensors.to_cupy(product, "product") if is_tensor(product) else as_cupy(product)
     with _on_device(device), _capture_allocations():
         if residual_arr is not None and out_arr is not None and residual_arr.data.ptr != out_arr.data.ptr \
                 and numpy_semantics.overlapping(numpy_semantics.read(out_arr, "out"),
@@ -251,6 +276,27 @@ def _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation
         result = epilogue_step.apply(product, epilogue, bias=as_cupy(bias) if bias is not None else None,
                                      residual=residual_arr, out=out_arr, beta=real_scalar(beta, "beta"))
     return out if out is not None else result
+
+
+def _remember_torch_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype, gated,
+                             product, result) -> bool:
+    """After the general path served a call on CUDA tensors with an epilogue: registers its plan for the
+    fast path where the call is one the fast path takes (two plain tensors, no out, beta 0, tune and
+    race unset, bias and residual tensors or absent) and the product came from the GEMM's torch plan."""
+    import torch  # (a tensor was given)
+
+    tensors = (a, b) + tuple(x for x in (bias, residual) if x is not None)
+    if out is not None or beta != 0 or tune is not None or race is not None or product is None \
+            or type(alpha) not in _PLAIN_SCALARS or any(type(x) is not torch.Tensor for x in (*tensors, product, result)):
+        return False
+    if _TENSOR is None:
+        _bind_torch()
+    key = epilogue_step.torch_epilogue_key(a, b, compute, bias, residual, activation, out_dtype, gated)
+    epilogue = epilogue_step.epilogue_of(bias, activation, residual, out_dtype, gated)
+    if epilogue.out_dtype == epilogue_step.dtype_name(product.dtype, "the product"):
+        epilogue = dataclasses.replace(epilogue, out_dtype="")
+    return epilogue_step.register_torch(_DISPATCHER, key, torch_fast_path.torch_fast_key(a, b, compute), epilogue,
+                                        product, result, residual)
 
 
 def _on_device(device: int):

@@ -26,6 +26,7 @@ from ..gpu.runtime import numpy_dtype
 from ..gpu.operands import ArrayInfo
 from ..kernels.compile import compile_source
 from ..kernels.render import render_epilogue
+from . import plan as plan_module
 
 THREADS = 256  # per block of the epilogue kernel (a grid-stride loop: any size of D)
 BLOCKS_PER_SM = 8  # enough blocks in flight to keep the memory system busy, few enough to loop
@@ -121,6 +122,11 @@ def _cupy():
 def kernel(dtype: str, epilogue: Epilogue, device: int):
     """The loaded epilogue kernel for products of `dtype` on GPU `device`, compiled once per process.
     Under a CUDA graph capture only one loaded before serves (compiling inside one is refused)."""
+    return compiled(dtype, epilogue, device).gemm
+
+
+def compiled(dtype: str, epilogue: Epilogue, device: int):
+    """The CompiledKernel behind `kernel` (what a PackedKernel launches)."""
     key = (dtype, epilogue.key, device)
     with _kernels_lock:
         found = _kernels.get(key)
@@ -129,7 +135,7 @@ def kernel(dtype: str, epilogue: Epilogue, device: int):
     cupy = _cupy()
     if capture.capturing(cupy.cuda.get_current_stream().ptr):
         raise capture.require_plan(f"the epilogue {epilogue} of {dtype} products")
-    loaded = compile_source(render_epilogue(dtype, epilogue), device_info(device).arch, 0).gemm
+    loaded = compile_source(render_epilogue(dtype, epilogue), device_info(device).arch, 0)
     with _kernels_lock:
         return _kernels.setdefault(key, loaded)
 
@@ -165,3 +171,90 @@ def apply(product, epilogue: Epilogue, *, bias=None, residual=None, out=None, be
         target[...] = d.reshape(target.shape)
     return target
 
+
+
+# ---- the PyTorch fast path of a call with an epilogue ---------------------------------------------------
+
+MAX_TORCH_PLANS = 256  # epilogue plans kept (the general path makes one again for a key dropped)
+
+
+def torch_epilogue_key(a, b, compute, bias, residual, activation, out_dtype, gated) -> tuple:
+    """The memo key of a call on CUDA tensors with an epilogue (matmul builds it inline): the bare
+    torch fast path's key, the epilogue's keywords, and the bias's and residual's metadata."""
+    return (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, compute, a.get_device(), activation, out_dtype,
+            gated, None if bias is None else (bias.shape, bias.stride(), bias.dtype),
+            None if residual is None else (residual.shape, residual.stride(), residual.dtype))
+
+
+class TorchEpiloguePlan:
+    """A call on CUDA tensors with an epilogue, planned: the bare GEMM's torch fast-path plan (on
+    PyTorch's current stream, its output from PyTorch's allocator), then the epilogue kernel packed
+    once (`packed_launch.PackedKernel`: a call rewrites five pointers and launches), D from
+    torch.empty_like of a template. `call` gives None where the GEMM's plan is no longer the one the
+    torch fast path serves (the guard replaced it, the memo dropped it), where the current device or
+    an operand's differs (the general path serves those). Under a CUDA graph capture D comes from the
+    graph's pool, as PyTorch allocates there, and both launches are captured."""
+
+    def __init__(self, dispatcher, gemm_key, gemm_plan, packed, template, device: int):
+        self.dispatcher, self.gemm_key, self.gemm, self.packed = dispatcher, gemm_key, gemm_plan, packed
+        self.template, self.device = template, device
+        import torch  # (a tensor was given)
+
+        self.empty_like = torch.empty_like
+        self.pointers, (self.p_at, self.d_at, self.c_at, self.bias_at, self.residual_at) = packed.slots(
+            "P", "D", "C", "bias", "residual")
+        self.lock = threading.Lock()
+
+    def call(self, a, b, bias, residual, alpha: float):
+        if self.dispatcher.torch_fast.get(self.gemm_key) is not self.gemm:
+            return None
+        if (bias is not None and bias.get_device() != self.device) or \
+                (residual is not None and residual.get_device() != self.device):
+            return None
+        product = self.gemm.call_torch(a, b, alpha)  # (on PyTorch's current stream; a capture's memory under one)
+        if product is None:
+            return None
+        stream = plan_module.torch_raw_stream(self.device)
+        d = self.empty_like(self.template)
+        with self.lock:
+            pointers = self.pointers
+            pointers[self.p_at], pointers[self.d_at], pointers[self.c_at] = product.data_ptr(), d.data_ptr(), d.data_ptr()
+            pointers[self.bias_at] = 0 if bias is None else bias.data_ptr()
+            pointers[self.residual_at] = 0 if residual is None else residual.data_ptr()
+            self.packed.launch(stream)
+        return d
+
+
+def register_torch(dispatcher, key, gemm_key, epilogue: Epilogue, product, result, residual) -> bool:
+    """After the general path served a call on CUDA tensors with `epilogue` (its product and D,
+    `result`, as tensors): files a TorchEpiloguePlan under `key` where the bare GEMM has a torch
+    fast-path plan and the tensors' layouts are the ones the plan assumes (a C-contiguous product
+    and D; a residual with unit column stride). Whether it was filed."""
+    from ..gpu.packed_launch import compiled_kernel  # (lazy: CuPy)
+
+    gemm_plan = dispatcher.torch_fast.get(gemm_key)
+    if gemm_plan is None or not product.is_contiguous() or not result.is_contiguous() or product.dim() not in (2, 3):
+        return False
+    if residual is not None and (residual.dim() != result.dim() or residual.stride(-1) != 1):
+        return False
+    device = product.get_device()
+    dtype = dtypes.from_array_name(str(product.dtype).removeprefix("torch."))
+    batch = product.shape[0] if product.dim() == 3 else 1
+    m, n = result.shape[-2:]
+    ldr = (residual.stride(-2) if m > 1 else n) if residual is not None else 0
+    stride_r = (residual.stride(0) if batch > 1 else m * n) if residual is not None else 0
+    acc = np.float64 if dtypes.lookup(dtype).accumulator == "double" else np.float32
+    i32, i64, ptr = np.int32, np.int64, np.uintp
+    blocks = max(1, min(-(-(batch * m * n) // THREADS), device_info(device).sm_count * BLOCKS_PER_SM))
+    packed = compiled_kernel(compiled(dtype, epilogue, device), "gemm", (blocks, 1, 1), (THREADS, 1, 1), 0, dict(
+        P=ptr(0), D=ptr(0), C=ptr(0), M=i32(m), N=i32(n), batch=i32(batch), ldp=i32(product.shape[-1]),
+        stride_p=i64(product.shape[-2] * product.shape[-1]), ldd=i32(n), stride_d=i64(m * n), ldc=i32(n),
+        stride_c=i64(m * n), beta=acc(0), bias=ptr(0), residual=ptr(0), ldr=i32(ldr), stride_r=i64(stride_r)))
+    import torch  # (a tensor was given)
+
+    plan = TorchEpiloguePlan(dispatcher, gemm_key, gemm_plan, packed, torch.empty_like(result), device)
+    with dispatcher.lock:
+        if len(dispatcher.torch_epilogue) >= MAX_TORCH_PLANS:
+            dispatcher.torch_epilogue.clear()
+        dispatcher.torch_epilogue[key] = plan
+    return True

@@ -56,6 +56,11 @@ def bind_cupy_names(cupy) -> None:
     _NDARRAY, _current_device, _current_stream = cupy.ndarray, cupy.cuda.runtime.getDevice, cupy.cuda.get_current_stream
 
 
+def torch_raw_stream(device: int) -> int:
+    """The handle of PyTorch's current stream on `device` (its cheapest reader, bound by bind_torch_names)."""
+    return _torch_raw_stream(device)
+
+
 def bind_torch_names(torch) -> None:
     """Binds the PyTorch names `Plan.call_torch` reads (before a plan is registered for the torch fast path)."""
     global _torch_raw_stream, _torch_empty_like

@@ -49,6 +49,8 @@ class Dispatcher:
         self.fast: dict = {}  # fast_key (CuPy operands, no out, alpha only) -> plan
         # key of the PyTorch fast path (the same, from torch's metadata: torch_fast_path.torch_fast_key) -> plan
         self.torch_fast: dict = {}
+        # key of a call on tensors with an epilogue (epilogue_step.torch_epilogue_key) -> TorchEpiloguePlan
+        self.torch_epilogue: dict = {}
         self.lock = threading.Lock()
         self._building: dict = {}  # plan key -> Event set when the thread building it is done
         self._tune_locks: dict[int, threading.Lock] = {}  # GPU ordinal -> held while tuning on it
@@ -73,6 +75,7 @@ class Dispatcher:
             self.plans.clear()
             self.fast.clear()
             self.torch_fast.clear()
+            self.torch_epilogue.clear()
             self.spare_bytes = 0
             self.races.clear()
             self.verdicts.clear()
