@@ -179,7 +179,12 @@ def measure(model: str, case: str, m: int, dtype: str, rounds: int, compiled: di
         timed[COMPILED] = lambda: function(*args)
 
     # cuBLASLt's own epilogue, checked against the form of GELU it computes
-    lt_call, lt_handle, transposed = CublasLtLayer.make(case, *args)
+    try:
+        lt_call, lt_handle, transposed = CublasLtLayer.make(case, *args)
+    except Exception as exc:  # (nvmath missing or refusing the layout: reported in the row, the run goes on)
+        lt_call, lt_handle, transposed = None, None, False
+        row["cublaslt_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        print(f"cuBLASLt through nvmath: {row['cublaslt_error']}", flush=True)
     if lt_call is not None:
         got = lt_call()
         got = got.T if transposed else got
