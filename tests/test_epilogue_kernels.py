@@ -265,3 +265,13 @@ def test_the_gated_arithmetic_stays_within_its_bound_of_the_float64_reference(dt
                         bias=np.concatenate([bias_up, bias_gate]),
                         residual=residual.reshape(1, -1) if epilogue.residual else None).ravel()
     assert np.any(np.abs(swapped - expected) > bound)
+
+
+def test_the_unfused_kernels_grid_covers_a_row_and_stays_within_the_limits():
+    from autogemm.serving.epilogue_step import BLOCKS_PER_SM, MAX_GRID_Y, THREADS, grid
+
+    assert grid(1, 14336, 132) == (56, 1, 1)  # one row: blocks along it only
+    across, down, _ = grid(4096, 14336, 132)
+    assert across * THREADS >= 14336 and across * down <= 132 * BLOCKS_PER_SM and down >= 1
+    assert grid(10 ** 7, 8, 132)[1] <= MAX_GRID_Y and grid(3, 1, 132) == (1, 3, 1)
+    assert grid(5, 10 ** 6, 132)[1] == 1  # a row longer than the budget: one row of blocks, each looping down

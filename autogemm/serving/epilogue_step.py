@@ -28,8 +28,18 @@ from ..kernels.compile import compile_source
 from ..kernels.render import render_epilogue
 from . import plan as plan_module
 
-THREADS = 256  # per block of the epilogue kernel (a grid-stride loop: any size of D)
+THREADS = 256  # per block of the epilogue kernel: along a row's columns
 BLOCKS_PER_SM = 8  # enough blocks in flight to keep the memory system busy, few enough to loop
+MAX_GRID_Y = 65535  # rows of blocks (CUDA's limit on grid y; the kernel loops over the rest)
+
+
+def grid(rows: int, n: int, sms: int) -> tuple[int, int, int]:
+    """The epilogue kernel's grid for `rows` rows (batch × M) of `n` columns: blocks along a row
+    to cover it, rows of blocks up to BLOCKS_PER_SM blocks an SM in all (the loops cover the rest)."""
+    across = -(-n // THREADS)
+    down = max(1, min(rows, MAX_GRID_Y, sms * BLOCKS_PER_SM // across))
+    return across, down, 1
+
 
 _kernels: dict[tuple[str, str, int], object] = {}  # (dtype, epilogue key, device) -> the loaded kernel
 _kernels_lock = threading.Lock()
@@ -159,10 +169,8 @@ def apply(product, epilogue: Epilogue, *, bias=None, residual=None, out=None, be
     batch, m, n = d.shape  # (gated: the product has 2n columns)
     row = dtypes.lookup(dtype)
     acc = np.float64 if row.accumulator == "double" else np.float32
-    total = batch * m * n
-    blocks = max(1, min(-(-total // THREADS), device_info(product.device.id).sm_count * BLOCKS_PER_SM))
     null = np.uint64(0)
-    function((blocks,), (THREADS,), (
+    function(grid(batch * m, n, device_info(product.device.id).sm_count), (THREADS,), (
         p, d, c, np.int32(m), np.int32(n), np.int32(batch), np.int32(ldp), np.int64(stride_p), np.int32(ldd),
         np.int64(stride_d), np.int32(ldc), np.int64(stride_c), acc(beta),
         bias_vector if bias_vector is not None else null, r if r is not None else null, np.int32(ldr),
@@ -245,8 +253,8 @@ def register_torch(dispatcher, key, gemm_key, epilogue: Epilogue, product, resul
     stride_r = (residual.stride(0) if batch > 1 else m * n) if residual is not None else 0
     acc = np.float64 if dtypes.lookup(dtype).accumulator == "double" else np.float32
     i32, i64, ptr = np.int32, np.int64, np.uintp
-    blocks = max(1, min(-(-(batch * m * n) // THREADS), device_info(device).sm_count * BLOCKS_PER_SM))
-    packed = compiled_kernel(compiled(dtype, epilogue, device), "gemm", (blocks, 1, 1), (THREADS, 1, 1), 0, dict(
+    packed = compiled_kernel(compiled(dtype, epilogue, device), "gemm", grid(batch * m, n, device_info(device).sm_count),
+                             (THREADS, 1, 1), 0, dict(
         P=ptr(0), D=ptr(0), C=ptr(0), M=i32(m), N=i32(n), batch=i32(batch), ldp=i32(product.shape[-1]),
         stride_p=i64(product.shape[-2] * product.shape[-1]), ldd=i32(n), stride_d=i64(m * n), ldc=i32(n),
         stride_c=i64(m * n), beta=acc(0), bias=ptr(0), residual=ptr(0), ldr=i32(ldr), stride_r=i64(stride_r)))
