@@ -155,12 +155,21 @@ class Linear(torch.nn.Linear):
     parameters (weight out_features x in_features, bias out_features), the same initialization
     (`reset_parameters`) and state dict, so that weights move between the two as they are. Inputs of
     any leading dimensions are flattened to (rows, in_features) and the result shaped back; W^T is a
-    transposed view, which autogemm multiplies (the NT layout) without a copy.
+    transposed view, which autogemm multiplies (the NT layout) without a copy. Where no gradient is
+    recorded (torch.no_grad, inference) the bias is added in the same call (`autogemm.linear`).
     """
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         rows = input.reshape(-1, self.in_features)
-        output = torch.ops.autogemm.matmul(rows, self.weight.mT, 1.0, None)
-        if self.bias is not None:
-            output = output + self.bias
+        if input.is_cuda and not torch.compiler.is_compiling() and not (torch.is_grad_enabled() and (
+                input.requires_grad or self.weight.requires_grad or (self.bias is not None and self.bias.requires_grad))):
+            # no gradient to record (inference, torch.no_grad): the bias in the same call as the product,
+            # autogemm.linear's epilogue (its fast path on repeated calls); under torch.compile the
+            # operator stays one node of the graph
+            bias = None if self.bias is None else self.bias.detach()
+            output = dispatch.linear(rows.detach(), self.weight.detach(), bias)
+        else:
+            output = torch.ops.autogemm.matmul(rows, self.weight.mT, 1.0, None)
+            if self.bias is not None:
+                output = output + self.bias
         return output.reshape(*input.shape[:-1], self.out_features)

@@ -158,3 +158,23 @@ def test_the_operator_runs_on_torchs_current_stream():
         c = agt.matmul(a, b, alpha=2.0)
     stream.synchronize()
     assert _error(c, 2 * (a.double() @ b.double())) <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_without_gradients_adds_the_bias_in_the_same_call(dtype, monkeypatch):
+    generator = torch.Generator("cuda").manual_seed(4)
+    layer = agt.Linear(64, 80, device="cuda", dtype=getattr(torch, dtype))
+    reference = torch.nn.Linear(64, 80, device="cuda", dtype=getattr(torch, dtype))
+    reference.load_state_dict(layer.state_dict())
+    x = _random((3, 5, 64), dtype, generator)
+    called = []
+    real_linear = dispatch.linear
+    monkeypatch.setattr(dispatch, "linear", lambda *args, **kwargs: called.append(args) or real_linear(*args, **kwargs))
+    with torch.no_grad():
+        y, y_reference = layer(x), reference(x)
+    assert len(called) == 1 and y.shape == (3, 5, 80) and y.dtype == y_reference.dtype
+    error = float(torch.linalg.norm((y - y_reference).double()) / torch.linalg.norm(y_reference.double()))
+    assert error <= TOLERANCE[dtype], error
+    called.clear()
+    layer(x.requires_grad_(True)).sum().backward()  # with gradients: the operator, not linear
+    assert called == [] and layer.weight.grad is not None
