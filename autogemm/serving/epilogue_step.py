@@ -20,10 +20,10 @@ import numpy as np
 
 from .. import dtypes
 from ..epilogue import ACTIVATIONS, Epilogue
-from ..gpu import capture
+from ..gpu import capture, runtime
 from ..gpu.launch import device_info
-from ..gpu.runtime import numpy_dtype
 from ..gpu.operands import ArrayInfo
+from ..gpu.packed_launch import compiled_kernel
 from ..kernels.compile import compile_source
 from ..kernels.render import render_epilogue
 from . import plan as plan_module
@@ -107,7 +107,7 @@ def check(product_shape: tuple, product_dtype: str, epilogue: Epilogue, bias: Ar
 def _matrices(array):
     """`array` (..., M, N) as (batch, M, N) without a copy where its strides allow, else a C-ordered
     copy: (view, pitch, batch stride) in elements, with unit column stride."""
-    cupy = _cupy()
+    cupy = runtime.cupy()
     shape = array.shape
     if len(shape) == 1:
         shape = (1, *shape)
@@ -123,26 +123,16 @@ def _matrices(array):
     return view, view.strides[1] // itemsize if m > 1 else n, view.strides[0] // itemsize if batch > 1 else m * n
 
 
-def _cupy():
-    from ..gpu import runtime  # (lazy: CuPy)
-
-    return runtime.cupy()
-
-
-def kernel(dtype: str, epilogue: Epilogue, device: int):
-    """The loaded epilogue kernel for products of `dtype` on GPU `device`, compiled once per process.
-    Under a CUDA graph capture only one loaded before serves (compiling inside one is refused)."""
-    return compiled(dtype, epilogue, device).gemm
-
-
 def compiled(dtype: str, epilogue: Epilogue, device: int):
-    """The CompiledKernel behind `kernel` (what a PackedKernel launches)."""
+    """The epilogue kernel for products of `dtype`, compiled and loaded on GPU `device` once per
+    process (a CompiledKernel). Under a CUDA graph capture only one loaded before serves (compiling
+    inside one is refused)."""
     key = (dtype, epilogue.key, device)
     with _kernels_lock:
         found = _kernels.get(key)
     if found is not None:
         return found
-    cupy = _cupy()
+    cupy = runtime.cupy()
     if capture.capturing(cupy.cuda.get_current_stream().ptr):
         raise capture.require_plan(f"the epilogue {epilogue} of {dtype} products")
     loaded = compile_source(render_epilogue(dtype, epilogue), device_info(device).arch, 0)
@@ -150,35 +140,42 @@ def compiled(dtype: str, epilogue: Epilogue, device: int):
         return _kernels.setdefault(key, loaded)
 
 
+def _arguments(dtype: str, batch: int, m: int, n: int, ldp: int, stride_p: int, ldd: int, stride_d: int,
+               beta: float, ldr: int, stride_r: int) -> dict:
+    """The epilogue kernel's arguments by name (templates/epilogue.cu.j2), its pointers 0: C is D
+    (beta · C read from D before D is written), D of `n` columns (the product's 2n where gated)."""
+    i32, i64, ptr = np.int32, np.int64, np.uintp
+    acc = np.dtype(dtypes.lookup(dtype).accumulator_storage).type
+    return dict(P=ptr(0), D=ptr(0), C=ptr(0), M=i32(m), N=i32(n), batch=i32(batch), ldp=i32(ldp),
+                stride_p=i64(stride_p), ldd=i32(ldd), stride_d=i64(stride_d), ldc=i32(ldd), stride_c=i64(stride_d),
+                beta=acc(beta), bias=ptr(0), residual=ptr(0), ldr=i32(ldr), stride_r=i64(stride_r))
+
+
 def apply(product, epilogue: Epilogue, *, bias=None, residual=None, out=None, beta: float = 0.0):
     """D of `product` (a CuPy array of the GEMM's result, alpha applied) on the current stream; the
     arguments checked by `check` before. Returns `out` when given (beta · out read from it first),
     else a new array of D's dtype."""
-    cupy = _cupy()
+    cupy = runtime.cupy()
     dtype = dtypes.from_array_name(np.dtype(product.dtype).name)
-    out_dtype = epilogue.output_dtype(dtype)
-    function = kernel(dtype, epilogue, product.device.id)
-    target = out if out is not None else cupy.empty(result_shape(product.shape, epilogue), dtype=numpy_dtype(out_dtype))
+    source = compiled(dtype, epilogue, product.device.id)
+    target = out if out is not None else cupy.empty(result_shape(product.shape, epilogue),
+                                                    dtype=runtime.numpy_dtype(epilogue.output_dtype(dtype)))
     p, ldp, stride_p = _matrices(product)
-    d, ldd, stride_d = _matrices(target)
-    c, ldc, stride_c = (d, ldd, stride_d) if out is not None else (d, 0, 0)
-    if beta != 0 and d.data.ptr != target.data.ptr:  # out's layout needed a copy: beta reads the copy
-        c, ldc, stride_c = d, ldd, stride_d
+    d, ldd, stride_d = _matrices(target)  # (a copy of out where its strides need one: beta reads the copy)
     r, ldr, stride_r = _matrices(residual) if residual is not None else (None, 0, 0)
-    bias_vector = cupy.ascontiguousarray(bias) if bias is not None else None
-    batch, m, n = d.shape  # (gated: the product has 2n columns)
-    row = dtypes.lookup(dtype)
-    acc = np.float64 if row.accumulator == "double" else np.float32
-    null = np.uint64(0)
-    function(grid(batch * m, n, device_info(product.device.id).sm_count), (THREADS,), (
-        p, d, c, np.int32(m), np.int32(n), np.int32(batch), np.int32(ldp), np.int64(stride_p), np.int32(ldd),
-        np.int64(stride_d), np.int32(ldc), np.int64(stride_c), acc(beta),
-        bias_vector if bias_vector is not None else null, r if r is not None else null, np.int32(ldr),
-        np.int64(stride_r)))
+    batch, m, n = d.shape
+    arguments = {**_arguments(dtype, batch, m, n, ldp, stride_p, ldd, stride_d, beta, ldr, stride_r), "P": p, "D": d,
+                 "C": d}
+    if bias is not None:
+        arguments["bias"] = cupy.ascontiguousarray(bias)
+    if r is not None:
+        arguments["residual"] = r
+    # (passed in the order the kernel declares its parameters, as every launcher passes them)
+    source.gemm(grid(batch * m, n, device_info(product.device.id).sm_count), (THREADS,),
+                tuple(arguments[name] for name in source.source.parameters(source.source.kernel)))
     if d.data.ptr != target.data.ptr:  # out's strides needed a copy: D goes back into out
         target[...] = d.reshape(target.shape)
     return target
-
 
 
 # ---- the PyTorch fast path of a call with an epilogue ---------------------------------------------------
@@ -238,8 +235,6 @@ def register_torch(dispatcher, key, gemm_key, epilogue: Epilogue, product, resul
     `result`, as tensors): files a TorchEpiloguePlan under `key` where the bare GEMM has a torch
     fast-path plan and the tensors' layouts are the ones the plan assumes (a C-contiguous product
     and D; a residual with unit column stride). Whether it was filed."""
-    from ..gpu.packed_launch import compiled_kernel  # (lazy: CuPy)
-
     gemm_plan = dispatcher.torch_fast.get(gemm_key)
     if gemm_plan is None or not product.is_contiguous() or not result.is_contiguous() or product.dim() not in (2, 3):
         return False
@@ -251,13 +246,10 @@ def register_torch(dispatcher, key, gemm_key, epilogue: Epilogue, product, resul
     m, n = result.shape[-2:]
     ldr = (residual.stride(-2) if m > 1 else n) if residual is not None else 0
     stride_r = (residual.stride(0) if batch > 1 else m * n) if residual is not None else 0
-    acc = np.float64 if dtypes.lookup(dtype).accumulator == "double" else np.float32
-    i32, i64, ptr = np.int32, np.int64, np.uintp
     packed = compiled_kernel(compiled(dtype, epilogue, device), "gemm", grid(batch * m, n, device_info(device).sm_count),
-                             (THREADS, 1, 1), 0, dict(
-        P=ptr(0), D=ptr(0), C=ptr(0), M=i32(m), N=i32(n), batch=i32(batch), ldp=i32(product.shape[-1]),
-        stride_p=i64(product.shape[-2] * product.shape[-1]), ldd=i32(n), stride_d=i64(m * n), ldc=i32(n),
-        stride_c=i64(m * n), beta=acc(0), bias=ptr(0), residual=ptr(0), ldr=i32(ldr), stride_r=i64(stride_r)))
+                             (THREADS, 1, 1), 0, _arguments(dtype, batch, m, n, product.shape[-1],
+                                                            product.shape[-2] * product.shape[-1], n, m * n, 0.0,
+                                                            ldr, stride_r))
     import torch  # (a tensor was given)
 
     plan = TorchEpiloguePlan(dispatcher, gemm_key, gemm_plan, packed, torch.empty_like(result), device)
