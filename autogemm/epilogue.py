@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import dtypes
 
@@ -118,6 +118,11 @@ class Epilogue:
         if out not in allowed:
             raise ValueError(f"out_dtype {out} is not written for {dtype} products; choose from {', '.join(allowed)}")
         return out
+
+    def for_products(self, dtype: str) -> Epilogue:
+        """This epilogue as the one key spells it for products of `dtype`: an out_dtype that names
+        the products' own dtype is no conversion, so it is dropped."""
+        return replace(self, out_dtype="") if self.out_dtype == dtype else self
 
     def template_context(self, dtype: str) -> dict:
         """What the templates' epilogue macros read (common.cuh.j2, epilogue_functions) for products

@@ -174,32 +174,30 @@ def _bind_epilogue(config: GemmConfig, call: Call, c, alpha: float, beta: float,
         raise ValueError(f"bind writes C in the operands' dtype, one column per output: the epilogue {epilogue} is "
                          "matmul's to serve")
     problem = replace(call.problem, epilogue=epilogue)
-    dtype = problem.dtype
-    pointers = []
+    infos = {}  # the given bias and residual, described
     for name, given, wanted in (("bias", bias, epilogue.bias), ("residual", residual, epilogue.residual)):
         if not wanted:
             if given is not None:
                 raise ValueError(f"the epilogue {epilogue} takes no {name}, and one was given")
-            pointers.append(0)
             continue
         if given is None:
             raise ValueError(f"the epilogue {epilogue} adds a {name}: give it")
-        info = describe(given, name, bfloat16_bits=True)
-        if info.dtype != dtype:
-            raise TypeError(f"{name} is {info.dtype}; C is {dtype}")
-        pointers.append(info.pointer)
-        if name == "bias":
-            length = problem.n if epilogue.bias == "n" else problem.m
-            if len(info.shape) != 1 or info.shape[0] != length or (length > 1 and info.strides[0] != info.itemsize):
-                raise ValueError(f"bias must be a contiguous vector of {length} values (along {epilogue.bias.upper()}); "
-                                 f"got shape {info.shape}, strides {info.strides}")
-        else:
-            c_shape = tuple(describe(c, "C", bfloat16_bits=True).shape)
-            if tuple(info.shape) != c_shape:
-                raise ValueError(f"residual must have C's shape {c_shape}; got {tuple(info.shape)}")
-    residual_operand = describe(residual, "residual", bfloat16_bits=True).storage(False) if epilogue.residual else None
+        info = infos[name] = describe(given, name, bfloat16_bits=True)
+        if info.dtype != problem.dtype:
+            raise TypeError(f"{name} is {info.dtype}; C is {problem.dtype}")
+    if "bias" in infos:
+        info, length = infos["bias"], problem.n if epilogue.bias == "n" else problem.m
+        if len(info.shape) != 1 or info.shape[0] != length or (length > 1 and info.strides[0] != info.itemsize):
+            raise ValueError(f"bias must be a contiguous vector of {length} values (along {epilogue.bias.upper()}); "
+                             f"got shape {info.shape}, strides {info.strides}")
+    residual_operand = None
+    if "residual" in infos:
+        c_shape = tuple(describe(c, "C", bfloat16_bits=True).shape)
+        if tuple(infos["residual"].shape) != c_shape:
+            raise ValueError(f"residual must have C's shape {c_shape}; got {tuple(infos['residual'].shape)}")
+        residual_operand = infos["residual"].storage(False)
     launch = launcher(prepare(config, problem, call.widths), call.a, call.b, call.c, residual=residual_operand)
-    pbias, presidual = pointers
+    pbias, presidual = (infos[name].pointer if name in infos else 0 for name in ("bias", "residual"))
 
     def run(stream=None):
         launch(call.a.pointer, call.b.pointer, call.c.pointer, alpha, beta, stream, pbias, presidual)

@@ -12,7 +12,6 @@ arrays; PyTorch tensors, registered by `torch_fast_path`) run before anything el
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 from typing import Any
@@ -213,10 +212,10 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
 
 
 def check_epilogue_call(a, b, out, alpha: float, beta: float, bias, activation, residual, out_dtype,
-                        gated: bool = False) -> Epilogue:
+                        gated: bool = False) -> tuple[Epilogue, int]:
     """The Epilogue of a matmul call with epilogue keywords (on CuPy arrays or other device arrays, not
-    tensors), every argument checked against the result's shape and dtype first (TypeError/ValueError
-    naming the fault); `explain` checks the same."""
+    tensors) and the operands' GPU, every argument checked against the result's shape and dtype first
+    (TypeError/ValueError naming the fault); `explain` checks the same."""
     epilogue = epilogue_step.epilogue_of(bias, activation, residual, out_dtype, gated)
     alpha, beta = real_scalar(alpha, "alpha"), real_scalar(beta, "beta")
     check_scalars(alpha, beta, out is not None)
@@ -228,14 +227,13 @@ def check_epilogue_call(a, b, out, alpha: float, beta: float, bias, activation, 
                         f"{call.dtype if call.dtype is not None else 'not a float type'} ({call.reason or 'cupy.matmul'})")
     infos = {name: describe(x, name, output=name == "out") if x is not None else None
              for name, x in (("bias", bias), ("residual", residual), ("out", out))}
-    if epilogue.out_dtype == product_dtype:  # (one spelling per epilogue: D in the products' own dtype is "")
-        epilogue = dataclasses.replace(epilogue, out_dtype="")
+    epilogue = epilogue.for_products(product_dtype)
     epilogue_step.check(call.shape, product_dtype, epilogue, infos["bias"], infos["residual"], infos["out"])
     device = _device_of(operand_a)
     for name, info in infos.items():
         if info is not None and _device_of(info) != device:
             raise ValueError(f"{name} is on GPU {_device_of(info)} and the operands on GPU {device}")
-    return epilogue
+    return epilogue, device
 
 
 def _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype, gated,
@@ -260,10 +258,9 @@ def _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation
                                  gated, held.get("product"), result)
         return result
     _bind_cupy()
-    epilogue = check_epilogue_call(a, b, out, alpha, beta, bias, activation, residual, out_dtype, gated)
+    epilogue, device = check_epilogue_call(a, b, out, alpha, beta, bias, activation, residual, out_dtype, gated)
     if epilogue.is_identity:  # (out_dtype named the products' own dtype, and nothing else was asked)
         return matmul(a, b, out=out, alpha=alpha, beta=beta, compute=compute, tune=tune, race=race)
-    device = _device_of(numpy_semantics.read(a, "a"))
     residual_arr = as_cupy(residual) if residual is not None else None
     out_arr = as_cupy(out) if out is not None else None
     product = gemm() if gemm is not None else matmul(a, b, alpha=alpha, compute=compute, tune=tune, race=race)
@@ -292,9 +289,8 @@ def _remember_torch_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, 
     if _TENSOR is None:
         _bind_torch()
     key = epilogue_step.torch_epilogue_key(a, b, compute, bias, residual, activation, out_dtype, gated)
-    epilogue = epilogue_step.epilogue_of(bias, activation, residual, out_dtype, gated)
-    if epilogue.out_dtype == epilogue_step.dtype_name(product.dtype, "the product"):
-        epilogue = dataclasses.replace(epilogue, out_dtype="")
+    epilogue = epilogue_step.epilogue_of(bias, activation, residual, out_dtype, gated).for_products(
+        epilogue_step.dtype_name(product.dtype, "the product"))
     return epilogue_step.register_torch(_DISPATCHER, key, torch_fast_path.torch_fast_key(a, b, compute), epilogue,
                                         product, result, residual)
 

@@ -120,10 +120,10 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
     epilogue_step.epilogue_of(bias, activation, residual, out_dtype, gated)  # (the keywords' names first)
     a, b, out, bias, residual = (to_cupy(x, name) if is_tensor(x) else x for x, name in
                                  ((a, "a"), (b, "b"), (out, "out"), (bias, "bias"), (residual, "residual")))
-    epilogue = dispatch.check_epilogue_call(a, b, out, alpha, beta, bias, activation, residual, out_dtype, gated)
-    gemm = explain(a, b, alpha=alpha, compute=compute, tune=tune, race=race)
-    if epilogue.is_identity:
+    epilogue, _ = dispatch.check_epilogue_call(a, b, out, alpha, beta, bias, activation, residual, out_dtype, gated)
+    if epilogue.is_identity:  # (out_dtype named the products' own dtype, and nothing else was asked)
         return explain(a, b, out=out, alpha=alpha, beta=beta, compute=compute, tune=tune, race=race)
+    gemm = explain(a, b, alpha=alpha, compute=compute, tune=tune, race=race)
     return {**gemm, "dtype": epilogue.output_dtype(gemm["dtype"]),
             "shape": epilogue_step.result_shape(gemm["shape"], epilogue) if gemm.get("shape") else gemm.get("shape"),
             "epilogue": {"key": epilogue.key, "applied": "after the GEMM, in one elementwise pass (epilogue_step)"},

@@ -14,6 +14,8 @@ torch is imported only once a tensor is seen: `is_tensor` looks at the type's mo
 
 from __future__ import annotations
 
+import contextlib
+
 from ..gpu.operands import describe
 from ..gpu.runtime import cupy_stream
 
@@ -46,11 +48,9 @@ def call(run, a, b, out, *, remember=None, **options):
     device = next(x.device for x in (a, b, out) if is_tensor(x))
     if getattr(device, "type", None) != "cuda":  # a CPU tensor: to_cupy raises, naming it
         return run(to_cupy(a, "a"), to_cupy(b, "b"), out=to_cupy(out, "out"), **options)
-    import cupy  # (lazy: CuPy)
     import torch  # (lazy: PyTorch)
 
-    pointer = torch.cuda.current_stream(device).cuda_stream
-    with cupy.cuda.Device(device.index), cupy_stream(pointer, device.index):
+    with _on_torch_stream(device):
         a_arr, b_arr = to_cupy(a, "a"), to_cupy(b, "b")
         result = run(a_arr, b_arr, out=to_cupy(out, "out"), **options)
         if out is not None:
@@ -72,15 +72,22 @@ def call_all(run, **arrays):
         raise ValueError("the tensors are on different devices (" + ", ".join(f"{name} on {x.device}" for name, x in tensors)
                          + "): put them on one GPU")
     device = tensors[0][1].device
-    converted = {name: to_cupy(x, name) if x is not None else None for name, x in arrays.items()} \
-        if device.type != "cuda" else None
-    if converted is not None:  # (a CPU tensor: to_cupy has raised, naming it)
-        return run(**converted)
+    if device.type != "cuda":  # a CPU tensor: to_cupy raises, naming it
+        return run(**{name: to_cupy(x, name) if x is not None else None for name, x in arrays.items()})
+    import torch  # (lazy: PyTorch)
+
+    with _on_torch_stream(device):
+        result = run(**{name: to_cupy(x, name) if x is not None else None for name, x in arrays.items()})
+        out = arrays.get("out")
+        return out if out is not None else torch.from_dlpack(result)
+
+
+@contextlib.contextmanager
+def _on_torch_stream(device):
+    """Within the block, CuPy works on the tensors' GPU and on PyTorch's current stream there."""
     import cupy  # (lazy: CuPy)
     import torch  # (lazy: PyTorch)
 
     pointer = torch.cuda.current_stream(device).cuda_stream
     with cupy.cuda.Device(device.index), cupy_stream(pointer, device.index):
-        result = run(**{name: to_cupy(x, name) if x is not None else None for name, x in arrays.items()})
-        out = arrays.get("out")
-        return out if out is not None else torch.from_dlpack(result)
+        yield
