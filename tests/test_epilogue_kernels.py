@@ -76,23 +76,45 @@ Y = np.array([0.0, 1e-3, -1e-3, 0.125, -0.375, 0.7, -0.7, 1.5, -1.5, 2.4, -2.4, 
 BIAS = np.linspace(-1.25, 1.75, Y.size)
 RESIDUAL = np.linspace(2.5, -3.0, Y.size)
 
+# the gated cases' up halves and their biases (the gate's are Y and BIAS)
+UP = np.linspace(3.0, -2.5, Y.size).astype(np.float32).astype(np.float64)
+UP_BIAS = np.linspace(0.5, -0.75, Y.size)
+
+# every case in one program (a namespace each), compiled once: an nvcc build of a host program takes
+# seconds, and one a case made these tests a tenth of the CPU suite's time
 HOST_PROGRAM = """{% import "common.cuh.j2" as common %}
 #include <cstdio>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
-typedef {{ accumulator }} Acc;
-{{ common.epilogue_functions(e) }}
-int main() {
-    const double y[] = { {{ y }} }, bias[] = { {{ bias }} }, residual[] = { {{ residual }} };
-    EpOut b[{{ count }}], r[{{ count }}];
-    for (int i = 0; i < {{ count }}; ++i) { b[i] = epilogue_from_acc(Acc(bias[i])); r[i] = epilogue_from_acc(Acc(residual[i])); }
+{% for case in cases %}
+namespace case{{ loop.index0 }} {
+typedef {{ case.accumulator }} Acc;
+{{ common.epilogue_functions(case.e) }}
+void run() {
+    const double y[] = { {{ y }} }, u[] = { {{ u }} }, bias[] = { {{ bias }} }, residual[] = { {{ residual }} };
+    EpOut b[{{ 2 * count }}], r[{{ count }}];
+    for (int i = 0; i < {{ 2 * count }}; ++i) b[i] = epilogue_from_acc(Acc(bias[i]));
+    for (int i = 0; i < {{ count }}; ++i) r[i] = epilogue_from_acc(Acc(residual[i]));
     const EpilogueArgs ep{b, r, 0, 0};
     for (int i = 0; i < {{ count }}; ++i) {
+{% if case.e.gated %}
+        // the gate y[i] with bias[i], the up half u[i] with bias[i + count]
+        const EpOut d = epilogue_from_acc(epilogue_gated_value(Acc(y[i]), Acc(u[i]), ep, i, i + {{ count }}, i));
+{% else %}
         // bias "n" reads column i, "m" row i; the residual element i
         const EpOut d = epilogue_from_acc(epilogue_value(Acc(y[i]), ep, i, i, i));
-        std::printf("%.17g %.17g %.17g\\n", double(epilogue_to_acc(d)), double(epilogue_to_acc(b[i])),
+{% endif %}
+        std::printf("{{ loop.index0 }} %.17g %.17g %.17g %.17g\\n", double(epilogue_to_acc(d)),
+                    double(epilogue_to_acc(b[i])), double(epilogue_to_acc(b[i + {{ count }}])),
                     double(epilogue_to_acc(r[i])));
     }
+}
+}
+{% endfor %}
+int main() {
+{% for case in cases %}
+    case{{ loop.index0 }}::run();
+{% endfor %}
     return 0;
 }
 """
@@ -103,27 +125,37 @@ HOST_CASES = [("float32", Epilogue("n", "gelu", True)), ("float32", Epilogue("m"
               ("float16", Epilogue("", "silu", False)), ("float64", Epilogue("n", "gelu", True)),
               ("float64", Epilogue("m", "silu", True, "float32")), ("bfloat16", Epilogue("", "gelu_tanh", True))]
 assert {e.activation for _, e in HOST_CASES} == set(ACTIVATIONS)
+WRONG_GELU = ("float32", Epilogue("n", "gelu_tanh", True))  # (computed where the erf form is asked for)
+GATED_CASES = [("bfloat16", Epilogue("n", "silu", True, "float32", gated=True)),
+               ("float32", Epilogue("n", "gelu", False, gated=True))]
 
 
-def _run_on_host(dtype: str, epilogue: Epilogue, tmp_path) -> np.ndarray:
-    row = dtypes.lookup(dtype)
+@pytest.fixture(scope="module")
+def on_host(tmp_path_factory) -> dict:
+    """(dtype, epilogue) -> the host program's rows for it: D, the gate's bias, the up half's bias and
+    the residual, each as the kernel holds them (rounded to D's type)."""
+    cases = HOST_CASES + [WRONG_GELU] + GATED_CASES
     code = environment().from_string(HOST_PROGRAM).render(
-        accumulator=row.accumulator, e=epilogue.template_context(dtype), count=Y.size,
-        y=", ".join(repr(float(v)) for v in Y), bias=", ".join(repr(float(v)) for v in BIAS),
+        cases=[{"accumulator": dtypes.lookup(dtype).accumulator, "e": epilogue.template_context(dtype)}
+               for dtype, epilogue in cases], count=Y.size, y=", ".join(repr(float(v)) for v in Y),
+        u=", ".join(repr(float(v)) for v in UP), bias=", ".join(repr(float(v)) for v in np.concatenate([BIAS, UP_BIAS])),
         residual=", ".join(repr(float(v)) for v in RESIDUAL))
-    cu, program = tmp_path / "epilogue.cu", tmp_path / "epilogue"
+    folder = tmp_path_factory.mktemp("epilogue-host")
+    cu, program = folder / "epilogue.cu", folder / "epilogue"
     cu.write_text(code)
     built = subprocess.run([find_nvcc(), "-std=c++17", "-o", str(program), str(cu)], capture_output=True, text=True)
     assert built.returncode == 0, built.stderr[-3000:]
     ran = subprocess.run([str(program)], capture_output=True, text=True, check=True)
-    return np.array([[float(v) for v in line.split()] for line in ran.stdout.splitlines()])
+    rows = np.array([[float(v) for v in line.split()] for line in ran.stdout.splitlines()])
+    return {case: rows[rows[:, 0] == index, 1:] for index, case in enumerate(cases)}
 
 
 @pytest.mark.parametrize("dtype,epilogue", HOST_CASES, ids=[f"{d}-{e}" for d, e in HOST_CASES])
-def test_the_epilogue_arithmetic_stays_within_its_bound_of_the_float64_reference(dtype, epilogue, tmp_path):
+def test_the_epilogue_arithmetic_stays_within_its_bound_of_the_float64_reference(dtype, epilogue, on_host):
     out = dtypes.lookup(epilogue.output_dtype(dtype))
     acc_roundoff = dtypes.lookup(dtype).accumulator_roundoff
-    d, bias, residual = _run_on_host(dtype, epilogue, tmp_path).T
+    d, bias, _, residual = on_host[(dtype, epilogue)].T
+    assert d.size == Y.size
     # bias and residual as the kernel holds them: rounded to D's type
     assert np.all(np.abs(bias - BIAS) <= out.element_roundoff * np.abs(BIAS) + out.smallest_normal)
     shape = (-1, 1) if epilogue.bias == "m" else (1, -1)  # (one row of outputs, or one column for a bias along M)
@@ -139,11 +171,10 @@ def test_the_epilogue_arithmetic_stays_within_its_bound_of_the_float64_reference
                                     f"error {error[worst]:.3g} > bound {bound[worst]:.3g}")
 
 
-def test_the_host_check_catches_a_wrong_activation(tmp_path, monkeypatch):
+def test_the_host_check_catches_a_wrong_activation(on_host):
     # the check can fail: the tanh form computed where the erf form is asked for misses the bound
     # at FP32 (the two GELUs differ by up to about 1e-3 near |x| = 2)
-    wrong = Epilogue("n", "gelu_tanh", True)
-    d, bias, residual = _run_on_host("float32", wrong, tmp_path).T
+    d, bias, _, residual = on_host[WRONG_GELU].T
     asked = Epilogue("n", "gelu", True)
     expected = reference(Y.reshape(1, -1), asked, bias=bias, residual=residual.reshape(1, -1)).ravel()
     pre = Y + bias
@@ -208,45 +239,12 @@ def test_a_family_without_the_epilogue_is_not_rendered_for_one():
                Problem(64, 64, 64, epilogue=Epilogue("n", "gelu")))
 
 
-GATED_PROGRAM = """{% import "common.cuh.j2" as common %}
-#include <cstdio>
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-typedef {{ accumulator }} Acc;
-{{ common.epilogue_functions(e) }}
-int main() {
-    const double g[] = { {{ g }} }, u[] = { {{ u }} }, bias[] = { {{ bias }} }, residual[] = { {{ residual }} };
-    EpOut b[{{ 2 * count }}], r[{{ count }}];
-    for (int i = 0; i < {{ 2 * count }}; ++i) b[i] = epilogue_from_acc(Acc(bias[i]));
-    for (int i = 0; i < {{ count }}; ++i) r[i] = epilogue_from_acc(Acc(residual[i]));
-    const EpilogueArgs ep{b, r, 0, 0};
-    for (int i = 0; i < {{ count }}; ++i) {
-        const EpOut d = epilogue_from_acc(epilogue_gated_value(Acc(g[i]), Acc(u[i]), ep, i, i + {{ count }}, i));
-        std::printf("%.17g %.17g %.17g %.17g\\n", double(epilogue_to_acc(d)), double(epilogue_to_acc(b[i])),
-                    double(epilogue_to_acc(b[i + {{ count }}])), double(epilogue_to_acc(r[i])));
-    }
-    return 0;
-}
-"""
-
-
-@pytest.mark.parametrize("dtype,epilogue", [("bfloat16", Epilogue("n", "silu", True, "float32", gated=True)),
-                                            ("float32", Epilogue("n", "gelu", False, gated=True))],
-                         ids=["bfloat16-swiglu", "float32-geglu"])
-def test_the_gated_arithmetic_stays_within_its_bound_of_the_float64_reference(dtype, epilogue, tmp_path):
+@pytest.mark.parametrize("dtype,epilogue", GATED_CASES, ids=["bfloat16-swiglu", "float32-geglu"])
+def test_the_gated_arithmetic_stays_within_its_bound_of_the_float64_reference(dtype, epilogue, on_host):
     row, out = dtypes.lookup(dtype), dtypes.lookup(epilogue.output_dtype(dtype))
-    up = np.linspace(3.0, -2.5, Y.size).astype(np.float32).astype(np.float64)
-    bias = np.concatenate([BIAS, np.linspace(0.5, -0.75, Y.size)])
-    code = environment().from_string(GATED_PROGRAM).render(
-        accumulator=row.accumulator, e=epilogue.template_context(dtype), count=Y.size,
-        g=", ".join(repr(float(v)) for v in Y), u=", ".join(repr(float(v)) for v in up),
-        bias=", ".join(repr(float(v)) for v in bias), residual=", ".join(repr(float(v)) for v in RESIDUAL))
-    cu, program = tmp_path / "gated.cu", tmp_path / "gated"
-    cu.write_text(code)
-    built = subprocess.run([find_nvcc(), "-std=c++17", "-o", str(program), str(cu)], capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr[-3000:]
-    ran = subprocess.run([str(program)], capture_output=True, text=True, check=True)
-    d, bias_gate, bias_up, residual = np.array([[float(v) for v in line.split()] for line in ran.stdout.splitlines()]).T
+    up = UP
+    d, bias_gate, bias_up, residual = on_host[(dtype, epilogue)].T
+    assert d.size == Y.size
     product = np.concatenate([Y, up]).reshape(1, -1)
     expected = reference(product, epilogue, bias=np.concatenate([bias_gate, bias_up]),
                          residual=residual.reshape(1, -1) if epilogue.residual else None).ravel()
