@@ -166,3 +166,23 @@ def test_a_gated_epilogue_has_its_key_its_reference_and_no_swap():
     bound = error_bound(1e-3, Epilogue(activation="silu", gated=True), 0.0, 0.0, up_magnitude=2.0, up_bound=1e-2,
                         activated_magnitude=3.0)
     assert np.isclose(bound, SLOPES["silu"] * 1e-3 * 2.0 + 3.0 * 1e-2)
+
+
+def test_cublaslt_serves_the_epilogues_it_computes_and_no_others():
+    from autogemm.gpu.cublas_epilogue import lt_epilogue
+
+    assert lt_epilogue(Epilogue("n", "gelu_tanh"), "bfloat16") == "GELU_BIAS"
+    assert lt_epilogue(Epilogue("n", "relu"), "float16") == "RELU_BIAS"
+    assert lt_epilogue(Epilogue("", "relu"), "float32") == "RELU"
+    assert lt_epilogue(Epilogue("n"), "float16") == "BIAS"
+    assert lt_epilogue(Epilogue(residual=True), "bfloat16") == "DEFAULT"  # (the residual read as C)
+    assert lt_epilogue(Epilogue("n", residual=True), "bfloat16") == "BIAS"
+    for epilogue, dtype in [(Epilogue("n", "gelu"), "float16"),  # erf GELU: cuBLASLt's is the tanh form
+                            (Epilogue("n", "silu"), "bfloat16"),  # no SiLU
+                            (Epilogue("n", "relu", True), "float16"),  # C would be added before the activation
+                            (Epilogue("m", "relu"), "float16"),  # a bias along M
+                            (Epilogue("n", "relu", out_dtype="float32"), "float16"),  # another D dtype
+                            (Epilogue("n", "silu", gated=True), "bfloat16"),
+                            (Epilogue("n", "relu"), "float64"),
+                            (Epilogue(out_dtype="float32"), "bfloat16")]:
+        assert lt_epilogue(epilogue, dtype) is None, (epilogue, dtype)

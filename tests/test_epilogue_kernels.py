@@ -33,16 +33,48 @@ COMPILED = list(dict.fromkeys([(dtype, Epilogue(*PARTS[i % len(PARTS)], out)) fo
                                  ("float32", Epilogue("", "gelu", False, "bfloat16", gated=True))]))
 
 
+def _widest_vector(dtype: str, epilogue: Epilogue) -> int:
+    return 16 // max(dtypes.lookup(dtype).itemsize, dtypes.lookup(epilogue.output_dtype(dtype)).itemsize)
+
+
 def test_the_unfused_epilogue_kernel_compiles_for_every_dtype_and_part():
     assert find_nvcc(), "nvcc is required for the compile tests: install the CUDA toolkit"
-    sources = [render_epilogue(dtype, epilogue) for dtype, epilogue in COMPILED]
-    assert len({s.kernel for s in sources}) == len(sources)  # one name per (dtype, epilogue)
+    # each case element-wise and with its widest packs (16 bytes): the packs stay in registers
+    sources = [render_epilogue(dtype, epilogue, vector) for dtype, epilogue in COMPILED
+               for vector in (1, _widest_vector(dtype, epilogue))]
+    assert len({s.kernel for s in sources}) == len(sources)  # one name per (dtype, epilogue, vector)
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
         reports = list(pool.map(lambda s: nvcc_resources(s, "sm_90"), sources))
     for source, report in zip(sources, reports):
         usage = report[source.kernel]
         assert usage.spill_store_bytes == 0 and usage.stack_bytes == 0, (source.kernel, usage)
         assert source.parameters(source.kernel)[-4:] == ("bias", "residual", "ldr", "stride_r")
+
+
+def test_the_unfused_kernel_is_refused_for_packs_wider_than_16_bytes():
+    with pytest.raises(ValueError, match="takes 1 to 4 columns a thread"):
+        render_epilogue("float32", Epilogue(activation="relu"), 8)
+    with pytest.raises(ValueError, match="takes 1 to 4 columns a thread"):  # (FP16 products written as FP32)
+        render_epilogue("float16", Epilogue(activation="relu", out_dtype="float32"), 8)
+    with pytest.raises(ValueError, match="not 3"):
+        render_epilogue("float16", Epilogue(activation="relu"), 3)
+    assert render_epilogue("float16", Epilogue(activation="relu"), 8).kernel.endswith("_relu_v8")
+
+
+def test_the_pass_takes_the_widest_packs_every_pitch_and_pointer_allows():
+    from autogemm.serving.epilogue_step import vector_width
+
+    gelu = Epilogue("n", "gelu")
+    aligned = [(4096, 2), (8192, 2)]
+    assert vector_width("bfloat16", gelu, 14336, (14336, 14336 * 16), aligned) == 8
+    assert vector_width("float32", gelu, 14336, (14336,), [(4096, 4)]) == 4
+    assert vector_width("float64", gelu, 14336, (14336,), [(4096, 8)]) == 2
+    assert vector_width("float32", Epilogue("n", "gelu", out_dtype="bfloat16"), 64, (64,), [(4096, 4), (4096, 2)]) == 4
+    assert vector_width("bfloat16", gelu, 14340, (14340,), aligned) == 4  # N a multiple of 4, not 8
+    assert vector_width("bfloat16", gelu, 14336, (14337,), aligned) == 1  # an odd pitch
+    assert vector_width("bfloat16", gelu, 14336, (14336,), aligned + [(4098, 2)]) == 1  # a bias one element in
+    assert vector_width("bfloat16", gelu, 14336, (14336,), aligned + [(4100, 2)]) == 2
+    assert vector_width("bfloat16", gelu, 1, (1,), aligned) == 1
 
 
 def test_the_unfused_kernel_is_refused_for_nothing_to_do_and_for_outputs_it_does_not_write():

@@ -235,3 +235,114 @@ def test_a_repeated_call_on_tensors_takes_the_fast_path_with_the_same_result(gat
     expected = (torch.nn.functional.silu(y[:, :192]) * y[:, 192:] if gated else torch.nn.functional.silu(y)) \
         + residual.double()
     assert torch.allclose(third.double(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_the_packed_pass_and_the_element_wise_pass_write_the_same_d():
+    # N a multiple of 8 and everything aligned: 16-byte packs; a bias one element into its array: the
+    # element-wise kernel. Both compute each element the same way, so D is the same bit for bit.
+    from autogemm.serving import epilogue_step
+
+    epilogue = Epilogue("n", "gelu", True)
+    product, residual = _random((40, 96), "bfloat16", 11), _random((40, 96), "bfloat16", 12)
+    stored_bias = _random((97,), "bfloat16", 13)
+    shifted, aligned = stored_bias[1:], stored_bias[1:].copy()
+    assert epilogue_step.vector_width("bfloat16", epilogue, 96, (96,), [(aligned.data.ptr, 2)]) == 8
+    assert epilogue_step.vector_width("bfloat16", epilogue, 96, (96,), [(shifted.data.ptr, 2)]) == 1
+    packed = epilogue_step.apply(product, epilogue, bias=aligned, residual=residual)
+    element_wise = epilogue_step.apply(product, epilogue, bias=shifted, residual=residual)
+    assert packed.dtype == element_wise.dtype and bool((packed.view(np.uint16) == element_wise.view(np.uint16)).all())
+    loaded = {key[3] for key in epilogue_step._kernels if key[0] == "bfloat16" and key[1] == epilogue.key}
+    assert {1, 8} <= loaded
+
+
+def test_the_fast_path_hands_a_bias_its_packs_cannot_read_to_the_general_path():
+    torch = pytest.importorskip("torch")
+
+    x = torch.randn(24, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(192, 256, device="cuda", dtype=torch.bfloat16) / 16
+    stored = torch.randn(2 * 193, device="cuda", dtype=torch.bfloat16)
+    aligned, shifted = stored[:192], stored[1:193]  # the same shape and stride: one fast-path key
+    for bias in (aligned, shifted, aligned, shifted):
+        y = autogemm.linear(x, w, bias, activation="silu")
+        expected = torch.nn.functional.silu(x.double() @ w.double().T + bias.double())
+        assert torch.allclose(y.double(), expected, rtol=2e-2, atol=2e-2)
+
+
+LT_CASES = {"bias+gelu_tanh": dict(activation="gelu_tanh", bias=True), "bias+relu": dict(activation="relu", bias=True),
+            "bias": dict(bias=True), "residual": dict(residual=True), "bias+residual": dict(bias=True, residual=True)}
+
+
+@pytest.mark.parametrize("case", list(LT_CASES))
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_epilogues_cublaslt_has_run_inside_its_gemm_from_the_second_call(dtype, case, monkeypatch):
+    # the isolated cache has no records: cuBLAS serves the GEMM, and from the second call on tensors
+    # cuBLASLt's own epilogue applies these (the first goes the general path: GEMM, then the pass)
+    torch = pytest.importorskip("torch")
+    from autogemm.serving import dispatch, epilogue_step
+
+    autogemm.reset()  # (this process's plans: only this test's below)
+    parts = LT_CASES[case]
+    torch_dtype = getattr(torch, dtype)
+    x = torch.randn(24, 256, device="cuda", dtype=torch_dtype)
+    w = torch.randn(192, 256, device="cuda", dtype=torch_dtype) / 16
+    bias = torch.randn(192, device="cuda", dtype=torch_dtype) if parts.get("bias") else None
+    stored = torch.randn(24 * 192 + 1, device="cuda", dtype=torch_dtype)
+    residual = stored[:24 * 192].view(24, 192) if parts.get("residual") else None
+    activation = parts.get("activation")
+
+    def expected(x, residual):
+        y = x.double() @ w.double().T + (bias.double() if bias is not None else 0)
+        y = {"gelu_tanh": lambda v: torch.nn.functional.gelu(v, approximate="tanh"), "relu": torch.relu,
+             None: lambda v: v}[activation](y)
+        return y + (residual.double() if residual is not None else 0)
+
+    def call(x, residual):
+        return autogemm.linear(x, w, bias, activation=activation, residual=residual)
+
+    first = call(x, residual)
+    plans = list(dispatch._DISPATCHER.torch_epilogue.values())
+    assert [type(p).__name__ for p in plans] == ["TorchLtEpiloguePlan"] * len(plans), plans
+    said = autogemm.explain(x, w.T, bias=bias, activation=activation, residual=residual)
+    assert said["epilogue"]["route"] == f"cuBLASLt {plans[0].name}"
+    call(x, residual)  # (linear files matmul's plan under its own key too)
+    with pytest.raises(TypeError, match="requires grad"):  # a planned call that records a gradient is refused
+        call(x.detach().clone().requires_grad_(), residual)
+    general = dispatch._with_epilogue
+    monkeypatch.setattr(dispatch, "_with_epilogue", lambda *args, **kwargs: pytest.fail("took the general path"))
+    x.copy_(torch.randn_like(x))
+    second = call(x, residual)
+    torch.cuda.synchronize()
+    for result in (first, second):
+        assert result.dtype == torch_dtype and result.shape == (24, 192)
+    assert torch.allclose(second.double(), expected(x, residual), rtol=2e-2, atol=2e-2)
+    if residual is not None:  # a residual one element into its storage: the general path serves it, right
+        monkeypatch.setattr(dispatch, "_with_epilogue", general)
+        shifted = stored[1:].view(24, 192)
+        assert torch.allclose(call(x, shifted).double(), expected(x, shifted), rtol=2e-2, atol=2e-2)
+
+
+def test_a_cuda_graph_captures_cublaslts_epilogue():
+    torch = pytest.importorskip("torch")
+    from autogemm.serving import dispatch
+
+    autogemm.reset()  # (this process's plans: only this test's below)
+    x = torch.randn(16, 128, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16) / 16
+    bias = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the warm-up plans the call (the general path, then cuBLASLt's plan)
+        for _ in range(2):
+            autogemm.linear(x, w, bias, activation="gelu_tanh")
+    torch.cuda.current_stream().wait_stream(side)
+    assert {type(p).__name__ for p in dispatch._DISPATCHER.torch_epilogue.values()} == {"TorchLtEpiloguePlan"}
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = autogemm.linear(x, w, bias, activation="gelu_tanh")
+    for seed in range(3):
+        torch.manual_seed(seed)
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = torch.nn.functional.gelu(x.double() @ w.double().T + bias.double(), approximate="tanh")
+        assert torch.allclose(y.double(), expected, rtol=2e-2, atol=2e-2), seed

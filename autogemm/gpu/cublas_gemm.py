@@ -46,7 +46,7 @@ class CublasUnavailable(RuntimeError):
     """nvmath-python, through which autogemm calls cuBLASLt and cuBLAS, cannot be imported."""
 
 
-def _bindings():
+def bindings():
     try:
         from nvmath.bindings import cublas, cublasLt  # (lazy: nvmath-python)
     except ImportError as exc:
@@ -60,7 +60,7 @@ class _DeviceState:
     cuBLAS handle is bound to one stream at a time: each thread has its own (`legacy_handle`)."""
 
     def __init__(self, ordinal: int):
-        lt, legacy = _bindings()
+        lt, legacy = bindings()
         self.ordinal = ordinal
         self._legacy_bindings = legacy
         self.lt = lt.create()
@@ -108,7 +108,7 @@ _STATES: dict[int, _DeviceState] = {}
 _STATES_LOCK = threading.Lock()
 
 
-def _state(ordinal: int) -> _DeviceState:
+def device_state(ordinal: int) -> _DeviceState:
     state = _STATES.get(ordinal)
     if state is None:
         with _STATES_LOCK:
@@ -118,41 +118,51 @@ def _state(ordinal: int) -> _DeviceState:
     return state
 
 
-def _scalar_type(problem: Problem):
+def scalar_type(problem: Problem):
     """NumPy type of alpha and beta: the compute type's (FP64 for FP64, FP32 otherwise)."""
     return np.dtype(dtypes.lookup(problem.dtype, problem.compute).accumulator_storage).type
 
 
-def _set(setter, handle, attribute, value, dtype) -> None:
+def set_attribute(setter, handle, attribute, value, dtype) -> None:
     buffer = np.array([value], dtype=dtype)
     setter(handle, attribute, buffer.ctypes.data, buffer.itemsize)
 
 
-class _LtPlan:
-    """Descriptors of one problem and layout, and the algorithm the heuristic picks per alignment."""
+class LtPlan:
+    """Descriptors of one problem and layout, and the algorithm the heuristic picks per alignment.
+    `epilogue`: the name of a cuBLASLt epilogue (cublas_epilogue.py) set on the descriptor, with the
+    bias's address where it reads one; `d`: D's layout where D is not C (C then is read, D written)."""
 
-    def __init__(self, problem: Problem, a: KernelOperand, b: KernelOperand, c: KernelOperand, state: _DeviceState):
-        lt, _ = _bindings()
+    def __init__(self, problem: Problem, a: KernelOperand, b: KernelOperand, c: KernelOperand, state: _DeviceState,
+                 epilogue: str = "", d: KernelOperand | None = None, bias_pointer: int = 0):
+        lt, _ = bindings()
         self._lt, self._state = lt, state
         row = dtypes.lookup(problem.dtype, problem.compute)
         data_type = row.cuda_data_type
         m, n, k, batch = problem.m, problem.n, problem.k, problem.batch
         self.desc = lt.matmul_desc_create(row.cublas_compute_type, row.cuda_scale_type)
         op_a, op_b = (_OP_T if a.transposed else _OP_N), (_OP_T if b.transposed else _OP_N)
-        _set(lt.matmul_desc_set_attribute, self.desc, lt.MatmulDescAttribute.TRANSA, op_b, np.int32)
-        _set(lt.matmul_desc_set_attribute, self.desc, lt.MatmulDescAttribute.TRANSB, op_a, np.int32)
+        set_attribute(lt.matmul_desc_set_attribute, self.desc, lt.MatmulDescAttribute.TRANSA, op_b, np.int32)
+        set_attribute(lt.matmul_desc_set_attribute, self.desc, lt.MatmulDescAttribute.TRANSB, op_a, np.int32)
         # column-major shapes as stored: cuBLASLt's A is our B, its B our A, its C our Cᵀ
         self.a_desc = self._layout(data_type, (k, n) if b.transposed else (n, k), b, batch)
         self.b_desc = self._layout(data_type, (m, k) if a.transposed else (k, m), a, batch)
         self.c_desc = self._layout(data_type, (n, m), c, batch)
+        self.d_desc = self.c_desc if d is None else self._layout(data_type, (n, m), d, batch)
+        if epilogue:
+            set_attribute(lt.matmul_desc_set_attribute, self.desc, lt.MatmulDescAttribute.EPILOGUE,
+                          int(getattr(lt.Epilogue, epilogue)), np.uint32)
+        if bias_pointer:
+            set_attribute(lt.matmul_desc_set_attribute, self.desc, lt.MatmulDescAttribute.BIAS_POINTER, bias_pointer,
+                          np.uint64)
         self.algorithms: dict[int, np.ndarray] = {}
 
     def _layout(self, data_type: int, rows_cols: tuple, operand: KernelOperand, batch: int) -> int:
         lt = self._lt
         layout = lt.matrix_layout_create(data_type, rows_cols[0], rows_cols[1], operand.ld)
         if batch > 1:
-            _set(lt.matrix_layout_set_attribute, layout, lt.MatrixLayoutAttribute.BATCH_COUNT, batch, np.int32)
-            _set(lt.matrix_layout_set_attribute, layout, lt.MatrixLayoutAttribute.STRIDED_BATCH_OFFSET,
+            set_attribute(lt.matrix_layout_set_attribute, layout, lt.MatrixLayoutAttribute.BATCH_COUNT, batch, np.int32)
+            set_attribute(lt.matrix_layout_set_attribute, layout, lt.MatrixLayoutAttribute.STRIDED_BATCH_OFFSET,
                  operand.batch_stride, np.int64)
         return layout
 
@@ -164,18 +174,18 @@ class _LtPlan:
         lt = self._lt
         preference = lt.matmul_preference_create()
         try:
-            _set(lt.matmul_preference_set_attribute, preference, lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES,
+            set_attribute(lt.matmul_preference_set_attribute, preference, lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES,
                  WORKSPACE_BYTES, np.uint64)
             for attribute in (lt.MatmulPreferenceAttribute.MIN_ALIGNMENT_A_BYTES,
                               lt.MatmulPreferenceAttribute.MIN_ALIGNMENT_B_BYTES,
                               lt.MatmulPreferenceAttribute.MIN_ALIGNMENT_C_BYTES,
                               lt.MatmulPreferenceAttribute.MIN_ALIGNMENT_D_BYTES):
-                _set(lt.matmul_preference_set_attribute, preference, attribute, alignment, np.uint32)
+                set_attribute(lt.matmul_preference_set_attribute, preference, attribute, alignment, np.uint32)
             results = np.zeros(1, dtype=lt.matmul_heuristic_result_dtype)
             count = np.zeros(1, dtype=np.int32)
             try:
                 lt.matmul_algo_get_heuristic(self._state.lt, self.desc, self.a_desc, self.b_desc, self.c_desc,
-                                             self.c_desc, preference, 1, results.ctypes.data, count.ctypes.data)
+                                             self.d_desc, preference, 1, results.ctypes.data, count.ctypes.data)
             except lt.cuBLASLtError:  # CUBLAS_STATUS_NOT_SUPPORTED: nothing for this problem
                 count[0] = 0
         finally:
@@ -185,7 +195,7 @@ class _LtPlan:
         return found
 
 
-def _alignment(address: int) -> int:
+def alignment_of(address: int) -> int:
     for alignment in _ALIGNMENTS:
         if address % alignment == 0:
             return alignment
@@ -210,21 +220,21 @@ def cublas_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, c: Ker
         raise ValueError(f"{', '.join(too_big)} of {problem} exceed cuBLAS's 32-bit limit {INT32_MAX}")
     import cupy  # (lazy: CuPy)
 
-    lt, legacy = _bindings()
-    state = _state(cupy.cuda.Device().id if ordinal is None else ordinal)
+    lt, legacy = bindings()
+    state = device_state(cupy.cuda.Device().id if ordinal is None else ordinal)
     if api not in ("lt", "gemmex"):
         raise ValueError(f"unknown cuBLAS API {api!r}: lt or gemmex")
-    plan = _LtPlan(problem, a, b, c, state)
+    plan = LtPlan(problem, a, b, c, state)
     itemsize = dtypes.lookup(problem.dtype).itemsize
     # pitches and batch strides bound the alignment every row keeps, whatever the pointers
-    pitch_alignment = min(_alignment(x * itemsize) for x in (a.ld, b.ld, c.ld, a.batch_stride or 256,
+    pitch_alignment = min(alignment_of(x * itemsize) for x in (a.ld, b.ld, c.ld, a.batch_stride or 256,
                                                               b.batch_stride or 256, c.batch_stride or 256))
 
     def address(results) -> int:  # 0: no algorithm (the array stays alive in plan.algorithms)
         return 0 if results is None else results.ctypes.data
 
     best = address(plan.algorithm(min(256, pitch_alignment)))
-    scalar = _scalar_type(problem)
+    scalar = scalar_type(problem)
     one_zero_pointer, step = _ONE_ZERO[scalar].ctypes.data, np.dtype(scalar).itemsize
     matmul, handle, workspace = lt.matmul, state.lt, state.workspace
     desc, a_desc, b_desc, c_desc = plan.desc, plan.a_desc, plan.b_desc, plan.c_desc
@@ -250,7 +260,7 @@ def cublas_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, c: Ker
         if low:  # pointers less aligned than 256 bytes: an algorithm chosen for their alignment
             algorithm = algorithms.get(low)
             if algorithm is None:
-                algorithm = algorithms[low] = address(plan.algorithm(min(_alignment(low), pitch_alignment)))
+                algorithm = algorithms[low] = address(plan.algorithm(min(alignment_of(low), pitch_alignment)))
         if not algorithm:  # cuBLASLt has none for these operands: cuBLAS's own call
             return gemmex(pa, pb, pc, alpha, beta, stream)
         matmul(handle, desc, pointer, pb, a_desc, pa, b_desc, pointer + step, pc, c_desc, pc, c_desc,
@@ -277,7 +287,7 @@ def _gemmex_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, c: Ke
     data_type, compute_type = row.cuda_data_type, row.cublas_compute_type
     m, n, k, batch = problem.m, problem.n, problem.k, problem.batch
     op_a, op_b = (_OP_T if a.transposed else _OP_N), (_OP_T if b.transposed else _OP_N)
-    scalar = _scalar_type(problem)
+    scalar = scalar_type(problem)
     one_zero_pointer, step = _ONE_ZERO[scalar].ctypes.data, np.dtype(scalar).itemsize
     get_stream, handle_for, capturing = cupy.cuda.get_current_stream, state.legacy_handle, capture.capturing
     gemm_ex, strided = legacy.gemm_ex, legacy.gemm_strided_batched_ex

@@ -239,18 +239,24 @@ def render(config: GemmConfig, problem: Problem, widths: VectorWidths | None = N
                   repack_kernel=config.repack_kernel(name))
 
 
-def render_epilogue(dtype: str, epilogue: Epilogue) -> Source:
+def render_epilogue(dtype: str, epilogue: Epilogue, vector: int = 1) -> Source:
     """The unfused epilogue kernel (templates/epilogue.cu.j2) for products of `dtype`: what follows a
-    GEMM that cannot apply `epilogue` itself (cuBLAS), in one pass over the output. ValueError for the
-    identity epilogue (there is nothing to apply) and for an output dtype the kernels do not write."""
+    GEMM that cannot apply `epilogue` itself (cuBLAS), in one pass over the output, each thread taking
+    `vector` neighbouring columns (1, or a power of two up to 16 bytes of the product's and D's wider
+    type). ValueError for the identity epilogue (there is nothing to apply), for an output dtype the
+    kernels do not write and for a vector width the types do not allow."""
     if epilogue.is_identity:
         raise ValueError("the identity epilogue has no kernel: the GEMM's output is D")
     row = dtypes.lookup(dtype)
     context = epilogue.template_context(dtype)  # (validates the output dtype)
-    name = f"autogemm_epilogue_{dtype}_{epilogue.identifier}"
+    widest = max(row.itemsize, dtypes.lookup(epilogue.output_dtype(dtype)).itemsize)
+    if vector not in (1, 2, 4, 8) or vector * widest > 16:
+        raise ValueError(f"an epilogue kernel of {dtype} products writing {epilogue.output_dtype(dtype)} takes 1 to "
+                         f"{16 // widest} columns a thread (a power of two), not {vector!r}")
+    name = f"autogemm_epilogue_{dtype}_{epilogue.identifier}" + (f"_v{vector}" if vector > 1 else "")
     code = environment().get_template("epilogue.cu.j2").render(
         kernel=name, dtype=dtype, element=row.element, accumulator=row.accumulator, element_bytes=row.itemsize,
-        to_acc=row.to_acc, epilogue=context)
+        to_acc=row.to_acc, epilogue=context, vector=vector)
     return Source(kernel=name, reduce_kernel=None, code=code)
 
 

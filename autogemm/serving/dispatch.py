@@ -158,7 +158,8 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
                     a, b, compute, bias, residual, activation, out_dtype, gated))
             except (RuntimeError, AttributeError, TypeError):  # (no strides, not a tensor: the general path names it)
                 plan = None
-            if plan is not None:
+            # (autograd and PyTorch's lazy negation the general path refuses or resolves; the plan would not see them)
+            if plan is not None and not epilogue_step.needs_general_path(a, b, bias, residual):
                 result = plan.call(a, b, bias, residual, alpha)
                 if result is not None:
                     return result
@@ -193,6 +194,19 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
     projection's (2N × K, as a fused gate_up projection holds them) and y = act(x @ W_gate^T) *
     (x @ W_up^T): `linear(x, w_gate_up, activation="silu", gated=True)` is a SwiGLU MLP's first half,
     one GEMM that reads x once."""
+    # Fast path of a repeated call on tensors with an epilogue: the plan matmul made for it, found by x's
+    # and weight's own metadata (no transposed view made, no keyword call: on an H100 the way through
+    # matmul cost 19 us of latency a call)
+    if type(x) is _TENSOR and type(weight) is _TENSOR and out is None and _DISPATCHER.torch_epilogue:
+        try:
+            plan = _DISPATCHER.torch_epilogue.get(epilogue_step.torch_linear_key(x, weight, bias, residual, activation,
+                                                                                 out_dtype, gated))
+        except (RuntimeError, AttributeError, TypeError):  # (not tensors: the general path names it)
+            plan = None
+        if plan is not None and not epilogue_step.needs_general_path(x, weight, bias, residual):
+            result = plan.call(x, weight, bias, residual, 1.0)  # (the plan reads weight's address and device)
+            if result is not None:
+                return result
     shape = getattr(weight, "shape", None)
     if shape is None or len(shape) != 2:
         raise ValueError(f"weight must be a 2-D matrix (out_features × in_features), got "
@@ -207,8 +221,18 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
     if transposed is None:
         raise TypeError(f"weight must be a CuPy array or a PyTorch tensor (a transposed view is taken); got "
                         f"{type(weight).__name__}")
-    return matmul(x, transposed, out=out, bias=bias, activation=activation, residual=residual, out_dtype=out_dtype,
-                  gated=gated)
+    result = matmul(x, transposed, out=out, bias=bias, activation=activation, residual=residual, out_dtype=out_dtype,
+                    gated=gated)
+    if type(x) is _TENSOR and type(weight) is _TENSOR and out is None:  # the plan matmul filed serves linear's next call
+        try:
+            plan = _DISPATCHER.torch_epilogue.get(epilogue_step.torch_epilogue_key(
+                x, transposed, None, bias, residual, activation, out_dtype, gated))
+            if plan is not None:
+                epilogue_step.file_plan(_DISPATCHER, epilogue_step.torch_linear_key(
+                    x, weight, bias, residual, activation, out_dtype, gated), plan)
+        except (RuntimeError, AttributeError, TypeError):  # (a bias or residual that is no tensor: no plan)
+            pass
+    return result
 
 
 def check_epilogue_call(a, b, out, alpha: float, beta: float, bias, activation, residual, out_dtype,
@@ -249,10 +273,11 @@ def _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation
             held["product"] = matmul(a, b, alpha=alpha, compute=compute, tune=tune, race=race)
             return held["product"]
 
-        result = torch_tensors.call_all(
-            lambda a_, b_, out_, bias_, residual_: _with_epilogue(
-                a_, b_, out_, alpha, beta, compute, tune, race, bias_, activation, residual_, out_dtype, gated,
-                gemm=tensor_gemm if is_tensor(a) and is_tensor(b) else None),
+        gemm_of_tensors = tensor_gemm if is_tensor(a) and is_tensor(b) else None
+        result = torch_tensors.call_all(  # (call_all passes the arrays by the names given here)
+            lambda **arrays: _with_epilogue(
+                arrays["a"], arrays["b"], arrays["out"], alpha, beta, compute, tune, race, arrays["bias"], activation,
+                arrays["residual"], out_dtype, gated, gemm=gemm_of_tensors),
             a=a, b=b, out=out, bias=bias, residual=residual)
         _remember_torch_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype,
                                  gated, held.get("product"), result)
@@ -292,7 +317,7 @@ def _remember_torch_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, 
     epilogue = epilogue_step.epilogue_of(bias, activation, residual, out_dtype, gated).for_products(
         epilogue_step.dtype_name(product.dtype, "the product"))
     return epilogue_step.register_torch(_DISPATCHER, key, torch_fast_path.torch_fast_key(a, b, compute), epilogue,
-                                        product, result, residual)
+                                        (a, b), product, result, bias, residual)
 
 
 def _on_device(device: int):

@@ -21,8 +21,10 @@ import numpy as np
 from .. import dtypes
 from ..epilogue import ACTIVATIONS, Epilogue
 from ..gpu import capture, runtime
+from ..gpu.cublas_epilogue import cublas_epilogue_launcher, lt_epilogue
+from ..gpu.cublas_gemm import alignment_of
 from ..gpu.launch import device_info
-from ..gpu.operands import ArrayInfo
+from ..gpu.operands import ArrayInfo, KernelOperand
 from ..gpu.packed_launch import compiled_kernel
 from ..kernels.compile import compile_source
 from ..kernels.render import render_epilogue
@@ -33,15 +35,29 @@ BLOCKS_PER_SM = 8  # enough blocks in flight to keep the memory system busy, few
 MAX_GRID_Y = 65535  # rows of blocks (CUDA's limit on grid y; the kernel loops over the rest)
 
 
-def grid(rows: int, n: int, sms: int) -> tuple[int, int, int]:
-    """The epilogue kernel's grid for `rows` rows (batch × M) of `n` columns: blocks along a row
-    to cover it, rows of blocks up to BLOCKS_PER_SM blocks an SM in all (the loops cover the rest)."""
-    across = -(-n // THREADS)
+def grid(rows: int, n: int, sms: int, vector: int = 1) -> tuple[int, int, int]:
+    """The epilogue kernel's grid for `rows` rows (batch × M) of `n` columns, `vector` columns a
+    thread: blocks along a row to cover it, rows of blocks up to BLOCKS_PER_SM blocks an SM in all
+    (the loops cover the rest)."""
+    across = -(-n // (THREADS * vector))
     down = max(1, min(rows, MAX_GRID_Y, sms * BLOCKS_PER_SM // across))
     return across, down, 1
 
 
-_kernels: dict[tuple[str, str, int], object] = {}  # (dtype, epilogue key, device) -> the loaded kernel
+def vector_width(dtype: str, epilogue: Epilogue, n: int, pitches, pointers) -> int:
+    """The columns a thread of the epilogue kernel takes (render_epilogue's `vector`): 16 bytes of the
+    product's and D's wider type where `n` (D's columns) and every pitch and batch stride in `pitches`
+    (elements) are multiples of it and every `(address, itemsize)` in `pointers` is aligned to it; halved
+    until they are, down to 1."""
+    widest = max(dtypes.lookup(dtype).itemsize, dtypes.lookup(epilogue.output_dtype(dtype)).itemsize)
+    vector = 16 // widest
+    while vector > 1 and (n % vector or any(pitch % vector for pitch in pitches)
+                          or any(address % (vector * size) for address, size in pointers)):
+        vector //= 2
+    return vector
+
+
+_kernels: dict[tuple[str, str, int, int], object] = {}  # (dtype, epilogue key, device, vector) -> the loaded kernel
 _kernels_lock = threading.Lock()
 
 
@@ -123,11 +139,11 @@ def _matrices(array):
     return view, view.strides[1] // itemsize if m > 1 else n, view.strides[0] // itemsize if batch > 1 else m * n
 
 
-def compiled(dtype: str, epilogue: Epilogue, device: int):
-    """The epilogue kernel for products of `dtype`, compiled and loaded on GPU `device` once per
-    process (a CompiledKernel). Under a CUDA graph capture only one loaded before serves (compiling
-    inside one is refused)."""
-    key = (dtype, epilogue.key, device)
+def compiled(dtype: str, epilogue: Epilogue, device: int, vector: int = 1):
+    """The epilogue kernel for products of `dtype` (`vector` columns a thread), compiled and loaded on
+    GPU `device` once per process (a CompiledKernel). Under a CUDA graph capture only one loaded
+    before serves (compiling inside one is refused)."""
+    key = (dtype, epilogue.key, device, vector)
     with _kernels_lock:
         found = _kernels.get(key)
     if found is not None:
@@ -135,7 +151,7 @@ def compiled(dtype: str, epilogue: Epilogue, device: int):
     cupy = runtime.cupy()
     if capture.capturing(cupy.cuda.get_current_stream().ptr):
         raise capture.require_plan(f"the epilogue {epilogue} of {dtype} products")
-    loaded = compile_source(render_epilogue(dtype, epilogue), device_info(device).arch, 0)
+    loaded = compile_source(render_epilogue(dtype, epilogue, vector), device_info(device).arch, 0)
     with _kernels_lock:
         return _kernels.setdefault(key, loaded)
 
@@ -157,7 +173,6 @@ def apply(product, epilogue: Epilogue, *, bias=None, residual=None, out=None, be
     else a new array of D's dtype."""
     cupy = runtime.cupy()
     dtype = dtypes.from_array_name(np.dtype(product.dtype).name)
-    source = compiled(dtype, epilogue, product.device.id)
     target = out if out is not None else cupy.empty(result_shape(product.shape, epilogue),
                                                     dtype=runtime.numpy_dtype(epilogue.output_dtype(dtype)))
     p, ldp, stride_p = _matrices(product)
@@ -170,8 +185,11 @@ def apply(product, epilogue: Epilogue, *, bias=None, residual=None, out=None, be
         arguments["bias"] = cupy.ascontiguousarray(bias)
     if r is not None:
         arguments["residual"] = r
+    vector = vector_width(dtype, epilogue, n, (ldp, stride_p, ldd, stride_d, ldr, stride_r),
+                          [(x.data.ptr, x.dtype.itemsize) for x in (p, d, arguments["bias"], r) if isinstance(x, cupy.ndarray)])
+    source = compiled(dtype, epilogue, product.device.id, vector)
     # (passed in the order the kernel declares its parameters, as every launcher passes them)
-    source.gemm(grid(batch * m, n, device_info(product.device.id).sm_count), (THREADS,),
+    source.gemm(grid(batch * m, n, device_info(product.device.id).sm_count, vector), (THREADS,),
                 tuple(arguments[name] for name in source.source.parameters(source.source.kernel)))
     if d.data.ptr != target.data.ptr:  # out's strides needed a copy: D goes back into out
         target[...] = d.reshape(target.shape)
@@ -191,6 +209,23 @@ def torch_epilogue_key(a, b, compute, bias, residual, activation, out_dtype, gat
             None if residual is None else (residual.shape, residual.stride(), residual.dtype))
 
 
+def torch_linear_key(x, weight, bias, residual, activation, out_dtype, gated) -> tuple:
+    """The memo key of `linear(x, weight, ...)` on CUDA tensors (its plan is the one matmul made for
+    x @ weight.mT): x's and weight's metadata, the epilogue's keywords, the bias's and residual's."""
+    return ("linear", x.shape, weight.shape, x.stride(), weight.stride(), x.dtype, weight.dtype, x.get_device(),
+            activation, out_dtype, gated, None if bias is None else (bias.shape, bias.stride(), bias.dtype),
+            None if residual is None else (residual.shape, residual.stride(), residual.dtype))
+
+
+def needs_general_path(a, b, bias, residual) -> bool:
+    """Whether a tensor of the call records a gradient or is one of PyTorch's lazily negated views: the
+    general path refuses the first and resolves the second, which a plan (reading addresses) cannot."""
+    for x in (a, b, bias, residual):
+        if x is not None and (x.requires_grad or x.is_neg()):
+            return True
+    return False
+
+
 class TorchEpiloguePlan:
     """A call on CUDA tensors with an epilogue, planned: the bare GEMM's torch fast-path plan (on
     PyTorch's current stream, its output from PyTorch's allocator), then the epilogue kernel packed
@@ -200,9 +235,10 @@ class TorchEpiloguePlan:
     an operand's differs (the general path serves those). Under a CUDA graph capture D comes from the
     graph's pool, as PyTorch allocates there, and both launches are captured."""
 
-    def __init__(self, dispatcher, gemm_key, gemm_plan, packed, template, device: int):
+    def __init__(self, dispatcher, gemm_key, gemm_plan, packed, template, device: int, alignment: int):
         self.dispatcher, self.gemm_key, self.gemm, self.packed = dispatcher, gemm_key, gemm_plan, packed
         self.template, self.device = template, device
+        self.alignment = alignment  # bytes every pointer of a call must be a multiple of (the kernel's packs)
         import torch  # (a tensor was given)
 
         self.empty_like = torch.empty_like
@@ -213,14 +249,17 @@ class TorchEpiloguePlan:
     def call(self, a, b, bias, residual, alpha: float):
         if self.dispatcher.torch_fast.get(self.gemm_key) is not self.gemm:
             return None
-        if (bias is not None and bias.get_device() != self.device) or \
-                (residual is not None and residual.get_device() != self.device):
+        alignment = self.alignment
+        if (bias is not None and (bias.get_device() != self.device or bias.data_ptr() % alignment)) or \
+                (residual is not None and (residual.get_device() != self.device or residual.data_ptr() % alignment)):
             return None
         product = self.gemm.call_torch(a, b, alpha)  # (on PyTorch's current stream; a capture's memory under one)
         if product is None:
             return None
         stream = plan_module.torch_raw_stream(self.device)
         d = self.empty_like(self.template)
+        if (product.data_ptr() | d.data_ptr()) % alignment:  # (PyTorch's blocks are 512-byte aligned: a safeguard)
+            return None
         with self.lock:
             pointers = self.pointers
             pointers[self.p_at], pointers[self.d_at], pointers[self.c_at] = product.data_ptr(), d.data_ptr(), d.data_ptr()
@@ -230,15 +269,81 @@ class TorchEpiloguePlan:
         return d
 
 
-def register_torch(dispatcher, key, gemm_key, epilogue: Epilogue, product, result, residual) -> bool:
-    """After the general path served a call on CUDA tensors with `epilogue` (its product and D,
-    `result`, as tensors): files a TorchEpiloguePlan under `key` where the bare GEMM has a torch
+class TorchLtEpiloguePlan:
+    """A call on CUDA tensors whose GEMM cuBLAS serves and whose epilogue cuBLASLt computes in the GEMM
+    (gpu/cublas_epilogue.py): one cuBLASLt call, no pass, on PyTorch's current stream, D from
+    torch.empty_like of a template. `call` gives None where the GEMM's torch fast-path plan changed,
+    the current device or an operand's differs, or an address is less aligned than the plan's
+    algorithm assumes (the general path serves those)."""
+
+    def __init__(self, dispatcher, gemm_key, gemm_plan, launch, template, device: int, alignment: int):
+        import torch  # (a tensor was given)
+
+        self.dispatcher, self.gemm_key, self.gemm, self.launch = dispatcher, gemm_key, gemm_plan, launch
+        self.template, self.device, self.alignment = template, device, alignment
+        self.empty_like = torch.empty_like
+        self.name = launch.name
+
+    def call(self, a, b, bias, residual, alpha: float):
+        device = self.device
+        if self.dispatcher.torch_fast.get(self.gemm_key) is not self.gemm or plan_module.current_device() != device \
+                or b.get_device() != device:
+            return None
+        pa, pb = a.data_ptr(), b.data_ptr()
+        pbias, presidual = (0 if bias is None else bias.data_ptr()), (0 if residual is None else residual.data_ptr())
+        if (pa | pb | pbias | presidual) % self.alignment or (bias is not None and bias.get_device() != device) or \
+                (residual is not None and residual.get_device() != device):
+            return None
+        d = self.empty_like(self.template)
+        self.launch(pa, pb, d.data_ptr(), alpha, plan_module.torch_raw_stream(device), pbias, presidual)
+        return d
+
+
+LT_ALIGNMENT = 16  # bytes a cuBLASLt epilogue plan needs of every address at the least (PyTorch's blocks keep 512)
+
+
+def _lt_plan(dispatcher, gemm_key, gemm_plan, epilogue: Epilogue, dtype: str, operands, product, result, bias,
+             residual, ldr: int, stride_r: int):
+    """A TorchLtEpiloguePlan where cuBLAS serves the GEMM (no kernel was chosen for it), the product is one
+    matrix, and cuBLASLt has an epilogue that computes `epilogue`; else None."""
+    name = lt_epilogue(epilogue, dtype)
+    if name is None or gemm_plan.choice.config is not None or gemm_plan.layouts is None or product.dim() != 2 \
+            or gemm_plan.copy_a or gemm_plan.copy_b:
+        return None
+    pointers = [x.data_ptr() for x in (*operands, product, result, bias, residual) if x is not None]
+    # the alignment the heuristic is told: what this call's addresses keep, up to 256 bytes (told 16, it
+    # picked algorithms up to 22% slower than for PyTorch's 512-byte aligned blocks)
+    alignment = min(min(alignment_of(pointer) for pointer in pointers), 256)
+    if alignment < LT_ALIGNMENT:
+        return None
+    m, n = result.shape
+    layout_a, layout_b = gemm_plan.layouts
+    launch = cublas_epilogue_launcher(
+        gemm_plan.problem, layout_a, layout_b, KernelOperand(False, n, m * n, 0), name,
+        KernelOperand(False, ldr, stride_r, 0) if residual is not None else None,
+        bias.data_ptr() if bias is not None else 0, alignment, gemm_plan.device)
+    if launch is None:
+        return None
+    launch.name = name
+    import torch  # (a tensor was given)
+
+    return TorchLtEpiloguePlan(dispatcher, gemm_key, gemm_plan, launch, torch.empty_like(result), gemm_plan.device,
+                               alignment)
+
+
+def register_torch(dispatcher, key, gemm_key, epilogue: Epilogue, operands, product, result, bias, residual) -> bool:
+    """After the general path served a call on CUDA tensors with `epilogue` (its `operands` a and b, its
+    product and D, `result`, as tensors): files a plan under `key` where the bare GEMM has a torch
     fast-path plan and the tensors' layouts are the ones the plan assumes (a C-contiguous product
-    and D; a residual with unit column stride). Whether it was filed."""
+    and D; a residual with unit column stride): cuBLASLt's own epilogue where cuBLAS serves the GEMM
+    and cuBLASLt has one (TorchLtEpiloguePlan), else the GEMM's plan and the pass (TorchEpiloguePlan).
+    Whether it was filed."""
     gemm_plan = dispatcher.torch_fast.get(gemm_key)
     if gemm_plan is None or not product.is_contiguous() or not result.is_contiguous() or product.dim() not in (2, 3):
         return False
     if residual is not None and (residual.dim() != result.dim() or residual.stride(-1) != 1):
+        return False
+    if bias is not None and bias.stride(-1) != 1:  # (the plan passes the bias's pointer as it is)
         return False
     device = product.get_device()
     dtype = dtypes.from_array_name(str(product.dtype).removeprefix("torch."))
@@ -246,15 +351,30 @@ def register_torch(dispatcher, key, gemm_key, epilogue: Epilogue, product, resul
     m, n = result.shape[-2:]
     ldr = (residual.stride(-2) if m > 1 else n) if residual is not None else 0
     stride_r = (residual.stride(0) if batch > 1 else m * n) if residual is not None else 0
-    packed = compiled_kernel(compiled(dtype, epilogue, device), "gemm", grid(batch * m, n, device_info(device).sm_count),
-                             (THREADS, 1, 1), 0, _arguments(dtype, batch, m, n, product.shape[-1],
-                                                            product.shape[-2] * product.shape[-1], n, m * n, 0.0,
-                                                            ldr, stride_r))
+    lt = _lt_plan(dispatcher, gemm_key, gemm_plan, epilogue, dtype, operands, product, result, bias, residual, ldr,
+                  stride_r)
+    if lt is not None:
+        file_plan(dispatcher, key, lt)
+        return True
+    ldp, stride_p = product.shape[-1], product.shape[-2] * product.shape[-1]
+    out_size = result.element_size()
+    # the pack width of this call; later calls whose bias or residual are not aligned to it go the general path
+    vector = vector_width(dtype, epilogue, n, (ldp, stride_p, n, m * n, ldr, stride_r),
+                          [(product.data_ptr(), product.element_size()), (result.data_ptr(), out_size)]
+                          + [(x.data_ptr(), out_size) for x in (bias, residual) if x is not None])
+    packed = compiled_kernel(compiled(dtype, epilogue, device, vector), "gemm",
+                             grid(batch * m, n, device_info(device).sm_count, vector), (THREADS, 1, 1), 0,
+                             _arguments(dtype, batch, m, n, ldp, stride_p, n, m * n, 0.0, ldr, stride_r))
     import torch  # (a tensor was given)
 
-    plan = TorchEpiloguePlan(dispatcher, gemm_key, gemm_plan, packed, torch.empty_like(result), device)
+    file_plan(dispatcher, key, TorchEpiloguePlan(dispatcher, gemm_key, gemm_plan, packed, torch.empty_like(result), device,
+                                             vector * max(product.element_size(), out_size)))
+    return True
+
+
+def file_plan(dispatcher, key, plan) -> None:
+    """Files `plan` in the dispatcher's memo of epilogue plans under `key` (the memo is emptied when full)."""
     with dispatcher.lock:
         if len(dispatcher.torch_epilogue) >= MAX_TORCH_PLANS:
             dispatcher.torch_epilogue.clear()
         dispatcher.torch_epilogue[key] = plan
-    return True

@@ -118,13 +118,19 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
     """explain of a call with an epilogue: the same checks as matmul's (dispatch.check_epilogue_call),
     then the GEMM's explanation, with `epilogue` saying what follows it and `dtype` D's."""
     epilogue_step.epilogue_of(bias, activation, residual, out_dtype, gated)  # (the keywords' names first)
+    tensors = is_tensor(a) and is_tensor(b) and out is None and beta == 0
     a, b, out, bias, residual = (to_cupy(x, name) if is_tensor(x) else x for x, name in
                                  ((a, "a"), (b, "b"), (out, "out"), (bias, "bias"), (residual, "residual")))
     epilogue, _ = dispatch.check_epilogue_call(a, b, out, alpha, beta, bias, activation, residual, out_dtype, gated)
     if epilogue.is_identity:  # (out_dtype named the products' own dtype, and nothing else was asked)
         return explain(a, b, out=out, alpha=alpha, beta=beta, compute=compute, tune=tune, race=race)
     gemm = explain(a, b, alpha=alpha, compute=compute, tune=tune, race=race)
+    applied, route = "after the GEMM, in one elementwise pass (epilogue_step)", "pass"
+    lt = epilogue_step.lt_epilogue(epilogue, gemm["dtype"])
+    if lt is not None and tensors and gemm.get("config") is None and len(gemm.get("shape") or ()) == 2:
+        applied += f"; from the second such call on PyTorch tensors, inside cuBLAS's GEMM (cuBLASLt's {lt} epilogue)"
+        route = f"cuBLASLt {lt}"
     return {**gemm, "dtype": epilogue.output_dtype(gemm["dtype"]),
             "shape": epilogue_step.result_shape(gemm["shape"], epilogue) if gemm.get("shape") else gemm.get("shape"),
-            "epilogue": {"key": epilogue.key, "applied": "after the GEMM, in one elementwise pass (epilogue_step)"},
+            "epilogue": {"key": epilogue.key, "applied": applied, "route": route},
             "out": None if out is None else f"D written into out{' (beta · out added)' if beta else ''}"}

@@ -56,6 +56,11 @@ def bind_cupy_names(cupy) -> None:
     _NDARRAY, _current_device, _current_stream = cupy.ndarray, cupy.cuda.runtime.getDevice, cupy.cuda.get_current_stream
 
 
+def current_device() -> int:
+    """The current GPU as CuPy sees it (the check every fast path makes; bound by bind_cupy_names)."""
+    return _current_device()
+
+
 def torch_raw_stream(device: int) -> int:
     """The handle of PyTorch's current stream on `device` (its cheapest reader, bound by bind_torch_names)."""
     return _torch_raw_stream(device)
@@ -94,6 +99,8 @@ class Plan:
     # a's and b's addresses modulo 16 that the kernel's vector widths were chosen for; None: any
     # (cuBLAS reads any address)
     alignment: tuple | None = None
+    # a's and b's layouts as the launcher reads them (cuBLASLt's epilogue plans are made from them)
+    layouts: tuple | None = None
     # the torch fast path's: its keys, the CuPy stream objects of its device by PyTorch stream handle, and
     # a template of its output (one element, expanded to the output's shape) for torch.empty_like
     torch_keys: list | None = None
@@ -239,6 +246,7 @@ def make_plan(dispatcher, a, ia, b, ib, out_arr, shape, compute, device_id, tune
             launches[config.name] = launch.launcher(prepared, layout_a, layout_b, layout_c), prepared
         return launches[config.name]
 
+    plan.layouts = (layout_a, layout_b)
     cublas_launch = cublas_launcher(problem, layout_a, layout_b, layout_c, device.compute_capability,
                                     api=select.cublas_api(choice.record))
     if race and choice.record is None and choice.ranked:

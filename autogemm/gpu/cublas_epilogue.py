@@ -1,0 +1,83 @@
+"""cuBLASLt's own epilogues: where cuBLASLt computes one of autogemm's epilogues inside the GEMM, a
+product served by cuBLAS needs no elementwise pass after it (serving/epilogue_step.py says when).
+
+cuBLASLt computes D = act(alpha·op(A)·op(B) + beta·C + bias), the bias along the result's N (the rows
+of the column-major Dᵀ it writes), the activation ReLU or GELU in its tanh form, or none. autogemm adds
+its residual after the activation, cuBLASLt adds C before it: the residual is C (beta = 1) only where
+no activation follows. There is no SiLU, no erf GELU and no gate; D has the products' dtype. What it
+saves is the pass: one more read and write of D, and a launch.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .. import dtypes
+from ..epilogue import Epilogue
+from ..problem import Problem
+from .cublas_gemm import WORKSPACE_BYTES, LtPlan, alignment_of, bindings, device_state, scalar_type
+from .operands import KernelOperand
+
+# (autogemm's activation, whether a bias is added) -> cuBLASLt's epilogue
+LT_EPILOGUES = {("", False): "DEFAULT", ("", True): "BIAS", ("relu", False): "RELU", ("relu", True): "RELU_BIAS",
+                ("gelu_tanh", False): "GELU", ("gelu_tanh", True): "GELU_BIAS"}
+# products whose bias cuBLASLt reads in D's type (autogemm's bias has D's type)
+LT_DTYPES = ("float16", "bfloat16", "float32")
+# alpha, then beta = 1 (a residual read as C) or 0, in host memory for the life of the process
+_SCALARS = {(np.float32, True): np.array([1, 1], dtype=np.float32), (np.float32, False): np.array([1, 0], dtype=np.float32)}
+
+
+def lt_epilogue(epilogue: Epilogue, dtype: str) -> str | None:
+    """The name of cuBLASLt's epilogue (nvmath.bindings.cublasLt.Epilogue) that computes `epilogue`
+    on `dtype` products within the GEMM, the residual read as C; None where none does."""
+    if epilogue.gated or epilogue.bias == "m" or dtype not in LT_DTYPES or epilogue.output_dtype(dtype) != dtype:
+        return None
+    if epilogue.residual and epilogue.activation:  # (cuBLASLt would add it before the activation)
+        return None
+    name = LT_EPILOGUES.get((epilogue.activation, bool(epilogue.bias)))
+    return None if name == "DEFAULT" and not epilogue.residual else name
+
+
+def cublas_epilogue_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, d: KernelOperand, name: str,
+                             residual: KernelOperand | None, bias_pointer: int, alignment: int, ordinal: int):
+    """`launch(pa, pb, pd, alpha, stream, pbias, presidual)` (stream: a CUDA stream's handle): D =
+    epilogue `name` of alpha·op(A)·op(B) with the bias at `pbias`, + the residual at `presidual` as C
+    where `residual` gives its layout, through cuBLASLt on GPU `ordinal`, for operands of these
+    layouts whose every address is a multiple of `alignment` bytes (the caller checks each call's).
+    None where cuBLASLt has no algorithm for it. `bias_pointer`: a bias's address for the heuristic."""
+    lt, _ = bindings()
+    state = device_state(ordinal)
+    plan = LtPlan(problem, a, b, residual if residual is not None else d, state, name, d=d, bias_pointer=bias_pointer)
+    itemsize = dtypes.lookup(problem.dtype).itemsize
+    layouts = [x for x in (a, b, d, residual) if x is not None]
+    pitch_alignment = min(alignment_of(x * itemsize) for layout in layouts for x in (layout.ld, layout.batch_stride or 256))
+    found = plan.algorithm(min(256, alignment, pitch_alignment))
+    if found is None:
+        return None
+    algorithm = found.ctypes.data
+    scalar = scalar_type(problem)
+    with_c = residual is not None
+    fixed = _SCALARS.get((scalar, with_c))
+    fixed = fixed if fixed is not None else np.array([1, 1 if with_c else 0], dtype=scalar)
+    step = np.dtype(scalar).itemsize
+    matmul, handle, workspace, desc = lt.matmul, state.lt, state.workspace, plan.desc
+    a_desc, b_desc, c_desc, d_desc = plan.a_desc, plan.b_desc, plan.c_desc, plan.d_desc
+    set_bias = lt.matmul_desc_set_attribute
+    bias_attribute = lt.MatmulDescAttribute.BIAS_POINTER
+    lock = threading.Lock()  # (the bias's address lives in the descriptor: one call sets and uses it at a time)
+    current = np.array([bias_pointer], dtype=np.uint64)
+
+    def launch(pa, pb, pd, alpha, stream, pbias=0, presidual=0):
+        scalars = fixed if alpha == 1 else np.array([alpha, 1 if with_c else 0], dtype=scalar)
+        pointer = scalars.ctypes.data
+        with lock:
+            if pbias and pbias != current[0]:
+                current[0] = pbias
+                set_bias(desc, bias_attribute, current.ctypes.data, 8)
+            matmul(handle, desc, pointer, pb, a_desc, pa, b_desc, pointer + step, presidual if with_c else pd, c_desc,
+                   pd, d_desc, algorithm, workspace(stream), WORKSPACE_BYTES, stream)
+
+    launch.plan, launch.algorithm = plan, found  # (kept alive with the launcher)
+    return launch
