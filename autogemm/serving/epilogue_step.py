@@ -204,8 +204,13 @@ MAX_TORCH_PLANS = 256  # epilogue plans kept (the general path makes one again f
 def torch_epilogue_key(a, b, compute, bias, residual, activation, out_dtype, gated) -> tuple:
     """The memo key of a call on CUDA tensors with an epilogue (matmul builds it inline): the bare
     torch fast path's key, the epilogue's keywords, and the bias's and residual's metadata."""
-    return (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, compute, a.get_device(), activation, out_dtype,
-            gated, None if bias is None else (bias.shape, bias.stride(), bias.dtype),
+    return (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, compute, a.get_device(),
+            *_epilogue_key(bias, residual, activation, out_dtype, gated))
+
+
+def _epilogue_key(bias, residual, activation, out_dtype, gated) -> tuple:
+    """The epilogue's part of a memo key: its keywords, the bias's and residual's metadata."""
+    return (activation, out_dtype, gated, None if bias is None else (bias.shape, bias.stride(), bias.dtype),
             None if residual is None else (residual.shape, residual.stride(), residual.dtype))
 
 
@@ -213,8 +218,7 @@ def torch_linear_key(x, weight, bias, residual, activation, out_dtype, gated) ->
     """The memo key of `linear(x, weight, ...)` on CUDA tensors (its plan is the one matmul made for
     x @ weight.mT): x's and weight's metadata, the epilogue's keywords, the bias's and residual's."""
     return ("linear", x.shape, weight.shape, x.stride(), weight.stride(), x.dtype, weight.dtype, x.get_device(),
-            activation, out_dtype, gated, None if bias is None else (bias.shape, bias.stride(), bias.dtype),
-            None if residual is None else (residual.shape, residual.stride(), residual.dtype))
+            *_epilogue_key(bias, residual, activation, out_dtype, gated))
 
 
 def needs_general_path(a, b, bias, residual) -> bool:
