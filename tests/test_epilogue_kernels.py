@@ -261,14 +261,68 @@ def test_the_gemv_family_applies_every_epilogue_and_compiles():
         assert usage.spill_store_bytes == 0, (config.name, str(problem), usage)
 
 
-def test_a_family_without_the_epilogue_is_not_rendered_for_one():
+# the tile families: D in the operands' dtype, no gate (the rest is GEMV's and the unfused kernel's)
+TILE_EPILOGUES = [Epilogue("n", "gelu", True), Epilogue("n", "silu"), Epilogue("", "relu", True),
+                  Epilogue("n", "gelu_tanh"), Epilogue("", "", True)]
+
+
+def _tile_variants():
+    """test_compile's sm_90 samples of the SIMT, tensor-core (WMMA, mma.sync, wgmma) and Hopper families
+    whose kernels write D themselves (split in the kernel or a cluster included; a split-K reduced by
+    a second kernel is refused, below), each with an epilogue in turn."""
+    from test_compile import _variants
+
+    variants = []
+    for family in ("simt", "tensor_core", "hopper"):
+        for i, (config, problem) in enumerate(_variants(family, "sm_90")):
+            if config.applies_epilogue:
+                variants.append((config, dataclasses.replace(problem, epilogue=TILE_EPILOGUES[i % len(TILE_EPILOGUES)])))
+    return variants
+
+
+def test_the_tile_families_apply_the_epilogue_in_their_store_and_compile_without_spills():
+    from autogemm.families import LaunchKind
+    from autogemm.kernels.render import render
+
+    variants = _tile_variants()
+    # every family and instruction path, the kernels that add their splits up, C written transposed
+    assert {c.family for c, _ in variants} == {"simt", "wmma", "hopper"}
+    assert {getattr(c, "instruction", "") for c, _ in variants} >= {"wmma", "mma", "wgmma"}
+    assert {c.launch_kind for c, _ in variants} == {LaunchKind.TILES, LaunchKind.SPLIT_K_FUSED,
+                                                    LaunchKind.SPLIT_K_CLUSTER, LaunchKind.TMA}
+    assert any(c.swaps_operands for c, _ in variants) and any(getattr(c, "tma_store", False) for c, _ in variants)
+    sources = {render(c, p).digest: (c, p, render(c, p)) for c, p in variants}
+    for config, problem, source in sources.values():
+        kernel_problem = config.kernel_problem(problem)
+        assert source.kernel.endswith("_" + kernel_problem.epilogue.identifier), source.kernel
+        assert "epilogue_at(" in source.code and "epilogue_value(" in source.code
+        assert source.parameters(source.kernel)[-4:] == ("bias", "residual", "ldr", "stride_r")
+        # a residual may be D itself (written in place): C is not declared __restrict__ then
+        assert ("* __restrict__ C" in source.code) != problem.epilogue.residual, source.kernel
+    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        reports = list(pool.map(lambda s: (s, nvcc_resources(s[2], "sm_90" + s[2].arch_suffix)), sources.values()))
+    for (config, problem, source), report in reports:
+        usage = report[source.kernel]
+        assert usage.spill_store_bytes == 0, (config.name, str(problem), usage)
+
+
+def test_a_kernel_that_cannot_apply_the_epilogue_is_not_rendered_for_one():
     from autogemm.families import config_from_name
     from autogemm.kernels.render import render
     from autogemm.problem import Problem
 
-    with pytest.raises(ValueError, match="the simt family applies no epilogue yet \\(bias_n\\+gelu\\)"):
-        render(config_from_name("64x64x16_w32x32_t4x8_v44_s3_pad_g8_k1_o2"),
-               Problem(64, 64, 64, epilogue=Epilogue("n", "gelu")))
+    simt = config_from_name("64x64x16_w32x32_t4x8_v44_s3_pad_g8_k1_o2")
+    assert render(simt, Problem(64, 64, 64, epilogue=Epilogue("n", "gelu"))).kernel.endswith("_bias_n_gelu")
+    # split-K reduced by a second kernel: the kernel writes partial sums
+    with pytest.raises(ValueError, match="bias_n\\+gelu: its kernel writes partial sums \\(tiles, split-K 2\\)"):
+        render(dataclasses.replace(simt, split_k=2), Problem(64, 64, 256, epilogue=Epilogue("n", "gelu")))
+    with pytest.raises(ValueError, match="stream_k"):
+        render(dataclasses.replace(simt, stream_k=True), Problem(64, 64, 256, epilogue=Epilogue("n", "gelu")))
+    # D in another dtype, and the gate, are GEMV's and the unfused kernel's
+    with pytest.raises(ValueError, match="the simt family writes D in the operands' dtype, not bfloat16"):
+        render(simt, Problem(64, 64, 64, epilogue=Epilogue("n", "gelu", out_dtype="bfloat16")))
+    with pytest.raises(ValueError, match="the simt family applies no gated epilogue"):
+        render(simt, Problem(64, 64, 64, epilogue=Epilogue("n", "silu", gated=True)))
 
 
 @pytest.mark.parametrize("dtype,epilogue", GATED_CASES, ids=["bfloat16-swiglu", "float32-geglu"])

@@ -36,7 +36,7 @@ def _random(shape, dtype, seed, scale=2.0):
     return values.astype(_cupy_dtype(dtype))
 
 
-def _check(d, a, b, dtype, epilogue, *, alpha=1.0, beta=0.0, c=None, bias=None, residual=None, batch=1):
+def _check(d, a, b, dtype, epilogue, *, alpha=1.0, beta=0.0, c=None, bias=None, residual=None, batch=1, compute=""):
     """D against the float64 reference within the epilogue's bound (the product's own bound, grown by
     the activation, plus the epilogue's roundings)."""
     import cupy
@@ -44,7 +44,7 @@ def _check(d, a, b, dtype, epilogue, *, alpha=1.0, beta=0.0, c=None, bias=None, 
     out = dtypes.lookup(epilogue.output_dtype(dtype))
     row = dtypes.lookup(dtype)
     m, n, k = a.shape[-2], b.shape[-1], a.shape[-1]
-    problem = Problem(m, n, k, batch=batch, dtype=dtype)
+    problem = Problem(m, n, k, batch=batch, dtype=dtype, compute=compute)
     product = alpha * cupy.matmul(to_float64(a), to_float64(b))
     # the product as the GEMM stores it: rounded to its dtype (element_bounds' u_out term)
     pre_bound = element_bounds(a, b, None, problem, alpha=alpha, reference=product)
@@ -346,3 +346,128 @@ def test_a_cuda_graph_captures_cublaslts_epilogue():
         torch.cuda.synchronize()
         expected = torch.nn.functional.gelu(x.double() @ w.double().T + bias.double(), approximate="tanh")
         assert torch.allclose(y.double(), expected, rtol=2e-2, atol=2e-2), seed
+
+
+# ---- the tile families' own epilogue (SIMT, WMMA / mma.sync / wgmma, Hopper's TMA store) -------------------
+
+# shapes with tails first; a config that takes none of them (its block tile must divide the problem) takes
+# the last
+TILE_EDGES = [(127, 61, 509), (255, 257, 1023), (1000, 3000, 200), (1024, 1024, 512)]
+
+
+def _tile_cases():
+    """test_compile's sm_90 samples of the tile families that write D themselves (test_epilogue_kernels'
+    `_tile_variants`), a few that together show every family and instruction path, launch kind, swap,
+    TMA store, layout, dtype and epilogue; each on the first edge shape it takes."""
+    import dataclasses
+
+    from test_compile import _covering
+    from test_epilogue_kernels import _tile_variants
+
+    from autogemm.problem import Device
+
+    device = Device.for_arch("sm_90")
+    features = (lambda c, p: (c.family, getattr(c, "instruction", "")), lambda c, p: c.launch_kind,
+                lambda c, p: c.swaps_operands, lambda c, p: getattr(c, "tma_store", None), lambda c, p: p.layout,
+                lambda c, p: (p.dtype, p.compute), lambda c, p: p.epilogue.key)
+    cases = []
+    for config, problem in _covering(_tile_variants(), features):
+        shaped = (dataclasses.replace(problem, m=m, n=n, k=k) for m, n, k in TILE_EDGES)
+        cases.append((config, next(p for p in shaped if not config.check(p, device))))
+    return cases
+
+
+TILE_CASES = _tile_cases()
+
+
+@pytest.mark.parametrize("config,problem", TILE_CASES, ids=[f"{c.name}-{p.key}" for c, p in TILE_CASES])
+def test_the_tile_families_apply_the_epilogue_in_their_store(config, problem):
+    import cupy
+
+    from autogemm.gpu.launch import bind, current_device
+
+    if config.check(problem, current_device()):
+        pytest.skip(f"{config.name} does not run on this GPU")
+    dtype, epilogue, (m, n, k) = problem.dtype, problem.epilogue, (problem.m, problem.n, problem.k)
+    a_stored = _random((k, m) if problem.trans_a else (m, k), dtype, 31)
+    b_stored = _random((n, k) if problem.trans_b else (k, n), dtype, 32)
+    a, b = (a_stored.T if problem.trans_a else a_stored), (b_stored.T if problem.trans_b else b_stored)
+    bias = _random((n,), dtype, 33) if epilogue.bias else None
+    residual = _random((m, n), dtype, 34) if epilogue.residual else None
+    # beta 0 (the Hopper kernels' TMA store), then beta 0.5 (the store from registers, C read)
+    for beta in (0.0, 0.5):
+        c_before = _random((m, n), dtype, 35)
+        c = c_before.copy()
+        run, _ = bind(config, a_stored, b_stored, c, trans_a=problem.trans_a, trans_b=problem.trans_b, alpha=0.75,
+                      beta=beta, epilogue=epilogue, bias=bias, residual=residual)
+        run()
+        cupy.cuda.Device().synchronize()
+        try:
+            _check(c, a, b, dtype, epilogue, alpha=0.75, beta=beta, c=c_before if beta else None, bias=bias,
+                   residual=residual, compute=problem.compute)
+        except AssertionError as exc:
+            raise AssertionError(f"{config.name} with {epilogue}, beta {beta}: {exc}") from None
+
+
+# a generated kernel that serves the GEMM (a record of it): from the second call on tensors the epilogue
+# runs in its store
+FUSED_SERVING = {"hopper": ("float16", "hopper_128x128x64_w64x128_s4_g8_k1_o1_p_ts"),
+                 "mma": ("bfloat16", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o2_mma"),
+                 "simt": ("float32", "64x64x16_w32x32_t8x4_v44_s2_pad_g8_k1_o2")}
+
+
+@pytest.mark.parametrize("family", list(FUSED_SERVING))
+def test_a_served_kernel_takes_the_epilogue_in_its_store_from_the_second_call_and_in_a_graph(family, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from test_gpu_capture import _record
+
+    from autogemm.families import config_from_name
+    from autogemm.gpu.launch import current_device
+    from autogemm.results.cache import TuningCache
+    from autogemm.serving import dispatch
+
+    dtype, name = FUSED_SERVING[family]
+    config = config_from_name(name)
+    torch_dtype = getattr(torch, dtype)
+    m, n, k = 200, 384, 256  # (x @ weight.T: the GEMM reads weight transposed, NT)
+    problem = Problem(m, n, k, dtype=dtype, trans_b=True)
+    if config.check(problem, current_device()):
+        pytest.skip(f"{config.name} does not run on this GPU")
+    TuningCache().store(_record(problem, config), current_device().slug)
+    autogemm.reset()
+    x = torch.randn(m, k, device="cuda", dtype=torch_dtype)
+    weight = torch.randn(n, k, device="cuda", dtype=torch_dtype) / 16
+    bias = torch.randn(n, device="cuda", dtype=torch_dtype)
+    residual = torch.randn(m, n, device="cuda", dtype=torch_dtype)
+
+    def expected():
+        y = torch.nn.functional.gelu(x.double() @ weight.double().T + bias.double())
+        return y + residual.double()
+
+    def call():
+        return autogemm.linear(x, weight, bias, activation="gelu", residual=residual)
+
+    tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else dict(rtol=2e-2, atol=2e-2)
+    first = call()  # the general path: the kernel, then the pass; it files the fused plan
+    plans = list(dispatch._DISPATCHER.torch_epilogue.values())
+    assert plans and {type(p).__name__ for p in plans} == {"TorchFusedEpiloguePlan"}, plans
+    assert plans[0].name.endswith("_bias_n_gelu_res")
+    said = autogemm.explain(x, weight.T, bias=bias, activation="gelu", residual=residual)
+    assert said["config"] == config.name and said["epilogue"]["route"] == f"fused {config.name}"
+    call()  # (linear files matmul's plan under its own key)
+    monkeypatch.setattr(dispatch, "_with_epilogue", lambda *args, **kwargs: pytest.fail("took the general path"))
+    x.copy_(torch.randn_like(x))
+    second = call()
+    torch.cuda.synchronize()
+    assert first.shape == second.shape == (m, n) and second.dtype == torch_dtype
+    assert torch.allclose(second.double(), expected(), **tolerance)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = call()
+    for seed in range(2):
+        torch.manual_seed(seed)
+        x.copy_(torch.randn_like(x))
+        residual.copy_(torch.randn_like(residual))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.allclose(captured.double(), expected(), **tolerance), seed

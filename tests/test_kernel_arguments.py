@@ -217,20 +217,31 @@ def test_a_signature_is_read_past_attributes_comments_and_qualifiers():
         "ag_kernel_reduce": ()}
 
 
-# ---- epilogues: the GEMV family's kernels take the bias, the residual and its layout -------------------
+# ---- epilogues: every kernel that writes D itself takes the bias, the residual and its layout ------------
 
 PBIAS, PRESIDUAL = 0x4000000, 0x5000000
+
+
+def _epilogue_variants(config):
+    yield config
+    if config.family == "gemv":
+        yield dataclasses.replace(config, split_k=2)  # (split-K adds its slots up)
+        yield dataclasses.replace(config, swap=True)  # (C written transposed)
+
+
 EPILOGUE_CASES = [(variant, dataclasses.replace(problem, epilogue=Epilogue("n", "gelu", True)), misaligned)
-                  for config, problem, misaligned in CASES if config.applies_epilogue
-                  for variant in (config, dataclasses.replace(config, split_k=2),  # (split-K adds its slots up)
-                                  dataclasses.replace(config, swap=True))  # (C written transposed)
-                  if not variant.check(problem, H100)]
+                  for config, problem, misaligned in CASES for variant in _epilogue_variants(config)
+                  if variant.applies_epilogue and not variant.check(problem, H100)]
 
 
-def test_the_epilogue_cases_cover_the_gemv_kinds_swaps_and_repacking():
+def test_the_epilogue_cases_cover_every_kind_but_stream_k_and_swaps_and_repacking():
     configs = [config for config, _, _ in EPILOGUE_CASES]
-    assert {config.launch_kind for config in configs} == {LaunchKind.TILES, LaunchKind.SPLIT_K_FUSED}
+    # (stream-K's fix-up and a split-K's reduction kernel write partial sums: no epilogue, test below)
+    assert {config.launch_kind for config in configs} == set(LaunchKind) - {LaunchKind.STREAM_K}
+    assert {config.family for config in configs} == {family.family for family in all_families()
+                                                     if family.template_dir is None}
     assert any(config.swaps_operands for config in configs) and any(not c.swaps_operands for c in configs)
+    assert any(config.repacks_operands and misaligned for config, _, misaligned in EPILOGUE_CASES)
 
 
 @pytest.mark.parametrize("config, problem, misaligned", EPILOGUE_CASES,
@@ -263,5 +274,5 @@ def test_a_kind_that_passes_no_epilogue_refuses_a_problem_with_one(monkeypatch):
     fused = dataclasses.replace(problem, epilogue=Epilogue(activation="relu"))
     prepared = dataclasses.replace(_prepared(config, problem, render(config, problem)), problem=fused)
     operand = KernelOperand(False, 1024, 0, 0)
-    with pytest.raises(ValueError, match="launches as stream_k, which passes no epilogue's arguments"):
+    with pytest.raises(ValueError, match="not launched with the epilogue relu: its kernel writes partial sums \\(stream_k"):
         launcher(prepared, operand, operand, operand, ordinal=0)

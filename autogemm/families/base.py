@@ -170,7 +170,35 @@ class GemmConfig(Config):
 
     # Whether the family's template applies an epilogue (autogemm.epilogue) in its store, through the
     # macros of common.cuh.j2; a family that does not is never rendered for a problem that has one.
-    applies_epilogue = False
+    family_applies_epilogue: ClassVar[bool] = False
+    # Whether it writes D in an out_dtype other than the operands' (the tile families write C in T)
+    writes_other_dtypes: ClassVar[bool] = False
+
+    @property
+    def applies_epilogue(self) -> bool:
+        """Whether this config's kernel applies an epilogue: its family's template does, and the kernel
+        writes D itself (or adds its split-K slots up itself), once per output. A split-K reduced by
+        a second kernel and stream-K's fix-up write partial sums, which no epilogue may see."""
+        if not self.family_applies_epilogue:
+            return False
+        kind = self.launch_kind
+        return kind in (LaunchKind.SPLIT_K_FUSED, LaunchKind.SPLIT_K_CLUSTER, LaunchKind.TMA) or (
+            kind == LaunchKind.TILES and self.split_k == 1)
+
+    def epilogue_refusal(self, epilogue) -> str:
+        """Why this config's kernel cannot apply `epilogue` (autogemm.epilogue.Epilogue); "" where it
+        can (the identity epilogue always)."""
+        if epilogue.is_identity:
+            return ""
+        if not self.family_applies_epilogue:
+            return f"the {self.family} family applies no epilogue"
+        if not self.applies_epilogue:
+            return f"its kernel writes partial sums ({self.launch_kind}, split-K {self.split_k}), not D"
+        if epilogue.gated:
+            return f"the {self.family} family applies no gated epilogue"
+        if epilogue.out_dtype and not self.writes_other_dtypes:
+            return f"the {self.family} family writes D in the operands' dtype, not {epilogue.out_dtype}"
+        return ""
 
     def tiles_k(self, problem: Problem) -> int:
         return -(-problem.k // self.bk)

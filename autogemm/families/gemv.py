@@ -64,7 +64,8 @@ DEFAULTS = (
 
 class GemvConfig(VectorizedLoads, GemmConfig):
     family = "gemv"
-    applies_epilogue = True  # (store_output and finish_split: after the split-K sum, once)
+    family_applies_epilogue = True  # (store_output and finish_split: after the split-K sum, once)
+    writes_other_dtypes = True
     label = "GEMV"
     name_prefix = "gemv_"
     knobs = KNOBS

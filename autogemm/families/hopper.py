@@ -73,6 +73,7 @@ KNOBS = (
 
 class HopperConfig(VectorizedLoads, GemmConfig):
     family = "hopper"
+    family_applies_epilogue = True  # (in its store, from the accumulators: templates/common.cuh.j2)
     label = "Hopper"
     name_prefix = "hopper_"
     knobs = KNOBS

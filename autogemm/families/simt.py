@@ -92,6 +92,7 @@ def transposed_stores(problem: Problem) -> tuple[bool, bool]:
 
 class SimtConfig(VectorizedLoads, GemmConfig):
     family = "simt"
+    family_applies_epilogue = True  # (in its store, from the accumulators: templates/common.cuh.j2)
     label = "SIMT"
     knobs = KNOBS
     template = "simt_gemm.cu.j2"

@@ -85,6 +85,7 @@ DEFAULTS = {
 
 class TensorCoreConfig(VectorizedLoads, GemmConfig):
     family = "wmma"
+    family_applies_epilogue = True  # (in its store, from the accumulators: templates/common.cuh.j2)
     label = "WMMA"
     name_prefix = "wmma_"
     knobs = KNOBS

@@ -24,7 +24,7 @@ from . import runtime
 from ..kernels.compile import CompiledKernel, CompileError, compile_source
 from ..families import GemmConfig, LaunchKind, VectorWidths
 from .operands import KernelOperand, describe, real_scalar, validate
-from .packed_launch import WORKSPACES, compiled_kernel, current_stream_pointer
+from .packed_launch import WORKSPACES, compiled_kernel, current_stream_pointer, epilogue_arguments
 from .prepared import PreparedGemm
 from ..problem import Device, Problem
 from ..kernels.render import render
@@ -215,9 +215,10 @@ def launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: Kern
     `launch(pa, pb, pc, alpha, beta, stream, pbias, presidual)`: the bias's and the residual's
     pointers (0 where the epilogue has none), the residual of the pitch and batch stride of
     `residual` (in the user's layout, as C; a kernel that writes C transposed reads it so too)."""
-    if not prepared.problem.epilogue.is_identity and not _launches_epilogue(prepared.config):
-        raise ValueError(f"config {prepared.config.name} launches as {prepared.config.launch_kind}, which passes no "
-                         f"epilogue's arguments ({prepared.problem.epilogue})")
+    refusal = prepared.config.epilogue_refusal(prepared.problem.epilogue)
+    if refusal:
+        raise ValueError(f"config {prepared.config.name} is not launched with the epilogue {prepared.problem.epilogue}: "
+                         f"{refusal}")
     if ordinal is None:
         import cupy  # (lazy: CuPy)
 
@@ -233,19 +234,12 @@ def launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: Kern
     return _operand_launcher(prepared, a, b, c, ordinal, residual)
 
 
-def _launches_epilogue(config: GemmConfig) -> bool:
-    """Whether the config's launch kind passes an epilogue's arguments (the kinds of the families
-    that apply one: a kernel that writes C itself, or adds its split-K slots up itself)."""
-    return config.launch_kind in (LaunchKind.SPLIT_K_FUSED, LaunchKind.SPLIT_K_CLUSTER) or (
-        config.launch_kind == LaunchKind.TILES and config.split_k == 1)
-
-
 def _operand_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand, ordinal: int,
                       residual: KernelOperand | None = None):
     """`launcher` for A and B in the kernel's own roles: copied to aligned pitches first where the
     config repacks them."""
     kind_launcher = launch_of(prepared.config).launcher
-    if not prepared.problem.epilogue.is_identity:  # (only the kinds of _launches_epilogue take the residual)
+    if not prepared.problem.epilogue.is_identity:  # (only the kinds of configs that apply one take the residual)
         kind_launcher = functools.partial(kind_launcher, residual=residual)
     if prepared.config.repacks_operands:
         return repacking_launcher(prepared, a, b, c, kind_launcher, ordinal)
@@ -269,12 +263,7 @@ def _gemm_arguments(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, 
                      lda=i32(a.ld), ldb=i32(b.ld), ldc=i32(c.ld), stride_a=i64(a.batch_stride),
                      stride_b=i64(b.batch_stride), stride_c=i64(c.batch_stride), alpha=scalar(1), beta=scalar(0),
                      tiles_per_split=i32(prepared.tiles_per_split))
-    if not problem.epilogue.is_identity:
-        if problem.epilogue.residual and residual is None:
-            raise ValueError(f"the epilogue {problem.epilogue} adds a residual: the launcher needs its layout")
-        arguments.update(bias=ptr(0), residual=ptr(0), ldr=i32(residual.ld if residual else 0),
-                         stride_r=i64(residual.batch_stride if residual else 0))
-    return arguments
+    return {**arguments, **epilogue_arguments(problem, residual)}
 
 
 def _direct_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand, ordinal: int,

@@ -137,6 +137,20 @@ class PackedKernel:
                 for i, (name, (array, position)) in enumerate(zip(self.parameters, self._slots))}
 
 
+def epilogue_arguments(problem, residual) -> dict:
+    """The arguments a kernel that applies `problem`'s epilogue takes after its own (common.cuh.j2's
+    epilogue_parameters), by name: the bias's and the residual's pointers (set per launch) and the
+    residual's pitch and batch stride (`residual`, a KernelOperand in the user's layout, as C; None
+    where the epilogue adds none). Empty for the identity epilogue."""
+    epilogue = problem.epilogue
+    if epilogue.is_identity:
+        return {}
+    if epilogue.residual and residual is None:
+        raise ValueError(f"the epilogue {epilogue} adds a residual: the launcher needs its layout")
+    return dict(bias=np.uintp(0), residual=np.uintp(0), ldr=np.int32(residual.ld if residual else 0),
+                stride_r=np.int64(residual.batch_stride if residual else 0))
+
+
 def compiled_kernel(kernel, role: str, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
                     arguments: Mapping[str, np.generic]) -> PackedKernel:
     """The PackedKernel of one kernel of a compiled source (`compile.CompiledKernel`): `role`

@@ -18,7 +18,7 @@ from . import tensor_maps
 from ..kernels.compile import CompiledKernel, CompileError
 from ..families import GemmConfig
 from .operands import KernelOperand
-from .packed_launch import compiled_kernel, current_stream_pointer
+from .packed_launch import compiled_kernel, current_stream_pointer, epilogue_arguments
 from .prepared import PreparedGemm
 from ..problem import Problem
 from .tensor_maps import MAP_DTYPE, TensorMapCache, TensorMapError, TiledLayout
@@ -92,7 +92,8 @@ def output_layout(problem: Problem, c: KernelOperand, config: GemmConfig) -> Til
                        (pitch, stride), (atom, config.wm, 1))
 
 
-def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand, ordinal: int):
+def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand, ordinal: int,
+                 residual: KernelOperand | None = None):
     """A Hopper kernel takes A and B as tensor maps, which hold their addresses: each role keeps the
     maps of the addresses it has seen (`TensorMapCache`), so a repeated call encodes none, and the
     launch reads the two map arguments straight from the cached maps (a changed address costs a
@@ -108,9 +109,11 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
     kernel = compiled_kernel(prepared.kernel, "gemm", prepared.grid, prepared.block, prepared.smem, dict(
         map_a=blank, map_b=blank, map_c=blank, C=np.uintp(0), M=i32(problem.m), N=i32(problem.n), K=i32(problem.k),
         ldc=i32(c.ld), stride_c=i64(c.batch_stride), alpha=scalar(1), beta=scalar(0), batches=i32(problem.batch),
-        batch_step_a=i32(step_a), batch_step_b=i32(step_b), c_mapped=i32(0)))
+        batch_step_a=i32(step_a), batch_step_b=i32(step_b), c_mapped=i32(0), **epilogue_arguments(problem, residual)))
     map_at = (kernel.index("map_a"), kernel.index("map_b"), kernel.index("map_c"))  # by operand role
     pointers, c_at = kernel.slot("C")
+    # an epilogue's bias and residual: their addresses set at each launch (None: a bare kernel)
+    bias_at, residual_at = kernel.slots("bias", "residual")[1] if "bias" in kernel.parameters else (None, None)
     scalars, (alpha_at, beta_at) = kernel.slots("alpha", "beta")
     flags, c_mapped_at = kernel.slot("c_mapped")
     point, launch_kernel = kernel.point, kernel.launch
@@ -143,7 +146,7 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
         held[role] = None
         return False
 
-    def launch(pa, pb, pc, alpha, beta, stream=None):
+    def launch(pa, pb, pc, alpha, beta, stream=None, pbias=0, presidual=0):
         stream_pointer = current_stream_pointer(stream)
         with lock:
             if current[0] != pa:
@@ -153,6 +156,8 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
             if maps_c is not None and current[2] != pc:
                 flags[c_mapped_at] = switch(2, pc)
             pointers[c_at] = pc
+            if bias_at is not None:
+                pointers[bias_at], pointers[residual_at] = pbias, presidual
             scalars[alpha_at], scalars[beta_at] = alpha, beta
             launch_kernel(stream_pointer)
 

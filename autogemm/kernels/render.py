@@ -213,10 +213,9 @@ def render(config: GemmConfig, problem: Problem, widths: VectorWidths | None = N
     a string knob that is not one of its choices, or (unless `force`, for experiments) a number out
     of its range never reaches the source: ValueError.
     """
-    if not (problem.epilogue.is_identity or config.applies_epilogue) or problem.epilogue.gated:
-        what = "gated epilogue" if config.applies_epilogue else "epilogue"
-        raise ValueError(f"config {config.name} is not rendered: the {config.family} family applies no {what} "
-                         f"yet ({problem.epilogue})")
+    refusal = config.epilogue_refusal(problem.epilogue)
+    if refusal:
+        raise ValueError(f"config {config.name} is not rendered with the epilogue {problem.epilogue}: {refusal}")
     reasons = config.render_reasons(force)
     if reasons:
         raise ValueError(f"config {config.name} is not rendered: " + "; ".join(r.removeprefix("choice: ") for r in reasons))

@@ -4,8 +4,8 @@ D = act(alpha · a @ b + bias) + residual + beta · out, written as `out_dtype` 
 GEMM is served as `matmul` serves it (the cached kernel, cuBLAS, the guard); the epilogue follows as
 one generated elementwise kernel (templates/epilogue.cu.j2) on the same stream: one read of the
 product and one write of D, where eager PyTorch makes a pass for each step (bias add, activation,
-residual add, cast). Fusing the epilogue into the GEMM's own store saves that pass too; until a
-family does, this is how every epilogue is served.
+residual add, cast). Repeated calls on tensors save that pass too where they can: inside the chosen
+kernel's own store (fused_epilogue.py), or inside cuBLASLt's GEMM (gpu/cublas_epilogue.py).
 
 Validation comes first and names the fault (`check`): the activation's and output dtype's names,
 the bias (1-D, N values, D's dtype), the residual (D's shape and dtype), `out` (D's shape and dtype),
@@ -29,6 +29,7 @@ from ..gpu.packed_launch import compiled_kernel
 from ..kernels.compile import compile_source
 from ..kernels.render import render_epilogue
 from . import plan as plan_module
+from .fused_epilogue import fused_plan
 
 THREADS = 256  # per block of the epilogue kernel: along a row's columns
 BLOCKS_PER_SM = 8  # enough blocks in flight to keep the memory system busy, few enough to loop
@@ -243,6 +244,9 @@ class TorchEpiloguePlan:
         self.dispatcher, self.gemm_key, self.gemm, self.packed = dispatcher, gemm_key, gemm_plan, packed
         self.template, self.device = template, device
         self.alignment = alignment  # bytes every pointer of a call must be a multiple of (the kernel's packs)
+        # the GEMM's launcher when this plan was filed: once the guard settles (the kernel or cuBLAS
+        # serves for good), the general path files the plan again (the kernel may take the epilogue)
+        self.gemm_launch = gemm_plan.launch
         import torch  # (a tensor was given)
 
         self.empty_like = torch.empty_like
@@ -251,7 +255,7 @@ class TorchEpiloguePlan:
         self.lock = threading.Lock()
 
     def call(self, a, b, bias, residual, alpha: float):
-        if self.dispatcher.torch_fast.get(self.gemm_key) is not self.gemm:
+        if self.dispatcher.torch_fast.get(self.gemm_key) is not self.gemm or self.gemm.launch is not self.gemm_launch:
             return None
         alignment = self.alignment
         if (bias is not None and (bias.get_device() != self.device or bias.data_ptr() % alignment)) or \
@@ -339,9 +343,10 @@ def register_torch(dispatcher, key, gemm_key, epilogue: Epilogue, operands, prod
     """After the general path served a call on CUDA tensors with `epilogue` (its `operands` a and b, its
     product and D, `result`, as tensors): files a plan under `key` where the bare GEMM has a torch
     fast-path plan and the tensors' layouts are the ones the plan assumes (a C-contiguous product
-    and D; a residual with unit column stride): cuBLASLt's own epilogue where cuBLAS serves the GEMM
-    and cuBLASLt has one (TorchLtEpiloguePlan), else the GEMM's plan and the pass (TorchEpiloguePlan).
-    Whether it was filed."""
+    and D; a residual with unit column stride): the chosen kernel with the epilogue in its store where
+    a generated kernel serves the GEMM for good and its config applies it (fused_epilogue), cuBLASLt's
+    own epilogue where cuBLAS serves the GEMM and cuBLASLt has one (TorchLtEpiloguePlan), else the
+    GEMM's plan and the pass (TorchEpiloguePlan). Whether it was filed."""
     gemm_plan = dispatcher.torch_fast.get(gemm_key)
     if gemm_plan is None or not product.is_contiguous() or not result.is_contiguous() or product.dim() not in (2, 3):
         return False
@@ -355,6 +360,10 @@ def register_torch(dispatcher, key, gemm_key, epilogue: Epilogue, operands, prod
     m, n = result.shape[-2:]
     ldr = (residual.stride(-2) if m > 1 else n) if residual is not None else 0
     stride_r = (residual.stride(0) if batch > 1 else m * n) if residual is not None else 0
+    fused = fused_plan(dispatcher, gemm_key, gemm_plan, epilogue, product, result, residual, ldr, stride_r)
+    if fused is not None:
+        file_plan(dispatcher, key, fused)
+        return True
     lt = _lt_plan(dispatcher, gemm_key, gemm_plan, epilogue, dtype, operands, product, result, bias, residual, ldr,
                   stride_r)
     if lt is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import dispatch, epilogue_step, numpy_semantics
+from ..families import config_from_name
 from ..gpu import launch, runtime
 from .numpy_semantics import KERNELS
 from ..gpu.operands import check_scalars, describe, real_scalar, validate
@@ -127,7 +128,13 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
     gemm = explain(a, b, alpha=alpha, compute=compute, tune=tune, race=race)
     applied, route = "after the GEMM, in one elementwise pass (epilogue_step)", "pass"
     lt = epilogue_step.lt_epilogue(epilogue, gemm["dtype"])
-    if lt is not None and tensors and gemm.get("config") is None and len(gemm.get("shape") or ()) == 2:
+    config = config_from_name(gemm["config"]) if gemm.get("config") else None
+    if config is not None and tensors and not config.epilogue_refusal(epilogue) and not gemm.get("copies") \
+            and (gemm.get("guard") or {}).get("kernel_won", not gemm.get("guarded")):
+        applied += (f"; from the second such call on PyTorch tensors, in the store of the kernel that serves the GEMM "
+                    f"({config.name})")
+        route = f"fused {config.name}"
+    elif lt is not None and tensors and config is None and len(gemm.get("shape") or ()) == 2:
         applied += f"; from the second such call on PyTorch tensors, inside cuBLAS's GEMM (cuBLASLt's {lt} epilogue)"
         route = f"cuBLASLt {lt}"
     return {**gemm, "dtype": epilogue.output_dtype(gemm["dtype"]),

@@ -1,0 +1,95 @@
+"""The epilogue inside the chosen kernel's own store: where a generated kernel serves a call's GEMM
+and its config applies the epilogue (GemmConfig.epilogue_refusal), repeated calls on tensors run
+that config rendered with the epilogue (templates/common.cuh.j2's macros): one launch, D written
+once, no product in memory and no pass after it (serving/epilogue_step.py says when).
+
+The fused kernel is the bare one's config, so it is chosen as the bare GEMM was (the record, the
+prediction, the guard's verdict); the accumulators go through the epilogue in FP32 (FP64) before
+they are rounded to D's type, where the pass rounds the product first: D is at least as accurate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..epilogue import Epilogue
+from ..gpu import launch as gpu_launch
+from ..gpu.operands import KernelOperand
+from . import plan as plan_module
+from .guard import Guard
+from .torch_fast_path import torch_stream
+
+
+def settled_kernel(gemm_plan):
+    """The config whose kernel serves `gemm_plan` (a torch fast-path plan.Plan) for good: chosen, and
+    not on trial by the guard or beaten there; None where cuBLAS serves it or the guard has not
+    decided yet (a plan filed now would be filed again once it has: `launch_filed`)."""
+    config = gemm_plan.choice.config
+    if config is None or isinstance(gemm_plan.launch, Guard):
+        return None
+    verdict = gemm_plan.choice.details.get("guard")
+    if verdict is not None and not verdict.get("kernel_won", False):
+        return None
+    return config
+
+
+class TorchFusedEpiloguePlan:
+    """A call on CUDA tensors whose GEMM a generated kernel serves, with the epilogue in that kernel:
+    one launch on PyTorch's current stream, D from torch.empty_like of a template. `call` gives None
+    where the GEMM's torch fast-path plan changed (the memo dropped it, or its launcher is no longer
+    the one this plan was filed beside), the current device or an operand's differs, or A's and B's
+    addresses are not aligned as the kernel's vector widths assumed (the general path serves those)."""
+
+    def __init__(self, dispatcher, gemm_key, gemm_plan, launch, template, device: int, name: str):
+        import torch  # (a tensor was given)
+
+        self.dispatcher, self.gemm_key, self.gemm, self.launch = dispatcher, gemm_key, gemm_plan, launch
+        self.gemm_launch = gemm_plan.launch  # (the bare kernel's launcher when this plan was filed)
+        self.template, self.device, self.name = template, device, name
+        self.empty_like = torch.empty_like
+        self.streams: dict = {}
+
+    def call(self, a, b, bias, residual, alpha: float):
+        gemm, device = self.gemm, self.device
+        if self.dispatcher.torch_fast.get(self.gemm_key) is not gemm or gemm.launch is not self.gemm_launch \
+                or plan_module.current_device() != device or b.get_device() != device:
+            return None
+        pa, pb = a.data_ptr(), b.data_ptr()
+        if gemm.alignment is not None and (pa % 16, pb % 16) != gemm.alignment:
+            return None
+        if (bias is not None and bias.get_device() != device) or (residual is not None and residual.get_device() != device):
+            return None
+        pointer = plan_module.torch_raw_stream(device)
+        stream = self.streams.get(pointer)
+        if stream is None:
+            stream = torch_stream(self.streams, pointer, device)
+        d = self.empty_like(self.template)
+        self.launch(pa, pb, d.data_ptr(), alpha, 0.0, stream, 0 if bias is None else bias.data_ptr(),
+                    0 if residual is None else residual.data_ptr())
+        return d
+
+
+def fused_plan(dispatcher, gemm_key, gemm_plan, epilogue: Epilogue, product, result, residual, ldr: int,
+               stride_r: int):
+    """A TorchFusedEpiloguePlan where a generated kernel serves the GEMM for good (settled_kernel), its
+    config applies `epilogue`, and A and B are read in place; else None. `product` and `result` are the
+    general path's product and D (contiguous), `ldr` and `stride_r` the residual's pitch and batch
+    stride (elements)."""
+    config = settled_kernel(gemm_plan)
+    if config is None or config.epilogue_refusal(epilogue) or gemm_plan.layouts is None or gemm_plan.copy_a \
+            or gemm_plan.copy_b or gemm_plan.copy_out or tuple(product.shape) != tuple(result.shape):
+        return None
+    m, n = result.shape[-2:]
+    layout_a, layout_b = gemm_plan.layouts
+    layout_d = KernelOperand(False, n, m * n, 0)
+    layout_residual = KernelOperand(False, ldr, stride_r, 0) if residual is not None else None
+    device = gpu_launch.device_info(gemm_plan.device)
+    problem = dataclasses.replace(gemm_plan.problem, epilogue=epilogue)
+    widths = config.vector_widths(layout_a, layout_b, layout_d, result.element_size())
+    prepared = gpu_launch.prepare(config, problem, widths, device)
+    launch = gpu_launch.launcher(prepared, layout_a, layout_b, layout_d, ordinal=gemm_plan.device,
+                                 residual=layout_residual)
+    import torch  # (a tensor was given)
+
+    return TorchFusedEpiloguePlan(dispatcher, gemm_key, gemm_plan, launch, torch.empty_like(result), gemm_plan.device,
+                                  prepared.kernel.source.kernel)
