@@ -357,8 +357,9 @@ TILE_EDGES = [(127, 61, 509), (255, 257, 1023), (1000, 3000, 200), (1024, 1024, 
 
 def _tile_cases():
     """test_compile's sm_90 samples of the tile families that write D themselves (test_epilogue_kernels'
-    `_tile_variants`), a few that together show every family and instruction path, launch kind, swap,
-    TMA store, layout, dtype and epilogue; each on the first edge shape it takes."""
+    `_tile_variants`), a few that together show every family and instruction path, launch kind, swap
+    with and without the TMA store, layout, dtype and epilogue (a swapped kernel's with a residual);
+    each on the first edge shape it takes."""
     import dataclasses
 
     from test_compile import _covering
@@ -368,10 +369,12 @@ def _tile_cases():
 
     device = Device.for_arch("sm_90")
     features = (lambda c, p: (c.family, getattr(c, "instruction", "")), lambda c, p: c.launch_kind,
-                lambda c, p: c.swaps_operands, lambda c, p: getattr(c, "tma_store", None), lambda c, p: p.layout,
+                lambda c, p: (c.swaps_operands, getattr(c, "tma_store", None)), lambda c, p: p.layout,
                 lambda c, p: (p.dtype, p.compute), lambda c, p: p.epilogue.key)
     cases = []
     for config, problem in _covering(_tile_variants(), features):
+        if config.swaps_operands:  # (C written transposed: the residual is read transposed too)
+            problem = dataclasses.replace(problem, epilogue=Epilogue("n", "gelu_tanh", True))
         shaped = (dataclasses.replace(problem, m=m, n=n, k=k) for m, n, k in TILE_EDGES)
         cases.append((config, next(p for p in shaped if not config.check(p, device))))
     return cases
