@@ -124,17 +124,30 @@ def test_a_cuda_graph_with_an_epilogue_replays_on_new_operands():
     with torch.cuda.stream(side):  # the warm-up makes the plan and loads the epilogue's kernel
         autogemm.linear(x, weight, bias, activation="gelu", residual=residual)
     torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = autogemm.linear(x, weight, bias, activation="gelu", residual=residual)
-    for seed in range(3):
-        torch.manual_seed(seed)
-        x.copy_(torch.randn_like(x))
-        residual.copy_(torch.randn_like(residual))
-        graph.replay()
-        torch.cuda.synchronize()
+
+    def check(y, seed):
         expected = torch.nn.functional.gelu(x.double() @ weight.double().T + bias.double()) + residual.double()
         assert torch.allclose(y.double(), expected, rtol=1e-2, atol=1e-2), seed
+
+    _replays_on_new_inputs(lambda: autogemm.linear(x, weight, bias, activation="gelu", residual=residual),
+                           (x, residual), check, 3)
+
+
+def _replays_on_new_inputs(call, inputs, check, replays: int) -> None:
+    """Captures `call()` in a CUDA graph on the current stream; then, `replays` times, fills `inputs` with
+    new values, replays the graph and checks its output (`check(output, seed)`)."""
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = call()
+    for seed in range(replays):
+        torch.manual_seed(seed)
+        for tensor in inputs:
+            tensor.copy_(torch.randn_like(tensor))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(output, seed)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -464,13 +477,8 @@ def test_a_served_kernel_takes_the_epilogue_in_its_store_from_the_second_call_an
     torch.cuda.synchronize()
     assert first.shape == second.shape == (m, n) and second.dtype == torch_dtype
     assert torch.allclose(second.double(), expected(), **tolerance)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = call()
-    for seed in range(2):
-        torch.manual_seed(seed)
-        x.copy_(torch.randn_like(x))
-        residual.copy_(torch.randn_like(residual))
-        graph.replay()
-        torch.cuda.synchronize()
+
+    def check(captured, seed):
         assert torch.allclose(captured.double(), expected(), **tolerance), seed
+
+    _replays_on_new_inputs(call, (x, residual), check, 2)
