@@ -30,6 +30,7 @@ from ..kernels.compile import compile_source
 from ..kernels.render import render_epilogue
 from . import plan as plan_module
 from .fused_epilogue import fused_plan
+from .torch_fast_path import TorchOutputs
 
 THREADS = 256  # per block of the epilogue kernel: along a row's columns
 BLOCKS_PER_SM = 8  # enough blocks in flight to keep the memory system busy, few enough to loop
@@ -234,22 +235,19 @@ def needs_general_path(a, b, bias, residual) -> bool:
 class TorchEpiloguePlan:
     """A call on CUDA tensors with an epilogue, planned: the bare GEMM's torch fast-path plan (on
     PyTorch's current stream, its output from PyTorch's allocator), then the epilogue kernel packed
-    once (`packed_launch.PackedKernel`: a call rewrites five pointers and launches), D from
-    torch.empty_like of a template. `call` gives None where the GEMM's plan is no longer the one the
+    once (`packed_launch.PackedKernel`: a call rewrites five pointers and launches), D from its
+    TorchOutputs. `call` gives None where the GEMM's plan is no longer the one the
     torch fast path serves (the guard replaced it, the memo dropped it), where the current device or
     an operand's differs (the general path serves those). Under a CUDA graph capture D comes from the
     graph's pool, as PyTorch allocates there, and both launches are captured."""
 
-    def __init__(self, dispatcher, gemm_key, gemm_plan, packed, template, device: int, alignment: int):
+    def __init__(self, dispatcher, gemm_key, gemm_plan, packed, outputs: TorchOutputs, device: int, alignment: int):
         self.dispatcher, self.gemm_key, self.gemm, self.packed = dispatcher, gemm_key, gemm_plan, packed
-        self.template, self.device = template, device
+        self.outputs, self.device = outputs, device
         self.alignment = alignment  # bytes every pointer of a call must be a multiple of (the kernel's packs)
         # the GEMM's launcher when this plan was filed: once the guard settles (the kernel or cuBLAS
         # serves for good), the general path files the plan again (the kernel may take the epilogue)
         self.gemm_launch = gemm_plan.launch
-        import torch  # (a tensor was given)
-
-        self.empty_like = torch.empty_like
         self.pointers, (self.p_at, self.d_at, self.c_at, self.bias_at, self.residual_at) = packed.slots(
             "P", "D", "C", "bias", "residual")
         self.lock = threading.Lock()
@@ -265,7 +263,7 @@ class TorchEpiloguePlan:
         if product is None:
             return None
         stream = plan_module.torch_raw_stream(self.device)
-        d = self.empty_like(self.template)
+        d, keep = self.outputs.take(stream)
         if (product.data_ptr() | d.data_ptr()) % alignment:  # (PyTorch's blocks are 512-byte aligned: a safeguard)
             return None
         with self.lock:
@@ -274,22 +272,21 @@ class TorchEpiloguePlan:
             pointers[self.bias_at] = 0 if bias is None else bias.data_ptr()
             pointers[self.residual_at] = 0 if residual is None else residual.data_ptr()
             self.packed.launch(stream)
+        if keep:
+            self.outputs.after_launch(stream)
         return d
 
 
 class TorchLtEpiloguePlan:
     """A call on CUDA tensors whose GEMM cuBLAS serves and whose epilogue cuBLASLt computes in the GEMM
-    (gpu/cublas_epilogue.py): one cuBLASLt call, no pass, on PyTorch's current stream, D from
-    torch.empty_like of a template. `call` gives None where the GEMM's torch fast-path plan changed,
+    (gpu/cublas_epilogue.py): one cuBLASLt call, no pass, on PyTorch's current stream, D from its
+    TorchOutputs. `call` gives None where the GEMM's torch fast-path plan changed,
     the current device or an operand's differs, or an address is less aligned than the plan's
     algorithm assumes (the general path serves those)."""
 
-    def __init__(self, dispatcher, gemm_key, gemm_plan, launch, template, device: int, alignment: int):
-        import torch  # (a tensor was given)
-
+    def __init__(self, dispatcher, gemm_key, gemm_plan, launch, outputs: TorchOutputs, device: int, alignment: int):
         self.dispatcher, self.gemm_key, self.gemm, self.launch = dispatcher, gemm_key, gemm_plan, launch
-        self.template, self.device, self.alignment = template, device, alignment
-        self.empty_like = torch.empty_like
+        self.outputs, self.device, self.alignment = outputs, device, alignment
         self.name = launch.name
 
     def call(self, a, b, bias, residual, alpha: float):
@@ -302,8 +299,11 @@ class TorchLtEpiloguePlan:
         if (pa | pb | pbias | presidual) % self.alignment or (bias is not None and bias.get_device() != device) or \
                 (residual is not None and residual.get_device() != device):
             return None
-        d = self.empty_like(self.template)
-        self.launch(pa, pb, d.data_ptr(), alpha, plan_module.torch_raw_stream(device), pbias, presidual)
+        stream = plan_module.torch_raw_stream(device)
+        d, keep = self.outputs.take(stream)
+        self.launch(pa, pb, d.data_ptr(), alpha, stream, pbias, presidual)
+        if keep:
+            self.outputs.after_launch(stream)
         return d
 
 
@@ -333,10 +333,8 @@ def _lt_plan(dispatcher, gemm_key, gemm_plan, epilogue: Epilogue, dtype: str, op
     if launch is None:
         return None
     launch.name = name
-    import torch  # (a tensor was given)
-
-    return TorchLtEpiloguePlan(dispatcher, gemm_key, gemm_plan, launch, torch.empty_like(result), gemm_plan.device,
-                               alignment)
+    return TorchLtEpiloguePlan(dispatcher, gemm_key, gemm_plan, launch, TorchOutputs(dispatcher, result),
+                               gemm_plan.device, alignment)
 
 
 def register_torch(dispatcher, key, gemm_key, epilogue: Epilogue, operands, product, result, bias, residual) -> bool:
@@ -378,16 +376,23 @@ def register_torch(dispatcher, key, gemm_key, epilogue: Epilogue, operands, prod
     packed = compiled_kernel(compiled(dtype, epilogue, device, vector), "gemm",
                              grid(batch * m, n, device_info(device).sm_count, vector), (THREADS, 1, 1), 0,
                              _arguments(dtype, batch, m, n, ldp, stride_p, n, m * n, 0.0, ldr, stride_r))
-    import torch  # (a tensor was given)
-
-    file_plan(dispatcher, key, TorchEpiloguePlan(dispatcher, gemm_key, gemm_plan, packed, torch.empty_like(result), device,
-                                             vector * max(product.element_size(), out_size)))
+    file_plan(dispatcher, key, TorchEpiloguePlan(dispatcher, gemm_key, gemm_plan, packed, TorchOutputs(dispatcher, result),
+                                                 device, vector * max(product.element_size(), out_size)))
     return True
 
 
 def file_plan(dispatcher, key, plan) -> None:
-    """Files `plan` in the dispatcher's memo of epilogue plans under `key` (the memo is emptied when full)."""
+    """Files `plan` in the dispatcher's memo of epilogue plans under `key` (the memo is emptied when full);
+    a plan that leaves the memo gives its spare outputs' budget back."""
+    memo = dispatcher.torch_epilogue
     with dispatcher.lock:
-        if len(dispatcher.torch_epilogue) >= MAX_TORCH_PLANS:
-            dispatcher.torch_epilogue.clear()
-        dispatcher.torch_epilogue[key] = plan
+        if len(memo) >= MAX_TORCH_PLANS:
+            dropped = list(memo.values())
+            memo.clear()
+        else:
+            dropped = [memo[key]] if key in memo and memo[key] is not plan else []
+        memo[key] = plan
+        kept = set(map(id, memo.values()))
+    for old in dropped:
+        if id(old) not in kept:  # (linear files matmul's plan under a second key)
+            old.outputs.release(dispatcher)

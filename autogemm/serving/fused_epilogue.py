@@ -17,7 +17,7 @@ from ..gpu import launch as gpu_launch
 from ..gpu.operands import KernelOperand
 from . import plan as plan_module
 from .guard import Guard
-from .torch_fast_path import torch_stream
+from .torch_fast_path import TorchOutputs, torch_stream
 
 
 def settled_kernel(gemm_plan):
@@ -35,18 +35,15 @@ def settled_kernel(gemm_plan):
 
 class TorchFusedEpiloguePlan:
     """A call on CUDA tensors whose GEMM a generated kernel serves, with the epilogue in that kernel:
-    one launch on PyTorch's current stream, D from torch.empty_like of a template. `call` gives None
+    one launch on PyTorch's current stream, D from its TorchOutputs. `call` gives None
     where the GEMM's torch fast-path plan changed (the memo dropped it, or its launcher is no longer
     the one this plan was filed beside), the current device or an operand's differs, or A's and B's
     addresses are not aligned as the kernel's vector widths assumed (the general path serves those)."""
 
-    def __init__(self, dispatcher, gemm_key, gemm_plan, launch, template, device: int, name: str):
-        import torch  # (a tensor was given)
-
+    def __init__(self, dispatcher, gemm_key, gemm_plan, launch, outputs: TorchOutputs, device: int, name: str):
         self.dispatcher, self.gemm_key, self.gemm, self.launch = dispatcher, gemm_key, gemm_plan, launch
         self.gemm_launch = gemm_plan.launch  # (the bare kernel's launcher when this plan was filed)
-        self.template, self.device, self.name = template, device, name
-        self.empty_like = torch.empty_like
+        self.outputs, self.device, self.name = outputs, device, name
         self.streams: dict = {}
 
     def call(self, a, b, bias, residual, alpha: float):
@@ -63,9 +60,11 @@ class TorchFusedEpiloguePlan:
         stream = self.streams.get(pointer)
         if stream is None:
             stream = torch_stream(self.streams, pointer, device)
-        d = self.empty_like(self.template)
+        d, keep = self.outputs.take(pointer)
         self.launch(pa, pb, d.data_ptr(), alpha, 0.0, stream, 0 if bias is None else bias.data_ptr(),
                     0 if residual is None else residual.data_ptr())
+        if keep:
+            self.outputs.after_launch(pointer)
         return d
 
 
@@ -89,7 +88,5 @@ def fused_plan(dispatcher, gemm_key, gemm_plan, epilogue: Epilogue, product, res
     prepared = gpu_launch.prepare(config, problem, widths, device)
     launch = gpu_launch.launcher(prepared, layout_a, layout_b, layout_d, ordinal=gemm_plan.device,
                                  residual=layout_residual)
-    import torch  # (a tensor was given)
-
-    return TorchFusedEpiloguePlan(dispatcher, gemm_key, gemm_plan, launch, torch.empty_like(result), gemm_plan.device,
-                                  prepared.kernel.source.kernel)
+    return TorchFusedEpiloguePlan(dispatcher, gemm_key, gemm_plan, launch, TorchOutputs(dispatcher, result),
+                                  gemm_plan.device, prepared.kernel.source.kernel)

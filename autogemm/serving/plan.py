@@ -31,14 +31,7 @@ from .numpy_semantics import as_cupy, contiguous_copy, copy_into
 from .planning import PROVISIONAL_PLAN_S
 from .race import CUBLAS, RACE_CONFIGS
 from .select import Choice
-from .torch_fast_path import torch_stream
-
-# The fast path keeps one fresh output of a plan ready for its next call, made after the launch while
-# the GPU works, so that a call launches before it allocates: a user waiting for one call waits for
-# what comes before the launch (on an H100 an allocation costs 2.2 us, a cuBLASLt call 8.7 us, against
-# a GEMV of 10 us). Only outputs up to this size, where that time is a visible part of a call.
-SPARE_OUTPUT_BYTES = 32 * 1024 * 1024
-MAX_TORCH_SPARES = 4  # PyTorch streams a plan keeps a spare output for
+from .torch_fast_path import MAX_TORCH_SPARES, SPARE_OUTPUT_BYTES, torch_stream
 
 _capturing = capture.capturing
 # CuPy's and PyTorch's names the fast paths read, bound once (module globals: the cheapest lookup)

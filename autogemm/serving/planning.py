@@ -22,7 +22,7 @@ from .select import Choice, ChoiceSource, choose
 AUTOTUNE_TRIALS = 40
 AUTOTUNE_TIMEOUT_S = 30.0
 MAX_PLANS = 1024  # plans memoized per process (least recently used go first)
-# the spare outputs the fast paths keep ready (plan.SPARE_OUTPUT_BYTES), all plans together
+# the spare outputs the fast paths keep ready (torch_fast_path.SPARE_OUTPUT_BYTES), all plans together
 SPARE_BUDGET_BYTES = 1024 * 1024 * 1024
 # A call that finds another process tuning its problem waits this long for that tune's result,
 # then serves the best it has without tuning, and plans again after PROVISIONAL_PLAN_S.
