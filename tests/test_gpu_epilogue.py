@@ -5,6 +5,8 @@ CUDA graph capture of a call with an epilogue, replayed on new operands."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -373,7 +375,6 @@ def _tile_cases():
     `_tile_variants`), a few that together show every family and instruction path, launch kind, swap
     with and without the TMA store, layout, dtype and epilogue (a swapped kernel's with a residual);
     each on the first edge shape it takes."""
-    import dataclasses
 
     from test_compile import _covering
     from test_epilogue_kernels import _tile_variants
@@ -398,31 +399,65 @@ TILE_CASES = _tile_cases()
 
 @pytest.mark.parametrize("config,problem", TILE_CASES, ids=[f"{c.name}-{p.key}" for c, p in TILE_CASES])
 def test_the_tile_families_apply_the_epilogue_in_their_store(config, problem):
-    import cupy
-
-    from autogemm.gpu.launch import bind, current_device
+    from autogemm.gpu.launch import current_device
 
     if config.check(problem, current_device()):
         pytest.skip(f"{config.name} does not run on this GPU")
+    # beta 0 (the Hopper kernels' TMA store), then beta 0.5 (the store from registers, C read)
+    for beta in (0.0, 0.5):
+        _check_fused_store(config, problem, beta)
+
+
+def _check_fused_store(config, problem, beta: float) -> None:
+    """`config` run through `bind` with `problem`'s epilogue on random operands (a bias and a residual
+    where it adds them, alpha 0.75), D checked against the float64 reference within the bound."""
+    import cupy
+
+    from autogemm.gpu.launch import bind
+
     dtype, epilogue, (m, n, k) = problem.dtype, problem.epilogue, (problem.m, problem.n, problem.k)
     a_stored = _random((k, m) if problem.trans_a else (m, k), dtype, 31)
     b_stored = _random((n, k) if problem.trans_b else (k, n), dtype, 32)
     a, b = (a_stored.T if problem.trans_a else a_stored), (b_stored.T if problem.trans_b else b_stored)
     bias = _random((n,), dtype, 33) if epilogue.bias else None
     residual = _random((m, n), dtype, 34) if epilogue.residual else None
-    # beta 0 (the Hopper kernels' TMA store), then beta 0.5 (the store from registers, C read)
-    for beta in (0.0, 0.5):
-        c_before = _random((m, n), dtype, 35)
-        c = c_before.copy()
-        run, _ = bind(config, a_stored, b_stored, c, trans_a=problem.trans_a, trans_b=problem.trans_b, alpha=0.75,
-                      beta=beta, epilogue=epilogue, bias=bias, residual=residual)
-        run()
-        cupy.cuda.Device().synchronize()
-        try:
-            _check(c, a, b, dtype, epilogue, alpha=0.75, beta=beta, c=c_before if beta else None, bias=bias,
-                   residual=residual, compute=problem.compute)
-        except AssertionError as exc:
-            raise AssertionError(f"{config.name} with {epilogue}, beta {beta}: {exc}") from None
+    c_before = _random((m, n), dtype, 35)
+    c = c_before.copy()
+    run, _ = bind(config, a_stored, b_stored, c, trans_a=problem.trans_a, trans_b=problem.trans_b, alpha=0.75,
+                  beta=beta, epilogue=epilogue, bias=bias, residual=residual)
+    run()
+    cupy.cuda.Device().synchronize()
+    try:
+        _check(c, a, b, dtype, epilogue, alpha=0.75, beta=beta, c=c_before if beta else None, bias=bias,
+               residual=residual, compute=problem.compute)
+    except AssertionError as exc:
+        raise AssertionError(f"{config.name} with {epilogue}, beta {beta}: {exc}") from None
+
+
+# every epilogue the tile families apply, each in one kernel of every family and instruction path (and of
+# Hopper's TMA store, and its store of C written transposed) on a tail shape
+EVERY_EPILOGUE = [Epilogue("n", "relu"), Epilogue("n", "gelu"), Epilogue("n", "gelu_tanh"), Epilogue("n", "silu"),
+                  Epilogue("", "", True), Epilogue("n", "silu", True)]
+EVERY_PATH = {"simt": ("128x128x16_w64x32_t8x8_v44_s3_swizzle_g8_k1_o1", "float32", "nn"),
+              "wmma": ("wmma_64x64x16_w32x32_v8_s3_plain_g1_k1_o1", "float16", "nn"),
+              "mma": ("wmma_16x32x32_w16x32_v8_s1_pad_g1_k1_o2_mma", "bfloat16", "nt"),
+              "wgmma": ("wmma_128x128x64_w128x64_v8_s5_pad_g8_k1_o1_wgmma", "bfloat16", "nt"),
+              "hopper-tma-store": ("hopper_128x64x64_w128x64_s5_g1_k1_o1_p_ts", "float16", "nn"),
+              "hopper-swapped": ("hopper_256x64x64_w128x64_s2_g8_k1_o1_p_pp_sw", "bfloat16", "tt")}
+
+
+@pytest.mark.parametrize("path", list(EVERY_PATH))
+def test_every_epilogue_in_every_familys_store(path):
+    from autogemm.families import config_from_name
+    from autogemm.gpu.launch import current_device
+
+    name, dtype, layout = EVERY_PATH[path]
+    config = config_from_name(name)
+    bare = Problem.from_layout(127, 61, 509, layout, dtype=dtype)
+    if config.check(bare, current_device()):
+        pytest.skip(f"{config.name} does not run {bare} on this GPU")
+    for epilogue in EVERY_EPILOGUE:
+        _check_fused_store(config, dataclasses.replace(bare, epilogue=epilogue), 0.0)
 
 
 # a generated kernel that serves the GEMM (a record of it): from the second call on tensors the epilogue
