@@ -62,7 +62,7 @@ def test_the_unfused_kernel_is_refused_for_packs_wider_than_16_bytes():
 
 
 def test_the_pass_takes_the_widest_packs_every_pitch_and_pointer_allows():
-    from autogemm.serving.epilogue_step import vector_width
+    from autogemm.gpu.epilogue_pass import vector_width
 
     gelu = Epilogue("n", "gelu")
     aligned = [(4096, 2), (8192, 2)]
@@ -352,7 +352,7 @@ def test_the_gated_arithmetic_stays_within_its_bound_of_the_float64_reference(dt
 
 
 def test_the_unfused_kernels_grid_covers_a_row_and_stays_within_the_limits():
-    from autogemm.serving.epilogue_step import BLOCKS_PER_SM, MAX_GRID_Y, THREADS, grid
+    from autogemm.gpu.epilogue_pass import BLOCKS_PER_SM, MAX_GRID_Y, THREADS, grid
 
     assert grid(1, 14336, 132) == (56, 1, 1)  # one row: blocks along it only
     across, down, _ = grid(4096, 14336, 132)

@@ -255,18 +255,19 @@ def test_a_repeated_call_on_tensors_takes_the_fast_path_with_the_same_result(gat
 def test_the_packed_pass_and_the_element_wise_pass_write_the_same_d():
     # N a multiple of 8 and everything aligned: 16-byte packs; a bias one element into its array: the
     # element-wise kernel. Both compute each element the same way, so D is the same bit for bit.
+    from autogemm.gpu import epilogue_pass
     from autogemm.serving import epilogue_step
 
     epilogue = Epilogue("n", "gelu", True)
     product, residual = _random((40, 96), "bfloat16", 11), _random((40, 96), "bfloat16", 12)
     stored_bias = _random((97,), "bfloat16", 13)
     shifted, aligned = stored_bias[1:], stored_bias[1:].copy()
-    assert epilogue_step.vector_width("bfloat16", epilogue, 96, (96,), [(aligned.data.ptr, 2)]) == 8
-    assert epilogue_step.vector_width("bfloat16", epilogue, 96, (96,), [(shifted.data.ptr, 2)]) == 1
+    assert epilogue_pass.vector_width("bfloat16", epilogue, 96, (96,), [(aligned.data.ptr, 2)]) == 8
+    assert epilogue_pass.vector_width("bfloat16", epilogue, 96, (96,), [(shifted.data.ptr, 2)]) == 1
     packed = epilogue_step.apply(product, epilogue, bias=aligned, residual=residual)
     element_wise = epilogue_step.apply(product, epilogue, bias=shifted, residual=residual)
     assert packed.dtype == element_wise.dtype and bool((packed.view(np.uint16) == element_wise.view(np.uint16)).all())
-    loaded = {key[3] for key in epilogue_step._kernels if key[0] == "bfloat16" and key[1] == epilogue.key}
+    loaded = {key[3] for key in epilogue_pass._kernels if key[0] == "bfloat16" and key[1] == epilogue.key}
     assert {1, 8} <= loaded
 
 
