@@ -294,7 +294,7 @@ def test_epilogues_cublaslt_has_run_inside_its_gemm_from_the_second_call(dtype, 
     # the isolated cache has no records: cuBLAS serves the GEMM, and from the second call on tensors
     # cuBLASLt's own epilogue applies these (the first goes the general path: GEMM, then the pass)
     torch = pytest.importorskip("torch")
-    from autogemm.serving import dispatch, epilogue_step
+    from autogemm.serving import dispatch
 
     autogemm.reset()  # (this process's plans: only this test's below)
     parts = LT_CASES[case]
