@@ -138,13 +138,16 @@ class Epilogue:
         return self.key or "none"
 
 
-def require_bare(problem, what: str) -> None:
-    """ValueError where `problem` has an epilogue: tuning does not yet verify and time a kernel with its
-    epilogue (its operands, reference and baseline), so nothing may be tuned or recorded under an
-    epilogue's key as if it were the bare GEMM. (Rendering checks the family instead:
-    GemmConfig.applies_epilogue.)"""
-    if not problem.epilogue.is_identity:
-        raise ValueError(f"{what}: {problem} has the epilogue {problem.epilogue}, which tuning does not verify yet")
+def require_measurable(problem, what: str) -> None:
+    """ValueError where `problem`'s epilogue is one tuning does not measure: another output dtype or a
+    gate (a fused kernel writes D in the operands' dtype, without a gate; matmul serves those with the
+    pass), so that nothing is tuned or recorded under such a key. Bias, activation and residual are
+    tuned: each candidate verified with its epilogue and timed against what matmul would serve
+    without it (measure/measuring.py)."""
+    epilogue = problem.epilogue
+    if epilogue.out_dtype or epilogue.gated:
+        raise ValueError(f"{what}: {problem} has the epilogue {epilogue}; tuning measures bias, activation and "
+                         "residual, not another output dtype or a gate (matmul serves those with its pass)")
 
 
 def activate(x, activation: str, xp=None):

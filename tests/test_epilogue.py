@@ -126,11 +126,12 @@ def test_the_error_bound_grows_the_products_bound_by_the_slope_and_adds_the_epil
     assert np.allclose(error_bound(0.0, Epilogue(), 0.0, 2.0 ** -11, out_smallest_normal=2.0 ** -14), 2.0 ** -25)
 
 
-def test_nothing_tunes_or_records_a_problem_with_an_epilogue_and_a_family_that_applies_one_renders_it():
-    # (so that no bare kernel is ever measured, cached or served under an epilogue's key; tuning and
-    # the cache take epilogues once tuning verifies them)
+def test_tuning_and_the_cache_take_bias_activation_and_residual_but_not_another_dtype_or_a_gate():
+    # (a fused kernel writes D in the operands' dtype without a gate: nothing is tuned or recorded under
+    # such a key; bias, activation and residual are measured with the epilogue)
     from autogemm.families import config_from_name
     from autogemm.kernels.render import render
+    from autogemm.problem import Device
     from autogemm.results.record import Record
     from autogemm.tuning.tuner import tune
 
@@ -138,14 +139,22 @@ def test_nothing_tunes_or_records_a_problem_with_an_epilogue_and_a_family_that_a
     config = config_from_name("64x64x16_w32x32_t4x8_v44_s3_pad_g8_k1_o2")
     assert render(config, Problem(64, 64, 64)).kernel  # the bare problem renders
     assert render(config, fused).kernel.endswith("_bias_n_gelu")  # (the SIMT family applies it)
-    with pytest.raises(ValueError, match="which tuning does not verify yet"):
-        tune(fused)
+    # a search never draws a kernel that cannot apply the epilogue (check says why)
+    split = config.replace(split_k=2)
+    assert any(r.startswith("epilogue: its kernel writes partial sums") for r in
+               split.check(Problem(64, 64, 256, epilogue=Epilogue("n", "gelu")), Device.for_arch("sm_90")))
+    assert not split.check(Problem(64, 64, 256), Device.for_arch("sm_90"))
     record = {"problem": fused.key, "family": "cublas", "config": {}, "config_name": "cublas", "time_ms": 1.0,
               "tflops": 1.0, "cublas_ms": 1.0, "cublas_tflops": 1.0, "ratio": 1.0, "rel_error": 0.0,
               "template_hash": "", "device": "NVIDIA H100 80GB HBM3", "versions": {}, "date": "2026-11-26",
               "host": "h"}
-    with pytest.raises(ValueError, match="which tuning does not verify yet"):
-        Record.from_json(record)
+    assert Record.from_json(record).problem_object.epilogue == Epilogue("n", "gelu")
+    for refused in (Epilogue("n", "gelu", out_dtype="float16"), Epilogue("", "silu", gated=True)):
+        problem = Problem(64, 128, 64, epilogue=refused)
+        with pytest.raises(ValueError, match="not another output dtype or a gate"):
+            tune(problem)
+        with pytest.raises(ValueError, match="not another output dtype or a gate"):
+            Record.from_json({**record, "problem": problem.key})
 
 
 def test_a_gated_epilogue_has_its_key_its_reference_and_no_swap():

@@ -39,33 +39,16 @@ def _random(shape, dtype, seed, scale=2.0):
 
 
 def _check(d, a, b, dtype, epilogue, *, alpha=1.0, beta=0.0, c=None, bias=None, residual=None, batch=1, compute=""):
-    """D against the float64 reference within the epilogue's bound (the product's own bound, grown by
-    the activation, plus the epilogue's roundings)."""
-    import cupy
+    """D against the float64 reference within the epilogue's bound (measure.bench.check_epilogue_result:
+    the product's own bound, grown by the activation, plus the epilogue's roundings); a and b are
+    op(A) and op(B)."""
+    from autogemm.measure.bench import check_epilogue_result
 
-    out = dtypes.lookup(epilogue.output_dtype(dtype))
-    row = dtypes.lookup(dtype)
     m, n, k = a.shape[-2], b.shape[-1], a.shape[-1]
-    problem = Problem(m, n, k, batch=batch, dtype=dtype, compute=compute)
-    product = alpha * cupy.matmul(to_float64(a), to_float64(b))
-    # the product as the GEMM stores it: rounded to its dtype (element_bounds' u_out term)
-    pre_bound = element_bounds(a, b, None, problem, alpha=alpha, reference=product)
-    bias64 = to_float64(bias) if bias is not None else None
-    pre = product + (bias64.reshape(-1) if bias64 is not None else 0.0)
-    pre_bound = pre_bound + row.accumulator_roundoff * cupy.abs(pre)
-    expected = reference(product, epilogue, bias=bias64, residual=to_float64(residual) if residual is not None else None,
-                         beta=beta, c=to_float64(c) if c is not None else None, xp=cupy)
-    bound = error_bound(pre_bound, epilogue, cupy.abs(expected), out.element_roundoff,
-                        cupy.abs(to_float64(residual)) + cupy.abs(expected) if residual is not None else 0.0,
-                        pre_activation_magnitude=cupy.abs(pre), accumulator_unit_roundoff=row.accumulator_roundoff,
-                        out_smallest_normal=out.smallest_normal)
-    if c is not None and beta:
-        bound = bound + 2 * out.element_roundoff * abs(beta) * cupy.abs(to_float64(c))
-    error = cupy.abs(to_float64(d) - expected)
-    over = int((error > bound).sum())
-    assert d.dtype == _cupy_dtype(out.name) and d.shape == expected.shape
-    assert bool(cupy.isfinite(to_float64(d)).all()) and over == 0, (
-        f"{over} element(s) outside the bound; worst {float((error / bound).max()):.3g}x")
+    problem = Problem(m, n, k, batch=batch, dtype=dtype, compute=compute, epilogue=epilogue)
+    verdict = check_epilogue_result(d, a, b, problem, bias=bias, residual=residual, alpha=alpha, beta=beta, c=c)
+    assert d.dtype == _cupy_dtype(epilogue.output_dtype(dtype)) and d.shape == (*((batch,) if batch > 1 else ()), m, n)
+    assert verdict.ok, verdict.message
 
 
 @pytest.mark.parametrize("dtype,epilogue", EPILOGUES, ids=[f"{d}-{e}" for d, e in EPILOGUES])

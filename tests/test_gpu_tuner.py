@@ -181,3 +181,73 @@ dtype = ["float32", "float16"]
         assert record is not None and record[0].problem == row["problem"] and not record[0].provisional
     again = run()
     assert [r["attempts"] for r in again["results"]] == [r["attempts"] for r in first["results"]]
+
+
+def test_a_tune_with_an_epilogue_verifies_the_kernel_with_it_against_cublas_and_the_pass():
+    """`autogemm tune ... --bias --activation gelu --residual`: every candidate runs with the epilogue
+    in its store, is verified against the epilogue's float64 reference, and is timed against what
+    matmul would serve without it (cuBLASLt, then the pass); the record is filed under the
+    epilogue's key, its kernel (or the one it beat) verified again by `cache verify`."""
+    from autogemm.epilogue import Epilogue
+    from autogemm.gpu.launch import current_device
+    from autogemm.measure.timing import PROTOCOL
+    from autogemm.problem import Problem
+    from autogemm.results.cache import TuningCache
+
+    out = _tune("--M", "256", "--N", "384", "--K", "512", "--dtype", "float16", "--layout", "nt", "--bias",
+                "--activation", "gelu", "--residual", "--trials", "6", "--timeout", "120", "--space", "wmma_fp16")
+    problem = Problem(256, 384, 512, dtype="float16", trans_b=True, epilogue=Epilogue("n", "gelu", True))
+    assert out["problem"] == problem.key
+    record, _ = TuningCache().lookup(problem, current_device().slug)
+    assert record.protocol == PROTOCOL and record.problem == problem.key
+    # (erf GELU: cuBLASLt has no epilogue for it, so the pass is the one baseline)
+    assert set(record.baselines) == {"cublaslt + pass"} and record.baseline_latency_us > 0
+    assert out["rel_error"] < 1e-2 and out["trials"]["valid"] >= 1
+    assert TuningCache().lookup(Problem(256, 384, 512, dtype="float16", trans_b=True), current_device().slug) is None
+    verified = subprocess.run([sys.executable, "-m", "autogemm.cli", "cache", "verify"], capture_output=True,
+                              text=True, timeout=300)
+    assert verified.returncode == 0 and problem.key in verified.stdout, verified.stdout + verified.stderr
+
+
+def test_a_tuned_epilogue_record_serves_its_kernel_fused_where_cublas_serves_the_bare_gemm(monkeypatch):
+    """A record under the epilogue's key (what such a tune files) makes repeated calls on tensors run
+    its kernel with the epilogue in its store, though cuBLAS serves the bare GEMM (no record of it)."""
+    torch = pytest.importorskip("torch")
+    from test_gpu_capture import _record
+
+    import autogemm
+    from autogemm.epilogue import Epilogue
+    from autogemm.families import config_from_name
+    from autogemm.gpu.launch import current_device
+    from autogemm.problem import Problem
+    from autogemm.results.cache import TuningCache
+    from autogemm.serving import dispatch
+
+    config = config_from_name("wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o2_mma")
+    m, n, k = 200, 384, 256
+    problem = Problem(m, n, k, dtype="bfloat16", trans_b=True, epilogue=Epilogue("n", "silu", True))
+    if config.check(problem, current_device()):
+        pytest.skip(f"{config.name} does not run on this GPU")
+    TuningCache().store(_record(problem, config), current_device().slug)
+    autogemm.reset()
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 16
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+
+    def call():
+        return autogemm.linear(x, weight, bias, activation="silu", residual=residual)
+
+    call()
+    plans = list(dispatch._DISPATCHER.torch_epilogue.values())
+    # (one plan, filed under matmul's key and linear's)
+    assert {type(p).__name__ for p in plans} == {"TorchFusedEpiloguePlan"} and all(p.tuned for p in plans), plans
+    said = autogemm.explain(x, weight.T, bias=bias, activation="silu", residual=residual)
+    assert said["config"] is None and said["epilogue"]["route"] == f"fused {config.name} (tuned with the epilogue)"
+    monkeypatch.setattr(dispatch, "_with_epilogue", lambda *args, **kwargs: pytest.fail("took the general path"))
+    call()
+    x.copy_(torch.randn_like(x))
+    y = call()
+    torch.cuda.synchronize()
+    expected = torch.nn.functional.silu(x.double() @ weight.double().T + bias.double()) + residual.double()
+    assert torch.allclose(y.double(), expected, rtol=2e-2, atol=2e-2)

@@ -11,6 +11,7 @@ from .. import dtypes, families
 from ..families import config_from_dict, config_from_name, family_for
 from ..kernels.space import SearchSpace, SpaceError
 from ..paths import search_spaces_dir
+from ..epilogue import ACTIVATIONS, Epilogue
 from ..problem import LAYOUTS, Device, Problem
 
 COMPUTES = tuple(dict.fromkeys(row.compute for row in dtypes.ROWS))
@@ -84,6 +85,13 @@ def add_problem_arguments(parser: argparse.ArgumentParser, m_required: bool, def
     group.add_argument("--compute", default="", type=compute_mode, metavar="{" + ",".join(COMPUTES) + "}",
                        help="compute mode (default: the dtype's exact mode, fp32 for float32; tf32 for float32 "
                             "on tensor cores)")
+    epilogue = parser.add_argument_group(
+        "epilogue", "what the kernel does to its accumulators before the store, D = act(alpha * A @ B + bias) + "
+        "residual: tuned with the epilogue in the kernel, against cuBLAS followed by the epilogue's pass (or "
+        "cuBLASLt's own epilogue where it has this one)")
+    epilogue.add_argument("--bias", action="store_true", help="add a bias of N values (one per column of C)")
+    epilogue.add_argument("--activation", choices=ACTIVATIONS, help="apply an activation after the bias")
+    epilogue.add_argument("--residual", action="store_true", help="add a residual of C's shape after the activation")
 
 
 def problem_from_args(args: argparse.Namespace) -> Problem:
@@ -93,8 +101,9 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
             raise CliError("give either --layout or --trans-a/--trans-b, not both")
         trans_a, trans_b = args.layout[0] == "t", args.layout[1] == "t"
     try:
+        epilogue = Epilogue("n" if args.bias else "", args.activation or "", args.residual)
         return Problem(args.m, args.n or args.m, args.k or args.m, batch=args.batch, dtype=args.dtype or "float32",
-                       compute=args.compute, trans_a=trans_a, trans_b=trans_b)
+                       compute=args.compute, trans_a=trans_a, trans_b=trans_b, epilogue=epilogue)
     except (TypeError, ValueError) as exc:
         raise CliError(str(exc)) from None
 

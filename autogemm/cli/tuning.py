@@ -144,6 +144,10 @@ def _problem_flags(problem: Problem) -> str:
         flags += f" --batch {problem.batch}"
     if problem.layout != "nn":
         flags += f" --layout {problem.layout}"
+    epilogue = problem.epilogue
+    flags += " --bias" if epilogue.bias else ""
+    flags += f" --activation {epilogue.activation}" if epilogue.activation else ""
+    flags += " --residual" if epilogue.residual else ""
     return flags
 
 

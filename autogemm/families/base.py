@@ -141,10 +141,15 @@ class GemmConfig(Config):
 
     def dtype_reasons(self, problem: Problem) -> list[str]:
         """The 'dtype' reason of `check` where this family's template does not compute the problem's
-        dtype and compute mode (empty where it does)."""
+        dtype and compute mode, and the 'epilogue' reason where this config's kernel cannot apply the
+        problem's epilogue (epilogue_refusal); empty where it can do both (every family's `check`
+        starts with these, so that no search draws a kernel that cannot compute the problem)."""
+        refusal = self.epilogue_refusal(problem.epilogue)
+        reasons = [f"epilogue: {refusal}"] if refusal else []
         if self.compute_for(problem.dtype) == problem.compute:
-            return []
-        return [f"dtype: the {self.label} template computes {self.computes_names()}, not {problem.dtype}/{problem.compute}"]
+            return reasons
+        return [f"dtype: the {self.label} template computes {self.computes_names()}, not {problem.dtype}/{problem.compute}",
+                *reasons]
 
     def smem_bytes(self, problem: Problem) -> int:
         """Dynamic shared memory of the kernel."""

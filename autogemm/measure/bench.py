@@ -7,6 +7,7 @@ single-call latency, the same for every competitor) is timing.py's.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import statistics
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import dtypes
+from ..epilogue import Epilogue, error_bound
+from ..epilogue import reference as epilogue_reference
 from ..gpu.cublas_baseline import bfloat16_bits_product, cublas_product
 
 # TF32 rounds every operand to 10 mantissa bits, so its error grows like sqrt(K) beyond this K
@@ -158,6 +161,45 @@ def check_result(result, a, b, problem, *, c=None, alpha=1.0, beta=0.0, referenc
         bad = xp.argwhere(~xp.isfinite(values))
         return Verdict(float("inf"), limit, int(bad.shape[0]), float("inf"), tuple(int(i) for i in bad[0]))
     ratio = xp.abs(values - reference) / element_bounds(a, b, c, problem, alpha=alpha, beta=beta, reference=reference)
+    over = int((ratio > 1).sum())
+    first = tuple(int(i) for i in xp.argwhere(ratio > 1)[0]) if over else ()
+    return Verdict(rel, limit, over, float(ratio.max()) if ratio.size else 0.0, first)
+
+
+def check_epilogue_result(result, a, b, problem, *, bias=None, residual=None, alpha=1.0, beta=0.0, c=None) -> Verdict:
+    """`check_result` of a problem with an epilogue (bias, activation, residual; D in the operands'
+    dtype): every element of D finite and within `epilogue.error_bound` of the epilogue's float64
+    reference (the product's bound, `element_bounds`, with the bias added and grown by the
+    activation's slope, then the activation's evaluation and D's roundings), and D's norm-wise
+    error within the dtype's limit. `c`: C as it was before the call (beta · C added)."""
+    xp = _array_module(a)
+    epilogue = problem.epilogue
+    bare = dataclasses.replace(problem, epilogue=Epilogue())
+    row, out = dtypes.lookup(problem.dtype, problem.compute), dtypes.lookup(epilogue.output_dtype(problem.dtype))
+    product = reference_gemm(a, b, trans_a=problem.trans_a, trans_b=problem.trans_b, alpha=alpha)
+    bias64 = to_float64(bias) if bias is not None else None
+    residual64 = to_float64(residual) if residual is not None else None
+    pre = product
+    if bias64 is not None:
+        pre = product + (bias64.reshape(-1) if epilogue.bias == "n" else bias64.reshape(-1, 1))
+    # what the activation is given: the product's error, and one rounding of the bias's sum in Acc
+    pre_bound = element_bounds(a, b, None, bare, alpha=alpha, reference=product) + row.accumulator_roundoff * xp.abs(pre)
+    expected = epilogue_reference(product, epilogue, bias=bias64, residual=residual64, beta=beta,
+                                  c=to_float64(c) if c is not None else None, xp=xp)
+    bound = error_bound(pre_bound, epilogue, xp.abs(expected), out.element_roundoff,
+                        xp.abs(residual64) + xp.abs(expected) if residual64 is not None else 0.0,
+                        pre_activation_magnitude=xp.abs(pre), accumulator_unit_roundoff=row.accumulator_roundoff,
+                        out_smallest_normal=out.smallest_normal)
+    if c is not None and beta != 0:
+        bound = bound + 2 * out.element_roundoff * abs(beta) * xp.abs(to_float64(c))
+    # (the norm-wise limit of the products' dtype, or of D's where D is written in a coarser one)
+    written = dataclasses.replace(bare, dtype=epilogue.output_dtype(problem.dtype), compute="")
+    rel, limit = relative_error(result, expected), max(tolerance(bare), tolerance(written))
+    values = to_float64(result)
+    if not bool(xp.isfinite(values).all()):
+        bad = xp.argwhere(~xp.isfinite(values))
+        return Verdict(float("inf"), limit, int(bad.shape[0]), float("inf"), tuple(int(i) for i in bad[0]))
+    ratio = xp.abs(values - expected) / bound
     over = int((ratio > 1).sum())
     first = tuple(int(i) for i in xp.argwhere(ratio > 1)[0]) if over else ()
     return Verdict(rel, limit, over, float(ratio.max()) if ratio.size else 0.0, first)

@@ -5,6 +5,7 @@ values: every candidate ends as a `Measurement`, with a failure kind when it is 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import traceback
 import functools
@@ -12,9 +13,13 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from ..gpu import launch
-from .bench import Verdict, check_result, cublas_runner, poison, random_uniform, rotation_count, warm_up
+from .bench import (Verdict, check_epilogue_result, check_result, cublas_runner, poison, random_uniform, rotation_count,
+                    warm_up)
 from ..kernels.compile import CompileError, unloaded_after
-from ..gpu.cublas_gemm import cublas_launcher
+from ..epilogue import Epilogue
+from ..gpu.cublas_epilogue import cublas_epilogue_launcher, lt_epilogue
+from ..gpu.cublas_gemm import alignment_of, cublas_launcher
+from ..gpu.epilogue_pass import pass_kernel, vector_width
 from ..gpu.operands import describe
 from ..problem import Device, Problem
 from .timing import TARGET_MS, gpu_time, latencies
@@ -34,6 +39,9 @@ SINGLE_CALL_PAIRS = 40
 # the baselines a generated kernel is measured against: cuBLASLt as matmul serves it (cublas_gemm)
 # and cupy.matmul; the faster of the two in GPU time is the one to beat
 SERVED, CUPY = "cublaslt", "cupy.matmul"
+# with an epilogue, what matmul serves without a fused kernel: cuBLASLt's GEMM then the epilogue's pass
+# (gpu/epilogue_pass.py), and cuBLASLt's own epilogue where it has this one (gpu/cublas_epilogue.py)
+SERVED_PASS, SERVED_LT = "cublaslt + pass", "cublaslt epilogue"
 
 
 @dataclass
@@ -98,9 +106,16 @@ class GpuMeasurer:
         self._cupy = cupy
         self._rng = cupy.random.default_rng(seed)
         self.poisoned = ""  # set to the error once the CUDA context is unusable
+        self.epilogue = problem.epilogue
+        if self.epilogue.out_dtype or self.epilogue.gated:
+            raise ValueError(f"the epilogue {self.epilogue} is not measured: a fused kernel writes D in the operands' "
+                             "dtype, without a gate (matmul serves those with the pass)")
         per_set = 4 * problem.batch * (problem.m * problem.k + problem.k * problem.n + problem.m * problem.n)
         self._sets = [self._operands(seed + 100 * i) for i in range(rotation_count(per_set, device.l2_bytes))]
+        # each set's bias and residual (None where the epilogue adds none)
+        self._extras = [self._epilogue_inputs(seed + 100 * i + 50) for i in range(len(self._sets))]
         self._served_calls: list | None = None
+        self._lt_calls: list | None = None
         self.baselines: dict[str, float] = {}  # ms of each baseline, from the last timing
         warm_up(self._served()[0])
         self.cublas_ms = self.time_cublas(target_ms=FIRST_BASELINE_MS)
@@ -121,25 +136,106 @@ class GpuMeasurer:
         c = self._cupy.empty(c_shape, dtype=a.dtype)
         return a, b, c
 
+    def _epilogue_inputs(self, seed: int) -> tuple:
+        """(bias, residual) of the epilogue, random in [-1, 1] (None for a part it does not have)."""
+        epilogue, p = self.epilogue, self.problem
+        bias = random_uniform((p.n if epilogue.bias == "n" else p.m,), p.dtype, seed=seed) if epilogue.bias else None
+        residual = random_uniform(self._shapes()[2], p.dtype, seed=seed + 1) if epilogue.residual else None
+        return bias, residual
+
     def _cublas_runner(self, i: int):
         a, b, c = self._sets[i]
         return cublas_runner(self.problem, a, b, c)
 
+    def _layouts(self, a, b, c) -> list:
+        problem = self.problem
+        return [describe(x, name, bfloat16_bits=True).storage(trans) for x, name, trans in
+                ((a, "a", problem.trans_a), (b, "b", problem.trans_b), (c, "c", False))]
+
     def _served(self) -> list:
-        """cuBLASLt as matmul serves it (cublas_gemm's launcher), bound to each input set."""
+        """cuBLASLt as matmul serves it (cublas_gemm's launcher), bound to each input set; with an
+        epilogue, followed by the epilogue's pass from C (the product) into a D of the set's own."""
         if self._served_calls is None:
             problem, calls = self.problem, []
-            for a, b, c in self._sets:
-                layouts = [describe(x, name, bfloat16_bits=True).storage(trans) for x, name, trans in
-                           ((a, "a", problem.trans_a), (b, "b", problem.trans_b), (c, "c", False))]
-                served = cublas_launcher(problem, *layouts, self.device.compute_capability)
-                calls.append(functools.partial(served, *(layout.pointer for layout in layouts), 1.0, 0.0))
+            bare = dataclasses.replace(problem, epilogue=Epilogue())
+            for (a, b, c), (bias, residual) in zip(self._sets, self._extras):
+                layouts = self._layouts(a, b, c)
+                served = cublas_launcher(bare, *layouts, self.device.compute_capability)
+                gemm = functools.partial(served, *(layout.pointer for layout in layouts), 1.0, 0.0)
+                calls.append(gemm if self.epilogue.is_identity else self._then_pass(gemm, c, bias, residual))
             self._served_calls = calls
         return self._served_calls
 
+    def _then_pass(self, gemm, product, bias, residual):
+        """`gemm()` followed by the epilogue's pass (packed once) from `product` into a D of its own."""
+        problem, cupy = self.problem, self._cupy
+        d = cupy.empty_like(product)
+        m, n = problem.m, problem.n
+        ldr, stride_r = (n, m * n) if residual is not None else (0, 0)
+        vector = vector_width(problem.dtype, self.epilogue, n, (n, m * n, ldr, stride_r),
+                              [(x.data.ptr, x.dtype.itemsize) for x in (product, d, bias, residual) if x is not None])
+        packed = pass_kernel(problem.dtype, self.epilogue, self.device_ordinal(), problem.batch, m, n, n, m * n, ldr,
+                             stride_r, vector)
+        pointers, slots = packed.slots("P", "D", "C", "bias", "residual")
+        for at, x in zip(slots, (product, d, d, bias, residual)):
+            pointers[at] = 0 if x is None else x.data.ptr
+
+        def run():
+            gemm()
+            packed.launch(cupy.cuda.get_current_stream().ptr)
+
+        run.output = d  # (kept alive with the call)
+        return run
+
+    def device_ordinal(self) -> int:
+        return self._cupy.cuda.Device().id
+
+    def _lt(self) -> list | None:
+        """cuBLASLt's own epilogue (the GEMM and the epilogue in one call), bound to each input set;
+        None where cuBLASLt has no epilogue that computes this one, or no algorithm for it."""
+        name = lt_epilogue(self.epilogue, self.problem.dtype) if not self.epilogue.is_identity else None
+        if name is None or self.problem.batch > 1:
+            return None
+        if self._lt_calls is None:
+            calls, bare = [], dataclasses.replace(self.problem, epilogue=Epilogue())
+            for (a, b, c), (bias, residual) in zip(self._sets, self._extras):
+                layout_a, layout_b, layout_c = self._layouts(a, b, c)
+                residual_layout = describe(residual, "residual", bfloat16_bits=True).storage(False) \
+                    if residual is not None else None
+                pointers = [x for x in (layout_a.pointer, layout_b.pointer, layout_c.pointer) if x] + \
+                    [x.data.ptr for x in (bias, residual) if x is not None]
+                launch = cublas_epilogue_launcher(bare, layout_a, layout_b, layout_c, name, residual_layout,
+                                                  bias.data.ptr if bias is not None else 0,
+                                                  min(alignment_of(p) for p in pointers), self.device_ordinal())
+                if launch is None:
+                    return None
+                calls.append(functools.partial(
+                    lambda launch, pa, pb, pc, pbias, presidual: launch(
+                        pa, pb, pc, 1.0, self._cupy.cuda.get_current_stream().ptr, pbias, presidual),
+                    launch, layout_a.pointer, layout_b.pointer, layout_c.pointer,
+                    bias.data.ptr if bias is not None else 0, residual.data.ptr if residual is not None else 0))
+            self._lt_calls = calls
+        return self._lt_calls
+
+    def _fallback(self) -> list:
+        """The served fallback's calls: the faster baseline matmul serves in GPU time at the last timing
+        (cuBLASLt, or with an epilogue cuBLASLt and the pass or cuBLASLt's own epilogue)."""
+        lt = self._lt()
+        if lt is not None and self.baselines.get(SERVED_LT, float("inf")) < self.baselines.get(SERVED_PASS, float("inf")):
+            return lt
+        return self._served()
+
     def time_baselines(self, target_ms: float = TARGET_MS) -> dict[str, float]:
-        """GPU time (ms a call, timing.gpu_time) of each baseline: cuBLASLt as served, cupy.matmul."""
+        """GPU time (ms a call, timing.gpu_time) of each baseline: cuBLASLt as served, cupy.matmul; with
+        an epilogue, what matmul serves without a fused kernel (SERVED_PASS, SERVED_LT)."""
         served = self._served()
+        if not self.epilogue.is_identity:
+            baselines = {SERVED_PASS: gpu_time(lambda i: served[i % len(served)](), target_ms=target_ms).median_ms}
+            lt = self._lt()
+            if lt is not None:
+                baselines[SERVED_LT] = gpu_time(lambda i: lt[i % len(lt)](), target_ms=target_ms).median_ms
+            self.baselines = baselines
+            return baselines
         users = [self._cublas_runner(i) for i in range(len(self._sets))]
         baselines = {SERVED: gpu_time(lambda i: served[i % len(served)](), target_ms=target_ms).median_ms}
         try:
@@ -162,7 +258,7 @@ class GpuMeasurer:
         try:
             with unloaded_after():
                 waits = latencies({"kernel": self._as_served(self._kernel_runners(config)),
-                                   "baseline": self._as_served(self._served())}, rounds=pairs)
+                                   "baseline": self._as_served(self._fallback())}, rounds=pairs)
         except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
             self._poisoned_by(exc)
             raise
@@ -171,7 +267,7 @@ class GpuMeasurer:
     def fallback_latency_us(self, calls: int = SINGLE_CALL_PAIRS) -> float:
         """The served cuBLAS fallback's single-call latency alone (a record with no generated kernel to
         compare it with), measured as `single_call` measures it."""
-        waits = latencies({"baseline": self._as_served(self._served())}, rounds=calls)
+        waits = latencies({"baseline": self._as_served(self._fallback())}, rounds=calls)
         return statistics.median(waits["baseline"]) * 1e3
 
     def _as_served(self, runners: list):
@@ -189,9 +285,13 @@ class GpuMeasurer:
 
     def _kernel_runners(self, config) -> list:
         """The candidate bound to each input set (one `run(stream=None)` per set), for timing."""
-        problem = self.problem
-        return [launch.bind(config, a, b, c, trans_a=problem.trans_a, trans_b=problem.trans_b)[0]
-                for a, b, c in self._sets]
+        problem, epilogue = self.problem, self.epilogue
+        if epilogue.is_identity:
+            return [launch.bind(config, a, b, c, trans_a=problem.trans_a, trans_b=problem.trans_b)[0]
+                    for a, b, c in self._sets]
+        return [launch.bind(config, a, b, c, trans_a=problem.trans_a, trans_b=problem.trans_b, epilogue=epilogue,
+                            bias=bias, residual=residual)[0]
+                for (a, b, c), (bias, residual) in zip(self._sets, self._extras)]
 
     def _poisoned_by(self, exc: BaseException) -> bool:
         """Whether a CUDA error leaves the context unusable (then remembered in `poisoned`)."""
@@ -206,9 +306,16 @@ class GpuMeasurer:
         seed = int(self._rng.integers(0, 2**31))
         a, b, c = self._operands(seed)
         poison(c)
-        run, _ = launch.bind(config, a, b, c, trans_a=self.problem.trans_a, trans_b=self.problem.trans_b)
+        problem, epilogue = self.problem, self.epilogue
+        if epilogue.is_identity:
+            run, _ = launch.bind(config, a, b, c, trans_a=problem.trans_a, trans_b=problem.trans_b)
+            run()
+            return check_result(c, a, b, problem)
+        bias, residual = self._epilogue_inputs(seed + 7)
+        run, _ = launch.bind(config, a, b, c, trans_a=problem.trans_a, trans_b=problem.trans_b, epilogue=epilogue,
+                             bias=bias, residual=residual)
         run()
-        return check_result(c, a, b, self.problem)
+        return check_epilogue_result(c, a, b, problem, bias=bias, residual=residual)
 
     def measure(self, config, best_ms: float | None, repeats: int = 10, final: bool = False) -> Measurement:
         """Verifies, then times. `final`: the reported figures, sampled like cuBLAS's."""

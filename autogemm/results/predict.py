@@ -181,10 +181,12 @@ def _host_us(record, kernel_ms: float) -> tuple[float, float] | None:
 
 
 def candidates(problem: Problem, device: Device, records) -> list[Candidate]:
-    """Every config of the evidence records (same dtype and compute mode, within reach of `problem`)
+    """Every config of the evidence records (same dtype, compute mode and epilogue, within reach of `problem`)
     that can run `problem`, with its predicted GPU times and ratios; best prediction first."""
+    # (the same epilogue too: a record with one timed its kernel and the baseline with the epilogue's work)
     evidence = [r for r in records if is_evidence(r)
-                and (r.problem_object.dtype, r.problem_object.compute) == (problem.dtype, problem.compute)]
+                and (r.problem_object.dtype, r.problem_object.compute, r.problem_object.epilogue)
+                == (problem.dtype, problem.compute, problem.epilogue)]
     limits = _limits(evidence, device)
     out: list[Candidate] = []
     seen: set[str] = set()

@@ -16,7 +16,7 @@ from .predict import bytes_moved  # (the roofline's bytes: predict.py imports no
 # The timing protocol: the version stored with every record (measure/timing.py measures under it).
 # Records of an older protocol are not evidence for the predictor and are re-measured (issue 35).
 PROTOCOL = 2
-from ..epilogue import require_bare
+from ..epilogue import require_measurable
 from ..problem import Problem
 from ..kernels.render import kernel_digest, kernel_template_hash
 
@@ -155,7 +155,7 @@ class Record:
         if values.get("family") != CUBLAS:  # only a cuBLAS record names a kernel it beat: nothing to keep
             values.pop("best_generated", None)
         problem = Problem.from_key(values["problem"])
-        require_bare(problem, "not a record autogemm can serve")
+        require_measurable(problem, "not a record autogemm can serve")
         _check_reachable(values, problem)
         record = cls(**values)
         if record.is_cublas:

@@ -4,6 +4,7 @@ verdicts of this process included)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from . import dispatch, epilogue_step, numpy_semantics
@@ -12,6 +13,7 @@ from ..gpu import launch, runtime
 from .numpy_semantics import KERNELS
 from ..gpu.operands import check_scalars, describe, real_scalar, validate
 from ..problem import Problem
+from .fused_epilogue import tuned_kernel
 from .race import race_choice
 from .select import ChoiceSource
 from .torch_tensors import is_tensor, to_cupy
@@ -114,6 +116,15 @@ def _writing_out(call, out, overlapped: list[str]) -> str | None:
     return "written into out directly"
 
 
+def _tuned_with(gemm: dict, epilogue):
+    """The config a tune of the explained GEMM's problem with `epilogue` kept (fused_epilogue.tuned_kernel),
+    or None."""
+    if not gemm.get("problem") or epilogue.out_dtype or epilogue.gated:
+        return None
+    problem = dataclasses.replace(Problem.from_key(gemm["problem"]), epilogue=epilogue)
+    return tuned_kernel(dispatch._DISPATCHER, problem, launch.current_device())
+
+
 def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype,
                       gated) -> dict:
     """explain of a call with an epilogue: the same checks as matmul's (dispatch.check_epilogue_call),
@@ -129,7 +140,12 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
     applied, route = "after the GEMM, in one elementwise pass (epilogue_step)", "pass"
     lt = epilogue_step.lt_epilogue(epilogue, gemm["dtype"])
     config = config_from_name(gemm["config"]) if gemm.get("config") else None
-    if config is not None and tensors and not config.epilogue_refusal(epilogue) and not gemm.get("copies") \
+    tuned = _tuned_with(gemm, epilogue)
+    if tuned is not None and tensors and not gemm.get("copies"):
+        applied += (f"; from the second such call on PyTorch tensors, in the store of the kernel a tune with this "
+                    f"epilogue kept ({tuned.name})")
+        route = f"fused {tuned.name} (tuned with the epilogue)"
+    elif config is not None and tensors and not config.epilogue_refusal(epilogue) and not gemm.get("copies") \
             and (gemm.get("guard") or {}).get("kernel_won", not gemm.get("guarded")):
         applied += (f"; from the second such call on PyTorch tensors, in the store of the kernel that serves the GEMM "
                     f"({config.name})")

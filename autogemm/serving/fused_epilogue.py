@@ -1,11 +1,14 @@
-"""The epilogue inside the chosen kernel's own store: where a generated kernel serves a call's GEMM
-and its config applies the epilogue (GemmConfig.epilogue_refusal), repeated calls on tensors run
-that config rendered with the epilogue (templates/common.cuh.j2's macros): one launch, D written
-once, no product in memory and no pass after it (serving/epilogue_step.py says when).
+"""The epilogue inside a generated kernel's own store: repeated calls on tensors run a config rendered
+with the epilogue (templates/common.cuh.j2's macros): one launch, D written once, no product in
+memory and no pass after it (serving/epilogue_step.py says when). The config is
 
-The fused kernel is the bare one's config, so it is chosen as the bare GEMM was (the record, the
-prediction, the guard's verdict); the accumulators go through the epilogue in FP32 (FP64) before
-they are rounded to D's type, where the pass rounds the product first: D is at least as accurate.
+- the one a tune of the problem with this epilogue kept (`autogemm tune ... --bias --activation`: its
+  record is under the epilogue's key, measured against cuBLAS and the pass or cuBLASLt's epilogue);
+- else the one that serves the bare GEMM for good (the record, the prediction, the guard's verdict),
+  where its config applies the epilogue (GemmConfig.epilogue_refusal).
+
+The accumulators go through the epilogue in FP32 (FP64) before they are rounded to D's type, where
+the pass rounds the product first: D is at least as accurate.
 """
 
 from __future__ import annotations
@@ -18,6 +21,20 @@ from ..gpu.operands import KernelOperand
 from . import plan as plan_module
 from .guard import Guard
 from .torch_fast_path import TorchOutputs, torch_stream
+
+
+def tuned_kernel(dispatcher, problem, device):
+    """The config a tune of `problem` (with its epilogue) kept, where one is cached (current protocol,
+    not stale) and runs the problem on `device`; None where none is, or the tune kept cuBLAS (the
+    unfused fallback then serves)."""
+    found = dispatcher.cache.lookup(problem, device.slug)
+    if found is None:
+        return None
+    record = found[0]
+    if record.is_cublas or record.stale or not record.current_protocol:
+        return None
+    config = record.config_object
+    return None if config.check(problem, device) else config
 
 
 def settled_kernel(gemm_plan):
@@ -40,10 +57,13 @@ class TorchFusedEpiloguePlan:
     the one this plan was filed beside), the current device or an operand's differs, or A's and B's
     addresses are not aligned as the kernel's vector widths assumed (the general path serves those)."""
 
-    def __init__(self, dispatcher, gemm_key, gemm_plan, launch, outputs: TorchOutputs, device: int, name: str):
+    def __init__(self, dispatcher, gemm_key, gemm_plan, launch, outputs: TorchOutputs, device: int, name: str,
+                 alignment: tuple, tuned: bool):
         self.dispatcher, self.gemm_key, self.gemm, self.launch = dispatcher, gemm_key, gemm_plan, launch
-        self.gemm_launch = gemm_plan.launch  # (the bare kernel's launcher when this plan was filed)
+        self.gemm_launch = gemm_plan.launch  # (the bare GEMM's launcher when this plan was filed)
         self.outputs, self.device, self.name = outputs, device, name
+        self.alignment = alignment  # A's and B's addresses modulo 16 that the kernel's vector widths assume
+        self.tuned = tuned  # whether a tune with the epilogue chose the config (else the bare GEMM's choice)
         self.streams: dict = {}
 
     def call(self, a, b, bias, residual, alpha: float):
@@ -52,7 +72,7 @@ class TorchFusedEpiloguePlan:
                 or plan_module.current_device() != device or b.get_device() != device:
             return None
         pa, pb = a.data_ptr(), b.data_ptr()
-        if gemm.alignment is not None and (pa % 16, pb % 16) != gemm.alignment:
+        if (pa % 16, pb % 16) != self.alignment:
             return None
         if (bias is not None and bias.get_device() != device) or (residual is not None and residual.get_device() != device):
             return None
@@ -70,13 +90,19 @@ class TorchFusedEpiloguePlan:
 
 def fused_plan(dispatcher, gemm_key, gemm_plan, epilogue: Epilogue, product, result, residual, ldr: int,
                stride_r: int):
-    """A TorchFusedEpiloguePlan where a generated kernel serves the GEMM for good (settled_kernel), its
-    config applies `epilogue`, and A and B are read in place; else None. `product` and `result` are the
-    general path's product and D (contiguous), `ldr` and `stride_r` the residual's pitch and batch
-    stride (elements)."""
-    config = settled_kernel(gemm_plan)
-    if config is None or config.epilogue_refusal(epilogue) or gemm_plan.layouts is None or gemm_plan.copy_a \
-            or gemm_plan.copy_b or gemm_plan.copy_out or tuple(product.shape) != tuple(result.shape):
+    """A TorchFusedEpiloguePlan where a tune with `epilogue` kept a generated kernel (tuned_kernel), or
+    else a generated kernel serves the GEMM for good (settled_kernel) and its config applies `epilogue`,
+    and A and B are read in place; else None. `product` and `result` are the general path's product and
+    D (contiguous), `ldr` and `stride_r` the residual's pitch and batch stride (elements)."""
+    if gemm_plan.layouts is None or gemm_plan.copy_a or gemm_plan.copy_b or gemm_plan.copy_out \
+            or tuple(product.shape) != tuple(result.shape) or epilogue.out_dtype or epilogue.gated:
+        return None
+    config = tuned_kernel(dispatcher, dataclasses.replace(gemm_plan.problem, epilogue=epilogue),
+                          gpu_launch.device_info(gemm_plan.device))
+    tuned = config is not None
+    if config is None:
+        config = settled_kernel(gemm_plan)
+    if config is None or config.epilogue_refusal(epilogue):
         return None
     m, n = result.shape[-2:]
     layout_a, layout_b = gemm_plan.layouts
@@ -89,4 +115,5 @@ def fused_plan(dispatcher, gemm_key, gemm_plan, epilogue: Epilogue, product, res
     launch = gpu_launch.launcher(prepared, layout_a, layout_b, layout_d, ordinal=gemm_plan.device,
                                  residual=layout_residual)
     return TorchFusedEpiloguePlan(dispatcher, gemm_key, gemm_plan, launch, TorchOutputs(dispatcher, result),
-                                  gemm_plan.device, prepared.kernel.source.kernel)
+                                  gemm_plan.device, prepared.kernel.source.kernel,
+                                  (layout_a.pointer % 16, layout_b.pointer % 16), tuned)

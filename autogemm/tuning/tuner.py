@@ -13,7 +13,7 @@ from ..gpu import launch
 from ..results.cache import TuningCache
 from ..measure.evaluate import Evaluator
 from ..measure.isolate import keep_measuring_processes
-from ..epilogue import require_bare
+from ..epilogue import require_measurable
 from ..problem import Problem
 from ..gpu.runtime import require_gpu
 from .options import TuneOptions, default_jobs, tune_options
@@ -45,7 +45,7 @@ def tune(problem: Problem, options: TuneOptions | None = None, *, evaluator: Eva
     log lines), a callable gets (measured trials, best TFLOP/s, ratio to cuBLAS) after each trial.
     With `sharing` (campaigns), other GPUs may search the same studies at the same time
     (study.Sharing); a helper's tune returns None."""
-    require_bare(problem, "not tuned")
+    require_measurable(problem, "not tuned")
     options = tune_options(options, **option_values)
     if sharing is not None and sharing.helper and options.space is None:
         raise ValueError("a helper joins one study: give its space")
