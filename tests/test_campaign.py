@@ -8,6 +8,7 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import re
 import signal
 import threading
 import time
@@ -574,6 +575,22 @@ def test_the_readme_campaign_example_is_a_valid_campaign():
     assert campaign.storage.startswith("postgresql+psycopg2://")
     shipped = load_campaign(Path(__file__).parent.parent / "campaigns" / "shipped.toml")
     assert len(shipped.problems) == 152
+
+
+def test_a_campaign_tunes_problems_with_epilogues_given_by_key():
+    from autogemm.epilogue import Epilogue
+
+    campaign = parse_campaign({"campaign": {"name": "x"}, "problems": [
+        {"M": [16, 128], "N": 14336, "K": 4096, "dtype": "bfloat16", "layout": "nt",
+         "epilogue": ["", "bias_n+gelu", "bias_n+silu+res"]}]})
+    keys = [p.key for p in campaign.problems]
+    assert len(keys) == 6 and "bfloat16/fp32/nt/b1/16x14336x4096" in keys
+    assert "bfloat16/fp32/nt/b1/128x14336x4096/bias_n+silu+res" in keys
+    assert {p.epilogue for p in campaign.problems} == {Epilogue(), Epilogue("n", "gelu"), Epilogue("n", "silu", True)}
+    for bad, said in (("bias_n+gelu>float32", "not another output dtype or a gate"),
+                      ("gelu+bogus", re.escape("problems[0].epilogue 'gelu+bogus': not an epilogue key"))):
+        with pytest.raises(CampaignFileError, match=said):
+            parse_campaign({"campaign": {"name": "x"}, "problems": [{"M": 8, "epilogue": bad}]})
 
 
 # ---- what workers share with the tuner and the parent ---------------------------------------------

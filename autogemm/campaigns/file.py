@@ -15,6 +15,7 @@
     K = 4096
     dtype = ["float16", "bfloat16"]
     layout = "nn"                 # also: compute, batch (scalars or lists)
+    epilogue = ["", "bias_n+gelu"]  # epilogue keys, as problem keys end ("": none; bias, activation, res)
 
     [[problems]]                  # or explicit shapes
     shapes = [[127, 4096, 4096], [8192, 64, 8192]]
@@ -40,6 +41,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..epilogue import Epilogue, require_measurable
 from ..problem import LAYOUTS, Problem
 from ..results.url_secrets import shown_url
 from ..tuning.options import TuneOptions
@@ -48,7 +50,7 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 STORAGE_SCHEMES = ("sqlite:///", "postgresql://", "postgresql+psycopg2://", "postgresql+psycopg://",
                    "mysql+pymysql://", "journal:///")
 CAMPAIGN_KEYS = {"name", "storage", "devices", "timeout", "trials", "seed", "grace", "patience", "cache_dir"}
-PROBLEM_KEYS = {"M", "N", "K", "shapes", "dtype", "compute", "layout", "batch"}
+PROBLEM_KEYS = {"M", "N", "K", "shapes", "dtype", "compute", "layout", "batch", "epilogue"}
 # Bounds that keep a campaign file from stopping the parser or every worker, each read in well under
 # a second: problems in all (at 10 s each, 10,000 are days of one GPU; the shipped campaign has
 # 103); the file's size (256 KiB: 10,000 explicit shapes; Python's TOML parser reads dense arrays
@@ -169,7 +171,7 @@ def _problem_count(table: dict, where: str) -> int:
         count = len(shapes)
     else:
         count = length("M") * length("N") * length("K")
-    for key in ("dtype", "compute", "layout", "batch"):
+    for key in ("dtype", "compute", "layout", "batch", "epilogue"):
         count *= length(key)
     return count
 
@@ -210,12 +212,23 @@ def _problems_of(table, where: str, room: int) -> list[Problem]:
         if layout not in LAYOUTS:
             raise CampaignFileError(f"{where}.layout must be one of {', '.join(LAYOUTS)}, got {_shown(layout)}")
     batches = _sizes(table, "batch", where, 1)
-    problems = []
-    for (m, n, k), dtype, compute, layout, batch in itertools.product(triples, dtypes, computes, layouts, batches):
+    epilogues = []
+    for key in _strings(table, "epilogue", where, ""):
         try:
-            problems.append(Problem.from_layout(m, n, k, layout, batch=batch, dtype=dtype, compute=compute))
+            epilogue = Epilogue.from_key(key) if key else Epilogue()
+        except (TypeError, ValueError) as exc:
+            raise CampaignFileError(f"{where}.epilogue {_shown(key)}: {exc}") from None
+        epilogues.append(epilogue)
+    problems = []
+    for (m, n, k), dtype, compute, layout, batch, epilogue in itertools.product(triples, dtypes, computes, layouts,
+                                                                              batches, epilogues):
+        try:
+            problem = Problem.from_layout(m, n, k, layout, batch=batch, dtype=dtype, compute=compute)
+            problem = dataclasses.replace(problem, epilogue=epilogue)
+            require_measurable(problem, "not tuned")
         except (TypeError, ValueError) as exc:
             raise CampaignFileError(f"{where}: {exc}") from None
+        problems.append(problem)
     return problems
 
 
