@@ -501,3 +501,39 @@ def test_a_served_kernel_takes_the_epilogue_in_its_store_from_the_second_call_an
         assert torch.allclose(captured.double(), expected(), **tolerance), seed
 
     _replays_on_new_inputs(call, (x, residual), check, 2)
+
+
+def test_a_tune_with_the_epilogue_that_kept_cublas_keeps_the_served_kernel_from_taking_it():
+    # a record of the bare GEMM serves a kernel for good, but the tune with the epilogue found cuBLAS and the
+    # pass faster than any fused kernel: its verdict stands (the kernel, then the pass)
+    torch = pytest.importorskip("torch")
+    from test_gpu_capture import _record
+
+    from autogemm.families import config_from_name
+    from autogemm.gpu.launch import current_device
+    from autogemm.results.cache import TuningCache
+    from autogemm.results.record import cublas_record
+    from autogemm.serving import dispatch
+
+    config = config_from_name(FUSED_SERVING["mma"][1])
+    m, n, k = 200, 384, 256
+    bare = Problem(m, n, k, dtype="bfloat16", trans_b=True)
+    if config.check(bare, current_device()):
+        pytest.skip(f"{config.name} does not run on this GPU")
+    fused = dataclasses.replace(bare, epilogue=Epilogue("n", "gelu", True))
+    cache, slug = TuningCache(), current_device().slug
+    cache.store(_record(bare, config), slug)
+    cache.store(cublas_record(_record(fused, config, ratio=0.9)), slug)
+    autogemm.reset()
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 16
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    first = autogemm.linear(x, weight, bias, activation="gelu", residual=residual)
+    assert {type(p).__name__ for p in dispatch._DISPATCHER.torch_epilogue.values()} == {"TorchEpiloguePlan"}
+    said = autogemm.explain(x, weight.T, bias=bias, activation="gelu", residual=residual)
+    assert said["config"] == config.name and said["epilogue"]["route"] == "pass"
+    second = autogemm.linear(x, weight, bias, activation="gelu", residual=residual)
+    torch.cuda.synchronize()
+    expected = torch.nn.functional.gelu(x.double() @ weight.double().T + bias.double()) + residual.double()
+    assert torch.allclose(second.double(), expected, rtol=2e-2, atol=2e-2) and torch.equal(first, second)

@@ -116,11 +116,11 @@ def _writing_out(call, out, overlapped: list[str]) -> str | None:
     return "written into out directly"
 
 
-def _tuned_with(gemm: dict, epilogue):
-    """The config a tune of the explained GEMM's problem with `epilogue` kept (fused_epilogue.tuned_kernel),
-    or None."""
+def _tuned_with(gemm: dict, epilogue) -> tuple:
+    """What a tune of the explained GEMM's problem with `epilogue` found (fused_epilogue.tuned_kernel):
+    (whether one did, the config it kept or None)."""
     if not gemm.get("problem") or epilogue.out_dtype or epilogue.gated:
-        return None
+        return False, None
     problem = dataclasses.replace(Problem.from_key(gemm["problem"]), epilogue=epilogue)
     return tuned_kernel(dispatch._DISPATCHER, problem, launch.current_device())
 
@@ -140,12 +140,13 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
     applied, route = "after the GEMM, in one elementwise pass (epilogue_step)", "pass"
     lt = epilogue_step.lt_epilogue(epilogue, gemm["dtype"])
     config = config_from_name(gemm["config"]) if gemm.get("config") else None
-    tuned = _tuned_with(gemm, epilogue)
-    if tuned is not None and tensors and not gemm.get("copies"):
+    tuned, kept = _tuned_with(gemm, epilogue)
+    if kept is not None and tensors and not gemm.get("copies"):
         applied += (f"; from the second such call on PyTorch tensors, in the store of the kernel a tune with this "
-                    f"epilogue kept ({tuned.name})")
-        route = f"fused {tuned.name} (tuned with the epilogue)"
-    elif config is not None and tensors and not config.epilogue_refusal(epilogue) and not gemm.get("copies") \
+                    f"epilogue kept ({kept.name})")
+        route = f"fused {kept.name} (tuned with the epilogue)"
+    elif not tuned and config is not None and tensors and not config.epilogue_refusal(epilogue) \
+            and not gemm.get("copies") \
             and (gemm.get("guard") or {}).get("kernel_won", not gemm.get("guarded")):
         applied += (f"; from the second such call on PyTorch tensors, in the store of the kernel that serves the GEMM "
                     f"({config.name})")

@@ -4,8 +4,9 @@ memory and no pass after it (serving/epilogue_step.py says when). The config is
 
 - the one a tune of the problem with this epilogue kept (`autogemm tune ... --bias --activation`: its
   record is under the epilogue's key, measured against cuBLAS and the pass or cuBLASLt's epilogue);
-- else the one that serves the bare GEMM for good (the record, the prediction, the guard's verdict),
-  where its config applies the epilogue (GemmConfig.epilogue_refusal).
+  where that tune kept cuBLAS, none (the GEMM as served, then the pass or cuBLASLt's epilogue);
+- where no such tune ran, the one that serves the bare GEMM for good (the record, the prediction,
+  the guard's verdict), where its config applies the epilogue (GemmConfig.epilogue_refusal).
 
 The accumulators go through the epilogue in FP32 (FP64) before they are rounded to D's type, where
 the pass rounds the product first: D is at least as accurate.
@@ -24,17 +25,17 @@ from .torch_fast_path import TorchOutputs, torch_stream
 
 
 def tuned_kernel(dispatcher, problem, device):
-    """The config a tune of `problem` (with its epilogue) kept, where one is cached (current protocol,
-    not stale) and runs the problem on `device`; None where none is, or the tune kept cuBLAS (the
-    unfused fallback then serves)."""
+    """What a tune of `problem` (with its epilogue) found, where its record is cached (current protocol,
+    not stale): (True, the config it kept, or None where it kept cuBLAS and the pass, or cuBLASLt's
+    epilogue: no generated kernel then takes the epilogue); (False, None) where there is none."""
     found = dispatcher.cache.lookup(problem, device.slug)
-    if found is None:
-        return None
+    if found is None or found[0].stale or not found[0].current_protocol:
+        return False, None
     record = found[0]
-    if record.is_cublas or record.stale or not record.current_protocol:
-        return None
+    if record.is_cublas:
+        return True, None
     config = record.config_object
-    return None if config.check(problem, device) else config
+    return (False, None) if config.check(problem, device) else (True, config)
 
 
 def settled_kernel(gemm_plan):
@@ -97,10 +98,9 @@ def fused_plan(dispatcher, gemm_key, gemm_plan, epilogue: Epilogue, product, res
     if gemm_plan.layouts is None or gemm_plan.copy_a or gemm_plan.copy_b or gemm_plan.copy_out \
             or tuple(product.shape) != tuple(result.shape) or epilogue.out_dtype or epilogue.gated:
         return None
-    config = tuned_kernel(dispatcher, dataclasses.replace(gemm_plan.problem, epilogue=epilogue),
-                          gpu_launch.device_info(gemm_plan.device))
-    tuned = config is not None
-    if config is None:
+    tuned, config = tuned_kernel(dispatcher, dataclasses.replace(gemm_plan.problem, epilogue=epilogue),
+                                 gpu_launch.device_info(gemm_plan.device))
+    if not tuned:
         config = settled_kernel(gemm_plan)
     if config is None or config.epilogue_refusal(epilogue):
         return None
