@@ -34,8 +34,9 @@ def _format_result(result) -> str:
         ("best config", config.name),
         ("knobs", knobs),
         ("TFLOP/s", f"{result.tflops:.2f}  (GPU time {result.time_ms * 1e3:.1f} us, steady state)"),
-        ("cuBLAS TFLOP/s", f"{result.cublas_tflops:.2f}  (GPU time {result.cublas_ms * 1e3:.1f} us: the faster of "
-                           "cuBLASLt as served and cupy.matmul, same run)"),
+        ("cuBLAS TFLOP/s", f"{result.cublas_tflops:.2f}  (GPU time {result.cublas_ms * 1e3:.1f} us: " + (
+            "the faster of cuBLASLt as served and cupy.matmul, same run)" if result.problem.epilogue.is_identity else
+            "the faster of cuBLASLt then the epilogue's pass and cuBLASLt's own epilogue where it has it, same run)")),
         ("ratio", f"{result.ratio:.3f}x cuBLAS in GPU time" + (
             f", {result.single_call_ratio:.3f}x one call at a time ({result.latency.kernel_us:.1f} us against "
             f"{result.latency.baseline_us:.1f} us)" if result.latency is not None else "")),
