@@ -343,7 +343,7 @@ def test_a_module_that_is_gone_is_named():
     problems = named_modules_that_do_not_exist(text, ROOT)
     assert any("autogemm/serving/racing.py does not exist" in p for p in problems)
     assert missing_modules(text, ROOT) == [no_line("serving/race.py")]
-    text = page_text().replace("`gpu/launch.py` knows", "`gpu/launcher.py` knows")
+    text = page_text().replace("`gpu/kind_launch.py` knows", "`gpu/launcher.py` knows")
     assert any(p.endswith("gpu/launcher.py does not exist") for p in named_modules_that_do_not_exist(text, ROOT))
 
 

@@ -18,7 +18,8 @@ from autogemm import dtypes
 from autogemm.epilogue import Epilogue
 from autogemm.families import LaunchKind, all_families
 from autogemm.gpu import packed_launch, tensor_maps
-from autogemm.gpu.launch import LAUNCHES, PreparedGemm, launcher
+from autogemm.gpu.kind_launch import LAUNCHES
+from autogemm.gpu.launch import PreparedGemm, launcher
 from autogemm.gpu.operands import KernelOperand
 from autogemm.gpu.packed_launch import KernelArgumentError, PackedKernel
 from autogemm.gpu.repack import stored_extent

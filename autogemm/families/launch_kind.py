@@ -1,5 +1,5 @@
-"""How a family's kernel is launched: the kinds of launch `gpu.launch` knows, each with its own grid
-and arguments there (its table `LAUNCHES`). A config names its kind (`GemmConfig.launch_kind`); the
+"""How a family's kernel is launched: the kinds of launch autogemm knows, each with its own grid
+and arguments in `gpu.kind_launch` (its table `LAUNCHES`). A config names its kind (`GemmConfig.launch_kind`); the
 values are strings, so that a kind compares equal to its name (records, tests, a family from
 outside the package that spells it as a string)."""
 
