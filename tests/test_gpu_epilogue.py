@@ -430,6 +430,7 @@ EVERY_PATH = {"simt": ("128x128x16_w64x32_t8x8_v44_s3_swizzle_g8_k1_o1", "float3
               "hopper-swapped": ("hopper_256x64x64_w128x64_s2_g8_k1_o1_p_pp_sw", "bfloat16", "tt")}
 
 
+@pytest.mark.exhaustive  # (36 kernels compiled: a minute of the quick tier's budget; the cases above rotate epilogues)
 @pytest.mark.parametrize("path", list(EVERY_PATH))
 def test_every_epilogue_in_every_familys_store(path):
     from autogemm.families import config_from_name
