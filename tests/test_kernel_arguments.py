@@ -89,6 +89,14 @@ def _operand(rows: int, length: int, transposed: bool, misaligned: bool, batch_s
     return KernelOperand(transposed, ld, rows * ld if batch_stride else 0, 0)
 
 
+def _call_operands(problem: Problem, misaligned: bool) -> tuple[KernelOperand, KernelOperand, KernelOperand]:
+    """A, B and C of a call: A a matrix per batch, B shared by the batch, both one element over their
+    rows where `misaligned`; C densely packed."""
+    a = _operand(*stored_extent(problem, "A"), problem.trans_a, misaligned, batch_stride=True)
+    b = _operand(*stored_extent(problem, "B"), problem.trans_b, misaligned, batch_stride=False)
+    return a, b, KernelOperand(False, problem.n, problem.m * problem.n, 0)
+
+
 def _record_launches(monkeypatch) -> list:
     launched = []
     monkeypatch.setattr(packed_launch, "driver_launch", lambda: None)  # no CuPy, no driver
@@ -125,9 +133,7 @@ def test_every_launcher_passes_each_argument_by_the_kernels_own_parameter_names(
                                                                                 monkeypatch):
     launched = _record_launches(monkeypatch)
     row = dtypes.lookup(problem.dtype, problem.compute)
-    a = _operand(*stored_extent(problem, "A"), problem.trans_a, misaligned, batch_stride=True)
-    b = _operand(*stored_extent(problem, "B"), problem.trans_b, misaligned, batch_stride=False)  # (shared)
-    c = KernelOperand(False, problem.n, problem.m * problem.n, 0)
+    a, b, c = _call_operands(problem, misaligned)
     source = render(config, problem, config.vector_widths(a, b, c, row.itemsize))
     launch = launcher(_prepared(config, problem, source), a, b, c, ordinal=0)
     launch(PA, PB, PC, ALPHA, BETA, SimpleNamespace(ptr=0))
@@ -251,9 +257,7 @@ def test_an_epilogues_pointers_and_residual_layout_reach_the_slots_of_their_name
                                                                                   monkeypatch):
     launched = _record_launches(monkeypatch)
     row = dtypes.lookup(problem.dtype, problem.compute)
-    a = _operand(*stored_extent(problem, "A"), problem.trans_a, misaligned, batch_stride=True)
-    b = _operand(*stored_extent(problem, "B"), problem.trans_b, misaligned, batch_stride=False)
-    c = KernelOperand(False, problem.n, problem.m * problem.n, 0)
+    a, b, c = _call_operands(problem, misaligned)
     residual = KernelOperand(False, problem.n + 8, problem.m * (problem.n + 8), 0)  # a pitch of its own
     source = render(config, problem, config.vector_widths(a, b, c, row.itemsize))
     launch = launcher(_prepared(config, problem, source), a, b, c, ordinal=0, residual=residual)
