@@ -41,7 +41,7 @@ def tuned_kernel(dispatcher, problem, device):
 def settled_kernel(gemm_plan):
     """The config whose kernel serves `gemm_plan` (a torch fast-path plan.Plan) for good: chosen, and
     not on trial by the guard or beaten there; None where cuBLAS serves it or the guard has not
-    decided yet (a plan filed now would be filed again once it has: `launch_filed`)."""
+    decided yet (a plan filed now is filed again once it has: the plans keep `gemm_launch`)."""
     config = gemm_plan.choice.config
     if config is None or isinstance(gemm_plan.launch, Guard):
         return None
