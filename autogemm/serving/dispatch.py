@@ -113,8 +113,9 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
     and `out_dtype` D's dtype (float16, bfloat16 or float32 for those products, float64 or float32
     for float64 ones; bias, residual and out have D's dtype). `gated=True` makes it a gated linear
     unit (SwiGLU with "silu"): b holds the gate's N columns and then the up projection's N, and
-    D = act(gate + bias[:N]) * (up + bias[N:]) + residual has N columns. It runs after the GEMM as
-    one elementwise pass (autogemm.serving.epilogue_step).
+    D = act(gate + bias[:N]) * (up + bias[N:]) + residual has N columns. A first call runs it after
+    the GEMM as one elementwise pass; repeated calls on tensors run it inside the kernel's store or
+    cuBLASLt's GEMM where they can (autogemm.serving.epilogue_step, fused_epilogue).
 
     Returns `out` when given; else a PyTorch tensor where an operand is one (computed on PyTorch's
     current stream, on the same memory as the CuPy result), a CuPy array otherwise.
@@ -150,7 +151,7 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
                 return result
 
     if bias is not None or activation is not None or residual is not None or out_dtype is not None or gated:
-        # Fast path of tensors with an epilogue: the bare GEMM's torch plan, then the packed epilogue kernel
+        # Fast path of tensors with an epilogue: the plan the general path filed (epilogue_step.register_torch)
         if type(a) is _TENSOR and type(b) is _TENSOR and out is None and tune is None and race is None and beta == 0 \
                 and type(alpha) in _PLAIN_SCALARS and _DISPATCHER.torch_epilogue:
             try:
