@@ -280,11 +280,28 @@ def _tile_variants():
     return variants
 
 
+# what a tile kernel's store with an epilogue depends on: the family and instruction path, the launch kind
+# (splits added up in the kernel or a cluster, TMA), the operands swapped (C written transposed) with and
+# without the TMA store, the layout, the dtype and the epilogue
+TILE_FEATURES = (lambda c, p: (c.family, getattr(c, "instruction", "")), lambda c, p: c.launch_kind,
+                 lambda c, p: (c.swaps_operands, getattr(c, "tma_store", None)), lambda c, p: p.layout,
+                 lambda c, p: (p.dtype, p.compute), lambda c, p: p.epilogue.key)
+
+
+def _tile_sample():
+    """A few of `_tile_variants` that together show every value of TILE_FEATURES that all of them show
+    (test_compile's `_covering`): each store path once, not each sampled config (the bare kernels of all
+    of them compile in test_compile)."""
+    from test_compile import _covering
+
+    return _covering(_tile_variants(), TILE_FEATURES)
+
+
 def test_the_tile_families_apply_the_epilogue_in_their_store_and_compile_without_spills():
     from autogemm.families import LaunchKind
     from autogemm.kernels.render import render
 
-    variants = _tile_variants()
+    variants = _tile_sample()
     # every family and instruction path, the kernels that add their splits up, C written transposed
     assert {c.family for c, _ in variants} == {"simt", "wmma", "hopper"}
     assert {getattr(c, "instruction", "") for c, _ in variants} >= {"wmma", "mma", "wgmma"}

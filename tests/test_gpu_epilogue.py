@@ -355,22 +355,16 @@ TILE_EDGES = [(127, 61, 509), (255, 257, 1023), (1000, 3000, 200), (1024, 1024, 
 
 
 def _tile_cases():
-    """test_compile's sm_90 samples of the tile families that write D themselves (test_epilogue_kernels'
-    `_tile_variants`), a few that together show every family and instruction path, launch kind, swap
-    with and without the TMA store, layout, dtype and epilogue (a swapped kernel's with a residual);
-    each on the first edge shape it takes."""
-
-    from test_compile import _covering
-    from test_epilogue_kernels import _tile_variants
+    """The tile kernels whose store with an epilogue test_epilogue_kernels compiles (`_tile_sample`: every
+    family and instruction path, launch kind, swap with and without the TMA store, layout, dtype and
+    epilogue; a swapped kernel's with a residual), each on the first edge shape it takes."""
+    from test_epilogue_kernels import _tile_sample
 
     from autogemm.problem import Device
 
     device = Device.for_arch("sm_90")
-    features = (lambda c, p: (c.family, getattr(c, "instruction", "")), lambda c, p: c.launch_kind,
-                lambda c, p: (c.swaps_operands, getattr(c, "tma_store", None)), lambda c, p: p.layout,
-                lambda c, p: (p.dtype, p.compute), lambda c, p: p.epilogue.key)
     cases = []
-    for config, problem in _covering(_tile_variants(), features):
+    for config, problem in _tile_sample():
         if config.swaps_operands:  # (C written transposed: the residual is read transposed too)
             problem = dataclasses.replace(problem, epilogue=Epilogue("n", "gelu_tanh", True))
         shaped = (dataclasses.replace(problem, m=m, n=n, k=k) for m, n, k in TILE_EDGES)
