@@ -14,7 +14,11 @@ M (tokens) in 1, 16, 128, 1024, 4096, in FP16 and BF16. The competitors, on the 
   has one: GELU_BIAS (cuBLASLt's GELU is the tanh form, checked here against both forms; autogemm is
   then timed with "gelu_tanh"), and the residual as C with beta = 1. SiLU and the gate have none;
 - torch.compile of the eager layer (dynamic shapes: one compile per layer kind and dtype), where it
-  compiles within --compile-budget seconds in all; reported, not judged.
+  compiles within --compile-budget seconds in all; reported, not judged;
+- the GEMM alone, `torch.matmul(x, w.T)` with no epilogue (the gate's one GEMM over both projections):
+  not a competitor but the ceiling. Eager's time over it is the best ratio any implementation can reach
+  whose GEMM runs at cuBLAS's speed and whose epilogue costs nothing; autogemm's time over it is what its
+  epilogue costs.
 
 Each problem: results checked first against float64 (torch eager in float64; a wrong result ends the
 run), every competitor warmed up, then timed by latency (autogemm/measure/timing.py: each call on an
@@ -51,6 +55,7 @@ ROUNDS = 25
 GPU_TIME_MS = 30.0
 COMPILE_BUDGET_S = 600.0
 AUTOGEMM, EAGER, CUBLASLT, COMPILED = "autogemm", "torch eager", "cuBLASLt epilogue (nvmath)", "torch.compile"
+GEMM_ALONE = "GEMM alone (torch.matmul)"  # the ceiling's denominator, not a competitor
 TOLERANCE = {"float16": 5e-3, "bfloat16": 2e-2}  # relative (Frobenius) error to float64, K up to 28672
 
 
@@ -162,6 +167,7 @@ def measure(model: str, case: str, m: int, dtype: str, rounds: int, compiled: di
         raise SystemExit(f"{model} {case} M={m} {dtype}: autogemm's result is off by {errors[AUTOGEMM]:.3g} "
                          f"(limit {TOLERANCE[dtype]:g}; torch eager: {errors[EAGER]:.3g})")
     timed = {name: (lambda layer=layer: layer(*args)) for name, layer in calls.items()}
+    timed[GEMM_ALONE] = lambda: torch.matmul(x, w.T)
     row = {"model": model, "case": case, "m": m, "n": n // 2 if case == "swiglu" else n, "k": k, "dtype": dtype,
            "errors": errors, "served": autogemm_served(case, *args)}
 
@@ -210,10 +216,12 @@ def measure(model: str, case: str, m: int, dtype: str, rounds: int, compiled: di
     latency = {name: statistics.median(values) * 1e3 for name, values in timing.latencies(timed, rounds=rounds).items()}
     row["latency_us"] = latency
     row["ratio"] = _ratios(latency)
+    row["ceiling"] = latency[EAGER] / latency[GEMM_ALONE]
     if gpu_time_ms > 0:  # steady state, no host limit on anyone (the gate: autogemm/measure/timing.py)
         row["gpu_us"] = {name: timing.gpu_time(lambda i, call=call: call(), target_ms=gpu_time_ms).us
                          for name, call in timed.items()}
         row["gpu_ratio"] = _ratios(row["gpu_us"])
+        row["gpu_ceiling"] = row["gpu_us"][EAGER] / row["gpu_us"][GEMM_ALONE]
     if lt_handle is not None:
         lt_handle.free()
     return row
@@ -256,24 +264,34 @@ def report(rows: list[dict], device, args, compile_spent: float) -> list[str]:
             if ratios:
                 lines.append(f"- {figure} against {name}: geomean **{geomean(ratios):.3f}x** over {len(ratios)} "
                              f"problems (min {min(ratios):.3f}x, max {max(ratios):.3f}x)")
+    for figure, key in (("latency", "ceiling"), ("GPU time", "gpu_ceiling")):
+        ceilings = [r[key] for r in rows if key in r]
+        if ceilings:
+            lines.append(f"- {figure} ceiling (torch eager over the GEMM alone, `torch.matmul(x, w.T)` with no "
+                         f"epilogue: the ratio a free epilogue on cuBLAS's GEMM would reach): geomean "
+                         f"**{geomean(ceilings):.3f}x** (min {min(ceilings):.3f}x, max {max(ceilings):.3f}x)")
     lines.append(f"- torch.compile's compiles took {compile_spent:.0f} s in all")
     names = (EAGER, CUBLASLT, COMPILED)
-    header = "| model | layer | M | N | K | dtype | autogemm us | eager | cuBLASLt | compile |"
-    rule = "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"
+    header = "| model | layer | M | N | K | dtype | autogemm us | eager | cuBLASLt | compile | ceiling |"
+    rule = "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"
     if gpu:
-        header += " GPU us | GPU eager | GPU cuBLASLt | GPU compile |"
-        rule += " ---: | ---: | ---: | ---: |"
+        header += " GPU us | GPU eager | GPU cuBLASLt | GPU compile | GPU ceiling |"
+        rule += " ---: | ---: | ---: | ---: | ---: |"
     lines += ["", header + " served |", rule + " --- |"]
     for r in rows:
         cells = [f"{r['ratio'][name]:.3f}x" if name in r["ratio"] else "-" for name in names]
         line = (f"| {r['model']} | {r['case']} | {r['m']} | {r['n']} | {r['k']} | {r['dtype']} | "
-                f"{r['latency_us'][AUTOGEMM]:.1f} | " + " | ".join(cells) + " |")
+                f"{r['latency_us'][AUTOGEMM]:.1f} | " + " | ".join(cells) + f" | {_ceiling(r, 'ceiling')} |")
         if gpu:
             ratio = r.get("gpu_ratio", {})
             line += f" {r['gpu_us'][AUTOGEMM]:.1f} | " + " | ".join(
-                f"{ratio[name]:.3f}x" if name in ratio else "-" for name in names) + " |"
+                f"{ratio[name]:.3f}x" if name in ratio else "-" for name in names) + f" | {_ceiling(r, 'gpu_ceiling')} |"
         lines.append(line + f" {r['served']} |")
     return lines
+
+
+def _ceiling(row: dict, key: str) -> str:
+    return f"{row[key]:.3f}x" if key in row else "-"
 
 
 def main(argv=None) -> int:
