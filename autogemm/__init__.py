@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .serving.dispatch import linear, matmul, reset
 from .serving.explain import explain
+from .serving.scaled import scaled_matmul
 from .families import SimtConfig, TensorCoreConfig, config_from_dict, config_from_name
 from .problem import Device, Problem
 from .kernels.render import render
@@ -59,5 +60,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Device", "GpuUnavailable", "Problem", "SimtConfig", "TensorCoreConfig", "config_from_dict", "config_from_name", "explain",
+__all__ = ["Device", "GpuUnavailable", "Problem", "SimtConfig", "TensorCoreConfig", "config_from_dict", "config_from_name", "explain", "scaled_matmul",
            "matmul", "render", "reset", "tune", "__version__"]

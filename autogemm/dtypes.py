@@ -72,6 +72,16 @@ class DType:
     numpy_package: str = field(default="", kw_only=True)
     # the first CuPy major version that holds and multiplies arrays of this type (0: every one)
     cupy_since: int = field(default=0, kw_only=True)
+    # the dtypes D may be written in where it cannot be written in the element type itself (FP8: a
+    # problem names one as its epilogue's out_dtype); empty: D is the element type unless the
+    # epilogue asks for another
+    output_dtypes: tuple[str, ...] = field(default=(), kw_only=True)
+    # whether products of this type carry scales (FP8: D = scale_a · scale_b · A @ B, the scales a
+    # problem's epilogue names, `epilogue.SCALES`)
+    scaled: bool = field(default=False, kw_only=True)
+    # the unit roundoff of the accumulation where the hardware adds with less precision than the
+    # accumulator type holds (Hopper's FP8 wgmma keeps about 14 bits while it sums); 0: the accumulator's
+    accumulation_roundoff: float = field(default=0.0, kw_only=True)
 
     @property
     def operand_map_type(self) -> str:
@@ -91,7 +101,7 @@ class DType:
 
     @property
     def accumulator_roundoff(self) -> float:
-        return ELEMENT_ROUNDOFF["float64" if self.accumulator == "double" else "float32"]
+        return self.accumulation_roundoff or ELEMENT_ROUNDOFF["float64" if self.accumulator == "double" else "float32"]
 
     @property
     def input_roundoff(self) -> float:
@@ -106,7 +116,7 @@ class DType:
 
 
 # cudaDataType_t and cublasComputeType_t values (library_types.h, cublas_api.h)
-CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF = 0, 1, 2, 14
+CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2 = 0, 1, 2, 14, 28, 29
 CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_32F_FAST_TF32 = 68, 70, 77
 # CUtensorMapDataType members (cuda.h), by name as cuda-bindings spells them
 TMA_FLOAT16 = "CU_TENSOR_MAP_DATA_TYPE_FLOAT16"
@@ -114,9 +124,16 @@ TMA_BFLOAT16 = "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16"
 TMA_FLOAT32 = "CU_TENSOR_MAP_DATA_TYPE_FLOAT32"
 TMA_TFLOAT32 = "CU_TENSOR_MAP_DATA_TYPE_TFLOAT32"
 TMA_FLOAT64 = "CU_TENSOR_MAP_DATA_TYPE_FLOAT64"
+TMA_UINT8 = "CU_TENSOR_MAP_DATA_TYPE_UINT8"  # (TMA copies bytes: FP8 goes as UINT8)
 
-ELEMENT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
-SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126, "float64": 2.0**-1022}
+ELEMENT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53,
+                    "float8_e4m3fn": 2.0**-4, "float8_e5m2": 2.0**-3}
+SMALLEST_NORMAL = {"float16": 2.0**-14, "bfloat16": 2.0**-126, "float32": 2.0**-126, "float64": 2.0**-1022,
+                   "float8_e4m3fn": 2.0**-6, "float8_e5m2": 2.0**-14}
+# D's dtypes of an FP8 product (FP32 accumulators converted once)
+FP8_OUTPUTS = ("bfloat16", "float16", "float32")
+# how far Hopper's FP8 wgmma may move a sum: it keeps about 14 bits of mantissa while it accumulates
+FP8_ACCUMULATION_ROUNDOFF = 2.0**-14
 
 
 ROWS: tuple[DType, ...] = (
@@ -150,6 +167,24 @@ ROWS: tuple[DType, ...] = (
           TensorCoreShapes((8, 8, 4), "double", (8, 0), (16, 8, 8), "f64", (9, 0)),
           other_families=("gemv",), cublas_serves=True, cuda_data_type=CUDA_R_64F,
           cublas_compute_type=CUBLAS_COMPUTE_64F, cuda_scale_type=CUDA_R_64F, tensor_map_type=TMA_FLOAT64),
+    # FP8 (Hopper): A and B K-major (wgmma reads 8-bit types K-major only), FP32 accumulation, D written
+    # as one of FP8_OUTPUTS, scaled per tensor or per row. NumPy and CuPy hold them as ml_dtypes' types or
+    # as raw uint8 bits; there is no WMMA of these types (the fields say so with zeros), mma.sync
+    # m16n8k32 exists from sm_89
+    DType("float8_e4m3fn", "fp32", 1, "uint8", ("float8_e4m3fn",), "hopper", "hopper_fp8", 2e-2,
+          "__nv_fp8_e4m3", "float", 4, "float(x)", "__nv_fp8_e4m3(x)",
+          TensorCoreShapes((0, 0, 0), "", (9, 0), (16, 8, 32), "e4m3", (8, 9), wgmma_k=32),
+          other_families=(), cublas_serves=True, cuda_data_type=CUDA_R_8F_E4M3,
+          cublas_compute_type=CUBLAS_COMPUTE_32F, cuda_scale_type=CUDA_R_32F, tensor_map_type=TMA_UINT8,
+          numpy_package="ml_dtypes", output_dtypes=FP8_OUTPUTS, scaled=True,
+          accumulation_roundoff=FP8_ACCUMULATION_ROUNDOFF),
+    DType("float8_e5m2", "fp32", 1, "uint8", ("float8_e5m2",), "hopper", "hopper_fp8", 2e-2,
+          "__nv_fp8_e5m2", "float", 4, "float(x)", "__nv_fp8_e5m2(x)",
+          TensorCoreShapes((0, 0, 0), "", (9, 0), (16, 8, 32), "e5m2", (8, 9), wgmma_k=32),
+          other_families=(), cublas_serves=True, cuda_data_type=CUDA_R_8F_E5M2,
+          cublas_compute_type=CUBLAS_COMPUTE_32F, cuda_scale_type=CUDA_R_32F, tensor_map_type=TMA_UINT8,
+          numpy_package="ml_dtypes", output_dtypes=FP8_OUTPUTS, scaled=True,
+          accumulation_roundoff=FP8_ACCUMULATION_ROUNDOFF),
 )
 
 DTYPES: tuple[str, ...] = tuple(dict.fromkeys(row.name for row in ROWS))
@@ -159,7 +194,8 @@ COMPUTE_MODES: dict[str, tuple[str, ...]] = {
 }
 _BY_KEY = {(row.name, row.compute): row for row in ROWS}
 _BY_ARRAY_NAME = {spelling: row.name for row in ROWS for spelling in row.array_names}
-_BY_BITS_STORAGE = {row.storage: row.name for row in ROWS if row.storage != row.name}
+# (uint8 holds both FP8 types' bits: an array of uint8 is read as FP8 only where the caller names which)
+_BY_BITS_STORAGE = {row.storage: row.name for row in ROWS if row.storage != row.name and not row.scaled}
 
 
 def find(dtype: str, compute: str) -> DType | None:

@@ -29,6 +29,9 @@ from dataclasses import dataclass, replace
 from . import dtypes
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+# the scales of a scaled (FP8) product, D = act(scale_a · scale_b · alpha · acc + bias) + ...: "tensor", one
+# FP32 scalar per operand (device memory); "row", one per row of A (M values) and one per column of B (N)
+SCALES = ("tensor", "row")
 BIAS_AXES = ("n", "m")  # "n": one value per column (along N); "m": one per row (along M)
 # The largest |act'(x)| over all x: how much an activation may grow an error of its input
 # (gelu's derivative peaks at 1.1289 near x = 2.42, gelu_tanh's likewise, silu's at 1.0998 near 2.40).
@@ -41,7 +44,7 @@ EVALUATION_ROUNDINGS = {"": 0, "relu": 0, "gelu": 8, "gelu_tanh": 10, "silu": 8}
 # D's dtypes by the products' dtype (Epilogue.output_dtype)
 OUTPUT_DTYPES = {"float16": ("float16", "bfloat16", "float32"), "bfloat16": ("bfloat16", "float16", "float32"),
                  "float32": ("float32", "bfloat16", "float16"), "float64": ("float64", "float32")}
-_KEY = re.compile(r"(?:bias_(?P<bias>[nm]))?\+?(?P<activation>relu|gelu_tanh|gelu|silu)?\+?(?P<gated>gate)?\+?"
+_KEY = re.compile(r"(?:scale_(?P<scale>tensor|row))?\+?(?:bias_(?P<bias>[nm]))?\+?(?P<activation>relu|gelu_tanh|gelu|silu)?\+?(?P<gated>gate)?\+?"
                   r"(?P<residual>res)?(?:>(?P<out>[a-z0-9]+))?")
 
 
@@ -55,6 +58,7 @@ class Epilogue:
     # then the up projection's N (one GEMM against the stacked weights [W_gate; W_up] reads x once),
     # and D (N columns) = act(gate + bias_gate) * (up + bias_up); a bias then has 2N values
     gated: bool = False
+    scale: str = ""  # "": unscaled; else one of SCALES (the FP8 dtypes' products, and only theirs)
 
     def __post_init__(self) -> None:
         if self.bias not in ("", *BIAS_AXES):
@@ -67,18 +71,24 @@ class Epilogue:
             raise ValueError("a gated epilogue's halves are the product's columns: its bias runs along N")
         if not isinstance(self.residual, bool):
             raise TypeError(f"Epilogue.residual must be a bool, got {self.residual!r}")
+        if self.scale not in ("", *SCALES):
+            raise ValueError(f"unknown scaling {self.scale!r}; expected one of {', '.join(SCALES)}")
+        if self.scale and self.gated:
+            raise ValueError("a scaled (FP8) product is not gated")
         if self.out_dtype and self.out_dtype not in {row.name for row in dtypes.ROWS}:
             known = ", ".join(sorted({row.name for row in dtypes.ROWS}))
             raise ValueError(f"unknown output dtype {self.out_dtype!r}; expected one of {known}")
 
     @property
     def is_identity(self) -> bool:
-        return not (self.bias or self.activation or self.residual or self.out_dtype or self.gated)
+        return not (self.bias or self.activation or self.residual or self.out_dtype or self.gated or self.scale)
 
     @property
     def key(self) -> str:
-        """The epilogue's part of a problem key ('' for the identity), e.g. ``bias_n+gelu+res>bfloat16``."""
-        parts = [f"bias_{self.bias}"] if self.bias else []
+        """The epilogue's part of a problem key ('' for the identity), e.g. ``bias_n+gelu+res>bfloat16``
+        (a scaled product's starts with its scaling: ``scale_tensor>bfloat16``)."""
+        parts = [f"scale_{self.scale}"] if self.scale else []
+        parts += [f"bias_{self.bias}"] if self.bias else []
         parts += [self.activation] if self.activation else []
         parts += ["gate"] if self.gated else []
         parts += ["res"] if self.residual else []
@@ -95,7 +105,7 @@ class Epilogue:
         if not key or not match or not any(match.groupdict().values()):
             raise ValueError(f"not an epilogue key: {key!r} (expected like bias_n+gelu+res>bfloat16)")
         epilogue = cls(bias=match["bias"] or "", activation=match["activation"] or "", residual=bool(match["residual"]),
-                       out_dtype=match["out"] or "", gated=bool(match["gated"]))
+                       out_dtype=match["out"] or "", gated=bool(match["gated"]), scale=match["scale"] or "")
         if epilogue.key != key:  # (one spelling per epilogue: keys are compared as strings)
             raise ValueError(f"not an epilogue key: {key!r} (this epilogue's key is {epilogue.key!r})")
         return epilogue
@@ -105,16 +115,21 @@ class Epilogue:
         runs along M of the transposed output, and the other way round."""
         if self.gated:
             raise ValueError("a gated epilogue is not computed on the swapped product (its halves are columns)")
+        if self.scale == "row":
+            raise ValueError("a row-scaled product is not computed swapped (its scales would change roles)")
         if not self.bias:
             return self
-        return Epilogue("m" if self.bias == "n" else "n", self.activation, self.residual, self.out_dtype)
+        return replace(self, bias="m" if self.bias == "n" else "n")
 
     def output_dtype(self, dtype: str) -> str:
         """D's dtype for products of `dtype`: out_dtype where given, else `dtype`. ValueError where the
         pair is not one the kernels write: FP16, BF16 and FP32 products go to any of the three (an FP32
         accumulator written as BF16, or FP16 products kept in FP32), FP64 to FP64 or FP32."""
+        row = dtypes.lookup(dtype)
+        if row.output_dtypes and not self.out_dtype:
+            raise ValueError(f"{dtype} products are written as {', '.join(row.output_dtypes)}: name one as out_dtype")
         out = self.out_dtype or dtype
-        allowed = OUTPUT_DTYPES.get(dtype, (dtype,))
+        allowed = row.output_dtypes or OUTPUT_DTYPES.get(dtype, (dtype,))
         if out not in allowed:
             raise ValueError(f"out_dtype {out} is not written for {dtype} products; choose from {', '.join(allowed)}")
         return out
@@ -131,7 +146,7 @@ class Epilogue:
         row = dtypes.lookup(dtype)
         out = dtypes.lookup(self.output_dtype(dtype))
         return {"active": not self.is_identity, "key": self.key, "bias": self.bias, "activation": self.activation,
-                "residual": self.residual, "gated": self.gated, "out": out.element, "out_bytes": out.itemsize,
+                "residual": self.residual, "gated": self.gated, "scale": self.scale, "out": out.element, "out_bytes": out.itemsize,
                 "out_to_acc": f"Acc({out.to_acc})", "acc_to_out": out.from_acc, "double": row.accumulator == "double"}
 
     def __str__(self) -> str:
@@ -143,9 +158,10 @@ def require_measurable(problem, what: str) -> None:
     gate (a fused kernel writes D in the operands' dtype, without a gate; matmul serves those with the
     pass), so that nothing is tuned or recorded under such a key. Bias, activation and residual are
     tuned: each candidate verified with its epilogue and timed against what matmul would serve
-    without it (measure/measuring.py)."""
+    without it (measure/measuring.py). An FP8 product's scaling and output dtype are its own (a
+    record of one is served by scaled_matmul)."""
     epilogue = problem.epilogue
-    if epilogue.out_dtype or epilogue.gated:
+    if (epilogue.out_dtype and not epilogue.scale) or epilogue.gated:
         raise ValueError(f"{what}: {problem} has the epilogue {epilogue}; tuning measures bias, activation and "
                          "residual, not another output dtype or a gate (matmul serves those with its pass)")
 
@@ -185,13 +201,16 @@ def _erf(xp):
 
 
 def reference(product, epilogue: Epilogue, *, alpha: float = 1.0, beta: float = 0.0, c=None, bias=None, residual=None,
-              xp=None):
+              xp=None, scale_a=None, scale_b=None):
     """D in float64 from the exact product (float64, M×N or batch×M×N): act(alpha·product + bias) +
     residual + beta·c (module docstring). `bias` has N values (bias "n") or M (bias "m"). Gated: the
-    product has 2N columns and the bias 2N values; D = act(gate half) * (up half) + residual + beta·c."""
+    product has 2N columns and the bias 2N values; D = act(gate half) * (up half) + residual + beta·c.
+    Scaled: the product is multiplied by `scale_a` and `scale_b` first (`scales`)."""
     if xp is None:
         import numpy as xp  # (NumPy unless CuPy is given)
     y = alpha * product
+    if epilogue.scale:
+        y = y * scales(epilogue, scale_a, scale_b)
     if epilogue.bias:
         if bias is None:
             raise ValueError(f"the epilogue {epilogue} adds a bias: give it")
@@ -208,6 +227,16 @@ def reference(product, epilogue: Epilogue, *, alpha: float = 1.0, beta: float = 
     if beta != 0:
         y = y + beta * c
     return y
+
+
+def scales(epilogue: Epilogue, scale_a, scale_b):
+    """What a scaled product is multiplied by, broadcast against it: scale_a · scale_b (per tensor), or
+    scale_a's M values down the rows times scale_b's N across the columns (per row)."""
+    if scale_a is None or scale_b is None:
+        raise ValueError(f"the epilogue {epilogue} scales the product: give scale_a and scale_b")
+    if epilogue.scale == "tensor":
+        return scale_a.reshape(()) * scale_b.reshape(())
+    return scale_a.reshape(-1, 1) * scale_b.reshape(1, -1)
 
 
 def error_bound(pre_activation_bound, epilogue: Epilogue, result_magnitude, out_unit_roundoff: float,

@@ -38,6 +38,14 @@ class Problem:
         object.__setattr__(self, "compute", dtypes.lookup(self.dtype, self.compute).compute)
         if not isinstance(self.epilogue, Epilogue):
             raise TypeError(f"Problem.epilogue must be an Epilogue, got {self.epilogue!r}")
+        row = dtypes.lookup(self.dtype, self.compute)
+        if row.scaled and not self.epilogue.scale:
+            raise ValueError(f"{self.dtype} products are scaled: the epilogue must name a scaling (scale_tensor or "
+                             f"scale_row) and an output dtype ({', '.join(row.output_dtypes)})")
+        if self.epilogue.scale and not row.scaled:
+            raise ValueError(f"only FP8 products are scaled; a {self.dtype} problem takes no {self.epilogue.scale} scales")
+        if row.output_dtypes:
+            self.epilogue.output_dtype(self.dtype)  # (ValueError where D's dtype is missing or not written)
 
     @classmethod
     def from_layout(cls, m: int, n: int, k: int, layout: str = "nn", **kwargs) -> Problem:

@@ -84,7 +84,7 @@ def test_dtypes_and_compute_modes_are_choices_the_help_lists(capsys, argv, messa
     with pytest.raises(SystemExit):
         main(["tune", "--help"])
     help_text = capsys.readouterr().out
-    assert "--dtype {float32,float16,bfloat16,float64}" in help_text and "--compute {fp32,tf32,fp64}" in help_text
+    assert "--dtype {float32,float16,bfloat16,float64,float8_e4m3fn,float8_e5m2}" in help_text and "--compute {fp32,tf32,fp64}" in help_text
     assert "--layout {nn,nt,tn,tt}" in help_text
 
 

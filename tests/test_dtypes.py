@@ -23,7 +23,7 @@ def test_every_row_has_a_family_and_a_shipped_space(row):
     family = family_for(row.name, row.compute)
     assert family.compute_for(row.name) == row.compute
     assert (search_spaces_dir() / f"{row.space}.toml").is_file()
-    assert row.itemsize in (2, 4, 8) and row.tolerance > 0
+    assert row.itemsize in ((1,) if row.scaled else (2, 4, 8)) and row.tolerance > 0
     assert (row.tensor_core is None) == (row.family == "simt")
 
 
@@ -48,7 +48,8 @@ def test_cublas_serves_what_the_rows_say():
 
     assert select.CUBLAS_SERVES == {(row.name, row.compute) for row in dtypes.ROWS if row.cublas_serves}
     assert select.CUBLAS_SERVES == {("float32", "fp32"), ("float32", "tf32"), ("float16", "fp32"),
-                                    ("bfloat16", "fp32"), ("float64", "fp64")}
+                                    ("bfloat16", "fp32"), ("float64", "fp64"), ("float8_e4m3fn", "fp32"),
+                                    ("float8_e5m2", "fp32")}
 
 
 @pytest.mark.parametrize("row", dtypes.ROWS, ids=lambda r: f"{r.name}-{r.compute}")
@@ -63,7 +64,8 @@ def test_the_families_compute_the_rows_that_name_them():
     from autogemm.families import GemvConfig, HopperConfig
 
     pairs = lambda family: [(row.name, row.compute) for row in family.computes()]  # noqa: E731
-    assert pairs(HopperConfig) == [("float32", "tf32"), ("float16", "fp32"), ("bfloat16", "fp32")]
+    assert pairs(HopperConfig) == [("float32", "tf32"), ("float16", "fp32"), ("bfloat16", "fp32"),
+                                   ("float8_e4m3fn", "fp32"), ("float8_e5m2", "fp32")]
     assert pairs(GemvConfig) == [("float32", "fp32"), ("float16", "fp32"), ("bfloat16", "fp32"), ("float64", "fp64")]
 
 

@@ -62,7 +62,11 @@ def _cases():
         for seed in space.seeds:
             for config in _variants(seed):
                 for (dtype, compute), layout in itertools.product(space.dtypes, ("nn", "nt", "tn", "tt")):
-                    problem = Problem.from_layout(512, 384, 1024, layout, batch=2, dtype=dtype, compute=compute)
+                    # (an FP8 product is scaled and written as another dtype: its scales are arguments too)
+                    scaled = Epilogue(scale="tensor", out_dtype="bfloat16") if dtypes.lookup(dtype, compute).scaled \
+                        else Epilogue()
+                    problem = Problem.from_layout(512, 384, 1024, layout, batch=2, dtype=dtype, compute=compute,
+                                                  epilogue=scaled)
                     if not config.check(problem, H100):
                         for misaligned in (False, True)[:1 + config.repacks_operands]:
                             cases.setdefault((config.name, problem.key, misaligned), (config, problem, misaligned))
@@ -226,7 +230,7 @@ def test_a_signature_is_read_past_attributes_comments_and_qualifiers():
 
 # ---- epilogues: every kernel that writes D itself takes the bias, the residual and its layout ------------
 
-PBIAS, PRESIDUAL = 0x4000000, 0x5000000
+PBIAS, PRESIDUAL, PSCALE_A, PSCALE_B = 0x4000000, 0x5000000, 0x6000000, 0x7000000
 
 
 def _epilogue_variants(config):
@@ -236,7 +240,9 @@ def _epilogue_variants(config):
         yield dataclasses.replace(config, swap=True)  # (C written transposed)
 
 
-EPILOGUE_CASES = [(variant, dataclasses.replace(problem, epilogue=Epilogue("n", "gelu", True)), misaligned)
+# (an FP8 problem keeps its scaling and output dtype, and takes bias, activation and residual besides)
+EPILOGUE_CASES = [(variant, dataclasses.replace(problem, epilogue=dataclasses.replace(
+                   problem.epilogue, bias="n", activation="gelu", residual=True)), misaligned)
                   for config, problem, misaligned in CASES for variant in _epilogue_variants(config)
                   if variant.applies_epilogue and not variant.check(problem, H100)]
 
@@ -261,7 +267,8 @@ def test_an_epilogues_pointers_and_residual_layout_reach_the_slots_of_their_name
     residual = KernelOperand(False, problem.n + 8, problem.m * (problem.n + 8), 0)  # a pitch of its own
     source = render(config, problem, config.vector_widths(a, b, c, row.itemsize))
     launch = launcher(_prepared(config, problem, source), a, b, c, ordinal=0, residual=residual)
-    launch(PA, PB, PC, ALPHA, BETA, SimpleNamespace(ptr=0), PBIAS, PRESIDUAL)
+    scales = (PSCALE_A, PSCALE_B) if problem.epilogue.scale else ()  # (an FP8 product's scales)
+    launch(PA, PB, PC, ALPHA, BETA, SimpleNamespace(ptr=0), PBIAS, PRESIDUAL, *scales)
     gemm = [kernel for kernel in launched if kernel.function.name == source.kernel]
     assert len(gemm) == 1
     declared = source.signatures[source.kernel]
@@ -271,6 +278,7 @@ def test_an_epilogues_pointers_and_residual_layout_reach_the_slots_of_their_name
     assert (values["bias"], values["residual"]) == (PBIAS, PRESIDUAL)
     assert (values["ldr"], values["stride_r"]) == (problem.n + 8, problem.m * (problem.n + 8))
     assert (values["C"], values["alpha"], values["beta"]) == (PC, ALPHA, BETA)
+    assert (values.get("scale_a"), values.get("scale_b")) == (scales or (None, None))
 
 
 def test_a_kind_that_passes_no_epilogue_refuses_a_problem_with_one(monkeypatch):

@@ -11,7 +11,7 @@ from .. import dtypes, families
 from ..families import config_from_dict, config_from_name, family_for
 from ..kernels.space import SearchSpace, SpaceError
 from ..paths import search_spaces_dir
-from ..epilogue import ACTIVATIONS, Epilogue
+from ..epilogue import ACTIVATIONS, SCALES, Epilogue
 from ..problem import LAYOUTS, Device, Problem
 
 COMPUTES = tuple(dict.fromkeys(row.compute for row in dtypes.ROWS))
@@ -92,16 +92,31 @@ def add_problem_arguments(parser: argparse.ArgumentParser, m_required: bool, def
     epilogue.add_argument("--bias", action="store_true", help="add a bias of N values (one per column of C)")
     epilogue.add_argument("--activation", choices=ACTIVATIONS, help="apply an activation after the bias")
     epilogue.add_argument("--residual", action="store_true", help="add a residual of C's shape after the activation")
+    scaled = parser.add_argument_group(
+        "FP8", "an FP8 product (--dtype float8_e4m3fn or float8_e5m2) as autogemm.scaled_matmul serves it: D = "
+        "scale_a * scale_b * A @ B^T, A stored M x K and B N x K (layout nt, the default for FP8), timed against "
+        "torch._scaled_mm")
+    scaled.add_argument("--scale", choices=SCALES, help="the scales: one each (tensor, the default for FP8) or one "
+                        "per row of A and per column of B (row)")
+    scaled.add_argument("--out-dtype", choices=dtypes.FP8_OUTPUTS, help="D's dtype (default bfloat16 for FP8)")
 
 
 def problem_from_args(args: argparse.Namespace) -> Problem:
     trans_a, trans_b = args.trans_a, args.trans_b
+    fp8 = dtypes.lookup(args.dtype).scaled if args.dtype else False
     if args.layout:
         if trans_a or trans_b:
             raise CliError("give either --layout or --trans-a/--trans-b, not both")
         trans_a, trans_b = args.layout[0] == "t", args.layout[1] == "t"
+    elif fp8 and not (trans_a or trans_b):
+        trans_b = True  # (FP8's layout: both operands K-major)
+    scale, out_dtype = getattr(args, "scale", None), getattr(args, "out_dtype", None)
+    if not fp8 and (scale or out_dtype):
+        raise CliError(f"--scale and --out-dtype are for FP8 products (--dtype float8_e4m3fn or float8_e5m2), not "
+                       f"{args.dtype or 'float32'}")
     try:
-        epilogue = Epilogue("n" if args.bias else "", args.activation or "", args.residual)
+        epilogue = Epilogue("n" if args.bias else "", args.activation or "", args.residual,
+                            (out_dtype or "bfloat16") if fp8 else "", scale=(scale or "tensor") if fp8 else "")
         return Problem(args.m, args.n or args.m, args.k or args.m, batch=args.batch, dtype=args.dtype or "float32",
                        compute=args.compute, trans_a=trans_a, trans_b=trans_b, epilogue=epilogue)
     except (TypeError, ValueError) as exc:

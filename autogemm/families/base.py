@@ -178,6 +178,8 @@ class GemmConfig(Config):
     family_applies_epilogue: ClassVar[bool] = False
     # Whether it writes D in an out_dtype other than the operands' (the tile families write C in T)
     writes_other_dtypes: ClassVar[bool] = False
+    # Whether it scales FP8 products (epilogue.SCALES) and writes them in the dtype their epilogue names
+    applies_scales: ClassVar[bool] = False
 
     @property
     def applies_epilogue(self) -> bool:
@@ -201,7 +203,9 @@ class GemmConfig(Config):
             return f"its kernel writes partial sums ({self.launch_kind}, split-K {self.split_k}), not D"
         if epilogue.gated:
             return f"the {self.family} family applies no gated epilogue"
-        if epilogue.out_dtype and not self.writes_other_dtypes:
+        if epilogue.scale and not self.applies_scales:
+            return f"the {self.family} family does not scale FP8 products"
+        if epilogue.out_dtype and not self.writes_other_dtypes and not (epilogue.scale and self.applies_scales):
             return f"the {self.family} family writes D in the operands' dtype, not {epilogue.out_dtype}"
         return ""
 

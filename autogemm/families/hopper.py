@@ -74,6 +74,7 @@ KNOBS = (
 class HopperConfig(VectorizedLoads, GemmConfig):
     family = "hopper"
     family_applies_epilogue = True  # (in its store, from the accumulators: templates/common.cuh.j2)
+    applies_scales = True  # (FP8: the scales in the epilogue, D written in its out_dtype)
     label = "Hopper"
     name_prefix = "hopper_"
     knobs = KNOBS
@@ -89,9 +90,18 @@ class HopperConfig(VectorizedLoads, GemmConfig):
     def candidate_for(cls, problem: Problem, device: Device | None = None) -> bool:
         """The types the family computes (the `other_families` column of dtypes) on a device of its
         architecture (any where no device is given), where the product is not GEMV-like (those are
-        the GEMV family's: a Hopper tile of 64 rows and more would mostly compute padding)."""
-        return (cls.compute_for(problem.dtype) == problem.compute and not gemv.is_short(problem)
+        the GEMV family's: a Hopper tile of 64 rows and more would mostly compute padding) unless
+        the type is the family's own (FP8, which nothing else computes)."""
+        own = dtypes.lookup(problem.dtype, problem.compute).family == cls.family  # (FP8: no other family computes it)
+        return (cls.compute_for(problem.dtype) == problem.compute and (own or not gemv.is_short(problem))
                 and (device is None or device.compute_capability == ARCH))
+
+    @classmethod
+    def space_for(cls, problem: Problem) -> str:
+        """hopper.toml for the types it computes besides their own family; the row's own space (FP8:
+        hopper_fp8.toml) for the types whose family it is."""
+        row = dtypes.lookup(problem.dtype, problem.compute)
+        return row.space if row.family == cls.family else cls.search_space
 
     # ---- derived sizes -------------------------------------------------------------------------
     @property
@@ -182,13 +192,17 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         if device.compute_capability != ARCH:
             bad("tensor-core", f"TMA and wgmma need compute capability {ARCH[0]}.{ARCH[1]} (sm_90a), "
                                f"device is {device.arch}")
-        atom = SWIZZLE_BYTES // dtypes.lookup(problem.dtype, problem.compute).itemsize
+        row = dtypes.lookup(problem.dtype, problem.compute)
+        atom = SWIZZLE_BYTES // row.itemsize
+        # bn: whole swizzled rows where B or C may be stored along N (MN-major B, the TMA store); FP8's B is
+        # K-major and its D stored from registers, so 64 columns (the skeleton's step) will do
+        bn_step = 64 if row.scaled else atom
         if self.wn != self.bn or self.bm % self.wm or not 1 <= self.consumers <= MAX_CONSUMERS:
             bad("warp-tile", f"a consumer's tile {self.wm}x{self.wn} must span the block's {self.bn} columns "
                              f"and 1 or {MAX_CONSUMERS} of them its {self.bm} rows")
-        if self.wm % ROWS_PER_INSTRUCTION or self.bn % atom or self.bn > wgmma.N_MAX or self.bk % atom:
+        if self.wm % ROWS_PER_INSTRUCTION or self.bn % bn_step or self.bn > wgmma.N_MAX or self.bk % atom:
             bad("fragment", f"wm={self.wm} must be a multiple of {ROWS_PER_INSTRUCTION} (wgmma rows), bn={self.bn} "
-                            f"a multiple of {atom} up to {wgmma.N_MAX} (wgmma's N, whole swizzled rows) and "
+                            f"a multiple of {bn_step} up to {wgmma.N_MAX} (wgmma's N, whole swizzled rows) and "
                             f"bk={self.bk} a multiple of {atom} ({SWIZZLE_BYTES}-byte rows)")
         if self.accumulators() > MAX_ACCUMULATORS:
             bad("registers", f"{self.accumulators()} accumulators per consumer thread (tile {self.wm}x{self.bn}) "
@@ -198,7 +212,10 @@ class HopperConfig(VectorizedLoads, GemmConfig):
                              f"has {self.consumers}")
         if self.pingpong and not self.persistent:
             bad("grid", "pingpong needs a persistent grid (with a block per tile the second consumer would idle)")
-        kernel = self.kernel_problem(problem)
+        scaled = dtypes.lookup(problem.dtype, problem.compute).scaled
+        if scaled:
+            self._fp8_reasons(problem, bad)
+        kernel = self.kernel_problem(problem) if not (scaled and self.swap and problem.epilogue.scale == "row") else problem
         if not self.transposes(problem) and not kernel.trans_b:
             if problem.layout == "tn":
                 bad("layout", f"wgmma reads {problem.dtype}/{problem.compute} from shared memory K-major only: layout TN "
@@ -226,6 +243,23 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         self.launch_reasons(problem, device, smem, bad)
         return reasons
 
+    def _fp8_reasons(self, problem: Problem, bad) -> None:
+        """What an FP8 product asks of a config beyond the other types' rules: A K-major too (wgmma
+        reads 8-bit A from shared memory only, K-major), K a multiple of 16 (TMA's 16-byte pitches:
+        FP8 operands are not repacked), D written from registers (the TMA store stages the operands'
+        128-byte rows, D's type is wider) and no swap of row scales (they would change roles)."""
+        kernel_a_transposed = not problem.trans_b if self.swap else problem.trans_a  # (swap: B is the kernel's A)
+        if kernel_a_transposed:
+            bad("layout", f"wgmma reads {problem.dtype} K-major only: layout {problem.layout.upper()} stores "
+                          f"{'B as K x N' if self.swap else 'A as K x M'}; FP8 needs A stored M x K and B N x K (NT)")
+        if problem.k % TMA_ALIGN_BYTES:
+            bad("layout", f"K={problem.k}: FP8 operands need K a multiple of {TMA_ALIGN_BYTES} (TMA's 16-byte pitches)")
+        if self.tma_store:
+            bad("choice", f"tma_store stages C in {problem.dtype}'s 128-byte rows; D is "
+                          f"{problem.epilogue.out_dtype or 'another dtype'}: FP8 kernels store from registers")
+        if self.swap and problem.epilogue.scale == "row":
+            bad("choice", "swap: row scales would change roles (scale_a runs along M, scale_b along N)")
+
     # ---- rendering -----------------------------------------------------------------------------
     def check_widths(self, widths: VectorWidths) -> None:
         if (widths.a, widths.b) != (self.vec, self.vec):
@@ -237,7 +271,11 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             raise ValueError(f"the Hopper template has no kernel for {problem.dtype}/{problem.compute}")
         row = dtypes.lookup(problem.dtype, problem.compute)
         producer, consumer = self.registers()
+        # C's type: the element's, or for FP8 products D's (the epilogue's EpOut and its conversions)
+        c_type, c_to_acc, c_from_acc = ("EpOut", "epilogue_to_acc", "epilogue_from_acc") if row.scaled \
+            else ("T", "to_acc", "from_acc")
         return dict(
+            scaled=row.scaled, c_type=c_type, c_to_acc=c_to_acc, c_from_acc=c_from_acc,
             dtype=problem.dtype, compute=problem.compute, layout=problem.layout.upper(), element=row.element,
             to_acc=row.to_acc, from_acc=row.from_acc, mma_input=row.tensor_core.mma_input, fk=row.tensor_core.wgmma_k,
             bm=self.bm, bn=self.bn, bk=self.bk, consumers=self.consumers, stages=self.stages, group_m=self.group_m,

@@ -139,16 +139,19 @@ class PackedKernel:
 
 def epilogue_arguments(problem, residual) -> dict:
     """The arguments a kernel that applies `problem`'s epilogue takes after its own (common.cuh.j2's
-    epilogue_parameters), by name: the bias's and the residual's pointers (set per launch) and the
-    residual's pitch and batch stride (`residual`, a KernelOperand in the user's layout, as C; None
+    epilogue_parameters), by name: the bias's and the residual's pointers (set per launch; a scaled
+    product's scales' too) and the residual's pitch and batch stride (`residual`, a KernelOperand in the user's layout, as C; None
     where the epilogue adds none). Empty for the identity epilogue."""
     epilogue = problem.epilogue
     if epilogue.is_identity:
         return {}
     if epilogue.residual and residual is None:
         raise ValueError(f"the epilogue {epilogue} adds a residual: the launcher needs its layout")
-    return dict(bias=np.uintp(0), residual=np.uintp(0), ldr=np.int32(residual.ld if residual else 0),
-                stride_r=np.int64(residual.batch_stride if residual else 0))
+    arguments = dict(bias=np.uintp(0), residual=np.uintp(0), ldr=np.int32(residual.ld if residual else 0),
+                     stride_r=np.int64(residual.batch_stride if residual else 0))
+    if epilogue.scale:  # (FP8: the scales' addresses, set per launch too)
+        arguments.update(scale_a=np.uintp(0), scale_b=np.uintp(0))
+    return arguments
 
 
 def compiled_kernel(kernel, role: str, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,

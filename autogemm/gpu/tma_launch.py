@@ -114,6 +114,8 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
     pointers, c_at = kernel.slot("C")
     # an epilogue's bias and residual: their addresses set at each launch (None: a bare kernel)
     bias_at, residual_at = kernel.slots("bias", "residual")[1] if "bias" in kernel.parameters else (None, None)
+    # a scaled (FP8) product's scales: their addresses set at each launch too (None: an unscaled kernel)
+    scale_a_at, scale_b_at = kernel.slots("scale_a", "scale_b")[1] if "scale_a" in kernel.parameters else (None, None)
     scalars, (alpha_at, beta_at) = kernel.slots("alpha", "beta")
     flags, c_mapped_at = kernel.slot("c_mapped")
     point, launch_kernel = kernel.point, kernel.launch
@@ -146,7 +148,7 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
         held[role] = None
         return False
 
-    def launch(pa, pb, pc, alpha, beta, stream=None, pbias=0, presidual=0):
+    def launch(pa, pb, pc, alpha, beta, stream=None, pbias=0, presidual=0, pscale_a=0, pscale_b=0):
         stream_pointer = current_stream_pointer(stream)
         with lock:
             if current[0] != pa:
@@ -158,6 +160,8 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
             pointers[c_at] = pc
             if bias_at is not None:
                 pointers[bias_at], pointers[residual_at] = pbias, presidual
+            if scale_a_at is not None:
+                pointers[scale_a_at], pointers[scale_b_at] = pscale_a, pscale_b
             scalars[alpha_at], scalars[beta_at] = alpha, beta
             launch_kernel(stream_pointer)
 

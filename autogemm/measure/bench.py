@@ -17,6 +17,7 @@ import numpy as np
 from .. import dtypes
 from ..epilogue import Epilogue, error_bound
 from ..epilogue import reference as epilogue_reference
+from ..epilogue import scales as epilogue_scales
 from ..gpu.cublas_baseline import bfloat16_bits_product, cublas_product
 
 # TF32 rounds every operand to 10 mantissa bits, so its error grows like sqrt(K) beyond this K
@@ -166,26 +167,39 @@ def check_result(result, a, b, problem, *, c=None, alpha=1.0, beta=0.0, referenc
     return Verdict(rel, limit, over, float(ratio.max()) if ratio.size else 0.0, first)
 
 
-def check_epilogue_result(result, a, b, problem, *, bias=None, residual=None, alpha=1.0, beta=0.0, c=None) -> Verdict:
+def check_epilogue_result(result, a, b, problem, *, bias=None, residual=None, alpha=1.0, beta=0.0, c=None,
+                          scale_a=None, scale_b=None) -> Verdict:
     """`check_result` of a problem with an epilogue (bias, activation, residual; D in the operands'
     dtype): every element of D finite and within `epilogue.error_bound` of the epilogue's float64
     reference (the product's bound, `element_bounds`, with the bias added and grown by the
     activation's slope, then the activation's evaluation and D's roundings), and D's norm-wise
-    error within the dtype's limit. `c`: C as it was before the call (beta · C added)."""
+    error within the dtype's limit. `c`: C as it was before the call (beta · C added). A scaled (FP8)
+    problem's A and B are given as their values (`fp8.to_float64`) with `scale_a` and `scale_b` (the
+    product's bound grows with the scales, and one more rounding in Acc)."""
     xp = _array_module(a)
     epilogue = problem.epilogue
-    bare = dataclasses.replace(problem, epilogue=Epilogue())
+    # the product without bias, activation and residual (a scaled problem keeps its scaling: it has no other)
+    bare = dataclasses.replace(problem, epilogue=Epilogue(scale=epilogue.scale, out_dtype=epilogue.out_dtype)
+                               if epilogue.scale else Epilogue())
     row, out = dtypes.lookup(problem.dtype, problem.compute), dtypes.lookup(epilogue.output_dtype(problem.dtype))
     product = reference_gemm(a, b, trans_a=problem.trans_a, trans_b=problem.trans_b, alpha=alpha)
+    scale = 1.0  # (what the product is multiplied by: 1 unless the problem is scaled)
+    if epilogue.scale:
+        scale_a, scale_b = to_float64(scale_a), to_float64(scale_b)
+        scale = epilogue_scales(epilogue, scale_a, scale_b)
     bias64 = to_float64(bias) if bias is not None else None
     residual64 = to_float64(residual) if residual is not None else None
-    pre = product
+    pre = product * scale
     if bias64 is not None:
-        pre = product + (bias64.reshape(-1) if epilogue.bias == "n" else bias64.reshape(-1, 1))
-    # what the activation is given: the product's error, and one rounding of the bias's sum in Acc
-    pre_bound = element_bounds(a, b, None, bare, alpha=alpha, reference=product) + row.accumulator_roundoff * xp.abs(pre)
+        pre = pre + (bias64.reshape(-1) if epilogue.bias == "n" else bias64.reshape(-1, 1))
+    # what the activation is given: the product's error (scaled), one rounding of the scaling and one
+    # of the bias's sum in Acc
+    pre_bound = element_bounds(a, b, None, bare, alpha=alpha, reference=product) * abs(scale) \
+        + row.accumulator_roundoff * xp.abs(pre)
+    if epilogue.scale:
+        pre_bound = pre_bound + row.accumulator_roundoff * xp.abs(product * scale)
     expected = epilogue_reference(product, epilogue, bias=bias64, residual=residual64, beta=beta,
-                                  c=to_float64(c) if c is not None else None, xp=xp)
+                                  c=to_float64(c) if c is not None else None, xp=xp, scale_a=scale_a, scale_b=scale_b)
     bound = error_bound(pre_bound, epilogue, xp.abs(expected), out.element_roundoff,
                         xp.abs(residual64) + xp.abs(expected) if residual64 is not None else 0.0,
                         pre_activation_magnitude=xp.abs(pre), accumulator_unit_roundoff=row.accumulator_roundoff,
@@ -193,7 +207,7 @@ def check_epilogue_result(result, a, b, problem, *, bias=None, residual=None, al
     if c is not None and beta != 0:
         bound = bound + 2 * out.element_roundoff * abs(beta) * xp.abs(to_float64(c))
     # (the norm-wise limit of the products' dtype, or of D's where D is written in a coarser one)
-    written = dataclasses.replace(bare, dtype=epilogue.output_dtype(problem.dtype), compute="")
+    written = dataclasses.replace(bare, dtype=epilogue.output_dtype(problem.dtype), compute="", epilogue=Epilogue())
     rel, limit = relative_error(result, expected), max(tolerance(bare), tolerance(written))
     values = to_float64(result)
     if not bool(xp.isfinite(values).all()):

@@ -20,6 +20,7 @@ from dataclasses import asdict
 
 from ..kernels.compile import remember
 from .evaluate import CompileAheadEvaluator, FatalEvaluationError, GpuMeasurer, Latency, Measurement, failure_from_exception
+from .scaled_measuring import measurer_for
 from ..families import config_from_dict
 from ..problem import Device, Problem
 
@@ -85,14 +86,14 @@ def _measuring_process(conn, problem_key: str | None, ordinal: int, seed: int, p
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
 
-    def measurer_for(key: str, seed: int) -> GpuMeasurer:
-        return GpuMeasurer(Problem.from_key(key), device, seed)
+    def measurer_of(key: str, seed: int) -> GpuMeasurer:
+        return measurer_for(Problem.from_key(key), device, seed)
 
     def release() -> None:  # the last problem's inputs go back to the device before the next one's
         cupy.get_default_memory_pool().free_all_blocks()
         cupy.get_default_pinned_memory_pool().free_all_blocks()
 
-    serve_problems(conn, problem_key, seed, measurer_for, release)
+    serve_problems(conn, problem_key, seed, measurer_of, release)
 
 
 def serve_problems(conn, problem_key: str | None, seed: int, measurer_for, release=lambda: None) -> None:

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from ..results.cache import Record, TuningCache, cublas_record, filed_record, write_json
 from ..kernels.compile import compile_many
-from .evaluate import LATENCY_MARGIN, MIN_NOISE, GpuMeasurer
+from .evaluate import LATENCY_MARGIN, MIN_NOISE
+from .scaled_measuring import measurer_for
 from ..problem import Device
 from ..results.provenance import host, now, runtime_versions
 from ..kernels.render import kernel_digest, render
@@ -52,7 +53,7 @@ def retime_record(record: Record, device: Device, seed: int = 0) -> Record:
 
     problem = record.problem_object
     config = record.generated_config
-    measurer = GpuMeasurer(problem, device, seed)
+    measurer = measurer_for(problem, device, seed)
     try:
         # rounds in which the baselines and the kernel take turns: their spread is the noise a kernel
         # must beat the baseline by (large 16-bit products vary by several percent with the GPU's power)

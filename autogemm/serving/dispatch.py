@@ -61,6 +61,11 @@ def reset() -> None:
     _DISPATCHER.clear()
 
 
+def dispatcher() -> Dispatcher:
+    """The process's Dispatcher (its cache, its choices), which scaled_matmul selects through too."""
+    return _DISPATCHER
+
+
 def _device_of(info) -> int:
     """The GPU of an ArrayInfo or numpy_semantics.Operand (the driver asked where unknown)."""
     if info.device is not None:

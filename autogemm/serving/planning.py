@@ -51,6 +51,8 @@ class Dispatcher:
         self.torch_fast: dict = {}
         # key of a call on tensors with an epilogue (epilogue_step.torch_epilogue_key) -> TorchEpiloguePlan
         self.torch_epilogue: dict = {}
+        # scaled_matmul's calls (scaled.ScaledCall) -> the tuned kernel's plan, or None (torch._scaled_mm serves)
+        self.scaled: dict = {}
         self.lock = threading.Lock()
         self._building: dict = {}  # plan key -> Event set when the thread building it is done
         self._tune_locks: dict[int, threading.Lock] = {}  # GPU ordinal -> held while tuning on it
@@ -76,6 +78,7 @@ class Dispatcher:
             self.fast.clear()
             self.torch_fast.clear()
             self.torch_epilogue.clear()
+            self.scaled.clear()
             self.spare_bytes = 0
             self.races.clear()
             self.verdicts.clear()

@@ -1,0 +1,100 @@
+"""The launch of a scaled FP8 product on CuPy arrays (`bind_scaled`): D = scale_a · scale_b · (A @ Bᵀ)
+(+ bias), A stored M × K and B stored N × K (both K-major, as wgmma reads 8-bit types; torch's
+`_scaled_mm(a, b)` takes the same memory as a row-major a and a column-major b), D M × N row-major in
+one of the dtypes FP8 products are written as. CuPy has no FP8 type: A and B are uint8 arrays of the
+named FP8 type's bits (`autogemm.fp8`).
+
+Scales are FP32 device arrays, read by the kernel: one value each (per tensor), or M values for A's
+rows and N for B's columns (per row). Every argument is checked before anything is compiled or
+launched, and a fault is named (shape, dtype, layout, alignment).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes
+from ..epilogue import Epilogue
+from ..families import GemmConfig
+from ..problem import Problem
+from . import runtime
+from .launch import launcher, prepare
+from .operands import KernelOperand
+
+ALIGN_BYTES = 16  # the address TMA reads an operand from; A's and B's pitches (K bytes) likewise
+
+
+def scaling_of(m: int, n: int, scale_a, scale_b) -> str:
+    """"tensor" or "row" by the scales' sizes (ValueError naming them where they are neither)."""
+    size_a, size_b = int(np.prod(scale_a.shape)), int(np.prod(scale_b.shape))
+    if size_a == 1 and size_b == 1:
+        return "tensor"
+    if size_a == m and size_b == n and tuple(scale_a.shape) in ((m,), (m, 1)) and tuple(scale_b.shape) in ((n,), (1, n)):
+        return "row"
+    raise ValueError(f"scales must be one value each (per tensor) or M = {m} for A's rows, shaped (M, 1), and "
+                     f"N = {n} for B's columns, shaped (1, N) (per row); got shapes {tuple(scale_a.shape)} and "
+                     f"{tuple(scale_b.shape)}")
+
+
+def scaled_problem(m: int, n: int, k: int, dtype: str, scaling: str, out_dtype: str, bias: bool) -> Problem:
+    """The Problem of a scaled product: layout NT (A M × K, B N × K), the scaling, D's dtype and a bias
+    along N in its epilogue."""
+    return Problem(m, n, k, dtype=dtype, trans_b=True,
+                   epilogue=Epilogue(scale=scaling, bias="n" if bias else "", out_dtype=out_dtype))
+
+
+def _check_operand(x, name: str, rows_name: str) -> tuple[int, int]:
+    cupy = runtime.cupy()
+    if not isinstance(x, cupy.ndarray):
+        raise TypeError(f"{name} must be a CuPy array of FP8 bits (uint8), got {type(x).__name__}")
+    if x.dtype.itemsize != 1:
+        raise TypeError(f"{name} must hold FP8 bits (uint8, one byte an element), got {x.dtype}")
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be a matrix ({rows_name} × K), got shape {x.shape}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{name} must be stored {rows_name} × K, rows contiguous (K-major: wgmma reads FP8 so); "
+                         f"got strides {x.strides}")
+    if x.data.ptr % ALIGN_BYTES:
+        raise ValueError(f"{name}'s address must be a multiple of {ALIGN_BYTES} bytes (TMA), got {x.data.ptr:#x}")
+    return x.shape
+
+
+def bind_scaled(config: GemmConfig, a, b, scale_a, scale_b, *, dtype: str, out_dtype: str = "bfloat16", bias=None,
+                out=None):
+    """Validates the arguments, compiles `config`'s kernel and returns (run, d): `run(stream=None)`
+    computes D = scale_a · scale_b · (A @ Bᵀ) (+ bias, N values of D's dtype) into d (`out`, or a new
+    array of D's dtype; bfloat16 as ml_dtypes' type, or given as uint16 bits)."""
+    cupy = runtime.cupy()
+    if dtype not in [row.name for row in dtypes.ROWS if row.scaled]:
+        raise ValueError(f"dtype {dtype!r} is not an FP8 type; choose float8_e4m3fn or float8_e5m2")
+    m, k = _check_operand(a, "a", "M")
+    n, k_b = _check_operand(b, "b", "N")
+    if k_b != k:
+        raise ValueError(f"a is {m} × {k} and b {n} × {k_b}: both are stored K-major, so their K must match")
+    for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
+        if not isinstance(scale, cupy.ndarray) or scale.dtype != np.float32 or not scale.flags.c_contiguous:
+            raise TypeError(f"{name} must be a contiguous float32 CuPy array on the GPU, got "
+                            f"{getattr(scale, 'dtype', type(scale).__name__)}")
+    problem = scaled_problem(m, n, k, dtype, scaling_of(m, n, scale_a, scale_b), out_dtype, bias is not None)
+    storage = dtypes.lookup(out_dtype).storage
+    held = {np.dtype(storage), runtime.numpy_dtype(out_dtype)}  # (bfloat16: ml_dtypes' type, or its bits as uint16)
+    if bias is not None and (not isinstance(bias, cupy.ndarray) or bias.shape != (n,) or bias.dtype not in held):
+        raise ValueError(f"bias must be a CuPy vector of N = {n} values of D's dtype {out_dtype}; "
+                         f"got {getattr(bias, 'shape', type(bias).__name__)} {getattr(bias, 'dtype', '')}")
+    if out is None:
+        out = cupy.empty((m, n), dtype=runtime.numpy_dtype(out_dtype))
+    elif not isinstance(out, cupy.ndarray) or out.shape != (m, n) or out.dtype not in held \
+            or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous CuPy array of shape ({m}, {n}) and D's dtype {out_dtype}")
+    a_operand = KernelOperand(False, k, 0, a.data.ptr)
+    b_operand = KernelOperand(True, k, 0, b.data.ptr)
+    d_operand = KernelOperand(False, n, 0, out.data.ptr)
+    widths = config.vector_widths(a_operand, b_operand, d_operand, 1)
+    launch = launcher(prepare(config, problem, widths), a_operand, b_operand, d_operand)
+    pointers = (a.data.ptr, b.data.ptr, out.data.ptr)
+    pbias = bias.data.ptr if bias is not None else 0
+
+    def run(stream=None):
+        launch(*pointers, 1.0, 0.0, stream, pbias, 0, scale_a.data.ptr, scale_b.data.ptr)
+
+    return run, out

@@ -1,0 +1,124 @@
+"""FP8 without a GPU: the values of the bit patterns and quantization (against ml_dtypes), FP8 problems
+and their keys, what the Hopper family asks of an FP8 product, the float64 check of a scaled result
+(which a wrong scale fails), and an FP8 kernel rendered and compiled with nvcc for sm_90a."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from autogemm import dtypes, fp8
+from autogemm.epilogue import Epilogue
+from autogemm.families.hopper import HopperConfig
+from autogemm.gpu.scaled_launch import scaled_problem, scaling_of
+from autogemm.measure.bench import check_epilogue_result
+from autogemm.problem import Device, Problem
+
+SM90 = Device.for_arch("sm_90")
+TWO_CONSUMERS = HopperConfig(bm=128, bn=128, bk=128, wm=64, wn=128, stages=4)
+
+
+@pytest.mark.parametrize("dtype", fp8.FP8_DTYPES)
+def test_fp8_values_and_quantization_are_ml_dtypes(dtype):
+    kind = getattr(ml_dtypes, dtype)
+    largest = float(ml_dtypes.finfo(kind).max)
+    x = np.random.default_rng(0).uniform(-1.5 * largest, 1.5 * largest, 20000)
+    bits = fp8.quantize(x, dtype)
+    assert bits.dtype == np.uint8
+    assert np.array_equal(bits, np.clip(x, -largest, largest).astype(kind).view(np.uint8))
+    assert np.array_equal(fp8.to_float64(bits, dtype), bits.view(kind).astype(np.float64))
+    every = np.arange(256, dtype=np.uint8)
+    finite = np.isfinite(fp8.values(dtype))
+    assert np.array_equal(fp8.to_float64(every, dtype)[finite], every.view(kind).astype(np.float64)[finite])
+
+
+def test_fp8_problems_name_their_scaling_and_output():
+    problem = Problem.from_key("float8_e4m3fn/fp32/nt/b1/4096x4096x4096/scale_row+bias_n>bfloat16")
+    assert problem.epilogue == Epilogue(bias="n", out_dtype="bfloat16", scale="row")
+    assert Problem.from_key(problem.key) == problem
+    with pytest.raises(ValueError, match="scaled: the epilogue must name a scaling"):
+        Problem(64, 64, 64, dtype="float8_e5m2", trans_b=True)
+    with pytest.raises(ValueError, match="written as bfloat16, float16, float32: name one"):
+        Problem(64, 64, 64, dtype="float8_e5m2", trans_b=True, epilogue=Epilogue(scale="tensor"))
+    with pytest.raises(ValueError, match="not written for float8_e5m2"):
+        Problem(64, 64, 64, dtype="float8_e5m2", epilogue=Epilogue(scale="tensor", out_dtype="float64"))
+    with pytest.raises(ValueError, match="only FP8 products are scaled"):
+        Problem(64, 64, 64, dtype="float16", epilogue=Epilogue(scale="tensor"))
+    with pytest.raises(ValueError, match="not computed swapped"):
+        problem.swapped()
+
+
+def test_scales_are_per_tensor_or_per_row_by_their_shapes():
+    one, rows, columns = np.ones(1), np.ones((5, 1)), np.ones((1, 7))
+    assert scaling_of(5, 7, one, one.reshape(())) == "tensor"
+    assert scaling_of(5, 7, rows, columns) == "row"
+    with pytest.raises(ValueError, match=r"got shapes \(1, 7\) and \(5, 1\)"):
+        scaling_of(5, 7, columns, rows)
+
+
+def test_the_hopper_family_names_what_an_fp8_product_needs():
+    row_scaled = scaled_problem(333, 520, 1040, "float8_e4m3fn", "row", "bfloat16", True)
+    assert TWO_CONSUMERS.check(row_scaled, SM90) == []
+    assert HopperConfig.space_for(row_scaled) == "hopper_fp8"
+    reasons = lambda config, problem: " ".join(config.check(problem, SM90))  # noqa: E731
+    swapped = HopperConfig(bm=128, bn=128, bk=128, wm=64, wn=128, stages=4, swap=True)
+    assert "row scales would change roles" in reasons(swapped, row_scaled)
+    assert swapped.check(scaled_problem(333, 520, 1040, "float8_e4m3fn", "tensor", "bfloat16", True), SM90) == []
+    stored = HopperConfig(bm=128, bn=128, bk=128, wm=64, wn=128, stages=4, tma_store=True)
+    assert "FP8 kernels store from registers" in reasons(stored, row_scaled)
+    assert "K a multiple of 16" in reasons(TWO_CONSUMERS, scaled_problem(64, 64, 24, "float8_e4m3fn", "tensor",
+                                                                         "float32", False))
+    tn = Problem.from_key("float8_e4m3fn/fp32/tn/b1/64x64x64/scale_tensor>float32")
+    assert "FP8 needs A stored M x K and B N x K (NT)" in reasons(TWO_CONSUMERS, tn)
+    assert "bk=64 a multiple of 128" in reasons(HopperConfig(bm=128, bn=128, bk=64, wm=64, wn=128, stages=4),
+                                                row_scaled)
+    # the other families do not scale products
+    from autogemm.families import TensorCoreConfig
+
+    assert "does not scale FP8 products" in TensorCoreConfig().epilogue_refusal(row_scaled.epilogue)
+
+
+def _scaled_result(scale_a, scale_b, m=48, n=40, k=256, dtype="float8_e4m3fn"):
+    """A result as a correct kernel writes it (float64 product of the operands' values, scaled, rounded
+    to bfloat16), with the operands' values and the scales."""
+    rng = np.random.default_rng(1)
+    a = fp8.to_float64(fp8.quantize(rng.uniform(-2, 2, (m, k)), dtype), dtype)
+    b = fp8.to_float64(fp8.quantize(rng.uniform(-2, 2, (n, k)), dtype), dtype)
+    d = ((a @ b.T) * scale_a.reshape(-1, 1) * scale_b.reshape(1, -1)).astype(ml_dtypes.bfloat16)
+    return d.astype(np.float64), a, b
+
+
+def test_a_scaled_result_is_checked_against_the_scales_it_was_given():
+    scale_a, scale_b = np.linspace(0.5, 2, 48).astype(np.float32), np.linspace(3, 1, 40).astype(np.float32)
+    d, a, b = _scaled_result(scale_a, scale_b)
+    problem = scaled_problem(48, 40, 256, "float8_e4m3fn", "row", "bfloat16", False)
+    assert check_epilogue_result(d, a, b, problem, scale_a=scale_a.reshape(-1, 1), scale_b=scale_b.reshape(1, -1)).ok
+    wrong = scale_b.copy()
+    wrong[7] *= 1.5  # one column's scale off
+    verdict = check_epilogue_result(d, a, b, problem, scale_a=scale_a.reshape(-1, 1), scale_b=wrong.reshape(1, -1))
+    assert not verdict.ok
+    tensor = scaled_problem(48, 40, 256, "float8_e4m3fn", "tensor", "bfloat16", False)
+    d, a, b = _scaled_result(np.float32([0.5]), np.float32([4.0]))
+    assert check_epilogue_result(d, a, b, tensor, scale_a=np.float32([0.5]), scale_b=np.float32([4.0])).ok
+    assert not check_epilogue_result(d, a, b, tensor, scale_a=np.float32([0.5]), scale_b=np.float32([2.0])).ok
+
+
+def test_an_fp8_kernel_compiles_for_sm90a_without_spills():
+    from autogemm.kernels.compile import nvcc_resources
+    from autogemm.kernels.render import render
+
+    problem = scaled_problem(333, 520, 1040, "float8_e5m2", "row", "float32", True)
+    source = render(TWO_CONSUMERS, problem)
+    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e5m2" in source.code
+    assert "y *= ep.scale_a[m] * ep.scale_b[n];" in source.code
+    usage = nvcc_resources(source, "sm_90")[source.kernel]
+    assert usage.spill_store_bytes == 0 and usage.spill_load_bytes == 0
+
+
+def test_fp8_rows_are_one_byte_scaled_and_written_wider():
+    for name in fp8.FP8_DTYPES:
+        row = dtypes.lookup(name)
+        assert (row.itemsize, row.scaled, row.output_dtypes) == (1, True, dtypes.FP8_OUTPUTS)
+        assert row.accumulator_roundoff == dtypes.FP8_ACCUMULATION_ROUNDOFF
+    assert dtypes.from_bits_storage("uint8") is None  # (uint8 bits are FP8 only where the caller names which)

@@ -1,0 +1,237 @@
+"""FP8 products on a Hopper GPU (the Hopper family's wgmma k32 path): e4m3 and e5m2, scaled per tensor
+and per row, D in BF16 and FP32, with and without a bias, on edge shapes (tails in M and N, K not a
+multiple of the 128-wide K slice) and in several kernel structures (one and two consumers, pingpong,
+a cluster, swapped operands), each against the float64 reference of the dequantized operands within
+`check_epilogue_result`'s bound, every output poisoned first."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autogemm import fp8
+from autogemm.families.hopper import HopperConfig
+from autogemm.measure.bench import check_epilogue_result, poison
+
+pytestmark = pytest.mark.gpu
+
+CONFIGS = {
+    "two consumers": HopperConfig(bm=128, bn=128, bk=128, wm=64, wn=128, stages=4),
+    "one consumer": HopperConfig(bm=64, bn=256, bk=128, wm=64, wn=256, stages=3),
+    "pingpong": HopperConfig(bm=128, bn=128, bk=128, wm=64, wn=128, stages=4, pingpong=True),
+    "cluster": HopperConfig(bm=128, bn=128, bk=128, wm=64, wn=128, stages=4, cluster=2),
+    "swap": HopperConfig(bm=128, bn=128, bk=128, wm=64, wn=128, stages=4, swap=True),
+}
+SHAPES = [(128, 256, 256), (200, 136, 272), (1, 16, 16), (333, 520, 1040)]
+
+
+@pytest.fixture(scope="module")
+def hopper():
+    from autogemm.gpu.launch import current_device
+
+    if current_device().compute_capability != (9, 0):
+        pytest.skip("FP8 wgmma needs an sm_90 GPU")
+
+
+def _operands(m, n, k, dtype, scaling, seed):
+    import cupy
+
+    rng = cupy.random.default_rng(seed)
+    a = fp8.quantize(rng.random((m, k)) * 4 - 2, dtype, cupy)
+    b = fp8.quantize(rng.random((n, k)) * 4 - 2, dtype, cupy)
+    if scaling == "tensor":
+        scale_a, scale_b = cupy.array([0.75], dtype=np.float32), cupy.array([2.5], dtype=np.float32)
+    else:
+        scale_a = (rng.random((m, 1)) + 0.5).astype(np.float32)
+        scale_b = (rng.random((1, n)) + 0.5).astype(np.float32)
+    return a, b, scale_a, scale_b
+
+
+def _run_and_check(config, m, n, k, dtype, scaling, out_dtype, with_bias, seed=0):
+    import cupy
+
+    from autogemm.gpu.runtime import numpy_dtype
+    from autogemm.gpu.scaled_launch import bind_scaled, scaled_problem
+
+    a, b, scale_a, scale_b = _operands(m, n, k, dtype, scaling, seed)
+    bias = (cupy.random.default_rng(seed + 1).random(n) * 2 - 1).astype(numpy_dtype(out_dtype)) if with_bias else None
+    run, d = bind_scaled(config, a, b, scale_a, scale_b, dtype=dtype, out_dtype=out_dtype, bias=bias)
+    poison(d)
+    run()
+    cupy.cuda.get_current_stream().synchronize()
+    problem = scaled_problem(m, n, k, dtype, scaling, out_dtype, with_bias)
+    # (A and B as stored, M × K and N × K: the problem's layout NT says B is read transposed)
+    verdict = check_epilogue_result(d, fp8.to_float64(a, dtype, cupy), fp8.to_float64(b, dtype, cupy), problem,
+                                    bias=bias, scale_a=scale_a, scale_b=scale_b)
+    assert verdict.ok, f"{config.name} {problem}: {verdict.message}"
+    return d
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
+@pytest.mark.parametrize("dtype,scaling,out_dtype,with_bias", [
+    ("float8_e4m3fn", "tensor", "bfloat16", False), ("float8_e4m3fn", "row", "float32", True),
+    ("float8_e5m2", "tensor", "float32", True), ("float8_e5m2", "row", "bfloat16", False)])
+def test_fp8_products_match_the_float64_reference(hopper, shape, dtype, scaling, out_dtype, with_bias):
+    _run_and_check(CONFIGS["two consumers"], *shape, dtype, scaling, out_dtype, with_bias)
+
+
+@pytest.mark.parametrize("structure", [s for s in CONFIGS if s != "two consumers"])
+def test_every_kernel_structure_computes_fp8(hopper, structure):
+    scaling = "tensor" if structure == "swap" else "row"  # (row scales refuse swap)
+    _run_and_check(CONFIGS[structure], 333, 520, 1040, "float8_e4m3fn", scaling, "bfloat16", True, seed=3)
+
+
+def test_fp8_matches_torch_scaled_mm(hopper):
+    """The same bits through torch._scaled_mm (cuBLASLt's FP8) give the same product: the two agree to
+    within the accumulation's differences (Hopper's FP8 wgmma keeps about 14 bits while it sums, and cuBLAS
+    adds its partial sums up in FP32 more often: 3e-3 of the largest value at K = 4096), far below what a
+    transposed operand or a misapplied scale would give."""
+    torch = pytest.importorskip("torch")
+    import cupy
+
+    m, n, k = 256, 384, 4096
+    d = _run_and_check(CONFIGS["two consumers"], m, n, k, "float8_e4m3fn", "tensor", "float32", False, seed=5)
+    a, b, scale_a, scale_b = _operands(m, n, k, "float8_e4m3fn", "tensor", 5)
+    ta = torch.from_dlpack(a).view(torch.float8_e4m3fn)
+    tb = torch.from_dlpack(b).view(torch.float8_e4m3fn).t()
+    expected = torch._scaled_mm(ta, tb, torch.from_dlpack(scale_a).reshape(()), torch.from_dlpack(scale_b).reshape(()),
+                                out_dtype=torch.float32)
+    difference = cupy.abs(d - cupy.from_dlpack(expected)).max()
+    assert float(difference) <= 1e-2 * float(cupy.abs(d).max()), float(difference)
+
+
+def test_refusals_name_the_fault(hopper):
+    import cupy
+
+    from autogemm.gpu.scaled_launch import bind_scaled
+
+    a, b, scale_a, scale_b = _operands(64, 64, 64, "float8_e4m3fn", "tensor", 0)
+    with pytest.raises(ValueError, match="K must match"):
+        bind_scaled(CONFIGS["two consumers"], a, _operands(64, 64, 48, "float8_e4m3fn", "tensor", 0)[1], scale_a, scale_b,
+                    dtype="float8_e4m3fn")
+    with pytest.raises(ValueError, match="per row"):
+        bind_scaled(CONFIGS["two consumers"], a, b, cupy.ones((3, 1), dtype=np.float32), scale_b, dtype="float8_e4m3fn")
+    with pytest.raises(ValueError, match="multiple of 16"):
+        a24, b24, _, _ = _operands(64, 64, 24, "float8_e4m3fn", "tensor", 0)
+        bind_scaled(CONFIGS["two consumers"], a24, b24, scale_a, scale_b, dtype="float8_e4m3fn")
+    with pytest.raises(ValueError, match="rows contiguous"):
+        bind_scaled(CONFIGS["two consumers"], a.T, b, scale_a, scale_b, dtype="float8_e4m3fn")
+
+
+# ---- autogemm.scaled_matmul --------------------------------------------------------------------------
+
+def _torch_operands(m, n, k, dtype, scaling, seed):
+    """Tensors as torch._scaled_mm takes them: a row-major, b = w.t() of an N × K weight, FP32 scales."""
+    torch = pytest.importorskip("torch")
+    a, b, scale_a, scale_b = _operands(m, n, k, dtype, scaling, seed)
+    fp8_type = getattr(torch, dtype)
+    return (torch.from_dlpack(a).view(fp8_type), torch.from_dlpack(b).view(fp8_type).t(),
+            torch.from_dlpack(scale_a), torch.from_dlpack(scale_b))
+
+
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+def test_an_untuned_fp8_product_is_torchs_scaled_mm(hopper, scaling):
+    """Nothing tuned: scaled_matmul serves torch._scaled_mm itself (bit for bit), so it never loses to it."""
+    import autogemm
+    from autogemm.serving.scaled import check_call, explain_scaled
+
+    torch = pytest.importorskip("torch")
+    a, b, scale_a, scale_b = _torch_operands(200, 144, 272, "float8_e4m3fn", scaling, 7)
+    autogemm.reset()
+    d = autogemm.scaled_matmul(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
+    expected = torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)
+    assert d.dtype == torch.bfloat16 and torch.equal(d, expected)
+    assert explain_scaled(check_call(a, b, scale_a, scale_b, None, torch.bfloat16)) == "torch._scaled_mm"
+
+
+@pytest.mark.parametrize("scaling,with_bias", [("tensor", False), ("row", True)])
+def test_a_tuned_fp8_record_serves_its_kernel(hopper, scaling, with_bias):
+    """A record of the FP8 problem in the cache: scaled_matmul launches that kernel (explain names it),
+    on tensors and on CuPy arrays, within the float64 reference's bound."""
+    import cupy
+
+    import autogemm
+    from autogemm.gpu.launch import current_device
+    from autogemm.gpu.scaled_launch import scaled_problem
+    from autogemm.results.cache import TuningCache
+    from autogemm.serving.scaled import check_call, explain_scaled
+    from test_gpu_capture import _record
+
+    torch = pytest.importorskip("torch")
+    m, n, k = 200, 144, 272
+    config = CONFIGS["two consumers"]
+    problem = scaled_problem(m, n, k, "float8_e5m2", scaling, "float32", with_bias)
+    TuningCache().store(_record(problem, config), current_device().slug)
+    autogemm.reset()
+    a, b, scale_a, scale_b = _torch_operands(m, n, k, "float8_e5m2", scaling, 9)
+    bias = torch.randn(n, device="cuda", dtype=torch.float32) if with_bias else None
+    call = check_call(a, b, scale_a, scale_b, bias, torch.float32)
+    assert explain_scaled(call) == f"cache: {config.name}"
+    d = autogemm.scaled_matmul(a, b, scale_a, scale_b, out_dtype=torch.float32, bias=bias)
+    bits_a, bits_b = cupy.from_dlpack(a.view(torch.uint8)), cupy.from_dlpack(b.t().view(torch.uint8))
+    verdict = check_epilogue_result(cupy.from_dlpack(d), fp8.to_float64(bits_a, "float8_e5m2", cupy),
+                                    fp8.to_float64(bits_b, "float8_e5m2", cupy), problem,
+                                    bias=cupy.from_dlpack(bias) if with_bias else None,
+                                    scale_a=cupy.from_dlpack(scale_a), scale_b=cupy.from_dlpack(scale_b))
+    assert verdict.ok, verdict.message
+    # the same kernel on CuPy arrays of the bits (b as the column-major view of the N × K weight)
+    on_cupy = autogemm.scaled_matmul(bits_a, bits_b.T, cupy.from_dlpack(scale_a), cupy.from_dlpack(scale_b),
+                                     out_dtype="float32", bias=cupy.from_dlpack(bias) if with_bias else None,
+                                     dtype="float8_e5m2")
+    assert bool((on_cupy == cupy.from_dlpack(d)).all())
+
+
+def test_scaled_matmul_refuses_what_torch_refuses(hopper):
+    import autogemm
+
+    torch = pytest.importorskip("torch")
+    a, b, scale_a, scale_b = _torch_operands(64, 64, 64, "float8_e4m3fn", "tensor", 0)
+    with pytest.raises(ValueError, match="column-major"):
+        autogemm.scaled_matmul(a, b.contiguous(), scale_a, scale_b)
+    with pytest.raises(ValueError, match="row-major"):
+        autogemm.scaled_matmul(a.t().contiguous().t(), b, scale_a, scale_b)
+    with pytest.raises(TypeError, match="one FP8 type"):
+        autogemm.scaled_matmul(a, b.view(torch.float8_e5m2), scale_a, scale_b)
+    with pytest.raises(TypeError, match="float32"):
+        autogemm.scaled_matmul(a, b, scale_a.double(), scale_b)
+    with pytest.raises(TypeError, match="no FP8 output"):
+        autogemm.scaled_matmul(a, b, scale_a, scale_b, out_dtype=torch.float8_e4m3fn)
+    a24, b24, _, _ = _torch_operands(64, 64, 24, "float8_e4m3fn", "tensor", 0)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        autogemm.scaled_matmul(a24, b24, scale_a, scale_b)
+    with pytest.raises(TypeError, match="dtype="):
+        import cupy
+        autogemm.scaled_matmul(cupy.from_dlpack(a.view(torch.uint8)), cupy.from_dlpack(b.t().view(torch.uint8)).T,
+                               cupy.from_dlpack(scale_a), cupy.from_dlpack(scale_b))
+
+
+def test_an_fp8_problem_tunes_against_torch_and_its_record_serves(hopper):
+    """`autogemm tune --dtype float8_e4m3fn --scale row`: candidates verified against the float64 product of
+    the operands' values and timed against torch._scaled_mm; the record, filed under the FP8 key, is what
+    scaled_matmul serves (its kernel, or torch._scaled_mm where the tune kept it), and `cache verify`
+    verifies it again."""
+    import subprocess
+    import sys
+
+    import autogemm
+    from autogemm.gpu.launch import current_device
+    from autogemm.gpu.scaled_launch import scaled_problem
+    from autogemm.measure.timing import PROTOCOL
+    from autogemm.results.cache import TuningCache
+    from autogemm.serving.scaled import check_call, explain_scaled
+    from test_gpu_tuner import _tune
+
+    pytest.importorskip("torch")  # (the baseline)
+    out = _tune("--M", "512", "--N", "1024", "--K", "1024", "--dtype", "float8_e4m3fn", "--scale", "row",
+                "--trials", "4", "--timeout", "60")
+    problem = scaled_problem(512, 1024, 1024, "float8_e4m3fn", "row", "bfloat16", False)
+    assert out["problem"] == problem.key and out["trials"]["valid"] >= 1
+    record, _ = TuningCache().lookup(problem, current_device().slug)
+    assert record.protocol == PROTOCOL and set(record.baselines) == {"torch._scaled_mm"}
+    autogemm.reset()
+    a, b, scale_a, scale_b = _torch_operands(512, 1024, 1024, "float8_e4m3fn", "row", 11)
+    served = explain_scaled(check_call(a, b, scale_a, scale_b, None, None))
+    assert served == ("torch._scaled_mm" if record.is_cublas else f"cache: {record.config_name}")
+    verified = subprocess.run([sys.executable, "-m", "autogemm.cli", "cache", "verify"], capture_output=True,
+                              text=True, timeout=300)
+    assert verified.returncode == 0 and problem.key in verified.stdout, verified.stdout + verified.stderr
