@@ -1,0 +1,184 @@
+"""FP8 on Hopper: autogemm's FP8 kernels (the Hopper family's wgmma m64nNk32 path) against
+torch._scaled_mm (cuBLASLt's FP8) on the same bits and scales, in the same run.
+
+Problems: 4096³ and 8192³, and Llama-3 8B and 70B linear layers (the up projection, N = intermediate and
+K = hidden; the down projection, N = hidden and K = intermediate) at M (tokens) in 16, 128 and 4096; e4m3
+operands, A M × K and B N × K (as torch._scaled_mm takes a and b = w.t()), D in BF16. Per-tensor scales for
+every problem; per-row scales too with --row.
+
+Competitors, each checked first (autogemm's kernels against the float64 reference of the operands' values,
+within `check_epilogue_result`'s bound; torch's relative error is reported):
+- torch._scaled_mm with torch's default use_fast_accum=False: the baseline of the ratio;
+- torch._scaled_mm with use_fast_accum=True: reported (cuBLASLt adds its partial sums up in FP32 less often);
+- autogemm: the fastest of the hopper_fp8 search space's seed configs on the problem (the kernels a tune
+  starts from; FP8 problems are not tuned yet, and scaled_matmul serves torch._scaled_mm until a record of
+  the problem exists).
+
+Timing: GPU time, back-to-back calls behind the gate (`autogemm.measure.timing.gpu_time`), the same for
+every competitor. Ratio = torch._scaled_mm's time / autogemm's (> 1: autogemm is faster). Writes
+benchmarks/results/fp8-<device>.md (and .json).
+
+    python benchmarks/bench_fp8.py
+    python benchmarks/bench_fp8.py --shapes 8192x8192x8192 --row    # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_common import geomean, results_path  # noqa: E402
+
+MODELS = {"Llama-3-8B": (4096, 14336), "Llama-3-70B": (8192, 28672)}  # (hidden, intermediate)
+MS = (16, 128, 4096)
+SQUARES = (4096, 8192)
+GPU_TIME_MS = 40.0
+DTYPE = "float8_e4m3fn"
+TORCH, FAST, AUTOGEMM = "torch._scaled_mm", "torch._scaled_mm fast accum", "autogemm"
+
+
+def problems(shapes: list[str] | None) -> list[tuple[str, int, int, int]]:
+    """(label, M, N, K) of the run."""
+    if shapes:
+        return [("given", *map(int, shape.split("x"))) for shape in shapes]
+    rows = [(f"{size}³", size, size, size) for size in SQUARES]
+    for model, (hidden, intermediate) in MODELS.items():
+        for layer, (n, k) in (("up", (intermediate, hidden)), ("down", (hidden, intermediate))):
+            rows += [(f"{model} {layer}", m, n, k) for m in MS]
+    return rows
+
+
+def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float) -> dict:
+    import cupy
+    import numpy as np
+    import torch
+
+    from autogemm import fp8
+    from autogemm.gpu.scaled_launch import bind_scaled, scaled_problem
+    from autogemm.kernels.space import SearchSpace
+    from autogemm.measure import timing
+    from autogemm.measure.bench import check_epilogue_result, poison, relative_error
+    from autogemm.gpu.launch import current_device
+    from autogemm.paths import search_spaces_dir
+
+    rng = cupy.random.default_rng(m * 31 + n + k)
+    a = fp8.quantize(rng.random((m, k), dtype=np.float32) * 2 - 1, DTYPE, cupy)
+    b = fp8.quantize(rng.random((n, k), dtype=np.float32) * 2 - 1, DTYPE, cupy)
+    if scaling == "tensor":
+        scale_a, scale_b = cupy.array([0.5], dtype=np.float32), cupy.array([2.0], dtype=np.float32)
+    else:
+        scale_a = (rng.random((m, 1), dtype=np.float32) + 0.5).astype(np.float32)
+        scale_b = (rng.random((1, n), dtype=np.float32) + 0.5).astype(np.float32)
+    problem = scaled_problem(m, n, k, DTYPE, scaling, "bfloat16", False)
+    a64, b64 = fp8.to_float64(a, DTYPE, cupy), fp8.to_float64(b, DTYPE, cupy)
+    expected = (a64 @ b64.T) * (scale_a.astype(np.float64) * scale_b.astype(np.float64))
+    ta, tb = torch.from_dlpack(a).view(torch.float8_e4m3fn), torch.from_dlpack(b).view(torch.float8_e4m3fn).t()
+    tsa, tsb = torch.from_dlpack(scale_a), torch.from_dlpack(scale_b)
+    if scaling == "tensor":
+        tsa, tsb = tsa.reshape(()), tsb.reshape(())
+    calls = {TORCH: lambda i: torch._scaled_mm(ta, tb, tsa, tsb, out_dtype=torch.bfloat16),
+             FAST: lambda i: torch._scaled_mm(ta, tb, tsa, tsb, out_dtype=torch.bfloat16, use_fast_accum=True)}
+    errors = {name: relative_error(cupy.from_dlpack(call(0).float()), expected) for name, call in calls.items()}
+    row = {"label": label, "m": m, "n": n, "k": k, "scaling": scaling, "errors": errors, "kernels": {}}
+    times = {name: timing.gpu_time(call, target_ms=gpu_time_ms).us for name, call in calls.items()}
+
+    device = current_device()
+    space = SearchSpace.load(search_spaces_dir() / "hopper_fp8.toml")
+    best = None
+    for config in space.seeds:
+        if config.check(problem, device):
+            continue
+        run, d = bind_scaled(config, a, b, scale_a, scale_b, dtype=DTYPE, out_dtype="bfloat16")
+        poison(d)
+        run()
+        verdict = check_epilogue_result(d, a64, b64, problem, scale_a=scale_a, scale_b=scale_b)
+        if not verdict.ok:
+            raise SystemExit(f"{label} {m}x{n}x{k}: {config.name} is wrong: {verdict.message}")
+        us = timing.gpu_time(lambda i, run=run: run(), target_ms=gpu_time_ms).us
+        row["kernels"][config.name] = {"us": us, "rel_error": verdict.rel_error}
+        if best is None or us < row["kernels"][best]["us"]:
+            best = config.name
+    if best is not None:
+        times[AUTOGEMM] = row["kernels"][best]["us"]
+        errors[AUTOGEMM] = row["kernels"][best]["rel_error"]
+        row["best"] = best
+    row["us"] = times
+    row["tflops"] = {name: 2 * m * n * k / (us * 1e-6) / 1e12 for name, us in times.items()}
+    row["ratio"] = times[TORCH] / times[AUTOGEMM] if AUTOGEMM in times else None
+    row["ratio_fast"] = times[FAST] / times[AUTOGEMM] if AUTOGEMM in times else None
+    return row
+
+
+def report(rows: list[dict], device, args) -> list[str]:
+    lines = [f"# FP8 on {device.name}", "",
+             f"`benchmarks/bench_fp8.py` ({time.strftime('%Y-%m-%d')}): e4m3 operands (A M × K, B N × K), D in BF16, "
+             "autogemm's FP8 kernels against torch._scaled_mm on the same bits and scales, in the same run. GPU time "
+             f"(back-to-back calls behind the gate, {args.gpu_time_ms:g} ms of work a competitor). autogemm: the "
+             "fastest of the hopper_fp8 space's seed configs on the problem, each checked against the float64 "
+             "reference first; FP8 problems are not tuned yet, so `scaled_matmul` serves torch._scaled_mm until a "
+             "record of the problem exists. Ratio: torch._scaled_mm's time / autogemm's (> 1: autogemm is faster). "
+             "Errors: relative (Frobenius) to the float64 product of the operands' values.", ""]
+    for scaling in ("tensor", "row"):
+        measured = [r for r in rows if r["scaling"] == scaling and r["ratio"] is not None]
+        if measured:
+            lines.append(f"- per {scaling}: geomean **{geomean([r['ratio'] for r in measured]):.3f}x** torch._scaled_mm "
+                         f"over {len(measured)} problems (min {min(r['ratio'] for r in measured):.3f}x); "
+                         f"{geomean([r['ratio_fast'] for r in measured]):.3f}x its fast accumulation")
+    lines += ["", "| problem | M | N | K | scales | autogemm TFLOP/s | torch TFLOP/s | ratio | fast accum TFLOP/s | "
+              "ratio to fast | error autogemm | error torch | error fast | kernel |",
+              "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in rows:
+        t, e = r["tflops"], r["errors"]
+        ours = f"{t[AUTOGEMM]:.0f}" if AUTOGEMM in t else "-"
+        lines.append(f"| {r['label']} | {r['m']} | {r['n']} | {r['k']} | {r['scaling']} | {ours} | {t[TORCH]:.0f} | "
+                     f"{r['ratio']:.3f}x | {t[FAST]:.0f} | {r['ratio_fast']:.3f}x | {e.get(AUTOGEMM, float('nan')):.1e} | "
+                     f"{e[TORCH]:.1e} | {e[FAST]:.1e} | {r.get('best', '-')} |")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="*", help="MxNxK problems instead of the published set")
+    parser.add_argument("--row", action="store_true", help="per-row scales too")
+    parser.add_argument("--gpu-time-ms", type=float, default=GPU_TIME_MS,
+                        help=f"GPU time of each competitor, ms of work (default {GPU_TIME_MS:g})")
+    args = parser.parse_args(argv)
+    try:
+        chosen = problems(args.shapes)
+    except ValueError:
+        parser.error(f"--shapes takes MxNxK, got {args.shapes}")
+    import torch
+
+    from autogemm.gpu.launch import current_device
+
+    if not torch.cuda.is_available() or current_device().compute_capability != (9, 0):
+        raise SystemExit("bench_fp8 needs an sm_90 GPU and PyTorch with CUDA")
+    rows = []
+    for scaling in ("tensor", "row") if args.row else ("tensor",):
+        for label, m, n, k in chosen:
+            row = measure(label, m, n, k, scaling, args.gpu_time_ms)
+            rows.append(row)
+            print(f"{label:<18} {m}x{n}x{k} {scaling:<6} " + "  ".join(
+                f"{name} {value:.0f}" for name, value in row["tflops"].items()) + f" TFLOP/s  ratio {row['ratio']:.3f}"
+                f"  [{row.get('best')}]", flush=True)
+            torch.cuda.empty_cache()
+    device = current_device()
+    path = results_path(f"fp8-{device.slug}" + ("" if not args.shapes else "-partial"))
+    lines = report(rows, device, args)
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    path.with_suffix(".json").write_text(json.dumps({"device": device.name, "gpu_time_ms": args.gpu_time_ms,
+                                                     "rows": rows}, indent=1))
+    print("\n".join(lines[:8]))
+    print(f"written: {path.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
