@@ -30,8 +30,11 @@ from . import dtypes
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 # the scales of a scaled (FP8) product, D = act(scale_a · scale_b · alpha · acc + bias) + ...: "tensor", one
-# FP32 scalar per operand (device memory); "row", one per row of A (M values) and one per column of B (N)
-SCALES = ("tensor", "row")
+# FP32 scalar per operand (device memory); "row", one per row of A (M values) and one per column of B (N);
+# "block", one per row of A and 128 of K (1 x 128: M x ceil(K/128) values) and one per 128 x 128 block of B
+# (ceil(K/128) x ceil(N/128)), applied to each 128 of K's partial sums (DeepSeek-V3's recipe)
+SCALES = ("tensor", "row", "block")
+BLOCK = 128  # the K (and B's N) extent of one block scale
 BIAS_AXES = ("n", "m")  # "n": one value per column (along N); "m": one per row (along M)
 # The largest |act'(x)| over all x: how much an activation may grow an error of its input
 # (gelu's derivative peaks at 1.1289 near x = 2.42, gelu_tanh's likewise, silu's at 1.0998 near 2.40).
@@ -44,7 +47,7 @@ EVALUATION_ROUNDINGS = {"": 0, "relu": 0, "gelu": 8, "gelu_tanh": 10, "silu": 8}
 # D's dtypes by the products' dtype (Epilogue.output_dtype)
 OUTPUT_DTYPES = {"float16": ("float16", "bfloat16", "float32"), "bfloat16": ("bfloat16", "float16", "float32"),
                  "float32": ("float32", "bfloat16", "float16"), "float64": ("float64", "float32")}
-_KEY = re.compile(r"(?:scale_(?P<scale>tensor|row))?\+?(?:bias_(?P<bias>[nm]))?\+?(?P<activation>relu|gelu_tanh|gelu|silu)?\+?(?P<gated>gate)?\+?"
+_KEY = re.compile(r"(?:scale_(?P<scale>tensor|row|block))?\+?(?:bias_(?P<bias>[nm]))?\+?(?P<activation>relu|gelu_tanh|gelu|silu)?\+?(?P<gated>gate)?\+?"
                   r"(?P<residual>res)?(?:>(?P<out>[a-z0-9]+))?")
 
 
@@ -115,8 +118,8 @@ class Epilogue:
         runs along M of the transposed output, and the other way round."""
         if self.gated:
             raise ValueError("a gated epilogue is not computed on the swapped product (its halves are columns)")
-        if self.scale == "row":
-            raise ValueError("a row-scaled product is not computed swapped (its scales would change roles)")
+        if self.scale in ("row", "block"):
+            raise ValueError(f"a {self.scale}-scaled product is not computed swapped (its scales would change roles)")
         if not self.bias:
             return self
         return replace(self, bias="m" if self.bias == "n" else "n")
@@ -234,9 +237,26 @@ def scales(epilogue: Epilogue, scale_a, scale_b):
     scale_a's M values down the rows times scale_b's N across the columns (per row)."""
     if scale_a is None or scale_b is None:
         raise ValueError(f"the epilogue {epilogue} scales the product: give scale_a and scale_b")
+    if epilogue.scale == "block":
+        raise ValueError("block scales scale the operands' K blocks, not the product: dequantize the operands "
+                         "(dequantized) and take the product of those")
     if epilogue.scale == "tensor":
         return scale_a.reshape(()) * scale_b.reshape(())
     return scale_a.reshape(-1, 1) * scale_b.reshape(1, -1)
+
+
+def dequantized(a, b, scale_a, scale_b, xp=None):
+    """The operands' values times their block scales (float64 A, M x K, and B, N x K, as stored for layout
+    NT): A's row m, K block kb times scale_a[m, kb]; B's 128 x 128 block (nb, kb) times scale_b[kb, nb].
+    Their product is a block-scaled product's exact value."""
+    if xp is None:
+        import numpy as xp  # (NumPy unless CuPy is given)
+    m, k = a.shape
+    n = b.shape[0]
+    along_k = xp.repeat(xp.asarray(scale_a, dtype=xp.float64).reshape(m, -1), BLOCK, axis=1)[:, :k]
+    blocks = xp.asarray(scale_b, dtype=xp.float64).reshape(-1, -(-n // BLOCK)).T  # (nb, kb)
+    b_scales = xp.repeat(xp.repeat(blocks, BLOCK, axis=0), BLOCK, axis=1)[:n, :k]
+    return a * along_k, b * b_scales
 
 
 def error_bound(pre_activation_bound, epilogue: Epilogue, result_magnitude, out_unit_roundoff: float,

@@ -4,7 +4,8 @@ torch._scaled_mm (cuBLASLt's FP8) on the same bits and scales, in the same run.
 Problems: 4096³ and 8192³, and Llama-3 8B and 70B linear layers (the up projection, N = intermediate and
 K = hidden; the down projection, N = hidden and K = intermediate) at M (tokens) in 16, 128 and 4096; e4m3
 operands, A M × K and B N × K (as torch._scaled_mm takes a and b = w.t()), D in BF16. Per-tensor scales for
-every problem; per-row scales too with --row.
+every problem; per-row scales too with --row, block scales (1 × 128 for A, 128 × 128 for B, promoted into
+FP32 every 128 of K) with --block.
 
 Competitors, each checked first (autogemm's kernels against the float64 reference of the operands' values,
 within `check_epilogue_result`'s bound; torch's relative error is reported):
@@ -54,13 +55,14 @@ def problems(shapes: list[str] | None) -> list[tuple[str, int, int, int]]:
     return rows
 
 
-def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float) -> dict:
+def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float) -> dict | None:
     import cupy
     import numpy as np
     import torch
 
     from autogemm import fp8
-    from autogemm.gpu.scaled_launch import bind_scaled, scaled_problem
+    from autogemm.epilogue import dequantized
+    from autogemm.gpu.scaled_launch import bind_scaled, scaled_problem, torch_scales
     from autogemm.kernels.space import SearchSpace
     from autogemm.measure import timing
     from autogemm.measure.bench import check_epilogue_result, poison, relative_error
@@ -72,19 +74,31 @@ def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float
     b = fp8.quantize(rng.random((n, k), dtype=np.float32) * 2 - 1, DTYPE, cupy)
     if scaling == "tensor":
         scale_a, scale_b = cupy.array([0.5], dtype=np.float32), cupy.array([2.0], dtype=np.float32)
-    else:
+    elif scaling == "row":
         scale_a = (rng.random((m, 1), dtype=np.float32) + 0.5).astype(np.float32)
         scale_b = (rng.random((1, n), dtype=np.float32) + 0.5).astype(np.float32)
+    else:  # 1 x 128 for A, 128 x 128 for B
+        scale_a = (rng.random((m, -(-k // 128)), dtype=np.float32) + 0.5).astype(np.float32)
+        scale_b = (rng.random((-(-k // 128), -(-n // 128)), dtype=np.float32) + 0.5).astype(np.float32)
     problem = scaled_problem(m, n, k, DTYPE, scaling, "bfloat16", False)
     a64, b64 = fp8.to_float64(a, DTYPE, cupy), fp8.to_float64(b, DTYPE, cupy)
-    expected = (a64 @ b64.T) * (scale_a.astype(np.float64) * scale_b.astype(np.float64))
+    if scaling == "block":
+        scaled_a, scaled_b = dequantized(a64, b64, scale_a, scale_b, cupy)
+        expected = scaled_a @ scaled_b.T
+    else:
+        expected = (a64 @ b64.T) * (scale_a.astype(np.float64) * scale_b.astype(np.float64))
     ta, tb = torch.from_dlpack(a).view(torch.float8_e4m3fn), torch.from_dlpack(b).view(torch.float8_e4m3fn).t()
-    tsa, tsb = torch.from_dlpack(scale_a), torch.from_dlpack(scale_b)
-    if scaling == "tensor":
-        tsa, tsb = tsa.reshape(()), tsb.reshape(())
+    tsa, tsb = torch_scales(torch, torch.from_dlpack(scale_a), torch.from_dlpack(scale_b), scaling)
     calls = {TORCH: lambda i: torch._scaled_mm(ta, tb, tsa, tsb, out_dtype=torch.bfloat16),
              FAST: lambda i: torch._scaled_mm(ta, tb, tsa, tsb, out_dtype=torch.bfloat16, use_fast_accum=True)}
-    errors = {name: relative_error(cupy.from_dlpack(call(0).float()), expected) for name, call in calls.items()}
+    if scaling == "block":  # (cuBLASLt has no fast accumulation with block scales)
+        del calls[FAST]
+    try:
+        errors = {name: relative_error(cupy.from_dlpack(call(0).float()), expected) for name, call in calls.items()}
+    except RuntimeError as exc:  # (a shape torch does not take: the problem is left out)
+        print(f"{label} {m}x{n}x{k} {scaling}: torch._scaled_mm refuses it ({str(exc).splitlines()[0][:120]}): "
+              "left out", flush=True)
+        return None
     row = {"label": label, "m": m, "n": n, "k": k, "scaling": scaling, "errors": errors, "kernels": {}}
     times = {name: timing.gpu_time(call, target_ms=gpu_time_ms).us for name, call in calls.items()}
 
@@ -111,7 +125,7 @@ def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float
     row["us"] = times
     row["tflops"] = {name: 2 * m * n * k / (us * 1e-6) / 1e12 for name, us in times.items()}
     row["ratio"] = times[TORCH] / times[AUTOGEMM] if AUTOGEMM in times else None
-    row["ratio_fast"] = times[FAST] / times[AUTOGEMM] if AUTOGEMM in times else None
+    row["ratio_fast"] = times[FAST] / times[AUTOGEMM] if AUTOGEMM in times and FAST in times else None
     return row
 
 
@@ -124,21 +138,31 @@ def report(rows: list[dict], device, args) -> list[str]:
              "reference first; FP8 problems are not tuned yet, so `scaled_matmul` serves torch._scaled_mm until a "
              "record of the problem exists. Ratio: torch._scaled_mm's time / autogemm's (> 1: autogemm is faster). "
              "Errors: relative (Frobenius) to the float64 product of the operands' values.", ""]
-    for scaling in ("tensor", "row"):
+    for scaling in ("tensor", "row", "block"):
         measured = [r for r in rows if r["scaling"] == scaling and r["ratio"] is not None]
         if measured:
+            fast = [r["ratio_fast"] for r in measured if r["ratio_fast"] is not None]
             lines.append(f"- per {scaling}: geomean **{geomean([r['ratio'] for r in measured]):.3f}x** torch._scaled_mm "
-                         f"over {len(measured)} problems (min {min(r['ratio'] for r in measured):.3f}x); "
-                         f"{geomean([r['ratio_fast'] for r in measured]):.3f}x its fast accumulation")
+                         f"over {len(measured)} problems (min {min(r['ratio'] for r in measured):.3f}x)"
+                         + (f"; {geomean(fast):.3f}x its fast accumulation" if fast else
+                            " (cuBLASLt has no fast accumulation with block scales)"))
+    for r in rows:  # block scales against per-tensor ones on the same problem, both autogemm's
+        same = [t for t in rows if t["scaling"] == "tensor" and (t["m"], t["n"], t["k"]) == (r["m"], r["n"], r["k"])]
+        if r["scaling"] == "block" and same and AUTOGEMM in r["us"] and AUTOGEMM in same[0]["us"]:
+            lines.append(f"- {r['label']}: block scales at {r['tflops'][AUTOGEMM]:.0f} TFLOP/s, "
+                         f"{same[0]['us'][AUTOGEMM] / r['us'][AUTOGEMM]:.3f} of per-tensor scales' speed "
+                         f"({same[0]['tflops'][AUTOGEMM]:.0f} TFLOP/s)")
     lines += ["", "| problem | M | N | K | scales | autogemm TFLOP/s | torch TFLOP/s | ratio | fast accum TFLOP/s | "
               "ratio to fast | error autogemm | error torch | error fast | kernel |",
               "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in rows:
         t, e = r["tflops"], r["errors"]
         ours = f"{t[AUTOGEMM]:.0f}" if AUTOGEMM in t else "-"
+        fast = f"{t[FAST]:.0f} | {r['ratio_fast']:.3f}x" if FAST in t else "- | -"
+        error = lambda name: f"{e[name]:.1e}" if name in e else "-"  # noqa: E731
         lines.append(f"| {r['label']} | {r['m']} | {r['n']} | {r['k']} | {r['scaling']} | {ours} | {t[TORCH]:.0f} | "
-                     f"{r['ratio']:.3f}x | {t[FAST]:.0f} | {r['ratio_fast']:.3f}x | {e.get(AUTOGEMM, float('nan')):.1e} | "
-                     f"{e[TORCH]:.1e} | {e[FAST]:.1e} | {r.get('best', '-')} |")
+                     f"{r['ratio']:.3f}x | {fast} | {error(AUTOGEMM)} | {error(TORCH)} | {error(FAST)} | "
+                     f"{r.get('best', '-')} |")
     return lines
 
 
@@ -147,6 +171,7 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="*", help="MxNxK problems instead of the published set")
     parser.add_argument("--row", action="store_true", help="per-row scales too")
+    parser.add_argument("--block", action="store_true", help="block scales too (1 x 128 for A, 128 x 128 for B)")
     parser.add_argument("--gpu-time-ms", type=float, default=GPU_TIME_MS,
                         help=f"GPU time of each competitor, ms of work (default {GPU_TIME_MS:g})")
     args = parser.parse_args(argv)
@@ -161,9 +186,11 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() or current_device().compute_capability != (9, 0):
         raise SystemExit("bench_fp8 needs an sm_90 GPU and PyTorch with CUDA")
     rows = []
-    for scaling in ("tensor", "row") if args.row else ("tensor",):
+    for scaling in ("tensor",) + (("row",) if args.row else ()) + (("block",) if args.block else ()):
         for label, m, n, k in chosen:
             row = measure(label, m, n, k, scaling, args.gpu_time_ms)
+            if row is None:
+                continue
             rows.append(row)
             print(f"{label:<18} {m}x{n}x{k} {scaling:<6} " + "  ".join(
                 f"{name} {value:.0f}" for name, value in row["tflops"].items()) + f" TFLOP/s  ratio {row['ratio']:.3f}"

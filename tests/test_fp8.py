@@ -49,12 +49,15 @@ def test_fp8_problems_name_their_scaling_and_output():
         problem.swapped()
 
 
-def test_scales_are_per_tensor_or_per_row_by_their_shapes():
+def test_scales_are_per_tensor_per_row_or_per_block_by_their_shapes():
     one, rows, columns = np.ones(1), np.ones((5, 1)), np.ones((1, 7))
-    assert scaling_of(5, 7, one, one.reshape(())) == "tensor"
-    assert scaling_of(5, 7, rows, columns) == "row"
+    assert scaling_of(5, 7, 64, one, one.reshape(())) == "tensor"
+    assert scaling_of(5, 7, 64, rows, columns) == "row"
+    assert scaling_of(5, 300, 272, np.ones((5, 3)), np.ones((3, 3))) == "block"  # (ceil(272/128), ceil(300/128))
     with pytest.raises(ValueError, match=r"got shapes \(1, 7\) and \(5, 1\)"):
-        scaling_of(5, 7, columns, rows)
+        scaling_of(5, 7, 64, columns, rows)
+    with pytest.raises(ValueError, match=r"\(5, 3\) for A's rows by 128 of K and \(3, 3\)"):
+        scaling_of(5, 300, 272, np.ones((5, 2)), np.ones((3, 3)))
 
 
 def test_the_hopper_family_names_what_an_fp8_product_needs():
@@ -104,6 +107,40 @@ def test_a_scaled_result_is_checked_against_the_scales_it_was_given():
     assert not check_epilogue_result(d, a, b, tensor, scale_a=np.float32([0.5]), scale_b=np.float32([2.0])).ok
 
 
+def test_a_block_scaled_result_is_checked_against_the_dequantized_operands():
+    """Block scales multiply each 128 of K's partial sums: the reference is the product of the operands
+    dequantized block by block, and a result made with one block's scale off fails the check."""
+    from autogemm.epilogue import dequantized
+
+    rng = np.random.default_rng(2)
+    m, n, k = 40, 200, 300  # (3 blocks of K, 2 of N, both with tails)
+    a = fp8.to_float64(fp8.quantize(rng.uniform(-2, 2, (m, k)), "float8_e4m3fn"), "float8_e4m3fn")
+    b = fp8.to_float64(fp8.quantize(rng.uniform(-2, 2, (n, k)), "float8_e4m3fn"), "float8_e4m3fn")
+    scale_a, scale_b = rng.uniform(0.5, 1.5, (m, 3)).astype(np.float32), rng.uniform(0.5, 1.5, (3, 2)).astype(np.float32)
+    blockwise = sum((a[:, kb * 128:(kb + 1) * 128] @ b[:, kb * 128:(kb + 1) * 128].T)
+                    * scale_a[:, kb:kb + 1] * np.repeat(scale_b[kb], 128)[:n] for kb in range(3))
+    scaled_a, scaled_b = dequantized(a, b, scale_a, scale_b)
+    assert np.allclose(scaled_a @ scaled_b.T, blockwise, rtol=1e-12, atol=1e-9)
+    problem = scaled_problem(m, n, k, "float8_e4m3fn", "block", "float32", False)
+    d = blockwise.astype(np.float32).astype(np.float64)
+    assert check_epilogue_result(d, a, b, problem, scale_a=scale_a, scale_b=scale_b).ok
+    wrong = scale_b.copy()
+    wrong[1, 1] *= 1.25  # the second block of K of B's second block of columns
+    assert not check_epilogue_result(d, a, b, problem, scale_a=scale_a, scale_b=wrong).ok
+
+
+def test_block_scales_ask_a_slice_of_one_block_and_the_registers_for_partial_sums():
+    block = scaled_problem(333, 520, 1040, "float8_e4m3fn", "block", "bfloat16", True)
+    assert TWO_CONSUMERS.check(block, SM90) == []
+    wide = HopperConfig(bm=128, bn=256, bk=128, wm=64, wn=256, stages=4)
+    assert any("bn 64 or 128" in r for r in wide.check(block, SM90))
+    assert any("two slices' partial sums beside the accumulators: 3 x 128" in r for r in wide.check(block, SM90))
+    deep = HopperConfig(bm=128, bn=128, bk=256, wm=64, wn=128, stages=3)
+    assert any("bk=128 (one block of K a slice)" in r for r in deep.check(block, SM90))
+    swapped = HopperConfig(bm=128, bn=128, bk=128, wm=64, wn=128, stages=4, swap=True)
+    assert any("block scales would change roles" in r for r in swapped.check(block, SM90))
+
+
 def test_an_fp8_kernel_compiles_for_sm90a_without_spills():
     from autogemm.kernels.compile import nvcc_resources
     from autogemm.kernels.render import render
@@ -113,6 +150,10 @@ def test_an_fp8_kernel_compiles_for_sm90a_without_spills():
     assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e5m2.e5m2" in source.code
     assert "y *= ep.scale_a[m] * ep.scale_b[n];" in source.code
     usage = nvcc_resources(source, "sm_90")[source.kernel]
+    assert usage.spill_store_bytes == 0 and usage.spill_load_bytes == 0
+    block = render(TWO_CONSUMERS, scaled_problem(333, 520, 1040, "float8_e4m3fn", "block", "bfloat16", True))
+    assert "wgmma_fresh(partial[set][i], desc_a, desc_b)" in block.code and "y *= ep.scale" not in block.code
+    usage = nvcc_resources(block, "sm_90")[block.kernel]
     assert usage.spill_store_bytes == 0 and usage.spill_load_bytes == 0
 
 

@@ -18,26 +18,37 @@ from ..tuning.options import CONVERGED_GAIN, SAMPLERS, TuneOptions, default_jobs
 from ..tuning.result import TuneError
 from .arguments import CliError, CliFailure, add_problem_arguments, load_space, non_negative_int, positive_int, \
     problem_from_args
+from ..gpu.scaled_launch import torch_takes
 
 DEFAULTS = TuneOptions()
 
 
+def _baseline(problem) -> tuple[str, str]:
+    """(name, how it was measured) of what a tune's ratio is to: cuBLAS as matmul serves it, or for an FP8
+    product what scaled_matmul serves it untuned."""
+    if problem.epilogue.scale:
+        name = "torch._scaled_mm" if torch_takes(problem.epilogue.scale, problem.k, problem.n) else "built-in kernel"
+        return name, f"{name} on the same FP8 bits and scales, as scaled_matmul serves the problem untuned, same run"
+    if problem.epilogue.is_identity:
+        return "cuBLAS", "the faster of cuBLASLt as served and cupy.matmul, same run"
+    return "cuBLAS", "the faster of cuBLASLt then the epilogue's pass and cuBLASLt's own epilogue where it has it, same run"
+
+
 def _format_result(result) -> str:
     config = result.config
+    baseline, measured = _baseline(result.problem)
     knobs = " ".join(f"{k}={v}" for k, v in config.to_dict().items() if k != "family")
     failures = ", ".join(f"{n} {k}" for k, n in sorted(result.failures.items())) or "none"
     rows = [
         ("problem", str(result.problem)),
         ("device", f"{result.device.name} ({result.device.arch}, {result.device.sm_count} SMs)"),
-        ("serves", f"cuBLAS (kept: {result.kept_reason}; noise {result.noise:.1%})"
-         if result.kept_cublas else f"the generated kernel ({result.ratio:.3f}x cuBLAS, noise {result.noise:.1%})"),
+        ("serves", f"{baseline} (kept: {result.kept_reason}; noise {result.noise:.1%})"
+         if result.kept_cublas else f"the generated kernel ({result.ratio:.3f}x {baseline}, noise {result.noise:.1%})"),
         ("best config", config.name),
         ("knobs", knobs),
         ("TFLOP/s", f"{result.tflops:.2f}  (GPU time {result.time_ms * 1e3:.1f} us, steady state)"),
-        ("cuBLAS TFLOP/s", f"{result.cublas_tflops:.2f}  (GPU time {result.cublas_ms * 1e3:.1f} us: " + (
-            "the faster of cuBLASLt as served and cupy.matmul, same run)" if result.problem.epilogue.is_identity else
-            "the faster of cuBLASLt then the epilogue's pass and cuBLASLt's own epilogue where it has it, same run)")),
-        ("ratio", f"{result.ratio:.3f}x cuBLAS in GPU time" + (
+        (f"{baseline} TFLOP/s", f"{result.cublas_tflops:.2f}  (GPU time {result.cublas_ms * 1e3:.1f} us: {measured})"),
+        ("ratio", f"{result.ratio:.3f}x {baseline} in GPU time" + (
             f", {result.single_call_ratio:.3f}x one call at a time ({result.latency.kernel_us:.1f} us against "
             f"{result.latency.baseline_us:.1f} us)" if result.latency is not None else "")),
         ("rel. error", f"{result.rel_error:.2e}" if result.rel_error == result.rel_error else "n/a"),

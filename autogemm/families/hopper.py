@@ -31,6 +31,7 @@ pitch first (`repack`); tails need nothing (TMA fills zeros past the matrices' e
 from __future__ import annotations
 
 from .. import dtypes
+from ..epilogue import BLOCK
 from ..problem import Device, Problem
 from . import gemv, wgmma
 from .base import GemmConfig, VectorizedLoads, VectorWidths, cxx_bool, grid_knobs, swap_knob, tile_knobs
@@ -57,6 +58,9 @@ PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
 # a consumer's A fragments with A from registers: two slices' worth (one in flight, one loading) of
 # 4 registers per m64 block and k-step, on top of the accumulators, within the consumer's registers
 MAX_ACCUMULATORS_AND_FRAGMENTS = 160
+# with block scales (FP8), the accumulators and two sets of partial sums (one slice promoted while the
+# next one's wgmmas run), within the consumer's registers: a 64 x 128 tile's 3 x 64 compile without spills
+MAX_BLOCK_SCALED_VALUES = 192
 
 KNOBS = (
     # wm x wn: one consumer warpgroup's tile (wn = bn: a consumer spans the tile's columns)
@@ -215,7 +219,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         scaled = dtypes.lookup(problem.dtype, problem.compute).scaled
         if scaled:
             self._fp8_reasons(problem, bad)
-        kernel = self.kernel_problem(problem) if not (scaled and self.swap and problem.epilogue.scale == "row") else problem
+        kernel = self.kernel_problem(problem) if not (scaled and self.swap and problem.epilogue.scale in ("row", "block")) \
+            else problem
         if not self.transposes(problem) and not kernel.trans_b:
             if problem.layout == "tn":
                 bad("layout", f"wgmma reads {problem.dtype}/{problem.compute} from shared memory K-major only: layout TN "
@@ -257,8 +262,18 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         if self.tma_store:
             bad("choice", f"tma_store stages C in {problem.dtype}'s 128-byte rows; D is "
                           f"{problem.epilogue.out_dtype or 'another dtype'}: FP8 kernels store from registers")
-        if self.swap and problem.epilogue.scale == "row":
-            bad("choice", "swap: row scales would change roles (scale_a runs along M, scale_b along N)")
+        if self.swap and problem.epilogue.scale in ("row", "block"):
+            bad("choice", f"swap: {problem.epilogue.scale} scales would change roles (scale_a runs along M, scale_b "
+                          "along N)")
+        if problem.epilogue.scale == "block":
+            # each slice's partial sums are promoted with its scales: a slice is one block of K, a tile's
+            # columns lie in one block of B, and the partial sums need registers beside the accumulators
+            if self.bk != BLOCK or BLOCK % self.bn:
+                bad("fragment", f"block scales take bk={BLOCK} (one block of K a slice) and bn 64 or {BLOCK} (a "
+                                f"tile's columns in one block of B); got bk={self.bk}, bn={self.bn}")
+            if 3 * self.accumulators() > MAX_BLOCK_SCALED_VALUES:
+                bad("registers", f"block scales keep two slices' partial sums beside the accumulators: 3 x "
+                                 f"{self.accumulators()} per consumer thread exceed {MAX_BLOCK_SCALED_VALUES}")
 
     # ---- rendering -----------------------------------------------------------------------------
     def check_widths(self, widths: VectorWidths) -> None:
@@ -276,6 +291,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             else ("T", "to_acc", "from_acc")
         return dict(
             scaled=row.scaled, c_type=c_type, c_to_acc=c_to_acc, c_from_acc=c_from_acc,
+            block_scaled=problem.epilogue.scale == "block",
             dtype=problem.dtype, compute=problem.compute, layout=problem.layout.upper(), element=row.element,
             to_acc=row.to_acc, from_acc=row.from_acc, mma_input=row.tensor_core.mma_input, fk=row.tensor_core.wgmma_k,
             bm=self.bm, bn=self.bn, bk=self.bk, consumers=self.consumers, stages=self.stages, group_m=self.group_m,

@@ -4,8 +4,9 @@
 one of the dtypes FP8 products are written as. CuPy has no FP8 type: A and B are uint8 arrays of the
 named FP8 type's bits (`autogemm.fp8`).
 
-Scales are FP32 device arrays, read by the kernel: one value each (per tensor), or M values for A's
-rows and N for B's columns (per row). Every argument is checked before anything is compiled or
+Scales are FP32 device arrays, read by the kernel: one value each (per tensor), M values for A's rows
+and N for B's columns (per row), or one per row of A and 128 of K and one per 128 x 128 block of B (per
+block: (M, ceil(K/128)) and (ceil(K/128), ceil(N/128)), row-major). Every argument is checked before anything is compiled or
 launched, and a fault is named (shape, dtype, layout, alignment).
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import dtypes
-from ..epilogue import Epilogue
+from ..epilogue import BLOCK, Epilogue
 from ..families import GemmConfig
 from ..problem import Problem
 from . import runtime
@@ -24,16 +25,20 @@ from .operands import KernelOperand
 ALIGN_BYTES = 16  # the address TMA reads an operand from; A's and B's pitches (K bytes) likewise
 
 
-def scaling_of(m: int, n: int, scale_a, scale_b) -> str:
-    """"tensor" or "row" by the scales' sizes (ValueError naming them where they are neither)."""
-    size_a, size_b = int(np.prod(scale_a.shape)), int(np.prod(scale_b.shape))
+def scaling_of(m: int, n: int, k: int, scale_a, scale_b) -> str:
+    """"tensor", "row" or "block" by the scales' shapes (ValueError naming them where they are none)."""
+    shape_a, shape_b = tuple(scale_a.shape), tuple(scale_b.shape)
+    size_a, size_b = int(np.prod(shape_a)), int(np.prod(shape_b))
     if size_a == 1 and size_b == 1:
         return "tensor"
-    if size_a == m and size_b == n and tuple(scale_a.shape) in ((m,), (m, 1)) and tuple(scale_b.shape) in ((n,), (1, n)):
+    if size_a == m and size_b == n and shape_a in ((m,), (m, 1)) and shape_b in ((n,), (1, n)):
         return "row"
-    raise ValueError(f"scales must be one value each (per tensor) or M = {m} for A's rows, shaped (M, 1), and "
-                     f"N = {n} for B's columns, shaped (1, N) (per row); got shapes {tuple(scale_a.shape)} and "
-                     f"{tuple(scale_b.shape)}")
+    blocks_k, blocks_n = -(-k // BLOCK), -(-n // BLOCK)
+    if shape_a == (m, blocks_k) and shape_b == (blocks_k, blocks_n):
+        return "block"
+    raise ValueError(f"scales must be one value each (per tensor); M = {m} for A's rows, shaped (M, 1), and N = {n} "
+                     f"for B's columns, shaped (1, N) (per row); or ({m}, {blocks_k}) for A's rows by 128 of K and "
+                     f"({blocks_k}, {blocks_n}) for B's 128 x 128 blocks (per block); got shapes {shape_a} and {shape_b}")
 
 
 def scaled_problem(m: int, n: int, k: int, dtype: str, scaling: str, out_dtype: str, bias: bool) -> Problem:
@@ -75,7 +80,7 @@ def bind_scaled(config: GemmConfig, a, b, scale_a, scale_b, *, dtype: str, out_d
         if not isinstance(scale, cupy.ndarray) or scale.dtype != np.float32 or not scale.flags.c_contiguous:
             raise TypeError(f"{name} must be a contiguous float32 CuPy array on the GPU, got "
                             f"{getattr(scale, 'dtype', type(scale).__name__)}")
-    problem = scaled_problem(m, n, k, dtype, scaling_of(m, n, scale_a, scale_b), out_dtype, bias is not None)
+    problem = scaled_problem(m, n, k, dtype, scaling_of(m, n, k, scale_a, scale_b), out_dtype, bias is not None)
     storage = dtypes.lookup(out_dtype).storage
     held = {np.dtype(storage), runtime.numpy_dtype(out_dtype)}  # (bfloat16: ml_dtypes' type, or its bits as uint16)
     if bias is not None and (not isinstance(bias, cupy.ndarray) or bias.shape != (n,) or bias.dtype not in held):
@@ -98,3 +103,25 @@ def bind_scaled(config: GemmConfig, a, b, scale_a, scale_b, *, dtype: str, out_d
         launch(*pointers, 1.0, 0.0, stream, pbias, 0, scale_a.data.ptr, scale_b.data.ptr)
 
     return run, out
+
+
+def torch_scales(torch, scale_a, scale_b, scaling: str):
+    """The scales (tensors) as torch._scaled_mm takes them for `scaling`: per tensor as scalars; per row as
+    given; per block in its outer-dimension-major layout (the transposes of row-major (M, K/128) and
+    (K/128, N/128) arrays, as cuBLASLt reads block scales), copied where they are not."""
+    if scaling == "tensor":
+        return scale_a.reshape(()), scale_b.reshape(())
+    if scaling == "block":
+        return scale_a.t().contiguous().t(), scale_b.t().contiguous().t()
+    return scale_a, scale_b
+
+
+def torch_takes(scaling: str, k: int, n: int) -> bool:
+    """Whether torch._scaled_mm computes a product of this scaling, K and N: every scaling, but block scales
+    only where K and N are multiples of 128 (with a tail it gives wrong results without a word: a 256 x 384 x
+    272 product was off by 35% on an H100 with torch 2.11)."""
+    return scaling != "block" or (k % BLOCK == 0 and n % BLOCK == 0)
+
+
+# the kernel of a block-scaled product that nothing tuned serves where torch._scaled_mm does not (a tail of K or N)
+DEFAULT_BLOCK_CONFIG = "hopper_128x128x128_w64x128_s4_g8_k1_o1_p"

@@ -17,6 +17,7 @@ import numpy as np
 from .. import dtypes
 from ..epilogue import Epilogue, error_bound
 from ..epilogue import reference as epilogue_reference
+from ..epilogue import dequantized
 from ..epilogue import scales as epilogue_scales
 from ..gpu.cublas_baseline import bfloat16_bits_product, cublas_product
 
@@ -178,6 +179,10 @@ def check_epilogue_result(result, a, b, problem, *, bias=None, residual=None, al
     product's bound grows with the scales, and one more rounding in Acc)."""
     xp = _array_module(a)
     epilogue = problem.epilogue
+    if epilogue.scale == "block":  # (the scales are the operands': the product of the dequantized ones)
+        a, b = dequantized(to_float64(a), to_float64(b), to_float64(scale_a), to_float64(scale_b), xp)
+        problem = dataclasses.replace(problem, epilogue=dataclasses.replace(epilogue, scale="tensor"))
+        epilogue, scale_a, scale_b = problem.epilogue, xp.ones(1), xp.ones(1)
     # the product without bias, activation and residual (a scaled problem keeps its scaling: it has no other)
     bare = dataclasses.replace(problem, epilogue=Epilogue(scale=epilogue.scale, out_dtype=epilogue.out_dtype)
                                if epilogue.scale else Epilogue())

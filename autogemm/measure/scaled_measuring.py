@@ -7,7 +7,8 @@ protocol, single-call latency and failure kinds), with what makes it FP8: operan
 values in [0.5, 1.5]), D in the problem's output dtype, a bias where the epilogue adds one; candidates
 launched through `gpu.scaled_launch.bind_scaled`, verified against the float64 product of the operands'
 values (`check_epilogue_result` with the scales); and one baseline, what `scaled_matmul` serves without
-a record: torch._scaled_mm (cuBLASLt's FP8) on the same bits and scales.
+a record: torch._scaled_mm (cuBLASLt's FP8) on the same bits and scales, or for block scales it does not
+take (K or N not a multiple of 128) the built-in kernel.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ import numpy as np
 
 from .. import fp8
 from ..gpu.runtime import numpy_dtype
-from ..gpu.scaled_launch import bind_scaled
+from ..epilogue import BLOCK
+from ..families import config_from_name
+from ..gpu.scaled_launch import DEFAULT_BLOCK_CONFIG, bind_scaled, torch_scales, torch_takes
 from ..problem import Device, Problem
 from .bench import Verdict, check_epilogue_result, poison, rotation_count, warm_up
 from .measuring import FIRST_BASELINE_MS, GpuMeasurer
 from .timing import TARGET_MS, gpu_time
 
 SCALED_MM = "torch._scaled_mm"  # the baseline's name in records
+BUILT_IN = "built-in kernel"  # the baseline of block scales torch._scaled_mm does not take
 
 
 def measurer_for(problem: Problem, device: Device, seed: int = 0) -> GpuMeasurer:
@@ -69,25 +73,29 @@ class ScaledMeasurer(GpuMeasurer):
         b = fp8.quantize(rng.random((p.n, p.k)) * 4 - 2, p.dtype, cupy)
         if self.epilogue.scale == "tensor":
             scale_a, scale_b = (rng.random(1) + 0.5).astype(np.float32), (rng.random(1) + 0.5).astype(np.float32)
-        else:
+        elif self.epilogue.scale == "row":
             scale_a = (rng.random((p.m, 1)) + 0.5).astype(np.float32)
             scale_b = (rng.random((1, p.n)) + 0.5).astype(np.float32)
+        else:  # one per row of A and 128 of K, one per 128 x 128 block of B
+            blocks_k, blocks_n = -(-p.k // BLOCK), -(-p.n // BLOCK)
+            scale_a = (rng.random((p.m, blocks_k)) + 0.5).astype(np.float32)
+            scale_b = (rng.random((blocks_k, blocks_n)) + 0.5).astype(np.float32)
         out = numpy_dtype(self.out_dtype)
         bias = (rng.random(p.n) * 2 - 1).astype(out) if self.epilogue.bias else None
         return (a, b, cupy.empty((p.m, p.n), dtype=out)), (scale_a, scale_b, bias)
 
     def _served(self) -> list:
-        """torch._scaled_mm on each input set (torch's default use_fast_accum=False), as scaled_matmul
-        serves a problem without a record."""
+        """What scaled_matmul serves a problem without a record, on each input set: torch._scaled_mm (torch's
+        default use_fast_accum=False), or for block scales torch does not take, the built-in kernel."""
+        if self._served_calls is None and not torch_takes(self.epilogue.scale, self.problem.k, self.problem.n):
+            self._served_calls = self._kernel_runners(config_from_name(DEFAULT_BLOCK_CONFIG))
         if self._served_calls is None:
             torch = self._torch
             fp8_type, out = getattr(torch, self.problem.dtype), getattr(torch, self.out_dtype)
             calls = []
             for (a, b, _), (scale_a, scale_b, bias) in zip(self._sets, self._extras):
                 ta, tb = torch.from_dlpack(a).view(fp8_type), torch.from_dlpack(b).view(fp8_type).t()
-                sa, sb = torch.from_dlpack(scale_a), torch.from_dlpack(scale_b)
-                if self.epilogue.scale == "tensor":
-                    sa, sb = sa.reshape(()), sb.reshape(())
+                sa, sb = torch_scales(torch, torch.from_dlpack(scale_a), torch.from_dlpack(scale_b), self.epilogue.scale)
                 tbias = torch.from_dlpack(bias) if bias is not None else None
                 calls.append(lambda ta=ta, tb=tb, sa=sa, sb=sb, tbias=tbias: torch._scaled_mm(
                     ta, tb, sa, sb, bias=tbias, out_dtype=out))
@@ -99,7 +107,8 @@ class ScaledMeasurer(GpuMeasurer):
 
     def time_baselines(self, target_ms: float = TARGET_MS) -> dict[str, float]:
         served = self._served()
-        self.baselines = {SCALED_MM: gpu_time(lambda i: served[i % len(served)](), target_ms=target_ms).median_ms}
+        name = SCALED_MM if torch_takes(self.epilogue.scale, self.problem.k, self.problem.n) else BUILT_IN
+        self.baselines = {name: gpu_time(lambda i: served[i % len(served)](), target_ms=target_ms).median_ms}
         return self.baselines
 
     def _kernel_runners(self, config) -> list:

@@ -4,8 +4,9 @@
 
 `a` is M × K row-major and `b` K × N column-major (the memory of an N × K row-major weight: both
 operands K-major, which is how Hopper's FP8 wgmma reads them), both float8_e4m3fn or both
-float8_e5m2. The scales are FP32 on the GPU: one value each (per tensor), or M values shaped (M, 1)
-and N shaped (1, N) (per row). The checks are torch's, and each names the fault before anything runs.
+float8_e5m2. The scales are FP32 on the GPU: one value each (per tensor); M values shaped (M, 1) and N
+shaped (1, N) (per row); or (M, ceil(K/128)) for A's rows by 128 of K and (ceil(K/128), ceil(N/128)) for B's
+128 x 128 blocks (per block, DeepSeek-V3's recipe), row-major. The checks are torch's, and each names the fault before anything runs.
 
 Which kernel serves a call: the problem's exact record on this GPU (`autogemm tune` of an FP8 problem,
 or a shipped one) where it kept a generated kernel; otherwise `torch._scaled_mm` (cuBLASLt's FP8), the
@@ -28,9 +29,11 @@ from .. import dtypes
 from ..gpu.launch import device_info, launcher, prepare
 from ..gpu.operands import KernelOperand
 from ..gpu.runtime import cupy_stream, numpy_dtype
-from ..gpu.scaled_launch import ALIGN_BYTES, scaled_problem, scaling_of
+from ..gpu.scaled_launch import (ALIGN_BYTES, DEFAULT_BLOCK_CONFIG, scaled_problem, scaling_of, torch_scales,
+                                 torch_takes)
 from .dispatch import dispatcher
-from .select import ChoiceSource
+from ..families import config_from_name
+from .select import Choice, ChoiceSource
 from .torch_tensors import is_tensor
 
 FP8_DTYPES = tuple(row.name for row in dtypes.ROWS if row.scaled)
@@ -128,7 +131,7 @@ def check_call(a, b, scale_a, scale_b, bias, out_dtype, dtype=None) -> ScaledCal
         contiguous = scale.is_contiguous() if tensors else scale.flags.c_contiguous
         if not contiguous:
             raise ValueError(f"{name} must be contiguous")
-    scaling = scaling_of(m, n, scale_a, scale_b)
+    scaling = scaling_of(m, n, k, scale_a, scale_b)
     out = _out_dtype(out_dtype)
     if bias is not None:
         if tuple(bias.shape) != (n,) or _name(bias.dtype) not in (out, dtypes.lookup(out).storage):
@@ -178,6 +181,21 @@ def plan_of(call: ScaledCall):
         return memo.setdefault(call, plan)
 
 
+UNALIGNED_BLOCK = ("a and b must be 16-byte aligned for block scales that torch._scaled_mm does not take (K or N not "
+                   "a multiple of 128: the built-in kernel serves them)")
+
+
+def default_block_plan(call: ScaledCall) -> _KernelPlan:
+    """The built-in kernel's plan for `call` (block scales), kept in the memo beside the tuned ones."""
+    memo, key = dispatcher().scaled, ("default", call)
+    plan = memo.get(key)
+    if plan is None:
+        config = config_from_name(DEFAULT_BLOCK_CONFIG)
+        plan = memo.setdefault(key, _KernelPlan(call, config, Choice(ChoiceSource.DEFAULT, config, "block scales "
+                                                                     "torch._scaled_mm refuses: built-in kernel")))
+    return plan
+
+
 def explain_scaled(call: ScaledCall) -> str:
     """What serves `call`: the tuned kernel's name, or torch._scaled_mm."""
     plan = plan_of(call)
@@ -207,27 +225,43 @@ def _on_tensors(plan, call: ScaledCall, a, b, scale_a, scale_b, bias):
         if plan.run(a.data_ptr(), b.data_ptr(), d.data_ptr(), scale_a.data_ptr(), scale_b.data_ptr(),
                     bias.data_ptr() if bias is not None else 0, stream):
             return d
-    return torch._scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype)
+    if torch_takes(call.scaling, call.k, call.n):
+        return torch._scaled_mm(a, b, *torch_scales(torch, scale_a, scale_b, call.scaling), bias=bias,
+                                out_dtype=out_dtype)
+    d = torch.empty((call.m, call.n), dtype=out_dtype, device=a.device)
+    stream = cupy_stream(torch.cuda.current_stream(call.device).cuda_stream, call.device)
+    if not default_block_plan(call).run(a.data_ptr(), b.data_ptr(), d.data_ptr(), scale_a.data_ptr(),
+                                        scale_b.data_ptr(), bias.data_ptr() if bias is not None else 0, stream):
+        raise ValueError(UNALIGNED_BLOCK)
+    return d
 
 
 def _on_cupy(plan, call: ScaledCall, a, b, scale_a, scale_b, bias):
     import cupy  # (lazy: CuPy)
 
-    if plan is not None:
+    def launch(plan):
         d = cupy.empty((call.m, call.n), dtype=numpy_dtype(call.out_dtype))
-        if plan.run(a.data.ptr, b.data.ptr, d.data.ptr, scale_a.data.ptr, scale_b.data.ptr,
-                    bias.data.ptr if bias is not None else 0, cupy.cuda.get_current_stream()):
-            return d
+        ran = plan.run(a.data.ptr, b.data.ptr, d.data.ptr, scale_a.data.ptr, scale_b.data.ptr,
+                       bias.data.ptr if bias is not None else 0, cupy.cuda.get_current_stream())
+        return d if ran else None
+
+    d = launch(plan) if plan is not None else None
+    if d is not None:
+        return d
+    if not torch_takes(call.scaling, call.k, call.n):
+        d = launch(default_block_plan(call))
+        if d is None:
+            raise ValueError(UNALIGNED_BLOCK)
+        return d
     try:
         import torch  # (lazy: PyTorch)
     except ImportError:
         raise RuntimeError(f"{call.problem} has no tuned kernel on this GPU, and its fallback is torch._scaled_mm: "
                            "install PyTorch, or tune the problem (autogemm tune)") from None
     fp8 = getattr(torch, call.dtype)
-    with torch.cuda.device(call.device), torch.cuda.stream(torch.cuda.ExternalStream(
-            cupy.cuda.get_current_stream().ptr)):
+    with torch.cuda.device(call.device), torch.cuda.stream(torch.cuda.ExternalStream(cupy.cuda.get_current_stream().ptr)):
         d = torch._scaled_mm(torch.from_dlpack(a).view(fp8), torch.from_dlpack(b).view(fp8),
-                             torch.from_dlpack(scale_a), torch.from_dlpack(scale_b),
+                             *torch_scales(torch, torch.from_dlpack(scale_a), torch.from_dlpack(scale_b), call.scaling),
                              bias=_torch_view(torch, bias, call.out_dtype) if bias is not None else None,
                              out_dtype=getattr(torch, call.out_dtype))
     result = cupy.from_dlpack(d)
