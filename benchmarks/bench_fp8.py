@@ -11,9 +11,10 @@ Competitors, each checked first (autogemm's kernels against the float64 referenc
 within `check_epilogue_result`'s bound; torch's relative error is reported):
 - torch._scaled_mm with torch's default use_fast_accum=False: the baseline of the ratio;
 - torch._scaled_mm with use_fast_accum=True: reported (cuBLASLt adds its partial sums up in FP32 less often);
-- autogemm: the fastest of the hopper_fp8 search space's seed configs on the problem (the kernels a tune
-  starts from; FP8 problems are not tuned yet, and scaled_matmul serves torch._scaled_mm until a record of
-  the problem exists).
+- autogemm: the fastest of the hopper_fp8 search space's seed configs and the problem's tuned record's
+  kernel where it has one (campaigns/fp8.toml ships them);
+- served: what `scaled_matmul` runs, the record's kernel where a tune kept one, else torch._scaled_mm itself
+  (ratio 1).
 
 Timing: GPU time, back-to-back calls behind the gate (`autogemm.measure.timing.gpu_time`), the same for
 every competitor. Ratio = torch._scaled_mm's time / autogemm's (> 1: autogemm is faster). Writes
@@ -68,6 +69,7 @@ def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float
     from autogemm.measure.bench import check_epilogue_result, poison, relative_error
     from autogemm.gpu.launch import current_device
     from autogemm.paths import search_spaces_dir
+    from autogemm.results.cache import TuningCache
 
     rng = cupy.random.default_rng(m * 31 + n + k)
     a = fp8.quantize(rng.random((m, k), dtype=np.float32) * 2 - 1, DTYPE, cupy)
@@ -104,8 +106,14 @@ def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float
 
     device = current_device()
     space = SearchSpace.load(search_spaces_dir() / "hopper_fp8.toml")
+    # the problem's record (user cache or shipped) where a tune kept a kernel: what scaled_matmul serves
+    found = TuningCache().lookup(problem, device.slug)
+    record = found[0] if found is not None else None
+    tuned = record.config_object if record is not None and not record.is_cublas else None
+    row["served"] = tuned.name if tuned is not None else TORCH
+    candidates = list(space.seeds) + ([tuned] if tuned is not None and tuned not in space.seeds else [])
     best = None
-    for config in space.seeds:
+    for config in candidates:
         if config.check(problem, device):
             continue
         run, d = bind_scaled(config, a, b, scale_a, scale_b, dtype=DTYPE, out_dtype="bfloat16")
@@ -125,6 +133,8 @@ def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float
     row["us"] = times
     row["tflops"] = {name: 2 * m * n * k / (us * 1e-6) / 1e12 for name, us in times.items()}
     row["ratio"] = times[TORCH] / times[AUTOGEMM] if AUTOGEMM in times else None
+    # what a user meets: the record's kernel where a tune kept one (timed here), else torch._scaled_mm itself
+    row["served_ratio"] = times[TORCH] / row["kernels"][tuned.name]["us"] if tuned is not None else 1.0
     row["ratio_fast"] = times[FAST] / times[AUTOGEMM] if AUTOGEMM in times and FAST in times else None
     return row
 
@@ -134,13 +144,18 @@ def report(rows: list[dict], device, args) -> list[str]:
              f"`benchmarks/bench_fp8.py` ({time.strftime('%Y-%m-%d')}): e4m3 operands (A M × K, B N × K), D in BF16, "
              "autogemm's FP8 kernels against torch._scaled_mm on the same bits and scales, in the same run. GPU time "
              f"(back-to-back calls behind the gate, {args.gpu_time_ms:g} ms of work a competitor). autogemm: the "
-             "fastest of the hopper_fp8 space's seed configs on the problem, each checked against the float64 "
-             "reference first; FP8 problems are not tuned yet, so `scaled_matmul` serves torch._scaled_mm until a "
-             "record of the problem exists. Ratio: torch._scaled_mm's time / autogemm's (> 1: autogemm is faster). "
+             "fastest of the hopper_fp8 space's seed configs and the problem's tuned record's kernel where it has one, "
+             "each checked against the float64 reference first. Served: what `scaled_matmul` runs, the record's "
+             "kernel where a tune kept one (its time in this run), else torch._scaled_mm itself (ratio 1). Ratio: torch._scaled_mm's time / autogemm's (> 1: autogemm is faster). "
              "Errors: relative (Frobenius) to the float64 product of the operands' values.", ""]
     for scaling in ("tensor", "row", "block"):
         measured = [r for r in rows if r["scaling"] == scaling and r["ratio"] is not None]
         if measured:
+            served = [r["served_ratio"] for r in measured]
+            kernels = sum(r["served"] != TORCH for r in measured)
+            lines.append(f"- per {scaling}, as `scaled_matmul` serves it (a tuned record's kernel, else torch._scaled_mm "
+                         f"itself): geomean **{geomean(served):.3f}x** (min {min(served):.3f}x), a kernel on "
+                         f"{kernels} of {len(measured)}")
             fast = [r["ratio_fast"] for r in measured if r["ratio_fast"] is not None]
             lines.append(f"- per {scaling}: geomean **{geomean([r['ratio'] for r in measured]):.3f}x** torch._scaled_mm "
                          f"over {len(measured)} problems (min {min(r['ratio'] for r in measured):.3f}x)"
@@ -153,8 +168,8 @@ def report(rows: list[dict], device, args) -> list[str]:
                          f"{same[0]['us'][AUTOGEMM] / r['us'][AUTOGEMM]:.3f} of per-tensor scales' speed "
                          f"({same[0]['tflops'][AUTOGEMM]:.0f} TFLOP/s)")
     lines += ["", "| problem | M | N | K | scales | autogemm TFLOP/s | torch TFLOP/s | ratio | fast accum TFLOP/s | "
-              "ratio to fast | error autogemm | error torch | error fast | kernel |",
-              "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+              "ratio to fast | error autogemm | error torch | error fast | kernel | served |",
+              "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in rows:
         t, e = r["tflops"], r["errors"]
         ours = f"{t[AUTOGEMM]:.0f}" if AUTOGEMM in t else "-"
@@ -162,7 +177,7 @@ def report(rows: list[dict], device, args) -> list[str]:
         error = lambda name: f"{e[name]:.1e}" if name in e else "-"  # noqa: E731
         lines.append(f"| {r['label']} | {r['m']} | {r['n']} | {r['k']} | {r['scaling']} | {ours} | {t[TORCH]:.0f} | "
                      f"{r['ratio']:.3f}x | {fast} | {error(AUTOGEMM)} | {error(TORCH)} | {error(FAST)} | "
-                     f"{r.get('best', '-')} |")
+                     f"{r.get('best', '-')} | {r['served']} {r['served_ratio']:.3f}x |")
     return lines
 
 

@@ -223,8 +223,7 @@ def _problems_of(table, where: str, room: int) -> list[Problem]:
     for (m, n, k), dtype, compute, layout, batch, epilogue in itertools.product(triples, dtypes, computes, layouts,
                                                                               batches, epilogues):
         try:
-            problem = Problem.from_layout(m, n, k, layout, batch=batch, dtype=dtype, compute=compute)
-            problem = dataclasses.replace(problem, epilogue=epilogue)
+            problem = Problem.from_layout(m, n, k, layout, batch=batch, dtype=dtype, compute=compute, epilogue=epilogue)
             require_measurable(problem, "not tuned")
         except (TypeError, ValueError) as exc:
             raise CampaignFileError(f"{where}: {exc}") from None
