@@ -14,7 +14,8 @@ within `check_epilogue_result`'s bound; torch's relative error is reported):
 - autogemm: the fastest of the hopper_fp8 search space's seed configs and the problem's tuned record's
   kernel where it has one (campaigns/fp8.toml ships them);
 - served: what `scaled_matmul` runs, the record's kernel where a tune kept one, else torch._scaled_mm itself
-  (ratio 1).
+  (ratio 1); and its latency, single calls on an idle GPU with host time included, against torch._scaled_mm
+  called directly.
 
 Timing: GPU time, back-to-back calls behind the gate (`autogemm.measure.timing.gpu_time`), the same for
 every competitor. Ratio = torch._scaled_mm's time / autogemm's (> 1: autogemm is faster). Writes
@@ -43,6 +44,8 @@ SQUARES = (4096, 8192)
 GPU_TIME_MS = 40.0
 DTYPE = "float8_e4m3fn"
 TORCH, FAST, AUTOGEMM = "torch._scaled_mm", "torch._scaled_mm fast accum", "autogemm"
+SERVED = "autogemm.scaled_matmul"
+LATENCY_ROUNDS = 25
 
 
 def problems(shapes: list[str] | None) -> list[tuple[str, int, int, int]]:
@@ -135,6 +138,18 @@ def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float
     row["ratio"] = times[TORCH] / times[AUTOGEMM] if AUTOGEMM in times else None
     # what a user meets: the record's kernel where a tune kept one (timed here), else torch._scaled_mm itself
     row["served_ratio"] = times[TORCH] / row["kernels"][tuned.name]["us"] if tuned is not None else 1.0
+    # and one call at a time on an idle GPU, host time included: scaled_matmul as a user calls it, against
+    # torch._scaled_mm called directly (the same tensors and scales)
+    import statistics
+
+    import autogemm
+
+    # (scaled_matmul takes block scales row-major, as its docstring says; torch its own layout, made above)
+    user_a, user_b = torch.from_dlpack(scale_a), torch.from_dlpack(scale_b)
+    served = lambda: autogemm.scaled_matmul(ta, tb, user_a, user_b, out_dtype=torch.bfloat16)  # noqa: E731
+    waits = timing.latencies({TORCH: lambda: calls[TORCH](0), SERVED: served}, rounds=LATENCY_ROUNDS)
+    row["latency_us"] = {name: statistics.median(values) * 1e3 for name, values in waits.items()}
+    row["latency_ratio"] = row["latency_us"][TORCH] / row["latency_us"][SERVED]
     row["ratio_fast"] = times[FAST] / times[AUTOGEMM] if AUTOGEMM in times and FAST in times else None
     return row
 
@@ -156,6 +171,10 @@ def report(rows: list[dict], device, args) -> list[str]:
             lines.append(f"- per {scaling}, as `scaled_matmul` serves it (a tuned record's kernel, else torch._scaled_mm "
                          f"itself): geomean **{geomean(served):.3f}x** (min {min(served):.3f}x), a kernel on "
                          f"{kernels} of {len(measured)}")
+            latency = [r["latency_ratio"] for r in measured]
+            lines.append(f"- per {scaling}, one call at a time on an idle GPU (host time included): scaled_matmul's "
+                         f"latency against torch._scaled_mm called directly: geomean **{geomean(latency):.3f}x** "
+                         f"(min {min(latency):.3f}x)")
             fast = [r["ratio_fast"] for r in measured if r["ratio_fast"] is not None]
             lines.append(f"- per {scaling}: geomean **{geomean([r['ratio'] for r in measured]):.3f}x** torch._scaled_mm "
                          f"over {len(measured)} problems (min {min(r['ratio'] for r in measured):.3f}x)"
@@ -168,8 +187,8 @@ def report(rows: list[dict], device, args) -> list[str]:
                          f"{same[0]['us'][AUTOGEMM] / r['us'][AUTOGEMM]:.3f} of per-tensor scales' speed "
                          f"({same[0]['tflops'][AUTOGEMM]:.0f} TFLOP/s)")
     lines += ["", "| problem | M | N | K | scales | autogemm TFLOP/s | torch TFLOP/s | ratio | fast accum TFLOP/s | "
-              "ratio to fast | error autogemm | error torch | error fast | kernel | served |",
-              "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+              "ratio to fast | error autogemm | error torch | error fast | kernel | served | latency us | latency ratio |",
+              "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |"]
     for r in rows:
         t, e = r["tflops"], r["errors"]
         ours = f"{t[AUTOGEMM]:.0f}" if AUTOGEMM in t else "-"
@@ -177,7 +196,8 @@ def report(rows: list[dict], device, args) -> list[str]:
         error = lambda name: f"{e[name]:.1e}" if name in e else "-"  # noqa: E731
         lines.append(f"| {r['label']} | {r['m']} | {r['n']} | {r['k']} | {r['scaling']} | {ours} | {t[TORCH]:.0f} | "
                      f"{r['ratio']:.3f}x | {fast} | {error(AUTOGEMM)} | {error(TORCH)} | {error(FAST)} | "
-                     f"{r.get('best', '-')} | {r['served']} {r['served_ratio']:.3f}x |")
+                     f"{r.get('best', '-')} | {r['served']} {r['served_ratio']:.3f}x | "
+                     f"{r['latency_us'][SERVED]:.1f} | {r['latency_ratio']:.3f}x |")
     return lines
 
 

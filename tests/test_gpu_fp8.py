@@ -286,3 +286,22 @@ def test_an_untuned_block_scaled_product_is_served_and_correct(hopper, k):
                                     fp8.to_float64(bits_b, "float8_e4m3fn", cupy), problem,
                                     scale_a=cupy.from_dlpack(scale_a), scale_b=cupy.from_dlpack(scale_b))
     assert verdict.ok, verdict.message
+
+
+def test_a_repeated_call_on_tensors_takes_the_fast_path(hopper, monkeypatch):
+    """The second call with the same tensors' metadata skips the checks (its runner is found by the tensors'
+    own shapes, strides, dtypes and devices) and gives the same result; another shape goes the checks again."""
+    import autogemm
+    from autogemm.serving import scaled
+
+    torch = pytest.importorskip("torch")
+    a, b, scale_a, scale_b = _torch_operands(64, 128, 256, "float8_e4m3fn", "row", 17)
+    autogemm.reset()
+    first = autogemm.scaled_matmul(a, b, scale_a, scale_b)
+    checked = []
+    original = scaled.check_call
+    monkeypatch.setattr(scaled, "check_call", lambda *args: checked.append(args) or original(*args))
+    assert torch.equal(autogemm.scaled_matmul(a, b, scale_a, scale_b), first) and not checked
+    a2, b2, scale_a2, scale_b2 = _torch_operands(64, 128, 512, "float8_e4m3fn", "row", 17)
+    autogemm.scaled_matmul(a2, b2, scale_a2, scale_b2)
+    assert len(checked) == 1

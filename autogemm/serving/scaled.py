@@ -208,11 +208,72 @@ def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any 
     kernel where this problem has one (module docstring). D's dtype is `out_dtype` (bfloat16 unless
     given: torch's default, the FP8 input type, is not written). Returns a tensor for tensors, a CuPy
     array for CuPy arrays (bfloat16 as ml_dtypes' type)."""
+    # Fast path: a repeated call on tensors finds its runner by the tensors' own metadata (no checks: they
+    # passed for exactly these shapes, strides, dtypes and devices)
+    if type(a) is _TENSOR and dtype is None:
+        try:
+            fast = dispatcher().scaled.get(_tensor_key(a, b, scale_a, scale_b, out_dtype, bias))
+        except (AttributeError, TypeError, RuntimeError):  # (not tensors all through: the general path names it)
+            fast = None
+        if fast is not None:
+            result = fast(a, b, scale_a, scale_b, bias)
+            if result is not None:
+                return result
     call = check_call(a, b, scale_a, scale_b, bias, out_dtype, dtype)
     plan = plan_of(call)
     if is_tensor(a):
-        return _on_tensors(plan, call, a, b, scale_a, scale_b, bias)
+        result = _on_tensors(plan, call, a, b, scale_a, scale_b, bias)
+        _file_tensor_runner(plan, call, _tensor_key(a, b, scale_a, scale_b, out_dtype, bias))
+        return result
     return _on_cupy(plan, call, a, b, scale_a, scale_b, bias)
+
+
+_TENSOR = None  # torch.Tensor, once a call on tensors has been planned (the fast path compares types with it)
+
+
+def _tensor_key(a, b, scale_a, scale_b, out_dtype, bias) -> tuple:
+    """The fast path's key of a call on tensors: everything check_call read of them."""
+    return (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.get_device(), scale_a.shape, scale_b.shape,
+            scale_a.stride(), scale_b.stride(), scale_a.dtype, scale_b.dtype, scale_a.get_device(),
+            scale_b.get_device(), out_dtype,
+            None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()))
+
+
+def _file_tensor_runner(plan, call: ScaledCall, key: tuple) -> None:
+    """Files the runner of a checked call on tensors under its fast-path key: the plan's kernel launched
+    on PyTorch's current stream, or torch._scaled_mm itself (block scales in its layout); none where the
+    built-in block kernel serves (those go the general path)."""
+    global _TENSOR
+    import torch  # (lazy: PyTorch)
+
+    _TENSOR = torch.Tensor
+    out_dtype, shape, device = getattr(torch, call.out_dtype), (call.m, call.n), call.device
+    if plan is not None:
+        streams: dict = {}  # PyTorch's stream handle -> its CuPy stream object
+
+        def runner(a, b, scale_a, scale_b, bias):
+            d = torch.empty(shape, dtype=out_dtype, device=a.device)
+            pointer = torch.cuda.current_stream(device).cuda_stream
+            stream = streams.get(pointer)
+            if stream is None:
+                stream = streams[pointer] = cupy_stream(pointer, device)
+            ran = plan.run(a.data_ptr(), b.data_ptr(), d.data_ptr(), scale_a.data_ptr(), scale_b.data_ptr(),
+                           bias.data_ptr() if bias is not None else 0, stream)
+            return d if ran else None
+    elif not torch_takes(call.scaling, call.k, call.n):
+        return
+    elif call.scaling == "block":
+        def runner(a, b, scale_a, scale_b, bias):
+            return torch._scaled_mm(a, b, *torch_scales(torch, scale_a, scale_b, "block"), bias=bias,
+                                    out_dtype=out_dtype)
+    else:
+        def runner(a, b, scale_a, scale_b, bias):
+            return torch._scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype)
+    memo = dispatcher().scaled
+    with dispatcher().lock:
+        if len(memo) >= MAX_PLANS:
+            memo.clear()
+        memo[key] = runner
 
 
 def _on_tensors(plan, call: ScaledCall, a, b, scale_a, scale_b, bias):
