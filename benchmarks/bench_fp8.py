@@ -144,9 +144,8 @@ def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float
 
     import autogemm
 
-    # (scaled_matmul takes block scales row-major, as its docstring says; torch its own layout, made above)
-    user_a, user_b = torch.from_dlpack(scale_a), torch.from_dlpack(scale_b)
-    served = lambda: autogemm.scaled_matmul(ta, tb, user_a, user_b, out_dtype=torch.bfloat16)  # noqa: E731
+    # (the scales as torch takes them: block scales in its outer-dimension-major layout, which scaled_matmul takes too)
+    served = lambda: autogemm.scaled_matmul(ta, tb, tsa, tsb, out_dtype=torch.bfloat16)  # noqa: E731
     waits = timing.latencies({TORCH: lambda: calls[TORCH](0), SERVED: served}, rounds=LATENCY_ROUNDS)
     row["latency_us"] = {name: statistics.median(values) * 1e3 for name, values in waits.items()}
     row["latency_ratio"] = row["latency_us"][TORCH] / row["latency_us"][SERVED]

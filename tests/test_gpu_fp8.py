@@ -279,6 +279,10 @@ def test_an_untuned_block_scaled_product_is_served_and_correct(hopper, k):
         expected = torch._scaled_mm(a, b, scale_a.t().contiguous().t(), scale_b.t().contiguous().t(),
                                     out_dtype=torch.float32)
         assert torch.equal(d, expected)
+    # the block scales in torch's own layout (outer-dimension-major) are taken too, to the same result
+    outer = autogemm.scaled_matmul(a, b, scale_a.t().contiguous().t(), scale_b.t().contiguous().t(),
+                                   out_dtype=torch.float32)
+    assert torch.equal(outer, d) if k % 128 else torch.equal(outer, expected)
     on_cupy = autogemm.scaled_matmul(bits_a, bits_b.T, cupy.from_dlpack(scale_a), cupy.from_dlpack(scale_b),
                                      out_dtype="float32", dtype="float8_e4m3fn")
     # (the same route; cuBLASLt may pick another algorithm for other addresses, so checked, not compared bitwise)

@@ -6,7 +6,8 @@
 operands K-major, which is how Hopper's FP8 wgmma reads them), both float8_e4m3fn or both
 float8_e5m2. The scales are FP32 on the GPU: one value each (per tensor); M values shaped (M, 1) and N
 shaped (1, N) (per row); or (M, ceil(K/128)) for A's rows by 128 of K and (ceil(K/128), ceil(N/128)) for B's
-128 x 128 blocks (per block, DeepSeek-V3's recipe), row-major. The checks are torch's, and each names the fault before anything runs.
+128 x 128 blocks (per block, DeepSeek-V3's recipe), row-major or both in torch's outer-dimension-major
+layout (which torch._scaled_mm reads without a copy; the kernels read row-major ones). The checks are torch's, and each names the fault before anything runs.
 
 Which kernel serves a call: the problem's exact record on this GPU (`autogemm tune` of an FP8 problem,
 or a shipped one) where it kept a generated kernel; otherwise `torch._scaled_mm` (cuBLASLt's FP8), the
@@ -54,6 +55,8 @@ class ScaledCall:
     out_dtype: str
     bias: bool
     device: int
+    # block scales given in torch's outer-dimension-major layout (the kernels read row-major ones: copied)
+    outer_scales: bool = False
 
     @property
     def problem(self):
@@ -128,10 +131,15 @@ def check_call(a, b, scale_a, scale_b, bias, out_dtype, dtype=None) -> ScaledCal
         device = scale.get_device() if tensors else scale.device.id
         if device != devices[0]:
             raise ValueError(f"{name} is on GPU {device}, the operands on GPU {devices[0]}")
-        contiguous = scale.is_contiguous() if tensors else scale.flags.c_contiguous
-        if not contiguous:
-            raise ValueError(f"{name} must be contiguous")
     scaling = scaling_of(m, n, k, scale_a, scale_b)
+    # row-major scales, or for block scales also torch's own layout (outer-dimension-major: the transposes
+    # of contiguous (K/128, M) and (N/128, K/128) arrays), which torch._scaled_mm then reads without a copy
+    outer = scaling == "block" and all(_outer_major(scale, tensors) for scale in (scale_a, scale_b))
+    for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
+        contiguous = scale.is_contiguous() if tensors else scale.flags.c_contiguous
+        if not (contiguous or outer):
+            raise ValueError(f"{name} must be contiguous" + (" (row-major), or both block scales in torch's "
+                                                              "outer-dimension-major layout" if scaling == "block" else ""))
     out = _out_dtype(out_dtype)
     if bias is not None:
         if tuple(bias.shape) != (n,) or _name(bias.dtype) not in (out, dtypes.lookup(out).storage):
@@ -139,7 +147,14 @@ def check_call(a, b, scale_a, scale_b, bias, out_dtype, dtype=None) -> ScaledCal
                              f"{tuple(bias.shape)}, {_name(bias.dtype)}")
         if (bias.get_device() if tensors else bias.device.id) != devices[0]:
             raise ValueError(f"bias is not on the operands' GPU {devices[0]}")
-    return ScaledCall(m, n, k, names[0], scaling, out, bias is not None, devices[0])
+    return ScaledCall(m, n, k, names[0], scaling, out, bias is not None, devices[0], outer)
+
+
+def _outer_major(scale, tensors: bool) -> bool:
+    """Whether a 2-D scale array is the transpose of a contiguous one (and not itself contiguous)."""
+    if len(scale.shape) != 2 or min(scale.shape) == 1:
+        return False
+    return scale.t().is_contiguous() if tensors else scale.T.flags.c_contiguous
 
 
 class _KernelPlan:
@@ -251,7 +266,11 @@ def _file_tensor_runner(plan, call: ScaledCall, key: tuple) -> None:
     if plan is not None:
         streams: dict = {}  # PyTorch's stream handle -> its CuPy stream object
 
+        outer = call.outer_scales
+
         def runner(a, b, scale_a, scale_b, bias):
+            if outer:  # (the kernel reads row-major block scales)
+                scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()
             d = torch.empty(shape, dtype=out_dtype, device=a.device)
             pointer = torch.cuda.current_stream(device).cuda_stream
             stream = streams.get(pointer)
@@ -280,6 +299,8 @@ def _on_tensors(plan, call: ScaledCall, a, b, scale_a, scale_b, bias):
     import torch  # (lazy: PyTorch)
 
     out_dtype = getattr(torch, call.out_dtype)
+    if call.outer_scales and (plan is not None or not torch_takes(call.scaling, call.k, call.n)):
+        scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()  # (the kernels read row-major block scales)
     if plan is not None:
         d = torch.empty((call.m, call.n), dtype=out_dtype, device=a.device)
         stream = cupy_stream(torch.cuda.current_stream(call.device).cuda_stream, call.device)
@@ -299,6 +320,11 @@ def _on_tensors(plan, call: ScaledCall, a, b, scale_a, scale_b, bias):
 
 def _on_cupy(plan, call: ScaledCall, a, b, scale_a, scale_b, bias):
     import cupy  # (lazy: CuPy)
+
+    if call.outer_scales and (plan is not None or not torch_takes(call.scaling, call.k, call.n)):
+        # (the kernels read row-major block scales; torch._scaled_mm takes these as they are)
+        given = scale_a, scale_b
+        scale_a, scale_b = cupy.ascontiguousarray(scale_a), cupy.ascontiguousarray(scale_b)
 
     def launch(plan):
         d = cupy.empty((call.m, call.n), dtype=numpy_dtype(call.out_dtype))
@@ -320,6 +346,8 @@ def _on_cupy(plan, call: ScaledCall, a, b, scale_a, scale_b, bias):
         raise RuntimeError(f"{call.problem} has no tuned kernel on this GPU, and its fallback is torch._scaled_mm: "
                            "install PyTorch, or tune the problem (autogemm tune)") from None
     fp8 = getattr(torch, call.dtype)
+    if call.outer_scales and plan is not None:
+        scale_a, scale_b = given  # (the kernel could not run: torch reads the given layout)
     with torch.cuda.device(call.device), torch.cuda.stream(torch.cuda.ExternalStream(cupy.cuda.get_current_stream().ptr)):
         d = torch._scaled_mm(torch.from_dlpack(a).view(fp8), torch.from_dlpack(b).view(fp8),
                              *torch_scales(torch, torch.from_dlpack(scale_a), torch.from_dlpack(scale_b), call.scaling),
