@@ -136,6 +136,17 @@ FP8_OUTPUTS = ("bfloat16", "float16", "float32")
 FP8_ACCUMULATION_ROUNDOFF = 2.0**-14
 
 
+def _fp8_row(name: str, kind: str, cuda_data_type: int) -> DType:
+    """An FP8 row: `name` as NumPy (ml_dtypes) and PyTorch spell it, `kind` as PTX and CUDA's C++ type do."""
+    return DType(name, "fp32", 1, "uint8", (name,), "hopper", "hopper_fp8", 2e-2,
+                 f"__nv_fp8_{kind}", "float", 4, "float(x)", f"__nv_fp8_{kind}(x)",
+                 TensorCoreShapes((0, 0, 0), "", (9, 0), (16, 8, 32), kind, (8, 9), wgmma_k=32),
+                 other_families=(), cublas_serves=True, cuda_data_type=cuda_data_type,
+                 cublas_compute_type=CUBLAS_COMPUTE_32F, cuda_scale_type=CUDA_R_32F, tensor_map_type=TMA_UINT8,
+                 numpy_package="ml_dtypes", output_dtypes=FP8_OUTPUTS, scaled=True,
+                 accumulation_roundoff=FP8_ACCUMULATION_ROUNDOFF)
+
+
 ROWS: tuple[DType, ...] = (
     # the first row of a dtype is its default compute mode
     DType("float32", "fp32", 4, "float32", ("float32", "<f4"), "simt", "simt", 1e-5,
@@ -168,23 +179,11 @@ ROWS: tuple[DType, ...] = (
           other_families=("gemv",), cublas_serves=True, cuda_data_type=CUDA_R_64F,
           cublas_compute_type=CUBLAS_COMPUTE_64F, cuda_scale_type=CUDA_R_64F, tensor_map_type=TMA_FLOAT64),
     # FP8 (Hopper): A and B K-major (wgmma reads 8-bit types K-major only), FP32 accumulation, D written
-    # as one of FP8_OUTPUTS, scaled per tensor or per row. NumPy and CuPy hold them as ml_dtypes' types or
+    # as one of FP8_OUTPUTS, scaled per tensor, per row or per block. NumPy and CuPy hold them as ml_dtypes' types or
     # as raw uint8 bits; there is no WMMA of these types (the fields say so with zeros), mma.sync
     # m16n8k32 exists from sm_89
-    DType("float8_e4m3fn", "fp32", 1, "uint8", ("float8_e4m3fn",), "hopper", "hopper_fp8", 2e-2,
-          "__nv_fp8_e4m3", "float", 4, "float(x)", "__nv_fp8_e4m3(x)",
-          TensorCoreShapes((0, 0, 0), "", (9, 0), (16, 8, 32), "e4m3", (8, 9), wgmma_k=32),
-          other_families=(), cublas_serves=True, cuda_data_type=CUDA_R_8F_E4M3,
-          cublas_compute_type=CUBLAS_COMPUTE_32F, cuda_scale_type=CUDA_R_32F, tensor_map_type=TMA_UINT8,
-          numpy_package="ml_dtypes", output_dtypes=FP8_OUTPUTS, scaled=True,
-          accumulation_roundoff=FP8_ACCUMULATION_ROUNDOFF),
-    DType("float8_e5m2", "fp32", 1, "uint8", ("float8_e5m2",), "hopper", "hopper_fp8", 2e-2,
-          "__nv_fp8_e5m2", "float", 4, "float(x)", "__nv_fp8_e5m2(x)",
-          TensorCoreShapes((0, 0, 0), "", (9, 0), (16, 8, 32), "e5m2", (8, 9), wgmma_k=32),
-          other_families=(), cublas_serves=True, cuda_data_type=CUDA_R_8F_E5M2,
-          cublas_compute_type=CUBLAS_COMPUTE_32F, cuda_scale_type=CUDA_R_32F, tensor_map_type=TMA_UINT8,
-          numpy_package="ml_dtypes", output_dtypes=FP8_OUTPUTS, scaled=True,
-          accumulation_roundoff=FP8_ACCUMULATION_ROUNDOFF),
+    _fp8_row("float8_e4m3fn", "e4m3", CUDA_R_8F_E4M3),
+    _fp8_row("float8_e5m2", "e5m2", CUDA_R_8F_E5M2),
 )
 
 DTYPES: tuple[str, ...] = tuple(dict.fromkeys(row.name for row in ROWS))
