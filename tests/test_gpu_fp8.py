@@ -309,3 +309,37 @@ def test_a_repeated_call_on_tensors_takes_the_fast_path(hopper, monkeypatch):
     a2, b2, scale_a2, scale_b2 = _torch_operands(64, 128, 512, "float8_e4m3fn", "row", 17)
     autogemm.scaled_matmul(a2, b2, scale_a2, scale_b2)
     assert len(checked) == 1
+
+
+@pytest.mark.parametrize("tuned", [True, False], ids=["kernel", "torch"])
+def test_scaled_matmul_is_captured_in_a_cuda_graph(hopper, tuned):
+    """After a first call outside the capture, scaled_matmul is captured into a CUDA graph on both routes (a
+    record's kernel launched on PyTorch's capturing stream; torch._scaled_mm), and the replay recomputes D
+    from the operands' current values."""
+    import autogemm
+    from autogemm.gpu.launch import current_device
+    from autogemm.gpu.scaled_launch import scaled_problem
+    from autogemm.results.cache import TuningCache
+    from autogemm.serving.scaled import check_call, explain_scaled
+    from test_gpu_capture import _record
+
+    torch = pytest.importorskip("torch")
+    m, n, k = 128, 256, 384
+    if tuned:
+        problem = scaled_problem(m, n, k, "float8_e4m3fn", "tensor", "bfloat16", False)
+        TuningCache().store(_record(problem, CONFIGS["two consumers"]), current_device().slug)
+    autogemm.reset()
+    a, b, scale_a, scale_b = _torch_operands(m, n, k, "float8_e4m3fn", "tensor", 19)
+    new_a, _, _, _ = _torch_operands(m, n, k, "float8_e4m3fn", "tensor", 23)
+    served = explain_scaled(check_call(a, b, scale_a, scale_b, None, None))
+    assert (served != "torch._scaled_mm") == tuned
+    autogemm.scaled_matmul(a, b, scale_a, scale_b)  # (outside the capture: plans the call)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        d = autogemm.scaled_matmul(a, b, scale_a, scale_b)
+    a.copy_(new_a)
+    graph.replay()
+    torch.cuda.synchronize()
+    expected = autogemm.scaled_matmul(new_a, b, scale_a, scale_b)
+    assert torch.equal(d, expected)
