@@ -1,7 +1,9 @@
-"""autogemm as a PyTorch operator: `torch.ops.autogemm.matmul`, its autograd, and a Linear layer.
+"""autogemm as a PyTorch operator: `torch.ops.autogemm.matmul`, its autograd, and a Linear layer; and
+`torch.ops.autogemm.scaled_matmul`, FP8 products as `autogemm.scaled_matmul` serves them.
 
-    import autogemm.torch                       # registers torch.ops.autogemm.matmul (imports torch)
+    import autogemm.torch                       # registers the operators (imports torch)
     y = autogemm.torch.matmul(x, w.mT)          # = torch.ops.autogemm.matmul(x, w.mT)
+    d = autogemm.torch.scaled_matmul(a, b, scale_a, scale_b, out_dtype=torch.bfloat16)   # FP8
     layer = autogemm.torch.Linear(1024, 4096, device="cuda", dtype=torch.bfloat16)
     model = torch.compile(model, fullgraph=True)  # the op is one node of the graph, no graph break
 
@@ -22,9 +24,9 @@ from typing import Optional
 
 import torch
 
-from .serving import dispatch
+from .serving import dispatch, scaled
 
-__all__ = ["DTYPES", "Linear", "matmul"]
+__all__ = ["DTYPES", "Linear", "matmul", "scaled_matmul"]
 
 # the dtypes autogemm's kernels (or cuBLAS through them) multiply
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -146,6 +148,34 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, alpha: float = 1.0, compute: Opt
     CUDA tensors, NumPy's matmul semantics, differentiable, traceable by torch.compile without a
     graph break. `compute="tf32"` opts float32 into TF32. Returns a fresh tensor."""
     return torch.ops.autogemm.matmul(a, b, alpha, compute)
+
+
+_SCALED_NAME = "autogemm::scaled_matmul"
+
+
+@torch.library.custom_op(_SCALED_NAME, mutates_args=())
+def _scaled_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                   bias: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """(a @ b) · scale_a · scale_b (+ bias) by autogemm.scaled_matmul: the FP8 problem's tuned kernel, else
+    torch._scaled_mm; a fresh tensor."""
+    return scaled.scaled_matmul(a, b, scale_a, scale_b, out_dtype=out_dtype, bias=bias)
+
+
+@_scaled_matmul.register_fake
+def _scaled_matmul_fake(a, b, scale_a, scale_b, bias=None, out_dtype=None):
+    torch._check(a.dim() == 2 and b.dim() == 2, lambda: f"{_SCALED_NAME} takes matrices; got shapes "
+                                                         f"{tuple(a.shape)} and {tuple(b.shape)}")
+    torch._check(a.shape[1] == b.shape[0], lambda: f"{_SCALED_NAME}: a is {tuple(a.shape)} and b {tuple(b.shape)}: "
+                                                    "a's columns must match b's rows")
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype if out_dtype is not None else torch.bfloat16)
+
+
+def scaled_matmul(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,
+                  out_dtype: Optional[torch.dtype] = None, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """`autogemm.scaled_matmul` as the operator `torch.ops.autogemm.scaled_matmul`: one node of a
+    torch.compile graph (no graph break), D in `out_dtype` (bfloat16 unless given). Not differentiable
+    (neither is torch._scaled_mm)."""
+    return torch.ops.autogemm.scaled_matmul(a, b, scale_a, scale_b, bias, out_dtype)
 
 
 class Linear(torch.nn.Linear):

@@ -178,3 +178,26 @@ def test_linear_without_gradients_adds_the_bias_in_the_same_call(dtype, monkeypa
     called.clear()
     layer(x.requires_grad_(True)).sum().backward()  # with gradients: the operator, not linear
     assert called == [] and layer.weight.grad is not None
+
+
+def test_scaled_matmul_compiles_without_a_graph_break_and_matches_torch():
+    """torch.ops.autogemm.scaled_matmul in a torch.compile(fullgraph=True) function: its fake
+    implementation gives D's shape and dtype, and the compiled result is torch._scaled_mm's (an untuned
+    FP8 problem is served by it)."""
+    from autogemm.gpu.launch import current_device
+
+    if current_device().compute_capability != (9, 0):
+        pytest.skip("FP8 needs an sm_90 GPU")
+    torch._dynamo.reset()
+    generator = torch.Generator("cuda").manual_seed(8)
+    a = torch.randn(64, 256, device="cuda", generator=generator).to(torch.float8_e4m3fn)
+    b = torch.randn(128, 256, device="cuda", generator=generator).to(torch.float8_e4m3fn).t()
+    scale_a, scale_b = torch.tensor([0.5], device="cuda"), torch.tensor([2.0], device="cuda")
+
+    def layer(a, b):
+        return torch.relu(agt.scaled_matmul(a, b, scale_a, scale_b, out_dtype=torch.float32))
+
+    got = torch.compile(layer, fullgraph=True)(a, b)
+    expected = torch.relu(torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.float32))
+    assert got.dtype == torch.float32 and got.shape == (64, 128)
+    assert torch.equal(got, expected)
