@@ -1,4 +1,4 @@
-"""The Hopper family (`hopper_gemm.cu.j2`, sm_90a): FP16, BF16 and TF32 GEMM fed by the Tensor Memory
+"""The Hopper family (`hopper_gemm.cu.j2`, sm_90a): FP16, BF16, TF32 and FP8 GEMM fed by the Tensor Memory
 Accelerator, the way the public Hopper GEMMs that beat cuBLAS are built.
 
 A block has one producer warpgroup, whose first thread asks TMA for both operands' K slices (tensor
@@ -26,6 +26,10 @@ in TF32. `swap` is a knob for the 16-bit types too (any layout).
 
 TMA needs 16-byte aligned addresses and pitches, so an operand that is not is copied to an aligned
 pitch first (`repack`); tails need nothing (TMA fills zeros past the matrices' edges).
+
+FP8 (its own space, `hopper_fp8`): wgmma m64nNk32 with both operands K-major (layout NT), the scales
+and D's type in the epilogue (per tensor, per row; per block with each 128 of K's partial sums promoted
+into FP32), D stored from registers (`_fp8_reasons` says what else it asks).
 """
 
 from __future__ import annotations
@@ -216,11 +220,11 @@ class HopperConfig(VectorizedLoads, GemmConfig):
                              f"has {self.consumers}")
         if self.pingpong and not self.persistent:
             bad("grid", "pingpong needs a persistent grid (with a block per tile the second consumer would idle)")
-        scaled = dtypes.lookup(problem.dtype, problem.compute).scaled
-        if scaled:
+        if row.scaled:
             self._fp8_reasons(problem, bad)
-        kernel = self.kernel_problem(problem) if not (scaled and self.swap and problem.epilogue.scale in ("row", "block")) \
-            else problem
+        # (row and block scales refuse swap above: the problem is not swapped to find the layout's reasons)
+        kernel = problem if row.scaled and self.swap and problem.epilogue.scale in ("row", "block") \
+            else self.kernel_problem(problem)
         if not self.transposes(problem) and not kernel.trans_b:
             if problem.layout == "tn":
                 bad("layout", f"wgmma reads {problem.dtype}/{problem.compute} from shared memory K-major only: layout TN "
@@ -252,7 +256,9 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         """What an FP8 product asks of a config beyond the other types' rules: A K-major too (wgmma
         reads 8-bit A from shared memory only, K-major), K a multiple of 16 (TMA's 16-byte pitches:
         FP8 operands are not repacked), D written from registers (the TMA store stages the operands'
-        128-byte rows, D's type is wider) and no swap of row scales (they would change roles)."""
+        128-byte rows, D's type is wider), no swap of row or block scales (they would change roles), and
+        for block scales a slice of one block of K, a tile within one block of B's columns and the
+        registers for two sets of partial sums."""
         kernel_a_transposed = not problem.trans_b if self.swap else problem.trans_a  # (swap: B is the kernel's A)
         if kernel_a_transposed:
             bad("layout", f"wgmma reads {problem.dtype} K-major only: layout {problem.layout.upper()} stores "
