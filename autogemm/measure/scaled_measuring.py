@@ -3,8 +3,8 @@
 
 An FP8 product is measured as `GpuMeasurer` measures the others (the same verification, timing
 protocol, single-call latency and failure kinds), with what makes it FP8: operands of random values in
-[-2, 2] rounded to the FP8 type (uint8 bits, A M × K and B N × K), FP32 scales (two scalars, or M and N
-values in [0.5, 1.5]), D in the problem's output dtype, a bias where the epilogue adds one; candidates
+[-2, 2] rounded to the FP8 type (uint8 bits, A M × K and B N × K), FP32 scales in [0.5, 1.5] (two
+scalars; M and N values; or one per row of A and 128 of K and one per 128 × 128 block of B), D in the problem's output dtype, a bias where the epilogue adds one; candidates
 launched through `gpu.scaled_launch.bind_scaled`, verified against the float64 product of the operands'
 values (`check_epilogue_result` with the scales); and one baseline, what `scaled_matmul` serves without
 a record: torch._scaled_mm (cuBLASLt's FP8) on the same bits and scales, or for block scales it does not
@@ -38,7 +38,7 @@ def measurer_for(problem: Problem, device: Device, seed: int = 0) -> GpuMeasurer
 
 class ScaledMeasurer(GpuMeasurer):
     """GpuMeasurer of an FP8 product (module docstring). Its input sets are (A, B, D) with the scales and
-    the bias beside them (`_extras`); its fallback is torch._scaled_mm."""
+    the bias beside them (`_extras`); its fallback is what scaled_matmul serves untuned (`_served`)."""
 
     def __init__(self, problem: Problem, device: Device, seed: int = 0):
         import cupy  # (lazy: CuPy)
