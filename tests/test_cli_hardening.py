@@ -176,3 +176,28 @@ def test_a_hopper_config_name_without_dtype_suggests_one(capsys):
     assert "--dtype float16" in err and "bfloat16" in err
     code, out, _ = run_cli(capsys, "render", "--config", HopperConfig().name, "--dtype", "float16")
     assert code == 0 and "__global__" in out
+
+
+# ---- the tune command a message suggests names the same problem ------------------------------------
+
+@pytest.mark.parametrize("key", [
+    "float32/fp32/nn/b1/100x50x30",
+    "float16/fp32/nt/b3/64x128x256/bias_n+gelu+res",
+    "float32/tf32/tn/b1/64x64x64",
+    "bfloat16/fp32/nt/b1/16x4096x14336/bias_n+silu",
+    "float8_e4m3fn/fp32/nt/b1/4096x4096x4096/scale_tensor>bfloat16",
+    "float8_e5m2/fp32/nt/b1/128x4096x14336/scale_row+bias_n>float32",
+    "float8_e4m3fn/fp32/nt/b1/256x512x1040/scale_block>float16",
+])
+def test_the_suggested_tune_command_names_the_same_problem(key):
+    """`autogemm bench` on an untuned problem says which `autogemm tune` to run (`_problem_flags`): those
+    flags, parsed back, are the same problem (dtype, compute mode, layout, batch, epilogue, FP8 scales)."""
+    import shlex
+
+    from autogemm.cli.arguments import problem_from_args
+    from autogemm.cli.tuning import _problem_flags
+    from autogemm.problem import Problem
+
+    problem = Problem.from_key(key)
+    args = build_parser().parse_args(["tune", *shlex.split(_problem_flags(problem))])
+    assert problem_from_args(args) == problem

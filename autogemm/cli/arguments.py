@@ -96,8 +96,9 @@ def add_problem_arguments(parser: argparse.ArgumentParser, m_required: bool, def
         "FP8", "an FP8 product (--dtype float8_e4m3fn or float8_e5m2) as autogemm.scaled_matmul serves it: D = "
         "scale_a * scale_b * A @ B^T, A stored M x K and B N x K (layout nt, the default for FP8), timed against "
         "torch._scaled_mm")
-    scaled.add_argument("--scale", choices=SCALES, help="the scales: one each (tensor, the default for FP8) or one "
-                        "per row of A and per column of B (row)")
+    scaled.add_argument("--scale", choices=SCALES, help="the scales: one each (tensor, the default for FP8), one "
+                        "per row of A and per column of B (row), or one per row of A and 128 of K and one per 128 x "
+                        "128 block of B (block)")
     scaled.add_argument("--out-dtype", choices=dtypes.FP8_OUTPUTS, help="D's dtype (default bfloat16 for FP8)")
 
 

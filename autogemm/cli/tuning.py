@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from .. import dtypes
 from ..gpu import launch
 from ..gpu.runtime import GpuUnavailable
 from ..gpu.runtime import require_gpu as gpu_or_error
@@ -151,7 +152,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _problem_flags(problem: Problem) -> str:
+    """The `autogemm tune` flags of `problem` (problem_from_args reads them back to the same problem)."""
     flags = f"--M {problem.m} --N {problem.n} --K {problem.k}"
+    if problem.dtype != "float32":
+        flags += f" --dtype {problem.dtype}"
+    if problem.compute != dtypes.lookup(problem.dtype).compute:  # (not the dtype's default mode)
+        flags += f" --compute {problem.compute}"
     if problem.batch > 1:
         flags += f" --batch {problem.batch}"
     if problem.layout != "nn":
@@ -160,6 +166,8 @@ def _problem_flags(problem: Problem) -> str:
     flags += " --bias" if epilogue.bias else ""
     flags += f" --activation {epilogue.activation}" if epilogue.activation else ""
     flags += " --residual" if epilogue.residual else ""
+    if epilogue.scale:  # (an FP8 product: its scales and D's dtype)
+        flags += f" --scale {epilogue.scale} --out-dtype {epilogue.out_dtype}"
     return flags
 
 
