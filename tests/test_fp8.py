@@ -161,3 +161,27 @@ def test_fp8_rows_are_one_byte_scaled_and_written_wider():
         assert (row.itemsize, row.scaled, row.output_dtypes) == (1, True, dtypes.FP8_OUTPUTS)
         assert row.accumulator_roundoff == dtypes.FP8_ACCUMULATION_ROUNDOFF
     assert dtypes.from_bits_storage("uint8") is None  # (uint8 bits are FP8 only where the caller names which)
+
+
+def test_a_split_k_kernel_sizes_its_workspace_and_compiles_for_sm90a_without_spills():
+    from autogemm.kernels.compile import nvcc_resources
+    from autogemm.kernels.render import render
+
+    decode = scaled_problem(16, 4096, 14336, "float8_e4m3fn", "tensor", "bfloat16", False)
+    split = HopperConfig(bm=64, bn=128, bk=128, wm=64, wn=128, stages=6, split_k=4)
+    assert split.check(decode, SM90) == []
+    # 32 tiles of 64 x 128, a slot of FP32 partial sums per split; one consumer: a counter per tile
+    assert split.split_workspace(decode) == (32 * 4 * 64 * 128 * 4, 32 * 4)
+    assert split.work_units(decode) == 128 and split.replace(persistent=False).grid_blocks(decode, SM90) == 128
+    assert split.replace(split_k=1).split_workspace(decode) == (0, 0)
+    # a cluster's pair of 128-row tiles (333 rows: three tiles, rounded up to two pairs), two consumers' counters
+    paired = HopperConfig(bm=128, bn=128, bk=128, wm=64, wn=128, stages=4, cluster=2, split_k=3)
+    rows = scaled_problem(333, 520, 1040, "float8_e4m3fn", "row", "float32", False)
+    assert paired.split_workspace(rows) == (4 * 5 * 3 * 128 * 128 * 4, 4 * 5 * 2 * 4)
+    assert any(r.startswith("split-k:") for r in split.replace(split_k=9).check(
+        scaled_problem(16, 4096, 1024, "float8_e4m3fn", "tensor", "bfloat16", False), SM90))  # 8 slices of K
+    source = render(split, decode)
+    assert "atomicAdd(&counters[share], 1) == SPLIT_K - 1" in source.code
+    assert "atomicAdd" not in render(split.replace(split_k=1), decode).code
+    usage = nvcc_resources(source, "sm_90")[source.kernel]
+    assert usage.spill_store_bytes == 0 and usage.spill_load_bytes == 0

@@ -97,6 +97,46 @@ def test_block_scales_in_other_kernel_structures(hopper, structure):
     _run_and_check(CONFIGS[structure], 333, 520, 1040, "float8_e4m3fn", "block", "bfloat16", True, seed=4)
 
 
+# split-K: K's slices dealt out to several work units per tile, the last to count adding them up
+SPLITS = {
+    "one consumer, split 4": HopperConfig(bm=64, bn=128, bk=128, wm=64, wn=128, stages=6, split_k=4),
+    "two consumers, split 3": HopperConfig(bm=128, bn=128, bk=128, wm=64, wn=128, stages=4, split_k=3),
+    "pingpong, split 2": HopperConfig(bm=128, bn=128, bk=128, wm=64, wn=128, stages=4, pingpong=True, split_k=2),
+    "cluster, split 2": HopperConfig(bm=128, bn=128, bk=128, wm=64, wn=128, stages=4, cluster=2, split_k=2),
+}
+QUICK_SPLITS = {("one consumer, split 4", "tensor"), ("one consumer, split 4", "block"),
+                ("two consumers, split 3", "row"), ("pingpong, split 2", "block")}
+
+
+@pytest.mark.parametrize("structure,scaling", [
+    pytest.param(structure, scaling, id=f"{structure}-{scaling}",
+                 marks=() if (structure, scaling) in QUICK_SPLITS else pytest.mark.exhaustive)
+    for structure in SPLITS for scaling in ("tensor", "row", "block")])
+def test_split_k_adds_the_splits_up_launch_after_launch(hopper, structure, scaling):
+    """333 x 520 x 1040: nine slices of K, so the splits differ in length, and M's tail leaves warps
+    whose rows lie past M (their partial sums neither written nor read). A second launch must be right
+    too (the unit that counts last leaves its counter zero), and give the same bits (the splits are
+    added up in split order, whichever unit counts last)."""
+    import cupy
+
+    from autogemm.gpu.scaled_launch import bind_scaled, scaled_problem
+
+    m, n, k = 333, 520, 1040
+    a, b, scale_a, scale_b = _operands(m, n, k, "float8_e4m3fn", scaling, 6)
+    run, d = bind_scaled(SPLITS[structure], a, b, scale_a, scale_b, dtype="float8_e4m3fn", out_dtype="float32")
+    problem = scaled_problem(m, n, k, "float8_e4m3fn", scaling, "float32", False)
+    a64, b64 = fp8.to_float64(a, "float8_e4m3fn", cupy), fp8.to_float64(b, "float8_e4m3fn", cupy)
+    results = []
+    for launch in range(2):
+        poison(d)
+        run()
+        cupy.cuda.get_current_stream().synchronize()
+        verdict = check_epilogue_result(d, a64, b64, problem, scale_a=scale_a, scale_b=scale_b)
+        assert verdict.ok, f"launch {launch}: {SPLITS[structure].name} {problem}: {verdict.message}"
+        results.append(d.copy())
+    assert bool((results[0] == results[1]).all()), "two launches of the same split-K product differ"
+
+
 def test_fp8_matches_torch_scaled_mm(hopper):
     """The same bits through torch._scaled_mm (cuBLASLt's FP8) give the same product: the two agree to
     within the accumulation's differences (Hopper's FP8 wgmma keeps about 14 bits while it sums, and cuBLAS

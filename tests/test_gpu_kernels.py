@@ -57,6 +57,8 @@ QUICK = (
     ("float32", "tf32", "hopper_128x128x32_w64x128_s4_g8_k1_o1_p_ts_sw"),
     ("float32", "tf32", "hopper_128x128x32_w64x128_s4_g1_k1_o1_ts"),
     ("float16", "fp32", "hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_sw"),
+    # K split over three work units per tile, the last to count adding them up: clusters of two, TMA store
+    ("bfloat16", "fp32", "hopper_128x128x64_w64x128_s4_g8_k3_o1_p_c2_ts"),
 )
 
 
@@ -133,8 +135,9 @@ def test_stream_k_counters_are_reset_for_the_next_launch():
 
 
 @pytest.mark.gpu
-# stream-K, split-K (SIMT; cluster; fused), split-K (GEMV; swapped), repacked operands with a fused split
-@pytest.mark.parametrize("index", [2, 3, 6, 7, 20, 23, 25])
+# stream-K, split-K (SIMT; cluster; fused), split-K (GEMV; swapped), repacked operands with a fused split,
+# split-K (Hopper)
+@pytest.mark.parametrize("index", [2, 3, 6, 7, 20, 23, 25, 32])
 def test_one_launcher_serves_threads_on_their_own_streams(index):
     """A launcher's arguments are packed once and rewritten per call, and its workspaces come from a
     pool kept per stream: calls from several threads, each on its own stream with its own operands

@@ -15,7 +15,9 @@ slices into both (B crosses from L2 once per pair). With `tma_store`, the consum
 results in shared memory in 64-column chunks that TMA writes to C while they start the next tile
 (beta != 0 and a C that TMA cannot address take the direct path from registers). With `pingpong`
 the two consumers do not share a tile but take turns on wm x bn tiles, one's epilogue under the
-other's wgmmas.
+other's wgmmas. With `split_k` > 1 each tile's K slices are dealt out to that many work units (for few
+tiles and a long K: decode); each leaves FP32 partial sums in a workspace, and the one that counts
+last on the tile's counter adds them up in split order and writes C (`split_workspace`).
 
 TF32: the operands' tensor maps are of TMA's TFLOAT32 type, which rounds FP32 to TF32 as it copies
 (to nearest: cuBLAS's accuracy, where wgmma reading raw FP32 bits would truncate them). wgmma reads
@@ -38,7 +40,7 @@ from .. import dtypes
 from ..epilogue import BLOCK
 from ..problem import Device, Problem
 from . import gemv, wgmma
-from .base import GemmConfig, VectorizedLoads, VectorWidths, cxx_bool, grid_knobs, swap_knob, tile_knobs
+from .base import INT32_MAX, GemmConfig, VectorizedLoads, VectorWidths, cxx_bool, grid_knobs, swap_knob, tile_knobs
 from .knobs import Knob
 from .launch_kind import LaunchKind
 
@@ -56,6 +58,7 @@ MIN_STAGES, MAX_STAGES = 2, 8
 # consumer (232 with two consumers) no longer hold them with the addresses and loop state
 MAX_ACCUMULATORS = 128
 BARRIER_BYTES = 8  # an mbarrier
+ACCUMULATOR_BYTES, COUNTER_BYTES = 4, 4  # a split-K partial sum (FP32) and a share's counter (int)
 # registers per thread after setmaxnreg with two consumers: the producer gives up what the
 # consumers take (128 x 40 + 256 x 232 = 384 x 168, the block's share under __launch_bounds__)
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
@@ -158,6 +161,9 @@ class HopperConfig(VectorizedLoads, GemmConfig):
     def repacks_operands(self) -> bool:
         return True
 
+    def reduce_kernel(self, kernel: str) -> str | None:
+        return None  # (split-K: the splits are added up by the kernel itself)
+
     def smem_bytes(self, problem: Problem) -> int:
         """The ring's stages (both operands' tiles), with `tma_store` two store chunks of 64 columns
         per consumer, a full and an empty barrier per stage, and one swizzle period of slack to align
@@ -173,9 +179,23 @@ class HopperConfig(VectorizedLoads, GemmConfig):
 
     def work_units(self, problem: Problem) -> int:
         """What the blocks of a cluster take together: `cluster` vertically adjacent tiles (the last
-        column's may reach past M), per batch."""
+        column's may reach past M), per batch and K split."""
+        return self._tile_columns(problem) * self.split_k
+
+    def _tile_columns(self, problem: Problem) -> int:
+        """The columns of `cluster` vertically adjacent tiles over the output, per batch."""
         tiles_m, tiles_n = -(-problem.m // self.tile_rows), -(-problem.n // self.bn)
         return -(-tiles_m // self.cluster) * tiles_n * problem.batch
+
+    def split_workspace(self, problem: Problem) -> tuple[int, int]:
+        """Bytes of the split-K workspace (`problem` the kernel's): per work tile (of tile_rows x bn)
+        a slot of FP32 partial sums per split, and per consumer's share of a work tile an int counter
+        (zero at launch, and left zero by the unit that counts last). (0, 0) without split-K."""
+        if self.split_k == 1:
+            return 0, 0
+        work_tiles = self._tile_columns(problem) * self.cluster
+        shares = 1 if self.pingpong else self.consumers
+        return work_tiles * self.split_k * self.tile_rows * self.bn * ACCUMULATOR_BYTES, work_tiles * shares * COUNTER_BYTES
 
     def grid_blocks(self, problem: Problem, device: Device, resident_clusters: int | None = None) -> int:
         """Blocks of the launch: a cluster per work unit, or with `persistent` at most as many
@@ -239,8 +259,9 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         if self.swap and self.tma_store and self.bn % self.wm:
             bad("choice", f"the transposed TMA store (swap) stages {self.wm} of C's rows at a time: bn={self.bn} "
                           f"is no multiple of wm={self.wm}")
-        if self.split_k != 1:
-            bad("split-k", f"split_k={self.split_k}: the Hopper kernels do not split K")
+        if self.work_units(problem) > INT32_MAX:
+            bad("grid", f"{self.work_units(problem)} work units (tiles x split_k={self.split_k}) exceed the kernel's "
+                        "32-bit count")
         if self.min_blocks != 1:
             bad("occupancy", f"min_blocks={self.min_blocks}: a Hopper block takes a whole SM")
         if self.threads > device.max_threads_per_block:
@@ -306,5 +327,6 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             c_transposed=cxx_bool(self.swaps_operands),
             swizzle_bytes=SWIZZLE_BYTES, swizzle_period=SWIZZLE_PERIOD_BYTES, smem_bytes=self.smem_bytes(problem),
             producer_registers=producer, consumer_registers=consumer, cluster=self.cluster,
-            tma_store=cxx_bool(self.tma_store), pingpong=cxx_bool(self.pingpong), **self.even_flags(problem),
+            tma_store=cxx_bool(self.tma_store), pingpong=cxx_bool(self.pingpong), split_k=self.split_k,
+            **self.even_flags(problem),
         )

@@ -18,7 +18,7 @@ from . import tensor_maps
 from ..kernels.compile import CompiledKernel, CompileError
 from ..families import GemmConfig
 from .operands import KernelOperand
-from .packed_launch import compiled_kernel, current_stream_pointer, epilogue_arguments
+from .packed_launch import WORKSPACES, compiled_kernel, current_stream_pointer, epilogue_arguments
 from .prepared import PreparedGemm
 from ..problem import Problem
 from .tensor_maps import MAP_DTYPE, TensorMapCache, TensorMapError, TiledLayout
@@ -97,7 +97,8 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
     """A Hopper kernel takes A and B as tensor maps, which hold their addresses: each role keeps the
     maps of the addresses it has seen (`TensorMapCache`), so a repeated call encodes none, and the
     launch reads the two map arguments straight from the cached maps (a changed address costs a
-    pointer's write, not a copy). (`ordinal`: unused, the kernels take no workspace.)"""
+    pointer's write, not a copy). A split-K kernel also takes a workspace of partial sums and
+    counters, from the per-stream pool of GPU `ordinal` (`HopperConfig.split_workspace`)."""
     problem, config = prepared.problem, prepared.config
     i32, i64 = np.int32, np.int64
     scalar = np.dtype(dtypes.lookup(problem.dtype, problem.compute).accumulator_storage).type  # alpha, beta
@@ -109,7 +110,8 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
     kernel = compiled_kernel(prepared.kernel, "gemm", prepared.grid, prepared.block, prepared.smem, dict(
         map_a=blank, map_b=blank, map_c=blank, C=np.uintp(0), M=i32(problem.m), N=i32(problem.n), K=i32(problem.k),
         ldc=i32(c.ld), stride_c=i64(c.batch_stride), alpha=scalar(1), beta=scalar(0), batches=i32(problem.batch),
-        batch_step_a=i32(step_a), batch_step_b=i32(step_b), c_mapped=i32(0), **epilogue_arguments(problem, residual)))
+        batch_step_a=i32(step_a), batch_step_b=i32(step_b), c_mapped=i32(0), **epilogue_arguments(problem, residual),
+        **({"partials": np.uintp(0), "counters": np.uintp(0)} if config.split_k > 1 else {})))
     map_at = (kernel.index("map_a"), kernel.index("map_b"), kernel.index("map_c"))  # by operand role
     pointers, c_at = kernel.slot("C")
     # an epilogue's bias and residual: their addresses set at each launch (None: a bare kernel)
@@ -118,6 +120,10 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
     scale_a_at, scale_b_at = kernel.slots("scale_a", "scale_b")[1] if "scale_a" in kernel.parameters else (None, None)
     scalars, (alpha_at, beta_at) = kernel.slots("alpha", "beta")
     flags, c_mapped_at = kernel.slot("c_mapped")
+    # split-K: the partial sums and counters of the call's stream (None: a kernel that does not split K)
+    partial_bytes, counter_bytes = config.split_workspace(problem)
+    partials_at, counters_at = kernel.slots("partials", "counters")[1] if partial_bytes else (None, None)
+    get_workspace = WORKSPACES.get
     point, launch_kernel = kernel.point, kernel.launch
     lock = threading.Lock()
     current = [None, None, None]  # the addresses whose maps the arguments point at
@@ -150,6 +156,9 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
 
     def launch(pa, pb, pc, alpha, beta, stream=None, pbias=0, presidual=0, pscale_a=0, pscale_b=0):
         stream_pointer = current_stream_pointer(stream)
+        if partials_at is not None:
+            partial_sums = get_workspace(ordinal, stream_pointer, "split_k_partials", partial_bytes)
+            tile_counters = get_workspace(ordinal, stream_pointer, "split_k_counters", counter_bytes, zeroed=True)
         with lock:
             if current[0] != pa:
                 switch(0, pa)
@@ -162,6 +171,8 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
                 pointers[bias_at], pointers[residual_at] = pbias, presidual
             if scale_a_at is not None:
                 pointers[scale_a_at], pointers[scale_b_at] = pscale_a, pscale_b
+            if partials_at is not None:
+                pointers[partials_at], pointers[counters_at] = partial_sums, tile_counters
             scalars[alpha_at], scalars[beta_at] = alpha, beta
             launch_kernel(stream_pointer)
 
