@@ -11,8 +11,8 @@ Competitors, each checked first (autogemm's kernels against the float64 referenc
 within `check_epilogue_result`'s bound; torch's relative error is reported):
 - torch._scaled_mm with torch's default use_fast_accum=False: the baseline of the ratio;
 - torch._scaled_mm with use_fast_accum=True: reported (cuBLASLt adds its partial sums up in FP32 less often);
-- autogemm: the fastest of the hopper_fp8 search space's seed configs and the problem's tuned record's
-  kernel where it has one (campaigns/fp8.toml ships them);
+- autogemm: the fastest of the hopper_fp8 search space's seed configs and the kernel the problem's tune
+  found, whether the record kept it or kept torch (campaigns/fp8.toml ships the records);
 - served: what `scaled_matmul` runs, the record's kernel where a tune kept one, else torch._scaled_mm itself
   (ratio 1); and its latency, single calls on an idle GPU with host time included, against torch._scaled_mm
   called directly.
@@ -114,7 +114,10 @@ def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float
     record = found[0] if found is not None else None
     tuned = record.config_object if record is not None and not record.is_cublas else None
     row["served"] = tuned.name if tuned is not None else TORCH
-    candidates = list(space.seeds) + ([tuned] if tuned is not None and tuned not in space.seeds else [])
+    # the tune's best kernel too where the record kept torch: the search's finding, timed in this run
+    found_by_tune = record.generated_config if record is not None else None
+    candidates = list(space.seeds) + ([found_by_tune] if found_by_tune is not None and found_by_tune not in space.seeds
+                                      else [])
     best = None
     for config in candidates:
         if config.check(problem, device):
@@ -158,7 +161,7 @@ def report(rows: list[dict], device, args) -> list[str]:
              f"`benchmarks/bench_fp8.py` ({time.strftime('%Y-%m-%d')}): e4m3 operands (A M × K, B N × K), D in BF16, "
              "autogemm's FP8 kernels against torch._scaled_mm on the same bits and scales, in the same run. GPU time "
              f"(back-to-back calls behind the gate, {args.gpu_time_ms:g} ms of work a competitor). autogemm: the "
-             "fastest of the hopper_fp8 space's seed configs and the problem's tuned record's kernel where it has one, "
+             "fastest of the hopper_fp8 space's seed configs and the kernel the problem's tune found (kept or not), "
              "each checked against the float64 reference first. Served: what `scaled_matmul` runs, the record's "
              "kernel where a tune kept one (its time in this run), else torch._scaled_mm itself (ratio 1). Ratio: torch._scaled_mm's time / autogemm's (> 1: autogemm is faster). "
              "Errors: relative (Frobenius) to the float64 product of the operands' values.", ""]
