@@ -195,7 +195,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             return 0, 0
         work_tiles = self._tile_columns(problem) * self.cluster
         shares = 1 if self.pingpong else self.consumers
-        return work_tiles * self.split_k * self.tile_rows * self.bn * ACCUMULATOR_BYTES, work_tiles * shares * COUNTER_BYTES
+        partial_bytes = work_tiles * self.split_k * self.tile_rows * self.bn * ACCUMULATOR_BYTES
+        return partial_bytes, work_tiles * shares * COUNTER_BYTES
 
     def grid_blocks(self, problem: Problem, device: Device, resident_clusters: int | None = None) -> int:
         """Blocks of the launch: a cluster per work unit, or with `persistent` at most as many
