@@ -10,7 +10,7 @@ import pytest
 
 from autogemm import dtypes, fp8
 from autogemm.epilogue import Epilogue
-from autogemm.families.hopper import HopperConfig
+from autogemm.families.hopper import SPLIT_FLAGS_BYTES, HopperConfig
 from autogemm.gpu.scaled_launch import scaled_problem, scaling_of
 from autogemm.measure.bench import check_epilogue_result
 from autogemm.problem import Device, Problem
@@ -185,3 +185,4 @@ def test_a_split_k_kernel_sizes_its_workspace_and_compiles_for_sm90a_without_spi
     assert "atomicAdd" not in render(split.replace(split_k=1), decode).code
     usage = nvcc_resources(source, "sm_90")[source.kernel]
     assert usage.spill_store_bytes == 0 and usage.spill_load_bytes == 0
+    assert usage.shared_bytes == SPLIT_FLAGS_BYTES  # (what check() adds to the dynamic shared memory)

@@ -59,6 +59,9 @@ MIN_STAGES, MAX_STAGES = 2, 8
 MAX_ACCUMULATORS = 128
 BARRIER_BYTES = 8  # an mbarrier
 ACCUMULATOR_BYTES, COUNTER_BYTES = 4, 4  # a split-K partial sum (FP32) and a share's counter (int)
+# split-K's "counted last" flag per consumer: a static shared array, which the dynamic block's alignment
+# to the swizzle period pads to a whole period
+SPLIT_FLAGS_BYTES = SWIZZLE_PERIOD_BYTES
 # registers per thread after setmaxnreg with two consumers: the producer gives up what the
 # consumers take (128 x 40 + 256 x 232 = 384 x 168, the block's share under __launch_bounds__)
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
@@ -267,7 +270,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             bad("occupancy", f"min_blocks={self.min_blocks}: a Hopper block takes a whole SM")
         if self.threads > device.max_threads_per_block:
             bad("threads", f"{self.threads} threads per block exceed the device limit {device.max_threads_per_block}")
-        smem = self.smem_bytes(problem)
+        # (split-K's flags are static shared memory, beside the dynamic block the launch reserves)
+        smem = self.smem_bytes(problem) + (SPLIT_FLAGS_BYTES if self.split_k > 1 else 0)
         if smem > device.smem_per_block_optin:
             bad("shared-memory", f"{smem} bytes of shared memory ({self.stages} stages) exceed the device limit "
                                  f"{device.smem_per_block_optin}")
