@@ -186,3 +186,14 @@ def test_a_split_k_kernel_sizes_its_workspace_and_compiles_for_sm90a_without_spi
     usage = nvcc_resources(source, "sm_90")[source.kernel]
     assert usage.spill_store_bytes == 0 and usage.spill_load_bytes == 0
     assert usage.shared_bytes == SPLIT_FLAGS_BYTES  # (what check() adds to the dynamic shared memory)
+
+
+def test_a_tune_table_names_the_baseline_its_records_carry():
+    from autogemm.cli.tuning import _baseline
+    from autogemm.measure.scaled_measuring import BUILT_IN, SCALED_MM
+
+    assert _baseline(scaled_problem(64, 256, 512, "float8_e4m3fn", "tensor", "bfloat16", False))[0] == SCALED_MM
+    assert _baseline(scaled_problem(64, 256, 512, "float8_e4m3fn", "block", "bfloat16", False))[0] == SCALED_MM
+    # block scales with a tail in K: torch._scaled_mm is wrong there, the built-in kernel is the baseline
+    assert _baseline(scaled_problem(64, 256, 272, "float8_e4m3fn", "block", "bfloat16", False))[0] == BUILT_IN
+    assert _baseline(Problem(64, 64, 64))[0] == "cuBLAS"
