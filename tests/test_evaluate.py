@@ -176,3 +176,33 @@ def test_kernels_the_disk_would_not_take_are_measured_from_memory_and_counted(ca
     assert evaluator.unstored == 3 and "No space left on device" in evaluator.storage_error
     warnings = [line for line in capsys.readouterr().err.splitlines() if "loaded from memory" in line]
     assert len(warnings) == 1, warnings
+
+
+def test_verifying_and_retiming_compile_in_the_pool_before_measuring():
+    """`cache verify` and `cache retime` measure kernels that may not be compiled yet (a fresh
+    machine): the compile runs in the pool first, so that it never counts against the measuring
+    process's time limit, and a kernel that does not compile fails as a compile, unmeasured."""
+    from compile_stubs import compile_error, compile_unstored
+
+    handed = {}
+
+    def remember(evaluator, config):
+        handed[config.group_m] = evaluator._in_memory.get(config.name)
+
+    evaluator = _compiling_evaluator(compile_unstored, remember)
+    try:
+        verified = evaluator.verify(SimtConfig(group_m=1))
+        evaluator._cublas = lambda repeats: 1.0
+        retimed, _ = evaluator.retime([SimtConfig(group_m=2)], rounds=1)
+    finally:
+        evaluator.close()
+    assert verified.ok and retimed[0].ok
+    assert set(handed) == {1, 2} and all(cubin is not None for cubin in handed.values())
+
+    measured = []
+    evaluator = _compiling_evaluator(compile_error, lambda evaluator, config: measured.append(config))
+    try:
+        failed = evaluator.verify(SimtConfig(group_m=1))
+    finally:
+        evaluator.close()
+    assert failed.kind == "compile" and "made-up error" in failed.message and not measured

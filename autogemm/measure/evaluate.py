@@ -153,8 +153,11 @@ class CompileAheadEvaluator(Evaluator):
         return failed if failed is not None else self._remeasure(handle[0], best_ms, 10, False)
 
     def verify(self, config, repeats: int = 3) -> Measurement:
-        """Verifies one configuration on fresh inputs and times it briefly."""
-        return self._remeasure(config, None, repeats, False)
+        """Verifies one configuration on fresh inputs and times it briefly. It is compiled first,
+        in the pool, so that a cold compile (tens of seconds for a Hopper kernel on a fresh
+        machine) is not taken for a hung kernel by the measuring process's time limit."""
+        failed = self._compiled(self.start(config))
+        return failed if failed is not None else self._remeasure(config, None, repeats, False)
 
     def _remeasure(self, config, best_ms, repeats: int, final: bool) -> Measurement:
         raise NotImplementedError
@@ -170,7 +173,7 @@ class CompileAheadEvaluator(Evaluator):
         errors: dict[int, float | None] = {}
         cublas: list[float] = []
         for i, config in enumerate(configs):  # re-verify each finalist on fresh inputs first
-            check = self._remeasure(config, None, 3, False)
+            check = self.verify(config)
             errors[i] = check.rel_error
             if not check.ok:
                 failures[i] = check
