@@ -271,3 +271,20 @@ def test_a_record_carries_no_unchecked_structure(field, value, message):
     with pytest.raises(ValueError, match=message):
         Record.from_json(data)
     assert Record.from_json(make_record(64).to_json()).config_object == SimtConfig()
+
+
+def test_every_shipped_record_measured_the_kernel_the_templates_render_today():
+    """A template edit that changes a shipped kernel's source, even by a blank line, makes its record
+    stale, and stale records are neither served nor learnt from: such an edit must come with the
+    records measured again (`autogemm cache retime`), or it silently takes the records out of use."""
+    from autogemm.paths import shipped_cache_dir
+
+    shipped = shipped_cache_dir()
+    assert shipped is not None
+    documents = sorted(shipped.glob("*.json"))
+    assert documents, f"no shipped documents in {shipped}"
+    cache = TuningCache(shipped, shipped=False)
+    for document in documents:
+        records = list(cache.records(document.stem))
+        stale = [record.problem for _, record in records if record.stale]
+        assert len(records) >= 150 and not stale, (document.name, len(records), stale[:5], len(stale))
