@@ -69,7 +69,9 @@ def test_the_hopper_family_names_what_an_fp8_product_needs():
     assert "row scales would change roles" in reasons(swapped, row_scaled)
     assert swapped.check(scaled_problem(333, 520, 1040, "float8_e4m3fn", "tensor", "bfloat16", True), SM90) == []
     stored = HopperConfig(bm=128, bn=128, bk=128, wm=64, wn=128, stages=4, tma_store=True)
-    assert "FP8 kernels store from registers" in reasons(stored, row_scaled)
+    assert stored.check(row_scaled, SM90) == []
+    assert "not transposed" in reasons(stored.replace(swap=True), scaled_problem(333, 520, 1040, "float8_e4m3fn",
+                                                                                 "tensor", "bfloat16", True))
     assert "K a multiple of 16" in reasons(TWO_CONSUMERS, scaled_problem(64, 64, 24, "float8_e4m3fn", "tensor",
                                                                          "float32", False))
     tn = Problem.from_key("float8_e4m3fn/fp32/tn/b1/64x64x64/scale_tensor>float32")

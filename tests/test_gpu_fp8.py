@@ -21,6 +21,7 @@ CONFIGS = {
     "pingpong": HopperConfig(bm=128, bn=128, bk=128, wm=64, wn=128, stages=4, pingpong=True),
     "cluster": HopperConfig(bm=128, bn=128, bk=128, wm=64, wn=128, stages=4, cluster=2),
     "swap": HopperConfig(bm=128, bn=128, bk=128, wm=64, wn=128, stages=4, swap=True),
+    "tma store": HopperConfig(bm=128, bn=128, bk=128, wm=64, wn=128, stages=4, tma_store=True),
 }
 # the quick tier takes the edge shapes (tails in M and N, K not a multiple of 128, one row); the others
 # run with --exhaustive
@@ -89,6 +90,13 @@ def test_fp8_products_match_the_float64_reference(hopper, shape, dtype, scaling,
 def test_every_kernel_structure_computes_fp8(hopper, structure):
     scaling = "tensor" if structure == "swap" else "row"  # (row scales refuse swap)
     _run_and_check(CONFIGS[structure], 333, 520, 1040, "float8_e4m3fn", scaling, "bfloat16", True, seed=3)
+
+
+@pytest.mark.parametrize("scaling,out_dtype", [("tensor", "bfloat16"), ("row", "float32"), ("block", "float16")])
+def test_fp8_products_store_d_through_tma(hopper, scaling, out_dtype):
+    """D through the TMA store: chunks of 128 bytes of D's type (64 BF16 or FP16 columns, 32 FP32 ones), clipped
+    at M's and N's tails, with a bias (D's pitch is a multiple of 16 bytes here, so TMA can address it)."""
+    _run_and_check(CONFIGS["tma store"], 333, 520, 1040, "float8_e4m3fn", scaling, out_dtype, True, seed=7)
 
 
 @pytest.mark.parametrize("structure", ["pingpong", pytest.param("cluster", marks=pytest.mark.exhaustive)])

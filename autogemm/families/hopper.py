@@ -31,7 +31,7 @@ pitch first (`repack`); tails need nothing (TMA fills zeros past the matrices' e
 
 FP8 (its own space, `hopper_fp8`): wgmma m64nNk32 with both operands K-major (layout NT), the scales
 and D's type in the epilogue (per tensor, per row; per block with each 128 of K's partial sums promoted
-into FP32), D stored from registers (`_fp8_reasons` says what else it asks).
+into FP32), D stored from registers or through TMA (`_fp8_reasons` says what else it asks).
 """
 
 from __future__ import annotations
@@ -281,9 +281,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
     def _fp8_reasons(self, problem: Problem, bad) -> None:
         """What an FP8 product asks of a config beyond the other types' rules: A K-major too (wgmma
         reads 8-bit A from shared memory only, K-major), K a multiple of 16 (TMA's 16-byte pitches:
-        FP8 operands are not repacked), D written from registers (the TMA store stages the operands'
-        128-byte rows, D's type is wider), no swap of row or block scales (they would change roles), and
-        for block scales a slice of one block of K, a tile within one block of B's columns and the
+        FP8 operands are not repacked), the TMA store of D not transposed (its chunks are D's rows), no
+        swap of row or block scales (they would change roles), and for block scales a slice of one block of K, a tile within one block of B's columns and the
         registers for two sets of partial sums."""
         kernel_a_transposed = not problem.trans_b if self.swap else problem.trans_a  # (swap: B is the kernel's A)
         if kernel_a_transposed:
@@ -291,9 +290,9 @@ class HopperConfig(VectorizedLoads, GemmConfig):
                           f"{'B as K x N' if self.swap else 'A as K x M'}; FP8 needs A stored M x K and B N x K (NT)")
         if problem.k % TMA_ALIGN_BYTES:
             bad("layout", f"K={problem.k}: FP8 operands need K a multiple of {TMA_ALIGN_BYTES} (TMA's 16-byte pitches)")
-        if self.tma_store:
-            bad("choice", f"tma_store stages C in {problem.dtype}'s 128-byte rows; D is "
-                          f"{problem.epilogue.out_dtype or 'another dtype'}: FP8 kernels store from registers")
+        if self.tma_store and self.swap:
+            bad("choice", "tma_store with swap: FP8 kernels store D through TMA in the plain layout only (chunks of "
+                          "D's rows), not transposed")
         if self.swap and problem.epilogue.scale in ("row", "block"):
             bad("choice", f"swap: {problem.epilogue.scale} scales would change roles (scale_a runs along M, scale_b "
                           "along N)")

@@ -78,11 +78,14 @@ RECENT_MAPS = 8  # maps per operand role a TMA launcher switches between without
 
 
 def output_layout(problem: Problem, c: KernelOperand, config: GemmConfig) -> TiledLayout:
-    """The tensor map layout of C (M x N row-major, then the batch) as a Hopper kernel's store
-    epilogue writes it: boxes of one consumer's rows x one 128-byte row of columns. `problem` is
+    """The tensor map layout of C (M x N row-major, then the batch; for an FP8 product D, of its output
+    type) as a Hopper kernel's store epilogue writes it: boxes of one consumer's rows x one 128-byte row
+    of columns. `problem` is
     the kernel's: where the config swaps the operands, C is its C^T (the kernel's M is C's N), and
     a box is the kernel's columns (wm of C's rows) by a 128-byte row of its rows (C's columns)."""
     row = dtypes.lookup(problem.dtype, problem.compute)
+    if row.scaled:  # (FP8: C is D, of the epilogue's output type)
+        row = dtypes.lookup(problem.epilogue.out_dtype)
     itemsize = row.itemsize
     atom = config.swizzle_row_bytes // itemsize
     pitch = c.ld * itemsize
