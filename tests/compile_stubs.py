@@ -30,3 +30,8 @@ def compile_error(source, arch):
     from autogemm.kernels.compile import CompileError
 
     raise CompileError(f"made-up error in {source.kernel}", "log", None)
+
+
+def compile_nothing(source, arch):
+    """A compiler for measuring-process stand-ins, which load nothing: a made-up path at once."""
+    return f"/nonexistent/{source.kernel}.cubin"
