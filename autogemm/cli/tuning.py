@@ -13,14 +13,13 @@ from ..gpu.runtime import GpuUnavailable
 from ..gpu.runtime import require_gpu as gpu_or_error
 from ..kernels.space import SearchSpace, SpaceError, candidate_space_names
 from ..measure.evaluate import FatalEvaluationError, GpuEvaluator
-from ..measure.scaled_measuring import BUILT_IN, SCALED_MM
+from ..measure.scaled_measuring import baseline_name
 from ..problem import Problem
 from ..results.cache import TuningCache
 from ..tuning.options import CONVERGED_GAIN, SAMPLERS, TuneOptions, default_jobs
 from ..tuning.result import TuneError
 from .arguments import CliError, CliFailure, add_problem_arguments, load_space, non_negative_int, positive_int, \
     problem_from_args
-from ..gpu.scaled_launch import torch_takes
 
 DEFAULTS = TuneOptions()
 
@@ -29,7 +28,7 @@ def _baseline(problem) -> tuple[str, str]:
     """(name, how it was measured) of what a tune's ratio is to: cuBLAS as matmul serves it, or for an FP8
     product what scaled_matmul serves it untuned."""
     if problem.epilogue.scale:
-        name = SCALED_MM if torch_takes(problem.epilogue.scale, problem.k, problem.n) else BUILT_IN
+        name = baseline_name(problem)
         return name, f"{name} on the same FP8 bits and scales, as scaled_matmul serves the problem untuned, same run"
     if problem.epilogue.is_identity:
         return "cuBLAS", "the faster of cuBLASLt as served and cupy.matmul, same run"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import dtypes
+from .. import dtypes, fp8
 from ..epilogue import BLOCK, Epilogue
 from ..families import GemmConfig
 from ..problem import Problem
@@ -70,8 +70,8 @@ def bind_scaled(config: GemmConfig, a, b, scale_a, scale_b, *, dtype: str, out_d
     computes D = scale_a · scale_b · (A @ Bᵀ) (+ bias, N values of D's dtype) into d (`out`, or a new
     array of D's dtype; bfloat16 as ml_dtypes' type, or given as uint16 bits)."""
     cupy = runtime.cupy()
-    if dtype not in [row.name for row in dtypes.ROWS if row.scaled]:
-        raise ValueError(f"dtype {dtype!r} is not an FP8 type; choose float8_e4m3fn or float8_e5m2")
+    if dtype not in fp8.FP8_DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not an FP8 type; choose {' or '.join(fp8.FP8_DTYPES)}")
     m, k = _check_operand(a, "a", "M")
     n, k_b = _check_operand(b, "b", "N")
     if k_b != k:

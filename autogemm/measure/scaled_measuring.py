@@ -36,6 +36,12 @@ def measurer_for(problem: Problem, device: Device, seed: int = 0) -> GpuMeasurer
     return GpuMeasurer(problem, device, seed)
 
 
+def baseline_name(problem: Problem) -> str:
+    """What an FP8 problem's tune is measured against, the name its record carries: what scaled_matmul
+    serves it untuned, torch._scaled_mm, or for block scales torch does not take the built-in kernel."""
+    return SCALED_MM if torch_takes(problem.epilogue.scale, problem.k, problem.n) else BUILT_IN
+
+
 class ScaledMeasurer(GpuMeasurer):
     """GpuMeasurer of an FP8 product (module docstring). Its input sets are (A, B, D) with the scales and
     the bias beside them (`_extras`); its fallback is what scaled_matmul serves untuned (`_served`)."""
@@ -107,7 +113,7 @@ class ScaledMeasurer(GpuMeasurer):
 
     def time_baselines(self, target_ms: float = TARGET_MS) -> dict[str, float]:
         served = self._served()
-        name = SCALED_MM if torch_takes(self.epilogue.scale, self.problem.k, self.problem.n) else BUILT_IN
+        name = baseline_name(self.problem)
         self.baselines = {name: gpu_time(lambda i: served[i % len(served)](), target_ms=target_ms).median_ms}
         return self.baselines
 
