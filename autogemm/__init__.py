@@ -4,6 +4,7 @@
     c = autogemm.matmul(a, b)            # the cached best kernel for this problem and GPU
     y = autogemm.linear(x, w, bias, activation="gelu")   # act(x @ w.T + bias), w in torch's layout
     autogemm.explain(a, b)               # which kernel that is, and why
+    y = autogemm.grouped_matmul(tokens, expert_weights, offsets)   # a mixture-of-experts layer's GEMMs
     result = autogemm.tune(4096)         # search, verify and cache the best kernel for 4096^3
 
 The GPU-facing parts (compilation, launching, tuning) import CuPy and Optuna lazily, so that
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .serving.dispatch import linear, matmul, reset
 from .serving.explain import explain
 from .serving.scaled import scaled_matmul
+from .serving.grouped import grouped_matmul, grouped_matmul_masked
 from .families import SimtConfig, TensorCoreConfig, config_from_dict, config_from_name
 from .problem import Device, Problem
 from .kernels.render import render

@@ -1,0 +1,182 @@
+"""Grouped GEMM for mixture-of-experts layers: `autogemm.grouped_matmul` as it serves today against a loop
+of `torch.matmul` over the experts and against `torch._grouped_mm`, in the same run, in BF16.
+
+Layers: Mixtral-8x7B's (E = 8, K = 4096, N = 14336) and Qwen3-30B-A3B-like ones (E = 128, K = 2048,
+N = 768 and 1536), at 4096 and 65536 routed rows (tokens sorted by expert), routed uniformly
+(every expert the same count, give or take one) and skewed (counts falling as 1/rank^1.2, some experts
+with none). A (total_M × K), the weights (E, K, N) as the transpose of contiguous (E, N, K) ones (torch's
+Linear layout), the offsets on the GPU.
+
+Competitors, each checked against the loop first (relative Frobenius error):
+- the loop: torch.matmul on each expert's rows into the output's slice, the offsets read on the host
+  beforehand (outside the timing: the loop's host sync is not charged to it);
+- torch._grouped_mm: one launch, the offsets on the GPU;
+- autogemm.grouped_matmul: what it serves (no grouped kernel is generated yet: torch._grouped_mm, or the
+  loop where each expert's product fills the GPU by itself), host checks included. Where it serves the loop,
+  the loop's time stands for it: it reads the offsets on the host each call, a sync that GPU time behind
+  the gate cannot measure (timed so, it read 11-15% faster than the same loop: the batch ran unqueued).
+
+Timing: GPU time, back-to-back calls behind the gate (`autogemm.measure.timing.gpu_time`), the same for
+every competitor, in two rounds (the second in reverse order), each competitor's faster round kept. Ratios: the loop's time / the competitor's (> 1: faster than the loop), and
+torch._grouped_mm's time / autogemm's. Writes benchmarks/results/grouped-<device>.md (and .json).
+
+    python benchmarks/bench_grouped.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_common import geomean, results_path  # noqa: E402
+
+LAYERS = {"Mixtral-8x7B": (8, 4096, 14336), "Qwen3-30B-A3B-like N=1536": (128, 2048, 1536),
+          "Qwen3-30B-A3B-like N=768": (128, 2048, 768)}  # (E, K, N)
+TOKENS = (4096, 65536)
+ROUTINGS = ("uniform", "skewed")
+GPU_TIME_MS = 60.0
+LOOP, TORCH, SERVED = "loop of torch.matmul", "torch._grouped_mm", "autogemm.grouped_matmul"
+
+
+def counts_for(experts: int, tokens: int, routing: str) -> list[int]:
+    """Rows per expert, summing to `tokens`."""
+    import numpy as np
+
+    if routing == "uniform":
+        weights = np.ones(experts)
+    else:  # skewed: 1/rank^1.2, the ranks shuffled so that the heavy experts are not all first
+        weights = 1.0 / np.arange(1, experts + 1) ** 1.2
+        np.random.default_rng(experts).shuffle(weights)
+    counts = np.floor(weights / weights.sum() * tokens).astype(int)
+    counts[np.argsort(-weights)[: tokens - counts.sum()]] += 1  # the remainder to the heaviest
+    assert counts.sum() == tokens
+    return counts.tolist()
+
+
+def measure(torch, label: str, experts: int, k: int, n: int, tokens: int, routing: str) -> dict:
+    import autogemm
+    from autogemm.measure import timing
+    from autogemm.serving import grouped
+
+    counts = counts_for(experts, tokens, routing)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    a = (torch.randn(tokens, k, device="cuda", generator=generator) / k ** 0.25).to(torch.bfloat16)
+    weights = (torch.randn(experts, n, k, device="cuda", generator=generator) / k ** 0.25).to(torch.bfloat16)
+    b = weights.transpose(1, 2)
+    ends = [0]
+    for count in counts:
+        ends.append(ends[-1] + count)
+    offsets = torch.tensor(ends, device="cuda", dtype=torch.int32)
+    offs = offsets[1:].contiguous()
+    out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+
+    def loop():
+        for e in range(experts):
+            if ends[e + 1] > ends[e]:
+                torch.matmul(a[ends[e]:ends[e + 1]], b[e], out=out[ends[e]:ends[e + 1]])
+        return out
+
+    calls = {LOOP: loop, SERVED: lambda: autogemm.grouped_matmul(a, b, offsets)}
+    # where grouped_matmul serves the loop, it reads the offsets on the host each call: a sync inside the call,
+    # which GPU time behind the gate cannot measure (the batch no longer queues); the loop's own time stands
+    # for it (the same kernels; the sync costs the host, not the GPU)
+    serves_loop = grouped._loop_fills_the_gpu(torch, grouped.check_grouped(a, b, offsets, masked=False))
+    grouped_mm = getattr(torch, "_grouped_mm", None)
+    if grouped_mm is not None:
+        calls[TORCH] = lambda: grouped_mm(a, b, offs=offs)
+    reference = loop().float().clone()
+    errors = {}
+    for name, call in list(calls.items()):
+        try:
+            value = call().float()
+        except RuntimeError as exc:  # (torch refuses the call: left out)
+            print(f"{label} {tokens} {routing}: {name} refuses it ({str(exc).splitlines()[0][:120]})", flush=True)
+            del calls[name]
+            continue
+        errors[name] = float((value - reference).norm() / reference.norm().clamp(min=1e-30))
+    flops = 2 * tokens * k * n
+    # two rounds, the second in reverse order, each competitor's faster kept: a large product's GPU time moves
+    # by several percent between runs (clocks under power), which one round would charge to one competitor
+    times: dict[str, float] = {}
+    timed = [name for name in calls if not (name == SERVED and serves_loop)]
+    for order in (timed, list(reversed(timed))):
+        for name in order:
+            us = timing.gpu_time(lambda i, call=calls[name]: call(), target_ms=GPU_TIME_MS).us
+            times[name] = min(us, times.get(name, us))
+    if serves_loop:
+        times[SERVED] = times[LOOP]
+    times = {name: times[name] for name in calls}
+    row = {"label": label, "experts": experts, "k": k, "n": n, "tokens": tokens, "routing": routing,
+           "counts_min": min(counts), "counts_max": max(counts), "us": times, "errors": errors,
+           "served": "loop" if serves_loop else TORCH,
+           "tflops": {name: flops / (us * 1e-6) / 1e12 for name, us in times.items()}}
+    print(f"{label:<30} {tokens:>6} {routing:<8} " + "  ".join(f"{name} {us:9.1f} us" for name, us in times.items()),
+          flush=True)
+    return row
+
+
+def report(rows: list[dict], device_name: str) -> str:
+    lines = [f"# Grouped GEMM on {device_name}", "",
+             f"`benchmarks/bench_grouped.py` ({time.strftime('%Y-%m-%d')}): BF16 mixture-of-experts layers, the "
+             "tokens sorted by expert (A total_M × K), the weights (E, K, N) as the transpose of contiguous (E, N, K) "
+             "ones, offsets on the GPU. GPU time, back-to-back calls behind the gate, the same for every competitor, the "
+             "faster of two rounds (the second in reverse order). "
+             f"Ratios: the {LOOP}'s time / the competitor's (> 1: faster than the loop, whose offsets were read on "
+             f"the host beforehand). {SERVED} serves torch._grouped_mm, or the loop where each expert's product fills "
+             "the GPU by itself: no grouped kernel is generated yet.", ""]
+    for name in (TORCH, SERVED):
+        ratios = [r["us"][LOOP] / r["us"][name] for r in rows if name in r["us"]]
+        if ratios:
+            lines.append(f"- {name} against the loop: geomean **{geomean(ratios):.3f}x** (min {min(ratios):.3f}x) "
+                         f"over {len(ratios)} problems")
+    both = [r["us"][TORCH] / r["us"][SERVED] for r in rows if TORCH in r["us"] and SERVED in r["us"]]
+    if both:
+        lines.append(f"- {SERVED} against torch._grouped_mm: geomean **{geomean(both):.3f}x** (min {min(both):.3f}x)")
+    lines += ["", "| layer | E | K | N | rows | routing | rows an expert (min-max) | loop us | torch._grouped_mm us | "
+                  "served | served us | torch / loop | served / loop | served TFLOP/s | error torch | error served |",
+              "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        us = r["us"]
+        torch_us = f"{us[TORCH]:.1f}" if TORCH in us else "-"
+        torch_ratio = f"{us[LOOP] / us[TORCH]:.3f}x" if TORCH in us else "-"
+        lines.append(f"| {r['label']} | {r['experts']} | {r['k']} | {r['n']} | {r['tokens']} | {r['routing']} | "
+                     f"{r['counts_min']}-{r['counts_max']} | {us[LOOP]:.1f} | {torch_us} | {r['served']} | {us[SERVED]:.1f} | "
+                     f"{torch_ratio} | {us[LOOP] / us[SERVED]:.3f}x | {r['tflops'][SERVED]:.0f} | "
+                     f"{r['errors'].get(TORCH, float('nan')):.1e} | {r['errors'][SERVED]:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, nargs="*", default=list(TOKENS), help="routed rows (default 4096 65536)")
+    args = parser.parse_args()
+    import torch
+
+    from autogemm.gpu.launch import current_device
+
+    if not torch.cuda.is_available():
+        print("bench_grouped needs a CUDA GPU", file=sys.stderr)
+        return 2
+    device = current_device()
+    rows = []
+    for label, (experts, k, n) in LAYERS.items():
+        for tokens in args.tokens:
+            for routing in ROUTINGS:
+                rows.append(measure(torch, label, experts, k, n, tokens, routing))
+                torch.cuda.empty_cache()  # (the problem's tensors are gone with measure's frame)
+    path = results_path(f"grouped-{device.slug}" + ("" if args.tokens == list(TOKENS) else "-partial"))
+    path.with_suffix(".json").write_text(json.dumps({"device": device.name, "rows": rows}, indent=1) + "\n")
+    text = report(rows, device.name)
+    path.with_suffix(".md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
