@@ -229,19 +229,32 @@ def _host_offsets(call: GroupedCall, values: list) -> list:
     return values
 
 
+class _RowsBias:
+    """Each row's expert's bias, added on the GPU without a host sync: a one-hot (total_M, E) matrix of the rows'
+    experts times bias (E, N), added by one GEMM (result += onehot @ bias: one non-zero term a sum, so the
+    same single rounding as adding the row), instead of gathering a (total_M, N) copy of the bias rows."""
+
+    def __init__(self, torch, call: GroupedCall, offsets, bias):
+        rows = torch.arange(call.rows, device=offsets.device, dtype=offsets.dtype)
+        expert = torch.searchsorted(offsets[1:].contiguous(), rows, right=True).clamp_(max=call.experts - 1)
+        self.onehot = torch.zeros(call.rows, call.experts, device=bias.device, dtype=bias.dtype)
+        self.onehot.scatter_(1, expert[:, None], 1)
+        self.bias = bias
+
+    def add_to(self, result) -> None:
+        result.addmm_(self.onehot, self.bias)
+
+
 def _rows_bias(torch, call: GroupedCall, offsets, bias):
-    """Each row's expert's bias, (total_M, N), found on the GPU (no host sync), or None."""
-    if bias is None:
-        return None
-    rows = torch.arange(call.rows, device=offsets.device, dtype=offsets.dtype)
-    expert = torch.searchsorted(offsets[1:].contiguous(), rows, right=True).clamp_(max=call.experts - 1)
-    return bias[expert]
+    return _RowsBias(torch, call, offsets, bias) if bias is not None else None
 
 
 def _torch_epilogue(call: GroupedCall, result, bias):
     import torch.nn.functional as functional  # (lazy: torch)
 
-    if bias is not None:
+    if isinstance(bias, _RowsBias):
+        bias.add_to(result)
+    elif bias is not None:
         result.add_(bias)
     if call.activation == "relu":
         result.relu_()
