@@ -38,14 +38,26 @@ def wait_until_gone(pid: int, seconds: float = 10.0) -> bool:
     return gone(pid)
 
 
+class _CompilingNothing:
+    """For measuring-process stand-ins, which load nothing: a candidate's compile is done at once, in this
+    process (verify compiles before it measures; a compile worker would cost a process start each)."""
+
+    def _submit(self, source):
+        from concurrent.futures import Future
+
+        from compile_stubs import compile_nothing
+
+        done = Future()
+        done.set_result(compile_nothing(source, self.device.arch))
+        return done
+
+
 def test_a_hung_candidate_is_killed_with_everything_its_process_started(tmp_path, monkeypatch):
     """The measuring process used to be killed alone: what it had started went on running."""
-    from compile_stubs import compile_nothing
     from process_stubs import hang_with_a_child
 
-    class Hanging(IsolatedEvaluator):
+    class Hanging(_CompilingNothing, IsolatedEvaluator):
         process_target = staticmethod(hang_with_a_child)
-        compile_function = staticmethod(compile_nothing)
 
     pidfile = tmp_path / "pids"
     monkeypatch.setenv("AUTOGEMM_TEST_PIDFILE", str(pidfile))
@@ -89,12 +101,10 @@ def _served_by(evaluator) -> tuple[int, int]:
 def test_a_measuring_process_is_kept_for_the_next_tune_only_inside_keep_measuring_processes(monkeypatch):
     # a campaign worker used to start a measuring process (interpreter, CUDA context) for every tune
     from autogemm.measure import isolate
-    from compile_stubs import compile_nothing
     from process_stubs import serve_without_a_gpu
 
-    class StandIn(IsolatedEvaluator):
+    class StandIn(_CompilingNothing, IsolatedEvaluator):
         process_target = staticmethod(serve_without_a_gpu)
-        compile_function = staticmethod(compile_nothing)
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), *sys.path]))
     device = Device.for_arch("sm_90")
