@@ -27,6 +27,9 @@ class Problem:
     trans_a: bool = False
     trans_b: bool = False
     epilogue: Epilogue = Epilogue()  # what is done to the accumulators before the store (epilogue.py)
+    # a grouped product (mixture of experts): `batch` groups of rows of A (M rows in all, split by offsets
+    # the kernel reads on the GPU), each times its own matrix of B, into its rows of one C
+    grouped: bool = False
 
     def __post_init__(self) -> None:
         for dim in ("m", "n", "k", "batch"):
@@ -66,26 +69,27 @@ class Problem:
 
     @property
     def flops(self) -> int:
-        return 2 * self.m * self.n * self.k * self.batch
+        return 2 * self.m * self.n * self.k * (1 if self.grouped else self.batch)
 
     @property
     def key(self) -> str:
         """Stable cache key, e.g. ``float32/fp32/nn/b1/4096x4096x4096``; an epilogue follows the shape
         (``float16/fp32/nt/b1/16x4096x4096/bias_n+gelu``), the identity one adds nothing."""
-        key = f"{self.dtype}/{self.compute}/{self.layout}/b{self.batch}/{self.m}x{self.n}x{self.k}"
+        batch = f"g{self.batch}" if self.grouped else f"b{self.batch}"
+        key = f"{self.dtype}/{self.compute}/{self.layout}/{batch}/{self.m}x{self.n}x{self.k}"
         return key if self.epilogue.is_identity else f"{key}/{self.epilogue.key}"
 
     @classmethod
     def from_key(cls, key: str) -> Problem:
-        match = re.fullmatch(r"(\w+)/(\w+)/([nt]{2})/b(\d+)/(\d+)x(\d+)x(\d+)(?:/([a-z0-9_+>]{1,64}))?", key)
+        match = re.fullmatch(r"(\w+)/(\w+)/([nt]{2})/([bg])(\d+)/(\d+)x(\d+)x(\d+)(?:/([a-z0-9_+>]{1,64}))?", key)
         if not match:
             raise ValueError(f"not a problem key: {key!r} (expected like float32/fp32/nn/b1/64x64x64)")
-        dtype, compute, layout, batch, m, n, k, epilogue = match.groups()
+        dtype, compute, layout, kind, batch, m, n, k, epilogue = match.groups()
         return cls.from_layout(int(m), int(n), int(k), layout, batch=int(batch), dtype=dtype, compute=compute,
-                               epilogue=Epilogue.from_key(epilogue) if epilogue else Epilogue())
+                               epilogue=Epilogue.from_key(epilogue) if epilogue else Epilogue(), grouped=kind == "g")
 
     def __str__(self) -> str:
-        batch = f"{self.batch}×" if self.batch > 1 else ""
+        batch = f"{self.batch} groups of " if self.grouped else f"{self.batch}×" if self.batch > 1 else ""
         epilogue = "" if self.epilogue.is_identity else f" + {self.epilogue}"
         return f"{batch}{self.m}×{self.n}×{self.k} {self.dtype}/{self.compute} {self.layout.upper()}{epilogue}"
 

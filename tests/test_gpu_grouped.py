@@ -146,3 +146,41 @@ def test_experts_that_fill_the_gpu_each_are_served_by_the_loop_except_in_a_captu
     torch.cuda.synchronize()
     scale = expected.float().abs().max().item()
     assert calls and torch.allclose(out.float(), expected.float(), rtol=2e-2, atol=2e-2 * scale)
+
+
+KERNELS = {
+    "two consumers": dict(bm=128, bn=128, bk=64, wm=64, wn=128, stages=4),
+    "one consumer": dict(bm=64, bn=128, bk=64, wm=64, wn=128, stages=5),
+    "pingpong": dict(bm=128, bn=128, bk=64, wm=64, wn=128, stages=4, pingpong=True),
+}
+
+
+# the quick tier takes two consumers; the other structures run with --exhaustive
+STRUCTURES = [pytest.param(name, marks=[] if name == "two consumers" else pytest.mark.exhaustive, id=name)
+              for name in KERNELS]
+
+
+@pytest.mark.parametrize("structure", STRUCTURES)
+@pytest.mark.parametrize("b_k_major", [False, True], ids=["b N-major", "b K-major"])
+@pytest.mark.parametrize("counts", [COUNTS, [0] * 40 + [300] + [1] * 50 + [0] * 37 + [77]], ids=["8 groups", "128 groups"])
+def test_the_grouped_hopper_kernel_matches_the_reference(structure, b_k_major, counts):
+    torch = _torch()
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the grouped kernel is the Hopper family's (sm_90)")
+    from autogemm.families.hopper import HopperConfig
+    from autogemm.gpu.grouped_launch import bind_grouped, grouped_problem
+
+    generator = torch.Generator(device="cuda").manual_seed(3)
+    experts, total = len(counts), sum(counts)
+    a = torch.randn(total, K, device="cuda", generator=generator).to(torch.bfloat16)
+    weights = torch.randn(experts, N, K, device="cuda", generator=generator).to(torch.bfloat16)
+    b = weights.transpose(1, 2) if b_k_major else weights.transpose(1, 2).contiguous()
+    offsets = torch.tensor([0, *np.cumsum(counts)], device="cuda", dtype=torch.int32)
+    out = torch.full((total, N), float("nan"), device="cuda", dtype=torch.bfloat16)  # poisoned
+    problem = grouped_problem(total, N, K, experts, "bfloat16", b_k_major)
+    run = bind_grouped(HopperConfig(**KERNELS[structure]), problem, a.data_ptr(), b.data_ptr(), offsets.data_ptr(),
+                       out.data_ptr())
+    run()  # (CuPy's current stream: the legacy default stream, PyTorch's too)
+    torch.cuda.synchronize()
+    expected = _reference(a.float().cpu(), b.float().cpu(), counts, None, None)
+    _close(out.float().cpu().numpy(), expected, "bfloat16")

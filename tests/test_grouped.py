@@ -88,3 +88,29 @@ def test_cupy_bfloat16_is_refused_with_the_way_out():
     a = FakeArray((M, K), ml_dtypes.bfloat16)
     with pytest.raises(TypeError, match="PyTorch tensors"):
         _call(a=a, b=FakeArray((E, K, N), ml_dtypes.bfloat16))
+
+
+def test_a_grouped_problem_has_its_own_key_flops_and_kernel():
+    from autogemm.families.hopper import HopperConfig
+    from autogemm.kernels.render import render
+    from autogemm.problem import Device, Problem
+
+    grouped = Problem(1000, 256, 128, batch=8, dtype="bfloat16", trans_b=True, grouped=True)
+    assert grouped.key == "bfloat16/fp32/nt/g8/1000x256x128" and Problem.from_key(grouped.key) == grouped
+    assert grouped.flops == 2 * 1000 * 256 * 128  # (the groups share the M rows)
+    plain = Problem(1000, 256, 128, batch=8, dtype="bfloat16", trans_b=True)
+    assert plain.key != grouped.key and plain.flops == 8 * grouped.flops
+    config = HopperConfig(bm=128, bn=128, bk=64, wm=64, wn=128, stages=4)
+    source = render(config, grouped)
+    assert source.kernel.endswith("_grouped") and "group_origin(" in source.code
+    assert "group_origin(" not in render(config, plain).code
+    device = Device.for_arch("sm_90")
+    assert config.check(grouped, device) == []
+    for knobs in (dict(tma_store=True), dict(cluster=2), dict(split_k=2)):
+        reasons = HopperConfig(bm=128, bn=128, bk=64, wm=64, wn=128, stages=4, **knobs).check(grouped, device)
+        assert any(reason.startswith("grouped:") for reason in reasons), (knobs, reasons)
+    from autogemm.families import SimtConfig
+
+    assert any(r.startswith("grouped:") for r in SimtConfig().check(grouped, device))
+    assert any("groups exceed" in r for r in config.check(Problem(1000, 256, 128, batch=300, dtype="bfloat16",
+                                                                    grouped=True), device))

@@ -100,6 +100,7 @@ class GemmConfig(Config):
     # how the kernel is launched (a property where the knobs decide it)
     launch_kind: ClassVar[LaunchKind] = LaunchKind.TILES
     register_cap: ClassVar[int] = 0  # an explicit register cap per thread (0: from min_blocks)
+    takes_grouped: ClassVar[bool] = False  # whether the family renders grouped products (Problem.grouped)
     # named constants the family's search-space expressions may use (facts of the hardware and pipeline)
     space_constants: ClassVar[dict] = {}
     template_dir: ClassVar[str | None] = None  # where a family from outside the package keeps its templates
@@ -142,10 +143,13 @@ class GemmConfig(Config):
     def dtype_reasons(self, problem: Problem) -> list[str]:
         """The 'dtype' reason of `check` where this family's template does not compute the problem's
         dtype and compute mode, and the 'epilogue' reason where this config's kernel cannot apply the
-        problem's epilogue (epilogue_refusal); empty where it can do both (every family's `check`
+        problem's epilogue (epilogue_refusal), and the 'grouped' one for a grouped product of a family without
+        a grouped kernel; empty where it can do all (every family's `check`
         starts with these, so that no search draws a kernel that cannot compute the problem)."""
         refusal = self.epilogue_refusal(problem.epilogue)
         reasons = [f"epilogue: {refusal}"] if refusal else []
+        if problem.grouped and not self.takes_grouped:  # (and the grouped product, where it has no kernel for it)
+            reasons.append(f"grouped: the {self.family} family has no grouped kernel (the Hopper family has)")
         if self.compute_for(problem.dtype) == problem.compute:
             return reasons
         return [f"dtype: the {self.label} template computes {self.computes_names()}, not {problem.dtype}/{problem.compute}",

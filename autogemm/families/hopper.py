@@ -65,6 +65,10 @@ SPLIT_FLAGS_BYTES = SWIZZLE_PERIOD_BYTES
 # registers per thread after setmaxnreg with two consumers: the producer gives up what the
 # consumers take (128 x 40 + 256 x 232 = 384 x 168, the block's share under __launch_bounds__)
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
+# a grouped product's groups at most: the prefix of their row-tile counts is kept in shared memory, a
+# static array padded (like the split flags) to whole swizzle periods: 2048 bytes, as ptxas reports
+MAX_GROUPS = 256
+GROUP_TILES_BYTES = -(-(MAX_GROUPS + 1) * 4 // SWIZZLE_PERIOD_BYTES) * SWIZZLE_PERIOD_BYTES
 # a consumer's A fragments with A from registers: two slices' worth (one in flight, one loading) of
 # 4 registers per m64 block and k-step, on top of the accumulators, within the consumer's registers
 MAX_ACCUMULATORS_AND_FRAGMENTS = 160
@@ -89,6 +93,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
     family = "hopper"
     family_applies_epilogue = True  # (in its store, from the accumulators: templates/common.cuh.j2)
     applies_scales = True  # (FP8: the scales in the epilogue, D written in its out_dtype)
+    takes_grouped = True  # (groups of rows by offsets on the GPU: templates/hopper_gemm.cu.j2, `grouped`)
     label = "Hopper"
     name_prefix = "hopper_"
     knobs = KNOBS
@@ -188,6 +193,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
     def _tile_columns(self, problem: Problem) -> int:
         """The columns of `cluster` vertically adjacent tiles over the output, per batch."""
         tiles_m, tiles_n = -(-problem.m // self.tile_rows), -(-problem.n // self.bn)
+        if problem.grouped:  # (at most: each group's last row tile may be partial, one more per group)
+            return (tiles_m + problem.batch) * tiles_n
         return -(-tiles_m // self.cluster) * tiles_n * problem.batch
 
     def split_workspace(self, problem: Problem) -> tuple[int, int]:
@@ -221,6 +228,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         reasons, bad = self.first_reasons(problem)
         if reasons:
             return reasons
+        if problem.grouped:
+            self._grouped_reasons(problem, bad)
         if device.compute_capability != ARCH:
             bad("tensor-core", f"TMA and wgmma need compute capability {ARCH[0]}.{ARCH[1]} (sm_90a), "
                                f"device is {device.arch}")
@@ -271,12 +280,28 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         if self.threads > device.max_threads_per_block:
             bad("threads", f"{self.threads} threads per block exceed the device limit {device.max_threads_per_block}")
         # (split-K's flags are static shared memory, beside the dynamic block the launch reserves)
-        smem = self.smem_bytes(problem) + (SPLIT_FLAGS_BYTES if self.split_k > 1 else 0)
+        smem = self.smem_bytes(problem) + (SPLIT_FLAGS_BYTES if self.split_k > 1 else 0) + \
+            (GROUP_TILES_BYTES if problem.grouped else 0)
         if smem > device.smem_per_block_optin:
             bad("shared-memory", f"{smem} bytes of shared memory ({self.stages} stages) exceed the device limit "
                                  f"{device.smem_per_block_optin}")
         self.launch_reasons(problem, device, smem, bad)
         return reasons
+
+    def _grouped_reasons(self, problem: Problem, bad) -> None:
+        """A grouped product's tiles start at its groups' offsets, read on the GPU: its rows are masked in the
+        register store (the TMA store would write into the next group's rows), one block a tile (no cluster),
+        no split of K, no swap, no epilogue yet, at most MAX_GROUPS groups (their tile counts sit in shared
+        memory)."""
+        for knob, on in (("tma_store", self.tma_store), ("cluster", self.cluster > 1), ("split_k", self.split_k > 1),
+                         ("swap", self.swap)):
+            if on:
+                bad("grouped", f"{knob}: a grouped product's rows end at its groups' offsets, which only the "
+                               "register store of one block a tile, unsplit and unswapped, masks")
+        if not problem.epilogue.is_identity:
+            bad("grouped", f"epilogue {problem.epilogue}: grouped kernels take no epilogue yet")
+        if problem.batch > MAX_GROUPS:
+            bad("grouped", f"{problem.batch} groups exceed the kernel's {MAX_GROUPS}")
 
     def _fp8_reasons(self, problem: Problem, bad) -> None:
         """What an FP8 product asks of a config beyond the other types' rules: A K-major too (wgmma
@@ -332,5 +357,6 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             swizzle_bytes=SWIZZLE_BYTES, swizzle_period=SWIZZLE_PERIOD_BYTES, smem_bytes=self.smem_bytes(problem),
             producer_registers=producer, consumer_registers=consumer, cluster=self.cluster,
             tma_store=cxx_bool(self.tma_store), pingpong=cxx_bool(self.pingpong), split_k=self.split_k,
-            **self.even_flags(problem),
+            grouped=problem.grouped, max_groups=MAX_GROUPS,
+            **{**self.even_flags(problem), **({"even_m": "false"} if problem.grouped else {})},
         )

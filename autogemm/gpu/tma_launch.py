@@ -114,7 +114,8 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
         map_a=blank, map_b=blank, map_c=blank, C=np.uintp(0), M=i32(problem.m), N=i32(problem.n), K=i32(problem.k),
         ldc=i32(c.ld), stride_c=i64(c.batch_stride), alpha=scalar(1), beta=scalar(0), batches=i32(problem.batch),
         batch_step_a=i32(step_a), batch_step_b=i32(step_b), c_mapped=i32(0), **epilogue_arguments(problem, residual),
-        **({"partials": np.uintp(0), "counters": np.uintp(0)} if config.split_k > 1 else {})))
+        **({"partials": np.uintp(0), "counters": np.uintp(0)} if config.split_k > 1 else {}),
+        **({"group_offsets": np.uintp(0), "groups": i32(problem.batch)} if problem.grouped else {})))
     map_at = (kernel.index("map_a"), kernel.index("map_b"), kernel.index("map_c"))  # by operand role
     pointers, c_at = kernel.slot("C")
     # an epilogue's bias and residual: their addresses set at each launch (None: a bare kernel)
@@ -126,6 +127,8 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
     # split-K: the partial sums and counters of the call's stream (None: a kernel that does not split K)
     partial_bytes, counter_bytes = config.split_workspace(problem)
     partials_at, counters_at = kernel.slots("partials", "counters")[1] if partial_bytes else (None, None)
+    # a grouped product's row offsets (on the GPU), set at each launch (None: not grouped)
+    group_offsets_at = kernel.slot("group_offsets")[1] if problem.grouped else None
     get_workspace = WORKSPACES.get
     point, launch_kernel = kernel.point, kernel.launch
     lock = threading.Lock()
@@ -157,7 +160,7 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
         held[role] = None
         return False
 
-    def launch(pa, pb, pc, alpha, beta, stream=None, pbias=0, presidual=0, pscale_a=0, pscale_b=0):
+    def launch(pa, pb, pc, alpha, beta, stream=None, pbias=0, presidual=0, pscale_a=0, pscale_b=0, poffsets=0):
         stream_pointer = current_stream_pointer(stream)
         if partials_at is not None:
             partial_sums = get_workspace(ordinal, stream_pointer, "split_k_partials", partial_bytes)
@@ -176,6 +179,8 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
                 pointers[scale_a_at], pointers[scale_b_at] = pscale_a, pscale_b
             if partials_at is not None:
                 pointers[partials_at], pointers[counters_at] = partial_sums, tile_counters
+            if group_offsets_at is not None:
+                pointers[group_offsets_at] = poffsets
             scalars[alpha_at], scalars[beta_at] = alpha, beta
             launch_kernel(stream_pointer)
 

@@ -226,6 +226,8 @@ def render(config: GemmConfig, problem: Problem, widths: VectorWidths | None = N
     name = config.kernel_name(problem, widths)
     if not problem.epilogue.is_identity:  # (one kernel name per source: the epilogue changes the code)
         name += "_" + problem.epilogue.identifier
+    if problem.grouped:
+        name += "_grouped"
     template = environment().get_template(config.template)
     try:
         code = template.render(kernel=name, config_name=config.name,

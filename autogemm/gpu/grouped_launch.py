@@ -1,0 +1,39 @@
+"""The launch of a grouped product (`bind_grouped`): the rows of A split into groups by E + 1 offsets on the
+GPU, each group times its own K x N matrix of B, into its rows of C, in one launch of a Hopper kernel
+(`templates/hopper_gemm.cu.j2`, `grouped`).
+
+A is (total_M, K) row-major, B (E, K, N) with N contiguous or the transpose of a contiguous (E, N, K)
+weight (K contiguous), C (total_M, N) row-major; addresses are given as integers (a tensor's data_ptr(), a
+CuPy array's data.ptr), so that the caller keeps its arrays and streams. The offsets are read by the kernel
+only: from 0, non-decreasing, to total_M, or the kernel reads and writes out of bounds (the serving layer
+checks what it can without a host sync)."""
+
+from __future__ import annotations
+
+from ..families import GemmConfig
+from ..problem import Problem
+from .launch import launcher, prepare
+from .operands import KernelOperand
+
+
+def grouped_problem(total_m: int, n: int, k: int, groups: int, dtype: str, b_k_major: bool) -> Problem:
+    """The Problem of a grouped product: `groups` groups of `total_m` rows in all."""
+    return Problem(total_m, n, k, batch=groups, dtype=dtype, trans_b=b_k_major, grouped=True)
+
+
+def bind_grouped(config: GemmConfig, problem: Problem, a_ptr: int, b_ptr: int, offsets_ptr: int, c_ptr: int):
+    """Compiles `config`'s grouped kernel for `problem` (`grouped_problem`) and returns `run(stream=None)`,
+    which computes C's rows group by group from the arrays at these addresses (offsets: int32)."""
+    if not problem.grouped:
+        raise ValueError(f"{problem} is not a grouped product (grouped_problem makes one)")
+    n, k = problem.n, problem.k
+    a = KernelOperand(False, k, 0, a_ptr)  # one matrix for every group: its rows are split by the offsets
+    b = KernelOperand(problem.trans_b, k if problem.trans_b else n, k * n, b_ptr)  # a matrix per group
+    c = KernelOperand(False, n, 0, c_ptr)  # one matrix: each group's rows start at its offset
+    widths = config.vector_widths(a, b, c, 1)
+    launch = launcher(prepare(config, problem, widths), a, b, c)
+
+    def run(stream=None):
+        launch(a_ptr, b_ptr, c_ptr, 1.0, 0.0, stream, 0, 0, 0, 0, offsets_ptr)
+
+    return run
