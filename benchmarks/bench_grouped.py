@@ -11,7 +11,9 @@ Competitors, each checked against the loop first (relative Frobenius error):
 - the loop: torch.matmul on each expert's rows into the output's slice, the offsets read on the host
   beforehand (outside the timing: the loop's host sync is not charged to it);
 - torch._grouped_mm: one launch, the offsets on the GPU;
-- autogemm.grouped_matmul: what it serves (no grouped kernel is generated yet: torch._grouped_mm, or the
+- autogemm's grouped kernel (the Hopper family's, `gpu/grouped_launch.py`): the fastest of GROUPED_CONFIGS,
+  untuned, each checked against the loop (a wrong one is reported and not timed);
+- autogemm.grouped_matmul: what it serves (the grouped kernel not yet: torch._grouped_mm, or the
   loop where each expert's product fills the GPU by itself), host checks included. Where it serves the loop,
   the loop's time stands for it: it reads the offsets on the host each call, a sync that GPU time behind
   the gate cannot measure (timed so, it read 11-15% faster than the same loop: the batch ran unqueued).
@@ -42,6 +44,11 @@ TOKENS = (4096, 65536)
 ROUTINGS = ("uniform", "skewed")
 GPU_TIME_MS = 60.0
 LOOP, TORCH, SERVED = "loop of torch.matmul", "torch._grouped_mm", "autogemm.grouped_matmul"
+KERNEL = "autogemm grouped kernel"
+# the Hopper family's grouped kernels tried (the fastest is the KERNEL column): two consumers on 128 x 256 and
+# 128 x 128 tiles, pingpong, and one consumer on 64-row tiles for groups of few rows
+GROUPED_CONFIGS = ("hopper_128x256x64_w64x256_s3_g8_k1_o1_p", "hopper_128x128x64_w64x128_s5_g8_k1_o1_p",
+                   "hopper_128x128x64_w64x128_s4_g8_k1_o1_p_pp", "hopper_64x128x64_w64x128_s6_g8_k1_o1_p")
 
 
 def counts_for(experts: int, tokens: int, routing: str) -> list[int]:
@@ -90,6 +97,14 @@ def measure(torch, label: str, experts: int, k: int, n: int, tokens: int, routin
     grouped_mm = getattr(torch, "_grouped_mm", None)
     if grouped_mm is not None:
         calls[TORCH] = lambda: grouped_mm(a, b, offs=offs)
+    # the grouped kernels: each checked against the loop below, the fastest kept as KERNEL
+    from autogemm.families import config_from_name
+    from autogemm.gpu.grouped_launch import bind_grouped, grouped_problem
+
+    kernel_out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
+    problem = grouped_problem(tokens, n, k, experts, "bfloat16", True)
+    kernels = {name: bind_grouped(config_from_name(name), problem, a.data_ptr(), b.data_ptr(), offsets.data_ptr(),
+                                  kernel_out.data_ptr()) for name in GROUPED_CONFIGS}
     reference = loop().float().clone()
     errors = {}
     for name, call in list(calls.items()):
@@ -101,6 +116,15 @@ def measure(torch, label: str, experts: int, k: int, n: int, tokens: int, routin
             continue
         errors[name] = float((value - reference).norm() / reference.norm().clamp(min=1e-30))
     flops = 2 * tokens * k * n
+    kernel_us, kernel_errors = {}, {}
+    for name, run in kernels.items():
+        kernel_out.fill_(float("nan"))
+        run()
+        kernel_errors[name] = float((kernel_out.float() - reference).norm() / reference.norm().clamp(min=1e-30))
+        if not kernel_errors[name] < 1e-2:  # (a wrong kernel is reported, never timed)
+            print(f"{label} {tokens} {routing}: {name} is wrong (relative error {kernel_errors[name]:.1e})", flush=True)
+            continue
+        kernel_us[name] = timing.gpu_time(lambda i, run=run: run(), target_ms=GPU_TIME_MS).us
     # two rounds, the second in reverse order, each competitor's faster kept: a large product's GPU time moves
     # by several percent between runs (clocks under power), which one round would charge to one competitor
     times: dict[str, float] = {}
@@ -112,9 +136,13 @@ def measure(torch, label: str, experts: int, k: int, n: int, tokens: int, routin
     if serves_loop:
         times[SERVED] = times[LOOP]
     times = {name: times[name] for name in calls}
+    best = min(kernel_us, key=kernel_us.get) if kernel_us else None
+    if best is not None:
+        times[KERNEL] = kernel_us[best]
+        errors[KERNEL] = kernel_errors[best]
     row = {"label": label, "experts": experts, "k": k, "n": n, "tokens": tokens, "routing": routing,
            "counts_min": min(counts), "counts_max": max(counts), "us": times, "errors": errors,
-           "served": "loop" if serves_loop else TORCH,
+           "served": "loop" if serves_loop else TORCH, "kernel": best, "kernels_us": kernel_us,
            "tflops": {name: flops / (us * 1e-6) / 1e12 for name, us in times.items()}}
     print(f"{label:<30} {tokens:>6} {routing:<8} " + "  ".join(f"{name} {us:9.1f} us" for name, us in times.items()),
           flush=True)
@@ -128,19 +156,30 @@ def report(rows: list[dict], device_name: str) -> str:
              "ones, offsets on the GPU. GPU time, back-to-back calls behind the gate, the same for every competitor, the "
              "faster of two rounds (the second in reverse order). "
              f"Ratios: the {LOOP}'s time / the competitor's (> 1: faster than the loop, whose offsets were read on "
-             f"the host beforehand). {SERVED} serves torch._grouped_mm, or the loop where each expert's product fills "
-             "the GPU by itself: no grouped kernel is generated yet.", ""]
+             f"the host beforehand). {KERNEL}: the Hopper family's grouped kernel, the fastest of "
+             f"{', '.join(GROUPED_CONFIGS)}, untuned. {SERVED} serves torch._grouped_mm, or the loop where each "
+             "expert's product fills the GPU by itself: not the grouped kernel yet.", ""]
     for name in (TORCH, SERVED):
         ratios = [r["us"][LOOP] / r["us"][name] for r in rows if name in r["us"]]
         if ratios:
             lines.append(f"- {name} against the loop: geomean **{geomean(ratios):.3f}x** (min {min(ratios):.3f}x) "
                          f"over {len(ratios)} problems")
+    mine = [r["us"][LOOP] / r["us"][KERNEL] for r in rows if KERNEL in r["us"]]
+    if mine:
+        lines.append(f"- {KERNEL} (the fastest of {len(GROUPED_CONFIGS)} configs, no tuning) against the loop: geomean "
+                     f"**{geomean(mine):.3f}x** (min {min(mine):.3f}x) over {len(mine)} problems")
+    against_torch = [r["us"][TORCH] / r["us"][KERNEL] for r in rows if KERNEL in r["us"] and TORCH in r["us"]]
+    if against_torch:
+        lines.append(f"- {KERNEL} against torch._grouped_mm: geomean **{geomean(against_torch):.3f}x** "
+                     f"(min {min(against_torch):.3f}x)")
     both = [r["us"][TORCH] / r["us"][SERVED] for r in rows if TORCH in r["us"] and SERVED in r["us"]]
     if both:
         lines.append(f"- {SERVED} against torch._grouped_mm: geomean **{geomean(both):.3f}x** (min {min(both):.3f}x)")
     lines += ["", "| layer | E | K | N | rows | routing | rows an expert (min-max) | loop us | torch._grouped_mm us | "
-                  "served | served us | torch / loop | served / loop | served TFLOP/s | error torch | error served |",
-              "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  "served | served us | torch / loop | served / loop | served TFLOP/s | error torch | error served | kernel | "
+                  "kernel us | kernel / loop | kernel / torch | kernel TFLOP/s | error kernel |",
+              "| --- | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: "
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         us = r["us"]
         torch_us = f"{us[TORCH]:.1f}" if TORCH in us else "-"
@@ -148,7 +187,10 @@ def report(rows: list[dict], device_name: str) -> str:
         lines.append(f"| {r['label']} | {r['experts']} | {r['k']} | {r['n']} | {r['tokens']} | {r['routing']} | "
                      f"{r['counts_min']}-{r['counts_max']} | {us[LOOP]:.1f} | {torch_us} | {r['served']} | {us[SERVED]:.1f} | "
                      f"{torch_ratio} | {us[LOOP] / us[SERVED]:.3f}x | {r['tflops'][SERVED]:.0f} | "
-                     f"{r['errors'].get(TORCH, float('nan')):.1e} | {r['errors'][SERVED]:.1e} |")
+                     f"{r['errors'].get(TORCH, float('nan')):.1e} | {r['errors'][SERVED]:.1e} | " + (
+                         f"{r['kernel']} | {us[KERNEL]:.1f} | {us[LOOP] / us[KERNEL]:.3f}x | "
+                         f"{us[TORCH] / us[KERNEL]:.3f}x | {r['tflops'][KERNEL]:.0f} | {r['errors'][KERNEL]:.1e} |"
+                         if KERNEL in us and TORCH in us else "- | - | - | - | - | - |"))
     return "\n".join(lines) + "\n"
 
 

@@ -11,7 +11,8 @@ counts on the GPU; rows of `out` from counts[e] on are left as the padding compu
 capturable in CUDA graphs. `bias` is (E, N), one row per expert; `activation` one of
 `autogemm.epilogue.ACTIVATIONS`.
 
-What serves a call today (no grouped kernel is generated yet): on PyTorch tensors, `torch._grouped_mm`
+What serves a call today (the Hopper family's grouped kernel, `gpu/grouped_launch.py`, is not served until
+it is tuned and recorded): on PyTorch tensors, `torch._grouped_mm`
 where it takes the problem (one launch, no host sync), unless each expert's product fills the GPU by itself
 (`LOOP_WAVES`); else a loop of `torch.matmul` over the experts, which reads the offsets on the host (never
 inside a CUDA graph capture); the masked variant is one batched `torch.bmm`. CuPy
