@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class TensorCoreShapes:
@@ -221,3 +223,15 @@ def from_bits_storage(name: str) -> str | None:
     """The dtype whose raw bits autogemm's own buffers hold in arrays of NumPy dtype `name` (uint16:
     bfloat16's), the `storage` column of a type that is not its own; None for any other name."""
     return _BY_BITS_STORAGE.get(name)
+
+
+def name_of(dtype) -> str:
+    """A dtype's text as autogemm names dtypes ("float8_e4m3fn", "bfloat16"), from a torch, NumPy or CuPy
+    dtype or a name; not checked against the table (callers say what they take)."""
+    text = str(dtype).removeprefix("torch.")
+    if not isinstance(dtype, str):
+        try:
+            text = np.dtype(dtype).name
+        except TypeError:
+            pass  # (a torch dtype: its name without the module)
+    return text

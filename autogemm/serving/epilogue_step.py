@@ -34,12 +34,7 @@ def dtype_name(value, what: str) -> str:
     """A dtype given as a name, a NumPy or CuPy dtype or a PyTorch dtype, as autogemm names it."""
     if value is None or value == "":
         return ""
-    text = str(value).removeprefix("torch.")
-    if not isinstance(value, str):
-        try:
-            text = np.dtype(value).name
-        except TypeError:
-            pass  # (a torch dtype: its name without the module)
+    text = dtypes.name_of(value)
     if text not in dtypes.DTYPES:
         raise TypeError(f"{what} {value!r} is not a dtype autogemm writes; choose from {', '.join(dtypes.DTYPES)}")
     return text

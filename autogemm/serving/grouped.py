@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import dtypes
 from ..epilogue import ACTIVATIONS, activate
 from .torch_tensors import is_tensor
 
@@ -52,10 +53,9 @@ class GroupedCall:
 
 
 def _dtype_name(x) -> str:
+    """The dtype of an array or tensor as autogemm names it (what it is, where it has none)."""
     dtype = getattr(x, "dtype", None)
-    if dtype is None:
-        return type(x).__name__
-    return str(dtype).removeprefix("torch.")
+    return type(x).__name__ if dtype is None else dtypes.name_of(dtype)
 
 
 def _device(x, tensors: bool):

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from .. import dtypes
+from ..fp8 import FP8_DTYPES
 from ..gpu.launch import device_info, launcher, prepare
 from ..gpu.operands import KernelOperand
 from ..gpu.runtime import cupy_stream, numpy_dtype
@@ -37,7 +38,6 @@ from ..families import config_from_name
 from .select import Choice, ChoiceSource
 from .torch_tensors import is_tensor
 
-FP8_DTYPES = tuple(row.name for row in dtypes.ROWS if row.scaled)
 OUT_DTYPES = dtypes.FP8_OUTPUTS
 DEFAULT_OUT_DTYPE = "bfloat16"
 MAX_PLANS = 256  # plans kept (the memo is emptied when full; a dropped plan is made again)
@@ -63,19 +63,8 @@ class ScaledCall:
         return scaled_problem(self.m, self.n, self.k, self.dtype, self.scaling, self.out_dtype, self.bias)
 
 
-def _name(dtype) -> str:
-    """A dtype as autogemm names it ("float8_e4m3fn", "bfloat16"), from a torch, NumPy or string dtype."""
-    text = str(dtype).removeprefix("torch.")
-    if not isinstance(dtype, str):
-        try:
-            text = np.dtype(dtype).name
-        except TypeError:
-            pass
-    return text
-
-
 def _out_dtype(out_dtype) -> str:
-    name = DEFAULT_OUT_DTYPE if out_dtype is None else _name(out_dtype)
+    name = DEFAULT_OUT_DTYPE if out_dtype is None else dtypes.name_of(out_dtype)
     if name not in OUT_DTYPES:
         raise TypeError(f"out_dtype {out_dtype!r}: FP8 products are written as {', '.join(OUT_DTYPES)} "
                         "(autogemm writes no FP8 output)")
@@ -92,12 +81,12 @@ def check_call(a, b, scale_a, scale_b, bias, out_dtype, dtype=None) -> ScaledCal
     if tensors:
         if dtype is not None:
             raise TypeError("dtype= names the FP8 type of CuPy arrays' bits; a tensor carries its own")
-        names = _name(a.dtype), _name(b.dtype)
+        names = dtypes.name_of(a.dtype), dtypes.name_of(b.dtype)
         devices = [x.get_device() for x in (a, b)]
     else:
         if dtype is None:
             raise TypeError(f"CuPy arrays hold FP8 as uint8 bits: name their type with dtype= ({', '.join(FP8_DTYPES)})")
-        names = (_name(dtype),) * 2
+        names = (dtypes.name_of(dtype),) * 2
         for name, x in (("a", a), ("b", b)):
             if getattr(x, "dtype", None) is None or np.dtype(x.dtype).itemsize != 1:
                 raise TypeError(f"{name} must hold FP8 bits, one byte an element (uint8); got "
@@ -126,7 +115,7 @@ def check_call(a, b, scale_a, scale_b, bias, out_dtype, dtype=None) -> ScaledCal
     if devices[0] != devices[1] or devices[0] is None or devices[0] < 0:
         raise ValueError(f"a and b must be on one GPU; they are on {devices[0]} and {devices[1]}")
     for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
-        if _name(getattr(scale, "dtype", None)) != "float32":
+        if dtypes.name_of(getattr(scale, "dtype", None)) != "float32":
             raise TypeError(f"{name} must be float32 on the GPU, got {getattr(scale, 'dtype', type(scale).__name__)}")
         device = scale.get_device() if tensors else scale.device.id
         if device != devices[0]:
@@ -142,9 +131,9 @@ def check_call(a, b, scale_a, scale_b, bias, out_dtype, dtype=None) -> ScaledCal
                                                               "outer-dimension-major layout" if scaling == "block" else ""))
     out = _out_dtype(out_dtype)
     if bias is not None:
-        if tuple(bias.shape) != (n,) or _name(bias.dtype) not in (out, dtypes.lookup(out).storage):
+        if tuple(bias.shape) != (n,) or dtypes.name_of(bias.dtype) not in (out, dtypes.lookup(out).storage):
             raise ValueError(f"bias must be a vector of N = {n} values of D's dtype {out}; got shape "
-                             f"{tuple(bias.shape)}, {_name(bias.dtype)}")
+                             f"{tuple(bias.shape)}, {dtypes.name_of(bias.dtype)}")
         if (bias.get_device() if tensors else bias.device.id) != devices[0]:
             raise ValueError(f"bias is not on the operands' GPU {devices[0]}")
     return ScaledCall(m, n, k, names[0], scaling, out, bias is not None, devices[0], outer)
