@@ -63,7 +63,10 @@ class Problem:
 
     def swapped(self) -> Problem:
         """The same product with the operands' roles swapped: C^T = B^T A^T, N x M. B becomes the first
-        operand (its storage read transposed: op(A') = B^T), A the second (op(B') = A^T)."""
+        operand (its storage read transposed: op(A') = B^T), A the second (op(B') = A^T). A grouped product
+        has none: its groups are rows of A (ValueError rather than an ungrouped product)."""
+        if self.grouped:
+            raise ValueError(f"{self} has no swapped form: its groups are rows of A")
         return Problem(self.n, self.m, self.k, batch=self.batch, dtype=self.dtype, compute=self.compute,
                        trans_a=not self.trans_b, trans_b=not self.trans_a, epilogue=self.epilogue.swapped())
 

@@ -103,6 +103,11 @@ def test_a_grouped_problem_has_its_own_key_flops_and_kernel():
     config = HopperConfig(bm=128, bn=128, bk=64, wm=64, wn=128, stages=4)
     source = render(config, grouped)
     assert source.kernel.endswith("_grouped") and "group_origin(" in source.code
+    # M = 1024 is a multiple of the tile, but a group's rows end anywhere: masked, and so named (e0..)
+    tiled = Problem(1024, 256, 128, batch=8, dtype="bfloat16", trans_b=True, grouped=True)
+    assert "_e011_" in render(config, tiled).kernel and "EVEN_M = false" in render(config, tiled).code
+    with pytest.raises(ValueError, match="no swapped form"):
+        render(HopperConfig(bm=128, bn=128, bk=64, wm=64, wn=128, stages=4, swap=True), tiled)
     assert "group_origin(" not in render(config, plain).code
     device = Device.for_arch("sm_90")
     assert config.check(grouped, device) == []

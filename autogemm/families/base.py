@@ -227,9 +227,11 @@ class GemmConfig(Config):
         return (self.output_tiles(problem), problem.batch * self.split_k, 1)
 
     def even(self, problem: Problem) -> str:
-        """Which of M, N, K are multiples of the block tile ("1") and so need no bounds checks."""
-        return "".join("1" if extent % tile == 0 else "0"
-                       for extent, tile in ((problem.m, self.bm), (problem.n, self.bn), (problem.k, self.bk)))
+        """Which of M, N, K are multiples of the block tile ("1") and so need no bounds checks. A grouped
+        product's M never is: each group's rows end at an offset the kernel reads on the GPU."""
+        return "".join("1" if extent % tile == 0 and not (dim == "m" and problem.grouped) else "0"
+                       for dim, extent, tile in (("m", problem.m, self.bm), ("n", problem.n, self.bn),
+                                                 ("k", problem.k, self.bk)))
 
     def even_flags(self, problem: Problem) -> dict:
         """EVEN_M, EVEN_N, EVEN_K as the skeletons take them (`even_m="true"`, ...)."""

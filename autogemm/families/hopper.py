@@ -358,5 +358,5 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             producer_registers=producer, consumer_registers=consumer, cluster=self.cluster,
             tma_store=cxx_bool(self.tma_store), pingpong=cxx_bool(self.pingpong), split_k=self.split_k,
             grouped=problem.grouped, max_groups=MAX_GROUPS,
-            **{**self.even_flags(problem), **({"even_m": "false"} if problem.grouped else {})},
+            **self.even_flags(problem),
         )
