@@ -134,9 +134,14 @@ def test_a_block_scaled_result_is_checked_against_the_dequantized_operands():
 def test_block_scales_ask_a_slice_of_one_block_and_the_registers_for_partial_sums():
     block = scaled_problem(333, 520, 1040, "float8_e4m3fn", "block", "bfloat16", True)
     assert TWO_CONSUMERS.check(block, SM90) == []
+    assert TWO_CONSUMERS.block_scaled_sets() == 2  # (3 x 64 values)
+    wider = HopperConfig(bm=128, bn=192, bk=128, wm=64, wn=192, stages=4)
+    assert wider.check(block, SM90) == [] and wider.block_scaled_sets() == 1  # (2 x 96 values)
     wide = HopperConfig(bm=128, bn=256, bk=128, wm=64, wn=256, stages=4)
-    assert any("bn 64 or 128" in r for r in wide.check(block, SM90))
-    assert any("two slices' partial sums beside the accumulators: 3 x 128" in r for r in wide.check(block, SM90))
+    assert any("bn of at most 192 (a tile's columns in two blocks of B at most)" in r for r in wide.check(block, SM90))
+    tall = HopperConfig(bm=256, bn=128, bk=128, wm=128, wn=128, stages=4)
+    assert tall.block_scaled_sets() == 0
+    assert any("a slice's partial sums beside the accumulators: 2 x 128" in r for r in tall.check(block, SM90))
     deep = HopperConfig(bm=128, bn=128, bk=256, wm=64, wn=128, stages=3)
     assert any("bk=128 (one block of K a slice)" in r for r in deep.check(block, SM90))
     swapped = HopperConfig(bm=128, bn=128, bk=128, wm=64, wn=128, stages=4, swap=True)
@@ -153,8 +158,13 @@ def test_an_fp8_kernel_compiles_for_sm90a_without_spills():
     assert "y *= ep.scale_a[m] * ep.scale_b[n];" in source.code
     block = render(TWO_CONSUMERS, scaled_problem(333, 520, 1040, "float8_e4m3fn", "block", "bfloat16", True))
     assert "wgmma_fresh(partial[set][i], desc_a, desc_b)" in block.code and "y *= ep.scale" not in block.code
-    usage = nvcc_resources(block, "sm_90")[block.kernel]
-    assert usage.spill_store_bytes == 0 and usage.spill_load_bytes == 0
+    # a tile 192 wide: one set of partial sums, and two scales of B a slice (its columns in two blocks of B)
+    wider = render(HopperConfig(bm=128, bn=192, bk=128, wm=64, wn=192, stages=4),
+                   scaled_problem(333, 520, 1040, "float8_e4m3fn", "block", "bfloat16", True))
+    assert "wgmma_fresh(partial[i], desc_a, desc_b)" in wider.code and "partial[set]" not in wider.code
+    for source in (block, wider):
+        usage = nvcc_resources(source, "sm_90")[source.kernel]
+        assert usage.spill_store_bytes == 0 and usage.spill_load_bytes == 0, source.kernel
 
 
 def test_fp8_rows_are_one_byte_scaled_and_written_wider():

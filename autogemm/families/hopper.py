@@ -36,6 +36,8 @@ into FP32), D stored from registers or through TMA (`_fp8_reasons` says what els
 
 from __future__ import annotations
 
+import dataclasses
+
 from .. import dtypes
 from ..epilogue import BLOCK
 from ..problem import Device, Problem
@@ -73,12 +75,19 @@ GROUP_TILES_BYTES = -(-(MAX_GROUPS + 1) * 4 // SWIZZLE_PERIOD_BYTES) * SWIZZLE_P
 # 4 registers per m64 block and k-step, on top of the accumulators, within the consumer's registers
 MAX_ACCUMULATORS_AND_FRAGMENTS = 160
 # with block scales (FP8), the accumulators and two sets of partial sums (one slice promoted while the
-# next one's wgmmas run), within the consumer's registers: a 64 x 128 tile's 3 x 64 compile without spills
+# next one's wgmmas run), or one set on tiles too wide for two, within the consumer's registers: a
+# 64 x 128 tile's 3 x 64 and a 64 x 192 tile's 2 x 96 compile without spills
 MAX_BLOCK_SCALED_VALUES = 192
+# block scales: the widest tile whose columns lie in two of B's 128-column blocks at most (its first
+# column a multiple of bn, itself a multiple of 64)
+MAX_BLOCK_SCALED_BN = 192
 
 KNOBS = (
     # wm x wn: one consumer warpgroup's tile (wn = bn: a consumer spans the tile's columns)
-    *tile_knobs(128, 256, 64, 64, 256),
+    # (bn, wn: any multiple of the kernel's 64-column step, not only powers of two: 192 is the widest
+    # block-scaled tile, with one set of partial sums; `check` says which)
+    *(dataclasses.replace(knob, power_of_two=False) if knob.name in ("bn", "wn") else knob
+      for knob in tile_knobs(128, 256, 64, 64, 256)),
     Knob("stages", int, 4, code="s", low=MIN_STAGES, high=MAX_STAGES),
     *grid_knobs(),
     Knob("persistent", bool, True, omitted=False, words={True: "p"}),
@@ -235,9 +244,10 @@ class HopperConfig(VectorizedLoads, GemmConfig):
                                f"device is {device.arch}")
         row = dtypes.lookup(problem.dtype, problem.compute)
         atom = SWIZZLE_BYTES // row.itemsize
-        # bn: whole swizzled rows where B or C may be stored along N (MN-major B, the TMA store); FP8's B is
-        # K-major and its D stored from registers, so 64 columns (the skeleton's step) will do
-        bn_step = 64 if row.scaled else atom
+        # bn: a multiple of the kernel's 64-column step (its static_assert), which is also a whole number of
+        # swizzled rows where B or C lie along N (64 16-bit or 32 FP32 columns a row; FP8's B is K-major, its
+        # D stored in chunks of 128 bytes of D's type)
+        bn_step = 64
         if self.wn != self.bn or self.bm % self.wm or not 1 <= self.consumers <= MAX_CONSUMERS:
             bad("warp-tile", f"a consumer's tile {self.wm}x{self.wn} must span the block's {self.bn} columns "
                              f"and 1 or {MAX_CONSUMERS} of them its {self.bm} rows")
@@ -307,8 +317,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         """What an FP8 product asks of a config beyond the other types' rules: A K-major too (wgmma
         reads 8-bit A from shared memory only, K-major), K a multiple of 16 (TMA's 16-byte pitches:
         FP8 operands are not repacked), the TMA store of D not transposed (its chunks are D's rows), no
-        swap of row or block scales (they would change roles), and for block scales a slice of one block of K, a tile within one block of B's columns and the
-        registers for two sets of partial sums."""
+        swap of row or block scales (they would change roles), and for block scales a slice of one block
+        of K, a tile within two blocks of B's columns, and the registers for a set of partial sums."""
         kernel_a_transposed = not problem.trans_b if self.swap else problem.trans_a  # (swap: B is the kernel's A)
         if kernel_a_transposed:
             bad("layout", f"wgmma reads {problem.dtype} K-major only: layout {problem.layout.upper()} stores "
@@ -323,13 +333,23 @@ class HopperConfig(VectorizedLoads, GemmConfig):
                           "along N)")
         if problem.epilogue.scale == "block":
             # each slice's partial sums are promoted with its scales: a slice is one block of K, a tile's
-            # columns lie in one block of B, and the partial sums need registers beside the accumulators
-            if self.bk != BLOCK or BLOCK % self.bn:
-                bad("fragment", f"block scales take bk={BLOCK} (one block of K a slice) and bn 64 or {BLOCK} (a "
-                                f"tile's columns in one block of B); got bk={self.bk}, bn={self.bn}")
-            if 3 * self.accumulators() > MAX_BLOCK_SCALED_VALUES:
-                bad("registers", f"block scales keep two slices' partial sums beside the accumulators: 3 x "
+            # columns lie in two blocks of B at most, and the partial sums need registers beside the accumulators
+            if self.bk != BLOCK or self.bn > MAX_BLOCK_SCALED_BN:
+                bad("fragment", f"block scales take bk={BLOCK} (one block of K a slice) and bn of at most "
+                                f"{MAX_BLOCK_SCALED_BN} (a tile's columns in two blocks of B at most); got "
+                                f"bk={self.bk}, bn={self.bn}")
+            elif self.block_scaled_sets() == 0:
+                bad("registers", f"block scales keep a slice's partial sums beside the accumulators: 2 x "
                                  f"{self.accumulators()} per consumer thread exceed {MAX_BLOCK_SCALED_VALUES}")
+
+    def block_scaled_sets(self) -> int:
+        """Block scales: how many sets of partial sums the consumer's registers hold beside its
+        accumulators: two (one slice promoted while the next one's wgmmas run) where they fit, else one
+        (each slice waited for, then promoted, under the other consumer's wgmmas), else none."""
+        for sets in (2, 1):
+            if (sets + 1) * self.accumulators() <= MAX_BLOCK_SCALED_VALUES:
+                return sets
+        return 0
 
     # ---- rendering -----------------------------------------------------------------------------
     def check_widths(self, widths: VectorWidths) -> None:
@@ -348,6 +368,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         return dict(
             scaled=row.scaled, c_type=c_type, c_to_acc=c_to_acc, c_from_acc=c_from_acc,
             block_scaled=problem.epilogue.scale == "block",
+            block_sets=self.block_scaled_sets() if problem.epilogue.scale == "block" else 0,
             dtype=problem.dtype, compute=problem.compute, layout=problem.layout.upper(), element=row.element,
             to_acc=row.to_acc, from_acc=row.from_acc, mma_input=row.tensor_core.mma_input, fk=row.tensor_core.wgmma_k,
             bm=self.bm, bn=self.bn, bk=self.bk, consumers=self.consumers, stages=self.stages, group_m=self.group_m,
