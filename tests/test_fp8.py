@@ -165,6 +165,7 @@ def test_an_fp8_kernel_compiles_for_sm90a_without_spills():
     for source in (block, wider):
         usage = nvcc_resources(source, "sm_90")[source.kernel]
         assert usage.spill_store_bytes == 0 and usage.spill_load_bytes == 0, source.kernel
+        assert not usage.wgmma_serialized, source.kernel
 
 
 def test_fp8_rows_are_one_byte_scaled_and_written_wider():

@@ -77,6 +77,9 @@ class ResourceUsage:
     spill_store_bytes: int
     spill_load_bytes: int
     shared_bytes: int  # static shared memory (the GEMM kernels use dynamic shared memory)
+    # ptxas serialized the kernel's wgmmas (its C7514 note: registers of wgmmas in flight read or
+    # copied), which costs a Hopper kernel most of its speed while it still computes right
+    wgmma_serialized: bool = False
 
     @property
     def spills(self) -> int:
@@ -107,6 +110,7 @@ def find_nvcc() -> str:
 _PTXAS_FUNCTION = re.compile(r"Compiling entry function '(\w+)'")
 _PTXAS_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _PTXAS_USED = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
+_PTXAS_SERIALIZED = re.compile(r"wgmma\.mma_async instructions are serialized.*in the function '(\w+)'")
 
 
 def nvcc_resources(source: Source, arch: str = "sm_90") -> dict[str, ResourceUsage]:
@@ -120,6 +124,7 @@ def nvcc_resources(source: Source, arch: str = "sm_90") -> dict[str, ResourceUsa
         if proc.returncode != 0:
             raise CompileError(f"nvcc failed for {source.kernel} ({source.target(arch)})", proc.stderr + proc.stdout, save_failed_source(source))
     report: dict[str, ResourceUsage] = {}
+    serialized = set(_PTXAS_SERIALIZED.findall(proc.stderr))
     current = None
     frame = (0, 0, 0)
     for line in proc.stderr.splitlines():
@@ -135,6 +140,7 @@ def nvcc_resources(source: Source, arch: str = "sm_90") -> dict[str, ResourceUsa
                 spill_store_bytes=frame[1],
                 spill_load_bytes=frame[2],
                 shared_bytes=int(m.group(2) or 0),
+                wgmma_serialized=current in serialized,
             )
             current = None
     if source.kernel not in report:
