@@ -79,8 +79,11 @@ def family_for(dtype: str, compute: str = "") -> type[GemmConfig]:
 
 def candidate_families(problem: Problem, device: Device | None = None) -> tuple[type[GemmConfig], ...]:
     """The families each of which declares itself a candidate for `problem` on `device`
-    (`GemmConfig.candidate_for`), in their `candidate_order` (the registry's order among equals)."""
-    candidates = [family for family in _FAMILIES.values() if family.candidate_for(problem, device)]
+    (`GemmConfig.candidate_for`), in their `candidate_order` (the registry's order among equals). A grouped
+    product's are those whose kernels take groups (`takes_grouped`): the others' spaces would spend their
+    share of the budget on configs that refuse it."""
+    candidates = [family for family in _FAMILIES.values() if family.candidate_for(problem, device)
+                  and (family.takes_grouped or not problem.grouped)]
     return tuple(sorted(candidates, key=lambda family: family.candidate_order))
 
 

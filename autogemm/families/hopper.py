@@ -265,8 +265,9 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             bad("grid", "pingpong needs a persistent grid (with a block per tile the second consumer would idle)")
         if row.scaled:
             self._fp8_reasons(problem, bad)
-        # (row and block scales refuse swap above: the problem is not swapped to find the layout's reasons)
-        kernel = problem if row.scaled and self.swap and problem.epilogue.scale in ("row", "block") \
+        # (row and block scales, and grouped products, refuse swap above: the problem is not swapped to find
+        # the layout's reasons; a grouped one has no swapped form)
+        kernel = problem if self.swap and (problem.grouped or row.scaled and problem.epilogue.scale in ("row", "block")) \
             else self.kernel_problem(problem)
         if not self.transposes(problem) and not kernel.trans_b:
             if problem.layout == "tn":

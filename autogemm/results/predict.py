@@ -183,10 +183,11 @@ def _host_us(record, kernel_ms: float) -> tuple[float, float] | None:
 def candidates(problem: Problem, device: Device, records) -> list[Candidate]:
     """Every config of the evidence records (same dtype, compute mode and epilogue, within reach of `problem`)
     that can run `problem`, with its predicted GPU times and ratios; best prediction first."""
-    # (the same epilogue too: a record with one timed its kernel and the baseline with the epilogue's work)
+    # (the same epilogue too: a record with one timed its kernel and the baseline with the epilogue's work;
+    # and grouped or not alike: a grouped record's kernel and baselines are another product's)
     evidence = [r for r in records if is_evidence(r)
-                and (r.problem_object.dtype, r.problem_object.compute, r.problem_object.epilogue)
-                == (problem.dtype, problem.compute, problem.epilogue)]
+                and (r.problem_object.dtype, r.problem_object.compute, r.problem_object.epilogue,
+                     r.problem_object.grouped) == (problem.dtype, problem.compute, problem.epilogue, problem.grouped)]
     limits = _limits(evidence, device)
     out: list[Candidate] = []
     seen: set[str] = set()
@@ -237,7 +238,7 @@ def known_configs(problem: Problem, device: Device, cache, space) -> list:
         out += [config for config, _, _ in tuned_configs(exact[0])]
     out += [c.config for c in candidates(problem, device, records)[:SEEDED_PREDICTIONS]]
     same_kind = [r for r in records if r.problem_object.dtype == problem.dtype
-                 and r.problem_object.compute == problem.compute]
+                 and r.problem_object.compute == problem.compute and r.problem_object.grouped == problem.grouped]
     for record in sorted(same_kind, key=lambda r: log_distance(problem, r.problem_object))[:SEEDED_NEAREST]:
         out += [config for config, _, _ in tuned_configs(record)]
     unique = {c.name: c for c in out if c.family == family}
