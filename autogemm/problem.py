@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from . import dtypes
 from .epilogue import Epilogue
+from .routing import ROUTINGS
 
 LAYOUTS = ("nn", "nt", "tn", "tt")
 
@@ -30,6 +31,9 @@ class Problem:
     # a grouped product (mixture of experts): `batch` groups of rows of A (M rows in all, split by offsets
     # the kernel reads on the GPU), each times its own matrix of B, into its rows of one C
     grouped: bool = False
+    # a grouped product's routing bucket (routing.ROUTINGS: how its rows fall to the groups, which the
+    # kernel's speed depends on); "uniform" where not given; empty for every other product
+    routing: str = ""
 
     def __post_init__(self) -> None:
         for dim in ("m", "n", "k", "batch"):
@@ -39,6 +43,12 @@ class Problem:
             if value < 1:
                 raise ValueError(f"Problem.{dim} must be >= 1, got {value}")
         object.__setattr__(self, "compute", dtypes.lookup(self.dtype, self.compute).compute)
+        if self.grouped and not self.routing:
+            object.__setattr__(self, "routing", ROUTINGS[0])
+        if self.grouped and self.routing not in ROUTINGS:
+            raise ValueError(f"a grouped product's routing must be one of {', '.join(ROUTINGS)}, got {self.routing!r}")
+        if self.routing and not self.grouped:
+            raise ValueError(f"only grouped products have a routing; got routing={self.routing!r} without groups")
         if not isinstance(self.epilogue, Epilogue):
             raise TypeError(f"Problem.epilogue must be an Epilogue, got {self.epilogue!r}")
         row = dtypes.lookup(self.dtype, self.compute)
@@ -78,21 +88,24 @@ class Problem:
     def key(self) -> str:
         """Stable cache key, e.g. ``float32/fp32/nn/b1/4096x4096x4096``; an epilogue follows the shape
         (``float16/fp32/nt/b1/16x4096x4096/bias_n+gelu``), the identity one adds nothing."""
-        batch = f"g{self.batch}" if self.grouped else f"b{self.batch}"
+        batch = f"g{self.batch}-{self.routing}" if self.grouped else f"b{self.batch}"
         key = f"{self.dtype}/{self.compute}/{self.layout}/{batch}/{self.m}x{self.n}x{self.k}"
         return key if self.epilogue.is_identity else f"{key}/{self.epilogue.key}"
 
     @classmethod
     def from_key(cls, key: str) -> Problem:
-        match = re.fullmatch(r"(\w+)/(\w+)/([nt]{2})/([bg])(\d+)/(\d+)x(\d+)x(\d+)(?:/([a-z0-9_+>]{1,64}))?", key)
+        match = re.fullmatch(r"(\w+)/(\w+)/([nt]{2})/(?:b(\d+)|g(\d+)-([a-z]{1,16}))/(\d+)x(\d+)x(\d+)"
+                             r"(?:/([a-z0-9_+>]{1,64}))?", key)
         if not match:
-            raise ValueError(f"not a problem key: {key!r} (expected like float32/fp32/nn/b1/64x64x64)")
-        dtype, compute, layout, kind, batch, m, n, k, epilogue = match.groups()
-        return cls.from_layout(int(m), int(n), int(k), layout, batch=int(batch), dtype=dtype, compute=compute,
-                               epilogue=Epilogue.from_key(epilogue) if epilogue else Epilogue(), grouped=kind == "g")
+            raise ValueError(f"not a problem key: {key!r} (expected like float32/fp32/nn/b1/64x64x64, or for "
+                             "groups .../g8-uniform/...)")
+        dtype, compute, layout, batch, groups, routing, m, n, k, epilogue = match.groups()
+        return cls.from_layout(int(m), int(n), int(k), layout, batch=int(batch or groups), dtype=dtype,
+                               compute=compute, epilogue=Epilogue.from_key(epilogue) if epilogue else Epilogue(),
+                               grouped=groups is not None, routing=routing or "")
 
     def __str__(self) -> str:
-        batch = f"{self.batch} groups of " if self.grouped else f"{self.batch}×" if self.batch > 1 else ""
+        batch = f"{self.batch} groups ({self.routing}) of " if self.grouped else f"{self.batch}×" if self.batch > 1 else ""
         epilogue = "" if self.epilogue.is_identity else f" + {self.epilogue}"
         return f"{batch}{self.m}×{self.n}×{self.k} {self.dtype}/{self.compute} {self.layout.upper()}{epilogue}"
 

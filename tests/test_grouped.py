@@ -96,7 +96,15 @@ def test_a_grouped_problem_has_its_own_key_flops_and_kernel():
     from autogemm.problem import Device, Problem
 
     grouped = Problem(1000, 256, 128, batch=8, dtype="bfloat16", trans_b=True, grouped=True)
-    assert grouped.key == "bfloat16/fp32/nt/g8/1000x256x128" and Problem.from_key(grouped.key) == grouped
+    assert grouped.key == "bfloat16/fp32/nt/g8-uniform/1000x256x128" and Problem.from_key(grouped.key) == grouped
+    skewed = Problem(1000, 256, 128, batch=8, dtype="bfloat16", trans_b=True, grouped=True, routing="skewed")
+    assert skewed.key == "bfloat16/fp32/nt/g8-skewed/1000x256x128" and Problem.from_key(skewed.key) == skewed
+    for bad in (dict(grouped=True, routing="zipf"), dict(routing="skewed")):
+        with pytest.raises(ValueError, match="routing"):
+            Problem(1000, 256, 128, batch=8, dtype="bfloat16", **bad)
+    for key in ("bfloat16/fp32/nt/g8/1000x256x128", "bfloat16/fp32/nt/g8-zipf/1000x256x128"):
+        with pytest.raises(ValueError):
+            Problem.from_key(key)
     assert grouped.flops == 2 * 1000 * 256 * 128  # (the groups share the M rows)
     plain = Problem(1000, 256, 128, batch=8, dtype="bfloat16", trans_b=True)
     assert plain.key != grouped.key and plain.flops == 8 * grouped.flops
@@ -111,7 +119,7 @@ def test_a_grouped_problem_has_its_own_key_flops_and_kernel():
     assert "group_origin(" not in render(config, plain).code
     device = Device.for_arch("sm_90")
     assert config.check(grouped, device) == []
-    for knobs in (dict(tma_store=True), dict(cluster=2), dict(split_k=2)):
+    for knobs in (dict(tma_store=True), dict(cluster=2), dict(split_k=2), dict(swap=True)):
         reasons = HopperConfig(bm=128, bn=128, bk=64, wm=64, wn=128, stages=4, **knobs).check(grouped, device)
         assert any(reason.startswith("grouped:") for reason in reasons), (knobs, reasons)
     from autogemm.families import SimtConfig
@@ -119,3 +127,111 @@ def test_a_grouped_problem_has_its_own_key_flops_and_kernel():
     assert any(r.startswith("grouped:") for r in SimtConfig().check(grouped, device))
     assert any("groups exceed" in r for r in config.check(Problem(1000, 256, 128, batch=300, dtype="bfloat16",
                                                                     grouped=True), device))
+
+
+def test_routing_buckets_are_deterministic_and_cover_the_rows():
+    from autogemm.routing import ROUTINGS, counts_for, offsets_for
+
+    for routing in ROUTINGS:
+        for groups, rows in ((8, 4096), (128, 4096), (128, 65536), (8, 3), (1, 0)):
+            counts = counts_for(groups, rows, routing)
+            assert len(counts) == groups and sum(counts) == rows and min(counts) >= 0
+            assert counts == counts_for(groups, rows, routing)  # (the same counts every call)
+            assert offsets_for(groups, rows, routing)[-1] == rows
+    uniform, skewed = counts_for(128, 4096, "uniform"), counts_for(128, 4096, "skewed")
+    assert max(uniform) - min(uniform) <= 1
+    assert max(skewed) > 10 * 4096 / 128 and min(skewed) < 4096 / 128 / 8  # (a heavy expert, many light ones)
+    assert min(counts_for(128, 512, "skewed")) == 0  # (few rows: some experts get none)
+    with pytest.raises(ValueError, match="routing must be one of"):
+        counts_for(8, 64, "zipf")
+
+
+def test_a_grouped_tune_searches_only_the_spaces_whose_kernels_take_groups():
+    from autogemm.kernels.space import candidate_space_names
+    from autogemm.problem import Device, Problem
+
+    h100 = Device.for_arch("sm_90")
+    grouped = Problem(4096, 768, 2048, batch=128, dtype="bfloat16", trans_b=True, grouped=True, routing="skewed")
+    assert candidate_space_names(grouped, h100) == ("hopper",)
+    assert "hopper" in candidate_space_names(Problem(4096, 768, 2048, dtype="bfloat16", trans_b=True), h100)
+    assert len(candidate_space_names(Problem(4096, 768, 2048, dtype="bfloat16", trans_b=True), h100)) > 1
+
+
+def _grouped_record(problem, config, ratio=1.2):
+    from autogemm.kernels.render import kernel_template_hash
+    from autogemm.results.record import PROTOCOL, Record
+
+    time_ms = problem.flops / 500e12 * 1e3
+    return Record(problem=problem.key, family=config.family,
+                  config={k: v for k, v in config.to_dict().items() if k != "family"}, config_name=config.name,
+                  time_ms=time_ms, tflops=500.0, cublas_ms=time_ms * ratio, cublas_tflops=500.0 / ratio, ratio=ratio,
+                  rel_error=1e-3, template_hash=kernel_template_hash(config.template), device="x", protocol=PROTOCOL)
+
+
+def test_the_tuned_grouped_kernel_serves_where_the_routing_buckets_records_kept_it():
+    from autogemm.families.hopper import HopperConfig
+    from autogemm.gpu.grouped_launch import grouped_problem
+    from autogemm.problem import Device
+    from autogemm.results.record import cublas_record
+    from autogemm.serving.grouped import GroupedCall, tuned_grouped_config
+
+    h100 = Device.for_arch("sm_90")
+    call = GroupedCall(experts=128, rows=4096, k=2048, n=768, dtype="bfloat16", b_k_major=True, bias=False,
+                       activation="", masked=False, device=0)
+    wide = HopperConfig(bm=128, bn=128, bk=64, wm=64, wn=128, stages=5)
+    narrow = HopperConfig(bm=64, bn=128, bk=64, wm=64, wn=128, stages=6)
+    problems = {r: grouped_problem(4096, 768, 2048, 128, "bfloat16", True, r) for r in ("uniform", "skewed")}
+
+    def serving(records: dict, routing=None):
+        found = tuned_grouped_config(lambda p: (records[p.key], "user") if p.key in records else None, call, routing,
+                                     h100)
+        return found[0].name if found else None
+
+    assert serving({}) is None  # untuned: torch serves
+    uniform_only = {problems["uniform"].key: _grouped_record(problems["uniform"], wide)}
+    assert serving(uniform_only) is None  # (the call's routing is not known: the skewed bucket has no record)
+    assert serving(uniform_only, "uniform") == wide.name and serving(uniform_only, "skewed") is None
+    both = {**uniform_only, problems["skewed"].key: _grouped_record(problems["skewed"], wide)}
+    assert serving(both) == wide.name
+    differ = {**uniform_only, problems["skewed"].key: _grouped_record(problems["skewed"], narrow)}
+    assert serving(differ) is None and serving(differ, "skewed") == narrow.name
+    kept = {**uniform_only, problems["skewed"].key: cublas_record(_grouped_record(problems["skewed"], wide, 0.9))}
+    assert serving(kept) is None and serving(kept, "uniform") == wide.name
+    masked = GroupedCall(experts=128, rows=32, k=2048, n=768, dtype="bfloat16", b_k_major=True, bias=False,
+                         activation="", masked=True, device=0)
+    assert tuned_grouped_config(lambda p: (both[problems["uniform"].key], "user"), masked, None, h100) is None
+
+
+def test_grouped_matmul_names_an_unknown_routing():
+    from autogemm import grouped_matmul
+
+    with pytest.raises(ValueError, match="routing must be one of"):
+        grouped_matmul(FakeArray((M, K)), FakeArray((E, K, N)), FakeArray((E + 1,), "int32"), routing="zipf")
+
+
+def test_a_grouped_record_is_no_evidence_for_a_plain_product_and_the_cli_names_groups():
+    import argparse
+    import dataclasses
+
+    from autogemm.cli.arguments import CliError, add_problem_arguments, problem_from_args
+    from autogemm.families.hopper import HopperConfig
+    from autogemm.gpu.grouped_launch import grouped_problem
+    from autogemm.problem import Device, Problem
+    from autogemm.results.predict import candidates
+
+    h100 = dataclasses.replace(Device.for_arch("sm_90"), sm_count=132, memory_bandwidth=3.35e12)
+    config = HopperConfig(bm=128, bn=128, bk=64, wm=64, wn=128, stages=5)
+    grouped = grouped_problem(4096, 768, 2048, 8, "bfloat16", True)
+    record = _grouped_record(grouped, config, ratio=1.5)
+    plain = Problem(4096, 768, 2048, batch=8, dtype="bfloat16", trans_b=True)
+    assert candidates(plain, h100, [record]) == []
+    assert [c.config.name for c in candidates(grouped_problem(4000, 768, 2048, 8, "bfloat16", True), h100, [record])] \
+        == [config.name]
+
+    parser = argparse.ArgumentParser()
+    add_problem_arguments(parser, m_required=True)
+    args = parser.parse_args("--M 4096 --N 768 --K 2048 --groups 128 --routing skewed --dtype bfloat16 --layout nt".split())
+    assert problem_from_args(args).key == "bfloat16/fp32/nt/g128-skewed/4096x768x2048"
+    for wrong, words in (("--M 64 --routing skewed", "give --groups too"), ("--M 64 --groups 4 --batch 2", "not both")):
+        with pytest.raises(CliError, match=words):
+            problem_from_args(parser.parse_args(wrong.split()))

@@ -13,6 +13,7 @@ from ..kernels.space import SearchSpace, SpaceError
 from ..paths import search_spaces_dir
 from ..epilogue import ACTIVATIONS, SCALES, Epilogue
 from ..problem import LAYOUTS, Device, Problem
+from ..routing import ROUTINGS
 
 COMPUTES = tuple(dict.fromkeys(row.compute for row in dtypes.ROWS))
 
@@ -100,6 +101,14 @@ def add_problem_arguments(parser: argparse.ArgumentParser, m_required: bool, def
                         "per row of A and per column of B (row), or one per row of A and 128 of K and one per 128 x "
                         "128 block of B (block)")
     scaled.add_argument("--out-dtype", choices=dtypes.FP8_OUTPUTS, help="D's dtype (default bfloat16 for FP8)")
+    grouped = parser.add_argument_group(
+        "grouped", "a grouped product (a mixture-of-experts layer) as autogemm.grouped_matmul serves it: M rows of A "
+        "split into --groups groups by offsets on the GPU, each times its own K x N matrix of B (layout nn: B is "
+        "(E, K, N); nt: the transpose of (E, N, K) weights, as torch's Linear stores them), timed against "
+        "torch._grouped_mm and a loop of torch.matmul")
+    grouped.add_argument("--groups", type=positive_int, help="the number of groups (experts); M is their rows in all")
+    grouped.add_argument("--routing", choices=ROUTINGS, help="how the M rows fall to the groups: every group the "
+                         "same count (uniform, the default) or counts falling as 1/rank^1.2 (skewed)")
 
 
 def problem_from_args(args: argparse.Namespace) -> Problem:
@@ -115,11 +124,17 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
     if not fp8 and (scale or out_dtype):
         raise CliError(f"--scale and --out-dtype are for FP8 products (--dtype float8_e4m3fn or float8_e5m2), not "
                        f"{args.dtype or 'float32'}")
+    groups, routing = getattr(args, "groups", None), getattr(args, "routing", None)
+    if routing and not groups:
+        raise CliError("--routing is for grouped products: give --groups too")
+    if groups and args.batch != 1:
+        raise CliError("give either --groups (a grouped product) or --batch (a strided batch), not both")
     try:
         epilogue = Epilogue("n" if args.bias else "", args.activation or "", args.residual,
                             (out_dtype or "bfloat16") if fp8 else "", scale=(scale or "tensor") if fp8 else "")
-        return Problem(args.m, args.n or args.m, args.k or args.m, batch=args.batch, dtype=args.dtype or "float32",
-                       compute=args.compute, trans_a=trans_a, trans_b=trans_b, epilogue=epilogue)
+        return Problem(args.m, args.n or args.m, args.k or args.m, batch=groups or args.batch,
+                       dtype=args.dtype or "float32", compute=args.compute, trans_a=trans_a, trans_b=trans_b,
+                       epilogue=epilogue, grouped=bool(groups), routing=routing or "")
     except (TypeError, ValueError) as exc:
         raise CliError(str(exc)) from None
 

@@ -13,6 +13,7 @@ from ..gpu.runtime import GpuUnavailable
 from ..gpu.runtime import require_gpu as gpu_or_error
 from ..kernels.space import SearchSpace, SpaceError, candidate_space_names
 from ..measure.evaluate import FatalEvaluationError, GpuEvaluator
+from ..measure.grouped_measuring import LOOP, TORCH_GROUPED
 from ..measure.scaled_measuring import baseline_name
 from ..problem import Problem
 from ..results.cache import TuningCache
@@ -26,7 +27,11 @@ DEFAULTS = TuneOptions()
 
 def _baseline(problem) -> tuple[str, str]:
     """(name, how it was measured) of what a tune's ratio is to: cuBLAS as matmul serves it, or for an FP8
-    product what scaled_matmul serves it untuned."""
+    product what scaled_matmul serves it untuned, or for a grouped product the faster of torch's grouped mm and
+    the loop."""
+    if problem.grouped:
+        return "torch", (f"the faster of {TORCH_GROUPED} and a {LOOP} over the groups on the same inputs, "
+                         f"{problem.routing} routing, same run")
     if problem.epilogue.scale:
         name = baseline_name(problem)
         return name, f"{name} on the same FP8 bits and scales, as scaled_matmul serves the problem untuned, same run"

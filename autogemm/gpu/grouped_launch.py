@@ -16,9 +16,11 @@ from .launch import launcher, prepare
 from .operands import KernelOperand
 
 
-def grouped_problem(total_m: int, n: int, k: int, groups: int, dtype: str, b_k_major: bool) -> Problem:
-    """The Problem of a grouped product: `groups` groups of `total_m` rows in all."""
-    return Problem(total_m, n, k, batch=groups, dtype=dtype, trans_b=b_k_major, grouped=True)
+def grouped_problem(total_m: int, n: int, k: int, groups: int, dtype: str, b_k_major: bool,
+                    routing: str = "uniform") -> Problem:
+    """The Problem of a grouped product: `groups` groups of `total_m` rows in all, routed as `routing`
+    (routing.ROUTINGS) says."""
+    return Problem(total_m, n, k, batch=groups, dtype=dtype, trans_b=b_k_major, grouped=True, routing=routing)
 
 
 def bind_grouped(config: GemmConfig, problem: Problem, a_ptr: int, b_ptr: int, offsets_ptr: int, c_ptr: int):

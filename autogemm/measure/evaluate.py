@@ -20,7 +20,7 @@ import numpy as np
 from ..kernels.compile import CompileError, UnstoredCubin, compile_pool, compile_to_cubin, remember, shared_compile_pool
 # the measuring side (what runs where the CUDA context lives), named here too: the tuner's callers
 # know these as evaluate's
-from .scaled_measuring import measurer_for
+from .measurers import measurer_for
 from .measuring import FAILURE_KINDS, LATENCY_MARGIN, MIN_NOISE, SINGLE_CALL_PAIRS, STICKY_CUDA_ERRORS, GpuMeasurer, Latency, Measurement, failure_from_exception
 from ..problem import Device, Problem
 from ..kernels.render import render

@@ -20,7 +20,7 @@ from dataclasses import asdict
 
 from ..kernels.compile import remember
 from .evaluate import CompileAheadEvaluator, FatalEvaluationError, GpuMeasurer, Latency, Measurement, failure_from_exception
-from .scaled_measuring import measurer_for
+from .measurers import measurer_for
 from ..families import config_from_dict
 from ..problem import Device, Problem
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from ..results.cache import Record, TuningCache, cublas_record, filed_record, write_json
 from ..kernels.compile import compile_many
 from .evaluate import LATENCY_MARGIN, MIN_NOISE
-from .scaled_measuring import measurer_for
+from .measurers import measurer_for
 from ..problem import Device
 from ..results.provenance import host, now, runtime_versions
 from ..kernels.render import kernel_digest, render

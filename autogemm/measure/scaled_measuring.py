@@ -1,5 +1,4 @@
-"""The measuring side of an FP8 problem's tune (`ScaledMeasurer`), and the measurer of any problem
-(`measurer_for`).
+"""The measuring side of an FP8 problem's tune (`ScaledMeasurer`; `measurers.measurer_for` picks it).
 
 An FP8 product is measured as `GpuMeasurer` measures the others (the same verification, timing
 protocol, single-call latency and failure kinds), with what makes it FP8: operands of random values in
@@ -27,13 +26,6 @@ from .timing import TARGET_MS, gpu_time
 
 SCALED_MM = "torch._scaled_mm"  # the baseline's name in records
 BUILT_IN = "built-in kernel"  # the baseline of block scales torch._scaled_mm does not take
-
-
-def measurer_for(problem: Problem, device: Device, seed: int = 0) -> GpuMeasurer:
-    """The measurer of `problem`: ScaledMeasurer for an FP8 product, GpuMeasurer for the others."""
-    if problem.epilogue.scale:
-        return ScaledMeasurer(problem, device, seed)
-    return GpuMeasurer(problem, device, seed)
 
 
 def baseline_name(problem: Problem) -> str:
