@@ -13,10 +13,12 @@ Competitors, each checked against the loop first (relative Frobenius error):
 - torch._grouped_mm: one launch, the offsets on the GPU;
 - autogemm's grouped kernel (the Hopper family's, `gpu/grouped_launch.py`): the fastest of GROUPED_CONFIGS,
   untuned, each checked against the loop (a wrong one is reported and not timed);
-- autogemm.grouped_matmul: what it serves (the grouped kernel not yet: torch._grouped_mm, or the
-  loop where each expert's product fills the GPU by itself), host checks included. Where it serves the loop,
-  the loop's time stands for it: it reads the offsets on the host each call, a sync that GPU time behind
-  the gate cannot measure (timed so, it read 11-15% faster than the same loop: the batch ran unqueued).
+- autogemm.grouped_matmul, told the routing bucket (`routing=`): what it serves, host checks included: the
+  tuned grouped kernel where the problem's record of that bucket kept one (`autogemm tune --groups E
+  --routing R`), else torch._grouped_mm, or the loop where each expert's product fills the GPU by itself.
+  Where it serves the loop, the loop's time stands for it: it reads the offsets on the host each call, a
+  sync that GPU time behind the gate cannot measure (timed so, it read 11-15% faster than the same loop:
+  the batch ran unqueued).
 
 Timing: GPU time, back-to-back calls behind the gate (`autogemm.measure.timing.gpu_time`), the same for
 every competitor, in two rounds (the second in reverse order), each competitor's faster round kept. Ratios: the loop's time / the competitor's (> 1: faster than the loop), and
@@ -38,10 +40,11 @@ sys.path.insert(0, str(HERE))
 
 from bench_common import geomean, results_path  # noqa: E402
 
+from autogemm.routing import ROUTINGS, counts_for  # noqa: E402
+
 LAYERS = {"Mixtral-8x7B": (8, 4096, 14336), "Qwen3-30B-A3B-like N=1536": (128, 2048, 1536),
           "Qwen3-30B-A3B-like N=768": (128, 2048, 768)}  # (E, K, N)
 TOKENS = (4096, 65536)
-ROUTINGS = ("uniform", "skewed")
 GPU_TIME_MS = 60.0
 LOOP, TORCH, SERVED = "loop of torch.matmul", "torch._grouped_mm", "autogemm.grouped_matmul"
 KERNEL = "autogemm grouped kernel"
@@ -49,21 +52,6 @@ KERNEL = "autogemm grouped kernel"
 # 128 x 128 tiles, pingpong, and one consumer on 64-row tiles for groups of few rows
 GROUPED_CONFIGS = ("hopper_128x256x64_w64x256_s3_g8_k1_o1_p", "hopper_128x128x64_w64x128_s5_g8_k1_o1_p",
                    "hopper_128x128x64_w64x128_s4_g8_k1_o1_p_pp", "hopper_64x128x64_w64x128_s6_g8_k1_o1_p")
-
-
-def counts_for(experts: int, tokens: int, routing: str) -> list[int]:
-    """Rows per expert, summing to `tokens`."""
-    import numpy as np
-
-    if routing == "uniform":
-        weights = np.ones(experts)
-    else:  # skewed: 1/rank^1.2, the ranks shuffled so that the heavy experts are not all first
-        weights = 1.0 / np.arange(1, experts + 1) ** 1.2
-        np.random.default_rng(experts).shuffle(weights)
-    counts = np.floor(weights / weights.sum() * tokens).astype(int)
-    counts[np.argsort(-weights)[: tokens - counts.sum()]] += 1  # the remainder to the heaviest
-    assert counts.sum() == tokens
-    return counts.tolist()
 
 
 def measure(torch, label: str, experts: int, k: int, n: int, tokens: int, routing: str) -> dict:
@@ -89,11 +77,14 @@ def measure(torch, label: str, experts: int, k: int, n: int, tokens: int, routin
                 torch.matmul(a[ends[e]:ends[e + 1]], b[e], out=out[ends[e]:ends[e + 1]])
         return out
 
-    calls = {LOOP: loop, SERVED: lambda: autogemm.grouped_matmul(a, b, offsets)}
+    calls = {LOOP: loop, SERVED: lambda: autogemm.grouped_matmul(a, b, offsets, routing=routing)}
     # where grouped_matmul serves the loop, it reads the offsets on the host each call: a sync inside the call,
     # which GPU time behind the gate cannot measure (the batch no longer queues); the loop's own time stands
     # for it (the same kernels; the sync costs the host, not the GPU)
-    serves_loop = grouped._loop_fills_the_gpu(torch, grouped.check_grouped(a, b, offsets, masked=False))
+    call = grouped.check_grouped(a, b, offsets, masked=False)
+    plan = grouped.kernel_plan(call, routing)
+    serves_loop = plan is None and grouped._loop_fills_the_gpu(torch, call)
+    served = f"tuned {plan.config.name}" if plan is not None else "loop" if serves_loop else TORCH
     grouped_mm = getattr(torch, "_grouped_mm", None)
     if grouped_mm is not None:
         calls[TORCH] = lambda: grouped_mm(a, b, offs=offs)
@@ -142,7 +133,7 @@ def measure(torch, label: str, experts: int, k: int, n: int, tokens: int, routin
         errors[KERNEL] = kernel_errors[best]
     row = {"label": label, "experts": experts, "k": k, "n": n, "tokens": tokens, "routing": routing,
            "counts_min": min(counts), "counts_max": max(counts), "us": times, "errors": errors,
-           "served": "loop" if serves_loop else TORCH, "kernel": best, "kernels_us": kernel_us,
+           "served": served, "kernel": best, "kernels_us": kernel_us,
            "tflops": {name: flops / (us * 1e-6) / 1e12 for name, us in times.items()}}
     print(f"{label:<30} {tokens:>6} {routing:<8} " + "  ".join(f"{name} {us:9.1f} us" for name, us in times.items()),
           flush=True)
@@ -157,8 +148,9 @@ def report(rows: list[dict], device_name: str) -> str:
              "faster of two rounds (the second in reverse order). "
              f"Ratios: the {LOOP}'s time / the competitor's (> 1: faster than the loop, whose offsets were read on "
              f"the host beforehand). {KERNEL}: the Hopper family's grouped kernel, the fastest of "
-             f"{', '.join(GROUPED_CONFIGS)}, untuned. {SERVED} serves torch._grouped_mm, or the loop where each "
-             "expert's product fills the GPU by itself: not the grouped kernel yet.", ""]
+             f"{', '.join(GROUPED_CONFIGS)}, untuned. {SERVED} (told the routing bucket) serves the tuned grouped kernel "
+             "where the problem's record of that bucket kept one, else torch._grouped_mm, or the loop where each "
+             "expert's product fills the GPU by itself.", ""]
     for name in (TORCH, SERVED):
         ratios = [r["us"][LOOP] / r["us"][name] for r in rows if name in r["us"]]
         if ratios:
@@ -174,7 +166,9 @@ def report(rows: list[dict], device_name: str) -> str:
                      f"(min {min(against_torch):.3f}x)")
     both = [r["us"][TORCH] / r["us"][SERVED] for r in rows if TORCH in r["us"] and SERVED in r["us"]]
     if both:
-        lines.append(f"- {SERVED} against torch._grouped_mm: geomean **{geomean(both):.3f}x** (min {min(both):.3f}x)")
+        tuned = sum(1 for r in rows if r["served"].startswith("tuned"))
+        lines.append(f"- {SERVED} against torch._grouped_mm: geomean **{geomean(both):.3f}x** (min {min(both):.3f}x), "
+                     f"the tuned kernel on {tuned} of {len(rows)} problems")
     lines += ["", "| layer | E | K | N | rows | routing | rows an expert (min-max) | loop us | torch._grouped_mm us | "
                   "served | served us | torch / loop | served / loop | served TFLOP/s | error torch | error served | kernel | "
                   "kernel us | kernel / loop | kernel / torch | kernel TFLOP/s | error kernel |",

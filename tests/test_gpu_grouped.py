@@ -184,3 +184,89 @@ def test_the_grouped_hopper_kernel_matches_the_reference(structure, b_k_major, c
     torch.cuda.synchronize()
     expected = _reference(a.float().cpu(), b.float().cpu(), counts, None, None)
     _close(out.float().cpu().numpy(), expected, "bfloat16")
+
+
+@pytest.mark.parametrize("b_k_major", [False, True], ids=["b N-major", "b K-major"])
+def test_a_tuned_grouped_kernel_serves_grouped_matmul_and_is_captured(b_k_major):
+    """Records of both routing buckets that kept one grouped kernel: grouped_matmul launches it (int64
+    offsets converted on the GPU, bias and activation after it), and a CUDA graph captures the call."""
+    torch = _torch()
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the grouped kernel is the Hopper family's (sm_90)")
+    import autogemm
+    from autogemm.families.hopper import HopperConfig
+    from autogemm.gpu.grouped_launch import grouped_problem
+    from autogemm.gpu.launch import current_device
+    from autogemm.results.cache import TuningCache
+    from autogemm.serving.grouped import _KernelPlan, check_grouped, kernel_plan
+    from test_gpu_capture import _record
+
+    config = HopperConfig(**KERNELS["two consumers"])
+    experts, total = len(COUNTS), sum(COUNTS)
+    for routing in ("uniform", "skewed"):
+        problem = grouped_problem(total, N, K, experts, "bfloat16", b_k_major, routing)
+        TuningCache().store(_record(problem, config), current_device().slug)
+    autogemm.reset()
+    generator = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.randn(total, K, device="cuda", generator=generator).to(torch.bfloat16)
+    weights = torch.randn(experts, N, K, device="cuda", generator=generator).to(torch.bfloat16)
+    b = weights.transpose(1, 2) if b_k_major else weights.transpose(1, 2).contiguous()
+    offsets = torch.tensor([0, *np.cumsum(COUNTS)], device="cuda", dtype=torch.int64)
+    bias = torch.randn(experts, N, device="cuda", generator=generator).to(torch.bfloat16)
+    plan = kernel_plan(check_grouped(a, b, offsets, bias, "silu", masked=False), None)
+    assert isinstance(plan, _KernelPlan) and plan.config == config
+    out = torch.full((total, N), float("nan"), device="cuda", dtype=torch.bfloat16)  # poisoned
+    grouped_matmul(a, b, offsets, out=out, bias=bias, activation="silu")
+    expected = _reference(a.float().cpu(), b.float().cpu(), COUNTS, bias.float().cpu(), "silu")
+    _close(out.float().cpu().numpy(), expected, "bfloat16")
+    captured = torch.full((total, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        grouped_matmul(a, b, offsets, out=captured)
+    graph.replay()
+    torch.cuda.synchronize()
+    _close(captured.float().cpu().numpy(), _reference(a.float().cpu(), b.float().cpu(), COUNTS, None, None), "bfloat16")
+    # a bucket named by the caller takes its own record; an untuned shape is torch's
+    assert kernel_plan(check_grouped(a, b, offsets, masked=False), "skewed") is not None
+    assert kernel_plan(check_grouped(a[:-1], b, offsets, masked=False), None) is None
+
+
+def test_a_grouped_problem_tunes_against_torch_and_its_record_serves():
+    """`autogemm tune --groups 8 --routing skewed`: candidates verified group by group against float64 and timed
+    against torch._grouped_mm and the loop; the record, filed under the grouped key, is what grouped_matmul
+    serves when told the bucket, and `cache verify` verifies it again."""
+    torch = _torch()
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the grouped kernel is the Hopper family's (sm_90)")
+    import subprocess
+    import sys
+
+    import autogemm
+    from autogemm.gpu.grouped_launch import grouped_problem
+    from autogemm.gpu.launch import current_device
+    from autogemm.measure.grouped_measuring import LOOP, TORCH_GROUPED
+    from autogemm.results.cache import TuningCache
+    from autogemm.routing import offsets_for
+    from autogemm.serving.grouped import check_grouped, kernel_plan
+    from test_gpu_tuner import _tune
+
+    out = _tune("--M", "1000", "--N", "256", "--K", "128", "--groups", "8", "--routing", "skewed", "--dtype",
+                "bfloat16", "--layout", "nt", "--trials", "3", "--timeout", "20")
+    problem = grouped_problem(1000, 256, 128, 8, "bfloat16", True, "skewed")
+    assert out["problem"] == problem.key and out["trials"]["valid"] >= 1
+    record, _ = TuningCache().lookup(problem, current_device().slug)
+    # both baselines timed (torch._grouped_mm on the offsets as int32: read as the operands' type, they were
+    # garbage, and torch refused or hung)
+    assert set(record.baselines) == ({LOOP, TORCH_GROUPED} if hasattr(torch, "_grouped_mm") else {LOOP})
+    autogemm.reset()
+    a = torch.randn(1000, 128, device="cuda").to(torch.bfloat16)
+    b = torch.randn(8, 256, 128, device="cuda").to(torch.bfloat16).transpose(1, 2)
+    offsets = torch.tensor(offsets_for(8, 1000, "skewed"), device="cuda", dtype=torch.int32)
+    plan = kernel_plan(check_grouped(a, b, offsets, masked=False), "skewed")
+    assert (plan is None) == record.is_cublas and kernel_plan(check_grouped(a, b, offsets, masked=False), None) is None
+    result = grouped_matmul(a, b, offsets, routing="skewed")
+    counts = [end - start for start, end in zip(offsets_for(8, 1000, "skewed"), offsets_for(8, 1000, "skewed")[1:])]
+    _close(result.float().cpu().numpy(), _reference(a.float().cpu(), b.float().cpu(), counts, None, None), "bfloat16")
+    verified = subprocess.run([sys.executable, "-m", "autogemm.cli", "cache", "verify"], capture_output=True,
+                              text=True, timeout=300)
+    assert verified.returncode == 0 and problem.key in verified.stdout, verified.stdout + verified.stderr

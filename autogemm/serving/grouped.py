@@ -11,27 +11,43 @@ counts on the GPU; rows of `out` from counts[e] on are left as the padding compu
 capturable in CUDA graphs. `bias` is (E, N), one row per expert; `activation` one of
 `autogemm.epilogue.ACTIVATIONS`.
 
-What serves a call today (the Hopper family's grouped kernel, `gpu/grouped_launch.py`, is not served until
-it is tuned and recorded): on PyTorch tensors, `torch._grouped_mm`
-where it takes the problem (one launch, no host sync), unless each expert's product fills the GPU by itself
-(`LOOP_WAVES`); else a loop of `torch.matmul` over the experts, which reads the offsets on the host (never
-inside a CUDA graph capture); the masked variant is one batched `torch.bmm`. CuPy
-arrays go through a loop of `cupy.matmul`, and `cupy.matmul` batched for the masked variant. Every argument
-is checked first; each fault is named (shape, dtype, device, layout) before anything runs.
+What serves a call on PyTorch tensors:
+- the Hopper family's grouped kernel (`gpu/grouped_launch.py`, one launch, no host sync) where this very
+  problem (E, total_M, K, N, dtype, b's layout) has records on this GPU that kept it (`autogemm tune
+  --groups E --routing ...`). A record is of one routing bucket (`autogemm.routing`), and the host cannot see
+  a call's routing without reading the offsets: the caller names it (`routing=`), or else the kernel serves
+  only where both buckets' records kept the same kernel (it beat torch under either);
+- else `torch._grouped_mm` where it takes the problem (one launch, no host sync), unless each expert's
+  product fills the GPU by itself (`LOOP_WAVES`);
+- else a loop of `torch.matmul` over the experts, which reads the offsets on the host (never inside a CUDA
+  graph capture).
+The masked variant is one batched `torch.bmm`. CuPy arrays go through a loop of `cupy.matmul`, and
+`cupy.matmul` batched for the masked variant. Every argument is checked first; each fault is named (shape,
+dtype, device, layout) before anything runs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from .. import dtypes
 from ..epilogue import ACTIVATIONS, activate
+from ..families.hopper import TMA_ALIGN_BYTES
+from ..gpu.grouped_launch import grouped_problem
+from ..gpu.launch import device_info, launcher, prepare
+from ..gpu.operands import KernelOperand
+from ..gpu.runtime import cupy_stream
+from ..problem import Device, Problem
+from ..routing import ROUTINGS
+from .dispatch import dispatcher
 from .torch_tensors import is_tensor
 
 DTYPES = ("float16", "bfloat16", "float32")
+GROUPED_KERNEL_DTYPES = ("float16", "bfloat16")  # what the grouped kernel is tuned and served for
+MAX_PLANS = 256  # kernel plans kept (the memo is emptied when full; a dropped plan is made again)
 INDEX_DTYPES = ("int32", "int64")
 
 
@@ -153,12 +169,15 @@ def _contiguous_strides(shape: tuple) -> tuple:
 
 
 def grouped_matmul(a: Any, b: Any, offsets: Any, *, out: Any = None, bias: Any = None,
-                   activation: str | None = None) -> Any:
+                   activation: str | None = None, routing: str | None = None) -> Any:
     """act(a[rows of e] @ b[e] + bias[e]) for each expert e, the rows of e being offsets[e]:offsets[e+1]
-    (the module's docstring says what each argument is)."""
+    (the module's docstring says what each argument is). `routing`: how the rows fall to the experts, where
+    the caller knows it (one of autogemm.routing.ROUTINGS), which picks the tuned kernel of that bucket."""
     call = check_grouped(a, b, offsets, bias, activation, masked=False, out=out)
+    if routing is not None and routing not in ROUTINGS:
+        raise ValueError(f"routing must be one of {', '.join(ROUTINGS)} (or None: not known), got {routing!r}")
     if is_tensor(a):
-        return _torch_grouped(call, a, b, offsets, out, bias)
+        return _torch_grouped(call, a, b, offsets, out, bias, routing)
     return _cupy_loop(call, a, b, offsets, out, bias)
 
 
@@ -179,6 +198,77 @@ def grouped_matmul_masked(a: Any, b: Any, counts: Any, *, out: Any = None, bias:
     return _cupy_epilogue(call, result, bias[:, None, :] if bias is not None else None)
 
 
+# ---- the tuned grouped kernel ---------------------------------------------------------------------------
+def tuned_grouped_config(lookup, call: GroupedCall, routing: str | None, device: Device):
+    """The generated kernel's config that serves `call` on `device`, or None (torch serves). `lookup(problem)`
+    is (record, source) of a problem's current record, or None. The routing bucket the caller names takes
+    its record; with none named, both buckets' records must have kept the same kernel, since the call's
+    routing cannot be seen on the host without a sync."""
+    if call.masked or call.dtype not in GROUPED_KERNEL_DTYPES or not call.rows:
+        return None
+    chosen = {}
+    for bucket in (routing,) if routing else ROUTINGS:
+        problem = grouped_problem(call.rows, call.n, call.k, call.experts, call.dtype, call.b_k_major, bucket)
+        found = lookup(problem)
+        if found is None or found[0].is_cublas:
+            return None
+        config = found[0].config_object
+        if config.check(problem, device):
+            return None
+        chosen[config.name] = (config, problem)
+    return next(iter(chosen.values())) if len(chosen) == 1 else None
+
+
+class _KernelPlan:
+    """A tuned grouped kernel, launched on every call with that call's addresses and stream."""
+
+    def __init__(self, config, problem: Problem, ordinal: int):
+        self.config, self.problem = config, problem
+        a = KernelOperand(False, problem.k, 0, 0)
+        b = KernelOperand(problem.trans_b, problem.k if problem.trans_b else problem.n, problem.k * problem.n, 0)
+        c = KernelOperand(False, problem.n, 0, 0)
+        widths = config.vector_widths(a, b, c, 1)
+        self.launch = launcher(prepare(config, problem, widths, device_info(ordinal)), a, b, c, ordinal=ordinal)
+        self.ordinal = ordinal
+        self.streams: dict = {}  # PyTorch's stream handle -> its CuPy stream object (what the launcher takes)
+
+    def run(self, torch, a, b, offsets, out) -> bool:
+        """Launches on the current stream; False (nothing launched) where the operands are not the dense,
+        16-byte aligned arrays the kernel's tensor maps address."""
+        dense_b = b.transpose(1, 2).is_contiguous() if self.problem.trans_b else b.is_contiguous()
+        if not (a.is_contiguous() and dense_b and out.is_contiguous()) or \
+                (a.data_ptr() | b.data_ptr() | out.data_ptr()) % TMA_ALIGN_BYTES:
+            return False
+        if offsets.dtype != torch.int32:
+            offsets = offsets.to(torch.int32)  # (the kernel reads int32 offsets; a conversion on the GPU)
+        pointer = torch.cuda.current_stream(a.device).cuda_stream
+        stream = self.streams.get(pointer)
+        if stream is None:
+            stream = self.streams.setdefault(pointer, cupy_stream(pointer, self.ordinal))
+        self.launch(a.data_ptr(), b.data_ptr(), out.data_ptr(), 1.0, 0.0, stream, 0, 0, 0, 0, offsets.data_ptr())
+        return True
+
+
+def kernel_plan(call: GroupedCall, routing: str | None):
+    """The _KernelPlan of `call` (and the routing its caller named), or None: from the process's Dispatcher,
+    made on the first call of this problem (emptied by autogemm.reset())."""
+    # (keyed by the product alone: the bias and activation run after the kernel, and a call with another one
+    # finds the plan made, even inside a CUDA graph capture, where loading a module is not allowed)
+    memo, key = dispatcher().grouped, (replace(call, bias=False, activation=""), routing)
+    try:
+        return memo[key]
+    except KeyError:
+        pass
+    device = device_info(call.device)
+    cache = dispatcher().cache
+    tuned = tuned_grouped_config(lambda problem: cache.lookup(problem, device.slug), call, routing, device)
+    plan = _KernelPlan(*tuned, call.device) if tuned is not None else None
+    with dispatcher().lock:
+        if len(memo) >= MAX_PLANS:
+            memo.clear()
+        return memo.setdefault(key, plan)
+
+
 _TORCH_REFUSED: set = set()  # (dtype, K-major b, K, N, GPU) torch._grouped_mm refused: the loop serves them
 
 
@@ -197,9 +287,14 @@ def _loop_fills_the_gpu(torch, call: GroupedCall) -> bool:
     return tiles >= LOOP_WAVES * sms and not torch.cuda.is_current_stream_capturing()
 
 
-def _torch_grouped(call: GroupedCall, a, b, offsets, out, bias):
+def _torch_grouped(call: GroupedCall, a, b, offsets, out, bias, routing: str | None = None):
     import torch  # (lazy: torch)
 
+    plan = kernel_plan(call, routing)
+    if plan is not None:
+        result = out if out is not None else torch.empty((call.rows, call.n), dtype=a.dtype, device=a.device)
+        if plan.run(torch, a, b, offsets, result):
+            return _torch_epilogue(call, result, _rows_bias(torch, call, offsets, bias))
     key = (call.dtype, call.b_k_major, call.k, call.n, call.device)
     grouped_mm = getattr(torch, "_grouped_mm", None)
     if grouped_mm is not None and key not in _TORCH_REFUSED and call.rows and not _loop_fills_the_gpu(torch, call):
