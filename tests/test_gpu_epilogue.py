@@ -216,6 +216,7 @@ def test_a_repeated_call_on_tensors_takes_the_fast_path_with_the_same_result(gat
     torch = pytest.importorskip("torch")
     from autogemm.serving import dispatch
 
+    torch.manual_seed(7)
     x = torch.randn(24, 256, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(2 * 192 if gated else 192, 256, device="cuda", dtype=torch.bfloat16) / 16
     bias = torch.randn(w.shape[0], device="cuda", dtype=torch.bfloat16)
@@ -230,9 +231,11 @@ def test_a_repeated_call_on_tensors_takes_the_fast_path_with_the_same_result(gat
     x.copy_(torch.randn_like(x))
     third = autogemm.linear(x, w, bias, activation="silu", residual=residual, gated=gated)
     y = x.double() @ w.double().T + bias.double()
-    expected = (torch.nn.functional.silu(y[:, :192]) * y[:, 192:] if gated else torch.nn.functional.silu(y)) \
-        + residual.double()
-    assert torch.allclose(third.double(), expected, rtol=2e-2, atol=2e-2)
+    product = torch.nn.functional.silu(y[:, :192]) * y[:, 192:] if gated else torch.nn.functional.silu(y)
+    expected = product + residual.double()
+    # BF16 roundings of the terms (the product's halves, the product, the sum): bounded by the terms' size,
+    # not the sum's, which cancels where the residual meets the product (an unseeded run failed so)
+    assert bool(((third.double() - expected).abs() <= 2e-2 * (product.abs() + residual.double().abs() + 1)).all())
 
 
 def test_the_packed_pass_and_the_element_wise_pass_write_the_same_d():
