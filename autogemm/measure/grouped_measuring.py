@@ -20,7 +20,7 @@ from ..gpu.grouped_launch import bind_grouped
 from ..problem import Device, Problem
 from ..routing import offsets_for
 from .bench import Verdict, check_result, poison, random_uniform, rotation_count, warm_up
-from .measuring import FIRST_BASELINE_MS, GpuMeasurer
+from .measuring import FIRST_BASELINE_MS, GpuMeasurer, import_torch
 from .timing import TARGET_MS, gpu_time
 
 TORCH_GROUPED = "torch._grouped_mm"
@@ -33,20 +33,12 @@ class GroupedMeasurer(GpuMeasurer):
     (bfloat16 as uint16 bits), with torch views of them for the baselines."""
 
     def __init__(self, problem: Problem, device: Device, seed: int = 0):
-        import cupy  # (lazy: CuPy)
-
-        try:
-            import torch  # (lazy: PyTorch, the baselines)
-        except ImportError:
-            raise ValueError(f"{problem}: a grouped tune times its kernels against torch._grouped_mm and a loop of "
-                             "torch.matmul: install PyTorch") from None
+        self._torch = import_torch(problem, f"{TORCH_GROUPED} and a {LOOP}")
         if problem.dtype not in GROUPED_DTYPES or problem.trans_a or not problem.epilogue.is_identity:
             raise ValueError(f"{problem}: grouped products are tuned in {' or '.join(GROUPED_DTYPES)}, A stored M x K "
                              "(layout NN or NT), without an epilogue, as grouped_matmul serves them")
-        self.problem, self.device, self._cupy, self._torch = problem, device, cupy, torch
-        self._rng = cupy.random.default_rng(seed)
-        self.poisoned = ""
-        self.epilogue = problem.epilogue
+        self._attach(problem, device, seed)
+        cupy = self._cupy
         self.ends = offsets_for(problem.batch, problem.m, problem.routing)
         self.offsets = cupy.asarray(self.ends, dtype=cupy.int32)
         p = problem

@@ -79,6 +79,16 @@ class Measurement:
         return {k: v for k, v in asdict(self).items() if v not in ("", None)}
 
 
+def import_torch(problem: Problem, baseline: str):
+    """PyTorch, which a measurer's baseline needs (ValueError naming the problem and the baseline where
+    it is not installed)."""
+    try:
+        import torch  # (lazy: PyTorch, a measurer's baseline)
+    except ImportError:
+        raise ValueError(f"{problem}: its tune times its kernels against {baseline}: install PyTorch") from None
+    return torch
+
+
 def failure_from_exception(exc: BaseException) -> Measurement:
     """An unexpected exception while measuring one candidate, as its failure: kind "error", the
     exception and the innermost frames of its traceback (where to look for the bug)."""
@@ -100,13 +110,7 @@ class GpuMeasurer:
     against float64 on fresh random inputs (output poisoned with NaN), timing, cuBLAS baseline."""
 
     def __init__(self, problem: Problem, device: Device, seed: int = 0):
-        import cupy  # (lazy: CuPy)
-
-        self.problem, self.device = problem, device
-        self._cupy = cupy
-        self._rng = cupy.random.default_rng(seed)
-        self.poisoned = ""  # set to the error once the CUDA context is unusable
-        self.epilogue = problem.epilogue
+        self._attach(problem, device, seed)
         if self.epilogue.out_dtype or self.epilogue.gated:
             raise ValueError(f"the epilogue {self.epilogue} is not measured: a fused kernel writes D in the operands' "
                              "dtype, without a gate (matmul serves those with the pass)")
@@ -119,6 +123,17 @@ class GpuMeasurer:
         self.baselines: dict[str, float] = {}  # ms of each baseline, from the last timing
         warm_up(self._served()[0])
         self.cublas_ms = self.time_cublas(target_ms=FIRST_BASELINE_MS)
+
+    def _attach(self, problem: Problem, device: Device, seed: int) -> None:
+        """What every measurer holds: the problem, the device, CuPy, the verification's random
+        generator, and whether the CUDA context is still usable."""
+        import cupy  # (lazy: CuPy)
+
+        self.problem, self.device = problem, device
+        self._cupy = cupy
+        self._rng = cupy.random.default_rng(seed)
+        self.poisoned = ""  # set to the error once the CUDA context is unusable
+        self.epilogue = problem.epilogue
 
     def _shapes(self):
         p = self.problem

@@ -21,7 +21,7 @@ from ..families import config_from_name
 from ..gpu.scaled_launch import DEFAULT_BLOCK_CONFIG, bind_scaled, torch_scales, torch_takes
 from ..problem import Device, Problem
 from .bench import Verdict, check_epilogue_result, poison, rotation_count, warm_up
-from .measuring import FIRST_BASELINE_MS, GpuMeasurer
+from .measuring import FIRST_BASELINE_MS, GpuMeasurer, import_torch
 from .timing import TARGET_MS, gpu_time
 
 SCALED_MM = "torch._scaled_mm"  # the baseline's name in records
@@ -39,20 +39,11 @@ class ScaledMeasurer(GpuMeasurer):
     the bias beside them (`_extras`); its fallback is what scaled_matmul serves untuned (`_served`)."""
 
     def __init__(self, problem: Problem, device: Device, seed: int = 0):
-        import cupy  # (lazy: CuPy)
-
-        try:
-            import torch  # (lazy: PyTorch, the baseline)
-        except ImportError:
-            raise ValueError(f"{problem}: an FP8 tune times its kernels against torch._scaled_mm: install "
-                             "PyTorch") from None
+        self._torch = import_torch(problem, SCALED_MM)
         if problem.layout != "nt" or problem.batch != 1:
             raise ValueError(f"{problem}: FP8 products are tuned in layout NT (A M x K, B N x K) without a batch, "
                              "as scaled_matmul serves them")
-        self.problem, self.device, self._cupy, self._torch = problem, device, cupy, torch
-        self._rng = cupy.random.default_rng(seed)
-        self.poisoned = ""
-        self.epilogue = problem.epilogue
+        self._attach(problem, device, seed)
         self.out_dtype = self.epilogue.output_dtype(problem.dtype)
         per_set = problem.m * problem.k + problem.n * problem.k + 2 * problem.m * problem.n
         count = rotation_count(per_set, device.l2_bytes)
