@@ -91,6 +91,19 @@ def test_grids_expand_with_n_and_k_defaulting_to_m_and_duplicates_once():
     assert (campaign.tune_options.timeout, campaign.tune_options.trials, campaign.devices) == (5.0, 30, "all")
 
 
+def test_grouped_problems_expand_over_their_groups_and_routing_buckets():
+    campaign = parse_campaign({
+        "campaign": {"name": "moe"},
+        "problems": [{"M": [4096, 65536], "N": 768, "K": 2048, "groups": 128, "routing": ["uniform", "skewed"],
+                      "dtype": "bfloat16", "layout": "nt"},
+                     {"M": 4096, "N": 14336, "K": 4096, "groups": [8], "dtype": "bfloat16", "layout": "nt"}]})
+    keys = [p.key for p in campaign.problems]
+    assert len(keys) == 5 and all(p.grouped for p in campaign.problems)
+    assert "bfloat16/fp32/nt/g128-skewed/65536x768x2048" in keys and "bfloat16/fp32/nt/g8-uniform/4096x14336x4096" in keys
+    shipped = load_campaign(Path(__file__).resolve().parent.parent / "campaigns" / "grouped.toml")
+    assert len(shipped.problems) == 12 and {p.routing for p in shipped.problems} == {"uniform", "skewed"}
+
+
 @pytest.mark.parametrize("data, fault", [
     ({"problems": [{"M": 1}]}, "[campaign] table"),
     ({"campaign": {"name": "a b"}, "problems": [{"M": 1}]}, "campaign.name"),
@@ -106,6 +119,10 @@ def test_grids_expand_with_n_and_k_defaulting_to_m_and_duplicates_once():
     ({"campaign": {"name": "x", "devices": ["../etc"]}, "problems": [{"M": 8}]}, "campaign.devices"),
     ({"campaign": {"name": "x", "timeout": -1}, "problems": [{"M": 8}]}, "campaign.timeout"),
     ({"campaign": {"name": "x", "seed": 1.5}, "problems": [{"M": 8}]}, "campaign.seed"),
+    ({"campaign": {"name": "x"}, "problems": [{"M": 8, "groups": 4, "batch": 2}]}, "both groups"),
+    ({"campaign": {"name": "x"}, "problems": [{"M": 8, "routing": "skewed"}]}, "give groups too"),
+    ({"campaign": {"name": "x"}, "problems": [{"M": 8, "groups": 4, "routing": "zipf"}]}, "problems[0].routing"),
+    ({"campaign": {"name": "x"}, "problems": [{"M": 8, "groups": 4}]}, "grouped products are tuned in"),  # float32
 ])
 def test_a_bad_campaign_file_is_refused_with_its_fault_named(data, fault):
     with pytest.raises(CampaignFileError, match=fault.replace("[", r"\[").replace("]", r"\]")):

@@ -20,6 +20,15 @@
     [[problems]]                  # or explicit shapes
     shapes = [[127, 4096, 4096], [8192, 64, 8192]]
 
+    [[problems]]                  # grouped products (mixture-of-experts layers): M rows in all over the groups
+    M = [4096, 65536]
+    N = 768
+    K = 2048
+    groups = 128                  # instead of batch
+    routing = ["uniform", "skewed"]   # autogemm.routing's buckets (default uniform)
+    dtype = "bfloat16"
+    layout = "nt"
+
 Everything is checked before anything runs; a fault names the table, the key and the value. A
 problem listed twice is tuned once. The size of a campaign is counted from its lists before any
 problem is made (a few lines of TOML can ask for billions), across every table.
@@ -43,6 +52,8 @@ from pathlib import Path
 
 from ..epilogue import Epilogue, require_measurable
 from ..problem import LAYOUTS, Problem
+from ..measure.grouped_measuring import require_groupable
+from ..routing import ROUTINGS
 from ..results.url_secrets import shown_url
 from ..tuning.options import TuneOptions
 
@@ -50,7 +61,7 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 STORAGE_SCHEMES = ("sqlite:///", "postgresql://", "postgresql+psycopg2://", "postgresql+psycopg://",
                    "mysql+pymysql://", "journal:///")
 CAMPAIGN_KEYS = {"name", "storage", "devices", "timeout", "trials", "seed", "grace", "patience", "cache_dir"}
-PROBLEM_KEYS = {"M", "N", "K", "shapes", "dtype", "compute", "layout", "batch", "epilogue"}
+PROBLEM_KEYS = {"M", "N", "K", "shapes", "dtype", "compute", "layout", "batch", "epilogue", "groups", "routing"}
 # Bounds that keep a campaign file from stopping the parser or every worker, each read in well under
 # a second: problems in all (at 10 s each, 10,000 are days of one GPU; the shipped campaign has
 # 103); the file's size (256 KiB: 10,000 explicit shapes; Python's TOML parser reads dense arrays
@@ -171,7 +182,7 @@ def _problem_count(table: dict, where: str) -> int:
         count = len(shapes)
     else:
         count = length("M") * length("N") * length("K")
-    for key in ("dtype", "compute", "layout", "batch", "epilogue"):
+    for key in ("dtype", "compute", "layout", "batch", "epilogue", "groups", "routing"):
         count *= length(key)
     return count
 
@@ -211,7 +222,15 @@ def _problems_of(table, where: str, room: int) -> list[Problem]:
     for layout in layouts:
         if layout not in LAYOUTS:
             raise CampaignFileError(f"{where}.layout must be one of {', '.join(LAYOUTS)}, got {_shown(layout)}")
-    batches = _sizes(table, "batch", where, 1)
+    if "groups" in table and "batch" in table:
+        raise CampaignFileError(f"{where} gives both groups (grouped products) and batch (strided batches); use one")
+    if "routing" in table and "groups" not in table:
+        raise CampaignFileError(f"{where}.routing is for grouped products: give groups too")
+    if "groups" in table:  # (count, grouped, routing bucket) of each kind of product the table makes
+        routings = _strings(table, "routing", where, ROUTINGS[0], ROUTINGS)
+        kinds = [(groups, True, routing) for groups in _sizes(table, "groups", where, None) for routing in routings]
+    else:
+        kinds = [(batch, False, "") for batch in _sizes(table, "batch", where, 1)]
     epilogues = []
     for key in _strings(table, "epilogue", where, ""):
         try:
@@ -220,11 +239,14 @@ def _problems_of(table, where: str, room: int) -> list[Problem]:
             raise CampaignFileError(f"{where}.epilogue {_shown(key)}: {exc}") from None
         epilogues.append(epilogue)
     problems = []
-    for (m, n, k), dtype, compute, layout, batch, epilogue in itertools.product(triples, dtypes, computes, layouts,
-                                                                              batches, epilogues):
+    for (m, n, k), dtype, compute, layout, (batch, grouped, routing), epilogue in itertools.product(
+            triples, dtypes, computes, layouts, kinds, epilogues):
         try:
-            problem = Problem.from_layout(m, n, k, layout, batch=batch, dtype=dtype, compute=compute, epilogue=epilogue)
+            problem = Problem.from_layout(m, n, k, layout, batch=batch, dtype=dtype, compute=compute, epilogue=epilogue,
+                                          grouped=grouped, routing=routing)
             require_measurable(problem, "not tuned")
+            if grouped:
+                require_groupable(problem)
         except (TypeError, ValueError) as exc:
             raise CampaignFileError(f"{where}: {exc}") from None
         problems.append(problem)

@@ -28,15 +28,21 @@ LOOP = "loop of torch.matmul"
 GROUPED_DTYPES = ("float16", "bfloat16")
 
 
+def require_groupable(problem: Problem) -> None:
+    """ValueError where a grouped problem is not one this measurer tunes: FP16 or BF16, A stored M x K
+    (layout NN or NT), no epilogue, as grouped_matmul serves them."""
+    if problem.dtype not in GROUPED_DTYPES or problem.trans_a or not problem.epilogue.is_identity:
+        raise ValueError(f"{problem}: grouped products are tuned in {' or '.join(GROUPED_DTYPES)}, A stored M x K "
+                         "(layout NN or NT), without an epilogue, as grouped_matmul serves them")
+
+
 class GroupedMeasurer(GpuMeasurer):
     """GpuMeasurer of a grouped product (module docstring). Its input sets are (A, B, C) as CuPy arrays
     (bfloat16 as uint16 bits), with torch views of them for the baselines."""
 
     def __init__(self, problem: Problem, device: Device, seed: int = 0):
         self._torch = import_torch(problem, f"{TORCH_GROUPED} and a {LOOP}")
-        if problem.dtype not in GROUPED_DTYPES or problem.trans_a or not problem.epilogue.is_identity:
-            raise ValueError(f"{problem}: grouped products are tuned in {' or '.join(GROUPED_DTYPES)}, A stored M x K "
-                             "(layout NN or NT), without an epilogue, as grouped_matmul serves them")
+        require_groupable(problem)
         self._attach(problem, device, seed)
         cupy = self._cupy
         self.ends = offsets_for(problem.batch, problem.m, problem.routing)
