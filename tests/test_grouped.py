@@ -235,3 +235,18 @@ def test_a_grouped_record_is_no_evidence_for_a_plain_product_and_the_cli_names_g
     for wrong, words in (("--M 64 --routing skewed", "give --groups too"), ("--M 64 --groups 4 --batch 2", "not both")):
         with pytest.raises(CliError, match=words):
             problem_from_args(parser.parse_args(wrong.split()))
+
+
+def test_a_loop_of_launches_is_timed_within_cudas_launch_queue():
+    """A loop baseline of 128 launches a call once ran a tune past its 10 s: its gated batches outgrew CUDA's
+    queue of pending launches, so every sample waited for its gate and was discarded. The batches are cut to
+    the queue; calls of one launch keep the protocol as it was."""
+    from autogemm.measure.timing import MAX_BATCH, MAX_LAUNCHES_IN_FLIGHT, SAMPLES_IN_FLIGHT, launch_limits
+
+    assert launch_limits(1) == (8, MAX_BATCH, SAMPLES_IN_FLIGHT)
+    for launches in (2, 8, 128, 256, 300, MAX_LAUNCHES_IN_FLIGHT):
+        first, batch, in_flight = launch_limits(launches)
+        assert first >= 1 and batch >= 1 and first <= batch
+        assert first * launches <= MAX_LAUNCHES_IN_FLIGHT and batch * launches * (in_flight + 1) <= MAX_LAUNCHES_IN_FLIGHT
+    with pytest.raises(ValueError, match="cannot be timed behind the gate"):
+        launch_limits(MAX_LAUNCHES_IN_FLIGHT + 1)

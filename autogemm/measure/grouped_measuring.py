@@ -121,7 +121,11 @@ class GroupedMeasurer(GpuMeasurer):
         return self._served()
 
     def time_baselines(self, target_ms: float = TARGET_MS) -> dict[str, float]:
-        self.baselines = {name: gpu_time(lambda i, calls=calls: calls[i % len(calls)](), target_ms=target_ms).median_ms
+        """GPU time of each baseline; the loop's calls launch a product per non-empty group, which the
+        gated batches must know (timing.launch_limits)."""
+        groups = sum(1 for start, end in zip(self.ends, self.ends[1:]) if end > start)
+        self.baselines = {name: gpu_time(lambda i, calls=calls: calls[i % len(calls)](), target_ms=target_ms,
+                                         launches_per_call=groups if name == LOOP else 1).median_ms
                           for name, calls in self._baselines().items()}
         return self.baselines
 

@@ -45,6 +45,10 @@ GATE_FACTOR = 1.5
 GATE_SLACK_S = 50e-6
 # samples in flight before the host waits for the oldest (bounds the launch queue)
 SAMPLES_IN_FLIGHT = 2
+# launches queued behind gates at most: CUDA's queue of pending launches holds about a thousand, and a
+# host that fills it waits for the gate to open, its sample discarded, the next gate longer, again and
+# again (a loop of 128 launches a call ran past a tune's 10 s that way)
+MAX_LAUNCHES_IN_FLIGHT = 768
 # latency: calls of each competitor, after warm-up calls
 LATENCY_CALLS = 25
 
@@ -93,13 +97,28 @@ class GpuTime:
         return self.median_ms * 1e3
 
 
+def launch_limits(launches_per_call: int) -> tuple[int, int, int]:
+    """(calls of the first gated batch, calls a sample at most, samples in flight) for calls of
+    `launches_per_call` launches each, so that the launches queued behind gates stay within
+    MAX_LAUNCHES_IN_FLIGHT (one launch a call: 8, MAX_BATCH and SAMPLES_IN_FLIGHT). ValueError where a
+    single call needs more: such a call cannot be timed behind a gate."""
+    if launches_per_call > MAX_LAUNCHES_IN_FLIGHT:
+        raise ValueError(f"a call of {launches_per_call} launches cannot be timed behind the gate (CUDA queues about "
+                         f"{MAX_LAUNCHES_IN_FLIGHT} while the gate holds the GPU)")
+    in_flight = min(SAMPLES_IN_FLIGHT, MAX_LAUNCHES_IN_FLIGHT // launches_per_call - 1)
+    per_sample = max(1, min(MAX_BATCH, MAX_LAUNCHES_IN_FLIGHT // (launches_per_call * (in_flight + 1))))
+    return min(8, per_sample), per_sample, in_flight
+
+
 def gpu_time(call, *, target_ms: float = TARGET_MS, min_samples: int = MIN_SAMPLES, sample_ms: float = SAMPLE_MS,
-             max_calls: int | None = None, stream=None) -> GpuTime:
+             max_calls: int | None = None, stream=None, launches_per_call: int = 1) -> GpuTime:
     """GPU time per call of `call(i)` (i counts calls; a caller rotating input sets uses it), which
     enqueues one call on `stream` (CuPy's current stream when None; a PyTorch call must be on the
-    same stream). Batches of back-to-back calls behind the gate (module docstring)."""
+    same stream). Batches of back-to-back calls behind the gate (module docstring). A call that launches
+    several kernels says how many (`launches_per_call`): the batches are cut to CUDA's launch queue."""
     import cupy  # (lazy: CuPy)
 
+    first_batch, max_batch, in_flight = launch_limits(launches_per_call)
     stream = stream or cupy.cuda.get_current_stream()
     max_calls = MAX_CALLS if max_calls is None else max_calls
     gate = _gate()
@@ -120,12 +139,13 @@ def gpu_time(call, *, target_ms: float = TARGET_MS, min_samples: int = MIN_SAMPL
         stop.synchronize()
         per_call = cupy.cuda.get_elapsed_time(start, stop) / 4
         if per_call < 2 * host_per_call * 1e3:  # the host may have set the pace: ask the GPU behind the gate
-            start, stop, _ = _gated_batch(call, count, 8, gate, GATE_FACTOR * 8 * host_per_call + GATE_SLACK_S, stream)
-            count += 8
+            start, stop, _ = _gated_batch(call, count, first_batch, gate,
+                                          GATE_FACTOR * first_batch * host_per_call + GATE_SLACK_S, stream)
+            count += first_batch
             stop.synchronize()
-            per_call = cupy.cuda.get_elapsed_time(start, stop) / 8
+            per_call = cupy.cuda.get_elapsed_time(start, stop) / first_batch
         per_call = max(per_call, 1e-4)
-        batch = max(1, min(MAX_BATCH, math.ceil(sample_ms / per_call)))
+        batch = max(1, min(max_batch, math.ceil(sample_ms / per_call)))
         hold_s = GATE_FACTOR * batch * host_per_call + GATE_SLACK_S
         samples: list[float] = []
         pending: list[tuple] = []
@@ -147,7 +167,7 @@ def gpu_time(call, *, target_ms: float = TARGET_MS, min_samples: int = MIN_SAMPL
             pending.append(_gated_batch(call, count, batch, gate, hold_s, stream))
             count += batch
             calls += batch
-            if len(pending) > SAMPLES_IN_FLIGHT:
+            if len(pending) > in_flight:
                 take(pending.pop(0))
                 if len(samples) >= min_samples and (total >= target_ms or calls >= max_calls):
                     break
