@@ -250,3 +250,18 @@ def test_a_loop_of_launches_is_timed_within_cudas_launch_queue():
         assert first * launches <= MAX_LAUNCHES_IN_FLIGHT and batch * launches * (in_flight + 1) <= MAX_LAUNCHES_IN_FLIGHT
     with pytest.raises(ValueError, match="cannot be timed behind the gate"):
         launch_limits(MAX_LAUNCHES_IN_FLIGHT + 1)
+
+
+def test_a_grouped_record_is_stored_and_found_under_its_routing_bucket(tmp_path):
+    from autogemm.families.hopper import HopperConfig
+    from autogemm.gpu.grouped_launch import grouped_problem
+    from autogemm.results.cache import TuningCache
+
+    cache = TuningCache(tmp_path, shipped=False)
+    config = HopperConfig(bm=128, bn=128, bk=64, wm=64, wn=128, stages=5)
+    skewed = grouped_problem(4096, 768, 2048, 128, "bfloat16", True, "skewed")
+    cache.store(_grouped_record(skewed, config), "nvidia-h100-80gb-hbm3-sm90")
+    found = TuningCache(tmp_path, shipped=False).lookup(skewed, "nvidia-h100-80gb-hbm3-sm90")
+    assert found is not None and found[0].config_name == config.name and found[0].problem_object == skewed
+    uniform = grouped_problem(4096, 768, 2048, 128, "bfloat16", True, "uniform")
+    assert cache.lookup(uniform, "nvidia-h100-80gb-hbm3-sm90") is None
