@@ -16,7 +16,7 @@ verification, timing protocol, single-call latency and failure kinds), with what
 
 from __future__ import annotations
 
-from ..gpu.grouped_launch import bind_grouped
+from ..gpu.grouped_launch import GROUPED_DTYPES, bind_grouped
 from ..problem import Device, Problem
 from ..routing import offsets_for
 from .bench import Verdict, check_result, poison, random_uniform, rotation_count, warm_up
@@ -25,7 +25,6 @@ from .timing import TARGET_MS, gpu_time
 
 TORCH_GROUPED = "torch._grouped_mm"
 LOOP = "loop of torch.matmul"
-GROUPED_DTYPES = ("float16", "bfloat16")
 
 
 def require_groupable(problem: Problem) -> None:
@@ -50,9 +49,7 @@ class GroupedMeasurer(GpuMeasurer):
         p = problem
         per_set = 2 * (p.m * p.k + p.batch * p.k * p.n + p.m * p.n)
         self._sets = [self._operands(seed + 100 * i) for i in range(rotation_count(per_set, device.l2_bytes))]
-        self._served_calls: list | None = None
         self._baseline_calls: dict[str, list] | None = None
-        self._lt_calls = None
         self.baselines: dict[str, float] = {}
         warm_up(self._served()[0])
         self.cublas_ms = self.time_cublas(target_ms=FIRST_BASELINE_MS)
@@ -113,12 +110,6 @@ class GroupedMeasurer(GpuMeasurer):
         if self.baselines:
             return calls[min(self.baselines, key=self.baselines.get)]
         return calls.get(TORCH_GROUPED, calls[LOOP])
-
-    def _lt(self):
-        return None
-
-    def _fallback(self) -> list:
-        return self._served()
 
     def time_baselines(self, target_ms: float = TARGET_MS) -> dict[str, float]:
         """GPU time of each baseline; the loop's calls launch a product per non-empty group, which the

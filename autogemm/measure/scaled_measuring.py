@@ -49,7 +49,6 @@ class ScaledMeasurer(GpuMeasurer):
         count = rotation_count(per_set, device.l2_bytes)
         self._sets, self._extras = zip(*(self._inputs(seed + 100 * i) for i in range(count)))
         self._served_calls: list | None = None
-        self._lt_calls = None
         self.baselines: dict[str, float] = {}
         warm_up(self._served()[0])
         self.cublas_ms = self.time_cublas(target_ms=FIRST_BASELINE_MS)

@@ -36,9 +36,8 @@ import numpy as np
 from .. import dtypes
 from ..epilogue import ACTIVATIONS, activate
 from ..families.hopper import TMA_ALIGN_BYTES
-from ..gpu.grouped_launch import grouped_problem
-from ..gpu.launch import device_info, launcher, prepare
-from ..gpu.operands import KernelOperand
+from ..gpu.grouped_launch import GROUPED_DTYPES, grouped_launcher, grouped_problem
+from ..gpu.launch import device_info
 from ..gpu.runtime import cupy_stream
 from ..problem import Device, Problem
 from ..routing import ROUTINGS
@@ -46,7 +45,6 @@ from .dispatch import dispatcher
 from .torch_tensors import is_tensor
 
 DTYPES = ("float16", "bfloat16", "float32")
-GROUPED_KERNEL_DTYPES = ("float16", "bfloat16")  # what the grouped kernel is tuned and served for
 MAX_PLANS = 256  # kernel plans kept (the memo is emptied when full; a dropped plan is made again)
 INDEX_DTYPES = ("int32", "int64")
 
@@ -204,7 +202,7 @@ def tuned_grouped_config(lookup, call: GroupedCall, routing: str | None, device:
     is (record, source) of a problem's current record, or None. The routing bucket the caller names takes
     its record; with none named, both buckets' records must have kept the same kernel, since the call's
     routing cannot be seen on the host without a sync."""
-    if call.masked or call.dtype not in GROUPED_KERNEL_DTYPES or not call.rows:
+    if call.masked or call.dtype not in GROUPED_DTYPES or not call.rows:
         return None
     chosen = {}
     for bucket in (routing,) if routing else ROUTINGS:
@@ -224,11 +222,7 @@ class _KernelPlan:
 
     def __init__(self, config, problem: Problem, ordinal: int):
         self.config, self.problem = config, problem
-        a = KernelOperand(False, problem.k, 0, 0)
-        b = KernelOperand(problem.trans_b, problem.k if problem.trans_b else problem.n, problem.k * problem.n, 0)
-        c = KernelOperand(False, problem.n, 0, 0)
-        widths = config.vector_widths(a, b, c, 1)
-        self.launch = launcher(prepare(config, problem, widths, device_info(ordinal)), a, b, c, ordinal=ordinal)
+        self.launch = grouped_launcher(config, problem, device_info(ordinal), ordinal)
         self.ordinal = ordinal
         self.streams: dict = {}  # PyTorch's stream handle -> its CuPy stream object (what the launcher takes)
 
@@ -245,7 +239,7 @@ class _KernelPlan:
         stream = self.streams.get(pointer)
         if stream is None:
             stream = self.streams.setdefault(pointer, cupy_stream(pointer, self.ordinal))
-        self.launch(a.data_ptr(), b.data_ptr(), out.data_ptr(), 1.0, 0.0, stream, 0, 0, 0, 0, offsets.data_ptr())
+        self.launch(a.data_ptr(), b.data_ptr(), offsets.data_ptr(), out.data_ptr(), stream)
         return True
 
 
