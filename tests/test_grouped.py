@@ -265,3 +265,12 @@ def test_a_grouped_record_is_stored_and_found_under_its_routing_bucket(tmp_path)
     assert found is not None and found[0].config_name == config.name and found[0].problem_object == skewed
     uniform = grouped_problem(4096, 768, 2048, 128, "bfloat16", True, "uniform")
     assert cache.lookup(uniform, "nvidia-h100-80gb-hbm3-sm90") is None
+
+
+def test_a_grouped_kernel_refuses_misaligned_addresses_before_it_compiles():
+    from autogemm.families.hopper import HopperConfig
+    from autogemm.gpu.grouped_launch import bind_grouped, grouped_problem
+
+    problem = grouped_problem(1000, 256, 128, 8, "bfloat16", True)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        bind_grouped(HopperConfig(bm=128, bn=128, bk=64, wm=64, wn=128, stages=4), problem, 1024 + 2, 2048, 4096, 8192)
