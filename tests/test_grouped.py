@@ -202,6 +202,41 @@ def test_the_tuned_grouped_kernel_serves_where_the_routing_buckets_records_kept_
     assert tuned_grouped_config(lambda p: (both[problems["uniform"].key], "user"), masked, None, h100) is None
 
 
+def test_where_the_records_kept_the_baseline_the_faster_one_they_measured_serves():
+    """A tune that kept the baseline measured both: grouped_matmul serves the faster (the loop beat
+    torch._grouped_mm by 6% on Mixtral's skewed 4096 rows on an H100, where the heuristic picks torch)."""
+    import dataclasses
+
+    from autogemm.families.hopper import HopperConfig
+    from autogemm.gpu.grouped_launch import grouped_problem
+    from autogemm.measure.grouped_measuring import LOOP, TORCH_GROUPED
+    from autogemm.results.record import cublas_record
+    from autogemm.serving.grouped import GroupedCall, recorded_baseline
+
+    call = GroupedCall(experts=8, rows=4096, k=4096, n=14336, dtype="bfloat16", b_k_major=True, bias=False,
+                       activation="", masked=False, device=0)
+    config = HopperConfig(bm=128, bn=256, bk=64, wm=64, wn=256, stages=3)
+    problems = {r: grouped_problem(4096, 14336, 4096, 8, "bfloat16", True, r) for r in ("uniform", "skewed")}
+
+    def kept(routing, loop_ms, torch_ms):
+        record = cublas_record(_grouped_record(problems[routing], config, 0.95))
+        return dataclasses.replace(record, baselines={LOOP: loop_ms, TORCH_GROUPED: torch_ms})
+
+    def serving(records: dict, routing=None):
+        return recorded_baseline(lambda p: (records[p.key], "user") if p.key in records else None, call, routing)
+
+    loop_wins = {problems["skewed"].key: kept("skewed", 0.743, 0.785)}
+    assert serving(loop_wins, "skewed") == LOOP
+    assert serving(loop_wins) is None and serving(loop_wins, "uniform") is None  # (no record of that bucket)
+    both = {**loop_wins, problems["uniform"].key: kept("uniform", 0.691, 0.683)}
+    assert serving(both, "uniform") == TORCH_GROUPED
+    assert serving(both) is None  # the buckets disagree: the heuristic decides
+    agree = {**loop_wins, problems["uniform"].key: kept("uniform", 10.29, 11.81)}
+    assert serving(agree) == LOOP
+    kernel = {**loop_wins, problems["uniform"].key: _grouped_record(problems["uniform"], config)}
+    assert serving(kernel) is None and serving(kernel, "uniform") is None  # a kernel kept: not a baseline's record
+
+
 def test_grouped_matmul_names_an_unknown_routing():
     from autogemm import grouped_matmul
 

@@ -17,6 +17,8 @@ What serves a call on PyTorch tensors:
   --groups E --routing ...`). A record is of one routing bucket (`autogemm.routing`), and the host cannot see
   a call's routing without reading the offsets: the caller names it (`routing=`), or else the kernel serves
   only where both buckets' records kept the same kernel (it beat torch under either);
+- else, where the records kept the baseline, the faster of the two they measured (torch._grouped_mm or the
+  loop below; a routing bucket's records must agree, as for the kernel);
 - else `torch._grouped_mm` where it takes the problem (one launch, no host sync), unless each expert's
   product fills the GPU by itself (`LOOP_WAVES`);
 - else a loop of `torch.matmul` over the experts, which reads the offsets on the host (never inside a CUDA
@@ -39,6 +41,7 @@ from ..families.hopper import TMA_ALIGN_BYTES
 from ..gpu.grouped_launch import GROUPED_DTYPES, grouped_launcher, grouped_problem
 from ..gpu.launch import device_info
 from ..gpu.runtime import cupy_stream
+from ..measure.grouped_measuring import LOOP, TORCH_GROUPED
 from ..problem import Device, Problem
 from ..routing import ROUTINGS
 from .dispatch import dispatcher
@@ -217,6 +220,25 @@ def tuned_grouped_config(lookup, call: GroupedCall, routing: str | None, device:
     return next(iter(chosen.values())) if len(chosen) == 1 else None
 
 
+def recorded_baseline(lookup, call: GroupedCall, routing: str | None) -> str | None:
+    """LOOP or TORCH_GROUPED: the faster baseline of the records that kept it (the routing bucket the caller
+    names, else both buckets', which must agree), or None where a record is missing or kept a kernel. A tune
+    times both on its GPU (on Mixtral's skewed 4096 rows the loop beats torch._grouped_mm by 6%: a heuristic
+    alone would serve the slower one)."""
+    if call.masked or call.dtype not in GROUPED_DTYPES or not call.rows:
+        return None
+    faster = set()
+    for bucket in (routing,) if routing else ROUTINGS:
+        found = lookup(grouped_problem(call.rows, call.n, call.k, call.experts, call.dtype, call.b_k_major, bucket))
+        if found is None or not found[0].is_cublas:
+            return None
+        baselines = {name: ms for name, ms in found[0].baselines.items() if name in (LOOP, TORCH_GROUPED) and ms > 0}
+        if not baselines:
+            return None
+        faster.add(min(baselines, key=baselines.get))
+    return faster.pop() if len(faster) == 1 else None
+
+
 class _KernelPlan:
     """A tuned grouped kernel, launched on every call with that call's addresses and stream."""
 
@@ -244,7 +266,8 @@ class _KernelPlan:
 
 
 def kernel_plan(call: GroupedCall, routing: str | None):
-    """The _KernelPlan of `call` (and the routing its caller named), or None: from the process's Dispatcher,
+    """The _KernelPlan of `call` (and the routing its caller named); else the baseline its records kept
+    (LOOP or TORCH_GROUPED, `recorded_baseline`), or None (no record says): from the process's Dispatcher,
     made on the first call of this problem (emptied by autogemm.reset())."""
     # (keyed by the product alone: the bias and activation run after the kernel, and a call with another one
     # finds the plan made, even inside a CUDA graph capture, where loading a module is not allowed)
@@ -255,8 +278,11 @@ def kernel_plan(call: GroupedCall, routing: str | None):
         pass
     device = device_info(call.device)
     cache = dispatcher().cache
-    tuned = tuned_grouped_config(lambda problem: cache.lookup(problem, device.slug), call, routing, device)
-    plan = _KernelPlan(*tuned, call.device) if tuned is not None else None
+    def lookup(problem):
+        return cache.lookup(problem, device.slug)
+
+    tuned = tuned_grouped_config(lookup, call, routing, device)
+    plan = _KernelPlan(*tuned, call.device) if tuned is not None else recorded_baseline(lookup, call, routing)
     with dispatcher().lock:
         if len(memo) >= MAX_PLANS:
             memo.clear()
@@ -273,25 +299,30 @@ _TORCH_REFUSED: set = set()  # (dtype, K-major b, K, N, GPU) torch._grouped_mm r
 LOOP_WAVES = 4
 
 
-def _loop_fills_the_gpu(torch, call: GroupedCall) -> bool:
-    """Whether the loop over experts serves: each expert's product fills the GPU by itself, and the stream
-    is not being captured (the loop reads the offsets on the host, which a capture forbids)."""
+def serves_the_loop(torch, call: GroupedCall, plan) -> bool:
+    """Whether the loop over experts serves a call that `plan` (kernel_plan's) gives no kernel: where the records
+    found it the faster baseline, or, with no record to say, where each expert's product fills the GPU by itself;
+    never while the stream is being captured (the loop reads the offsets on the host, which a capture forbids)."""
+    if isinstance(plan, _KernelPlan) or plan == TORCH_GROUPED or torch.cuda.is_current_stream_capturing():
+        return False
+    if plan == LOOP:
+        return True
     tiles = (call.rows / call.experts / 128) * (call.n / 128)
     sms = torch.cuda.get_device_properties(call.device).multi_processor_count
-    return tiles >= LOOP_WAVES * sms and not torch.cuda.is_current_stream_capturing()
+    return tiles >= LOOP_WAVES * sms
 
 
 def _torch_grouped(call: GroupedCall, a, b, offsets, out, bias, routing: str | None = None):
     import torch  # (lazy: torch)
 
     plan = kernel_plan(call, routing)
-    if plan is not None:
+    if isinstance(plan, _KernelPlan):
         result = out if out is not None else torch.empty((call.rows, call.n), dtype=a.dtype, device=a.device)
         if plan.run(torch, a, b, offsets, result):
             return _torch_epilogue(call, result, _rows_bias(torch, call, offsets, bias))
     key = (call.dtype, call.b_k_major, call.k, call.n, call.device)
     grouped_mm = getattr(torch, "_grouped_mm", None)
-    if grouped_mm is not None and key not in _TORCH_REFUSED and call.rows and not _loop_fills_the_gpu(torch, call):
+    if grouped_mm is not None and key not in _TORCH_REFUSED and call.rows and not serves_the_loop(torch, call, plan):
         try:
             # torch's offs are the E group ends (from 0), int32
             result = grouped_mm(a, b, offs=offsets[1:].to(torch.int32))
