@@ -163,7 +163,7 @@ trials = 8
 seed = 0
 cache_dir = "{tmp_path / 'cache'}"
 [[problems]]
-M = [256, 384]
+M = 256
 dtype = ["float32", "float16"]
 ''')
 
@@ -174,7 +174,7 @@ dtype = ["float32", "float16"]
         return json.loads(result.stdout)
 
     first = run()
-    assert len(first["results"]) == 4 and all(r["done"] and not r["error"] for r in first["results"]), first
+    assert len(first["results"]) == 2 and all(r["done"] and not r["error"] for r in first["results"]), first
     cache, slug = TuningCache(tmp_path / "cache", shipped=False), current_device().slug
     for row in first["results"]:
         record = cache.lookup(Problem.from_key(row["problem"]), slug)
