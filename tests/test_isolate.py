@@ -150,3 +150,22 @@ def test_a_measuring_process_is_kept_for_the_next_tune_only_inside_keep_measurin
     assert not isolate._kept
     outside = tune(64), tune(64)
     assert outside[0] != outside[1] and all(wait_until_gone(pid) for pid in outside)
+
+
+def test_the_baselines_timing_may_take_longer_than_a_candidate(monkeypatch):
+    """A tune's re-timing asks the measuring process for the baselines' GPU time; on a GPU shared with other
+    processes a grouped problem's baselines took longer than its candidate limit, and the tune ended with
+    "cuBLAS timing failed: no answer within 10.0 s (hung kernel?)". Here they take 3 s against a 1 s limit."""
+    from process_stubs import serve_without_a_gpu
+
+    class StandIn(_CompilingNothing, IsolatedEvaluator):
+        process_target = staticmethod(serve_without_a_gpu)
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), *sys.path]))
+    evaluator = StandIn(Problem(64, 998, 64), Device.for_arch("sm_90"), jobs=1, timeout=1.0)
+    try:
+        pid, _ = _served_by(evaluator)
+        assert evaluator._cublas(5) == evaluator.cublas_ms and evaluator.baselines == {"stand-in": evaluator.cublas_ms}
+        assert evaluator.restarts == 0
+    finally:
+        evaluator.close()

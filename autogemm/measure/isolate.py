@@ -27,6 +27,10 @@ from ..problem import Device, Problem
 # a new measuring process starts an interpreter, a CUDA context, its inputs and the cuBLAS baseline
 STARTUP_TIMEOUT_S = 180.0
 KILL_WAIT_S = 30.0  # how long a killed measuring process may take to exit before it counts as stuck
+# The baselines' timing (library calls, each timed for ~100 ms of GPU time) is no candidate that may hang, and
+# gets at least this long: on a GPU shared with other processes (the GPU test tier's workers, one running a
+# deliberately hung kernel) a small grouped problem's two baselines took longer than its 10 s candidate limit
+BASELINE_TIMEOUT_S = 60.0
 
 def candidate_timeout(problem: Problem, device: Device) -> float:
     """Seconds one candidate may take in the measuring process (verification, ~40 timed runs and
@@ -359,7 +363,7 @@ class IsolatedEvaluator(CompileAheadEvaluator):
         return Latency(**answer[1])
 
     def _cublas(self, repeats: int) -> float:
-        answer = self._request(("cublas", repeats), self.timeout)
+        answer = self._request(("cublas", repeats), max(self.timeout, BASELINE_TIMEOUT_S))
         if isinstance(answer, Measurement) or answer[0] != "ok":
             raise FatalEvaluationError(f"cuBLAS timing failed: {answer.message if isinstance(answer, Measurement) else answer[1]}")
         self.baselines = answer[1]["baselines"]  # each baseline's ms; "ms", the faster's
