@@ -22,8 +22,9 @@ Competitors, each checked against the loop first (relative Frobenius error):
   the batch ran unqueued).
 
 Timing: GPU time, back-to-back calls behind the gate (`autogemm.measure.timing.gpu_time`), the same for
-every competitor, in three rounds (the second in reverse order), each competitor's fastest round kept. Ratios: the loop's time / the competitor's (> 1: faster than the loop), and
-torch._grouped_mm's time / autogemm's. Writes benchmarks/results/grouped-<device>.md (and .json).
+every competitor, in three rounds (the order rotated), each timing after 30 ms of its calls untimed (the
+clocks settle under its load), each competitor's fastest round kept. Ratios: the loop's time / the
+competitor's (> 1: faster than the loop), and torch._grouped_mm's time / autogemm's. Writes benchmarks/results/grouped-<device>.md (and .json).
 
     python benchmarks/bench_grouped.py
 """
@@ -47,12 +48,27 @@ LAYERS = {"Mixtral-8x7B": (8, 4096, 14336), "Qwen3-30B-A3B-like N=1536": (128, 2
           "Qwen3-30B-A3B-like N=768": (128, 2048, 768)}  # (E, K, N)
 TOKENS = (4096, 65536)
 GPU_TIME_MS = 60.0
+SOAK_MS = 30.0
 LOOP, TORCH, SERVED = "loop of torch.matmul", "torch._grouped_mm", "autogemm.grouped_matmul"
 KERNEL = "autogemm grouped kernel"
 # the Hopper family's grouped kernels tried (the fastest is the KERNEL column): two consumers on 128 x 256 and
 # 128 x 128 tiles, pingpong, and one consumer on 64-row tiles for groups of few rows
 GROUPED_CONFIGS = ("hopper_128x256x64_w64x256_s3_g8_k1_o1_p", "hopper_128x128x64_w64x128_s5_g8_k1_o1_p",
                    "hopper_128x128x64_w64x128_s4_g8_k1_o1_p_pp", "hopper_64x128x64_w64x128_s6_g8_k1_o1_p")
+
+
+def soak(call) -> None:
+    """Runs `call` for about SOAK_MS untimed, so that the GPU's clocks settle under its load first."""
+    import torch
+
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    call()
+    stop.record()
+    stop.synchronize()
+    for _ in range(min(200, int(SOAK_MS / max(start.elapsed_time(stop), 1e-3)))):
+        call()
+    torch.cuda.synchronize()
 
 
 def measure(torch, label: str, experts: int, k: int, n: int, tokens: int, routing: str) -> dict:
@@ -118,15 +134,17 @@ def measure(torch, label: str, experts: int, k: int, n: int, tokens: int, routin
             print(f"{label} {tokens} {routing}: {name} is wrong (relative error {kernel_errors[name]:.1e})", flush=True)
             continue
         kernel_us[name] = timing.gpu_time(lambda i, run=run: run(), target_ms=GPU_TIME_MS).us
-    # three rounds, the second in reverse order, each competitor's fastest kept: a large product's GPU time moves
-    # by several percent between runs (clocks under power), which one round would charge to one competitor (with
-    # two rounds, grouped_matmul serving torch._grouped_mm read 6% faster than torch._grouped_mm itself)
+    # three rounds in rotated order, each competitor's fastest kept, each timing after SOAK_MS of the same calls
+    # untimed: a large product's GPU time moves by several percent with the clocks, which follow the power
+    # drawn just before (with two rounds and no soak, grouped_matmul serving torch._grouped_mm read 1-6%
+    # faster than torch._grouped_mm itself, having followed the loop's light load each time)
     times: dict[str, float] = {}
     timed = [name for name in calls if not (name == SERVED and serves_loop)]
-    for order in (timed, list(reversed(timed)), timed):
-        for name in order:
+    for shift in range(3):
+        for name in timed[shift % len(timed):] + timed[:shift % len(timed)]:
             # (the loop launches a product per expert with rows: the gated batches are cut to the launch queue)
             launches = sum(1 for count in counts if count) if name == LOOP else 1
+            soak(calls[name])
             us = timing.gpu_time(lambda i, call=calls[name]: call(), target_ms=GPU_TIME_MS, launches_per_call=launches).us
             times[name] = min(us, times.get(name, us))
     if serves_loop:
@@ -150,7 +168,7 @@ def report(rows: list[dict], device_name: str) -> str:
              f"`benchmarks/bench_grouped.py` ({time.strftime('%Y-%m-%d')}): BF16 mixture-of-experts layers, the "
              "tokens sorted by expert (A total_M × K), the weights (E, K, N) as the transpose of contiguous (E, N, K) "
              "ones, offsets on the GPU. GPU time, back-to-back calls behind the gate, the same for every competitor, the "
-             "fastest of three rounds (the second in reverse order). "
+             "fastest of three rounds (the order rotated, each timing after 30 ms of the same calls untimed). "
              f"Ratios: the {LOOP}'s time / the competitor's (> 1: faster than the loop, whose offsets were read on "
              f"the host beforehand). {KERNEL}: the Hopper family's grouped kernel, the fastest of "
              f"{', '.join(GROUPED_CONFIGS)}, untuned. {SERVED} (told the routing bucket) serves the tuned grouped kernel "
