@@ -333,3 +333,41 @@ def test_each_cache_action_has_its_own_help_and_flags(capsys, tmp_path, monkeypa
     assert main(["cache", "clear", "--yes"]) == 0
     for argv in (["cache", "retime", "f.json", "--force", "--only", "x"], ["cache", "verify", "--all"]):
         assert main(argv) == 3  # parsed; no GPU here (or no such file)
+
+
+@pytest.mark.shipped_results
+def test_cache_verify_gives_each_kernel_more_than_a_candidates_limit(tmp_path, monkeypatch, capsys):
+    """`cache verify --all` on a fresh H100 reported the first shipped kernel it verified hung, after the small
+    problem's 10 s candidate limit (the first verification on a fresh machine also compiles CuPy's kernels of
+    the check). Each verification now has VERIFY_TIMEOUT_S at least; a failure is still reported."""
+    from autogemm.cli import cache as cache_cli
+    from autogemm.measure.evaluate import Measurement
+    from autogemm.problem import Device
+
+    h100 = dataclasses.replace(Device.for_arch("sm_90"), name="NVIDIA H100 80GB HBM3", sm_count=132)
+    cache = TuningCache(tmp_path / "user", shipped=True)
+    generated = [r for _, r in cache.records(h100.slug, include_shipped=True) if not r.stale and not r.is_cublas]
+    assert generated, "the shipped H100 document serves generated kernels"
+    limits = []
+
+    class Evaluator:
+        def __init__(self, problem, device, jobs, timeout=None):
+            limits.append(timeout)
+            self.first = len(limits) == 1
+
+        def verify(self, config):
+            if self.first:
+                return Measurement.failure("timeout", "no answer within 60.0 s (hung kernel?)")
+            return Measurement(ok=True, time_ms=1.0, tflops=1.0, rel_error=0.0)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(cache_cli, "require_gpu", lambda: None)
+    monkeypatch.setattr(cache_cli.launch, "current_device", lambda: h100)
+    monkeypatch.setattr(cache_cli, "IsolatedEvaluator", Evaluator)
+    assert cache_cli._cache_verify(cache, include_shipped=True) == 1  # (the failure of the first is reported)
+    assert len(limits) == len(generated) and cache_cli.VERIFY_TIMEOUT_S == 60.0
+    assert all(limit is not None and limit >= 60.0 for limit in limits), limits  # (before: None, the candidate's)
+    out = capsys.readouterr().out
+    assert f"FAILED  {generated[0].problem}" in out and "(shipped, kept)" in out

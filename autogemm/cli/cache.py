@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..gpu import launch
 from ..measure.evaluate import FatalEvaluationError
-from ..measure.isolate import IsolatedEvaluator
+from ..measure.isolate import IsolatedEvaluator, candidate_timeout
 from ..measure.retime import retime_document
 from ..results.cache import TuningCache
 from ..results.merge import merge_files
@@ -189,6 +189,14 @@ def _cache_retime(cache, file, force: bool, only) -> int:
     return 0
 
 
+# Each record's kernel is verified in a fresh measuring process, and the first verification on a fresh machine
+# also compiles CuPy's kernels of the check (fresh inputs, NaN poison, the float64 bounds; CuPy caches them on
+# disk after). `cache verify --all` on a fresh H100 called the first generated kernel of its document hung
+# after a small problem's 10 s candidate limit, and verified the 189 after it. A kernel that does hang is still
+# reported, later.
+VERIFY_TIMEOUT_S = 60.0
+
+
 def _cache_verify(cache, include_shipped: bool) -> int:
     """Re-verifies every current record of this GPU; drops the user's that fail."""
     require_gpu()
@@ -205,7 +213,8 @@ def _cache_verify(cache, include_shipped: bool) -> int:
             print(f"ok      {record.problem:<{width}} cuBLAS kept (no generated kernel to verify)")
             continue
         try:
-            evaluator = IsolatedEvaluator(problem, device, jobs=1)
+            evaluator = IsolatedEvaluator(problem, device, jobs=1,
+                                          timeout=max(candidate_timeout(problem, device), VERIFY_TIMEOUT_S))
         except FatalEvaluationError as exc:
             raise CliFailure(str(exc)) from None
         try:
