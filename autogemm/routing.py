@@ -8,7 +8,7 @@ groups: the buckets a grouped problem is tuned for, and the counts that stand fo
 A grouped problem's key names its bucket (`Problem.routing`), because a kernel's speed depends on it: the
 groups' row tiles are what the persistent blocks share out. The serving layer cannot see the routing of a
 call without reading the offsets on the host, so it serves a tuned kernel only where both buckets' tunes
-kept it (`serving/grouped.py`), unless the caller names the bucket.
+kept it (`serving/grouped_plan.py`), unless the caller names the bucket.
 """
 
 from __future__ import annotations

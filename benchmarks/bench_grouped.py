@@ -74,7 +74,7 @@ def soak(call) -> None:
 def measure(torch, label: str, experts: int, k: int, n: int, tokens: int, routing: str) -> dict:
     import autogemm
     from autogemm.measure import timing
-    from autogemm.serving import grouped
+    from autogemm.serving import grouped, grouped_plan
 
     counts = counts_for(experts, tokens, routing)
     generator = torch.Generator(device="cuda").manual_seed(0)
@@ -99,9 +99,9 @@ def measure(torch, label: str, experts: int, k: int, n: int, tokens: int, routin
     # which GPU time behind the gate cannot measure (the batch no longer queues); the loop's own time stands
     # for it (the same kernels; the sync costs the host, not the GPU)
     call = grouped.check_grouped(a, b, offsets, masked=False)
-    plan = grouped.kernel_plan(call, routing)
-    tuned = isinstance(plan, grouped._KernelPlan)
-    serves_loop = not tuned and grouped.serves_the_loop(torch, call, plan)
+    plan = grouped_plan.kernel_plan(call, routing)
+    tuned = isinstance(plan, grouped_plan.KernelPlan)
+    serves_loop = not tuned and grouped_plan.serves_the_loop(torch, call, plan)
     served = f"tuned {plan.config.name}" if tuned else "loop" if serves_loop else TORCH
     grouped_mm = getattr(torch, "_grouped_mm", None)
     if grouped_mm is not None:

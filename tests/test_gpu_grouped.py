@@ -119,11 +119,11 @@ def test_experts_that_fill_the_gpu_each_are_served_by_the_loop_except_in_a_captu
     """torch._grouped_mm loses to a loop of cuBLAS calls where each expert's product is several waves of
     tiles by itself (Mixtral at 8192 rows an expert); inside a capture the loop cannot read the offsets."""
     torch = _torch()
-    from autogemm.serving import grouped
+    from autogemm.serving import grouped_plan
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n = 2048
-    per_expert = 128 * -(-grouped.LOOP_WAVES * sms // (n // 128))  # rows an expert at the threshold
+    per_expert = 128 * -(-grouped_plan.LOOP_WAVES * sms // (n // 128))  # rows an expert at the threshold
     a = torch.randn(2 * per_expert, 64, device="cuda").to(torch.bfloat16)
     b = torch.randn(2, 64, n, device="cuda").to(torch.bfloat16)
     offsets = torch.tensor([0, per_expert, 2 * per_expert], device="cuda", dtype=torch.int32)
@@ -198,7 +198,8 @@ def test_a_tuned_grouped_kernel_serves_grouped_matmul_and_is_captured(b_k_major)
     from autogemm.gpu.grouped_launch import grouped_problem
     from autogemm.gpu.launch import current_device
     from autogemm.results.cache import TuningCache
-    from autogemm.serving.grouped import _KernelPlan, check_grouped, kernel_plan
+    from autogemm.serving.grouped import check_grouped
+    from autogemm.serving.grouped_plan import KernelPlan, kernel_plan
     from test_gpu_capture import _record
 
     config = HopperConfig(**KERNELS["two consumers"])
@@ -214,7 +215,7 @@ def test_a_tuned_grouped_kernel_serves_grouped_matmul_and_is_captured(b_k_major)
     offsets = torch.tensor([0, *np.cumsum(COUNTS)], device="cuda", dtype=torch.int64)
     bias = torch.randn(experts, N, device="cuda", generator=generator).to(torch.bfloat16)
     plan = kernel_plan(check_grouped(a, b, offsets, bias, "silu", masked=False), None)
-    assert isinstance(plan, _KernelPlan) and plan.config == config
+    assert isinstance(plan, KernelPlan) and plan.config == config
     out = torch.full((total, N), float("nan"), device="cuda", dtype=torch.bfloat16)  # poisoned
     grouped_matmul(a, b, offsets, out=out, bias=bias, activation="silu")
     expected = _reference(a.float().cpu(), b.float().cpu(), COUNTS, bias.float().cpu(), "silu")
@@ -247,7 +248,8 @@ def test_a_grouped_problem_tunes_against_torch_and_its_record_serves():
     from autogemm.measure.grouped_measuring import LOOP, TORCH_GROUPED
     from autogemm.results.cache import TuningCache
     from autogemm.routing import offsets_for
-    from autogemm.serving.grouped import _KernelPlan, check_grouped, kernel_plan
+    from autogemm.serving.grouped import check_grouped
+    from autogemm.serving.grouped_plan import KernelPlan, kernel_plan
     from test_gpu_tuner import _tune
 
     out = _tune("--M", "1000", "--N", "256", "--K", "128", "--groups", "8", "--routing", "skewed", "--dtype",
@@ -265,7 +267,7 @@ def test_a_grouped_problem_tunes_against_torch_and_its_record_serves():
     plan = kernel_plan(check_grouped(a, b, offsets, masked=False), "skewed")
     # a kept kernel serves; a kept baseline names the faster of the two the tune measured
     faster = min(record.baselines, key=record.baselines.get)
-    assert plan == faster if record.is_cublas else isinstance(plan, _KernelPlan)
+    assert plan == faster if record.is_cublas else isinstance(plan, KernelPlan)
     assert kernel_plan(check_grouped(a, b, offsets, masked=False), None) is None  # (the uniform bucket: no record)
     result = grouped_matmul(a, b, offsets, routing="skewed")
     counts = [end - start for start, end in zip(offsets_for(8, 1000, "skewed"), offsets_for(8, 1000, "skewed")[1:])]

@@ -173,7 +173,7 @@ def test_the_tuned_grouped_kernel_serves_where_the_routing_buckets_records_kept_
     from autogemm.gpu.grouped_launch import grouped_problem
     from autogemm.problem import Device
     from autogemm.results.record import cublas_record
-    from autogemm.serving.grouped import GroupedCall, tuned_grouped_config
+    from autogemm.serving.grouped_plan import GroupedCall, tuned_grouped_config
 
     h100 = Device.for_arch("sm_90")
     call = GroupedCall(experts=128, rows=4096, k=2048, n=768, dtype="bfloat16", b_k_major=True, bias=False,
@@ -211,7 +211,7 @@ def test_where_the_records_kept_the_baseline_the_faster_one_they_measured_serves
     from autogemm.gpu.grouped_launch import grouped_problem
     from autogemm.measure.grouped_measuring import LOOP, TORCH_GROUPED
     from autogemm.results.record import cublas_record
-    from autogemm.serving.grouped import GroupedCall, recorded_baseline
+    from autogemm.serving.grouped_plan import GroupedCall, recorded_baseline
 
     call = GroupedCall(experts=8, rows=4096, k=4096, n=14336, dtype="bfloat16", b_k_major=True, bias=False,
                        activation="", masked=False, device=0)

@@ -11,7 +11,7 @@ counts on the GPU; rows of `out` from counts[e] on are left as the padding compu
 capturable in CUDA graphs. `bias` is (E, N), one row per expert; `activation` one of
 `autogemm.epilogue.ACTIVATIONS`.
 
-What serves a call on PyTorch tensors:
+What serves a call on PyTorch tensors (`grouped_plan.py` decides):
 - the Hopper family's grouped kernel (`gpu/grouped_launch.py`, one launch, no host sync) where this very
   problem (E, total_M, K, N, dtype, b's layout) has records on this GPU that kept it (`autogemm tune
   --groups E --routing ...`). A record is of one routing bucket (`autogemm.routing`), and the host cannot see
@@ -30,43 +30,19 @@ dtype, device, layout) before anything runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from .. import dtypes
 from ..epilogue import ACTIVATIONS, activate
-from ..families.hopper import TMA_ALIGN_BYTES
-from ..gpu.grouped_launch import GROUPED_DTYPES, grouped_launcher, grouped_problem
-from ..gpu.launch import device_info
-from ..gpu.runtime import cupy_stream
-from ..measure.grouped_measuring import LOOP, TORCH_GROUPED
-from ..problem import Device, Problem
+from ..gpu.operands import contiguous_strides
 from ..routing import ROUTINGS
-from .dispatch import dispatcher
+from .grouped_plan import GroupedCall, KernelPlan, kernel_plan, serves_the_loop
 from .torch_tensors import is_tensor
 
 DTYPES = ("float16", "bfloat16", "float32")
-MAX_PLANS = 256  # kernel plans kept (the memo is emptied when full; a dropped plan is made again)
 INDEX_DTYPES = ("int32", "int64")
-
-
-@dataclass(frozen=True)
-class GroupedCall:
-    """A grouped call, checked: experts, rows (total_M, or max_M a expert when masked), K, N, the dtype, b's
-    layout (True: K contiguous, the transpose of an (E, N, K) weight), bias, activation and the GPU."""
-
-    experts: int
-    rows: int
-    k: int
-    n: int
-    dtype: str
-    b_k_major: bool
-    bias: bool
-    activation: str
-    masked: bool
-    device: int
 
 
 def _dtype_name(x) -> str:
@@ -148,7 +124,7 @@ def check_grouped(a, b, index, bias=None, activation=None, *, masked: bool, out=
     if out is not None:
         shape = (experts, rows, n) if masked else (rows, n)
         if is_tensor(out) != tensors or tuple(out.shape) != shape or _dtype_name(out) != dtype or \
-                (rows * n and _strides(out, tensors) != _contiguous_strides(shape)):
+                (rows * n and _strides(out, tensors) != contiguous_strides(shape, 1)):
             raise ValueError(f"out must be a contiguous {'tensor' if tensors else 'CuPy array'} of shape {shape} and "
                              f"dtype {dtype}; got {_dtype_name(out)} of shape {tuple(out.shape)}")
         named.append(("out", out))
@@ -159,14 +135,6 @@ def check_grouped(a, b, index, bias=None, activation=None, *, masked: bool, out=
     if activation not in ("", *ACTIVATIONS):
         raise ValueError(f"unknown activation {activation!r}; expected one of {', '.join(ACTIVATIONS)}")
     return GroupedCall(experts, rows, k, n, dtype, b_k_major, bias is not None, activation, masked, device)
-
-
-def _contiguous_strides(shape: tuple) -> tuple:
-    strides, step = [], 1
-    for extent in reversed(shape):
-        strides.append(step)
-        step *= extent
-    return tuple(reversed(strides))
 
 
 def grouped_matmul(a: Any, b: Any, offsets: Any, *, out: Any = None, bias: Any = None,
@@ -199,124 +167,14 @@ def grouped_matmul_masked(a: Any, b: Any, counts: Any, *, out: Any = None, bias:
     return _cupy_epilogue(call, result, bias[:, None, :] if bias is not None else None)
 
 
-# ---- the tuned grouped kernel ---------------------------------------------------------------------------
-def tuned_grouped_config(lookup, call: GroupedCall, routing: str | None, device: Device):
-    """The generated kernel's config that serves `call` on `device`, or None (torch serves). `lookup(problem)`
-    is (record, source) of a problem's current record, or None. The routing bucket the caller names takes
-    its record; with none named, both buckets' records must have kept the same kernel, since the call's
-    routing cannot be seen on the host without a sync."""
-    if call.masked or call.dtype not in GROUPED_DTYPES or not call.rows:
-        return None
-    chosen = {}
-    for bucket in (routing,) if routing else ROUTINGS:
-        problem = grouped_problem(call.rows, call.n, call.k, call.experts, call.dtype, call.b_k_major, bucket)
-        found = lookup(problem)
-        if found is None or found[0].is_cublas:
-            return None
-        config = found[0].config_object
-        if config.check(problem, device):
-            return None
-        chosen[config.name] = (config, problem)
-    return next(iter(chosen.values())) if len(chosen) == 1 else None
-
-
-def recorded_baseline(lookup, call: GroupedCall, routing: str | None) -> str | None:
-    """LOOP or TORCH_GROUPED: the faster baseline of the records that kept it (the routing bucket the caller
-    names, else both buckets', which must agree), or None where a record is missing or kept a kernel. A tune
-    times both on its GPU (on Mixtral's skewed 4096 rows the loop beats torch._grouped_mm by 6%: a heuristic
-    alone would serve the slower one)."""
-    if call.masked or call.dtype not in GROUPED_DTYPES or not call.rows:
-        return None
-    faster = set()
-    for bucket in (routing,) if routing else ROUTINGS:
-        found = lookup(grouped_problem(call.rows, call.n, call.k, call.experts, call.dtype, call.b_k_major, bucket))
-        if found is None or not found[0].is_cublas:
-            return None
-        baselines = {name: ms for name, ms in found[0].baselines.items() if name in (LOOP, TORCH_GROUPED) and ms > 0}
-        if not baselines:
-            return None
-        faster.add(min(baselines, key=baselines.get))
-    return faster.pop() if len(faster) == 1 else None
-
-
-class _KernelPlan:
-    """A tuned grouped kernel, launched on every call with that call's addresses and stream."""
-
-    def __init__(self, config, problem: Problem, ordinal: int):
-        self.config, self.problem = config, problem
-        self.launch = grouped_launcher(config, problem, device_info(ordinal), ordinal)
-        self.ordinal = ordinal
-        self.streams: dict = {}  # PyTorch's stream handle -> its CuPy stream object (what the launcher takes)
-
-    def run(self, torch, a, b, offsets, out) -> bool:
-        """Launches on the current stream; False (nothing launched) where the operands are not the dense,
-        16-byte aligned arrays the kernel's tensor maps address."""
-        dense_b = b.transpose(1, 2).is_contiguous() if self.problem.trans_b else b.is_contiguous()
-        if not (a.is_contiguous() and dense_b and out.is_contiguous()) or \
-                (a.data_ptr() | b.data_ptr() | out.data_ptr()) % TMA_ALIGN_BYTES:
-            return False
-        if offsets.dtype != torch.int32:
-            offsets = offsets.to(torch.int32)  # (the kernel reads int32 offsets; a conversion on the GPU)
-        pointer = torch.cuda.current_stream(a.device).cuda_stream
-        stream = self.streams.get(pointer)
-        if stream is None:
-            stream = self.streams.setdefault(pointer, cupy_stream(pointer, self.ordinal))
-        self.launch(a.data_ptr(), b.data_ptr(), offsets.data_ptr(), out.data_ptr(), stream)
-        return True
-
-
-def kernel_plan(call: GroupedCall, routing: str | None):
-    """The _KernelPlan of `call` (and the routing its caller named); else the baseline its records kept
-    (LOOP or TORCH_GROUPED, `recorded_baseline`), or None (no record says): from the process's Dispatcher,
-    made on the first call of this problem (emptied by autogemm.reset())."""
-    # (keyed by the product alone: the bias and activation run after the kernel, and a call with another one
-    # finds the plan made, even inside a CUDA graph capture, where loading a module is not allowed)
-    memo, key = dispatcher().grouped, (replace(call, bias=False, activation=""), routing)
-    try:
-        return memo[key]
-    except KeyError:
-        pass
-    device = device_info(call.device)
-    cache = dispatcher().cache
-    def lookup(problem):
-        return cache.lookup(problem, device.slug)
-
-    tuned = tuned_grouped_config(lookup, call, routing, device)
-    plan = _KernelPlan(*tuned, call.device) if tuned is not None else recorded_baseline(lookup, call, routing)
-    with dispatcher().lock:
-        if len(memo) >= MAX_PLANS:
-            memo.clear()
-        return memo.setdefault(key, plan)
-
-
 _TORCH_REFUSED: set = set()  # (dtype, K-major b, K, N, GPU) torch._grouped_mm refused: the loop serves them
-
-
-# the loop serves where each expert's product is this many waves of 128 x 128 tiles on its own (on the mean
-# count): there cuBLAS per expert fills the GPU and one launch saves nothing (on an H100, Mixtral's 8 experts
-# at 8192 rows each: the loop 1.06-1.08x torch._grouped_mm; at 512 rows, and 128 experts at 32-512 rows,
-# torch._grouped_mm 1.03-5.4x the loop: benchmarks/results/grouped-*.md)
-LOOP_WAVES = 4
-
-
-def serves_the_loop(torch, call: GroupedCall, plan) -> bool:
-    """Whether the loop over experts serves a call that `plan` (kernel_plan's) gives no kernel: where the records
-    found it the faster baseline, or, with no record to say, where each expert's product fills the GPU by itself;
-    never while the stream is being captured (the loop reads the offsets on the host, which a capture forbids)."""
-    if isinstance(plan, _KernelPlan) or plan == TORCH_GROUPED or torch.cuda.is_current_stream_capturing():
-        return False
-    if plan == LOOP:
-        return True
-    tiles = (call.rows / call.experts / 128) * (call.n / 128)
-    sms = torch.cuda.get_device_properties(call.device).multi_processor_count
-    return tiles >= LOOP_WAVES * sms
 
 
 def _torch_grouped(call: GroupedCall, a, b, offsets, out, bias, routing: str | None = None):
     import torch  # (lazy: torch)
 
     plan = kernel_plan(call, routing)
-    if isinstance(plan, _KernelPlan):
+    if isinstance(plan, KernelPlan):
         result = out if out is not None else torch.empty((call.rows, call.n), dtype=a.dtype, device=a.device)
         if plan.run(torch, a, b, offsets, result):
             return _torch_epilogue(call, result, _rows_bias(torch, call, offsets, bias))

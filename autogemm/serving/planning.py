@@ -53,7 +53,7 @@ class Dispatcher:
         self.torch_epilogue: dict = {}
         # scaled_matmul's calls (scaled.ScaledCall) -> the tuned kernel's plan, or None (torch._scaled_mm serves)
         self.scaled: dict = {}
-        self.grouped: dict = {}  # serving/grouped.py's kernel plans
+        self.grouped: dict = {}  # serving/grouped_plan.py's kernel plans
         self.lock = threading.Lock()
         self._building: dict = {}  # plan key -> Event set when the thread building it is done
         self._tune_locks: dict[int, threading.Lock] = {}  # GPU ordinal -> held while tuning on it
