@@ -42,7 +42,7 @@ sys.path.insert(0, str(HERE))
 
 from bench_common import geomean, results_path  # noqa: E402
 
-from autogemm.routing import ROUTINGS, counts_for  # noqa: E402
+from autogemm.routing import ROUTINGS, counts_for, offsets_for  # noqa: E402
 
 LAYERS = {"Mixtral-8x7B": (8, 4096, 14336), "Qwen3-30B-A3B-like N=1536": (128, 2048, 1536),
           "Qwen3-30B-A3B-like N=768": (128, 2048, 768)}  # (E, K, N)
@@ -81,9 +81,7 @@ def measure(torch, label: str, experts: int, k: int, n: int, tokens: int, routin
     a = (torch.randn(tokens, k, device="cuda", generator=generator) / k ** 0.25).to(torch.bfloat16)
     weights = (torch.randn(experts, n, k, device="cuda", generator=generator) / k ** 0.25).to(torch.bfloat16)
     b = weights.transpose(1, 2)
-    ends = [0]
-    for count in counts:
-        ends.append(ends[-1] + count)
+    ends = offsets_for(experts, tokens, routing)
     offsets = torch.tensor(ends, device="cuda", dtype=torch.int32)
     offs = offsets[1:].contiguous()
     out = torch.empty(tokens, n, device="cuda", dtype=torch.bfloat16)
