@@ -137,6 +137,10 @@ def test_block_scales_ask_a_slice_of_one_block_and_the_registers_for_partial_sum
     assert TWO_CONSUMERS.block_scaled_sets() == 2  # (3 x 64 values)
     wider = HopperConfig(bm=128, bn=192, bk=128, wm=64, wn=192, stages=4)
     assert wider.check(block, SM90) == [] and wider.block_scaled_sets() == 1  # (2 x 96 values)
+    # (one set's scales are staged in shared memory, a stage's 128 rows and two columns rounded to 16 bytes)
+    per_tensor = scaled_problem(333, 520, 1040, "float8_e4m3fn", "tensor", "bfloat16", True)
+    assert wider.smem_bytes(block) - wider.smem_bytes(per_tensor) == 4 * (128 + 4) * 4
+    assert TWO_CONSUMERS.smem_bytes(block) == TWO_CONSUMERS.smem_bytes(per_tensor)
     wide = HopperConfig(bm=128, bn=256, bk=128, wm=64, wn=256, stages=4)
     assert any("bn of at most 192 (a tile's columns in two blocks of B at most)" in r for r in wide.check(block, SM90))
     tall = HopperConfig(bm=256, bn=128, bk=128, wm=128, wn=128, stages=4)
@@ -162,6 +166,10 @@ def test_an_fp8_kernel_compiles_for_sm90a_without_spills():
     wider = render(HopperConfig(bm=128, bn=192, bk=128, wm=64, wn=192, stages=4),
                    scaled_problem(333, 520, 1040, "float8_e4m3fn", "block", "bfloat16", True))
     assert "wgmma_fresh(partial[i], desc_a, desc_b)" in wider.code and "partial[set]" not in wider.code
+    # the one set's scales come through shared memory, copied by the producer warp (with two sets, where the
+    # next slice's wgmmas run under a promotion, the consumers read them from global memory)
+    assert "copy_block_scales(stage_scales" in wider.code and "copy_block_scales" not in block.code
+    assert "scale_a[(long long)m * scale_blocks_k + kt]" in block.code and "scale_a[(long long)m" not in wider.code
     for source in (block, wider):
         usage = nvcc_resources(source, "sm_90")[source.kernel]
         assert usage.spill_store_bytes == 0 and usage.spill_load_bytes == 0, source.kernel

@@ -106,12 +106,15 @@ def test_block_scales_in_other_kernel_structures(hopper, structure):
 
 
 # block scales on tiles 192 wide: one set of partial sums, and a tile's columns in two of B's blocks (333 x 520:
-# tiles at columns 0, 192 and 384 split at their 128th, 64th and 128th column, the last cut by N)
+# tiles at columns 0, 192 and 384 split at their 128th, 64th and 128th column, the last cut by N; 96 x 448: the
+# last tile's second block lies past N, its scale a zero the producer's copy fills in). The producer warp copies
+# each stage's scales into shared memory (rows past M zero-filled): with a cluster, each block its own rows'.
 WIDE_BLOCK_SCALED = {
     "two consumers": HopperConfig(bm=128, bn=192, bk=128, wm=64, wn=192, stages=4),
     "tma store": HopperConfig(bm=128, bn=192, bk=128, wm=64, wn=192, stages=4, tma_store=True),
     "pingpong": HopperConfig(bm=128, bn=192, bk=128, wm=64, wn=192, stages=4, pingpong=True),
     "split 2": HopperConfig(bm=128, bn=192, bk=128, wm=64, wn=192, stages=4, split_k=2),
+    "cluster": HopperConfig(bm=128, bn=192, bk=128, wm=64, wn=192, stages=4, tma_store=True, cluster=2),
 }
 
 
@@ -122,6 +125,7 @@ def test_block_scales_on_tiles_wider_than_a_block_of_b(hopper, structure):
     assert config.block_scaled_sets() == 1
     _run_and_check(config, 333, 520, 1040, "float8_e4m3fn", "block", "bfloat16", True, seed=5)
     _run_and_check(config, 200, 136, 272, "float8_e5m2", "block", "float32", False, seed=6)
+    _run_and_check(config, 96, 448, 384, "float8_e4m3fn", "block", "bfloat16", False, seed=7)
 
 
 # split-K: K's slices dealt out to several work units per tile, the last to count adding them up

@@ -183,12 +183,15 @@ class HopperConfig(VectorizedLoads, GemmConfig):
 
     def smem_bytes(self, problem: Problem) -> int:
         """The ring's stages (both operands' tiles), with `tma_store` two store chunks of 64 columns
-        per consumer, a full and an empty barrier per stage, and one swizzle period of slack to align
-        the first stage (the dynamic base is not aligned)."""
+        per consumer, with block scales on one set of partial sums each stage's scales (A's of the work
+        tile's rows, B's of two blocks of columns, rounded to 16 bytes), a full and an empty barrier per
+        stage, and one swizzle period of slack to align the first stage (the dynamic base is not aligned)."""
         itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
         store = self.bm * STORE_BUFFERS * SWIZZLE_BYTES if self.tma_store else 0
-        return (self.stages * (self.tile_rows + self.bn) * self.bk * itemsize + store + 2 * self.stages * BARRIER_BYTES
-                + SWIZZLE_PERIOD_BYTES)
+        staged_scales = problem.epilogue.scale == "block" and self.block_scaled_sets() == 1
+        scales = self.stages * (self.tile_rows + 4) * 4 if staged_scales else 0
+        return (self.stages * (self.tile_rows + self.bn) * self.bk * itemsize + store + scales
+                + 2 * self.stages * BARRIER_BYTES + SWIZZLE_PERIOD_BYTES)
 
     def accumulators(self) -> int:
         """Accumulators per consumer thread: wm / 64 wgmma blocks of bn / 2."""
