@@ -218,3 +218,24 @@ def test_a_tune_table_names_the_baseline_its_records_carry():
     # block scales with a tail in K: torch._scaled_mm is wrong there, the built-in kernel is the baseline
     assert _baseline(scaled_problem(64, 256, 272, "float8_e4m3fn", "block", "bfloat16", False))[0] == BUILT_IN
     assert _baseline(Problem(64, 64, 64))[0] == "cuBLAS"
+
+
+def test_the_fp8_campaigns_tune_the_problems_bench_fp8_measures():
+    """FP8 records come from campaigns/fp8.toml (per-tensor scales, shipped) and fp8_block.toml (block
+    scales): each holds bench_fp8's problems, e4m3 in layout NT with D in BF16, so that the bench's served
+    column reads records of the very problems it measures."""
+    import importlib.util
+    from pathlib import Path
+
+    from autogemm.campaigns.file import load_campaign
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("bench_fp8", root / "benchmarks" / "bench_fp8.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    measured = {(m, n, k) for _, m, n, k in bench.problems(None)}
+    for name, scale in (("fp8.toml", "tensor"), ("fp8_block.toml", "block")):
+        problems = load_campaign(root / "campaigns" / name).problems
+        assert {(p.m, p.n, p.k) for p in problems} == measured and len(problems) == len(measured), name
+        assert {(p.dtype, p.layout, p.epilogue.scale, p.epilogue.out_dtype) for p in problems} == \
+            {("float8_e4m3fn", "nt", scale, "bfloat16")}, name
