@@ -188,8 +188,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         stage, and one swizzle period of slack to align the first stage (the dynamic base is not aligned)."""
         itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
         store = self.bm * STORE_BUFFERS * SWIZZLE_BYTES if self.tma_store else 0
-        staged_scales = problem.epilogue.scale == "block" and self.block_scaled_sets() == 1
-        scales = self.stages * (self.tile_rows + 4) * 4 if staged_scales else 0
+        scales = self.stages * (self.tile_rows + 4) * 4 if self.stages_block_scales(problem) else 0
         return (self.stages * (self.tile_rows + self.bn) * self.bk * itemsize + store + scales
                 + 2 * self.stages * BARRIER_BYTES + SWIZZLE_PERIOD_BYTES)
 
@@ -346,6 +345,12 @@ class HopperConfig(VectorizedLoads, GemmConfig):
                 bad("registers", f"block scales keep a slice's partial sums beside the accumulators: 2 x "
                                  f"{self.accumulators()} per consumer thread exceed {MAX_BLOCK_SCALED_VALUES}")
 
+    def stages_block_scales(self, problem: Problem) -> bool:
+        """Whether each stage holds its slice's block scales, copied by the producer warp (block scales on one set
+        of partial sums, whose promotion cannot wait for the consumers' own loads: templates/hopper_gemm.cu.j2,
+        copy_block_scales)."""
+        return problem.epilogue.scale == "block" and self.block_scaled_sets() == 1
+
     def block_scaled_sets(self) -> int:
         """Block scales: how many sets of partial sums the consumer's registers hold beside its
         accumulators: two (one slice promoted while the next one's wgmmas run) where they fit, else one
@@ -373,6 +378,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             scaled=row.scaled, c_type=c_type, c_to_acc=c_to_acc, c_from_acc=c_from_acc,
             block_scaled=problem.epilogue.scale == "block",
             block_sets=self.block_scaled_sets() if problem.epilogue.scale == "block" else 0,
+            staged_scales=self.stages_block_scales(problem),
             dtype=problem.dtype, compute=problem.compute, layout=problem.layout.upper(), element=row.element,
             to_acc=row.to_acc, from_acc=row.from_acc, mma_input=row.tensor_core.mma_input, fk=row.tensor_core.wgmma_k,
             bm=self.bm, bn=self.bn, bk=self.bk, consumers=self.consumers, stages=self.stages, group_m=self.group_m,
