@@ -168,8 +168,15 @@ def test_an_fp8_kernel_compiles_for_sm90a_without_spills():
     assert "wgmma_fresh(partial[i], desc_a, desc_b)" in wider.code and "partial[set]" not in wider.code
     # the one set's scales come through shared memory, copied by the producer warp (with two sets, where the
     # next slice's wgmmas run under a promotion, the consumers read them from global memory)
-    assert "copy_block_scales(stage_scales" in wider.code and "copy_block_scales" not in block.code
-    assert "scale_a[(long long)m * scale_blocks_k + kt]" in block.code and "scale_a[(long long)m" not in wider.code
+    assert "copy_block_scales<decltype(layout)::outer>(stage_scales" in wider.code
+    assert "copy_block_scales" not in block.code
+    assert "scale_a[(long long)m * steps.a_row + (long long)kt * steps.a_k]" in block.code
+    assert "scale_a[(long long)m" not in wider.code
+    # both read block scales row-major or in torch's layout, as each launch says (`scales_outer`): the two
+    # sets' consumers by steps read at run time, the one set's producer by a copy compiled for each layout
+    assert "int scales_outer" in block.code and "const ScaleSteps steps(scales_outer, M, " in block.code
+    assert "int scales_outer" in wider.code and "if (scales_outer) produce(ScaleLayout<true>{});" in wider.code
+    assert "scales_outer" not in render(TWO_CONSUMERS, problem).code  # (per-row scales: no layout to choose)
     for source in (block, wider):
         usage = nvcc_resources(source, "sm_90")[source.kernel]
         assert usage.spill_store_bytes == 0 and usage.spill_load_bytes == 0, source.kernel
@@ -239,3 +246,25 @@ def test_the_fp8_campaigns_tune_the_problems_bench_fp8_measures():
         assert {(p.m, p.n, p.k) for p in problems} == measured and len(problems) == len(measured), name
         assert {(p.dtype, p.layout, p.epilogue.scale, p.epilogue.out_dtype) for p in problems} == \
             {("float8_e4m3fn", "nt", scale, "bfloat16")}, name
+
+
+def test_block_scales_are_read_row_major_or_in_torchs_layout_and_a_mixed_pair_is_named():
+    import numpy as np
+
+    from autogemm.gpu.packed_launch import epilogue_arguments
+    from autogemm.gpu.scaled_launch import block_scales_layout
+
+    scale_a, scale_b = np.ones((300, 5), np.float32), np.ones((5, 3), np.float32)
+    outer_a, outer_b = np.ascontiguousarray(scale_a.T).T, np.ascontiguousarray(scale_b.T).T  # (torch's layout)
+    assert block_scales_layout(scale_a, scale_b, tensors=False) == "row"
+    assert block_scales_layout(outer_a, outer_b, tensors=False) == "outer"
+    assert block_scales_layout(outer_a, scale_b, tensors=False) is None  # (one flag a launch: both lie alike)
+    assert block_scales_layout(scale_a[:, ::2], scale_b[:, :2], tensors=False) is None
+    # N within one block: B's (K/128, 1) scales lie the same both ways and go with A's layout
+    narrow = np.ones((5, 1), np.float32)
+    assert block_scales_layout(outer_a, narrow, tensors=False) == "outer"
+    assert block_scales_layout(scale_a, narrow, tensors=False) == "row"
+    # the kernel's argument, set at each launch
+    block = scaled_problem(333, 520, 1040, "float8_e4m3fn", "block", "bfloat16", False)
+    row = scaled_problem(333, 520, 1040, "float8_e4m3fn", "row", "bfloat16", False)
+    assert epilogue_arguments(block, None)["scales_outer"] == 0 and "scales_outer" not in epilogue_arguments(row, None)

@@ -128,6 +128,63 @@ def test_block_scales_on_tiles_wider_than_a_block_of_b(hopper, structure):
     _run_and_check(config, 96, 448, 384, "float8_e4m3fn", "block", "bfloat16", False, seed=7)
 
 
+@pytest.mark.parametrize("config", [pytest.param(CONFIGS["two consumers"], id="two sets, scales loaded"),
+                                    pytest.param(WIDE_BLOCK_SCALED["two consumers"], id="one set, scales staged"),
+                                    pytest.param(WIDE_BLOCK_SCALED["split 2"], id="one set, split 2")])
+def test_block_scales_in_torchs_layout_give_the_row_major_result(hopper, config):
+    """Block scales in torch's outer-dimension-major layout (the transposes of row-major arrays, as
+    torch._scaled_mm takes them) are read as they lie, told so at each launch: bit for bit the result of the
+    same scales row-major, with tails in M, N and K (rows past M and a block past N zero-filled either way).
+    A pair that lies neither way is refused by name."""
+    import cupy
+
+    from autogemm.gpu.scaled_launch import bind_scaled
+
+    for (m, n, k), seed in (((333, 520, 1040), 21), ((96, 448, 384), 22)):
+        a, b, scale_a, scale_b = _operands(m, n, k, "float8_e4m3fn", "block", seed)
+        outer_a, outer_b = cupy.ascontiguousarray(scale_a.T).T, cupy.ascontiguousarray(scale_b.T).T
+        assert not outer_a.flags.c_contiguous and not outer_b.flags.c_contiguous
+        row_major = _run_and_check(config, m, n, k, "float8_e4m3fn", "block", "bfloat16", False, seed=seed)
+        run, d = bind_scaled(config, a, b, outer_a, outer_b, dtype="float8_e4m3fn", out_dtype="bfloat16")
+        poison(d)
+        run()
+        assert bool((d.view(np.uint16) == row_major.view(np.uint16)).all()), f"{config.name} {m}x{n}x{k}"
+    with pytest.raises(ValueError, match="both in torch's outer-dimension-major layout"):
+        bind_scaled(config, a, b, outer_a, scale_b, dtype="float8_e4m3fn")
+
+
+def test_a_tuned_block_record_takes_torchs_layout_as_it_lies(hopper):
+    """A block-scaled record serves its kernel on scales in torch's layout (the layout a torch user holds for
+    torch._scaled_mm) without copying them: the same bits as with row-major scales, on the fast path too."""
+    import autogemm
+    from autogemm.gpu.launch import current_device
+    from autogemm.gpu.scaled_launch import scaled_problem
+    from autogemm.results.cache import TuningCache
+    from autogemm.serving.scaled import check_call, explain_scaled
+    from test_gpu_capture import _record
+
+    torch = pytest.importorskip("torch")
+    m, n, k = 256, 384, 512
+    config = WIDE_BLOCK_SCALED["two consumers"]
+    TuningCache().store(_record(scaled_problem(m, n, k, "float8_e4m3fn", "block", "bfloat16", False), config),
+                        current_device().slug)
+    autogemm.reset()
+    a, b, scale_a, scale_b = _torch_operands(m, n, k, "float8_e4m3fn", "block", 23)
+    outer_a, outer_b = scale_a.t().contiguous().t(), scale_b.t().contiguous().t()
+    call = check_call(a, b, outer_a, outer_b, None, torch.bfloat16)
+    assert call.outer_scales and explain_scaled(call) == f"cache: {config.name}"
+    row_major = autogemm.scaled_matmul(a, b, scale_a, scale_b)
+    copies = []
+    original = torch.Tensor.contiguous
+    torch.Tensor.contiguous = lambda self, *args, **kwargs: copies.append(self) or original(self, *args, **kwargs)
+    try:
+        first, again = (autogemm.scaled_matmul(a, b, outer_a, outer_b) for _ in range(2))  # (the second: fast path)
+    finally:
+        torch.Tensor.contiguous = original
+    assert not copies
+    assert torch.equal(first, row_major) and torch.equal(again, row_major)
+
+
 # split-K: K's slices dealt out to several work units per tile, the last to count adding them up
 SPLITS = {
     "one consumer, split 4": HopperConfig(bm=64, bn=128, bk=128, wm=64, wn=128, stages=6, split_k=4),

@@ -140,7 +140,7 @@ class PackedKernel:
 def epilogue_arguments(problem, residual) -> dict:
     """The arguments a kernel that applies `problem`'s epilogue takes after its own (common.cuh.j2's
     epilogue_parameters), by name: the bias's and the residual's pointers (set per launch; a scaled
-    product's scales' too) and the residual's pitch and batch stride (`residual`, a KernelOperand in the user's layout, as C; None
+    product's scales' too, and the layout of block scales) and the residual's pitch and batch stride (`residual`, a KernelOperand in the user's layout, as C; None
     where the epilogue adds none). Empty for the identity epilogue."""
     epilogue = problem.epilogue
     if epilogue.is_identity:
@@ -151,6 +151,8 @@ def epilogue_arguments(problem, residual) -> dict:
                      stride_r=np.int64(residual.batch_stride if residual else 0))
     if epilogue.scale:  # (FP8: the scales' addresses, set per launch too)
         arguments.update(scale_a=np.uintp(0), scale_b=np.uintp(0))
+    if epilogue.scale == "block":  # (and whether they are in torch's outer-dimension-major layout)
+        arguments.update(scales_outer=np.int32(0))
     return arguments
 
 

@@ -6,7 +6,8 @@ named FP8 type's bits (`autogemm.fp8`).
 
 Scales are FP32 device arrays, read by the kernel: one value each (per tensor), M values for A's rows
 and N for B's columns (per row), or one per row of A and 128 of K and one per 128 x 128 block of B (per
-block: (M, ceil(K/128)) and (ceil(K/128), ceil(N/128)), row-major). Every argument is checked before anything is compiled or
+block: (M, ceil(K/128)) and (ceil(K/128), ceil(N/128)), row-major or both in torch's outer-dimension-major
+layout). Every argument is checked before anything is compiled or
 launched, and a fault is named (shape, dtype, layout, alignment).
 """
 
@@ -39,6 +40,22 @@ def scaling_of(m: int, n: int, k: int, scale_a, scale_b) -> str:
     raise ValueError(f"scales must be one value each (per tensor); M = {m} for A's rows, shaped (M, 1), and N = {n} "
                      f"for B's columns, shaped (1, N) (per row); or ({m}, {blocks_k}) for A's rows by 128 of K and "
                      f"({blocks_k}, {blocks_n}) for B's 128 x 128 blocks (per block); got shapes {shape_a} and {shape_b}")
+
+
+def block_scales_layout(scale_a, scale_b, tensors: bool) -> str | None:
+    """How a pair of 2-D block scales lies, as the kernels read it (`scales_outer`): "row" (both row-major),
+    "outer" (both in torch's outer-dimension-major layout, the transposes of row-major arrays, which
+    torch._scaled_mm reads), or None (neither: they would need a copy). An array with a dimension of one
+    lies the same both ways and goes with either. `tensors`: PyTorch tensors, else CuPy (or NumPy) arrays."""
+    def layouts(scale) -> set:
+        if tensors:
+            row, outer = scale.is_contiguous(), scale.t().is_contiguous()
+        else:
+            row, outer = scale.flags.c_contiguous, scale.T.flags.c_contiguous
+        return {name for name, holds in (("row", row), ("outer", outer)) if holds}
+
+    common = layouts(scale_a) & layouts(scale_b)
+    return "row" if "row" in common else "outer" if "outer" in common else None
 
 
 def scaled_problem(m: int, n: int, k: int, dtype: str, scaling: str, out_dtype: str, bias: bool) -> Problem:
@@ -77,10 +94,17 @@ def bind_scaled(config: GemmConfig, a, b, scale_a, scale_b, *, dtype: str, out_d
     if k_b != k:
         raise ValueError(f"a is {m} × {k} and b {n} × {k_b}: both are stored K-major, so their K must match")
     for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
-        if not isinstance(scale, cupy.ndarray) or scale.dtype != np.float32 or not scale.flags.c_contiguous:
-            raise TypeError(f"{name} must be a contiguous float32 CuPy array on the GPU, got "
+        if not isinstance(scale, cupy.ndarray) or scale.dtype != np.float32:
+            raise TypeError(f"{name} must be a float32 CuPy array on the GPU, got "
                             f"{getattr(scale, 'dtype', type(scale).__name__)}")
-    problem = scaled_problem(m, n, k, dtype, scaling_of(m, n, k, scale_a, scale_b), out_dtype, bias is not None)
+    scaling = scaling_of(m, n, k, scale_a, scale_b)
+    # contiguous scales; block scales may lie in torch's layout instead (both of them), read as they lie
+    layout = block_scales_layout(scale_a, scale_b, tensors=False) if scaling == "block" else None
+    if layout is None and not (scale_a.flags.c_contiguous and scale_b.flags.c_contiguous):
+        raise ValueError("scale_a and scale_b must be contiguous" + (
+            " (row-major), or both in torch's outer-dimension-major layout (the transposes of row-major "
+            "arrays)" if scaling == "block" else "") + f"; got strides {scale_a.strides} and {scale_b.strides}")
+    problem = scaled_problem(m, n, k, dtype, scaling, out_dtype, bias is not None)
     storage = dtypes.lookup(out_dtype).storage
     held = {np.dtype(storage), runtime.numpy_dtype(out_dtype)}  # (bfloat16: ml_dtypes' type, or its bits as uint16)
     if bias is not None and (not isinstance(bias, cupy.ndarray) or bias.shape != (n,) or bias.dtype not in held):
@@ -99,8 +123,10 @@ def bind_scaled(config: GemmConfig, a, b, scale_a, scale_b, *, dtype: str, out_d
     pointers = (a.data.ptr, b.data.ptr, out.data.ptr)
     pbias = bias.data.ptr if bias is not None else 0
 
+    outer = layout == "outer"
+
     def run(stream=None):
-        launch(*pointers, 1.0, 0.0, stream, pbias, 0, scale_a.data.ptr, scale_b.data.ptr)
+        launch(*pointers, 1.0, 0.0, stream, pbias, 0, scale_a.data.ptr, scale_b.data.ptr, 0, outer)
 
     return run, out
 

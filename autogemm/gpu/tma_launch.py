@@ -122,6 +122,8 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
     bias_at, residual_at = kernel.slots("bias", "residual")[1] if "bias" in kernel.parameters else (None, None)
     # a scaled (FP8) product's scales: their addresses set at each launch too (None: an unscaled kernel)
     scale_a_at, scale_b_at = kernel.slots("scale_a", "scale_b")[1] if "scale_a" in kernel.parameters else (None, None)
+    # block scales: whether they lie in torch's outer-dimension-major layout, set at each launch (None: no block scales)
+    layouts, scales_outer_at = kernel.slot("scales_outer") if "scales_outer" in kernel.parameters else (None, None)
     scalars, (alpha_at, beta_at) = kernel.slots("alpha", "beta")
     flags, c_mapped_at = kernel.slot("c_mapped")
     # split-K: the partial sums and counters of the call's stream (None: a kernel that does not split K)
@@ -160,7 +162,8 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
         held[role] = None
         return False
 
-    def launch(pa, pb, pc, alpha, beta, stream=None, pbias=0, presidual=0, pscale_a=0, pscale_b=0, poffsets=0):
+    def launch(pa, pb, pc, alpha, beta, stream=None, pbias=0, presidual=0, pscale_a=0, pscale_b=0, poffsets=0,
+               scales_outer=False):
         stream_pointer = current_stream_pointer(stream)
         if partials_at is not None:
             partial_sums = get_workspace(ordinal, stream_pointer, "split_k_partials", partial_bytes)
@@ -177,6 +180,8 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
                 pointers[bias_at], pointers[residual_at] = pbias, presidual
             if scale_a_at is not None:
                 pointers[scale_a_at], pointers[scale_b_at] = pscale_a, pscale_b
+            if scales_outer_at is not None:
+                layouts[scales_outer_at] = 1 if scales_outer else 0
             if partials_at is not None:
                 pointers[partials_at], pointers[counters_at] = partial_sums, tile_counters
             if group_offsets_at is not None:

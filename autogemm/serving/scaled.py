@@ -7,7 +7,8 @@ operands K-major, which is how Hopper's FP8 wgmma reads them), both float8_e4m3f
 float8_e5m2. The scales are FP32 on the GPU: one value each (per tensor); M values shaped (M, 1) and N
 shaped (1, N) (per row); or (M, ceil(K/128)) for A's rows by 128 of K and (ceil(K/128), ceil(N/128)) for B's
 128 x 128 blocks (per block, DeepSeek-V3's recipe), row-major or both in torch's outer-dimension-major
-layout (which torch._scaled_mm reads without a copy; the kernels read row-major ones). The checks are torch's, and each names the fault before anything runs.
+layout (which torch._scaled_mm reads; the kernels read either, as it lies, without a copy). The checks are
+torch's, and each names the fault before anything runs.
 
 Which kernel serves a call: the problem's exact record on this GPU (`autogemm tune` of an FP8 problem,
 or a shipped one) where it kept a generated kernel; otherwise `torch._scaled_mm` (cuBLASLt's FP8), the
@@ -31,8 +32,8 @@ from ..fp8 import FP8_DTYPES
 from ..gpu.launch import device_info, launcher, prepare
 from ..gpu.operands import KernelOperand
 from ..gpu.runtime import cupy_stream, numpy_dtype
-from ..gpu.scaled_launch import (ALIGN_BYTES, DEFAULT_BLOCK_CONFIG, scaled_problem, scaling_of, torch_scales,
-                                 torch_takes)
+from ..gpu.scaled_launch import (ALIGN_BYTES, DEFAULT_BLOCK_CONFIG, block_scales_layout, scaled_problem, scaling_of,
+                                 torch_scales, torch_takes)
 from .dispatch import dispatcher
 from ..families import config_from_name
 from .select import Choice, ChoiceSource
@@ -55,7 +56,8 @@ class ScaledCall:
     out_dtype: str
     bias: bool
     device: int
-    # block scales given in torch's outer-dimension-major layout (the kernels read row-major ones: copied)
+    # block scales given in torch's outer-dimension-major layout (the kernels read them as they lie, told so
+    # at each launch; torch._scaled_mm takes them as they are)
     outer_scales: bool = False
 
     @property
@@ -122,11 +124,12 @@ def check_call(a, b, scale_a, scale_b, bias, out_dtype, dtype=None) -> ScaledCal
             raise ValueError(f"{name} is on GPU {device}, the operands on GPU {devices[0]}")
     scaling = scaling_of(m, n, k, scale_a, scale_b)
     # row-major scales, or for block scales also torch's own layout (outer-dimension-major: the transposes
-    # of contiguous (K/128, M) and (N/128, K/128) arrays), which torch._scaled_mm then reads without a copy
-    outer = scaling == "block" and all(_outer_major(scale, tensors) for scale in (scale_a, scale_b))
+    # of contiguous (K/128, M) and (N/128, K/128) arrays), which torch._scaled_mm and the kernels read as given
+    layout = block_scales_layout(scale_a, scale_b, tensors) if scaling == "block" else None
+    outer = layout == "outer"
     for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
         contiguous = scale.is_contiguous() if tensors else scale.flags.c_contiguous
-        if not (contiguous or outer):
+        if not (contiguous or layout is not None):
             raise ValueError(f"{name} must be contiguous" + (" (row-major), or both block scales in torch's "
                                                               "outer-dimension-major layout" if scaling == "block" else ""))
     out = _out_dtype(out_dtype)
@@ -137,13 +140,6 @@ def check_call(a, b, scale_a, scale_b, bias, out_dtype, dtype=None) -> ScaledCal
         if (bias.get_device() if tensors else bias.device.id) != devices[0]:
             raise ValueError(f"bias is not on the operands' GPU {devices[0]}")
     return ScaledCall(m, n, k, names[0], scaling, out, bias is not None, devices[0], outer)
-
-
-def _outer_major(scale, tensors: bool) -> bool:
-    """Whether a 2-D scale array is the transpose of a contiguous one (and not itself contiguous)."""
-    if len(scale.shape) != 2 or min(scale.shape) == 1:
-        return False
-    return scale.t().is_contiguous() if tensors else scale.T.flags.c_contiguous
 
 
 class _KernelPlan:
@@ -162,7 +158,7 @@ class _KernelPlan:
         """Launches on `stream`; False (nothing launched) where an address is less aligned than TMA needs."""
         if (pa | pb) % ALIGN_BYTES:
             return False
-        self.launch(pa, pb, pd, 1.0, 0.0, stream, pbias, 0, psa, psb)
+        self.launch(pa, pb, pd, 1.0, 0.0, stream, pbias, 0, psa, psb, 0, self.call.outer_scales)
         return True
 
 
@@ -255,11 +251,7 @@ def _file_tensor_runner(plan, call: ScaledCall, key: tuple) -> None:
     if plan is not None:
         streams: dict = {}  # PyTorch's stream handle -> its CuPy stream object
 
-        outer = call.outer_scales
-
         def runner(a, b, scale_a, scale_b, bias):
-            if outer:  # (the kernel reads row-major block scales)
-                scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()
             d = torch.empty(shape, dtype=out_dtype, device=a.device)
             pointer = torch.cuda.current_stream(device).cuda_stream
             stream = streams.get(pointer)
@@ -270,11 +262,11 @@ def _file_tensor_runner(plan, call: ScaledCall, key: tuple) -> None:
             return d if ran else None
     elif not torch_takes(call.scaling, call.k, call.n):
         return
-    elif call.scaling == "block":
-        def runner(a, b, scale_a, scale_b, bias):
+    elif call.scaling == "block" and not call.outer_scales:
+        def runner(a, b, scale_a, scale_b, bias):  # (row-major block scales: copied into torch's layout)
             return torch._scaled_mm(a, b, *torch_scales(torch, scale_a, scale_b, "block"), bias=bias,
                                     out_dtype=out_dtype)
-    else:
+    else:  # (per tensor, per row, and block scales in torch's layout: as they are given)
         def runner(a, b, scale_a, scale_b, bias):
             return torch._scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=out_dtype)
     memo = dispatcher().scaled
@@ -288,8 +280,6 @@ def _on_tensors(plan, call: ScaledCall, a, b, scale_a, scale_b, bias):
     import torch  # (lazy: PyTorch)
 
     out_dtype = getattr(torch, call.out_dtype)
-    if call.outer_scales and (plan is not None or not torch_takes(call.scaling, call.k, call.n)):
-        scale_a, scale_b = scale_a.contiguous(), scale_b.contiguous()  # (the kernels read row-major block scales)
     if plan is not None:
         d = torch.empty((call.m, call.n), dtype=out_dtype, device=a.device)
         stream = cupy_stream(torch.cuda.current_stream(call.device).cuda_stream, call.device)
@@ -309,11 +299,6 @@ def _on_tensors(plan, call: ScaledCall, a, b, scale_a, scale_b, bias):
 
 def _on_cupy(plan, call: ScaledCall, a, b, scale_a, scale_b, bias):
     import cupy  # (lazy: CuPy)
-
-    if call.outer_scales and (plan is not None or not torch_takes(call.scaling, call.k, call.n)):
-        # (the kernels read row-major block scales; torch._scaled_mm takes these as they are)
-        given = scale_a, scale_b
-        scale_a, scale_b = cupy.ascontiguousarray(scale_a), cupy.ascontiguousarray(scale_b)
 
     def launch(plan):
         d = cupy.empty((call.m, call.n), dtype=numpy_dtype(call.out_dtype))
@@ -335,8 +320,6 @@ def _on_cupy(plan, call: ScaledCall, a, b, scale_a, scale_b, bias):
         raise RuntimeError(f"{call.problem} has no tuned kernel on this GPU, and its fallback is torch._scaled_mm: "
                            "install PyTorch, or tune the problem (autogemm tune)") from None
     fp8 = getattr(torch, call.dtype)
-    if call.outer_scales and plan is not None:
-        scale_a, scale_b = given  # (the kernel could not run: torch reads the given layout)
     with torch.cuda.device(call.device), torch.cuda.stream(torch.cuda.ExternalStream(cupy.cuda.get_current_stream().ptr)):
         d = torch._scaled_mm(torch.from_dlpack(a).view(fp8), torch.from_dlpack(b).view(fp8),
                              *torch_scales(torch, torch.from_dlpack(scale_a), torch.from_dlpack(scale_b), call.scaling),
