@@ -94,6 +94,9 @@ def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float
         expected = (a64 @ b64.T) * (scale_a.astype(np.float64) * scale_b.astype(np.float64))
     ta, tb = torch.from_dlpack(a).view(torch.float8_e4m3fn), torch.from_dlpack(b).view(torch.float8_e4m3fn).t()
     tsa, tsb = torch_scales(torch, torch.from_dlpack(scale_a), torch.from_dlpack(scale_b), scaling)
+    # the kernels read the very scales torch._scaled_mm is given: block scales in its outer-dimension-major
+    # layout, as scaled_matmul passes them on (the values are the same; the check reads the row-major arrays)
+    kernel_scales = (cupy.from_dlpack(tsa), cupy.from_dlpack(tsb)) if scaling == "block" else (scale_a, scale_b)
     calls = {TORCH: lambda i: torch._scaled_mm(ta, tb, tsa, tsb, out_dtype=torch.bfloat16),
              FAST: lambda i: torch._scaled_mm(ta, tb, tsa, tsb, out_dtype=torch.bfloat16, use_fast_accum=True)}
     if scaling == "block":  # (cuBLASLt has no fast accumulation with block scales)
@@ -122,7 +125,7 @@ def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float
     for config in candidates:
         if config.check(problem, device):
             continue
-        run, d = bind_scaled(config, a, b, scale_a, scale_b, dtype=DTYPE, out_dtype="bfloat16")
+        run, d = bind_scaled(config, a, b, *kernel_scales, dtype=DTYPE, out_dtype="bfloat16")
         poison(d)
         run()
         verdict = check_epilogue_result(d, a64, b64, problem, scale_a=scale_a, scale_b=scale_b)
@@ -159,7 +162,8 @@ def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float
 def report(rows: list[dict], device, args) -> list[str]:
     lines = [f"# FP8 on {device.name}", "",
              f"`benchmarks/bench_fp8.py` ({time.strftime('%Y-%m-%d')}): e4m3 operands (A M × K, B N × K), D in BF16, "
-             "autogemm's FP8 kernels against torch._scaled_mm on the same bits and scales, in the same run. GPU time "
+             "autogemm's FP8 kernels against torch._scaled_mm on the same bits and scales (block scales in torch's "
+             "outer-dimension-major layout for both), in the same run. GPU time "
              f"(back-to-back calls behind the gate, {args.gpu_time_ms:g} ms of work a competitor). autogemm: the "
              "fastest of the hopper_fp8 space's seed configs and the kernel the problem's tune found (kept or not), "
              "each checked against the float64 reference first. Served: what `scaled_matmul` runs, the record's "
