@@ -264,6 +264,16 @@ def test_block_scales_are_read_row_major_or_in_torchs_layout_and_a_mixed_pair_is
     narrow = np.ones((5, 1), np.float32)
     assert block_scales_layout(outer_a, narrow, tensors=False) == "outer"
     assert block_scales_layout(scale_a, narrow, tensors=False) == "row"
+    # one check for bind_scaled and scaled_matmul: the flag, or the fault named with both scales' strides
+    from autogemm.gpu.scaled_launch import scales_outer
+
+    assert scales_outer(outer_a, outer_b, "block", tensors=False) is True
+    assert scales_outer(scale_a, scale_b, "block", tensors=False) is False
+    with pytest.raises(ValueError, match=r"both in torch's outer-dimension-major layout .*; got strides \(4, 1200\)"):
+        scales_outer(outer_a, scale_b, "block", tensors=False)
+    rows = np.ones((300, 2), np.float32)[:, :1]
+    with pytest.raises(ValueError, match=r"must be contiguous; got strides \(8, 4\)"):
+        scales_outer(rows, np.ones((1, 3), np.float32), "row", tensors=False)
     # the kernel's argument, set at each launch
     block = scaled_problem(333, 520, 1040, "float8_e4m3fn", "block", "bfloat16", False)
     row = scaled_problem(333, 520, 1040, "float8_e4m3fn", "row", "bfloat16", False)

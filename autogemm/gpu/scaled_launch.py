@@ -58,6 +58,20 @@ def block_scales_layout(scale_a, scale_b, tensors: bool) -> str | None:
     return "row" if "row" in common else "outer" if "outer" in common else None
 
 
+def scales_outer(scale_a, scale_b, scaling: str, tensors: bool) -> bool:
+    """Whether the scales are block scales in torch's outer-dimension-major layout (the kernels' `scales_outer`).
+    ValueError, naming both scales' strides, where they lie neither contiguous (row-major) nor, for block
+    scales, both in torch's layout. `tensors`: PyTorch tensors, else CuPy (or NumPy) arrays."""
+    layout = block_scales_layout(scale_a, scale_b, tensors) if scaling == "block" else None
+    if layout is None and not all(scale.is_contiguous() if tensors else scale.flags.c_contiguous
+                                  for scale in (scale_a, scale_b)):
+        strides = [tuple(scale.stride()) if tensors else scale.strides for scale in (scale_a, scale_b)]
+        raise ValueError("scale_a and scale_b must be contiguous" + (
+            " (row-major), or both in torch's outer-dimension-major layout (the transposes of row-major "
+            "arrays)" if scaling == "block" else "") + f"; got strides {strides[0]} and {strides[1]}")
+    return layout == "outer"
+
+
 def scaled_problem(m: int, n: int, k: int, dtype: str, scaling: str, out_dtype: str, bias: bool) -> Problem:
     """The Problem of a scaled product: layout NT (A M × K, B N × K), the scaling, D's dtype and a bias
     along N in its epilogue."""
@@ -98,12 +112,7 @@ def bind_scaled(config: GemmConfig, a, b, scale_a, scale_b, *, dtype: str, out_d
             raise TypeError(f"{name} must be a float32 CuPy array on the GPU, got "
                             f"{getattr(scale, 'dtype', type(scale).__name__)}")
     scaling = scaling_of(m, n, k, scale_a, scale_b)
-    # contiguous scales; block scales may lie in torch's layout instead (both of them), read as they lie
-    layout = block_scales_layout(scale_a, scale_b, tensors=False) if scaling == "block" else None
-    if layout is None and not (scale_a.flags.c_contiguous and scale_b.flags.c_contiguous):
-        raise ValueError("scale_a and scale_b must be contiguous" + (
-            " (row-major), or both in torch's outer-dimension-major layout (the transposes of row-major "
-            "arrays)" if scaling == "block" else "") + f"; got strides {scale_a.strides} and {scale_b.strides}")
+    outer = scales_outer(scale_a, scale_b, scaling, tensors=False)  # (block scales are read as they lie)
     problem = scaled_problem(m, n, k, dtype, scaling, out_dtype, bias is not None)
     storage = dtypes.lookup(out_dtype).storage
     held = {np.dtype(storage), runtime.numpy_dtype(out_dtype)}  # (bfloat16: ml_dtypes' type, or its bits as uint16)
@@ -122,8 +131,6 @@ def bind_scaled(config: GemmConfig, a, b, scale_a, scale_b, *, dtype: str, out_d
     launch = launcher(prepare(config, problem, widths), a_operand, b_operand, d_operand)
     pointers = (a.data.ptr, b.data.ptr, out.data.ptr)
     pbias = bias.data.ptr if bias is not None else 0
-
-    outer = layout == "outer"
 
     def run(stream=None):
         launch(*pointers, 1.0, 0.0, stream, pbias, 0, scale_a.data.ptr, scale_b.data.ptr, 0, outer)

@@ -32,7 +32,7 @@ from ..fp8 import FP8_DTYPES
 from ..gpu.launch import device_info, launcher, prepare
 from ..gpu.operands import KernelOperand
 from ..gpu.runtime import cupy_stream, numpy_dtype
-from ..gpu.scaled_launch import (ALIGN_BYTES, DEFAULT_BLOCK_CONFIG, block_scales_layout, scaled_problem, scaling_of,
+from ..gpu.scaled_launch import (ALIGN_BYTES, DEFAULT_BLOCK_CONFIG, scaled_problem, scales_outer, scaling_of,
                                  torch_scales, torch_takes)
 from .dispatch import dispatcher
 from ..families import config_from_name
@@ -125,13 +125,7 @@ def check_call(a, b, scale_a, scale_b, bias, out_dtype, dtype=None) -> ScaledCal
     scaling = scaling_of(m, n, k, scale_a, scale_b)
     # row-major scales, or for block scales also torch's own layout (outer-dimension-major: the transposes
     # of contiguous (K/128, M) and (N/128, K/128) arrays), which torch._scaled_mm and the kernels read as given
-    layout = block_scales_layout(scale_a, scale_b, tensors) if scaling == "block" else None
-    outer = layout == "outer"
-    for name, scale in (("scale_a", scale_a), ("scale_b", scale_b)):
-        contiguous = scale.is_contiguous() if tensors else scale.flags.c_contiguous
-        if not (contiguous or layout is not None):
-            raise ValueError(f"{name} must be contiguous" + (" (row-major), or both block scales in torch's "
-                                                              "outer-dimension-major layout" if scaling == "block" else ""))
+    outer = scales_outer(scale_a, scale_b, scaling, tensors)
     out = _out_dtype(out_dtype)
     if bias is not None:
         if tuple(bias.shape) != (n,) or dtypes.name_of(bias.dtype) not in (out, dtypes.lookup(out).storage):
