@@ -439,11 +439,12 @@ def test_a_repeated_call_on_tensors_takes_the_fast_path(hopper, monkeypatch):
     assert len(checked) == 1
 
 
-@pytest.mark.parametrize("tuned", [True, False], ids=["kernel", "torch"])
-def test_scaled_matmul_is_captured_in_a_cuda_graph(hopper, tuned):
+@pytest.mark.parametrize("tuned,scaling", [(True, "tensor"), (False, "tensor"), (True, "block"), (False, "block")],
+                         ids=["kernel-tensor", "torch-tensor", "kernel-block", "torch-block"])
+def test_scaled_matmul_is_captured_in_a_cuda_graph(hopper, tuned, scaling):
     """After a first call outside the capture, scaled_matmul is captured into a CUDA graph on both routes (a
     record's kernel launched on PyTorch's capturing stream; torch._scaled_mm), and the replay recomputes D
-    from the operands' current values."""
+    from the operands' current values: with block scales in torch's layout, the scales' current values too."""
     import autogemm
     from autogemm.gpu.launch import current_device
     from autogemm.gpu.scaled_launch import scaled_problem
@@ -452,13 +453,16 @@ def test_scaled_matmul_is_captured_in_a_cuda_graph(hopper, tuned):
     from test_gpu_capture import _record
 
     torch = pytest.importorskip("torch")
-    m, n, k = 128, 256, 384
+    m, n, k = (128, 256, 384) if scaling == "tensor" else (256, 384, 512)
     if tuned:
-        problem = scaled_problem(m, n, k, "float8_e4m3fn", "tensor", "bfloat16", False)
-        TuningCache().store(_record(problem, CONFIGS["two consumers"]), current_device().slug)
+        config = CONFIGS["two consumers"] if scaling == "tensor" else WIDE_BLOCK_SCALED["two consumers"]
+        problem = scaled_problem(m, n, k, "float8_e4m3fn", scaling, "bfloat16", False)
+        TuningCache().store(_record(problem, config), current_device().slug)
     autogemm.reset()
-    a, b, scale_a, scale_b = _torch_operands(m, n, k, "float8_e4m3fn", "tensor", 19)
-    new_a, _, _, _ = _torch_operands(m, n, k, "float8_e4m3fn", "tensor", 23)
+    a, b, scale_a, scale_b = _torch_operands(m, n, k, "float8_e4m3fn", scaling, 19)
+    new_a, _, new_scale_a, new_scale_b = _torch_operands(m, n, k, "float8_e4m3fn", scaling, 23)
+    if scaling == "block":  # (torch's layout, as a torch user holds block scales; copy_ keeps the strides)
+        scale_a, scale_b = scale_a.t().contiguous().t(), scale_b.t().contiguous().t()
     served = explain_scaled(check_call(a, b, scale_a, scale_b, None, None))
     assert (served != "torch._scaled_mm") == tuned
     autogemm.scaled_matmul(a, b, scale_a, scale_b)  # (outside the capture: plans the call)
@@ -467,7 +471,13 @@ def test_scaled_matmul_is_captured_in_a_cuda_graph(hopper, tuned):
     with torch.cuda.graph(graph):
         d = autogemm.scaled_matmul(a, b, scale_a, scale_b)
     a.copy_(new_a)
+    old_scales = (scale_a.clone(), scale_b.clone())   # (clone keeps torch's layout)
+    if scaling == "block":
+        scale_a.copy_(new_scale_a)
+        scale_b.copy_(new_scale_b)
     graph.replay()
     torch.cuda.synchronize()
-    expected = autogemm.scaled_matmul(new_a, b, scale_a, scale_b)
+    expected = autogemm.scaled_matmul(a, b, scale_a, scale_b)
     assert torch.equal(d, expected)
+    if scaling == "block":  # (the replay read the new scales: with the old ones D differs)
+        assert not torch.equal(d, autogemm.scaled_matmul(a, b, *old_scales))
