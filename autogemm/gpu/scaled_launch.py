@@ -42,16 +42,18 @@ def scaling_of(m: int, n: int, k: int, scale_a, scale_b) -> str:
                      f"({blocks_k}, {blocks_n}) for B's 128 x 128 blocks (per block); got shapes {shape_a} and {shape_b}")
 
 
+def _contiguous(scale, tensors: bool) -> bool:
+    """Whether a scale array is row-major (contiguous). `tensors`: a PyTorch tensor, else a CuPy (or NumPy) array."""
+    return scale.is_contiguous() if tensors else scale.flags.c_contiguous
+
+
 def block_scales_layout(scale_a, scale_b, tensors: bool) -> str | None:
     """How a pair of 2-D block scales lies, as the kernels read it (`scales_outer`): "row" (both row-major),
     "outer" (both in torch's outer-dimension-major layout, the transposes of row-major arrays, which
     torch._scaled_mm reads), or None (neither: they would need a copy). An array with a dimension of one
     lies the same both ways and goes with either. `tensors`: PyTorch tensors, else CuPy (or NumPy) arrays."""
     def layouts(scale) -> set:
-        if tensors:
-            row, outer = scale.is_contiguous(), scale.t().is_contiguous()
-        else:
-            row, outer = scale.flags.c_contiguous, scale.T.flags.c_contiguous
+        row, outer = _contiguous(scale, tensors), _contiguous(scale.t() if tensors else scale.T, tensors)
         return {name for name, holds in (("row", row), ("outer", outer)) if holds}
 
     common = layouts(scale_a) & layouts(scale_b)
@@ -63,8 +65,7 @@ def scales_outer(scale_a, scale_b, scaling: str, tensors: bool) -> bool:
     ValueError, naming both scales' strides, where they lie neither contiguous (row-major) nor, for block
     scales, both in torch's layout. `tensors`: PyTorch tensors, else CuPy (or NumPy) arrays."""
     layout = block_scales_layout(scale_a, scale_b, tensors) if scaling == "block" else None
-    if layout is None and not all(scale.is_contiguous() if tensors else scale.flags.c_contiguous
-                                  for scale in (scale_a, scale_b)):
+    if layout is None and not all(_contiguous(scale, tensors) for scale in (scale_a, scale_b)):
         strides = [tuple(scale.stride()) if tensors else scale.strides for scale in (scale_a, scale_b)]
         raise ValueError("scale_a and scale_b must be contiguous" + (
             " (row-major), or both in torch's outer-dimension-major layout (the transposes of row-major "
