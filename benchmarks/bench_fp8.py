@@ -59,20 +59,13 @@ def problems(shapes: list[str] | None) -> list[tuple[str, int, int, int]]:
     return rows
 
 
-def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float) -> dict | None:
+def operands(m: int, n: int, k: int, scaling: str) -> tuple:
+    """e4m3 A (M × K) and B (N × K) with values in (-1, 1), and the scaling's FP32 scales, row-major (per tensor
+    0.5 and 2; per row and per block in [0.5, 1.5)), on the GPU as CuPy arrays, seeded by the shape."""
     import cupy
     import numpy as np
-    import torch
 
     from autogemm import fp8
-    from autogemm.epilogue import dequantized
-    from autogemm.gpu.scaled_launch import bind_scaled, scaled_problem, torch_scales
-    from autogemm.kernels.space import SearchSpace
-    from autogemm.measure import timing
-    from autogemm.measure.bench import check_epilogue_result, poison, relative_error
-    from autogemm.gpu.launch import current_device
-    from autogemm.paths import search_spaces_dir
-    from autogemm.results.cache import TuningCache
 
     rng = cupy.random.default_rng(m * 31 + n + k)
     a = fp8.quantize(rng.random((m, k), dtype=np.float32) * 2 - 1, DTYPE, cupy)
@@ -85,6 +78,40 @@ def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float
     else:  # 1 x 128 for A, 128 x 128 for B
         scale_a = (rng.random((m, -(-k // 128)), dtype=np.float32) + 0.5).astype(np.float32)
         scale_b = (rng.random((-(-k // 128), -(-n // 128)), dtype=np.float32) + 0.5).astype(np.float32)
+    return a, b, scale_a, scale_b
+
+
+def torch_operands(a, b, scale_a, scale_b, scaling: str) -> tuple:
+    """(a, b, scale_a, scale_b) as torch._scaled_mm takes them (b = the N × K array's transpose; block scales in
+    its outer-dimension-major layout), and the scales the kernels are given: the very ones torch is given, as
+    scaled_matmul passes them on (the values are the operands'; a check reads the row-major arrays)."""
+    import cupy
+    import torch
+
+    from autogemm.gpu.scaled_launch import torch_scales
+
+    ta, tb = torch.from_dlpack(a).view(torch.float8_e4m3fn), torch.from_dlpack(b).view(torch.float8_e4m3fn).t()
+    tsa, tsb = torch_scales(torch, torch.from_dlpack(scale_a), torch.from_dlpack(scale_b), scaling)
+    kernel_scales = (cupy.from_dlpack(tsa), cupy.from_dlpack(tsb)) if scaling == "block" else (scale_a, scale_b)
+    return ta, tb, tsa, tsb, kernel_scales
+
+
+def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float) -> dict | None:
+    import cupy
+    import numpy as np
+    import torch
+
+    from autogemm import fp8
+    from autogemm.epilogue import dequantized
+    from autogemm.gpu.scaled_launch import bind_scaled, scaled_problem
+    from autogemm.kernels.space import SearchSpace
+    from autogemm.measure import timing
+    from autogemm.measure.bench import check_epilogue_result, poison, relative_error
+    from autogemm.gpu.launch import current_device
+    from autogemm.paths import search_spaces_dir
+    from autogemm.results.cache import TuningCache
+
+    a, b, scale_a, scale_b = operands(m, n, k, scaling)
     problem = scaled_problem(m, n, k, DTYPE, scaling, "bfloat16", False)
     a64, b64 = fp8.to_float64(a, DTYPE, cupy), fp8.to_float64(b, DTYPE, cupy)
     if scaling == "block":
@@ -92,11 +119,7 @@ def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float
         expected = scaled_a @ scaled_b.T
     else:
         expected = (a64 @ b64.T) * (scale_a.astype(np.float64) * scale_b.astype(np.float64))
-    ta, tb = torch.from_dlpack(a).view(torch.float8_e4m3fn), torch.from_dlpack(b).view(torch.float8_e4m3fn).t()
-    tsa, tsb = torch_scales(torch, torch.from_dlpack(scale_a), torch.from_dlpack(scale_b), scaling)
-    # the kernels read the very scales torch._scaled_mm is given: block scales in its outer-dimension-major
-    # layout, as scaled_matmul passes them on (the values are the same; the check reads the row-major arrays)
-    kernel_scales = (cupy.from_dlpack(tsa), cupy.from_dlpack(tsb)) if scaling == "block" else (scale_a, scale_b)
+    ta, tb, tsa, tsb, kernel_scales = torch_operands(a, b, scale_a, scale_b, scaling)
     calls = {TORCH: lambda i: torch._scaled_mm(ta, tb, tsa, tsb, out_dtype=torch.bfloat16),
              FAST: lambda i: torch._scaled_mm(ta, tb, tsa, tsb, out_dtype=torch.bfloat16, use_fast_accum=True)}
     if scaling == "block":  # (cuBLASLt has no fast accumulation with block scales)

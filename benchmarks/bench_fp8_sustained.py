@@ -5,7 +5,8 @@ Why: an H100 running FP8 GEMMs back to back reaches its board power limit within
 lowers its clock from then on. bench_fp8.py times each competitor for tens of milliseconds, after the
 reference's work, so its figures mix clock states; a long run is what a training or serving job meets, and it
 shows where block scaling's cost goes (the promotion's FP32 work lowers the clock under the cap, the way cuBLAS's
-block kernel does too).
+block kernel does too). The calls are timed as one stretch of work (CUDA events around them), not by
+`timing.gpu_time`, whose gate holds the GPU between its 2 ms samples: the same loop for all four.
 
 Competitors, each checked against the float64 reference first: torch._scaled_mm (use_fast_accum=False) and
 autogemm's kernel for each scaling. The kernels default to bench_fp8's fastest at 8192³ (its results JSON);
@@ -31,9 +32,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_common import results_path  # noqa: E402
+from bench_fp8 import DTYPE, operands, torch_operands  # noqa: E402
 
 SIZE = 8192
-DTYPE = "float8_e4m3fn"
 SAMPLE_MS = 100
 SKIP_SAMPLES = 10  # the first second of readings: the clock settling under the power limit
 
@@ -89,12 +90,11 @@ def main(argv=None) -> int:
     if args.seconds <= 0 or args.rounds < 1:
         parser.error("--seconds must be positive and --rounds at least 1")
     import cupy
-    import numpy as np
     import torch
 
     from autogemm import config_from_name, fp8
     from autogemm.gpu.launch import current_device
-    from autogemm.gpu.scaled_launch import bind_scaled, scaled_problem, torch_scales
+    from autogemm.gpu.scaled_launch import bind_scaled, scaled_problem
     from autogemm.measure.bench import check_epilogue_result, poison
 
     if not torch.cuda.is_available() or current_device().compute_capability != (9, 0):
@@ -107,31 +107,23 @@ def main(argv=None) -> int:
         parser.error(f"no kernel for {', '.join(missing)} scales: run bench_fp8.py --block first or name one "
                      "with --tensor-config / --block-config")
 
-    rng = cupy.random.default_rng(SIZE)
-    a = fp8.quantize(rng.random((SIZE, SIZE), dtype=np.float32) * 2 - 1, DTYPE, cupy)
-    b = fp8.quantize(rng.random((SIZE, SIZE), dtype=np.float32) * 2 - 1, DTYPE, cupy)
-    a64, b64 = fp8.to_float64(a, DTYPE, cupy), fp8.to_float64(b, DTYPE, cupy)
-    ta, tb = torch.from_dlpack(a).view(torch.float8_e4m3fn), torch.from_dlpack(b).view(torch.float8_e4m3fn).t()
-    blocks = SIZE // 128
-    scales = {"tensor": (cupy.array([0.5], dtype=np.float32), cupy.array([2.0], dtype=np.float32)),
-              "block": ((rng.random((SIZE, blocks), dtype=np.float32) + 0.5).astype(np.float32),
-                        (rng.random((blocks, blocks), dtype=np.float32) + 0.5).astype(np.float32))}
     calls = {}
-    for scaling, (scale_a, scale_b) in scales.items():
-        tsa, tsb = torch_scales(torch, torch.from_dlpack(scale_a), torch.from_dlpack(scale_b), scaling)
+    for scaling in ("tensor", "block"):
+        a, b, scale_a, scale_b = operands(SIZE, SIZE, SIZE, scaling)   # (the same A and B: seeded by the shape)
+        ta, tb, tsa, tsb, kernel_scales = torch_operands(a, b, scale_a, scale_b, scaling)
         calls[("torch._scaled_mm", scaling)] = (
-            lambda tsa=tsa, tsb=tsb: torch._scaled_mm(ta, tb, tsa, tsb, out_dtype=torch.bfloat16))
-        kernel_scales = (cupy.from_dlpack(tsa), cupy.from_dlpack(tsb)) if scaling == "block" else (scale_a, scale_b)
+            lambda ta=ta, tb=tb, tsa=tsa, tsb=tsb: torch._scaled_mm(ta, tb, tsa, tsb, out_dtype=torch.bfloat16))
         run, d = bind_scaled(config_from_name(configs[scaling]), a, b, *kernel_scales, dtype=DTYPE,
                              out_dtype="bfloat16")
         poison(d)
         run()
         problem = scaled_problem(SIZE, SIZE, SIZE, DTYPE, scaling, "bfloat16", False)
+        a64, b64 = fp8.to_float64(a, DTYPE, cupy), fp8.to_float64(b, DTYPE, cupy)
         verdict = check_epilogue_result(d, a64, b64, problem, scale_a=scale_a, scale_b=scale_b)
         if not verdict.ok:
             raise SystemExit(f"{configs[scaling]} ({scaling} scales) is wrong: {verdict.message}")
         calls[("autogemm", scaling)] = run
-    del a64, b64
+    del a64, b64   # (the references: 1 GiB of GPU memory)
     rounds = []
     for index in range(args.rounds):
         measured = {}
