@@ -228,8 +228,8 @@ def test_a_tune_table_names_the_baseline_its_records_carry():
 
 
 def test_the_fp8_campaigns_tune_the_problems_bench_fp8_measures():
-    """FP8 records come from campaigns/fp8.toml (per-tensor scales, shipped) and fp8_block.toml (block
-    scales): each holds bench_fp8's problems, e4m3 in layout NT with D in BF16, so that the bench's served
+    """FP8 records come from campaigns/fp8.toml (per-tensor scales), fp8_row.toml (per-row scales) and
+    fp8_block.toml (block scales): each holds bench_fp8's problems, e4m3 in layout NT with D in BF16, so that the bench's served
     column reads records of the very problems it measures."""
     import importlib.util
     from pathlib import Path
@@ -241,7 +241,7 @@ def test_the_fp8_campaigns_tune_the_problems_bench_fp8_measures():
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     measured = {(m, n, k) for _, m, n, k in bench.problems(None)}
-    for name, scale in (("fp8.toml", "tensor"), ("fp8_block.toml", "block")):
+    for name, scale in (("fp8.toml", "tensor"), ("fp8_row.toml", "row"), ("fp8_block.toml", "block")):
         problems = load_campaign(root / "campaigns" / name).problems
         assert {(p.m, p.n, p.k) for p in problems} == measured and len(problems) == len(measured), name
         assert {(p.dtype, p.layout, p.epilogue.scale, p.epilogue.out_dtype) for p in problems} == \
