@@ -166,16 +166,19 @@ def test_an_fp8_kernel_compiles_for_sm90a_without_spills():
     wider = render(HopperConfig(bm=128, bn=192, bk=128, wm=64, wn=192, stages=4),
                    scaled_problem(333, 520, 1040, "float8_e4m3fn", "block", "bfloat16", True))
     assert "wgmma_fresh(partial[i], desc_a, desc_b)" in wider.code and "partial[set]" not in wider.code
-    # the one set's scales come through shared memory, copied by the producer warp (with two sets, where the
-    # next slice's wgmmas run under a promotion, the consumers read them from global memory)
-    assert "copy_block_scales<decltype(layout)::outer>(stage_scales" in wider.code
+    # the one set's scales come through shared memory, copied by the producer warpgroup's second warp while
+    # its first thread loads the operands (with two sets, where the next slice's wgmmas run under a
+    # promotion, the consumers read them from global memory)
+    assert "if (threadIdx.x >= 32)\n                        copy_block_scales<decltype(layout)::outer" in wider.code
     assert "copy_block_scales" not in block.code
     assert "scale_a[(long long)m * steps.a_row + (long long)kt * steps.a_k]" in block.code
     assert "scale_a[(long long)m" not in wider.code
     # both read block scales row-major or in torch's layout, as each launch says (`scales_outer`): the two
     # sets' consumers by steps read at run time, the one set's producer by a copy compiled for each layout
     assert "int scales_outer" in block.code and "const ScaleSteps steps(scales_outer, M, " in block.code
-    assert "int scales_outer" in wider.code and "if (scales_outer) produce(ScaleLayout<true>{});" in wider.code
+    assert "int scales_outer" in wider.code and "else if (scales_outer) produce(ScaleLayout<true>{});" in wider.code
+    # (in torch's layout, A's scales four at a time where M and their address allow 16-byte copies)
+    assert "M % 4 == 0 && reinterpret_cast<unsigned long long>(scale_a) % 16 == 0)\n" in wider.code
     assert "scales_outer" not in render(TWO_CONSUMERS, problem).code  # (per-row scales: no layout to choose)
     for source in (block, wider):
         usage = nvcc_resources(source, "sm_90")[source.kernel]
