@@ -169,3 +169,31 @@ def test_the_baselines_timing_may_take_longer_than_a_candidate(monkeypatch):
         assert evaluator.restarts == 0
     finally:
         evaluator.close()
+
+
+def test_a_tunes_first_candidate_may_take_longer_than_the_derived_limit(monkeypatch):
+    """A campaign's first FP8 problem on a fresh host lost its first candidate to the limit: that candidate also
+    paid the measuring process's one-time work. Here measurements take 3 s against a derived limit of 1 s: the
+    first is answered (the slack), the second times out; a limit the caller sets gets no slack."""
+    from autogemm.measure import isolate
+    from process_stubs import serve_without_a_gpu
+
+    class StandIn(_CompilingNothing, IsolatedEvaluator):
+        process_target = staticmethod(serve_without_a_gpu)
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), *sys.path]))
+    monkeypatch.setattr(isolate, "candidate_timeout", lambda problem, device: 1.0)
+    monkeypatch.setattr(isolate, "FIRST_REQUEST_SLACK_S", 10.0)
+    slow = Problem(64, 999, 64)  # (the stand-in's measurements of N = 999 take 3 s)
+    derived = StandIn(slow, Device.for_arch("sm_90"), jobs=1)
+    try:
+        assert derived.timeout == 1.0
+        assert derived.verify(SimtConfig()).ok and derived.restarts == 0
+        assert derived.verify(SimtConfig(bm=64)).kind == "timeout" and derived.restarts == 1
+    finally:
+        derived.close()
+    given = StandIn(slow, Device.for_arch("sm_90"), jobs=1, timeout=1.0)
+    try:
+        assert given.verify(SimtConfig()).kind == "timeout"
+    finally:
+        given.close()

@@ -213,7 +213,9 @@ def add_tune_parser(sub) -> None:
     safety = tune_p.add_argument_group("fault isolation")
     safety.add_argument("--candidate-timeout", type=float, metavar="SECONDS",
                         help="time one candidate may take before it counts as hung and its measuring process "
-                             "is killed and restarted (default: from the problem's flops and the GPU's peak)")
+                             "is killed and restarted (default: from the problem's flops and the GPU's peak, "
+                             "and 60 s more for the tune's first candidate, which also pays the measuring "
+                             "process's one-time work)")
     safety.add_argument("--no-isolation", action="store_true",
                         help="measure in this process: a little less overhead, but a faulting or hanging "
                              "kernel ends the tune")

@@ -31,6 +31,14 @@ KILL_WAIT_S = 30.0  # how long a killed measuring process may take to exit befor
 # gets at least this long: on a GPU shared with other processes (the GPU test tier's workers, one running a
 # deliberately hung kernel) a small grouped problem's two baselines took longer than its 10 s candidate limit
 BASELINE_TIMEOUT_S = 60.0
+# A tune's first candidate also pays what its measuring process does once: CuPy compiling the kernels of the
+# checks (an FP8 problem's float64 values, scales and bounds; CuPy keeps them on disk, and a fresh host has
+# none), loading the first module. On a fresh H100 host, with the compile workers busy, a campaign's first
+# FP8 problem (4096^3, block scales) lost its first candidate to the 14 s limit and ended with nothing
+# measured; the same kernel, measured again in a process that had measured it once, took 0.05 s. So a
+# tune's first request gets this much more, where the limit is the one `candidate_timeout` derives (a limit
+# the caller set is kept as it is; a restarted process finds CuPy's kernels on disk and gets no slack).
+FIRST_REQUEST_SLACK_S = 60.0
 
 def candidate_timeout(problem: Problem, device: Device) -> float:
     """Seconds one candidate may take in the measuring process (verification, ~40 timed runs and
@@ -244,6 +252,7 @@ class IsolatedEvaluator(CompileAheadEvaluator):
     def __init__(self, problem: Problem, device: Device, jobs: int, seed: int = 0, timeout: float | None = None):
         self.problem, self.device = problem, device
         self.timeout = timeout or candidate_timeout(problem, device)
+        self._slack = FIRST_REQUEST_SLACK_S if timeout is None else 0.0  # the first request's, then 0
         self._seed = seed
         self._process = None
         self._conn = None
@@ -324,8 +333,10 @@ class IsolatedEvaluator(CompileAheadEvaluator):
         self.restart_s += time.perf_counter() - started
 
     def _request(self, message, timeout: float):
-        """Sends a request; returns ('ok', value) or a failure Measurement after restarting."""
+        """Sends a request; returns ('ok', value) or a failure Measurement after restarting. The first
+        request of the tune may take FIRST_REQUEST_SLACK_S longer (with the limit `candidate_timeout` sets)."""
         self._ready()
+        timeout, self._slack = timeout + self._slack, 0.0
         try:
             self._awaiting = True  # until its answer is read (an exception may leave it unread)
             self._conn.send(message)
