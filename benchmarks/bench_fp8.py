@@ -255,6 +255,10 @@ def report(rows: list[dict], device, args) -> list[str]:
                          f"speed, by turns ({len(ratios)} rounds, {min(ratios):.3f}-{max(ratios):.3f}); in the "
                          f"sections, minutes apart: {r['tflops'][AUTOGEMM]:.0f} TFLOP/s against "
                          f"{same[0]['tflops'][AUTOGEMM]:.0f}, {same[0]['us'][AUTOGEMM] / r['us'][AUTOGEMM]:.3f}")
+        elif r["scaling"] == "block" and same and AUTOGEMM in r["us"] and AUTOGEMM in same[0]["us"]:  # (no rounds)
+            lines.append(f"- {r['label']}: block scales at {r['tflops'][AUTOGEMM]:.0f} TFLOP/s, "
+                         f"{same[0]['us'][AUTOGEMM] / r['us'][AUTOGEMM]:.3f} of per-tensor scales' speed in the "
+                         f"sections, minutes apart ({same[0]['tflops'][AUTOGEMM]:.0f} TFLOP/s)")
     lines += ["", "| problem | M | N | K | scales | autogemm TFLOP/s | torch TFLOP/s | ratio | fast accum TFLOP/s | "
               "ratio to fast | error autogemm | error torch | error fast | kernel | served | latency us | latency ratio |",
               "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |"]
