@@ -102,6 +102,35 @@ def torch_operands(a, b, scale_a, scale_b, scaling: str) -> tuple:
     return ta, tb, tsa, tsb, kernel_scales
 
 
+def checked_kernel(config, a, b, scale_a, scale_b, kernel_scales, scaling: str, references=None) -> tuple:
+    """autogemm's kernel `config` on one problem's operands (`kernel_scales`: the scales as torch is given them,
+    torch_operands), run once into a NaN-poisoned D and checked against the float64 product of the operands'
+    values (`references`: those values, where the caller holds them); (its runner, the verdict). SystemExit,
+    naming the kernel, where it is wrong."""
+    import cupy
+
+    from autogemm import fp8
+    from autogemm.gpu.scaled_launch import bind_scaled, scaled_problem
+    from autogemm.measure.bench import check_epilogue_result, poison
+
+    (m, k), n = a.shape, b.shape[0]
+    a64, b64 = references if references is not None else (fp8.to_float64(a, DTYPE, cupy), fp8.to_float64(b, DTYPE, cupy))
+    run, d = bind_scaled(config, a, b, *kernel_scales, dtype=DTYPE, out_dtype="bfloat16")
+    poison(d)
+    run()
+    verdict = check_epilogue_result(d, a64, b64, scaled_problem(m, n, k, DTYPE, scaling, "bfloat16", False),
+                                    scale_a=scale_a, scale_b=scale_b)
+    if not verdict.ok:
+        raise SystemExit(f"{m}x{n}x{k} {scaling} scales: {config.name} is wrong: {verdict.message}")
+    return run, verdict
+
+
+def tensor_row_of(rows: list[dict], row: dict) -> dict | None:
+    """The per-tensor row of `row`'s problem, where the run measured one."""
+    return next((t for t in rows if t["scaling"] == "tensor" and (t["m"], t["n"], t["k"]) == (row["m"], row["n"], row["k"])),
+                None)
+
+
 def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float) -> dict | None:
     import cupy
     import numpy as np
@@ -109,10 +138,10 @@ def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float
 
     from autogemm import fp8
     from autogemm.epilogue import dequantized
-    from autogemm.gpu.scaled_launch import bind_scaled, scaled_problem
+    from autogemm.gpu.scaled_launch import scaled_problem
     from autogemm.kernels.space import SearchSpace
     from autogemm.measure import timing
-    from autogemm.measure.bench import check_epilogue_result, poison, relative_error
+    from autogemm.measure.bench import relative_error
     from autogemm.gpu.launch import current_device
     from autogemm.paths import search_spaces_dir
     from autogemm.results.cache import TuningCache
@@ -154,12 +183,7 @@ def measure(label: str, m: int, n: int, k: int, scaling: str, gpu_time_ms: float
     for config in candidates:
         if config.check(problem, device):
             continue
-        run, d = bind_scaled(config, a, b, *kernel_scales, dtype=DTYPE, out_dtype="bfloat16")
-        poison(d)
-        run()
-        verdict = check_epilogue_result(d, a64, b64, problem, scale_a=scale_a, scale_b=scale_b)
-        if not verdict.ok:
-            raise SystemExit(f"{label} {m}x{n}x{k}: {config.name} is wrong: {verdict.message}")
+        run, verdict = checked_kernel(config, a, b, scale_a, scale_b, kernel_scales, scaling, references=(a64, b64))
         us = timing.gpu_time(lambda i, run=run: run(), target_ms=gpu_time_ms).us
         row["kernels"][config.name] = {"us": us, "rel_error": verdict.rel_error}
         if best is None or us < row["kernels"][best]["us"]:
@@ -191,27 +215,14 @@ def block_against_tensor(m: int, n: int, k: int, tensor_config: str, block_confi
     """autogemm's block-scaled kernel against its per-tensor one on one problem: each checked against the float64
     reference, then timed by turns (the first of a round alternating), `rounds` rounds; each round's per-tensor
     time / block time (< 1: block scales are slower)."""
-    import cupy
-
-    from autogemm import fp8
     from autogemm.families import config_from_name
-    from autogemm.gpu.scaled_launch import bind_scaled, scaled_problem
     from autogemm.measure import timing
-    from autogemm.measure.bench import check_epilogue_result, poison
 
     runs = {}
     for scaling, name in (("tensor", tensor_config), ("block", block_config)):
         a, b, scale_a, scale_b = operands(m, n, k, scaling)
         kernel_scales = torch_operands(a, b, scale_a, scale_b, scaling)[4]
-        run, d = bind_scaled(config_from_name(name), a, b, *kernel_scales, dtype=DTYPE, out_dtype="bfloat16")
-        poison(d)
-        run()
-        verdict = check_epilogue_result(d, fp8.to_float64(a, DTYPE, cupy), fp8.to_float64(b, DTYPE, cupy),
-                                        scaled_problem(m, n, k, DTYPE, scaling, "bfloat16", False),
-                                        scale_a=scale_a, scale_b=scale_b)
-        if not verdict.ok:
-            raise SystemExit(f"{m}x{n}x{k} {scaling}: {name} is wrong: {verdict.message}")
-        runs[scaling] = run
+        runs[scaling] = checked_kernel(config_from_name(name), a, b, scale_a, scale_b, kernel_scales, scaling)[0]
     ratios = []
     for round_ in range(rounds):
         order = ("tensor", "block") if round_ % 2 == 0 else ("block", "tensor")
@@ -248,17 +259,17 @@ def report(rows: list[dict], device, args) -> list[str]:
                          + (f"; {geomean(fast):.3f}x its fast accumulation" if fast else
                             " (cuBLASLt has no fast accumulation with block scales)"))
     for r in rows:  # block scales against per-tensor ones on the same problem, both autogemm's
-        same = [t for t in rows if t["scaling"] == "tensor" and (t["m"], t["n"], t["k"]) == (r["m"], r["n"], r["k"])]
+        same = tensor_row_of(rows, r)
         if r["scaling"] == "block" and same and "against_tensor" in r:
             ratios = r["against_tensor"]
             lines.append(f"- {r['label']}: block scales at **{statistics.median(ratios):.3f}** of per-tensor scales' "
                          f"speed, by turns ({len(ratios)} rounds, {min(ratios):.3f}-{max(ratios):.3f}); in the "
                          f"sections, minutes apart: {r['tflops'][AUTOGEMM]:.0f} TFLOP/s against "
-                         f"{same[0]['tflops'][AUTOGEMM]:.0f}, {same[0]['us'][AUTOGEMM] / r['us'][AUTOGEMM]:.3f}")
-        elif r["scaling"] == "block" and same and AUTOGEMM in r["us"] and AUTOGEMM in same[0]["us"]:  # (no rounds)
+                         f"{same['tflops'][AUTOGEMM]:.0f}, {same['us'][AUTOGEMM] / r['us'][AUTOGEMM]:.3f}")
+        elif r["scaling"] == "block" and same and AUTOGEMM in r["us"] and AUTOGEMM in same["us"]:  # (no rounds)
             lines.append(f"- {r['label']}: block scales at {r['tflops'][AUTOGEMM]:.0f} TFLOP/s, "
-                         f"{same[0]['us'][AUTOGEMM] / r['us'][AUTOGEMM]:.3f} of per-tensor scales' speed in the "
-                         f"sections, minutes apart ({same[0]['tflops'][AUTOGEMM]:.0f} TFLOP/s)")
+                         f"{same['us'][AUTOGEMM] / r['us'][AUTOGEMM]:.3f} of per-tensor scales' speed in the "
+                         f"sections, minutes apart ({same['tflops'][AUTOGEMM]:.0f} TFLOP/s)")
     lines += ["", "| problem | M | N | K | scales | autogemm TFLOP/s | torch TFLOP/s | ratio | fast accum TFLOP/s | "
               "ratio to fast | error autogemm | error torch | error fast | kernel | served | latency us | latency ratio |",
               "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: |"]
@@ -310,9 +321,9 @@ def main(argv=None) -> int:
                 f"  [{row.get('best')}]", flush=True)
             torch.cuda.empty_cache()
     for row in rows:  # (after every section: the kernels each scaling found fastest)
-        tensor = [t for t in rows if t["scaling"] == "tensor" and (t["m"], t["n"], t["k"]) == (row["m"], row["n"], row["k"])]
-        if row["scaling"] == "block" and args.alternate_rounds and tensor and "best" in row and "best" in tensor[0]:
-            row["against_tensor"] = block_against_tensor(row["m"], row["n"], row["k"], tensor[0]["best"], row["best"],
+        tensor = tensor_row_of(rows, row)
+        if row["scaling"] == "block" and args.alternate_rounds and tensor and "best" in row and "best" in tensor:
+            row["against_tensor"] = block_against_tensor(row["m"], row["n"], row["k"], tensor["best"], row["best"],
                                                          args.alternate_rounds, args.gpu_time_ms)
             print(f"{row['label']:<18} {row['m']}x{row['n']}x{row['k']} block / tensor by turns: "
                   + " ".join(f"{ratio:.3f}" for ratio in row["against_tensor"]), flush=True)

@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_common import results_path  # noqa: E402
-from bench_fp8 import DTYPE, operands, torch_operands  # noqa: E402
+from bench_fp8 import checked_kernel, operands, torch_operands  # noqa: E402
 
 SIZE = 8192
 SAMPLE_MS = 100
@@ -89,13 +89,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.rounds < 1:
         parser.error("--seconds must be positive and --rounds at least 1")
-    import cupy
     import torch
 
-    from autogemm import config_from_name, fp8
+    from autogemm import config_from_name
     from autogemm.gpu.launch import current_device
-    from autogemm.gpu.scaled_launch import bind_scaled, scaled_problem
-    from autogemm.measure.bench import check_epilogue_result, poison
 
     if not torch.cuda.is_available() or current_device().compute_capability != (9, 0):
         raise SystemExit("bench_fp8_sustained needs an sm_90 GPU and PyTorch with CUDA")
@@ -113,17 +110,8 @@ def main(argv=None) -> int:
         ta, tb, tsa, tsb, kernel_scales = torch_operands(a, b, scale_a, scale_b, scaling)
         calls[("torch._scaled_mm", scaling)] = (
             lambda ta=ta, tb=tb, tsa=tsa, tsb=tsb: torch._scaled_mm(ta, tb, tsa, tsb, out_dtype=torch.bfloat16))
-        run, d = bind_scaled(config_from_name(configs[scaling]), a, b, *kernel_scales, dtype=DTYPE,
-                             out_dtype="bfloat16")
-        poison(d)
-        run()
-        problem = scaled_problem(SIZE, SIZE, SIZE, DTYPE, scaling, "bfloat16", False)
-        a64, b64 = fp8.to_float64(a, DTYPE, cupy), fp8.to_float64(b, DTYPE, cupy)
-        verdict = check_epilogue_result(d, a64, b64, problem, scale_a=scale_a, scale_b=scale_b)
-        if not verdict.ok:
-            raise SystemExit(f"{configs[scaling]} ({scaling} scales) is wrong: {verdict.message}")
-        calls[("autogemm", scaling)] = run
-    del a64, b64   # (the references: 1 GiB of GPU memory)
+        calls[("autogemm", scaling)] = checked_kernel(config_from_name(configs[scaling]), a, b, scale_a, scale_b,
+                                                      kernel_scales, scaling)[0]
     rounds = []
     for index in range(args.rounds):
         measured = {}
