@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..gpu import launch
 from ..measure.evaluate import FatalEvaluationError
-from ..measure.isolate import IsolatedEvaluator, candidate_timeout
+from ..measure.isolate import FIRST_REQUEST_SLACK_S, IsolatedEvaluator, candidate_timeout
 from ..measure.retime import retime_document
 from ..results.cache import TuningCache
 from ..results.merge import merge_files
@@ -189,12 +189,13 @@ def _cache_retime(cache, file, force: bool, only) -> int:
     return 0
 
 
-# Each record's kernel is verified in a fresh measuring process, and the first verification on a fresh machine
-# also compiles CuPy's kernels of the check (fresh inputs, NaN poison, the float64 bounds; CuPy caches them on
-# disk after). `cache verify --all` on a fresh H100 called the first generated kernel of its document hung
-# after a small problem's 10 s candidate limit, and verified the 189 after it. A kernel that does hang is still
+# Each record's kernel is verified in a fresh measuring process, and a first request on a fresh machine also
+# pays the process's one-time work (CuPy compiling the check's kernels: isolate.FIRST_REQUEST_SLACK_S, the
+# allowance a tune's first candidate gets). `cache verify --all` on a fresh H100 called the first generated
+# kernel of its document hung after a small problem's 10 s candidate limit, and verified the 189 after it. So
+# each verification, a process's only request, gets at least that allowance; a kernel that does hang is still
 # reported, later.
-VERIFY_TIMEOUT_S = 60.0
+VERIFY_TIMEOUT_S = FIRST_REQUEST_SLACK_S
 
 
 def _cache_verify(cache, include_shipped: bool) -> int:

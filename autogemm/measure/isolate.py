@@ -31,13 +31,10 @@ KILL_WAIT_S = 30.0  # how long a killed measuring process may take to exit befor
 # gets at least this long: on a GPU shared with other processes (the GPU test tier's workers, one running a
 # deliberately hung kernel) a small grouped problem's two baselines took longer than its 10 s candidate limit
 BASELINE_TIMEOUT_S = 60.0
-# A tune's first candidate also pays what its measuring process does once: CuPy compiling the kernels of the
-# checks (an FP8 problem's float64 values, scales and bounds; CuPy keeps them on disk, and a fresh host has
-# none), loading the first module. On a fresh H100 host, with the compile workers busy, a campaign's first
-# FP8 problem (4096^3, block scales) lost its first candidate to the 14 s limit and ended with nothing
-# measured; the same kernel, measured again in a process that had measured it once, took 0.05 s. So a
-# tune's first request gets this much more, where the limit is the one `candidate_timeout` derives (a limit
-# the caller set is kept as it is; a restarted process finds CuPy's kernels on disk and gets no slack).
+# A tune's first request also pays its process's one-time work (CuPy compiling the checks' kernels, which a
+# fresh host has not cached): on a fresh H100 a campaign's first FP8 problem lost its first candidate to the
+# 14 s limit (the same kernel, measured again, took 0.05 s). It gets this much more where `candidate_timeout`
+# sets the limit; a limit the caller set is kept, and a restarted process (CuPy's kernels on disk) gets none.
 FIRST_REQUEST_SLACK_S = 60.0
 
 def candidate_timeout(problem: Problem, device: Device) -> float:
