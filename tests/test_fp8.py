@@ -251,6 +251,20 @@ def test_the_fp8_campaigns_tune_the_problems_bench_fp8_measures():
             {("float8_e4m3fn", "nt", scale, "bfloat16")}, name
 
 
+def test_bench_fp8_names_a_negative_round_count(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_fp8.py"
+    spec = importlib.util.spec_from_file_location("bench_fp8", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit) as exited:
+        bench.main(["--alternate-rounds", "-1"])
+    assert exited.value.code == 2
+    assert "--alternate-rounds takes a count of 0 or more, got -1" in capsys.readouterr().err
+
+
 def test_block_scales_are_read_row_major_or_in_torchs_layout_and_a_mixed_pair_is_named():
     import numpy as np
 
