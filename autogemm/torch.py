@@ -11,7 +11,7 @@ The operator is a `torch.library.custom_op`: its real implementation is `autogem
 tensors (the tuned kernel or cuBLAS, on PyTorch's current stream, a fresh result tensor), its fake
 implementation gives the result's shape, dtype and (C-contiguous) strides as NumPy's matmul
 semantics do (1-D operands, broadcast batch axes, float16/bfloat16/float32/float64 promoted as NumPy
-promotes them), and its backward is two more calls of the operator (grad @ b^T and a^T @ grad,
+with ml_dtypes promotes them), and its backward is two more calls of the operator (grad @ b^T and a^T @ grad,
 broadcast batch axes summed away), so that training is served by autogemm too.
 
 This is the only module of autogemm that imports torch at import time; `import autogemm` does not
@@ -22,9 +22,11 @@ This is the only module of autogemm that imports torch at import time; `import a
 
 from typing import Optional
 
+import ml_dtypes
+import numpy as np
 import torch
 
-from .serving import dispatch, scaled
+from .serving import dispatch, numpy_semantics, scaled
 
 __all__ = ["DTYPES", "Linear", "matmul", "scaled_matmul"]
 
@@ -33,17 +35,23 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _NAME = "autogemm::matmul"
 
 
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return np.dtype(ml_dtypes.bfloat16) if dtype == torch.bfloat16 else np.dtype(str(dtype).removeprefix("torch."))
+
+
 def result_dtype(dtype_a: torch.dtype, dtype_b: torch.dtype) -> torch.dtype:
-    """The dtype of a @ b as NumPy (with ml_dtypes) promotes, which autogemm computes in: the wider
-    of the two; float16 with bfloat16 has no common dtype there (TypeError, as autogemm.matmul)."""
+    """The dtype of a @ b as autogemm.matmul computes it: as the installed NumPy with ml_dtypes
+    promotes (numpy_semantics.result_dtype), so that the fake and the real implementation agree on
+    every version; TypeError where they have no common dtype, as autogemm.matmul raises."""
     for name, dtype in (("a", dtype_a), ("b", dtype_b)):
         if dtype not in DTYPES:
             raise TypeError(f"{_NAME}: {name} is {dtype}; the operator multiplies "
                             f"{', '.join(str(d) for d in DTYPES)} tensors")
-    if {dtype_a, dtype_b} == {torch.float16, torch.bfloat16}:
-        raise TypeError(f"{_NAME}: a is {dtype_a} and b is {dtype_b}, which NumPy's promotion (autogemm's) has no "
-                        "common dtype for; convert one first, e.g. b.to(a.dtype)")
-    return torch.promote_types(dtype_a, dtype_b)
+    promoted = numpy_semantics.result_dtype(_numpy_dtype(dtype_a), _numpy_dtype(dtype_b))
+    if promoted is None:
+        raise TypeError(f"{_NAME}: a is {dtype_a} and b is {dtype_b}, which NumPy with ml_dtypes (autogemm's "
+                        "promotion) has no common dtype for; convert one first, e.g. b.to(a.dtype)")
+    return next(dtype for dtype in DTYPES if _numpy_dtype(dtype) == promoted)
 
 
 def result_shape(a_shape, b_shape) -> tuple:

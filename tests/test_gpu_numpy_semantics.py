@@ -361,3 +361,55 @@ def test_a_bfloat16_out_that_overlaps_an_operand():
     reference = 2.0 * cupy.matmul(wide_a, wide_b) + 0.5 * wide_a
     error = float(cupy.linalg.norm(to_float64(a.view(np.uint16)) - reference) / cupy.linalg.norm(reference))
     assert error <= 1e-2
+
+
+def _half_pair_result():
+    """NumPy's result type for float16 with bfloat16 with the installed ml_dtypes (float32 from 0.7),
+    None where it has none (before 0.7)."""
+    import ml_dtypes
+
+    try:
+        return np.result_type(np.float16, ml_dtypes.bfloat16)
+    except TypeError:
+        return None
+
+
+def test_float16_with_bfloat16_as_the_installed_numpy_promotes():
+    """CuPy arrays: computed in NumPy's result type (both operands converted), or refused where
+    NumPy with ml_dtypes has no common one."""
+    import cupy
+    import ml_dtypes
+
+    from autogemm.measure.bench import to_bfloat16, to_float64
+
+    a = _values((65, 33), np.float16, 1)
+    b = to_bfloat16(_values((33, 47), np.float32, 2)).view(ml_dtypes.bfloat16)
+    expected = _half_pair_result()
+    if expected is None:
+        with pytest.raises(TypeError, match="no common dtype"):
+            autogemm.matmul(a, b)
+        return
+    for x, y, reference in ((a, b, cupy.matmul(a.astype(np.float64), to_float64(b.view(np.uint16)))),
+                            (b, a, cupy.matmul(to_float64(b.view(np.uint16)), a.astype(np.float64)))):
+        c = autogemm.matmul(x, y)
+        assert c.dtype == expected and c.shape == reference.shape
+        error = float(cupy.linalg.norm(c.astype(np.float64) - reference) / cupy.linalg.norm(reference))
+        assert error <= TOLERANCE[expected.name]
+
+
+def test_float16_with_bfloat16_tensors_and_the_operator_agree():
+    torch = _torch_cuda()
+    import autogemm.torch  # noqa: F401  (registers the operator)
+
+    a = (torch.rand(65, 33, device="cuda") * 2 - 1).half()
+    b = (torch.rand(33, 47, device="cuda") * 2 - 1).bfloat16()
+    expected = _half_pair_result()
+    if expected is None:
+        with pytest.raises(TypeError, match="no common dtype"):
+            autogemm.matmul(a, b)
+        return
+    reference = torch.matmul(a.double(), b.double())
+    for c in (autogemm.matmul(a, b), torch.ops.autogemm.matmul(a, b)):
+        assert isinstance(c, torch.Tensor) and c.dtype == getattr(torch, expected.name)
+        torch.cuda.synchronize()
+        assert _torch_error(torch, c, reference) <= TOLERANCE[expected.name]

@@ -102,32 +102,68 @@ def test_scalars_are_refused():
 # -- dtypes --
 
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
-RESULTS = {  # NumPy's result type with ml_dtypes (bfloat16 with float16: none)
-    ("float16", "float16"): "float16", ("float16", "float32"): "float32", ("float16", "float64"): "float64",
-    ("bfloat16", "bfloat16"): "bfloat16", ("bfloat16", "float32"): "float32", ("bfloat16", "float64"): "float64",
-    ("float32", "float32"): "float32", ("float32", "float64"): "float64", ("float64", "float64"): "float64",
-}
 
 
 def _dtype(name):
     return BF16 if name == "bfloat16" else np.dtype(name)
 
 
+def _numpy_result(first, second):
+    """NumPy's result type with the installed ml_dtypes, None where it has none: which pairs have one
+    is NumPy's and ml_dtypes' to say (float16 with bfloat16: none with ml_dtypes 0.6, float32 with 0.7)."""
+    try:
+        return np.result_type(_dtype(first), _dtype(second))
+    except TypeError:
+        return None
+
+
 @pytest.mark.parametrize("first", FLOATS)
 @pytest.mark.parametrize("second", FLOATS)
 def test_floating_point_pairs_are_computed_by_the_kernels_in_their_result_type(first, second):
-    expected = RESULTS.get((first, second)) or RESULTS.get((second, first))
-    if expected is None:  # bfloat16 with float16
+    expected = _numpy_result(first, second)
+    if expected is None:
         with pytest.raises(TypeError, match=f"a is {first} and b is {second}, which NumPy .* has no common dtype"):
             plan((4, 5), (5, 3), _dtype(first), _dtype(second))
         return
     call = plan((4, 5), (5, 3), _dtype(first), _dtype(second))
-    assert (call.dtype, call.served_by) == (_dtype(expected), KERNELS)
-    assert call.dtype == np.result_type(_dtype(first), _dtype(second))
+    assert (call.dtype, call.served_by) == (expected, KERNELS)
+    assert expected.name in FLOATS  # one of the dtypes the kernels multiply
     # an operand of another dtype is converted: a contiguous copy in the result's dtype
     layout = ns.kernel_layout(operand((4, 5), _dtype(first), "a"), call)
-    assert layout[2] == (first != expected)
-    assert layout[1] == ns.contiguous_strides((4, 5), call.dtype.itemsize) or first == expected
+    assert layout[2] == (_dtype(first) != expected)
+    assert layout[1] == ns.contiguous_strides((4, 5), call.dtype.itemsize) or _dtype(first) == expected
+
+
+def test_same_and_wider_pairs_promote_as_every_numpy_does():
+    """The pairs whose promotion no NumPy or ml_dtypes release has changed: each with itself, and a
+    16-bit type with float32 or float64."""
+    for name in FLOATS:
+        assert plan((4, 5), (5, 3), _dtype(name), _dtype(name)).dtype == _dtype(name)
+    for narrow in ("float16", "bfloat16"):
+        for wide in ("float32", "float64"):
+            assert plan((4, 5), (5, 3), _dtype(narrow), _dtype(wide)).dtype == np.dtype(wide)
+
+
+def test_a_pair_numpy_has_no_common_dtype_for_is_refused(monkeypatch):
+    """Whatever the installed ml_dtypes says of float16 with bfloat16, a pair NumPy refuses is refused
+    with NumPy's reason (here a promotion that refuses it, as ml_dtypes before 0.7 did)."""
+    real = np.result_type
+
+    def without_half_pair(*dtypes):
+        if {np.dtype(d) for d in dtypes} == {np.dtype("float16"), BF16}:
+            raise np.exceptions.DTypePromotionError("The DTypes <class 'numpy.dtypes.Float16DType'> and "
+                                                    "<class 'numpy.dtype[bfloat16]'> do not have a common DType")
+        return real(*dtypes)
+
+    monkeypatch.setattr(ns.np, "result_type", without_half_pair)
+    ns._promote.cache_clear()
+    try:
+        with pytest.raises(TypeError, match="a is float16 and b is bfloat16, which NumPy .* has no common dtype"):
+            plan((4, 5), (5, 3), np.dtype("float16"), BF16)
+        assert ns.result_dtype(BF16, np.dtype("float16")) is None
+        assert plan((4, 5), (5, 3), np.dtype("float16"), np.dtype("float32")).dtype == np.float32
+    finally:
+        ns._promote.cache_clear()  # the real promotion again for the tests after this one
 
 
 @pytest.mark.parametrize("first, second, expected", [

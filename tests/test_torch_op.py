@@ -111,9 +111,32 @@ def test_fake_rejects_what_numpy_rejects(a_shape, b_shape, message):
         OP(a, b)
 
 
+def test_fake_promotes_float16_with_bfloat16_as_the_installed_numpy_does():
+    """The fake's dtype is the one autogemm.matmul computes in, on every ml_dtypes: float32 where
+    NumPy with ml_dtypes has a common type for the pair (0.7), TypeError where it has none (0.6)."""
+    import ml_dtypes
+    import numpy as np
+
+    a = torch.empty(2, 2, device="meta", dtype=torch.float16)
+    b = torch.empty(2, 2, device="meta", dtype=torch.bfloat16)
+    try:
+        expected = np.result_type(np.float16, ml_dtypes.bfloat16)
+    except TypeError:
+        with pytest.raises(TypeError, match="no common dtype"):
+            OP(a, b)
+    else:
+        assert OP(a, b).dtype == getattr(torch, expected.name) and OP(b, a).dtype == getattr(torch, expected.name)
+
+
+def test_fake_refuses_a_pair_numpy_has_no_common_dtype_for(monkeypatch):
+    from autogemm.serving import numpy_semantics
+
+    monkeypatch.setattr(numpy_semantics, "result_dtype", lambda x, y: None)
+    with pytest.raises(TypeError, match="torch.float16 and b is torch.bfloat16, which NumPy with ml_dtypes .* no common dtype"):
+        agt.result_dtype(torch.float16, torch.bfloat16)
+
+
 def test_fake_rejects_dtypes_autogemm_does_not_multiply():
-    with pytest.raises(TypeError, match="no common dtype"):
-        OP(torch.empty(2, 2, device="meta", dtype=torch.float16), torch.empty(2, 2, device="meta", dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="torch.int32"):
         OP(torch.empty(2, 2, device="meta", dtype=torch.int32), torch.empty(2, 2, device="meta", dtype=torch.int32))
 

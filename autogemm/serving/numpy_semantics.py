@@ -103,15 +103,22 @@ class Call:
         return out is None or out.dtype == self.dtype
 
 
+def result_dtype(dtype_a: np.dtype, dtype_b: np.dtype) -> np.dtype | None:
+    """The dtype of a @ b as the installed NumPy with the installed ml_dtypes promotes, or None where
+    they have no common one. Which pairs have one is theirs to say, not ours: ml_dtypes 0.7 gives
+    float16 with bfloat16 float32, where 0.6 had none."""
+    try:
+        return np.result_type(dtype_a, dtype_b)
+    except TypeError:  # numpy's DTypePromotionError
+        return None
+
+
 @functools.lru_cache(maxsize=256)
 def _promote(dtype_a: np.dtype, dtype_b: np.dtype) -> tuple[np.dtype | None, str, str]:
-    """(result dtype, who computes it, why cupy.matmul does) as NumPy with ml_dtypes promotes; the
-    dtype is None where NumPy has no common one (bfloat16 with float16, say). Memoized per pair:
-    NumPy's promotion and dtype names cost microseconds, more than the rest of `plan`."""
-    try:
-        dtype = np.result_type(dtype_a, dtype_b)
-    except TypeError:  # numpy's DTypePromotionError
-        dtype = None
+    """(result dtype, who computes it, why cupy.matmul does) as `result_dtype` says; the dtype is
+    None where NumPy has no common one. Memoized per pair: NumPy's promotion and dtype names cost
+    microseconds, more than the rest of `plan`."""
+    dtype = result_dtype(dtype_a, dtype_b)
     names = dtype_a.name, dtype_b.name
     if all(name in dtypes.DTYPES for name in names):
         return dtype, KERNELS, ""
@@ -144,8 +151,8 @@ def broadcast_batch(a: Operand, b: Operand) -> tuple:
 
 def plan(a: Operand, b: Operand, out: Operand | None = None) -> Call:
     """The call `matmul(a, b, out=out)` is in NumPy's terms; TypeError/ValueError naming the fault
-    (a scalar operand, inner dimensions that differ, batch axes that do not broadcast, bfloat16
-    with float16, an `out` of another shape or of a dtype the result does not cast to)."""
+    (a scalar operand, inner dimensions that differ, batch axes that do not broadcast, dtypes
+    NumPy has no common one for, an `out` of another shape or of a dtype the result does not cast to)."""
     for x in (a, b):
         if len(x.shape) == 0:
             raise ValueError(f"matmul takes arrays of 1 or more dimensions; {x.name} is 0-d (a scalar): "
