@@ -180,8 +180,10 @@ def test_the_license_file_is_the_declared_license():
     from pathlib import Path
 
     root = Path(__file__).parent.parent
-    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["license"]["text"]
-    assert declared == "MIT" and (root / "LICENSE").read_text().startswith("MIT License")
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    # an SPDX expression (PEP 639; the table form is deprecated) and the file it ships
+    assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
+    assert (root / "LICENSE").read_text().startswith("MIT License")
 
 
 def test_tune_progress_is_a_line_per_interval_where_stderr_is_not_a_terminal(monkeypatch):

@@ -39,7 +39,8 @@ _ALIGNMENTS = (256, 128, 64, 32, 16, 8, 4, 2)
 # host scalars through their address before it returns)
 _ONE_ZERO = {np.float32: np.array([1, 0], dtype=np.float32), np.float64: np.array([1, 0], dtype=np.float64)}
 
-INSTALL_HINT = 'install nvmath-python (pip install "nvmath-python>=1.0"; it is part of autogemm\'s CUDA extras)'
+INSTALL_HINT = ("pip install 'autogemm[cuda13]' (or [cuda12] with a CUDA 12 driver) brings it: nvmath-python, and "
+                "cuBLAS/cuBLASLt themselves as NVIDIA's nvidia-cublas package (cuda-toolkit[cublas])")
 
 
 class CublasUnavailable(RuntimeError):
@@ -63,7 +64,13 @@ class _DeviceState:
         lt, legacy = bindings()
         self.ordinal = ordinal
         self._legacy_bindings = legacy
-        self.lt = lt.create()
+        try:
+            self.lt = lt.create()
+        except lt.cuBLASLtError:
+            raise
+        except Exception as exc:  # the library is missing or does not load (nvmath loads it on first use)
+            raise CublasUnavailable(f"cuBLASLt (libcublasLt) cannot be loaded ({type(exc).__name__}: "
+                                    f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); {INSTALL_HINT}") from None
         self.workspaces: dict[int, object] = {}  # stream pointer -> cupy memory
         self.lock = threading.Lock()
         self._threads = threading.local()

@@ -154,20 +154,44 @@ def _cubin_path(source: Source, arch: str) -> Path:
     return cubin_dir() / f"{source.kernel[:80]}-{source.digest}-{arch}-nvrtc{major}.{minor}.cubin"
 
 
-@functools.lru_cache(maxsize=1)
-def _include_options() -> tuple[str, ...]:
-    """A CUDA toolkit include directory with the complete <mma.h> (it includes crt/mma.h), where
-    the tensor-core kernels find it. Wheel-installed toolkits may ship only part of it, so every
-    known location is tried; none found leaves NVRTC to its built-in headers."""
+def _include_roots() -> list[list[Path]]:
+    """Where CUDA headers may be, in two groups, first the headers of NVRTC's own version: beside the
+    NVRTC library in use (a toolkit has lib64/ and include/; NVIDIA's CUDA 13 packages put both under
+    nvidia/cu13/) and the include directories of NVIDIA's other packages beside it (CUDA 12's are one
+    per component: nvidia/cuda_runtime/include has mma.h, nvidia/cuda_nvcc/include crt/mma.h); then
+    CuPy's CUDA path, $CUDA_PATH, $CUDA_HOME, /usr/local/cuda and nvcc's toolkit."""
     import cupy  # (lazy: CuPy)
 
-    candidates = [cupy.cuda.get_cuda_path(), os.environ.get("CUDA_PATH"), os.environ.get("CUDA_HOME"), "/usr/local/cuda"]
+    own: list[Path] = []
+    with contextlib.suppress(nvrtc.NvrtcError):
+        library, _ = nvrtc.library()
+        if library:
+            beside = Path(library).resolve().parent.parent
+            own.append(beside / "include")
+            if beside.parent.name == "nvidia":  # a package of NVIDIA's: its siblings' headers
+                own += sorted(beside.parent.glob("*/include"))
+    others = [Path(root) / "include" for root in (cupy.cuda.get_cuda_path(), os.environ.get("CUDA_PATH"),
+                                                  os.environ.get("CUDA_HOME"), "/usr/local/cuda") if root]
     nvcc = shutil.which("nvcc")
     if nvcc:
-        candidates.append(str(Path(nvcc).resolve().parent.parent))
-    for root in candidates:
-        if root and (Path(root) / "include" / "crt" / "mma.h").is_file():
-            return (f"-I{Path(root) / 'include'}",)
+        others.append(Path(nvcc).resolve().parent.parent / "include")
+    return [own, others]
+
+
+@functools.lru_cache(maxsize=1)
+def _include_options() -> tuple[str, ...]:
+    """NVRTC's include options for the complete <mma.h> (it includes crt/mma.h), which the
+    tensor-core kernels need and NVRTC does not carry: from the first group of `_include_roots` that
+    has both, the first directory with both, else the first with each (CUDA 12's packages split
+    them). None found leaves NVRTC to its built-in headers."""
+    for roots in _include_roots():
+        for root in roots:
+            if (root / "mma.h").is_file() and (root / "crt" / "mma.h").is_file():
+                return (f"-I{root}",)
+        top = next((root for root in roots if (root / "mma.h").is_file()), None)
+        crt = next((root for root in roots if (root / "crt" / "mma.h").is_file()), None)
+        if top and crt:
+            return (f"-I{top}", f"-I{crt}")
     return ()
 
 

@@ -19,13 +19,36 @@ class NvrtcError(RuntimeError):
         self.log = log
 
 
+# what brings NVRTC: the CUDA extra of the driver's major version (its cuda-toolkit[nvrtc] is NVIDIA's
+# nvidia-cuda-nvrtc package)
+INSTALL_HINT = ("pip install 'autogemm[cuda13]' (or [cuda12] with a CUDA 12 driver) brings it: cuda-bindings, and "
+                "NVRTC itself as NVIDIA's nvidia-cuda-nvrtc package (cuda-toolkit[nvrtc])")
+
+
 def _bindings():
     try:
         from cuda.bindings import nvrtc  # (lazy: cuda-bindings)
     except ImportError:
-        raise NvrtcError("compiling kernels needs NVIDIA's cuda-bindings package: pip install "
-                         "'autogemm[cuda13]' (or [cuda12])") from None
+        raise NvrtcError(f"compiling kernels needs NVIDIA's cuda-bindings package; {INSTALL_HINT}") from None
     return nvrtc
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> tuple[str, str]:
+    """(path, how it was found) of the NVRTC library that cuda-bindings loads: cuda-pathfinder's
+    search, the one cuda-bindings itself makes ("site-packages" where NVIDIA's package brought it;
+    "system-search", "CUDA_PATH" or "conda" for a toolkit installed otherwise). NvrtcError naming the
+    package where there is none."""
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib  # (lazy: cuda-pathfinder)
+    except ImportError:
+        raise NvrtcError(f"finding NVRTC needs NVIDIA's cuda-pathfinder package; {INSTALL_HINT}") from None
+    try:
+        loaded = load_nvidia_dynamic_lib("nvrtc")
+    except Exception as exc:  # DynamicLibNotFoundError, and whatever a broken install raises
+        raise NvrtcError(f"NVRTC (libnvrtc) cannot be found or loaded ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:200]}); {INSTALL_HINT}") from None
+    return str(loaded.abs_path or ""), str(getattr(loaded, "found_via", "unknown"))
 
 
 def _check(nvrtc, result, what: str):
@@ -44,8 +67,8 @@ def version() -> tuple[int, int]:
     except NvrtcError:
         raise
     except Exception as exc:  # the library itself cannot be found or loaded
-        raise NvrtcError(f"NVRTC cannot be loaded ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
-                         "install the CUDA toolkit or the nvidia-cuda-nvrtc wheel of your CUDA version") from None
+        raise NvrtcError(f"NVRTC (libnvrtc) cannot be loaded ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0][:200]}); {INSTALL_HINT}") from None
     return int(major), int(minor)
 
 
