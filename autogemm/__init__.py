@@ -62,5 +62,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Device", "GpuUnavailable", "Problem", "SimtConfig", "TensorCoreConfig", "config_from_dict", "config_from_name", "explain", "scaled_matmul",
-           "matmul", "render", "reset", "tune", "__version__"]
+__all__ = ["Device", "GpuUnavailable", "Problem", "SimtConfig", "TensorCoreConfig", "config_from_dict", "config_from_name",
+           "explain", "grouped_matmul", "grouped_matmul_masked", "linear", "matmul", "render", "reset", "scaled_matmul",
+           "tune", "__version__"]

@@ -238,3 +238,23 @@ def test_importing_autogemm_and_its_command_line_imports_no_heavy_package():
                           timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"import autogemm": [], "the CLI parser": []}
+
+
+def test_every_public_name_of_the_package_is_exported():
+    """Type checkers (pyright, mypy --strict) take a py.typed package's names from `__all__` only:
+    a function `import autogemm` makes public but leaves out of it is an error in the user's script
+    (`linear` and the grouped products were, once)."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    public = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom):
+            public |= {alias.asname or alias.name for alias in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            public.add(node.name)
+    public = {name for name in public if not name.startswith("_") and name not in ("annotations", "TYPE_CHECKING", "Any")}
+    public -= {"importlib"}
+    # only the names a user calls or names in a type: the typing-only imports stay out
+    public -= {"TuneOptions", "TuneResult"}
+    assert public - set(autogemm.__all__) == set(), "public but not in __all__"
+    assert all(hasattr(autogemm, name) for name in autogemm.__all__)
+    assert {"matmul", "linear", "grouped_matmul", "grouped_matmul_masked", "scaled_matmul"} <= set(autogemm.__all__)
