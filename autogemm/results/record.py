@@ -108,6 +108,16 @@ class Record:
     @classmethod
     def from_json(cls, data) -> Record:
         """A record read from a file, every field checked; ValueError naming the first fault."""
+        try:
+            return cls._from_json(data)
+        except OverflowError as exc:
+            # an integer of a few hundred digits (JSON carries it whole) in any number field or in the
+            # problem key's sizes: math.isfinite, a quotient or the flops refuse it as a float. It is a
+            # bad record, skipped like any other, not an error of every caller that reads the document.
+            raise ValueError(f"a number too large for a float ({exc})") from None
+
+    @classmethod
+    def _from_json(cls, data) -> Record:
         if not isinstance(data, dict):
             raise ValueError(f"a record must be an object, got {type(data).__name__}")
         known = {f.name: f for f in fields(cls)}
