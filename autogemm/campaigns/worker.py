@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass
 
+from .. import interrupts
 from ..gpu import launch
 from ..results.cache import TuningCache
 from .file import Campaign
@@ -56,8 +56,9 @@ class WorkerSpec:
 def worker_main(spec: WorkerSpec, events) -> None:
     """Body of a worker process: claim, tune, record, until no problem is left."""
     # SIGINT means stop, even where this process inherited it ignored (started in the background by
-    # a shell without job control, which ignores SIGINT for its background commands)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # a shell without job control, which ignores SIGINT for its background commands); remembered, so
+    # that a stop raised inside a garbage collector's callback (and dropped there) still stops
+    interrupts.install()
     if spec.visible_devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.visible_devices  # before anything touches CUDA
     # A group of its own: a Ctrl-C at the terminal reaches the parent alone, which passes one on to
@@ -94,6 +95,7 @@ def _claim_and_tune(spec: WorkerSpec, events) -> None:
         skipped: set[str] = set()
         helped: set[str] = set()  # studies this worker has helped (not joined twice)
         while spec.stop_at is None or time.time() < spec.stop_at:
+            interrupts.check()  # no new problem after a Ctrl-C, even one whose first raise was dropped
             left = {p.key for p in campaign.problems} - skipped
             key = board.claim(campaign.name, device.slug, owner, campaign.grace, only=left)
             if key is None:

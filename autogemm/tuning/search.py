@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import optuna
 
+from .. import interrupts
 from ..results.cache import TuningCache, cublas_record
 from ..measure.evaluate import LATENCY_MARGIN, Evaluator, FatalEvaluationError, GpuEvaluator, Measurement
 from ..measure.isolate import IsolatedEvaluator
@@ -208,6 +209,7 @@ class SearchLoop:
         try:
             while (counters.measured < self.options.trials and not self._out_of_time()
                    and counters.consecutive_failures < MAX_CONSECUTIVE_FAILURES):
+                interrupts.check()  # a Ctrl-C whose KeyboardInterrupt was dropped (interrupts.py)
                 if self.exchange is not None and self.exchange.due():
                     self._take_in(self.exchange.pull())
                     if self.helper and not self.sharing.keep_helping():
