@@ -157,13 +157,13 @@ def test_a_cache_dir_outside_the_campaign_folder_is_refused_unless_trusted(tmp_p
     with pytest.raises(CampaignFileError, match="campaign.cache_dir"):
         load_campaign(_file(folder, "link/cache"))
     absolute = _file(folder, str(tmp_path / "shared-cache"), name="absolute.toml")
-    with pytest.raises(CampaignFileError, match="campaign.cache_dir .*--trust-cache-dir"):
+    with pytest.raises(CampaignFileError, match="campaign.cache_dir .*--trust-paths"):
         load_campaign(absolute)
     assert load_campaign(absolute, trust_cache_dir=True).cache_dir == str(tmp_path / "shared-cache")
     with pytest.raises(CampaignFileError, match="campaign.cache_dir"):  # a relative escape: never
         load_campaign(_file(folder, "../cache", name="up.toml"), trust_cache_dir=True)
     code, _, err = run_cli(capsys, "campaign", "status", str(absolute))
-    assert code == 2 and "campaign.cache_dir" in err and "--trust-cache-dir" in err and "Traceback" not in err
+    assert code == 2 and "campaign.cache_dir" in err and "--trust-paths" in err and "Traceback" not in err
     code, _, err = run_cli(capsys, "campaign", "status", str(absolute), "--trust-cache-dir")
     assert code == 0, err
 

@@ -93,3 +93,141 @@ def test_matmul_chooses_with_a_huge_number_in_the_users_cache(tmp_path):
     with pytest.warns(CacheWarning, match="skipped 1 bad record"):
         choice = dispatcher.select(Problem(300, 200, 100), device, tune=False)
     assert choice is not None
+
+
+# ---- 2. a campaign file's storage ------------------------------------------------------------------
+def _campaign_file(folder, storage: str, name: str = "c.toml"):
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(f'[campaign]\nname = "c"\nstorage = {json.dumps(storage)}\n[[problems]]\nM = 64\n')
+    return path
+
+
+@pytest.mark.parametrize("scheme", ["journal:///", "sqlite:///"])
+def test_a_file_storage_named_in_a_campaign_file_stays_in_its_folder(scheme, tmp_path, capsys):
+    from autogemm.campaigns.file import CampaignFileError, load_campaign
+
+    folder = tmp_path / "campaigns"
+    inside = load_campaign(_campaign_file(folder, f"{scheme}studies/s.log"))
+    assert inside.storage == f"{scheme}{(folder / 'studies' / 's.log').resolve()}"  # beside the file, wherever run
+    assert load_campaign(_campaign_file(folder, f"{scheme}{folder / 'abs.db'}")).storage == f"{scheme}{folder / 'abs.db'}"
+    outside = tmp_path / "elsewhere" / "studies.log"
+    for given in (f"{scheme}{outside}", f"{scheme}../elsewhere/s.log", f"{scheme}~/s.log"):
+        with pytest.raises(CampaignFileError, match="campaign.storage"):
+            load_campaign(_campaign_file(folder, given))
+    (folder / "link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(CampaignFileError, match="campaign.storage"):
+        load_campaign(_campaign_file(folder, f"{scheme}link/s.log"))
+    trusted = _campaign_file(folder, f"{scheme}{outside}", name="trusted.toml")
+    assert load_campaign(trusted, trust_cache_dir=True).storage == f"{scheme}{outside}"
+    code = main(["campaign", "status", str(trusted)])
+    err = capsys.readouterr().err
+    assert code == 2 and "campaign.storage" in err and "--trust-paths" in err
+    assert not outside.parent.exists() and not (tmp_path / "elsewhere.claims.db").exists()  # nothing made
+    # a database server is not a file: taken as it is
+    server = load_campaign(_campaign_file(folder, "postgresql+psycopg2://tuner@db.example/autogemm", name="pg.toml"))
+    assert server.storage == "postgresql+psycopg2://tuner@db.example/autogemm"
+
+
+# ---- 4. a journal cut by a full disk ---------------------------------------------------------------
+def _journal_with_a_study(path):
+    import optuna
+
+    from autogemm.tuning.study import storage_object
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="s", storage=storage_object(f"journal:///{path}"), load_if_exists=True)
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=3)
+    return study
+
+
+def _fresh_journals(monkeypatch):
+    from autogemm.tuning import journal
+
+    monkeypatch.setattr(journal, "_JOURNALS", {})  # each open below as a new process opens it
+
+
+def test_a_journal_never_gets_a_line_joined_to_a_partial_one(tmp_path, monkeypatch):
+    import optuna
+
+    from autogemm.tuning.study import storage_object
+
+    path = tmp_path / "studies.log"
+    _journal_with_a_study(path)
+    whole = path.read_bytes()
+    path.write_bytes(whole + b'{"op_code": 4, "worker_id": "w", "trial_id": 1, "par')  # a write cut short
+    _fresh_journals(monkeypatch)
+    study = optuna.load_study(study_name="s", storage=storage_object(f"journal:///{path}"))
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=2)  # appends after the cut line
+    _fresh_journals(monkeypatch)
+    again = optuna.load_study(study_name="s", storage=storage_object(f"journal:///{path}"))
+    assert len(again.trials) == 5 and path.read_bytes().startswith(whole)
+    assert all(line for line in path.read_bytes().split(b"\n")[:-1])
+
+
+def test_a_partial_line_left_by_another_writer_is_cut_before_the_next_append(tmp_path, monkeypatch):
+    import optuna
+
+    from autogemm.tuning.study import storage_object
+
+    path = tmp_path / "studies.log"
+    study = _journal_with_a_study(path)  # this process's storage stays open, as a long worker's does
+    with open(path, "ab") as file:
+        file.write(b'{"op_code": 4, "work')  # another process's write, cut short
+    study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=1)
+    _fresh_journals(monkeypatch)
+    assert len(optuna.load_study(study_name="s", storage=storage_object(f"journal:///{path}")).trials) == 4
+
+
+def test_an_append_that_fails_takes_back_what_it_wrote(tmp_path, monkeypatch):
+    import optuna
+
+    from autogemm.tuning.study import storage_object
+
+    path = tmp_path / "studies.log"
+    study = _journal_with_a_study(path)
+    whole = path.read_bytes()
+    real_fsync = __import__("os").fsync
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("os.fsync", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        study.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=1)
+    monkeypatch.setattr("os.fsync", real_fsync)
+    assert path.read_bytes() == whole
+    _fresh_journals(monkeypatch)
+    assert len(optuna.load_study(study_name="s", storage=storage_object(f"journal:///{path}")).trials) == 3
+
+
+def test_a_journal_already_broken_is_moved_aside_and_its_prefix_kept(tmp_path, monkeypatch):
+    import optuna
+
+    from autogemm.tuning.journal import JournalWarning
+    from autogemm.tuning.study import storage_object
+
+    path = tmp_path / "studies.log"
+    _journal_with_a_study(path)
+    lines = path.read_bytes().split(b"\n")
+    broken = b"\n".join(lines[:4] + [lines[4][:10] + lines[5]] + lines[6:])  # a cut line joined by the next
+    path.write_bytes(broken)
+    _fresh_journals(monkeypatch)
+    with pytest.warns(JournalWarning, match="broken at line 5"):
+        storage = storage_object(f"journal:///{path}")
+    assert path.read_bytes() == b"".join(line + b"\n" for line in lines[:4])
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("studies.log.corrupt-")]
+    assert len(aside) == 1 and aside[0].read_bytes() == broken
+    optuna.create_study(study_name="s", storage=storage, load_if_exists=True).optimize(
+        lambda trial: trial.suggest_float("x", 0, 1), n_trials=1)
+
+
+def test_a_file_that_is_not_a_journal_is_never_appended_to(tmp_path, monkeypatch):
+    from autogemm.tuning.study import StudyStorageError, storage_object
+
+    path = tmp_path / "notes.txt"
+    path.write_text("my own notes\nsecond line\n")
+    _fresh_journals(monkeypatch)
+    with pytest.raises(StudyStorageError, match="not an Optuna journal"):
+        storage_object(f"journal:///{path}")
+    assert path.read_text() == "my own notes\nsecond line\n"

@@ -33,10 +33,11 @@ Everything is checked before anything runs; a fault names the table, the key and
 problem listed twice is tuned once. The size of a campaign is counted from its lists before any
 problem is made (a few lines of TOML can ask for billions), across every table.
 
-A file's `cache_dir` is where its results go: a path relative to the file's folder, which must stay
-inside that folder (symbolic links followed), so that a campaign file from someone else cannot
-write anywhere else. An absolute path outside the folder is taken only where the user says so
-(`load_campaign(..., trust_cache_dir=True)`, `autogemm campaign ... --trust-cache-dir`); or the user
+A file's `cache_dir` is where its results go, and a file storage's path (`sqlite:///`, `journal:///`)
+where its studies and claims go: each a path relative to the file's folder, which must stay inside
+that folder (symbolic links followed), so that a campaign file from someone else cannot write
+anywhere else. An absolute path outside the folder is taken only where the user says so
+(`load_campaign(..., trust_cache_dir=True)`, `autogemm campaign ... --trust-paths`); or the user
 names the directory on the command line (`--cache-dir`), which replaces the file's.
 """
 
@@ -326,6 +327,8 @@ def load_campaign(path: str | Path, *, trust_cache_dir: bool = False, cache_dir:
         campaign = parse_campaign(data, str(path))
         if cache_dir is not None:
             return dataclasses.replace(campaign, cache_dir=str(Path(cache_dir).expanduser().resolve()))
+        if campaign.storage:
+            campaign = dataclasses.replace(campaign, storage=_storage_in(path, campaign.storage, trust_cache_dir))
         if campaign.cache_dir:
             campaign = dataclasses.replace(campaign, cache_dir=_cache_dir_in(path, campaign.cache_dir, trust_cache_dir))
     except CampaignFileError as exc:
@@ -333,22 +336,42 @@ def load_campaign(path: str | Path, *, trust_cache_dir: bool = False, cache_dir:
     return campaign
 
 
-def _cache_dir_in(path: Path, given: str, trusted: bool) -> str:
-    """The file's cache_dir as an absolute path (a relative one is the file's neighbour, wherever
-    the command runs), if it is inside the file's folder or absolute and trusted."""
+def _path_in(path: Path, given: str, trusted: bool, key: str) -> Path:
+    """A path the campaign file names (its cache_dir, or its storage's file) as an absolute path, a
+    relative one being the file's neighbour wherever the command runs, if it lies inside the file's
+    folder (symbolic links followed), or is absolute and trusted (--trust-paths)."""
     folder = path.parent.resolve()
     wanted = Path(given).expanduser()
     try:
         resolved = (folder / wanted).resolve()  # (an absolute `wanted` replaces the folder)
     except (OSError, RuntimeError, ValueError) as exc:  # a symlink loop, say
-        raise CampaignFileError(f"campaign.cache_dir {given!r} cannot be resolved ({exc})") from None
+        raise CampaignFileError(f"campaign.{key} {given!r} cannot be resolved ({exc})") from None
     if resolved == folder or folder in resolved.parents:
-        return str(resolved)
+        return resolved
+    other = " or give the directory with --cache-dir" if key == "cache_dir" else ""
     if not wanted.is_absolute():
-        raise CampaignFileError(f"campaign.cache_dir {given!r} leads out of the campaign file's folder {folder} "
-                                f"(to {resolved}); give a path inside it, or the directory with --cache-dir")
+        raise CampaignFileError(f"campaign.{key} {given!r} leads out of the campaign file's folder {folder} "
+                                f"(to {resolved}); give a path inside it{',' + other if other else ''}")
     if not trusted:
-        raise CampaignFileError(f"campaign.cache_dir {given!r} is outside the campaign file's folder {folder}: "
-                                "a campaign file decides where results are written only if you say so "
-                                "(--trust-cache-dir), or give the directory with --cache-dir")
-    return str(resolved)
+        raise CampaignFileError(f"campaign.{key} {given!r} is outside the campaign file's folder {folder}: "
+                                "a campaign file decides where anything is written only if you say so "
+                                f"(--trust-paths){other and ','}{other}")
+    return resolved
+
+
+def _cache_dir_in(path: Path, given: str, trusted: bool) -> str:
+    return str(_path_in(path, given, trusted, "cache_dir"))
+
+
+FILE_STORAGES = ("sqlite:///", "journal:///")  # storages that are a file (and its .lock, .claims.db beside it)
+
+
+def _storage_in(path: Path, storage: str, trusted: bool) -> str:
+    """A file storage the campaign file names, its file placed as a cache_dir is (`_path_in`): its
+    workers create that file, its lock and claims files and its folders, and append to it. A
+    database server's URL is taken as it is."""
+    scheme = next((s for s in FILE_STORAGES if storage.startswith(s)), None)
+    if scheme is None:
+        return storage
+    given, mark, query = storage[len(scheme):].partition("?") if scheme == "sqlite:///" else (storage[len(scheme):], "", "")
+    return f"{scheme}{_path_in(path, given, trusted, 'storage')}{mark}{query}"

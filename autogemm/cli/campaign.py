@@ -215,9 +215,9 @@ def cmd_campaign_export(args: argparse.Namespace) -> int:
     return 0
 
 
-_TRUST = ("accept a cache_dir in the campaign file that is an absolute path outside the file's folder (without "
-          "it, a file's cache_dir must lie inside its folder, so that a campaign file from someone else decides "
-          "nothing about where results are written)")
+_TRUST = ("accept a cache_dir or a file storage (sqlite:///, journal:///) in the campaign file that is an absolute "
+          "path outside the file's folder (without it, they must lie inside its folder, so that a campaign file "
+          "from someone else decides nothing about where anything is written); also --trust-cache-dir")
 
 
 def add_campaign_parser(sub) -> None:
@@ -244,7 +244,8 @@ def add_campaign_parser(sub) -> None:
         "export bundle for several GPU models), for `autogemm cache import` or cache/. Reads only the board.")
     for parser in (run_p, status_p, export_p):
         parser.add_argument("file", help="campaign file (TOML)")
-        parser.add_argument("--trust-cache-dir", action="store_true", help=_TRUST)
+        parser.add_argument("--trust-paths", "--trust-cache-dir", dest="trust_cache_dir", action="store_true",
+                            help=_TRUST)
     for parser in (run_p, status_p):
         parser.add_argument("--json", action="store_true", help="print the results as JSON" +
                             (" (no progress lines)" if parser is run_p else ""))

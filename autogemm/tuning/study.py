@@ -34,6 +34,7 @@ from ..problem import Device, Problem
 from ..kernels.render import template_hash
 from ..kernels.space import SearchSpace
 from ..results.url_secrets import hide_passwords, shown_url
+from .journal import JOURNAL, JournalError, journal_storage
 from .options import SAMPLERS
 
 
@@ -73,31 +74,15 @@ def default_storage(create: bool = True) -> str:
     return f"sqlite:///{path}"
 
 
-JOURNAL = "journal:///"  # Optuna's journal file storage: journal:///path/to/studies.log
-
-
-_JOURNALS: dict[str, object] = {}  # journal file -> its JournalStorage, one per process (storage_object)
-_JOURNALS_LOCK = threading.Lock()
-
-
 def storage_object(url: str):
     """What Optuna takes for a storage URL: the URL itself (RDB storages), or for journal:///PATH a
-    journal file storage (one file, appended to under a lock; one host, no database server). A
-    journal storage is made once per file and process: a new one reads the whole log again (every
-    trial of every study in it), which a campaign would pay for each problem and search space."""
+    journal file storage (one file, appended to under a lock; one host, no database server), made
+    once per file and process and appended to only where the file is a journal (journal.py)."""
     if url.startswith(JOURNAL):
-        from optuna.storages.journal import JournalFileBackend, JournalStorage  # (lazy: Optuna)
-
-        path = Path(url[len(JOURNAL):])
-        if not path.name or path.is_dir():
-            raise StudyStorageError(f"the journal storage {shown_url(url)} must name a file")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        key = str(path.resolve())
-        with _JOURNALS_LOCK:
-            storage = _JOURNALS.get(key)
-            if storage is None or not path.exists():  # (a log removed meanwhile starts afresh)
-                storage = _JOURNALS[key] = JournalStorage(JournalFileBackend(str(path)))
-            return storage
+        try:
+            return journal_storage(url)
+        except JournalError as exc:
+            raise StudyStorageError(f"the journal storage {shown_url(url)} cannot be used: {exc}") from None
     return url
 
 
