@@ -231,3 +231,49 @@ def test_a_file_that_is_not_a_journal_is_never_appended_to(tmp_path, monkeypatch
     with pytest.raises(StudyStorageError, match="not an Optuna journal"):
         storage_object(f"journal:///{path}")
     assert path.read_text() == "my own notes\nsecond line\n"
+
+
+# ---- 3. FP8 operands and bias with strides the kernels do not read -------------------------------
+class _FakeArray:
+    """What check_call reads of a CuPy array: shape, strides (bytes), dtype, device, C-contiguity."""
+
+    def __init__(self, shape, strides_elements, dtype):
+        import numpy as np
+        from types import SimpleNamespace
+
+        self.dtype = np.dtype(dtype)
+        self.shape, self.strides = tuple(shape), tuple(s * self.dtype.itemsize for s in strides_elements)
+        self.device = SimpleNamespace(id=0)
+        contiguous = all(s == expected for s, expected in zip(strides_elements, _row_major(shape)))
+        self.flags = SimpleNamespace(c_contiguous=contiguous)
+
+
+def _row_major(shape):
+    strides, step = [], 1
+    for extent in reversed(shape):
+        strides.insert(0, step)
+        step *= extent
+    return strides
+
+
+@pytest.mark.parametrize("a, b, bias, message", [
+    (((1, 64), (64, 2)), ((64, 32), (1, 64)), None, "a must be row-major"),     # a 1 × K row read with stride 2
+    (((1, 64), (64, -1)), ((64, 32), (1, 64)), None, "a must be row-major"),    # ... reversed
+    (((8, 64), (64, 1)), ((64, 1), (2, 64)), None, "b must be column-major"),   # a K × 1 column with stride 2
+    (((8, 64), (64, 1)), ((64, 32), (1, 64)), ((32,), (2,)), "bias must be contiguous"),   # bias[::2]
+    (((8, 64), (64, 1)), ((64, 32), (1, 64)), ((32,), (-1,)), "bias must be contiguous"),  # bias[::-1]
+])
+def test_fp8_operands_and_bias_with_strides_the_kernels_do_not_read_are_refused(a, b, bias, message):
+    from autogemm.serving.scaled import check_call
+
+    a_array, b_array = _FakeArray(*a, "uint8"), _FakeArray(*b, "uint8")
+    scale = _FakeArray((1,), (1,), "float32")
+    bias_array = None if bias is None else _FakeArray(*bias, "float32")
+    with pytest.raises(ValueError, match=message):
+        check_call(a_array, b_array, scale, scale, bias_array, "float32", dtype="float8_e4m3fn")
+    # the same call with unit strides is taken
+    a_good = _FakeArray(a[0], _row_major(a[0]), "uint8")
+    b_good = _FakeArray(b[0], (1, b[0][0]), "uint8")
+    bias_good = None if bias is None else _FakeArray(bias[0], (1,), "float32")
+    call = check_call(a_good, b_good, scale, scale, bias_good, "float32", dtype="float8_e4m3fn")
+    assert (call.m, call.n, call.k) == (a[0][0], b[0][1], 64)

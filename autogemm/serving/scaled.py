@@ -107,9 +107,11 @@ def check_call(a, b, scale_a, scale_b, bias, out_dtype, dtype=None) -> ScaledCal
     itemsize = 1  # (strides in elements: torch's are, CuPy's are bytes of one-byte elements)
     strides_a = tuple(a.stride()) if tensors else tuple(s // itemsize for s in a.strides)
     strides_b = tuple(b.stride()) if tensors else tuple(s // itemsize for s in b.strides)
-    if m > 1 and strides_a != (k, 1) and not (k == 1 and strides_a[0] == 1):
+    # the kernels read a's rows and b's columns as K contiguous values, one after another (a row stride of
+    # K): K's stride counts whatever M or N is (a 1 × K `a` read with stride 2 or -1 is another matrix)
+    if (k > 1 and strides_a[1] != 1) or (m > 1 and strides_a[0] != k and not (k == 1 and strides_a[0] == 1)):
         raise ValueError(f"a must be row-major (M × K, rows contiguous); got strides {strides_a}")
-    if n > 1 and strides_b != (1, k) and not (k == 1 and strides_b[1] == 1):
+    if (k > 1 and strides_b[0] != 1) or (n > 1 and strides_b[1] != k and not (k == 1 and strides_b[1] == 1)):
         raise ValueError(f"b must be column-major (K × N with K contiguous: b = w.t() of an N × K weight); "
                          f"got strides {strides_b}")
     if k % ALIGN_BYTES:
@@ -131,6 +133,10 @@ def check_call(a, b, scale_a, scale_b, bias, out_dtype, dtype=None) -> ScaledCal
         if tuple(bias.shape) != (n,) or dtypes.name_of(bias.dtype) not in (out, dtypes.lookup(out).storage):
             raise ValueError(f"bias must be a vector of N = {n} values of D's dtype {out}; got shape "
                              f"{tuple(bias.shape)}, {dtypes.name_of(bias.dtype)}")
+        stride = bias.stride()[0] if tensors else bias.strides[0] // np.dtype(bias.dtype).itemsize
+        if n > 1 and stride != 1:  # (the kernels and the epilogue read it as N contiguous values)
+            raise ValueError(f"bias must be contiguous (a stride of 1); got a stride of {stride} (copy it first, "
+                             "e.g. bias.contiguous())")
         if (bias.get_device() if tensors else bias.device.id) != devices[0]:
             raise ValueError(f"bias is not on the operands' GPU {devices[0]}")
     return ScaledCall(m, n, k, names[0], scaling, out, bias is not None, devices[0], outer)
