@@ -277,3 +277,33 @@ def test_fp8_operands_and_bias_with_strides_the_kernels_do_not_read_are_refused(
     bias_good = None if bias is None else _FakeArray(bias[0], (1,), "float32")
     call = check_call(a_good, b_good, scale, scale, bias_good, "float32", dtype="float8_e4m3fn")
     assert (call.m, call.n, call.k) == (a[0][0], b[0][1], 64)
+
+
+# ---- 5. a re-timing racing a tune --------------------------------------------------------------------
+def test_cache_retime_keeps_a_tune_that_finished_while_it_measured(tmp_path, monkeypatch):
+    import dataclasses
+
+    from autogemm.measure import retime
+    from autogemm.problem import Device
+
+    device = Device.for_arch("sm_90")
+    cache = TuningCache(tmp_path, shipped=False)
+    first, second = make_record(64), make_record(65)
+    for record in (first, second):
+        cache.store(record, device.slug)
+    tuned = dataclasses.replace(first, ratio=1.5, cublas_ms=1.5, study="a tune that finished meanwhile")
+
+    def measure(record, device, seed=0):
+        if record.problem == first.problem:  # while this one is measured, a tune stores its result
+            cache.store(tuned, device.slug, keep_better=False)
+        return dataclasses.replace(record, ratio=0.5, cublas_ms=0.5, study="re-timed")
+
+    monkeypatch.setattr(retime, "retime_record", measure)
+    monkeypatch.setattr(retime, "_precompile", lambda records, device, jobs: None)
+    said = []
+    done = retime.retime_document(cache.path(device.slug), device, force=True, progress=said.append)
+    entries = json.loads(cache.path(device.slug).read_text())["entries"]
+    assert entries[first.problem]["study"] == "a tune that finished meanwhile"  # the tune's, not overwritten
+    assert entries[second.problem]["study"] == "re-timed"  # the other record re-timed as before
+    assert [item.key for item in done] == [second.problem]
+    assert any(line.startswith(f"kept    {first.problem}") for line in said), said

@@ -145,6 +145,7 @@ def retime_document(path: Path, device: Device, *, force: bool = False, jobs: in
         if record.current_protocol and not force:
             continue
         todo.append(record)
+    read = {record.problem: document["entries"][record.problem] for record in todo}  # as re-timed
     _precompile(todo, device, jobs)
     done: list[Retimed] = []
     for index, record in enumerate(todo, 1):
@@ -156,6 +157,11 @@ def retime_document(path: Path, device: Device, *, force: bool = False, jobs: in
             continue
         with FileLock(str(path) + ".lock", timeout=60):
             current = cache._load(path, device.slug, repair=False)
+            if current["entries"].get(record.problem) != read[record.problem]:
+                # a tune (or another retime) wrote this entry while it was being measured: what it
+                # wrote is newer than what was re-timed, and stays
+                progress(f"kept    {record.problem}: its record changed while it was re-timed (a tune finished)")
+                continue
             current["entries"][record.problem] = new.to_json()
             write_json(path, current)
         best = new.best_generated if new.is_cublas else None
