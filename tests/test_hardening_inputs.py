@@ -307,3 +307,57 @@ def test_cache_retime_keeps_a_tune_that_finished_while_it_measured(tmp_path, mon
     assert entries[second.problem]["study"] == "re-timed"  # the other record re-timed as before
     assert [item.key for item in done] == [second.problem]
     assert any(line.startswith(f"kept    {first.problem}") for line in said), said
+
+
+# ---- 6. a symlink planted where a failed kernel's source is saved -------------------------------------
+def test_a_failed_source_replaces_a_planted_symlink_and_never_follows_it(tmp_path, monkeypatch):
+    from autogemm.families import SimtConfig
+    from autogemm.kernels.compile import save_failed_source
+    from autogemm.kernels.render import render
+
+    monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    source = render(SimtConfig(), Problem(64, 64, 64))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("someone's file\n")
+    folder = tmp_path / "cache" / "failed"
+    folder.mkdir(parents=True)
+    (folder / f"{source.kernel}.cu").symlink_to(victim)
+    saved = save_failed_source(source)
+    assert saved == folder / f"{source.kernel}.cu" and not saved.is_symlink() and saved.read_text() == source.code
+    assert victim.read_text() == "someone's file\n"
+    # a folder that is itself a link elsewhere: nothing written there
+    (folder / f"{source.kernel}.cu").unlink()
+    folder.rmdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    folder.symlink_to(elsewhere, target_is_directory=True)
+    assert save_failed_source(source) is None and list(elsewhere.iterdir()) == []
+
+
+# ---- 9. temporary files autogemm did not write ------------------------------------------------------
+def test_only_autogemms_own_temporary_files_are_removed(tmp_path, monkeypatch):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from autogemm import atomic_write
+
+    target = tmp_path / "bundle.json"
+    old = time.time() - 2 * atomic_write.ORPHAN_AGE_S
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    host, namespace = atomic_write._host(), atomic_write._namespace()
+    users = tmp_path / ".bundle.json.notes.tmp"  # a user's own file of that shape, old
+    other_namespace = tmp_path / f".bundle.json.{host}.{int(namespace) + 1}.{pid}.0123abcd.tmp"  # live elsewhere
+    ours_dead = tmp_path / f".bundle.json.{host}.{namespace}.{pid}.0123abcd.tmp"
+    ours_old = tmp_path / ".bundle.json.otherhost.99.0123abcd.tmp"  # an earlier version's form, a day old
+    for path in (users, other_namespace, ours_dead, ours_old):
+        path.write_text("x")
+    for path in (users, ours_old):
+        os.utime(path, (old, old))
+    removed = atomic_write.remove_orphans(target)
+    assert sorted(removed) == sorted([ours_dead, ours_old])
+    assert users.exists() and other_namespace.exists()
+    atomic_write.write_atomically(target, b"{}")
+    assert users.exists() and target.read_bytes() == b"{}"

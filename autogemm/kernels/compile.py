@@ -57,12 +57,17 @@ class NvccNotFound(RuntimeError):
 
 
 def save_failed_source(source: Source) -> Path | None:
-    """Keeps the source of a kernel that failed, so that the user can read and rebuild it."""
+    """Keeps the source of a kernel that failed, so that the user can read and rebuild it. Written
+    atomically (a new file renamed over the path), so that a symbolic link planted at that
+    predictable path in a shared cache directory is replaced, never followed; nothing is written
+    where the folder itself is a link."""
     try:
         folder = user_cache_dir() / "failed"
+        if folder.is_symlink():
+            return None
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"{source.kernel}.cu"
-        path.write_text(source.code)
+        write_atomically(path, source.code.encode())
         return path
     except OSError:
         return None
