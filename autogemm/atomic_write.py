@@ -3,11 +3,13 @@ killed writer leaves behind is cleaned up by the next one.
 
 The new content goes to a temporary file in the same directory (so that the rename is atomic),
 is fsynced, renamed over the target, and the directory fsynced (so that the rename survives a
-power cut). A temporary file is named after its target, host and process:
-``.<target>.<host>.<pid>.<random>.tmp``; a process killed with -9 cannot remove its own, so every
-write first removes those of its target whose process is dead (this host's), or that are older
-than a day (another host's, on a shared directory). Files are readable by all (0644), so that a
-team can share a cache directory.
+power cut). A temporary file is named after its target, host, PID namespace and process:
+``.<target>.<host>.<namespace>.<pid>.<8 hex digits>.tmp``; a process killed with -9 cannot remove its
+own, so every write first removes those of its target whose process is dead (this host's and PID
+namespace's: a container sharing the host name sees other processes), or that are older than a day
+(another host's or namespace's, on a shared directory). Only names of exactly that form are touched
+(and the form of earlier versions, without the namespace, by age): a user's own ``.<target>.notes.tmp``
+is not ours. Files are readable by all (0644), so that a team can share a cache directory.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import socket
 import time
 from pathlib import Path
 
+from .host_identity import identity
+
 FILE_MODE = 0o644
 # another host's temporary file this old is left over, whatever its process (no write takes a day)
 ORPHAN_AGE_S = 24 * 3600
@@ -31,8 +35,19 @@ def _host() -> str:
     return re.sub(r"[^A-Za-z0-9-]+", "-", socket.gethostname())[:HOST_CHARS] or "host"
 
 
+def _namespace() -> str:
+    return identity()[1] or "0"
+
+
 def temporary_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{_host()}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    return path.with_name(f".{path.name}.{_host()}.{_namespace()}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+def _ours(path: Path, name: str) -> re.Match | None:
+    """The parts of `name` where it is a temporary file `temporary_path` gives `path` (or gave before the
+    namespace was part of it); None for any other name."""
+    return re.fullmatch(rf"\.{re.escape(path.name)}\.(?P<host>[A-Za-z0-9-]{{1,{HOST_CHARS}}})\."
+                        r"(?:(?P<namespace>\d{1,20})\.)?(?P<pid>\d{1,10})\.[0-9a-f]{8}\.tmp", name)
 
 
 def _alive(pid: int) -> bool:
@@ -40,7 +55,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # someone else's process: alive
+    except (PermissionError, OverflowError):  # someone else's process (or no id a process has): not ours
         return True
     return True
 
@@ -48,19 +63,18 @@ def _alive(pid: int) -> bool:
 def remove_orphans(path: Path) -> list[Path]:
     """Removes the temporary files of `path` that killed writers left; returns them."""
     removed = []
-    prefix = f".{path.name}."
     try:
-        candidates = [p for p in path.parent.iterdir() if p.name.startswith(prefix) and p.name.endswith(".tmp")]
+        candidates = [(p, match) for p in path.parent.iterdir() if (match := _ours(path, p.name))]
     except OSError:  # no directory yet, or one we may not list: nothing of ours to clean
         return removed
     now = time.time()
-    for candidate in candidates:
-        host, _, rest = candidate.name[len(prefix):].partition(".")
-        pid = rest.partition(".")[0]
+    for candidate, match in candidates:
+        pid = int(match["pid"])
         try:
-            # this host's of a dead process; else (another host's, a reused process id, a name
-            # earlier versions gave) only once older than any write takes
-            dead = host == _host() and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid))
+            # this host's and PID namespace's, of a dead process; else (another host's or namespace's,
+            # a reused process id, a name earlier versions gave) only once older than any write takes
+            here = match["host"] == _host() and match["namespace"] == _namespace()
+            dead = here and pid != os.getpid() and not _alive(pid)
             if dead or now - candidate.stat().st_mtime > ORPHAN_AGE_S:
                 candidate.unlink()
                 removed.append(candidate)

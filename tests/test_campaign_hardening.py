@@ -180,7 +180,7 @@ def test_a_claim_of_another_pid_namespace_on_the_same_host_is_left_to_its_heartb
     child.join()
     with monkeypatch.context() as patch:  # the other container: another PID namespace, a PID not running here
         patch.setattr("autogemm.campaigns.claims.os.getpid", lambda: child.pid)
-        patch.setattr("autogemm.campaigns.claims._identity", lambda: ("boot-id", "4026531999"), raising=False)
+        patch.setattr("autogemm.campaigns.claims.identity", lambda: ("boot-id", "4026531999"))
         theirs = new_owner()
     assert board.claim("c", SLUG, theirs, grace=600) == "p0"
     assert board.claim("c", SLUG, new_owner(), grace=600) is None
@@ -546,7 +546,7 @@ def test_a_host_name_given_for_claims_names_the_owner_and_decides_who_takes_a_de
     monkeypatch.setenv("AUTOGEMM_HOST_NAME", "alpha")
     owner = claims.new_owner()
     assert owner.startswith("alpha:")
-    boot, namespace = claims._identity()
+    boot, namespace = claims.identity()
     if not boot:
         pytest.skip("no boot id or PID namespace to read here (not Linux)")
     dead_owner = f"alpha:{boot}:{namespace}:{pid}:token"

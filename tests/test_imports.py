@@ -21,7 +21,7 @@ PACKAGE = Path(autogemm.__file__).parent
 
 # lowest first, as docs/architecture.md draws them; a module imports from its own layer or below
 LAYERS = (
-    ("top-level vocabulary", {"dtypes", "epilogue", "problem", "fp8", "routing", "paths", "version", "atomic_write", "interrupts"}),
+    ("top-level vocabulary", {"dtypes", "epilogue", "problem", "fp8", "routing", "paths", "version", "atomic_write", "interrupts", "host_identity"}),
     ("families", {"families"}),
     ("kernels", {"kernels"}),
     ("gpu, results", {"gpu", "results"}),

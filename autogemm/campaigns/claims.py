@@ -20,7 +20,6 @@ journal (one host).
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import re
@@ -33,6 +32,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 import sqlalchemy as sa
+
+from ..host_identity import identity
 
 
 class ClaimState(StrEnum):
@@ -71,21 +72,6 @@ def claims_url(storage_url: str) -> str:
     return storage_url
 
 
-@functools.lru_cache(maxsize=1)
-def _identity() -> tuple[str, str]:
-    """(boot id, PID namespace) of this process: with the host name, where its process ids mean
-    something. Empty where they cannot be read (not Linux)."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        namespace = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
-    except OSError:
-        return "", ""
-    found = re.search(r"\d+", namespace)
-    if not re.fullmatch(r"[0-9a-fA-F-]{8,64}", boot) or found is None:
-        return "", ""
-    return boot, found.group()
-
-
 HOST_NAME_VARIABLE = "AUTOGEMM_HOST_NAME"
 _HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -111,13 +97,13 @@ def host_name() -> str:
 def new_owner() -> str:
     """This process's name in claims: host, boot id, PID namespace, process id and a token no other
     process shares."""
-    boot, namespace = _identity()
+    boot, namespace = identity()
     return f"{host_name()}:{boot}:{namespace}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
 def _owner_is_dead_here(owner: str | None) -> bool:
     """Whether `owner` is a process of this host, boot and PID namespace that no longer runs."""
-    boot, namespace = _identity()
+    boot, namespace = identity()
     if not owner or not boot:
         return False
     parts = owner.rsplit(":", 4)
