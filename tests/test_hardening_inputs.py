@@ -361,3 +361,40 @@ def test_only_autogemms_own_temporary_files_are_removed(tmp_path, monkeypatch):
     assert users.exists() and other_namespace.exists()
     atomic_write.write_atomically(target, b"{}")
     assert users.exists() and target.read_bytes() == b"{}"
+
+
+# ---- 7. search-space expressions beyond any space's ----------------------------------------------------
+def _space_with(tmp_path, derived: dict[str, str] = (), rule: str | None = None):
+    from autogemm.kernels.space import SearchSpace
+
+    shipped = SearchSpace.load().path.read_text()
+    lines = "".join(f"{name} = {json.dumps(text)}\n" for name, text in dict(derived).items())
+    text = shipped.replace("[derived]\n", "[derived]\n" + lines, 1)
+    if rule is not None:
+        text = text.replace("rules = [", f"rules = [\n    {json.dumps(rule)},", 1)
+    path = tmp_path / "space.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_chain_of_doubling_strings_is_a_space_error_not_gigabytes(tmp_path):
+    from autogemm.kernels.space import SearchSpace, SpaceError
+
+    chain = {"s0": "'xxxxxxxx'", **{f"s{i}": f"s{i - 1} + s{i - 1}" for i in range(1, 40)}}
+    path = _space_with(tmp_path, chain, rule="s39 != ''")
+    with pytest.raises(SpaceError, match="too long"):
+        space = SearchSpace.load(path)
+        space.sample(1, Problem(256, 256, 256), seed=0)
+
+
+@pytest.mark.parametrize("rule, message", [
+    ("(" * 5000 + "1" + ")" * 5000 + " > 0", "too long|nested"),
+    ("(" * 200 + "1" + ")" * 200 + " > 0", "nested more than"),
+    ("1" + " + 1" * 1000 + " > 0", "too deep|too long"),
+    ("-" * 3000 + "1 < 0", "too deep|too long"),
+])
+def test_deep_or_long_expressions_are_space_errors(tmp_path, rule, message):
+    from autogemm.kernels.space import SearchSpace, SpaceError
+
+    with pytest.raises(SpaceError, match=message):
+        SearchSpace.load(_space_with(tmp_path, rule=rule))

@@ -41,6 +41,13 @@ def _mul(x, y):
     return x * y
 
 
+def _add(x, y):
+    if isinstance(x, (str, list, tuple)) and isinstance(y, (str, list, tuple)) and len(x) + len(y) > MAX_SEQUENCE:
+        # (a chain of derived values each adding the one before to itself doubles at every step)
+        raise _OutOfBounds(f"a joined {type(x).__name__} would be too long ({len(x)} + {len(y)} > {MAX_SEQUENCE})")
+    return x + y
+
+
 def _pow(x, y):
     if isinstance(y, (int, float)) and abs(y) > MAX_EXPONENT:
         shown = f"of {y.bit_length()} bits" if _too_big(y) else repr(y)  # (str() of a huge int raises)
@@ -53,7 +60,7 @@ def _pow(x, y):
     return result
 
 
-# the nodes an expression may have; * and ** are evaluated by _mul and _pow (bounded)
+# the nodes an expression may have; *, ** and + are evaluated by _mul, _pow and _add (bounded)
 _ALLOWED_NODES = (
     ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.BinOp,
     ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.Pow, ast.Compare, ast.Eq, ast.NotEq,
@@ -61,12 +68,16 @@ _ALLOWED_NODES = (
     ast.Call, ast.Tuple, ast.List, ast.IfExp,
 )
 FUNCTIONS = {"min": min, "max": max}
-_BOUNDED = {ast.Mult: "_mul", ast.Pow: "_pow"}
-_GLOBALS = {"__builtins__": {}, **FUNCTIONS, "_mul": _mul, "_pow": _pow}
+_BOUNDED = {ast.Mult: "_mul", ast.Pow: "_pow", ast.Add: "_add"}
+_GLOBALS = {"__builtins__": {}, **FUNCTIONS, "_mul": _mul, "_pow": _pow, "_add": _add}
+# an expression of a search-space file is a line or two; one this long (or nested this deep: Python's
+# parser and compiler recurse) is a broken file, refused before it is parsed
+MAX_TEXT = 4096
+MAX_DEPTH = 100
 
 
 class _Bound(ast.NodeTransformer):
-    """x * y -> _mul(x, y), x ** y -> _pow(x, y)."""
+    """x * y -> _mul(x, y), x ** y -> _pow(x, y), x + y -> _add(x, y)."""
 
     def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
         self.generic_visit(node)
@@ -85,10 +96,20 @@ class Expression:
 
     @classmethod
     def parse(cls, text: str, where: str) -> Expression:
+        if len(text) > MAX_TEXT:
+            raise SpaceError(f"{where}: an expression of {len(text)} characters is too long (at most {MAX_TEXT})")
+        if _nesting(text) > MAX_DEPTH:
+            raise SpaceError(f"{where}: an expression nested more than {MAX_DEPTH} deep is not allowed")
         try:
             tree = ast.parse(text, mode="eval")
         except SyntaxError as exc:
-            raise SpaceError(f"{where}: cannot parse {text!r}: {exc.msg}") from None
+            raise SpaceError(f"{where}: cannot parse {text[:200]!r}: {exc.msg}") from None
+        except (RecursionError, MemoryError):  # (a long chain of operators: the parser's own limits)
+            raise SpaceError(f"{where}: an expression too deep for the parser: {text[:200]!r}...") from None
+        return cls._checked(tree, text, where)
+
+    @classmethod
+    def _checked(cls, tree, text: str, where: str) -> Expression:
         names = set()
         for node in ast.walk(tree):
             if not isinstance(node, _ALLOWED_NODES):
@@ -99,11 +120,34 @@ class Expression:
                 raise SpaceError(f"{where}: names starting with _ are reserved, in {text!r}")
             if isinstance(node, ast.Name) and node.id not in FUNCTIONS:
                 names.add(node.id)
-        tree = ast.fix_missing_locations(_Bound().visit(tree))
-        return cls(text, frozenset(names), compile(tree, where, "eval"), where)
+        try:
+            tree = ast.fix_missing_locations(_Bound().visit(tree))
+            code = compile(tree, where, "eval")
+        except (RecursionError, MemoryError):  # (an operator chain: the transformer and compiler recurse)
+            raise SpaceError(f"{where}: an expression too deep to compile: {text[:200]!r}...") from None
+        return cls(text, frozenset(names), code, where)
 
     def __call__(self, values: dict) -> Any:
         try:
             return eval(self.code, _GLOBALS, values)  # (AST-checked, arithmetic bounded)
         except (_OutOfBounds, OverflowError) as exc:
-            raise SpaceError(f"{self.where}: {self.text!r}: {exc}") from None
+            raise SpaceError(f"{self.where}: {self.text[:200]!r}: {exc}") from None
+        except (RecursionError, MemoryError) as exc:
+            raise SpaceError(f"{self.where}: {self.text[:200]!r} cannot be evaluated ({type(exc).__name__})") from None
+
+
+def _nesting(text: str) -> int:
+    """The deepest nesting of brackets in `text` (outside string literals, roughly: quotes toggle)."""
+    depth = deepest = 0
+    quote = ""
+    for char in text:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in ")]}":
+            depth -= 1
+    return deepest
