@@ -4,8 +4,9 @@ float64 and made from any float values. The two types are ml_dtypes' (and PyTorc
 
 Both directions go through a 256-entry table of every bit pattern's value, which works the same on
 NumPy and CuPy arrays (`xp`): decoding indexes it, quantizing searches its sorted finite values for
-the nearest one (saturating at the largest finite value, as torch's conversion does not: a value past
-it is a caller's error in torch and is clamped here).
+the nearest one as ml_dtypes rounds (half to even), saturating at the largest finite value (as
+torch's conversion does not: a value past it, or an infinity, is a caller's error in torch and is
+clamped here), NaN kept NaN.
 """
 
 from __future__ import annotations
@@ -44,12 +45,26 @@ def to_float64(bits, dtype: str, xp=np):
     return xp.asarray(values(dtype))[bits]
 
 
+@functools.lru_cache(maxsize=None)
+def _nan_bits(dtype: str) -> int:
+    """The bit pattern ml_dtypes gives a NaN of `dtype`."""
+    import ml_dtypes  # (lazy: the FP8 types' NumPy definitions)
+
+    return int(np.array(np.nan).astype(getattr(ml_dtypes, dtype)).view(np.uint8))
+
+
 def quantize(x, dtype: str, xp=np):
-    """The bit patterns (uint8) of the values of `dtype` nearest to the float array `x` (saturating at
-    the largest finite value)."""
+    """The bit patterns (uint8) of the values of `dtype` nearest to the float array `x`, as ml_dtypes
+    rounds (a tie to the even pattern), saturating at the largest finite value (±inf included: the
+    e5m2 infinities are not made), NaN to ml_dtypes' NaN pattern."""
     finite, bits = (xp.asarray(v) for v in _sorted_finite(dtype))
     x = xp.asarray(x, dtype=np.float64)
-    above = xp.clip(xp.searchsorted(finite, x), 1, finite.size - 1)
+    nan = xp.isnan(x)
+    x = xp.clip(xp.where(nan, 0.0, x), finite[0], finite[-1])  # (beyond the largest finite value: it)
+    above = xp.clip(xp.searchsorted(finite, x), 1, finite.size - 1)  # finite[above - 1] < x <= finite[above]
     below = above - 1
-    nearest = xp.where(xp.abs(x - finite[below]) <= xp.abs(finite[above] - x), below, above)
-    return bits[nearest]
+    to_below, to_above = x - finite[below], finite[above] - x
+    # halfway: the even pattern (its last mantissa bit 0), as IEEE round-to-nearest-even does
+    tie_down = (to_below == to_above) & (bits[above] % 2 == 1)
+    nearest = xp.where((to_below < to_above) | tie_down, below, above)
+    return xp.where(nan, np.uint8(_nan_bits(dtype)), bits[nearest]).astype(np.uint8)

@@ -398,3 +398,25 @@ def test_deep_or_long_expressions_are_space_errors(tmp_path, rule, message):
 
     with pytest.raises(SpaceError, match=message):
         SearchSpace.load(_space_with(tmp_path, rule=rule))
+
+
+# ---- 8. FP8 quantization of inf, NaN and ties ---------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_fp8_quantize_saturates_infinities_keeps_nan_and_rounds_ties_to_even(dtype):
+    import ml_dtypes
+    import numpy as np
+
+    from autogemm import fp8
+
+    largest = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}[dtype]
+    values = fp8.to_float64(fp8.quantize(np.array([np.inf, -np.inf, 1e9, -1e9]), dtype), dtype)
+    assert values.tolist() == [largest, -largest, largest, -largest]
+    assert np.isnan(fp8.to_float64(fp8.quantize(np.array([np.nan]), dtype), dtype)).all()
+    # every value and every midpoint between neighbours, against ml_dtypes' own rounding (in range)
+    finite, _ = fp8._sorted_finite(dtype)
+    midpoints = (finite[:-1] + finite[1:]) / 2
+    rng = np.random.default_rng(5)
+    x = np.concatenate([finite, midpoints, rng.uniform(-largest, largest, 20000), rng.uniform(-1, 1, 20000)])
+    expected = x.astype(getattr(ml_dtypes, dtype)).astype(np.float64)
+    got = fp8.to_float64(fp8.quantize(x, dtype), dtype)
+    assert np.array_equal(got, expected), x[got != expected][:5]
