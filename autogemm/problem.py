@@ -100,9 +100,12 @@ class Problem:
             raise ValueError(f"not a problem key: {key!r} (expected like float32/fp32/nn/b1/64x64x64, or for "
                              "groups .../g8-uniform/...)")
         dtype, compute, layout, batch, groups, routing, m, n, k, epilogue = match.groups()
-        return cls.from_layout(int(m), int(n), int(k), layout, batch=int(batch or groups), dtype=dtype,
-                               compute=compute, epilogue=Epilogue.from_key(epilogue) if epilogue else Epilogue(),
-                               grouped=groups is not None, routing=routing or "")
+        problem = cls.from_layout(int(m), int(n), int(k), layout, batch=int(batch or groups), dtype=dtype,
+                                  compute=compute, epilogue=Epilogue.from_key(epilogue) if epilogue else Epilogue(),
+                                  grouped=groups is not None, routing=routing or "")
+        if problem.key != key:  # (leading zeros, full-width digits: one problem, one key, as records file it)
+            raise ValueError(f"not a canonical problem key: {key!r} (the canonical key is {problem.key!r})")
+        return problem
 
     def __str__(self) -> str:
         batch = f"{self.batch} groups ({self.routing}) of " if self.grouped else f"{self.batch}×" if self.batch > 1 else ""

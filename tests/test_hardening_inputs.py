@@ -420,3 +420,24 @@ def test_fp8_quantize_saturates_infinities_keeps_nan_and_rounds_ties_to_even(dty
     expected = x.astype(getattr(ml_dtypes, dtype)).astype(np.float64)
     got = fp8.to_float64(fp8.quantize(x, dtype), dtype)
     assert np.array_equal(got, expected), x[got != expected][:5]
+
+
+# ---- 10. non-canonical problem keys -------------------------------------------------------------------
+@pytest.mark.parametrize("key", ["float32/fp32/nn/b1/0256x4096x11008", "float32/fp32/nn/b01/256x4096x11008",
+                                 "float32/fp32/nn/b1/２５６x4096x11008"])
+def test_a_problem_key_must_be_canonical(key, tmp_path):
+    with pytest.raises(ValueError, match="problem key"):
+        Problem.from_key(key)
+    # an import beside the canonical key is refused, naming the key
+    canonical = make_record(256).to_json()
+    crafted = {**canonical, "problem": key}
+    source = tmp_path / "bundle.json"
+    source.write_text(json.dumps({"format": 1, "device": SLUG, "entries": {canonical["problem"]: canonical,
+                                                                           key: crafted}}))
+    with pytest.raises(ValueError, match="bad record"):
+        read_records(source)
+
+
+def test_canonical_keys_read_back_as_themselves():
+    for problem in (Problem(256, 4096, 11008), Problem(7, 1, 3, batch=4, dtype="float16", trans_a=True)):
+        assert Problem.from_key(problem.key) == problem
