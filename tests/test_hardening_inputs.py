@@ -441,3 +441,37 @@ def test_a_problem_key_must_be_canonical(key, tmp_path):
 def test_canonical_keys_read_back_as_themselves():
     for problem in (Problem(256, 4096, 11008), Problem(7, 1, 3, batch=4, dtype="float16", trans_a=True)):
         assert Problem.from_key(problem.key) == problem
+
+
+# ---- 11. machine-readable output -------------------------------------------------------------------
+def test_cache_list_json_is_strict_json_with_null_for_nan(tmp_path, monkeypatch, capsys):
+    import dataclasses
+    import math
+
+    monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path))
+    TuningCache(tmp_path / "tuned", shipped=False).store(dataclasses.replace(make_record(64), rel_error=math.nan), SLUG)
+    assert main(["cache", "list", "--json"]) == 0
+    out = capsys.readouterr().out
+
+    def refuse(constant):
+        raise ValueError(f"bare {constant} in the output")
+
+    records = json.loads(out, parse_constant=refuse)  # what a strict parser (jq, JSON.parse) does
+    mine = [r for r in records if r["device_slug"] == SLUG]
+    assert mine and mine[0]["rel_error"] is None
+    assert main(["cache", "show", make_record(64).problem]) == 0
+    json.loads(capsys.readouterr().out, parse_constant=refuse)
+
+
+def test_a_closed_pipe_ends_the_command_quietly(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, AUTOGEMM_CACHE_DIR=str(tmp_path))
+    # the shipped results are hundreds of records: `| head -c 100` closes the pipe long before the end
+    done = subprocess.run(f"{sys.executable} -m autogemm.cli cache list --json | head -c 100 > /dev/null; "
+                          "echo status=${PIPESTATUS[0]}", shell=True, executable="/bin/bash", env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert "status=141" in done.stdout, done.stdout

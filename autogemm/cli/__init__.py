@@ -5,7 +5,7 @@ the parser."""
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import os
 import sys
 
@@ -18,6 +18,7 @@ from .campaign import add_campaign_parser
 from .kernels import cmd_check, cmd_render
 from .report import add_report_parser
 from .tuning import add_bench_parser, add_tune_parser
+from .output import print_json
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,16 +71,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# a reader that closed the pipe (`autogemm cache list --json | head`): what a shell reports for a
+# program that SIGPIPE ended, as the tools of a pipeline do
+EXIT_CLOSED_PIPE = 141
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except BrokenPipeError:
+        # the reader has what it wanted: no traceback, and nothing more written to the closed pipe
+        # (Python flushes stdout again at exit, which would raise once more)
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_CLOSED_PIPE
+
+
+def _run(args) -> int:
     try:
         return args.handler(args)
     except (CliError, CliFailure, GpuUnavailable) as exc:  # (the GPU lost past a command's own check, too)
         code = EXIT_USAGE if isinstance(exc, CliError) else EXIT_CANNOT_RUN
         print(f"autogemm {args.command}: error: {exc}", file=sys.stderr)
         if getattr(args, "json", False):  # what reads the JSON learns of the failure as JSON
-            print(json.dumps({"error": str(exc), "exit_code": code}))
+            print_json({"error": str(exc), "exit_code": code}, indent=None)
         return code
     except KeyboardInterrupt:
         print(f"autogemm {args.command}: interrupted", file=sys.stderr)

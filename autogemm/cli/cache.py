@@ -4,7 +4,6 @@ each action a subcommand with its own help and only its own flags."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from ..tuning.options import default_jobs
 from .arguments import EXIT_FAILURES, CliError, CliFailure
 from .tables import table
 from .tuning import require_gpu
+from .output import print_json
 
 
 def add_cache_parser(sub) -> None:
@@ -97,7 +97,7 @@ def _cache_list(args: argparse.Namespace) -> int:
                          f"{record.ratio:.3f}", record.date[:10], status))
             records.append({**record.to_json(), "device_slug": slug, "source": source, "status": status})
     if args.json:
-        print(json.dumps(records, indent=2))
+        print_json(records)
         return 0
     if not rows:
         print(f"no tuned kernels in {cache.directory}" + (f" or {cache.shipped}" if cache.shipped else ""))
@@ -112,7 +112,7 @@ def _cache_show(args: argparse.Namespace) -> int:
                for slug in cache.devices() for source, record in cache.records(slug) if record.problem == args.key]
     if not matches:
         raise CliFailure(f"no cached entry for {args.key}")
-    print(json.dumps(matches, indent=2))
+    print_json(matches)
     return 0
 
 

@@ -5,7 +5,6 @@ action an argparse subcommand with its own help and only its own options."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -16,6 +15,7 @@ from ..results.url_secrets import hide_passwords, shown_url
 from ..tuning.options import default_jobs
 from .arguments import EXIT_FAILURES, CliError, CliFailure, positive_int, positive_seconds
 from .tables import table
+from .output import print_json
 
 
 class CampaignView:
@@ -139,7 +139,7 @@ def _show(campaign, rows: list[dict], as_json: bool) -> None:
     from ..campaigns.campaign import progress_lines  # (lazy: SQLAlchemy)
 
     if as_json:
-        print(json.dumps({"campaign": campaign.name, "problems": len(campaign.problems), "results": rows}, indent=2))
+        print_json({"campaign": campaign.name, "problems": len(campaign.problems), "results": rows})
     elif rows:
         print(_table(rows))
     else:

@@ -4,7 +4,6 @@ of a sample of a search space (neither needs a GPU)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,6 +12,7 @@ from ..kernels import compile as kernel_compile
 from ..kernels.render import render
 from ..kernels.space import SearchSpace, SpaceError, default_space_name
 from .arguments import EXIT_FAILURES, CliError, CliFailure, device_for, load_space, parse_config, problem_from_args
+from .output import print_json
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -103,8 +103,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             if not args.json:
                 print(f"{config.name:<{width}} {usage.registers:>5} {usage.spills:>8} {usage.stack_bytes:>8} {smem:>8}{flag}")
     if args.json:
-        print(json.dumps({"space": space.path.name, "problem": problem.key, "arch": device.arch, "variants": rows,
-                          "failures": failures}, indent=2))
+        print_json({"space": space.path.name, "problem": problem.key, "arch": device.arch, "variants": rows,
+                    "failures": failures})
     errors = sum("error" in row for row in rows)
     detail = ", ".join(part for part in (f"{failures - errors} spill" if failures > errors else "",
                                          f"{errors} failed to compile" if errors else "") if part)

@@ -5,7 +5,6 @@ defaults (tuning/options.py)."""
 from __future__ import annotations
 
 import argparse
-import json
 
 from .. import dtypes
 from ..gpu import launch
@@ -21,6 +20,7 @@ from ..tuning.options import CONVERGED_GAIN, SAMPLERS, TuneOptions, default_jobs
 from ..tuning.result import TuneError
 from .arguments import CliError, CliFailure, add_problem_arguments, load_space, non_negative_int, positive_int, \
     problem_from_args
+from .output import print_json
 
 DEFAULTS = TuneOptions()
 
@@ -98,7 +98,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     except (TuneError, FatalEvaluationError) as exc:
         raise CliFailure(str(exc)) from None
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+        print_json(result.to_json())
     else:
         print(_format_result(result))
     return 0
@@ -148,7 +148,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "tuned_ratio": record.ratio,
     }
     if args.json:
-        print(json.dumps(out, indent=2))
+        print_json(out)
     else:
         print(f"{problem} on {device.name}: {record.config_name} ({source} cache)\n"
               f"  {measured.tflops:.2f} TFLOP/s vs cuBLAS {out['cublas_tflops']:.2f} TFLOP/s: {ratio:.3f}x "
