@@ -29,15 +29,14 @@ def pytest_configure(config):
 
 @functools.lru_cache(maxsize=1)
 def gpu_available() -> tuple[bool, str]:
+    """Whether a CUDA GPU is usable, and where not, why: in the words the command line uses."""
+    from autogemm.gpu.runtime import GpuUnavailable, require_gpu
+
     try:
-        import cupy
-    except ImportError as exc:
-        return False, f"CuPy is not installed ({exc})"
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # no driver, no device, insufficient driver: all mean "no GPU here"
-        return False, f"no usable CUDA GPU ({type(exc).__name__}: {exc})"
-    return (count > 0, "no CUDA GPU found") if count == 0 else (True, "")
+        require_gpu()
+    except GpuUnavailable as exc:  # no CuPy, no driver, no device, an insufficient driver
+        return False, str(exc)
+    return True, ""
 
 
 def pytest_collection_modifyitems(config, items):

@@ -212,7 +212,7 @@ def test_a_record_nested_without_end_is_refused_everywhere(tmp_path, monkeypatch
     tuned = tmp_path / "home" / "tuned"
     tuned.mkdir(parents=True)
     for argv in (["cache", "list"], ["cache", "list", "--json"], ["cache", "show", key],
-                 ["cache", "export", str(tmp_path / "x.json")], ["cache", "import", str(source)],
+                 ["cache", "export", "-o", str(tmp_path / "x.json")], ["cache", "import", str(source)],
                  ["cache", "merge", str(source), "-o", str(tmp_path / "m.json")]):
         (tuned / f"{SLUG}.json").write_text(crafted)
         with warnings.catch_warnings(record=True) as caught:
@@ -328,7 +328,7 @@ def test_each_cache_action_has_its_own_help_and_flags(capsys, tmp_path, monkeypa
     capsys.readouterr()
     assert main(["cache", "list", "--json"]) == 0 and len(json.loads(capsys.readouterr().out)) >= 2
     assert main(["cache", "merge", str(bundle), "-o", str(tmp_path / "m.json")]) == 0
-    assert main(["cache", "export", str(tmp_path / "e.json")]) == 0
+    assert main(["cache", "export", "-o", str(tmp_path / "e.json")]) == 0
     assert main(["cache", "show", next(iter(_entries(1)))]) == 0
     assert main(["cache", "clear", "--yes"]) == 0
     for argv in (["cache", "retime", "f.json", "--force", "--only", "x"], ["cache", "verify", "--all"]):

@@ -14,7 +14,7 @@ import autogemm
 from autogemm.cli import build_parser, main
 from autogemm.families import HopperConfig, SimtConfig
 
-NO_GPU = "no CUDA GPU/driver found"
+NO_GPU = "no CUDA GPU is usable on this host"
 
 
 def run_cli(capsys, *argv):
@@ -45,7 +45,7 @@ def _fake_cupy(driver_version: int, count=None, error: str = ""):
     (_fake_cupy(12020, count=0), NO_GPU),
     (_fake_cupy(12020, error="cudaErrorNoDevice: no CUDA-capable device is detected"), NO_GPU),
     (_fake_cupy(11040, error="cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime "
-                             "version"), "driver (CUDA 11.4) is too old"),
+                             "version"), "driver, CUDA 11.4, is too old"),
 ])
 def test_require_gpu_names_what_is_missing(monkeypatch, fake, message):
     from autogemm.gpu import runtime

@@ -69,7 +69,7 @@ def test_a_number_too_large_for_a_float_is_a_bad_record_everywhere(changes, key,
     monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path / "home"))
     tuned = tmp_path / "home" / "tuned"
     tuned.mkdir(parents=True)
-    for argv in (["cache", "list"], ["cache", "list", "--json"], ["cache", "export", str(tmp_path / "x.json")],
+    for argv in (["cache", "list"], ["cache", "list", "--json"], ["cache", "export", "-o", str(tmp_path / "x.json")],
                  ["cache", "import", str(source)], ["cache", "merge", str(source), "-o", str(tmp_path / "m.json")]):
         (tuned / f"{SLUG}.json").write_text(text)
         with warnings.catch_warnings():

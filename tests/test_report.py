@@ -223,7 +223,7 @@ def test_benchmark_results_give_the_sweep_and_a_measured_bandwidth(recorded, tmp
     (["--storage", "sqlite:///{tmp}/missing.db", "--all"], "the study storage sqlite:///{tmp}/missing.db does not exist"),
     (["--storage", "journal:///{tmp}/missing.log", "--all"], "does not exist"),
     (["--storage", "sqlite:///{tmp}/studies.db", "--M", "64"], "no study of float32/fp32/nn/b1/64x64x64 in"),
-    (["--storage", "sqlite:///{tmp}/studies.db"], "name the problem (--M"),
+    (["--storage", "sqlite:///{tmp}/studies.db"], "name the problem (--m"),
     (["--storage", "sqlite:///{tmp}/studies.db", "--all", "--dtype", "float16"], "it takes no problem options (got --dtype)"),
     (["--storage", "sqlite:///{tmp}/studies.db", "--all", "--bench", "{tmp}/none.json"], "--bench {tmp}/none.json: no such file"),
 ])

@@ -33,6 +33,7 @@ import time
 import warnings
 from dataclasses import dataclass
 
+from ..gpu.runtime import no_gpu
 from ..results.cache import FORMAT, CacheWarning, check_slug, is_slug, valid_records
 from .file import Campaign
 from .worker import WorkerSpec, worker_main
@@ -61,7 +62,7 @@ def list_gpus() -> list[Gpu]:
     def check(result):
         error, *values = result
         if error != driver.CUresult.CUDA_SUCCESS:
-            raise CampaignError(f"the CUDA driver cannot list GPUs: {error.name}")
+            raise no_gpu(f"the CUDA driver cannot list GPUs: {error.name}")
         return values[0] if len(values) == 1 else values
 
     try:
@@ -76,8 +77,10 @@ def list_gpus() -> list[Gpu]:
     except CampaignError:
         raise
     except Exception as exc:  # no driver library at all (a machine without a GPU), or a broken one
-        raise CampaignError(f"no CUDA driver usable on this host ({type(exc).__name__}: "
-                            f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); a campaign runs on GPUs") from None
+        if type(exc).__name__ == "DynamicLibNotFoundError":
+            raise no_gpu("no CUDA driver is installed") from None
+        raise no_gpu(f"the CUDA driver cannot be used: {type(exc).__name__}: "
+                     f"{str(exc).splitlines()[0][:200] if str(exc) else ''}") from None
     return gpus
 
 
@@ -85,7 +88,7 @@ def select_gpus(devices, gpus: list[Gpu]) -> list[Gpu]:
     """The campaign's GPUs among this host's: all, or those named by index or UUID."""
     if devices == "all":
         if not gpus:
-            raise CampaignError("this host has no CUDA GPU")
+            raise no_gpu("the CUDA driver sees no device")
         return gpus
     chosen = []
     for wanted in devices:

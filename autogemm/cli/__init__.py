@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import os
 import sys
 
@@ -21,8 +22,21 @@ from .tuning import add_bench_parser, add_tune_parser
 from .output import print_json
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, with a "did you mean" for a mistyped command or action (the nested parsers
+    of `cache` and `campaign` are of this class too: add_subparsers makes its parsers so)."""
+
+    def _check_value(self, action, value):
+        if isinstance(action, argparse._SubParsersAction) and value not in action.choices:
+            close = difflib.get_close_matches(value, list(action.choices), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise argparse.ArgumentError(action, f"unknown {action.metavar.lower()} {value!r}{hint} "
+                                                 f"(choose from {', '.join(action.choices)})")
+        super()._check_value(action, value)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="autogemm",
         description="Generate, tune and serve CUDA GEMM kernels. Kernels are rendered from Jinja2 "
         "templates, compiled with NVRTC (or nvcc without a GPU), searched with Optuna per problem "
@@ -33,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         "as {\"error\": ..., \"exit_code\": ...}.",
     )
     parser.add_argument("--version", action="version", version=f"autogemm {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")  # (none: the help, as pip and git print it)
 
     render_p = sub.add_parser("render", help="print the CUDA source of one configuration",
                               description="Print the CUDA source that a configuration renders to. The "
@@ -79,6 +93,9 @@ EXIT_CLOSED_PIPE = 141
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
     try:
         return _run(args)
     except BrokenPipeError:
@@ -95,7 +112,10 @@ def _run(args) -> int:
         return args.handler(args)
     except (CliError, CliFailure, GpuUnavailable) as exc:  # (the GPU lost past a command's own check, too)
         code = EXIT_USAGE if isinstance(exc, CliError) else EXIT_CANNOT_RUN
-        print(f"autogemm {args.command}: error: {exc}", file=sys.stderr)
+        name = " ".join(part for part in (args.command, getattr(args, "action", None)) if part)
+        if isinstance(exc, GpuUnavailable):  # one wording, whatever is missing: the command and what it needs
+            exc = f"autogemm {name} needs a CUDA GPU, and {exc}"
+        print(f"autogemm {name}: error: {exc}", file=sys.stderr)
         if getattr(args, "json", False):  # what reads the JSON learns of the failure as JSON
             print_json({"error": str(exc), "exit_code": code}, indent=None)
         return code

@@ -31,6 +31,12 @@ class CliFailure(Exception):
     """The command could not do its work (no GPU, nothing cached, the tune failed): exit status 3."""
 
 
+def add_output_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """-o/--output OUT, the file a command writes: the one spelling, required, of every command that
+    writes a file (report, cache export and merge, campaign export)."""
+    parser.add_argument("-o", "--output", metavar="OUT", required=True, help=f"{what} (required)")
+
+
 def _whole_number(text: str, least: int, expected: str) -> int:
     try:
         value = int(text)
@@ -73,10 +79,11 @@ def compute_mode(text: str) -> str:
 
 def add_problem_arguments(parser: argparse.ArgumentParser, m_required: bool, default_size: int | None = None) -> None:
     group = parser.add_argument_group("problem")
-    group.add_argument("--M", "--m", "-M", dest="m", type=positive_int, required=m_required, default=default_size,
-                       help="rows of C and op(A)" + ("" if m_required else f" (default {default_size})"))
-    group.add_argument("--N", "--n", "-N", dest="n", type=positive_int, help="columns of C and op(B) (default: M)")
-    group.add_argument("--K", "--k", "-K", dest="k", type=positive_int, help="inner dimension (default: M)")
+    # lower case as options are spelled (pip, git, pytest); --M/--N/--K stay as the older spelling
+    group.add_argument("--m", "--M", "-M", dest="m", metavar="M", type=positive_int, required=m_required,
+                       default=default_size, help="rows of C and op(A)" + ("" if m_required else f" (default {default_size})"))
+    group.add_argument("--n", "--N", "-N", dest="n", metavar="N", type=positive_int, help="columns of C and op(B) (default: M)")
+    group.add_argument("--k", "--K", "-K", dest="k", metavar="K", type=positive_int, help="inner dimension (default: M)")
     group.add_argument("--batch", type=positive_int, default=1, help="matrices in the strided batch (default 1)")
     group.add_argument("--layout", choices=LAYOUTS, help="storage of A and B: n = as is, t = transposed (default nn)")
     group.add_argument("--trans-a", action="store_true", help="A is stored K×M (layouts tn, tt)")

@@ -14,7 +14,7 @@ from ..measure.retime import retime_document
 from ..results.cache import TuningCache
 from ..results.merge import merge_files
 from ..tuning.options import default_jobs
-from .arguments import EXIT_FAILURES, CliError, CliFailure
+from .arguments import EXIT_FAILURES, CliError, CliFailure, add_output_argument
 from .tables import table
 from .tuning import require_gpu
 from .output import print_json
@@ -25,7 +25,8 @@ def add_cache_parser(sub) -> None:
                              description="Manage tuned results. User results live in $AUTOGEMM_CACHE_DIR or the "
                              "user cache directory; results shipped with autogemm are listed too and read after "
                              "the user's. `autogemm cache ACTION --help` tells more of each action.")
-    actions = cache_p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions = cache_p.add_subparsers(dest="action", metavar="ACTION")
+    cache_p.set_defaults(handler=lambda args: cache_p.print_help() or 0)  # no action: its help (an action's handler replaces it)
 
     list_p = actions.add_parser("list", help="every tuned result (stale ones marked)",
                                 description="List every tuned result, the user's and the shipped ones; a record "
@@ -58,7 +59,7 @@ def add_cache_parser(sub) -> None:
     export_p = actions.add_parser("export", help="write every user record into one bundle",
                                   description="Write the valid records of every user document into one bundle "
                                   "(for cache import on another machine).")
-    export_p.add_argument("file", metavar="FILE", help="the bundle to write")
+    add_output_argument(export_p, "the bundle to write")
     export_p.set_defaults(handler=_cache_export)
 
     import_p = actions.add_parser("import", help="merge a bundle (or a device document) into the user's results",
@@ -73,8 +74,8 @@ def add_cache_parser(sub) -> None:
                                  description="Merge several cache documents or exports into one file: the best "
                                  "record per device and problem, with each record's host, date and versions.")
     merge_p.add_argument("files", nargs="*", metavar="FILE", help="device documents or exports to merge")
-    merge_p.add_argument("-o", "--output", help="the file to write (a device document if every record is of one "
-                                                "device, else an export bundle)")
+    add_output_argument(merge_p, "the file to write (a device document if every record is of one device, else an "
+                                 "export bundle)")
     merge_p.set_defaults(handler=lambda args: _cache_merge(args.files, args.output))
 
     clear_p = actions.add_parser("clear", help="delete every user tuned result",
@@ -117,11 +118,12 @@ def _cache_show(args: argparse.Namespace) -> int:
 
 
 def _cache_export(args: argparse.Namespace) -> int:
+    output = args.output
     try:
-        count = _cache().export(args.file)
+        count = _cache().export(output)
     except OSError as exc:
-        raise CliFailure(f"cannot write {args.file}: {exc}") from None
-    print(f"exported {count} records to {args.file}")
+        raise CliFailure(f"cannot write {output}: {exc}") from None
+    print(f"exported {count} records to {output}")
     return 0
 
 
@@ -157,8 +159,6 @@ def _cache_clear(args: argparse.Namespace) -> int:
 def _cache_merge(sources: list[str], output: str | None) -> int:
     if not sources:
         raise CliError("cache merge needs the cache files to merge (device documents or exports)")
-    if not output:
-        raise CliError("cache merge needs -o OUT, the file to write")
     try:
         counts = merge_files(sources, output)
     except ValueError as exc:

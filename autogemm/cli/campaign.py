@@ -13,7 +13,7 @@ from ..results.cache import TuningCache
 from ..results.merge import write_documents
 from ..results.url_secrets import hide_passwords, shown_url
 from ..tuning.options import default_jobs
-from .arguments import EXIT_FAILURES, CliError, CliFailure, positive_int, positive_seconds
+from .arguments import EXIT_FAILURES, CliError, CliFailure, add_output_argument, positive_int, positive_seconds
 from .tables import table
 from .output import print_json
 
@@ -193,8 +193,6 @@ def cmd_campaign_export(args: argparse.Namespace) -> int:
     from ..campaigns.campaign import board_records, resolve_storage  # (lazy: SQLAlchemy)
     from ..campaigns.claims import BoardReader  # (lazy: SQLAlchemy)
 
-    if not args.output:
-        raise CliError("campaign export needs -o OUT, the cache file to write")
     campaign = _load(args)
     storage = resolve_storage(campaign, create=False)
     try:
@@ -226,7 +224,8 @@ def add_campaign_parser(sub) -> None:
         description="Tune every problem of a campaign file (TOML: [campaign] with name, storage, devices, timeout, "
         "trials, seed, grace, patience, cache_dir; [[problems]] grids or shapes) on this host's GPUs, and follow it. "
         "See `autogemm campaign ACTION --help` for each action's options.")
-    actions = campaign_p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions = campaign_p.add_subparsers(dest="action", metavar="ACTION")
+    campaign_p.set_defaults(handler=lambda args: campaign_p.print_help() or 0)  # no action: its help (an action's handler replaces it)
     run_p = actions.add_parser(
         "run", help="tune the campaign's problems on this host's GPUs",
         description="Tune every problem of a campaign file on this host's GPUs, one worker process per GPU. Hosts "
@@ -259,7 +258,7 @@ def add_campaign_parser(sub) -> None:
     run_p.add_argument("--stop-after", type=positive_seconds, metavar="SECONDS",
                        help="claim no new problem after this many seconds (each GPU finishes the one it tunes); "
                             "the rest waits for the next run")
-    export_p.add_argument("-o", "--output", metavar="OUT", help="the cache file to write")
+    add_output_argument(export_p, "the cache file to write")
     run_p.set_defaults(handler=cmd_campaign_run)
     status_p.set_defaults(handler=cmd_campaign_status)
     export_p.set_defaults(handler=cmd_campaign_export)

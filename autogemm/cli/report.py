@@ -12,7 +12,7 @@ from pathlib import Path
 from ..gpu import launch
 from ..measure.profile import ProfilerUnavailable, available_metrics, profile_problem, require_profiler
 from ..reports.charts import PlotlyMissing, plotly, render_page
-from .arguments import CliError, CliFailure, add_problem_arguments, positive_float, problem_from_args
+from .arguments import CliError, CliFailure, add_output_argument, add_problem_arguments, positive_float, problem_from_args
 
 
 def add_report_parser(sub) -> None:
@@ -25,7 +25,7 @@ def add_report_parser(sub) -> None:
         "Needs the extra: pip install 'autogemm[report]'.")
     add_problem_arguments(report_p, m_required=False)
     report_p.add_argument("--all", action="store_true", help="report every study of the storage instead of one problem")
-    report_p.add_argument("-o", "--output", required=True, help="the HTML file to write")
+    add_output_argument(report_p, "the HTML file to write")
     report_p.add_argument("--storage", help="Optuna storage URL (default: SQLite in the cache directory)")
     report_p.add_argument("--bench", action="append", default=[], metavar="FILE",
                           help="benchmark results (benchmarks/results/*.json) for the shape sweep and the ceilings "
@@ -40,7 +40,7 @@ def add_report_parser(sub) -> None:
 
 
 def _problem(args: argparse.Namespace):
-    given = [flag for flag, value in (("--M", args.m), ("--N", args.n), ("--K", args.k), ("--dtype", args.dtype),
+    given = [flag for flag, value in (("--m", args.m), ("--n", args.n), ("--k", args.k), ("--dtype", args.dtype),
                                       ("--compute", args.compute), ("--layout", args.layout),
                                       ("--trans-a", args.trans_a), ("--trans-b", args.trans_b),
                                       ("--batch", args.batch != 1)) if value]
@@ -49,7 +49,7 @@ def _problem(args: argparse.Namespace):
             raise CliError(f"--all reports every study; it takes no problem options (got {', '.join(given)})")
         return None
     if args.m is None:
-        raise CliError("name the problem (--M, and --N, --K, --dtype, ... where they differ) or give --all")
+        raise CliError("name the problem (--m, and --n, --k, --dtype, ... where they differ) or give --all")
     return problem_from_args(args)
 
 

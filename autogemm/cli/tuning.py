@@ -8,7 +8,6 @@ import argparse
 
 from .. import dtypes
 from ..gpu import launch
-from ..gpu.runtime import GpuUnavailable
 from ..gpu.runtime import require_gpu as gpu_or_error
 from ..kernels.space import SearchSpace, SpaceError, candidate_space_names
 from ..measure.evaluate import FatalEvaluationError, GpuEvaluator
@@ -112,11 +111,9 @@ def tune_options_from(args: argparse.Namespace, space) -> TuneOptions:
 
 
 def require_gpu() -> None:
-    """CliFailure (exit 3) where this host has no usable CUDA GPU (also used by `cache verify`/`retime`)."""
-    try:
-        gpu_or_error()
-    except GpuUnavailable as exc:
-        raise CliFailure(str(exc)) from None
+    """GpuUnavailable (exit 3, the message naming the command: cli.main) where this host has no usable
+    CUDA GPU, before the command does anything (also used by `cache verify`/`retime`)."""
+    gpu_or_error()
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -158,7 +155,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _problem_flags(problem: Problem) -> str:
     """The `autogemm tune` flags of `problem` (problem_from_args reads them back to the same problem)."""
-    flags = f"--M {problem.m} --N {problem.n} --K {problem.k}"
+    flags = f"--m {problem.m} --n {problem.n} --k {problem.k}"
     if problem.dtype != "float32":
         flags += f" --dtype {problem.dtype}"
     if problem.compute != dtypes.lookup(problem.dtype).compute:  # (not the dtype's default mode)

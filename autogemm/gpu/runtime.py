@@ -14,12 +14,18 @@ from .. import dtypes
 INSTALL_HINT = 'install the CUDA extra: pip install "autogemm[cuda13]" (or "autogemm[cuda12]" with a CUDA 12 driver)'
 
 
-NO_GPU = "no CUDA GPU/driver found"
+NO_GPU = "no CUDA GPU is usable on this host"
 
 
 class GpuUnavailable(RuntimeError):
     """No CUDA GPU can run kernels here: no driver, a driver too old for CuPy's CUDA runtime, no
-    device, or no CuPy (GpuRuntimeMissing). The command line exits 3 ("could not run") on it."""
+    device, or no CuPy (GpuRuntimeMissing). The command line exits 3 ("could not run") on it, with
+    one message whichever it is: the command, that it needs a CUDA GPU, and this one's reason."""
+
+
+def no_gpu(reason: str) -> GpuUnavailable:
+    """The one wording of "no usable GPU" (NO_GPU), with what is missing."""
+    return GpuUnavailable(f"{NO_GPU} ({reason})")
 
 
 class GpuRuntimeMissing(GpuUnavailable, ImportError):
@@ -50,13 +56,11 @@ def require_gpu() -> None:
         except Exception:  # noqa: BLE001 - a runtime that cannot even ask has no usable driver
             driver = 0
         if driver and "InsufficientDriver" in str(exc):
-            raise GpuUnavailable(
-                f"the CUDA driver (CUDA {driver // 1000}.{driver % 1000 // 10}) is too old for this CuPy's CUDA "
-                f"runtime ({detail}): update the driver, or {INSTALL_HINT}") from None
-        raise GpuUnavailable(f"{NO_GPU} on this host ("
-                             f"{detail if driver else 'no CUDA driver is installed'}); this needs a CUDA GPU") from None
+            raise no_gpu(f"the CUDA driver, CUDA {driver // 1000}.{driver % 1000 // 10}, is too old for this CuPy's "
+                         f"CUDA runtime: {detail}; update the driver, or {INSTALL_HINT}") from None
+        raise no_gpu(detail if driver else "no CUDA driver is installed") from None
     if count < 1:
-        raise GpuUnavailable(f"{NO_GPU} on this host (the CUDA driver sees no device); this needs a CUDA GPU")
+        raise no_gpu("the CUDA driver sees no device")
 
 
 class _StreamHandle:

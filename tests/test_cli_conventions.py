@@ -1,0 +1,106 @@
+"""The command line as pip, git and pytest users expect it (issue 65): bare `autogemm` prints its help, a
+mistyped command gets a "did you mean", the problem flags are spelled in lower case (the upper-case ones
+stay as aliases), -o OUT is the one required spelling of the file a command writes, and "no usable GPU"
+is said one way, naming the command."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from autogemm.cli import main
+
+from conftest import gpu_available
+
+
+def run(capsys, *argv):
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's exits (usage errors, --help)
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_bare_autogemm_prints_its_help(capsys):
+    code, out, err = run(capsys)
+    assert code == 0 and out.startswith("usage: autogemm") and "COMMAND" in out and "tune" in out and not err
+    for command in ("cache", "campaign"):  # a command of actions, bare: its own help
+        code, out, err = run(capsys, command)
+        assert code == 0 and out.startswith(f"usage: autogemm {command}") and "ACTION" in out and not err
+
+
+@pytest.mark.parametrize("argv, suggestion", [(["tnue"], "'tune'"), (["rendr"], "'render'"),
+                                               (["cache", "lsit"], "'list'"), (["campaign", "rn", "x.toml"], "'run'")])
+def test_a_mistyped_command_gets_did_you_mean(capsys, argv, suggestion):
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and f"did you mean {suggestion}?" in err
+
+
+def test_a_command_unlike_any_gets_the_list_without_a_guess(capsys):
+    code, _, err = run(capsys, "xyzzy")
+    assert code == 2 and "unknown command 'xyzzy'" in err and "did you mean" not in err and "tune" in err
+
+
+def test_problem_flags_are_documented_in_lower_case_and_the_upper_case_ones_still_work(capsys):
+    from autogemm.cli import build_parser
+
+    _, out, _ = run(capsys, "tune", "--help")
+    assert "--m M, --M M" in out and "--n N, --N N" in out and "--k K, --K K" in out
+    assert "usage: autogemm tune [-h] --m M" in " ".join(out.split())
+    for spelling in (["--m", "64", "--n", "32", "--k", "16"], ["--M", "64", "--N", "32", "--K", "16"]):
+        args = build_parser().parse_args(["tune", *spelling])
+        assert (args.m, args.n, args.k) == (64, 32, 16)
+
+
+@pytest.mark.parametrize("argv", [["report", "--all"], ["cache", "export"], ["cache", "merge", "a.json"],
+                                  ["campaign", "export", "c.toml"]])
+def test_every_command_that_writes_a_file_requires_o_and_says_so(capsys, argv):
+    code, _, err = run(capsys, *argv, "--help")
+    _, out, _ = run(capsys, *argv, "--help")
+    usage = " ".join(out.split("\n\n")[0].split())
+    assert " -o OUT" in usage and "[-o OUT]" not in usage, usage
+    assert "-o OUT, --output OUT" in out and "(required)" in out
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and "the following arguments are required: -o/--output" in err
+
+
+def test_cache_export_writes_the_file_o_names(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path))
+    code, out, _ = run(capsys, "cache", "export", "-o", str(tmp_path / "bundle.json"))
+    assert code == 0 and (tmp_path / "bundle.json").is_file() and "exported" in out
+
+
+def _no_driver_cupy():
+    class CUDARuntimeError(RuntimeError):
+        pass
+
+    def count():
+        raise CUDARuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version")
+
+    runtime = types.SimpleNamespace(driverGetVersion=lambda: 0, getDeviceCount=count)
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
+
+
+@pytest.mark.parametrize("argv, name", [(["tune", "--m", "64"], "tune"), (["bench", "--m", "64"], "bench"),
+                                         (["cache", "verify"], "cache verify"), (["cache", "retime"], "cache retime")])
+def test_no_usable_gpu_is_said_one_way_naming_the_command(capsys, monkeypatch, argv, name):
+    from autogemm.gpu import runtime
+
+    monkeypatch.setattr(runtime, "cupy", _no_driver_cupy)
+    code, _, err = run(capsys, *argv)
+    assert code == 3
+    assert err.strip() == (f"autogemm {name}: error: autogemm {name} needs a CUDA GPU, and no CUDA GPU is usable "
+                           "on this host (no CUDA driver is installed)")
+
+
+@pytest.mark.skipif(gpu_available()[0], reason="this machine has a GPU: the campaign would run")
+def test_a_campaign_without_a_driver_says_it_the_same_way(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path / "user"))
+    path = tmp_path / "c.toml"
+    path.write_text('[campaign]\nname = "x"\n[[problems]]\nM = 64\n')
+    code, _, err = run(capsys, "campaign", "run", str(path))
+    assert code == 3 and "autogemm campaign run: error: autogemm campaign run needs a CUDA GPU, and no CUDA GPU is " \
+                         "usable on this host (" in err
+    assert "DynamicLibNotFoundError" not in err
