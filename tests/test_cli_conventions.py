@@ -104,3 +104,36 @@ def test_a_campaign_without_a_driver_says_it_the_same_way(capsys, tmp_path, monk
     assert code == 3 and "autogemm campaign run: error: autogemm campaign run needs a CUDA GPU, and no CUDA GPU is " \
                          "usable on this host (" in err
     assert "DynamicLibNotFoundError" not in err
+
+
+# ---- cache list and show pick problems by their sizes, dtype and layout ---------------------------------
+def _three_records(tmp_path):
+    import dataclasses
+
+    from autogemm.problem import Problem
+    from autogemm.results.cache import TuningCache
+    from test_cache import SLUG, make_record
+
+    cache = TuningCache(tmp_path / "tuned", shipped=False)
+    for problem in (Problem(64, 64, 64), Problem(128, 64, 64), Problem(64, 64, 64, trans_b=True)):
+        cache.store(dataclasses.replace(make_record(64), problem=problem.key), SLUG)
+    return SLUG
+
+
+def test_cache_list_and_show_take_problem_filters(capsys, tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path))
+    slug = _three_records(tmp_path)
+    code, out, _ = run(capsys, "cache", "list", "--json", "--m", "64")
+    mine = sorted(r["problem"] for r in json.loads(out) if r["device_slug"] == slug)
+    assert code == 0 and mine == ["float32/fp32/nn/b1/64x64x64", "float32/fp32/nt/b1/64x64x64"]
+    code, out, _ = run(capsys, "cache", "list", "--m", "64", "--layout", "nt", "--dtype", "float32")
+    assert code == 0 and "float32/fp32/nt/b1/64x64x64" in out and "nn/b1/64x64x64" not in out
+    code, out, _ = run(capsys, "cache", "show", "--M", "128", "--n", "64")
+    assert code == 0 and [r["problem"] for r in json.loads(out) if r["problem"].endswith("128x64x64")] == \
+        ["float32/fp32/nn/b1/128x64x64"]
+    code, _, err = run(capsys, "cache", "show", "--m", "999")
+    assert code == 3 and "no cached entry for --m 999" in err
+    code, _, err = run(capsys, "cache", "show")
+    assert code == 2 and "needs a problem key, or filters" in err

@@ -7,14 +7,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from .. import dtypes
 from ..gpu import launch
 from ..measure.evaluate import FatalEvaluationError
 from ..measure.isolate import FIRST_REQUEST_SLACK_S, IsolatedEvaluator, candidate_timeout
 from ..measure.retime import retime_document
+from ..problem import LAYOUTS, Problem
 from ..results.cache import TuningCache
 from ..results.merge import merge_files
 from ..tuning.options import default_jobs
-from .arguments import EXIT_FAILURES, CliError, CliFailure, add_output_argument
+from .arguments import EXIT_FAILURES, CliError, CliFailure, add_output_argument, positive_int
 from .tables import table
 from .tuning import require_gpu
 from .output import print_json
@@ -32,11 +34,14 @@ def add_cache_parser(sub) -> None:
                                 description="List every tuned result, the user's and the shipped ones; a record "
                                 "whose kernel's source changed since it was tuned is marked stale.")
     list_p.add_argument("--json", action="store_true", help="every record as JSON, with its device slug, source and status")
+    _add_filters(list_p)
     list_p.set_defaults(handler=_cache_list)
 
-    show_p = actions.add_parser("show", help="the records of one problem key, as JSON",
-                                description="Print every record (of every device, user's and shipped) of a problem key.")
-    show_p.add_argument("key", metavar="KEY", help="problem key, e.g. float32/fp32/nn/b1/4096x4096x4096")
+    show_p = actions.add_parser("show", help="the records of a problem key, or of the problems the filters pick, as JSON",
+                                description="Print every record (of every device, user's and shipped) of a problem "
+                                "key, or of every problem the filters pick.")
+    show_p.add_argument("key", nargs="?", metavar="KEY", help="problem key, e.g. float32/fp32/nn/b1/4096x4096x4096")
+    _add_filters(show_p)
     show_p.set_defaults(handler=_cache_show)
 
     verify_p = actions.add_parser("verify", help="re-verify this GPU's cached kernels and drop the wrong ones",
@@ -88,11 +93,28 @@ def _cache():
     return TuningCache()
 
 
+def _add_filters(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("filters", "only the records of problems with these sizes, dtype and layout")
+    group.add_argument("--m", "--M", dest="m", metavar="M", type=positive_int, help="rows of C")
+    group.add_argument("--n", "--N", dest="n", metavar="N", type=positive_int, help="columns of C")
+    group.add_argument("--k", "--K", dest="k", metavar="K", type=positive_int, help="the inner dimension")
+    group.add_argument("--dtype", choices=dtypes.DTYPES, help="the element type")
+    group.add_argument("--layout", choices=LAYOUTS, help="the storage of A and B")
+
+
+def _picked(args: argparse.Namespace, problem: Problem) -> bool:
+    """Whether a record's problem passes the filters given (all of them)."""
+    wanted = {"m": args.m, "n": args.n, "k": args.k, "dtype": args.dtype, "layout": args.layout}
+    return all(value is None or getattr(problem, name) == value for name, value in wanted.items())
+
+
 def _cache_list(args: argparse.Namespace) -> int:
     cache = _cache()
     rows, records = [], []
     for slug in cache.devices():
         for source, record in cache.records(slug):
+            if not _picked(args, record.problem_object):
+                continue
             status = "stale (its kernel changed)" if record.stale else "ok"
             rows.append((slug, source, record.problem, record.config_name, f"{record.tflops:.1f}",
                          f"{record.ratio:.3f}", record.date[:10], status))
@@ -108,11 +130,15 @@ def _cache_list(args: argparse.Namespace) -> int:
 
 
 def _cache_show(args: argparse.Namespace) -> int:
+    filters = [f"--{name} {value}" for name in ("m", "n", "k", "dtype", "layout") if (value := getattr(args, name))]
+    if args.key is None and not filters:
+        raise CliError("cache show needs a problem key, or filters (--m, --n, --k, --dtype, --layout) to pick problems")
     cache = _cache()
     matches = [{"device": slug, "source": source, **record.to_json()}
-               for slug in cache.devices() for source, record in cache.records(slug) if record.problem == args.key]
+               for slug in cache.devices() for source, record in cache.records(slug)
+               if (args.key is None or record.problem == args.key) and _picked(args, record.problem_object)]
     if not matches:
-        raise CliFailure(f"no cached entry for {args.key}")
+        raise CliFailure(f"no cached entry for {' '.join(([args.key] if args.key else []) + filters)}")
     print_json(matches)
     return 0
 
