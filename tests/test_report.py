@@ -393,3 +393,33 @@ def test_the_page_shows_the_figures_the_tune_table_and_explain_show(recorded, tm
                  "cublaslt 2750.0 us, cupy.matmul 2800.0 us"):
         assert text in page, text
     assert "older protocol" not in page
+
+
+# ---- the records of a cache, without studies ----------------------------------------------------------
+def test_a_cache_record_without_a_study_is_reported_from_the_record(tmp_path, capsys):
+    """No study storage at all (nothing tuned on this machine): the cache's records are the report."""
+    config = SimtConfig()
+    TuningCache().store(Record(
+        problem=FP32.key, family="simt", config={k: v for k, v in config.to_dict().items() if k != "family"},
+        config_name=config.name, time_ms=2.5, tflops=FP32.flops / 2.5e-3 / 1e12, cublas_ms=2.75,
+        cublas_tflops=CUBLAS_TFLOPS, ratio=1.1, rel_error=2e-7, template_hash=kernel_template_hash(config.template),
+        device=DEVICE.name, date="2026-11-30T12:00:00"), DEVICE.slug)
+    for argv in (["--all"], ["--m", "4096"]):
+        out = tmp_path / "r.html"
+        code, printed, err = run_cli(capsys, "report", *argv, "-o", str(out))
+        assert code == 0, err
+        page = out.read_text()
+        assert FP32.key in page and config.name in page and "1.100x" in page
+        assert not {"history", "importance", "failures"} & {kind for _, kind, _ in figures(page)}  # no study: no trials
+        assert "1 problem(s), 0 studies" in printed
+    code, _, err = run_cli(capsys, "report", "--m", "64", "-o", str(tmp_path / "x.html"))
+    assert code == 2 and "no study of float32/fp32/nn/b1/64x64x64" in err and "no cache record of it" in err
+
+
+@pytest.mark.shipped_results
+def test_a_fresh_install_reports_the_shipped_results(tmp_path, capsys):
+    out = tmp_path / "shipped.html"
+    code, printed, err = run_cli(capsys, "report", "--all", "-o", str(out))
+    assert code == 0, err
+    shipped = sum(len(TuningCache().records(slug)) for slug in TuningCache().devices())
+    assert shipped > 100 and f"{shipped} problem(s), 0 studies" in printed

@@ -21,13 +21,13 @@ documents alone, on a fresh machine whose storage is empty.
 
 from __future__ import annotations
 
+import logging
 import dataclasses
 import math
 import multiprocessing
 import os
 import queue
 import signal
-import sys
 import threading
 import time
 import warnings
@@ -39,6 +39,9 @@ from .file import Campaign
 from .worker import WorkerSpec, worker_main
 from .claims import ClaimState, HostNameError, host_name
 from ..kernels.compile_service import CompileService
+
+log = logging.getLogger(__name__)
+
 
 class CampaignError(RuntimeError):
     pass
@@ -160,8 +163,8 @@ def run_campaign(campaign: Campaign, specs: list[WorkerSpec], view=None) -> dict
                 raise KeyboardInterrupt
 
         previous = signal.signal(signal.SIGINT, again)
-        print("autogemm campaign: stopping; each worker keeps its best so far and gives its problem back "
-              "(Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
+        log.warning("autogemm campaign: stopping; each worker keeps its best so far and gives its problem back "
+                    "(Ctrl-C again to stop at once)")
         for process in processes.values():
             if process.is_alive():
                 os.kill(process.pid, signal.SIGINT)

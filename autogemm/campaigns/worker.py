@@ -6,9 +6,9 @@ claim it helps a live holder search its study (several GPUs on one study: `study
 
 from __future__ import annotations
 
+import logging
 import dataclasses
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -28,6 +28,7 @@ from ..kernels.space import SearchSpace, candidate_space_names
 from ..tuning.result import TuneError, TuneRunning, TuneStorageError
 from ..results.url_secrets import hide_passwords
 
+log = logging.getLogger(__name__)
 HEARTBEAT_FRACTION = 0.25  # a worker renews its claim every grace * this seconds
 # A worker with nothing to claim or help looks again after this long (a holder's heartbeat may go
 # late meanwhile), or sooner, once the problems held by others change (CHANGE_POLL_S apart)
@@ -129,7 +130,7 @@ def _claim_and_tune(spec: WorkerSpec, events) -> None:
                 try:
                     board.announce(campaign.name, device.slug, key, owner, study)
                 except Exception as exc:  # the database away for a moment: the tune goes on unhelped
-                    print(f"autogemm campaign: could not announce study ({type(exc).__name__})", file=sys.stderr)
+                    log.warning("autogemm campaign: could not announce study (%s)", type(exc).__name__)
 
             try:
                 result = _campaign_tune(spec, problem, cache, events, Sharing(announce=announce), space=spec.space)
@@ -265,7 +266,7 @@ class _Heartbeat:
                 try:
                     board.heartbeat(campaign.name, device, key, owner)
                 except Exception as exc:  # the database away for a moment: try again next beat
-                    print(f"autogemm campaign: heartbeat failed ({type(exc).__name__}); retrying", file=sys.stderr)
+                    log.warning("autogemm campaign: heartbeat failed (%s); retrying", type(exc).__name__)
 
         self.thread = threading.Thread(target=run, name="autogemm-claim-heartbeat", daemon=True)
         self.thread.start()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import logging
 import os
 import sys
 
@@ -90,7 +91,35 @@ def build_parser() -> argparse.ArgumentParser:
 EXIT_CLOSED_PIPE = 141
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a record comes (as logging's last resort does), so that
+    a redirected or captured stderr gets the lines."""
+
+    def __init__(self):
+        super().__init__()
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
+def _show_status() -> None:
+    """The library's status lines (logger "autogemm", INFO and above) on stderr, once per process: a
+    library leaves its logging to its caller, and the command line is the caller here."""
+    logger = logging.getLogger("autogemm")
+    if not any(isinstance(handler, _StderrHandler) for handler in logger.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _show_status()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -19,12 +19,13 @@ def add_report_parser(sub) -> None:
     report_p = sub.add_parser(
         "report", help="write an HTML report of tuned problems (history, importances, failures, roofline)",
         description="Write one self-contained HTML file (charts drawn by Plotly, embedded: it opens offline) "
-        "about the problems tuned in a study storage: per problem, each study's TFLOP/s trial by trial with the "
-        "best so far and cuBLAS, the parameter importances, the failures by kind and the winner's knobs and "
-        "figures; across problems, a roofline against measured ceilings and the ratio to cuBLAS per shape. "
-        "Needs the extra: pip install 'autogemm[report]'.")
+        "about the tuned problems: every record of the cache (the user's and the shipped ones), with the winner's "
+        "knobs and figures, and where the study storage has the problem's studies, each study's TFLOP/s trial by "
+        "trial with the best so far and cuBLAS, the parameter importances and the failures by kind; across "
+        "problems, a roofline against measured ceilings and the ratio to cuBLAS per shape. Needs the extra: pip "
+        "install 'autogemm[report]'.")
     add_problem_arguments(report_p, m_required=False)
-    report_p.add_argument("--all", action="store_true", help="report every study of the storage instead of one problem")
+    report_p.add_argument("--all", action="store_true", help="report every tuned problem (records and studies) instead of one")
     add_output_argument(report_p, "the HTML file to write")
     report_p.add_argument("--storage", help="Optuna storage URL (default: SQLite in the cache directory)")
     report_p.add_argument("--bench", action="append", default=[], metavar="FILE",

@@ -9,7 +9,7 @@ Failures are values: every outcome is a `Measurement`, with a failure kind when 
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections import OrderedDict
 from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -25,6 +25,8 @@ from .measuring import FAILURE_KINDS, LATENCY_MARGIN, MIN_NOISE, SINGLE_CALL_PAI
 from ..problem import Device, Problem
 from ..kernels.render import render
 from .timing import PROTOCOL
+
+log = logging.getLogger(__name__)
 
 
 class Evaluator:
@@ -102,7 +104,7 @@ class CompileAheadEvaluator(Evaluator):
         while len(self._in_memory) > self.IN_MEMORY_KEPT:
             self._in_memory.popitem(last=False)
         if not self.unstored:
-            print(f"autogemm: {cubin.reason}; the tune goes on with kernels loaded from memory", file=sys.stderr)
+            log.warning("autogemm: %s; the tune goes on with kernels loaded from memory", cubin.reason)
         self.unstored += 1
         self.storage_error = cubin.reason
 

@@ -8,6 +8,7 @@ is killed while a hung kernel spins does not leave that kernel on the GPU."""
 
 from __future__ import annotations
 
+import logging
 import contextlib
 import ctypes
 import multiprocessing
@@ -24,6 +25,7 @@ from .measurers import measurer_for
 from ..families import config_from_dict
 from ..problem import Device, Problem
 
+log = logging.getLogger(__name__)
 # a new measuring process starts an interpreter, a CUDA context, its inputs and the cuBLAS baseline
 STARTUP_TIMEOUT_S = 180.0
 KILL_WAIT_S = 30.0  # how long a killed measuring process may take to exit before it counts as stuck
@@ -396,6 +398,6 @@ class IsolatedEvaluator(CompileAheadEvaluator):
         for process in self._lingering:
             process.join(KILL_WAIT_S)
             if process.is_alive():
-                print(f"autogemm: measuring process {process.pid} did not exit after SIGKILL; a kernel it "
-                      "launched may still be running on the GPU", file=sys.stderr)
+                log.warning("autogemm: measuring process %d did not exit after SIGKILL; a kernel it launched may "
+                            "still be running on the GPU", process.pid)
         self._lingering.clear()

@@ -12,9 +12,9 @@ keeps what it finished and a rerun skips the records already at the current prot
 
 from __future__ import annotations
 
+import logging
 import dataclasses
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +28,7 @@ from ..results.provenance import host, now, runtime_versions
 from ..kernels.render import kernel_digest, render
 from .timing import PROTOCOL
 
-
+log = logging.getLogger(__name__)
 RETIME_ROUNDS = 3
 
 
@@ -114,7 +114,7 @@ def _precompile(records: list[Record], device: Device, jobs: int) -> None:
             try:
                 sources.append(render(config, record.problem_object))
             except Exception as exc:  # a config that no longer renders: its measurement will say so
-                print(f"autogemm: {record.problem}: {config.name} does not render ({exc})", file=sys.stderr)
+                log.warning("autogemm: %s: %s does not render (%s)", record.problem, config.name, exc)
     if sources:
         compile_many(sources, device.arch, jobs)
 

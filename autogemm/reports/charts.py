@@ -180,6 +180,9 @@ def _problem_section(page: Page, problem, profile) -> str:
     if profile is not None:
         parts.append(_profile_table(profile))
     cublas = problem.winner.cublas_tflops if problem.winner else None
+    if not problem.studies:
+        parts.append("<p class=\"note\">No study of this problem in the storage: the figures are its cache "
+                     "record's (trial curves come with the study, where the tune ran).</p>")
     for history in problem.studies:
         parts.append(f"<h4>{esc(shape_of(problem.problem))}, space {esc(history.space)} "
                      f"<span class=\"study\">study {esc(history.name)}</span></h4>")

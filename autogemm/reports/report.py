@@ -22,7 +22,7 @@ import optuna
 from ..results.cache import DEVICE_SLUG, TuningCache
 from ..problem import Problem
 from .measured import Ceiling, SweepPoint, found_results, measured_bandwidth, measured_ceilings, name_matches, read_results, shape_sweep
-from ..tuning.study import JOURNAL, default_storage, shown_url, sqlite_path, storage_object
+from ..tuning.study import JOURNAL, default_storage, optuna_quiet, shown_url, sqlite_path, storage_object
 from ..results.url_secrets import hide_passwords
 
 # Where Optuna keeps its schema's version: rows it writes when they are missing (see _rdb_storage).
@@ -196,9 +196,9 @@ def _importances(measured: list) -> tuple[dict[str, float], str]:
     if len(measured) < MIN_TRIALS_FOR_IMPORTANCE:
         return {}, (f"{len(measured)} measured trial(s): too few for parameter importances "
                     f"(at least {MIN_TRIALS_FOR_IMPORTANCE})")
-    copy = optuna.create_study(direction="maximize")  # in memory: the measured, distinct trials only
     try:
-        with warnings.catch_warnings():
+        with optuna_quiet(), warnings.catch_warnings():  # (no INFO line for this in-memory study)
+            copy = optuna.create_study(direction="maximize")  # in memory: the measured, distinct trials only
             warnings.simplefilter("ignore")
             copy.add_trials(measured)
             # PED-ANOVA needs nothing beyond Optuna (fANOVA would need scikit-learn)
@@ -271,20 +271,31 @@ def winner_from_studies(studies: list[optuna.Study]) -> Winner | None:
 
 def gather(storage: str | None, problem: Problem | None, *, cache: TuningCache | None = None,
            bench: list[Path] = (), bandwidth_gbs: float | None = None) -> Report:
-    """The report of `problem`'s studies (every study where None) in `storage`."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no line per in-memory study made for importances
+    """The report of `problem` (every problem where None): its studies in `storage` (the trial curves)
+    and its cache records, the user's and the shipped ones (the winner's figures). A problem with a
+    record and no study is reported from its record alone; no storage at all (nothing tuned here yet)
+    is no error where the cache has records."""
     named = storage_named(storage)
-    optuna_storage, names = open_storage(storage)
     cache = cache if cache is not None else TuningCache()
+    missing = None
+    try:
+        optuna_storage, names = open_storage(storage)
+    except NothingToReport as exc:  # the default storage was never made: the cache's records are still there
+        optuna_storage, names, missing = None, [], exc
     parsed = {name: parse_study_name(name) for name in names}
     skipped = sorted(name for name, facts in parsed.items() if facts is None)
     chosen = {name: facts for name, facts in parsed.items()
               if facts is not None and (problem is None or facts[1].key == problem.key)}
-    if not chosen:
+    recorded = {(slug, record.problem) for slug in cache.devices() for _, record in cache.records(slug)
+                if problem is None or record.problem == problem.key}
+    if not chosen and not recorded:
         if problem is not None:
-            raise ReportInputError(f"no study of {problem.key} in {named} "
-                                   f"({len(names)} studies there; --all reports every one)")
-        raise NothingToReport(f"no autogemm study in {named}" + (f" ({len(skipped)} other studies)" if skipped else ""))
+            raise ReportInputError(f"no study of {problem.key} in {named} ({len(names)} studies there; --all reports "
+                                   "every one), and no cache record of it")
+        if missing is not None:
+            raise NothingToReport(f"{missing} (and the cache has no tuned record)")
+        raise NothingToReport(f"no autogemm study in {named}" + (f" ({len(skipped)} other studies)" if skipped else "")
+                              + ", and no tuned record in the cache: tune a problem first")
     try:
         given = [(Path(path), read_results(Path(path))) for path in bench]
     except ValueError as exc:
@@ -292,6 +303,8 @@ def gather(storage: str | None, problem: Problem | None, *, cache: TuningCache |
     by_problem: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for name, (slug, prob, space) in sorted(chosen.items(), key=lambda item: (item[1][0], item[1][1].key, item[0])):
         by_problem.setdefault((slug, prob.key), []).append((name, space))
+    for key in sorted(recorded - set(by_problem)):  # a record and no study: its winner, no trial curves
+        by_problem[key] = []
     devices = []
     for slug in sorted({slug for slug, _ in by_problem}):
         records = cache.records(slug)

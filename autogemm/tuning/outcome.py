@@ -3,7 +3,7 @@ as it is found, provisional, and the winner, or cuBLAS, at the end)."""
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +14,8 @@ from ..problem import Device, Problem
 from ..results.provenance import host, now, runtime_versions
 from ..kernels.render import kernel_digest, kernel_template_hash
 from .result import TuneError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -83,7 +85,7 @@ class RecordKeeper:
             return self.cache.store(record, self.device.slug)
         except OSError as exc:
             if not self.errors:
-                print(f"autogemm: cannot write tuned results to {self.cache.directory} ({exc}); the tune goes on, "
-                      "its result will not be cached", file=sys.stderr)
+                log.warning("autogemm: cannot write tuned results to %s (%s); the tune goes on, its result will not "
+                            "be cached", self.cache.directory, exc)
             self.errors.append(f"{type(exc).__name__}: {exc}")
             return None

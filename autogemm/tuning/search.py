@@ -12,8 +12,8 @@ failures stop it), then choose the winner and cache it.
 
 from __future__ import annotations
 
+import logging
 import random
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -30,10 +30,11 @@ from ..kernels.space import SearchSpace
 from .options import CONVERGED_GAIN, TuneOptions
 from .outcome import RecordKeeper, Winner, best_so_far, retimed_best
 from .study import (Sharing, StudyStorageError, StudyWriter, TrialExchange, ask_params, best_configs, default_storage,
-                    make_sampler, open_study, remember_trials, tell_trials)
+                    make_sampler, open_study, optuna_quiet, remember_trials, tell_trials)
 from .progress import TuneProgress
 from .result import TuneError, TuneResult, TuneStorageError
 
+log = logging.getLogger(__name__)
 FINALISTS = 5
 # Consecutive proposals that are rejected or already measured before the search counts as converged.
 MAX_IDLE_PROPOSALS = 300
@@ -121,7 +122,10 @@ class SearchLoop:
 
     def run(self) -> TuneResult | None:
         """Searches the study; returns the tune's result, or None for a helper (the holder decides)."""
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        with optuna_quiet():  # (Optuna's INFO lines for this search only: the caller's own studies keep theirs)
+            return self._run()
+
+    def _run(self) -> TuneResult | None:
         self._open_storage()
         if self.helper and not self.sharing.keep_helping():  # the holder left the study meanwhile: nothing to start
             return None
@@ -180,7 +184,7 @@ class SearchLoop:
         self.writer = StudyWriter(self.persistent)
         remember_trials(self.study.get_trials(deepcopy=False), self.known, self.failed_before)
         if self.known and self.progress is True:
-            print(f"resuming study {self.name} ({len(self.known)} configurations measured)", file=sys.stderr)
+            log.info("resuming study %s (%d configurations measured)", self.name, len(self.known))
 
     def _enqueue_known_configs(self) -> None:
         """What is known comes first (what serves this problem now, the nearest tuned problems'

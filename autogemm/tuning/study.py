@@ -11,12 +11,13 @@ default file that is not a database is moved aside with a warning and started af
 
 from __future__ import annotations
 
+import logging
+import contextlib
 import datetime
 import hashlib
 import os
 import queue
 import sqlite3
-import sys
 import threading
 import time
 import uuid
@@ -37,9 +38,36 @@ from ..results.url_secrets import hide_passwords, shown_url
 from .journal import JOURNAL, JournalError, journal_storage
 from .options import SAMPLERS
 
-
+log = logging.getLogger(__name__)
 SQLITE_BUSY_TIMEOUT_S = 120  # how long a write waits for another process's
 SERVER_ATTEMPTS = 4  # tries at opening a study in a database server (see open_study)
+
+
+_quiet_lock = threading.Lock()
+_quiet: list[int] = []  # the verbosity before the first of the searches running now (one entry, or none)
+_quiet_count = 0
+
+
+@contextlib.contextmanager
+def optuna_quiet():
+    """Optuna's INFO lines (one per trial told, one per study made) silenced while autogemm searches
+    its own studies, and the caller's verbosity back after: Optuna's verbosity is process-wide, and
+    setting it for good would silence the caller's own studies. Searches in several threads at once
+    restore it when the last one ends."""
+    global _quiet_count
+    with _quiet_lock:
+        if _quiet_count == 0:
+            before = optuna.logging.get_verbosity()
+            _quiet[:] = [before]
+            optuna.logging.set_verbosity(max(before, optuna.logging.WARNING))
+        _quiet_count += 1
+    try:
+        yield
+    finally:
+        with _quiet_lock:
+            _quiet_count -= 1
+            if _quiet_count == 0:
+                optuna.logging.set_verbosity(_quiet.pop())
 
 
 class StudyLocked(RuntimeError):
@@ -131,8 +159,8 @@ def _open_study(name: str, storage: str | None) -> optuna.Study:
                 with FileLock(f"{path}.lock", timeout=SQLITE_BUSY_TIMEOUT_S):
                     if path.exists() and not _is_database(path):
                         os.replace(path, aside)
-                print(f"autogemm: the study storage {path} is not a database; moved it to {aside} and started afresh",
-                      file=sys.stderr)
+                log.warning("autogemm: the study storage %s is not a database; moved it to %s and started afresh",
+                            path, aside)
                 continue
             if path is None and attempt + 1 < SERVER_ATTEMPTS and _passing(exc):
                 # several hosts or workers creating Optuna's tables in an empty database at once
@@ -295,8 +323,8 @@ class StudyWriter:
                     self.persistent.add_trial(trial)
                 except Exception as exc:  # a storage failure must not end the tune: report it
                     self.error = exc
-                    print(f"autogemm: could not write to the study storage ({exc}); "
-                          "the search goes on, this run's trials will not be resumable", file=sys.stderr)
+                    log.warning("autogemm: could not write to the study storage (%s); the search goes on, this "
+                                "run's trials will not be resumable", exc)
 
     def close(self) -> None:
         if self.thread is not None:
