@@ -117,18 +117,51 @@ def stub_check(monkeypatch):
     monkeypatch.setattr(SearchSpace, "sample", lambda self, count, problem, device, seed=0: [PLAIN, CAPPED])
 
 
-def test_check_counts_a_capped_spill_as_the_table_shows_it(stub_check, capsys):
+def test_check_reports_a_capped_spill_as_refused_and_exits_0_unless_strict(stub_check, capsys):
+    """The README's own example (`check --arch sm_90 --count 12`) exited 1 where a sampled variant spilled
+    under its max_registers: the loader refuses such a kernel, as a tune does, so it is reported as
+    refused; --strict counts it as a failure."""
     code, out, err = run_cli(capsys, "check", "--count", "2")
     assert "refused when loaded" in out
-    assert "1/2 variants compiled without spills (1 spill)" in err
-    assert code == 1
+    assert "1/2 variants compiled without spills (1 spill under max_registers and are refused when loaded" in err
+    assert code == 0
+    code, _, err = run_cli(capsys, "check", "--count", "2", "--strict")
+    assert code == 1 and "--strict" in err
 
 
-def test_check_json_counts_a_capped_spill(stub_check, capsys):
+def test_check_fails_on_a_spill_without_a_register_cap(monkeypatch, capsys):
+    from autogemm.kernels import compile as compile_module
+    from autogemm.kernels.compile import ResourceUsage
+    from autogemm.kernels.space import SearchSpace
+
+    monkeypatch.setattr(compile_module, "find_nvcc", lambda: "nvcc")
+    monkeypatch.setattr(compile_module, "nvcc_resources",
+                        lambda source, arch: {source.kernel: ResourceUsage(source.kernel, 255, 32, 32, 32, 0)})
+    monkeypatch.setattr(SearchSpace, "sample", lambda self, count, problem, device, seed=0: [PLAIN])
+    code, _, err = run_cli(capsys, "check", "--count", "1")
+    assert code == 1 and "0/1 variants compiled without spills (1 spill)" in err
+
+
+def test_check_json_says_which_variants_are_refused(stub_check, capsys):
     code, out, _ = run_cli(capsys, "check", "--count", "2", "--json")
     report = json.loads(out)
-    assert report["failures"] == 1 and code == 1
+    assert report["failures"] == 0 and report["refused"] == 1 and code == 0
     assert [v["spills"] for v in report["variants"]] == [False, True]
+    assert [v["refused"] for v in report["variants"]] == [False, True]
+
+
+def test_check_of_a_grouped_problem_takes_the_space_that_serves_it(monkeypatch, capsys):
+    """`check --dtype bfloat16 --groups 8 ...` said no configuration of wmma_bf16.toml was valid for groups:
+    the Hopper family alone computes grouped products, and its space is the one to check."""
+    from autogemm.kernels import compile as compile_module
+    from autogemm.kernels.compile import ResourceUsage
+
+    monkeypatch.setattr(compile_module, "find_nvcc", lambda: "nvcc")
+    monkeypatch.setattr(compile_module, "nvcc_resources",
+                        lambda source, arch: {source.kernel: ResourceUsage(source.kernel, 168, 0, 0, 0, 0)})
+    code, _, err = run_cli(capsys, "check", "--dtype", "bfloat16", "--groups", "8", "--m", "4096", "--n", "768",
+                           "--k", "2048", "--count", "2")
+    assert code == 0 and "variants of hopper.toml" in err, err
 
 
 # ---- lower-case problem flags --------------------------------------------------------------------

@@ -64,10 +64,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     check_p = sub.add_parser("check", help="compile a sample of a search space with nvcc and report resources",
                              description="Render and compile a sample of a search space with nvcc (no GPU "
-                             "needed) and print registers, spills and shared memory per variant. Exits 1 "
-                             "if any variant fails to compile or spills registers.")
-    check_p.add_argument("--space", help="search-space TOML file or shipped name (default: the one for the dtype: simt, "
-                         "wmma_tf32, wmma_fp16, wmma_bf16, wmma_fp64)")
+                             "needed) and print registers, spills and shared memory per variant. A variant that "
+                             "spills under its own max_registers is reported as refused (the loader refuses it, "
+                             "as a tune does). Exits 1 where a variant fails to compile or spills without a "
+                             "register cap (and, with --strict, where any variant spills).")
+    check_p.add_argument("--space", help="search-space TOML file or shipped name (default: the space of the family "
+                         "that serves the problem: the dtype's own, or for --groups the Hopper family's)")
+    check_p.add_argument("--strict", action="store_true",
+                         help="also fail (exit 1) where a variant is refused for spilling under its max_registers")
     check_p.add_argument("--arch", default="sm_90", help="target architecture (default sm_90)")
     check_p.add_argument("--count", type=positive_int, default=12, help="variants to compile (default 12)")
     check_p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")

@@ -26,16 +26,20 @@ from .space_expressions import Expression, SpaceError
 ENUMERATION_LIMIT_S = 60.0
 
 
-def default_space_name(problem) -> str:
-    """The shipped space for a problem: the family is picked by the dtype and compute mode."""
-    return dtypes.lookup(problem.dtype, problem.compute).space
+def default_space_name(problem, device: Device | None = None) -> str:
+    """The shipped space for a problem: its dtype's family's (by the dtype and compute mode), where
+    that family serves the problem; else that of the first family that does (a grouped product: the
+    Hopper family's, which alone computes one)."""
+    own = dtypes.lookup(problem.dtype, problem.compute).space
+    serving = candidate_space_names(problem, device)
+    return own if own in serving or not serving else serving[0]
 
 
 def candidate_space_names(problem, device: Device | None = None) -> tuple[str, ...]:
     """The shipped spaces a tune without --space searches, each with its share of the budget: the
     spaces of the families that declare themselves candidates for the problem on the device (all
-    devices where none is given; `GemmConfig.candidate_for`), in the families' candidate order. The
-    dtype's own family is always one (`default_space_name`)."""
+    devices where none is given; `GemmConfig.candidate_for`), in the families' candidate order: the
+    dtype's own family is one wherever it computes the problem (not a grouped one: `default_space_name`)."""
     names = [family.space_for(problem) for family in families.candidate_families(problem, device)]
     return tuple(dict.fromkeys(names))
 
