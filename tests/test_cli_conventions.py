@@ -137,3 +137,15 @@ def test_cache_list_and_show_take_problem_filters(capsys, tmp_path, monkeypatch)
     assert code == 3 and "no cached entry for --m 999" in err
     code, _, err = run(capsys, "cache", "show")
     assert code == 2 and "needs a problem key, or filters" in err
+
+
+# ---- each --help says what holds for its own command ------------------------------------------------
+@pytest.mark.parametrize("command", ["render", "check", "tune", "bench", "report"])
+def test_each_help_carries_only_its_own_commands_notes(capsys, command):
+    _, out, _ = run(capsys, command, "--help")
+    text = " ".join(out.split())
+    timed = command in ("tune", "bench")
+    for note in ("timed against torch._scaled_mm", "timed against torch._grouped_mm", "timed with the epilogue"):
+        assert (note in text) == timed, (command, note)
+    assert ("the space is for" in text) == (command == "check")
+    assert "for check --space" not in text

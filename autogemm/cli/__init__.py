@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     check_p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     check_p.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1, help="parallel nvcc processes")
     check_p.add_argument("--json", action="store_true", help="print the variants' resources as JSON instead of a table")
-    add_problem_arguments(check_p, m_required=False, default_size=4096)
+    add_problem_arguments(check_p, m_required=False, default_size=4096,
+                          dtype_note="float32; with --space, the first the space is for")
     check_p.set_defaults(handler=cmd_check)
 
     add_tune_parser(sub)

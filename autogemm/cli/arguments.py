@@ -77,33 +77,37 @@ def compute_mode(text: str) -> str:
     return text
 
 
-def add_problem_arguments(parser: argparse.ArgumentParser, m_required: bool, default_size: int | None = None) -> None:
+def add_problem_arguments(parser: argparse.ArgumentParser, m_required: bool, default_size: int | None = None, *,
+                          timed: bool = False, dtype_note: str = "") -> None:
+    """The problem's options, each command's help saying only what holds for it: `timed` (tune, bench)
+    adds what each kind of product is timed against; `dtype_note` says where the dtype's default
+    comes from where that is not float32 (check --space: the space's own)."""
     group = parser.add_argument_group("problem")
     # lower case as options are spelled (pip, git, pytest); --M/--N/--K stay as the older spelling
     group.add_argument("--m", "--M", "-M", dest="m", metavar="M", type=positive_int, required=m_required,
-                       default=default_size, help="rows of C and op(A)" + ("" if m_required else f" (default {default_size})"))
+                       default=default_size, help="rows of C and op(A)" + ("" if m_required or default_size is None
+                                                                           else f" (default {default_size})"))
     group.add_argument("--n", "--N", "-N", dest="n", metavar="N", type=positive_int, help="columns of C and op(B) (default: M)")
     group.add_argument("--k", "--K", "-K", dest="k", metavar="K", type=positive_int, help="inner dimension (default: M)")
     group.add_argument("--batch", type=positive_int, default=1, help="matrices in the strided batch (default 1)")
     group.add_argument("--layout", choices=LAYOUTS, help="storage of A and B: n = as is, t = transposed (default nn)")
     group.add_argument("--trans-a", action="store_true", help="A is stored K×M (layouts tn, tt)")
     group.add_argument("--trans-b", action="store_true", help="B is stored N×K (layouts nt, tt)")
-    group.add_argument("--dtype", choices=dtypes.DTYPES,
-                       help="element type (default float32; for check --space, the space's own)")
+    group.add_argument("--dtype", choices=dtypes.DTYPES, help=f"element type (default {dtype_note or 'float32'})")
     group.add_argument("--compute", default="", type=compute_mode, metavar="{" + ",".join(COMPUTES) + "}",
                        help="compute mode (default: the dtype's exact mode, fp32 for float32; tf32 for float32 "
                             "on tensor cores)")
     epilogue = parser.add_argument_group(
-        "epilogue", "what the kernel does to its accumulators before the store, D = act(alpha * A @ B + bias) + "
-        "residual: tuned with the epilogue in the kernel, against cuBLAS followed by the epilogue's pass (or "
-        "cuBLASLt's own epilogue where it has this one)")
+        "epilogue", "what the kernel does to its accumulators before the store, D = act(alpha * A @ B + bias) + residual"
+        + (": timed with the epilogue in the kernel, against cuBLAS followed by the epilogue's pass (or cuBLASLt's own "
+           "epilogue where it has this one)" if timed else ""))
     epilogue.add_argument("--bias", action="store_true", help="add a bias of N values (one per column of C)")
     epilogue.add_argument("--activation", choices=ACTIVATIONS, help="apply an activation after the bias")
     epilogue.add_argument("--residual", action="store_true", help="add a residual of C's shape after the activation")
     scaled = parser.add_argument_group(
         "FP8", "an FP8 product (--dtype float8_e4m3fn or float8_e5m2) as autogemm.scaled_matmul serves it: D = "
-        "scale_a * scale_b * A @ B^T, A stored M x K and B N x K (layout nt, the default for FP8), timed against "
-        "torch._scaled_mm")
+        "scale_a * scale_b * A @ B^T, A stored M x K and B N x K (layout nt, the default for FP8)"
+        + (", timed against torch._scaled_mm" if timed else ""))
     scaled.add_argument("--scale", choices=SCALES, help="the scales: one each (tensor, the default for FP8), one "
                         "per row of A and per column of B (row), or one per row of A and 128 of K and one per 128 x "
                         "128 block of B (block)")
@@ -111,8 +115,8 @@ def add_problem_arguments(parser: argparse.ArgumentParser, m_required: bool, def
     grouped = parser.add_argument_group(
         "grouped", "a grouped product (a mixture-of-experts layer) as autogemm.grouped_matmul serves it: M rows of A "
         "split into --groups groups by offsets on the GPU, each times its own K x N matrix of B (layout nn: B is "
-        "(E, K, N); nt: the transpose of (E, N, K) weights, as torch's Linear stores them), timed against "
-        "torch._grouped_mm and a loop of torch.matmul")
+        "(E, K, N); nt: the transpose of (E, N, K) weights, as torch's Linear stores them)"
+        + (", timed against torch._grouped_mm and a loop of torch.matmul" if timed else ""))
     grouped.add_argument("--groups", type=positive_int, help="the number of groups (experts); M is their rows in all")
     grouped.add_argument("--routing", choices=ROUTINGS, help="how the M rows fall to the groups: every group the "
                          "same count (uniform, the default) or counts falling as 1/rank^1.2 (skewed)")

@@ -185,7 +185,7 @@ def add_tune_parser(sub) -> None:
         "predictions) and stops at --trials, --timeout or convergence (--patience), whichever comes "
         "first. If no kernel beats cuBLAS by more than the measured noise, cuBLAS is kept. Ctrl-C stops "
         "and keeps the best verified result so far.")
-    add_problem_arguments(tune_p, m_required=True)
+    add_problem_arguments(tune_p, m_required=True, timed=True)
     search = tune_p.add_argument_group("search")
     search.add_argument("--trials", type=positive_int, default=DEFAULTS.trials,
                         help=f"measured (valid) candidates to try in this run (default {DEFAULTS.trials})")
@@ -224,7 +224,7 @@ def add_bench_parser(sub) -> None:
     bench_p = sub.add_parser("bench", help="re-time the cached kernel of a problem against cuBLAS",
                              description="Verify and re-time the cached kernel of a problem on this GPU, "
                              "interleaved with cuBLAS (cupy.matmul) on the same inputs, and print the ratio.")
-    add_problem_arguments(bench_p, m_required=True)
+    add_problem_arguments(bench_p, m_required=True, timed=True)
     bench_p.add_argument("--rounds", type=positive_int, default=5, help="interleaved timing rounds (default 5)")
     bench_p.add_argument("--seed", type=int, default=0, help="input seed (default 0)")
     bench_p.add_argument("--json", action="store_true", help="print the result as JSON")
