@@ -19,6 +19,11 @@ LAYOUTS = ("nn", "nt", "tn", "tt")
 
 @dataclass(frozen=True)
 class Problem:
+    """One GEMM as autogemm tunes and serves it: C = op(A) · op(B) of M x K by K x N (times `batch`, or
+    `batch` groups of a grouped product), its dtype and compute mode, the layout (`trans_a`, `trans_b`)
+    and the epilogue. `key` names it in the cache (float32/fp32/nn/b1/4096x4096x4096); `from_key` and
+    `from_layout` make one."""
+
     m: int
     n: int
     k: int
@@ -132,6 +137,10 @@ _ARCH_LIMITS = {
 
 @dataclass(frozen=True)
 class Device:
+    """A GPU's limits as the kernel families check a configuration against them (compute capability,
+    SMs, shared memory, registers, threads); `Device.current()` reads them off the GPU in use,
+    `Device.for_arch("sm_90")` gives an architecture's own where no GPU is queried."""
+
     name: str
     compute_capability: tuple[int, int]
     sm_count: int

@@ -1,3 +1,3 @@
 """autogemm's version, in a module of its own so that nothing needs the package root to read it."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -91,6 +91,10 @@ def transposed_stores(problem: Problem) -> tuple[bool, bool]:
 
 
 class SimtConfig(VectorizedLoads, GemmConfig):
+    """A configuration of the SIMT family (FP32 on CUDA cores): block, warp and thread tiles, vector
+    widths, pipeline stages, shared-memory layout, block swizzle, split-K and stream-K. `name` is its
+    short form (as records name it), `check(problem, device)` the reasons it cannot run there."""
+
     family = "simt"
     family_applies_epilogue = True  # (in its store, from the accumulators: templates/common.cuh.j2)
     label = "SIMT"

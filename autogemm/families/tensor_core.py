@@ -84,6 +84,10 @@ DEFAULTS = {
 
 
 class TensorCoreConfig(VectorizedLoads, GemmConfig):
+    """A configuration of the tensor-core family (WMMA, mma.sync and Hopper's wgmma): block and warp
+    tiles, the instruction, vector width, stages, shared-memory layout, block swizzle and split-K.
+    `name` is its short form, `check(problem, device)` the reasons it cannot run there."""
+
     family = "wmma"
     family_applies_epilogue = True  # (in its store, from the accumulators: templates/common.cuh.j2)
     label = "WMMA"
