@@ -118,3 +118,23 @@ def test_experiments_may_skip_ranges_but_never_types():
 def test_names_naming_values_out_of_range_are_refused():
     with pytest.raises(ValueError, match="depth=9 must be 1 to 5"):
         Sample.from_name("s_64x32_v42_fast_d9")
+
+
+def test_each_family_declares_its_knob_fields_for_type_checkers():
+    """Type checkers cannot see the fields `Config.__init_subclass__` makes from the knob table: each
+    family's class declares the same fields under TYPE_CHECKING (knobs.knob_fields writes them), so that
+    `SimtConfig(bm=64)` and `config.bm` type-check. A knob added, removed or given another default
+    without its declaration fails here."""
+    import ast
+    import inspect
+
+    from autogemm import families
+    from autogemm.families.knobs import knob_fields
+
+    for cls in families.all_families():
+        tree = ast.parse(inspect.getsource(inspect.getmodule(cls)))
+        body = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == cls.__name__).body
+        blocks = [node for node in body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"]
+        assert len(blocks) == 1, f"{cls.__name__} has no TYPE_CHECKING block of its knob fields"
+        declared = "".join(f"        {ast.unparse(field)}\n" for field in blocks[0].body)
+        assert declared == knob_fields(cls.knobs), f"{cls.__name__}: paste knobs.knob_fields(KNOBS)"

@@ -13,6 +13,8 @@ microseconds for the whole product, a second launch would cost a tenth of it).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .. import dtypes
 from ..problem import Device, Problem
 from .base import WARP, GemmConfig, VectorizedLoads, VectorWidths, cxx_bool, swap_knob
@@ -69,6 +71,16 @@ class GemvConfig(VectorizedLoads, GemmConfig):
     label = "GEMV"
     name_prefix = "gemv_"
     knobs = KNOBS
+    if TYPE_CHECKING:  # the knobs' fields as type checkers see them: knobs.knob_fields(KNOBS), checked by tests
+        bm: int = 4
+        bn: int = 256
+        bk: int = 256
+        warps: int = 4
+        vec: int = 4
+        unroll: int = 4
+        split_k: int = 1
+        min_blocks: int = 1
+        swap: bool = False
     template = "gemv_gemm.cu.j2"
     space_constants = {"WARP": WARP}
     search_space = "gemv"

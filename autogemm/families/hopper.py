@@ -37,6 +37,7 @@ into FP32), D stored from registers or through TMA (`_fp8_reasons` says what els
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from .. import dtypes
 from ..epilogue import BLOCK
@@ -106,6 +107,21 @@ class HopperConfig(VectorizedLoads, GemmConfig):
     label = "Hopper"
     name_prefix = "hopper_"
     knobs = KNOBS
+    if TYPE_CHECKING:  # the knobs' fields as type checkers see them: knobs.knob_fields(KNOBS), checked by tests
+        bm: int = 128
+        bn: int = 256
+        bk: int = 64
+        wm: int = 64
+        wn: int = 256
+        stages: int = 4
+        group_m: int = 8
+        split_k: int = 1
+        min_blocks: int = 1
+        persistent: bool = True
+        cluster: int = 1
+        tma_store: bool = False
+        pingpong: bool = False
+        swap: bool = False
     template = "hopper_gemm.cu.j2"
     arch_suffix = wgmma.ARCH_SUFFIX
     launch_kind = LaunchKind.TMA

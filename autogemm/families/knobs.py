@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, dataclass_transform
 
 _UNSET = object()
 
@@ -102,10 +102,20 @@ class Knob:
         return self.range_reasons(value) if ranges else []
 
 
+def knob_fields(knobs: tuple[Knob, ...], indent: str = "        ") -> str:
+    """The fields a knob table gives a config class, as a class body declares them for type checkers
+    (which cannot see fields made at run time): each family's class carries this text in an
+    `if TYPE_CHECKING:` block, and tests/test_knobs.py fails where the two differ."""
+    return "".join(f"{indent}{k.name}: {k.kind.__name__} = {k.default!r}\n" for k in knobs)
+
+
+# frozen dataclasses to type checkers too (PEP 681): the fields each subclass declares for them
+@dataclass_transform(frozen_default=True)
 class Config:
     """Base of every family's config class. A subclass sets `family` (the key in records and
     registries), `label` (how messages name it), `name_prefix` and `knobs`; its fields, name,
-    parsing and dict form follow from `knobs`."""
+    parsing and dict form follow from `knobs` (and, for type checkers, from the same fields declared
+    under TYPE_CHECKING: `knob_fields`)."""
 
     family: ClassVar[str] = ""
     label: ClassVar[str] = ""

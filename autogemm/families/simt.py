@@ -7,6 +7,8 @@ fragment is one vector load). The knobs below say what each one does.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .. import dtypes
 from ..problem import REGISTERS_PER_BLOCK, Device, Problem
 from .base import MAX_REGISTERS_PER_THREAD, REGISTER_GRANULE, WARP, GemmConfig, VectorizedLoads, VectorWidths, cxx_bool, grid_knobs, tile_knobs
@@ -99,6 +101,26 @@ class SimtConfig(VectorizedLoads, GemmConfig):
     family_applies_epilogue = True  # (in its store, from the accumulators: templates/common.cuh.j2)
     label = "SIMT"
     knobs = KNOBS
+    if TYPE_CHECKING:  # the knobs' fields as type checkers see them: knobs.knob_fields(KNOBS), checked by tests
+        bm: int = 128
+        bn: int = 128
+        bk: int = 8
+        wm: int = 32
+        wn: int = 64
+        tm: int = 8
+        tn: int = 8
+        vec: int = 4
+        vec_frag: int = 4
+        stages: int = 2
+        smem: str = 'pad'
+        group_m: int = 8
+        split_k: int = 1
+        min_blocks: int = 1
+        transpose: str = 'async'
+        stream_k: bool = False
+        max_registers: int = 0
+        split_reduce: str = 'kernel'
+        repack: bool = False
     template = "simt_gemm.cu.j2"
     widths_allowed = VECTOR_WIDTHS
     vectorized_c = True

@@ -15,6 +15,8 @@ The family's name in records and config names stays "wmma", as it was before the
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .. import dtypes
 from ..problem import Device, Problem
 from . import wgmma
@@ -93,6 +95,19 @@ class TensorCoreConfig(VectorizedLoads, GemmConfig):
     label = "WMMA"
     name_prefix = "wmma_"
     knobs = KNOBS
+    if TYPE_CHECKING:  # the knobs' fields as type checkers see them: knobs.knob_fields(KNOBS), checked by tests
+        bm: int = 128
+        bn: int = 128
+        bk: int = 32
+        wm: int = 64
+        wn: int = 64
+        vec: int = 8
+        stages: int = 3
+        smem: str = 'pad'
+        group_m: int = 8
+        split_k: int = 1
+        min_blocks: int = 1
+        instruction: str = 'wmma'
     space_constants = {"WARP": WARP, "WARPGROUP": wgmma.WARPGROUP}
 
     @classmethod
