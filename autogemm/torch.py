@@ -28,7 +28,7 @@ import torch
 
 from .serving import dispatch, numpy_semantics, scaled
 
-__all__ = ["DTYPES", "Linear", "matmul", "scaled_matmul"]
+__all__ = ["DTYPES", "Linear", "disable_inductor", "enable_inductor", "matmul", "scaled_matmul"]
 
 # the dtypes autogemm's kernels (or cuBLAS through them) multiply
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -211,3 +211,47 @@ class Linear(torch.nn.Linear):
             if self.bias is not None:
                 output = output + self.bias
         return output.reshape(*input.shape[:-1], self.out_features)
+
+
+# ---- torch.compile's max-autotune ---------------------------------------------------------------------
+def autogemm_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    """out = a @ b as autogemm.matmul serves it (the tuned kernel, or cuBLAS): the choice
+    `enable_inductor` gives Inductor's autotuning, named so in its log (extern_kernels.autogemm_mm).
+    Inductor benchmarks it beside ATen and Triton and keeps whichever is fastest. A tensor that is not
+    on a CUDA GPU (a CPU graph) is multiplied by torch.mm, as ATen's choice would."""
+    if not (a.is_cuda and b.is_cuda and out.is_cuda):
+        torch.mm(a, b, out=out)
+        return
+    dispatch.matmul(a, b, out=out)
+
+
+def enable_inductor() -> None:
+    """`torch.compile(mode="max-autotune")` (and "max-autotune-no-cudagraphs") weighs autogemm as one
+    more choice for its matrix products (aten.mm, and the addmm Inductor splits into mm and a pointwise
+    bias), beside ATen (cuBLAS) and its Triton templates, and picks it where it measures faster. Through
+    Inductor's hook for external matmul kernels (`torch._inductor.config.external_matmul`); bmm and a
+    fused addmm have no such hook and keep Inductor's own choices. Call once, before compiling; calling
+    again changes nothing. RuntimeError, naming the torch version, where Inductor has no such hook."""
+    hooks = _external_matmul_hooks()
+    if autogemm_mm not in hooks:
+        hooks.append(autogemm_mm)
+
+
+def disable_inductor() -> None:
+    """Takes autogemm out of Inductor's choices again (for graphs compiled from now on)."""
+    hooks = _external_matmul_hooks()
+    while autogemm_mm in hooks:
+        hooks.remove(autogemm_mm)
+
+
+def _external_matmul_hooks() -> list:
+    try:
+        from torch._inductor import config as inductor_config  # (lazy: Inductor imports much)
+    except ImportError as exc:
+        raise RuntimeError(f"autogemm.torch.enable_inductor: torch {torch.__version__} has no Inductor here ({exc})") from None
+    hooks = getattr(inductor_config, "external_matmul", None)
+    if not isinstance(hooks, list):
+        raise RuntimeError(f"autogemm.torch.enable_inductor: torch {torch.__version__}'s Inductor has no hook for external "
+                           "matmul kernels (torch._inductor.config.external_matmul); autogemm is reached there as "
+                           "torch.ops.autogemm.matmul, written into the model")
+    return hooks

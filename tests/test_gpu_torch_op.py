@@ -201,3 +201,31 @@ def test_scaled_matmul_compiles_without_a_graph_break_and_matches_torch():
     expected = torch.relu(torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=torch.float32))
     assert got.dtype == torch.float32 and got.shape == (64, 128)
     assert torch.equal(got, expected)
+
+
+def test_max_autotune_weighs_autogemm_for_each_product_and_gives_eagers_results(autogemm_calls, capfd):
+    """After enable_inductor, torch.compile(mode="max-autotune-no-cudagraphs") benchmarks autogemm's
+    served kernel (autogemm_mm) for both layers of an MLP beside ATen and Triton; whichever it keeps,
+    the compiled model computes what eager does, and the autotune log names the autogemm choice."""
+    from torch._inductor import config as inductor_config
+
+    before = list(inductor_config.external_matmul)
+    torch._dynamo.reset()
+    try:
+        agt.enable_inductor()
+        torch._logging.set_logs(autotuning=True)
+        model = torch.nn.Sequential(torch.nn.Linear(512, 1024, bias=False), torch.nn.GELU(),
+                                    torch.nn.Linear(1024, 256, bias=False)).cuda().to(torch.bfloat16)
+        x = torch.randn(384, 512, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            expected = model(x)
+            got = torch.compile(model, mode="max-autotune-no-cudagraphs")(x)
+        torch.cuda.synchronize()
+    finally:
+        torch._logging.set_logs()
+        inductor_config.external_matmul[:] = before
+        torch._dynamo.reset()
+    error = float(torch.linalg.norm((got - expected).float()) / torch.linalg.norm(expected.float()))
+    assert error <= TOLERANCE["bfloat16"]
+    assert {a for a, _ in autogemm_calls} >= {(384, 512), (384, 1024)}  # each product benchmarked through autogemm
+    assert "autogemm_mm" in "".join(capfd.readouterr())

@@ -245,3 +245,60 @@ def test_compile_fullgraph_traces_the_operator_forward_and_backward(torch_stand_
     assert len(torch_stand_in) == 2 + 4  # two layers forward, two gradients each backward
     explanation = torch._dynamo.explain(model)(x)
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+
+
+# ---- torch.compile's max-autotune weighs autogemm -----------------------------------------------------
+def test_enable_inductor_adds_one_named_choice_and_disable_takes_it_out():
+    from torch._inductor import config as inductor_config
+
+    before = list(inductor_config.external_matmul)
+    try:
+        agt.enable_inductor()
+        agt.enable_inductor()  # twice: still one choice
+        assert inductor_config.external_matmul.count(agt.autogemm_mm) == 1
+        assert agt.autogemm_mm.__name__ == "autogemm_mm"  # what the autotune log names it
+        agt.disable_inductor()
+        assert agt.autogemm_mm not in inductor_config.external_matmul
+    finally:
+        inductor_config.external_matmul[:] = before
+
+
+def test_enable_inductor_names_a_torch_without_the_hook(monkeypatch):
+    from torch._inductor import config as inductor_config
+
+    monkeypatch.delattr(inductor_config, "external_matmul", raising=False)
+    with pytest.raises(RuntimeError, match=r"has no hook for external matmul kernels .*external_matmul"):
+        agt.enable_inductor()
+
+
+def test_max_autotune_benchmarks_the_autogemm_choice_and_keeps_eagers_results(monkeypatch, capfd):
+    """On CPU tensors (no GPU here) the choice multiplies with torch.mm: what this checks is Inductor's
+    side of it, that max-autotune benchmarks autogemm_mm for each product, names it in the autotune
+    log, and the compiled model gives eager's results (on a GPU, test_gpu_torch_op checks the kernel)."""
+    from torch._inductor import config as inductor_config
+
+    called = []
+    real = agt.autogemm_mm
+
+    def counting(a, b, out):
+        called.append(tuple(a.shape))
+        real(a, b, out)
+
+    counting.__name__ = "autogemm_mm"
+    monkeypatch.setattr(agt, "autogemm_mm", counting)
+    before = list(inductor_config.external_matmul)
+    torch._dynamo.reset()
+    try:
+        agt.enable_inductor()
+        torch._logging.set_logs(autotuning=True)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 96, bias=False), torch.nn.ReLU(), torch.nn.Linear(96, 32, bias=False))
+        x = torch.randn(16, 64)
+        with torch.no_grad():
+            compiled = torch.compile(model, mode="max-autotune-no-cudagraphs")
+            assert torch.allclose(compiled(x), model(x), atol=1e-5)
+    finally:
+        torch._logging.set_logs()
+        inductor_config.external_matmul[:] = before
+        torch._dynamo.reset()
+    assert (16, 64) in called and (16, 96) in called
+    assert "autogemm_mm" in "".join(capfd.readouterr())
