@@ -8,6 +8,7 @@ it). It imports nothing from autogemm, so every other module can read it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -225,7 +226,7 @@ def from_bits_storage(name: str) -> str | None:
     return _BY_BITS_STORAGE.get(name)
 
 
-def name_of(dtype) -> str:
+def name_of(dtype: Any) -> str:
     """A dtype's text as autogemm names dtypes ("float8_e4m3fn", "bfloat16"), from a torch, NumPy or CuPy
     dtype or a name; not checked against the table (callers say what they take)."""
     text = str(dtype).removeprefix("torch.")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, replace
+from typing import Any
 
 from . import dtypes
 
@@ -45,7 +46,7 @@ SLOPES = {"": 1.0, "relu": 1.0, "gelu": 1.129, "gelu_tanh": 1.13, "silu": 1.1}
 # those roundings are of x's size, not of act(x)'s. relu and the identity round nothing.
 EVALUATION_ROUNDINGS = {"": 0, "relu": 0, "gelu": 8, "gelu_tanh": 10, "silu": 8}
 # D's dtypes by the products' dtype (Epilogue.output_dtype)
-OUTPUT_DTYPES = {"float16": ("float16", "bfloat16", "float32"), "bfloat16": ("bfloat16", "float16", "float32"),
+OUTPUT_DTYPES: dict[str, tuple[str, ...]] = {"float16": ("float16", "bfloat16", "float32"), "bfloat16": ("bfloat16", "float16", "float32"),
                  "float32": ("float32", "bfloat16", "float16"), "float64": ("float64", "float32")}
 _KEY = re.compile(r"(?:scale_(?P<scale>tensor|row|block))?\+?(?:bias_(?P<bias>[nm]))?\+?(?P<activation>relu|gelu_tanh|gelu|silu)?\+?(?P<gated>gate)?\+?"
                   r"(?P<residual>res)?(?:>(?P<out>[a-z0-9]+))?")
@@ -142,7 +143,7 @@ class Epilogue:
         the products' own dtype is no conversion, so it is dropped."""
         return replace(self, out_dtype="") if self.out_dtype == dtype else self
 
-    def template_context(self, dtype: str) -> dict:
+    def template_context(self, dtype: str) -> dict[str, Any]:
         """What the templates' epilogue macros read (common.cuh.j2, epilogue_functions) for products
         of `dtype`: the epilogue's parts, and D's C++ type with its conversions from and to the
         accumulator (bias and residual have D's type)."""
@@ -156,7 +157,7 @@ class Epilogue:
         return self.key or "none"
 
 
-def require_measurable(problem, what: str) -> None:
+def require_measurable(problem: Any, what: str) -> None:
     """ValueError where `problem`'s epilogue is one tuning does not measure: another output dtype or a
     gate (a fused kernel writes D in the operands' dtype, without a gate; matmul serves those with the
     pass), so that nothing is tuned or recorded under such a key. Bias, activation and residual are
@@ -169,7 +170,7 @@ def require_measurable(problem, what: str) -> None:
                          "residual, not another output dtype or a gate (matmul serves those with its pass)")
 
 
-def activate(x, activation: str, xp=None):
+def activate(x: Any, activation: str, xp: Any = None) -> Any:
     """`activation` of the float64 array `x`, with the array module `xp` (NumPy by default; CuPy for
     CuPy arrays)."""
     if xp is None:
@@ -203,8 +204,8 @@ def _erf(xp):
     return erf
 
 
-def reference(product, epilogue: Epilogue, *, alpha: float = 1.0, beta: float = 0.0, c=None, bias=None, residual=None,
-              xp=None, scale_a=None, scale_b=None):
+def reference(product: Any, epilogue: Epilogue, *, alpha: float = 1.0, beta: float = 0.0, c: Any = None, bias: Any = None,
+              residual: Any = None, xp: Any = None, scale_a: Any = None, scale_b: Any = None) -> Any:
     """D in float64 from the exact product (float64, M×N or batch×M×N): act(alpha·product + bias) +
     residual + beta·c (module docstring). `bias` has N values (bias "n") or M (bias "m"). Gated: the
     product has 2N columns and the bias 2N values; D = act(gate half) * (up half) + residual + beta·c.
@@ -232,7 +233,7 @@ def reference(product, epilogue: Epilogue, *, alpha: float = 1.0, beta: float = 
     return y
 
 
-def scales(epilogue: Epilogue, scale_a, scale_b):
+def scales(epilogue: Epilogue, scale_a: Any, scale_b: Any) -> Any:
     """What a scaled product is multiplied by, broadcast against it: scale_a · scale_b (per tensor), or
     scale_a's M values down the rows times scale_b's N across the columns (per row)."""
     if scale_a is None or scale_b is None:
@@ -245,7 +246,7 @@ def scales(epilogue: Epilogue, scale_a, scale_b):
     return scale_a.reshape(-1, 1) * scale_b.reshape(1, -1)
 
 
-def dequantized(a, b, scale_a, scale_b, xp=None):
+def dequantized(a: Any, b: Any, scale_a: Any, scale_b: Any, xp: Any = None) -> tuple[Any, Any]:
     """The operands' values times their block scales (float64 A, M x K, and B, N x K, as stored for layout
     NT): A's row m, K block kb times scale_a[m, kb]; B's 128 x 128 block (nb, kb) times scale_b[kb, nb].
     Their product is a block-scaled product's exact value."""
@@ -259,9 +260,10 @@ def dequantized(a, b, scale_a, scale_b, xp=None):
     return a * along_k, b * b_scales
 
 
-def error_bound(pre_activation_bound, epilogue: Epilogue, result_magnitude, out_unit_roundoff: float,
-                residual_magnitude=0.0, *, pre_activation_magnitude=0.0, accumulator_unit_roundoff: float = 0.0,
-                out_smallest_normal: float = 0.0, up_magnitude=0.0, up_bound=0.0, activated_magnitude=0.0):
+def error_bound(pre_activation_bound: Any, epilogue: Epilogue, result_magnitude: Any, out_unit_roundoff: float,
+                residual_magnitude: Any = 0.0, *, pre_activation_magnitude: Any = 0.0,
+                accumulator_unit_roundoff: float = 0.0, out_smallest_normal: float = 0.0, up_magnitude: Any = 0.0,
+                up_bound: Any = 0.0, activated_magnitude: Any = 0.0) -> Any:
     """How far a correct kernel's D may be from `reference`, element by element:
 
     - the bound of the error of what the activation is given (the product's, with the bias added),

@@ -12,6 +12,7 @@ clamped here), NaN kept NaN.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ def _sorted_finite(dtype: str) -> tuple[np.ndarray, np.ndarray]:
     return table[bits][order], bits[order]
 
 
-def to_float64(bits, dtype: str, xp=np):
+def to_float64(bits: Any, dtype: str, xp: Any = np) -> Any:
     """The values of an array of `dtype`'s bit patterns (uint8), as float64."""
     return xp.asarray(values(dtype))[bits]
 
@@ -53,7 +54,7 @@ def _nan_bits(dtype: str) -> int:
     return int(np.array(np.nan).astype(getattr(ml_dtypes, dtype)).view(np.uint8))
 
 
-def quantize(x, dtype: str, xp=np):
+def quantize(x: Any, dtype: str, xp: Any = np) -> Any:
     """The bit patterns (uint8) of the values of `dtype` nearest to the float array `x`, as ml_dtypes
     rounds (a tie to the even pattern), saturating at the largest finite value (±inf included: the
     e5m2 infinities are not made), NaN to ml_dtypes' NaN pattern."""

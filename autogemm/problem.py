@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import dtypes
 from .epilogue import Epilogue
@@ -66,7 +67,7 @@ class Problem:
             self.epilogue.output_dtype(self.dtype)  # (ValueError where D's dtype is missing or not written)
 
     @classmethod
-    def from_layout(cls, m: int, n: int, k: int, layout: str = "nn", **kwargs) -> Problem:
+    def from_layout(cls, m: int, n: int, k: int, layout: str = "nn", **kwargs: Any) -> Problem:
         layout = layout.lower()
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}; expected one of {', '.join(LAYOUTS)}")

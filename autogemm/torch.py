@@ -20,7 +20,7 @@ This is the only module of autogemm that imports torch at import time; `import a
 
 # (no `from __future__ import annotations`: custom_op reads the types of the signature)
 
-from typing import Optional
+from typing import Any, Optional
 
 import ml_dtypes
 import numpy as np
@@ -54,7 +54,7 @@ def result_dtype(dtype_a: torch.dtype, dtype_b: torch.dtype) -> torch.dtype:
     return next(dtype for dtype in DTYPES if _numpy_dtype(dtype) == promoted)
 
 
-def result_shape(a_shape, b_shape) -> tuple:
+def result_shape(a_shape: Any, b_shape: Any) -> tuple[Any, ...]:
     """The shape of a @ b under NumPy's matmul semantics: a 1-D `a` is a row and a 1-D `b` a column,
     that axis removed from the result; the batch axes (all but the last two) broadcast."""
     torch._check(len(a_shape) >= 1 and len(b_shape) >= 1,
@@ -244,7 +244,7 @@ def disable_inductor() -> None:
         hooks.remove(autogemm_mm)
 
 
-def _external_matmul_hooks() -> list:
+def _external_matmul_hooks() -> list[Any]:
     try:
         from torch._inductor import config as inductor_config  # (lazy: Inductor imports much)
     except ImportError as exc:

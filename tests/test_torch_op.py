@@ -293,7 +293,8 @@ def test_max_autotune_benchmarks_the_autogemm_choice_and_keeps_eagers_results(mo
         torch._logging.set_logs(autotuning=True)
         model = torch.nn.Sequential(torch.nn.Linear(64, 96, bias=False), torch.nn.ReLU(), torch.nn.Linear(96, 32, bias=False))
         x = torch.randn(16, 64)
-        with torch.no_grad():
+        # (no cached graph or autotune result of an earlier run: each product is benchmarked here)
+        with torch.no_grad(), inductor_config.patch(force_disable_caches=True):
             compiled = torch.compile(model, mode="max-autotune-no-cudagraphs")
             assert torch.allclose(compiled(x), model(x), atol=1e-5)
     finally:

@@ -32,6 +32,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 from ..gpu.runtime import no_gpu
 from ..results.cache import FORMAT, CacheWarning, check_slug, is_slug, valid_records
@@ -40,7 +41,7 @@ from .worker import WorkerSpec, worker_main
 from .claims import ClaimState, HostNameError, host_name
 from ..kernels.compile_service import CompileService
 
-log = logging.getLogger(__name__)
+log: logging.Logger = logging.getLogger(__name__)
 
 
 class CampaignError(RuntimeError):
@@ -87,7 +88,7 @@ def list_gpus() -> list[Gpu]:
     return gpus
 
 
-def select_gpus(devices, gpus: list[Gpu]) -> list[Gpu]:
+def select_gpus(devices: Any, gpus: list[Gpu]) -> list[Gpu]:
     """The campaign's GPUs among this host's: all, or those named by index or UUID."""
     if devices == "all":
         if not gpus:
@@ -103,11 +104,11 @@ def select_gpus(devices, gpus: list[Gpu]) -> list[Gpu]:
     return chosen
 
 
-def board_records(board, campaign: Campaign) -> dict[str, dict]:
+def board_records(board: Any, campaign: Campaign) -> dict[str, dict[str, Any]]:
     """The cache records the campaign's workers left on the board (a ClaimBoard or BoardReader),
     every host's, as device documents' entries ({device slug: {problem key: record JSON}}), each
     checked as the cache checks what it reads (a bad one is skipped with a warning)."""
-    entries: dict[str, dict] = {}
+    entries: dict[str, dict[str, Any]] = {}
     for claim in board.claims(campaign.name):
         if claim.state == ClaimState.DONE and claim.result and isinstance(claim.result.get("record"), dict):
             try:
@@ -128,7 +129,7 @@ def worker_specs(campaign: Campaign, storage: str, gpus: list[Gpu], cores: int,
             for g in gpus]
 
 
-def run_campaign(campaign: Campaign, specs: list[WorkerSpec], view=None) -> dict:
+def run_campaign(campaign: Campaign, specs: list[WorkerSpec], view: Any = None) -> dict[str, Any]:
     """Runs the workers to the end (or Ctrl-C); returns {label: exit code}. `view` (CampaignView)
     gets every worker event."""
     try:  # a host name claims cannot carry stops the run here, not in every worker
@@ -216,7 +217,7 @@ def _figure(value) -> float | None:
     return float(value) if type(value) in (int, float) and math.isfinite(value) else None
 
 
-def _row(device: str, problem: str, state: str, attempts, result: dict, done: bool) -> dict:
+def _row(device: str, problem: str, state: str, attempts, result: dict[str, Any], done: bool) -> dict[str, Any]:
     return {"device": _text(device), "problem": _text(problem), "state": _text(state),
             "attempts": attempts if type(attempts) is int else 0, "host": _text(result.get("host")),
             "config": _text(result.get("config")), "tflops": _figure(result.get("tflops")),
@@ -224,7 +225,7 @@ def _row(device: str, problem: str, state: str, attempts, result: dict, done: bo
             "kept_cublas": result.get("kept_cublas") is True, "error": _text(result.get("error")), "done": done}
 
 
-def board_summary(board, campaign: Campaign, cache=None) -> list[dict]:
+def board_summary(board: Any, campaign: Campaign, cache: Any = None) -> list[dict[str, Any]]:
     """Every problem of the campaign on the board (a ClaimBoard or BoardReader), per device model:
     its state and result, each value checked (a row may hold anything). With `cache` (the
     campaign's own, TuningCache), a problem finished there counts as done, as a worker would take
@@ -250,7 +251,7 @@ def board_summary(board, campaign: Campaign, cache=None) -> list[dict]:
     return [rows[k] for k in sorted(rows, key=lambda k: (k[0], order[k[1]]))]
 
 
-def progress_lines(campaign: Campaign, rows: list[dict]) -> list[str]:
+def progress_lines(campaign: Campaign, rows: list[dict[str, Any]]) -> list[str]:
     """How far the campaign is, per device model (every problem of the campaign counted)."""
     devices = sorted({r["device"] for r in rows})
     if not devices:

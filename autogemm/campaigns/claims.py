@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from urllib.parse import quote
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -128,7 +129,7 @@ class Claim:
     owner: str | None
     heartbeat: float | None
     attempts: int
-    result: dict | None
+    result: dict[str, Any] | None
     study: str | None = None
 
 
@@ -237,7 +238,7 @@ class ClaimBoard:
             # every candidate went to another worker meanwhile: look again
         return None
 
-    def _update_held(self, campaign: str, device: str, problem: str, owner: str, values: dict) -> bool:
+    def _update_held(self, campaign: str, device: str, problem: str, owner: str, values: dict[str, Any]) -> bool:
         """Changes a claim that `owner` still holds; False if it no longer does (taken over)."""
         t = claims_table.c
         with self.engine.begin() as db:
@@ -255,7 +256,7 @@ class ClaimBoard:
         for workers that may help it; False if the claim is no longer this owner's."""
         return self._update_held(campaign, device, problem, owner, {"study": study})
 
-    def finish(self, campaign: str, device: str, problem: str, owner: str, result: dict) -> bool:
+    def finish(self, campaign: str, device: str, problem: str, owner: str, result: dict[str, Any]) -> bool:
         """Marks a claimed problem done with its result; False if the claim was no longer this owner's."""
         return self._update_held(campaign, device, problem, owner,
                                  {"state": ClaimState.DONE, "finished": self._now, "result": json.dumps(result),
@@ -286,7 +287,7 @@ class ClaimBoard:
         return [_claim_of(r) for r in rows]
 
 
-def _engine_kwargs(url: str) -> dict:
+def _engine_kwargs(url: str) -> dict[str, Any]:
     return {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {"pool_pre_ping": True}
 
 
@@ -296,7 +297,7 @@ def _claim_of(row) -> Claim:
                  result=_result_of(row["result"]), study=row.get("study"))
 
 
-def _result_of(text) -> dict | None:
+def _result_of(text) -> dict[str, Any] | None:
     """A claim's stored result: a JSON object, or None; anything else (a row another version or a
     hand wrote) as an error that says what it is, never a crash of whoever reads the board."""
     if not text:

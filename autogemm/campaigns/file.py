@@ -50,6 +50,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..epilogue import Epilogue, require_measurable
 from ..problem import LAYOUTS, Problem
@@ -89,7 +90,7 @@ class Campaign:
     name: str
     problems: tuple[Problem, ...]
     storage: str | None = None  # None: the default SQLite file of the cache directory
-    devices: str | tuple = "all"  # "all", or GPU indices (ints) or UUIDs (strings)
+    devices: str | tuple[Any, ...] = "all"  # "all", or GPU indices (ints) or UUIDs (strings)
     tune_options: TuneOptions = DEFAULT_TUNE  # the file's timeout, trials, seed and patience; the rest default
     grace: float = 120.0
     cache_dir: str | None = None  # None: the user's cache
@@ -138,7 +139,7 @@ def _storage(storage) -> str | None:
     return storage
 
 
-def _values(table: dict, key: str, where: str, default) -> list:
+def _values(table: dict[str, Any], key: str, where: str, default) -> list[Any]:
     value = table.get(key, default)
     values = value if isinstance(value, list) else [value]
     if not values:
@@ -146,14 +147,14 @@ def _values(table: dict, key: str, where: str, default) -> list:
     return values
 
 
-def _sizes(table: dict, key: str, where: str, default) -> list[int]:
+def _sizes(table: dict[str, Any], key: str, where: str, default) -> list[int]:
     sizes = _values(table, key, where, default)
     for size in sizes:
         _positive_number(size, f"{where}.{key}", integer=True)
     return sizes
 
 
-def _strings(table: dict, key: str, where: str, default: str, allowed: tuple | None = None) -> list[str]:
+def _strings(table: dict[str, Any], key: str, where: str, default: str, allowed: tuple[Any, ...] | None = None) -> list[str]:
     values = _values(table, key, where, default)
     for value in values:
         if not isinstance(value, str) or (allowed is not None and value not in allowed):
@@ -168,7 +169,7 @@ def _shown(value) -> str:
     return text if len(text) <= 200 else f"{text[:200]}... ({len(value) if isinstance(value, list) else len(text)} long)"
 
 
-def _problem_count(table: dict, where: str) -> int:
+def _problem_count(table: dict[str, Any], where: str) -> int:
     """How many problems a table makes, from the lengths of its lists alone (nothing is built)."""
     def length(key: str) -> int:
         value = table.get(key, 1)
@@ -254,7 +255,7 @@ def _problems_of(table, where: str, room: int) -> list[Problem]:
     return problems
 
 
-def parse_campaign(data: dict, source: str = "") -> Campaign:
+def parse_campaign(data: dict[str, Any], source: str = "") -> Campaign:
     """A campaign from the TOML document's data; CampaignFileError naming the first fault."""
     if not isinstance(data, dict) or not isinstance(data.get("campaign"), dict):
         raise CampaignFileError("a campaign file needs a [campaign] table (with at least name)")

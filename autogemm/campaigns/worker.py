@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from .. import interrupts
 from ..gpu import launch
@@ -28,7 +29,7 @@ from ..kernels.space import SearchSpace, candidate_space_names
 from ..tuning.result import TuneError, TuneRunning, TuneStorageError
 from ..results.url_secrets import hide_passwords
 
-log = logging.getLogger(__name__)
+log: logging.Logger = logging.getLogger(__name__)
 HEARTBEAT_FRACTION = 0.25  # a worker renews its claim every grace * this seconds
 # A worker with nothing to claim or help looks again after this long (a holder's heartbeat may go
 # late meanwhile), or sooner, once the problems held by others change (CHANGE_POLL_S apart)
@@ -54,7 +55,7 @@ class WorkerSpec:
     compile_conn: object = None  # the worker's end of the pipe to that pool (set by run_campaign)
 
 
-def worker_main(spec: WorkerSpec, events) -> None:
+def worker_main(spec: WorkerSpec, events: Any) -> None:
     """Body of a worker process: claim, tune, record, until no problem is left."""
     # SIGINT means stop, even where this process inherited it ignored (started in the background by
     # a shell without job control, which ignores SIGINT for its background commands); remembered, so
@@ -177,11 +178,11 @@ def _claim_and_tune(spec: WorkerSpec, events) -> None:
             board.close()
 
 
-def _wait_for_a_change(read_held, held: list, timeout: float) -> None:
+def _wait_for_a_change(read_held, held: list[Any], timeout: float) -> None:
     """Sleeps up to `timeout` seconds, less once a problem held by another worker is done, given
     back, taken over or announces a study to help with (`read_held()` reads them again): the last
     GPU to finish does not keep the campaign waiting out a whole pause. A heartbeat is no change."""
-    def state(claims) -> set:
+    def state(claims) -> set[Any]:
         return {(c.problem, c.state, c.owner, c.study) for c in claims}
 
     before = state(held)
@@ -195,7 +196,7 @@ def _wait_for_a_change(read_held, held: list, timeout: float) -> None:
             continue
 
 
-def _help_one(spec: WorkerSpec, board: ClaimBoard, device, owner: str, cache, helped: set, events) -> bool:
+def _help_one(spec: WorkerSpec, board: ClaimBoard, device, owner: str, cache, helped: set[Any], events) -> bool:
     """Searches, beside its holder, the study of a problem another live worker is tuning (the first
     one this worker has not helped yet), until the holder leaves that study. Returns True if the
     worker was interrupted (Ctrl-C) and must stop; False otherwise (helped, or nothing to help)."""
@@ -247,7 +248,7 @@ def _campaign_tune(spec: WorkerSpec, problem: Problem, cache, events, sharing, *
                 progress=lambda n, tflops, ratio: events.put((WorkerEvent.TRIAL, spec.label, key, n, tflops, ratio)))
 
 
-def _record_summary(record, source: str) -> dict:
+def _record_summary(record, source: str) -> dict[str, Any]:
     return {"problem": record.problem, "device": record.device, "config": record.config_name,
             "tflops": record.tflops, "cublas_tflops": record.cublas_tflops, "ratio": record.ratio,
             "kept_cublas": record.is_cublas, "host": record.host, "from_cache": source, "record": record.to_json()}

@@ -150,7 +150,7 @@ def problem_from_args(args: argparse.Namespace) -> Problem:
         raise CliError(str(exc)) from None
 
 
-def parse_config(text: str, problem: Problem, ranges: bool = True):
+def parse_config(text: str, problem: Problem, ranges: bool = True) -> GemmConfig:
     """A config as a JSON object of knobs (missing knobs take their defaults; the family is the one
     that computes the problem's dtype unless the object names one) or a config name. Every knob
     must have its exact type and (unless `ranges` is false) a value of its range."""
@@ -188,7 +188,7 @@ def _knobs_hint(data: dict) -> str:
     return f"; the {config_class.label} knobs are {', '.join(known)}"
 
 
-def load_space(text: str):
+def load_space(text: str) -> SearchSpace:
     """The search space --space names (a TOML file or a shipped name); CliError naming the shipped
     spaces where it is neither."""
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from .. import dtypes
 from ..gpu import launch
@@ -22,7 +23,7 @@ from .tuning import require_gpu
 from .output import print_json
 
 
-def add_cache_parser(sub) -> None:
+def add_cache_parser(sub: Any) -> None:
     cache_p = sub.add_parser("cache", help="list, show, export, import, merge or clear tuned results",
                              description="Manage tuned results. User results live in $AUTOGEMM_CACHE_DIR or the "
                              "user cache directory; results shipped with autogemm are listed too and read after "

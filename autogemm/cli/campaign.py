@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import Any
 
 from ..campaigns.file import CampaignFileError, load_campaign
 from ..results.cache import TuningCache
@@ -23,7 +24,7 @@ class CampaignView:
     one being tuned, its trials and best ratio so far); a line per event where stderr is not a
     terminal (a log file, CI)."""
 
-    def __init__(self, labels: list[str], total: int, stream=None):
+    def __init__(self, labels: list[str], total: int, stream: Any = None):
         self.stream = stream or sys.stderr
         self.total = total
         self.state = {label: self._fresh() for label in labels}
@@ -218,7 +219,7 @@ _TRUST = ("accept a cache_dir or a file storage (sqlite:///, journal:///) in the
           "from someone else decides nothing about where anything is written); also --trust-cache-dir")
 
 
-def add_campaign_parser(sub) -> None:
+def add_campaign_parser(sub: Any) -> None:
     campaign_p = sub.add_parser(
         "campaign", help="tune many problems over every GPU of this host and over hosts sharing a storage",
         description="Tune every problem of a campaign file (TOML: [campaign] with name, storage, devices, timeout, "

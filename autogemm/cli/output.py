@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 
-def json_safe(value):
+def json_safe(value: Any) -> Any:
     """`value` with every float that is not finite replaced by None, in lists, tuples and dicts too."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
@@ -20,5 +21,5 @@ def json_safe(value):
     return value
 
 
-def print_json(value, indent: int | None = 2) -> None:
+def print_json(value: Any, indent: int | None = 2) -> None:
     print(json.dumps(json_safe(value), indent=indent, allow_nan=False))

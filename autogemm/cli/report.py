@@ -8,6 +8,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..gpu import launch
 from ..measure.profile import ProfilerUnavailable, available_metrics, profile_problem, require_profiler
@@ -15,7 +16,7 @@ from ..reports.charts import PlotlyMissing, plotly, render_page
 from .arguments import CliError, CliFailure, add_output_argument, add_problem_arguments, positive_float, problem_from_args
 
 
-def add_report_parser(sub) -> None:
+def add_report_parser(sub: Any) -> None:
     report_p = sub.add_parser(
         "report", help="write an HTML report of tuned problems (history, importances, failures, roofline)",
         description="Write one self-contained HTML file (charts drawn by Plotly, embedded: it opens offline) "

@@ -5,6 +5,7 @@ defaults (tuning/options.py)."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from .. import dtypes
 from ..gpu import launch
@@ -103,7 +104,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def tune_options_from(args: argparse.Namespace, space) -> TuneOptions:
+def tune_options_from(args: argparse.Namespace, space: SearchSpace) -> TuneOptions:
     """The options `autogemm tune` was given (`space`: --space loaded, or None)."""
     return TuneOptions(trials=args.trials, timeout=args.timeout, patience=args.patience, seed=args.seed,
                        sampler=args.sampler, space=space, storage=args.storage, study_name=args.study_name,
@@ -173,7 +174,7 @@ def _problem_flags(problem: Problem) -> str:
     return flags
 
 
-def add_tune_parser(sub) -> None:
+def add_tune_parser(sub: Any) -> None:
     tune_p = sub.add_parser(
         "tune", help="search the best kernel for a problem on this GPU and cache it",
         description="Search kernel configurations for one GEMM problem on the current GPU with Optuna. "
@@ -220,7 +221,7 @@ def add_tune_parser(sub) -> None:
     tune_p.set_defaults(handler=cmd_tune)
 
 
-def add_bench_parser(sub) -> None:
+def add_bench_parser(sub: Any) -> None:
     bench_p = sub.add_parser("bench", help="re-time the cached kernel of a problem against cuBLAS",
                              description="Verify and re-time the cached kernel of a problem on this GPU, "
                              "interleaved with cuBLAS (cupy.matmul) on the same inputs, and print the ratio.")

@@ -10,6 +10,7 @@ templates in its `template_dir`.
 """
 
 from __future__ import annotations
+from typing import Any
 
 from .. import dtypes
 from ..problem import Device, Problem
@@ -87,7 +88,7 @@ def candidate_families(problem: Problem, device: Device | None = None) -> tuple[
     return tuple(sorted(candidates, key=lambda family: family.candidate_order))
 
 
-def config_from_dict(data: dict, ranges: bool = True) -> GemmConfig:
+def config_from_dict(data: dict[str, Any], ranges: bool = True) -> GemmConfig:
     """A configuration of any family from its dict form (`to_dict()`, or a record's), every knob of
     its exact type and (unless `ranges` is false) in its range; ValueError otherwise."""
     if not isinstance(data, dict):

@@ -11,7 +11,7 @@ alpha, beta, and the K tiles per split; its grid is (output tiles, batch x split
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from .. import dtypes
 from ..problem import Device, Problem
@@ -34,7 +34,7 @@ MAX_GROUP_M = 1024
 MAX_BLOCKS_PER_SM = 32
 
 
-def tile_knobs(bm: int, bn: int, bk: int, wm: int, wn: int, **bk_rules) -> tuple[Knob, ...]:
+def tile_knobs(bm: int, bn: int, bk: int, wm: int, wn: int, **bk_rules: Any) -> tuple[Knob, ...]:
     """The block tile BM x BN x BK and the warp tile WM x WN every tiled family has (powers of two),
     with the family's defaults; a name starts "BMxBNxBK_wWMxWN"."""
     side = dict(power_of_two=True, low=1, high=MAX_TILE)
@@ -102,7 +102,7 @@ class GemmConfig(Config):
     register_cap: ClassVar[int] = 0  # an explicit register cap per thread (0: from min_blocks)
     takes_grouped: ClassVar[bool] = False  # whether the family renders grouped products (Problem.grouped)
     # named constants the family's search-space expressions may use (facts of the hardware and pipeline)
-    space_constants: ClassVar[dict] = {}
+    space_constants: ClassVar[dict[str, Any]] = {}
     template_dir: ClassVar[str | None] = None  # where a family from outside the package keeps its templates
     # the family's one shipped search space, for every row it computes (empty: the dtype's own, the
     # `space` column of dtypes, for the rows whose `family` this is)
@@ -163,7 +163,7 @@ class GemmConfig(Config):
         """Vector widths for densely packed operands (a family that vectorizes says which)."""
         return VectorWidths(1, 1, 1)
 
-    def vector_widths(self, a, b, c, itemsize: int) -> VectorWidths:
+    def vector_widths(self, a: Any, b: Any, c: Any, itemsize: int) -> VectorWidths:
         """Vector widths the operands' alignment allows (`operands.KernelOperand`s)."""
         return VectorWidths(1, 1, 1)
 
@@ -196,7 +196,7 @@ class GemmConfig(Config):
         return kind in (LaunchKind.SPLIT_K_FUSED, LaunchKind.SPLIT_K_CLUSTER, LaunchKind.TMA) or (
             kind == LaunchKind.TILES and self.split_k == 1)
 
-    def epilogue_refusal(self, epilogue) -> str:
+    def epilogue_refusal(self, epilogue: Any) -> str:
         """Why this config's kernel cannot apply `epilogue` (autogemm.epilogue.Epilogue); "" where it
         can (the identity epilogue always)."""
         if epilogue.is_identity:
@@ -233,7 +233,7 @@ class GemmConfig(Config):
                        for dim, extent, tile in (("m", problem.m, self.bm), ("n", problem.n, self.bn),
                                                  ("k", problem.k, self.bk)))
 
-    def even_flags(self, problem: Problem) -> dict:
+    def even_flags(self, problem: Problem) -> dict[str, Any]:
         """EVEN_M, EVEN_N, EVEN_K as the skeletons take them (`even_m="true"`, ...)."""
         return {f"even_{dim}": cxx_bool(flag == "1") for dim, flag in zip("mnk", self.even(problem))}
 
@@ -267,7 +267,7 @@ class GemmConfig(Config):
         per_thread = device.regs_per_block // max(self.threads * self.min_blocks, 1)
         return min(MAX_REGISTERS_PER_THREAD, per_thread - per_thread % REGISTER_GRANULE)
 
-    def launch_reasons(self, problem: Problem, device: Device, smem: int, bad, cp_async: bool = False) -> None:
+    def launch_reasons(self, problem: Problem, device: Device, smem: int, bad: Any, cp_async: bool = False) -> None:
         """Occupancy, cp.async (when the kernel uses it), split-K, grid and index-width limits,
         reported through `bad`."""
         threads = self.threads
@@ -320,7 +320,7 @@ class VectorizedLoads:
     widths_allowed: ClassVar[tuple[int, ...]] = (1, 2, 4, 8)
     vectorized_c: ClassVar[bool] = False  # whether C's width is checked (and may exceed 1)
 
-    def c_width(self, aligned) -> int:
+    def c_width(self, aligned: Any) -> int:
         """C's width, given `aligned()`: the widest C's alignment allows."""
         return 1
 
@@ -332,7 +332,7 @@ class VectorizedLoads:
         return VectorWidths(a=widest_vector(self.vec, lda), b=widest_vector(self.vec, ldb),
                             c=self.c_width(lambda: widest_vector(self.vec, problem.n)))
 
-    def vector_widths(self, a, b, c, itemsize: int) -> VectorWidths:
+    def vector_widths(self, a: Any, b: Any, c: Any, itemsize: int) -> VectorWidths:
         """The widest accesses, up to `vec`, that the operands' alignment allows (A and B at full
         width where the config repacks them: what is misaligned is copied to an aligned pitch), for
         A and B in the kernel's roles (swapped where the config swaps them)."""

@@ -13,7 +13,7 @@ microseconds for the whole product, a second launch would cost a tenth of it).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import dtypes
 from ..problem import Device, Problem
@@ -82,7 +82,7 @@ class GemvConfig(VectorizedLoads, GemmConfig):
         min_blocks: int = 1
         swap: bool = False
     template = "gemv_gemm.cu.j2"
-    space_constants = {"WARP": WARP}
+    space_constants: ClassVar[dict[str, Any]] = {"WARP": WARP}
     search_space = "gemv"
     candidate_order = -1  # searched first: the GEMV kernels win the memory-bound products outright
 
@@ -175,7 +175,7 @@ class GemvConfig(VectorizedLoads, GemmConfig):
         return reasons
 
     # ---- vector widths -------------------------------------------------------------------------
-    def vector_widths(self, a, b, c, itemsize: int) -> VectorWidths:
+    def vector_widths(self, a: Any, b: Any, c: Any, itemsize: int) -> VectorWidths:
         return self._loaded(super().vector_widths(a, b, c, itemsize))
 
     def packed_widths(self, problem: Problem) -> VectorWidths:
@@ -203,7 +203,7 @@ class GemvConfig(VectorizedLoads, GemmConfig):
     def kernel_name(self, problem: Problem, widths: VectorWidths) -> str:
         return f"ag_{self.name}_{problem.dtype}_{problem.layout}_e{self.even(problem)}_v{widths}"
 
-    def context(self, problem: Problem, widths: VectorWidths) -> dict:
+    def context(self, problem: Problem, widths: VectorWidths) -> dict[str, Any]:
         row = dtypes.lookup(problem.dtype, problem.compute)
         k_contiguous = self.k_contiguous_b(problem)
         return dict(

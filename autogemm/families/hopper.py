@@ -37,7 +37,7 @@ into FP32), D stored from registers or through TMA (`_fp8_reasons` says what els
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import dtypes
 from ..epilogue import BLOCK
@@ -126,7 +126,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
     arch_suffix = wgmma.ARCH_SUFFIX
     launch_kind = LaunchKind.TMA
     swizzle_row_bytes = SWIZZLE_BYTES  # a TMA box row (the launcher's boxes are this wide)
-    space_constants = {"WARPGROUP": WARPGROUP, "MAX_ACCUMULATORS": MAX_ACCUMULATORS}
+    space_constants: ClassVar[dict[str, Any]] = {"WARPGROUP": WARPGROUP, "MAX_ACCUMULATORS": MAX_ACCUMULATORS}
     search_space = "hopper"
     candidate_order = 1  # searched after the dtype's own space
 
@@ -382,7 +382,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             raise ValueError(f"Hopper kernels read A and B through TMA at {TMA_ALIGN_BYTES}-byte alignment "
                              f"(widths {self.vec}), not {widths}")
 
-    def context(self, problem: Problem, widths: VectorWidths) -> dict:
+    def context(self, problem: Problem, widths: VectorWidths) -> dict[str, Any]:
         if self.compute_for(problem.dtype) != problem.compute:
             raise ValueError(f"the Hopper template has no kernel for {problem.dtype}/{problem.compute}")
         row = dtypes.lookup(problem.dtype, problem.compute)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, dataclass_transform
+from typing import Any, ClassVar, Mapping, Self, dataclass_transform
 
 _UNSET = object()
 
@@ -17,20 +17,20 @@ _UNSET = object()
 @dataclass(frozen=True)
 class Knob:
     name: str
-    kind: type  # int, bool or str: the exact type of every value
+    kind: type[Any]  # int, bool or str: the exact type of every value
     default: Any
     code: str = ""  # written in front of the value in the config's name ("s" of "_s3")
     join: str = "_"  # written in front of the code: "_" starts a part of the name, "x" or "" continue one
-    choices: tuple = ()  # the values allowed (empty: any the other rules allow)
+    choices: tuple[Any, ...] = ()  # the values allowed (empty: any the other rules allow)
     low: int | None = None  # smallest allowed value of an int knob
     high: int | None = None  # largest
     power_of_two: bool = False
     # a value written as nothing in the name (the knob's "off" position), exempt from low/high
     omitted: Any = _UNSET
-    words: Mapping | None = None  # value -> the text written for it instead of code + value
+    words: Mapping[Any, str] | None = None  # value -> the text written for it instead of code + value
     why: str = ""  # said in a range reason: why the bound (or, with `omitted`, what "off" means)
 
-    def write(self, value) -> str:
+    def write(self, value: Any) -> str:
         """This knob's part of a config name (empty when omitted)."""
         if self.is_omitted(value):
             return ""
@@ -42,7 +42,7 @@ class Knob:
         """Whether the knob has an "off" value (`omitted`): what a space that does not name it uses."""
         return self.omitted is not _UNSET
 
-    def is_omitted(self, value) -> bool:
+    def is_omitted(self, value: Any) -> bool:
         return self.omitted is not _UNSET and type(value) is type(self.omitted) and value == self.omitted
 
     def pattern(self) -> str:
@@ -59,21 +59,21 @@ class Knob:
         body += f"(?P<{self.name}>{'|'.join(escaped)})"
         return f"(?:{body})?" if self.omitted is not _UNSET else body
 
-    def parse(self, text: str | None):
+    def parse(self, text: str | None) -> Any:
         if text is None:
             return self.omitted
         if self.words:
             return next(value for value, word in self.words.items() if word == text)
         return int(text) if self.kind is int else text
 
-    def type_reason(self, value) -> str | None:
+    def type_reason(self, value: Any) -> str | None:
         """Why `value` is not of this knob's exact type (bool is not int, int is not bool)."""
         if type(value) is self.kind:
             return None
         wanted = {bool: "true or false", int: "an int", str: "a string"}[self.kind]
         return f"{self.name}={value!r} must be {wanted}"
 
-    def range_reasons(self, value) -> list[str]:
+    def range_reasons(self, value: Any) -> list[str]:
         """Why `value` (of the right type) is not one of this knob's values."""
         if self.is_omitted(value):
             return []
@@ -94,7 +94,7 @@ class Knob:
             out.append(f"{self.name}={value} must be {bound}")
         return out
 
-    def reasons(self, value, ranges: bool = True) -> list[str]:
+    def reasons(self, value: Any, ranges: bool = True) -> list[str]:
         """Why `value` is not one this knob takes (empty when it is); without `ranges`, its type only."""
         reason = self.type_reason(value)
         if reason:
@@ -122,7 +122,7 @@ class Config:
     name_prefix: ClassVar[str] = ""
     knobs: ClassVar[tuple[Knob, ...]] = ()
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "knobs" not in cls.__dict__:
             return
@@ -136,9 +136,10 @@ class Config:
                 raise TypeError(f"{cls.__name__}: {knob.name} follows {before.name} with no separator, "
                                 f"so {before.name} needs a finite list of choices to be parsed")
         # the knobs become the fields of a frozen dataclass, in table order (positional arguments too)
-        cls.__annotations__ = {**{k.name: k.kind for k in cls.knobs},
-                               **{k: v for k, v in cls.__dict__.get("__annotations__", {}).items()
-                                  if str(v).startswith("ClassVar")}}
+        # (set through setattr: to a type checker a class's __annotations__ is not one of its members)
+        setattr(cls, "__annotations__", {**{k.name: k.kind for k in cls.knobs},
+                                         **{k: v for k, v in cls.__dict__.get("__annotations__", {}).items()
+                                            if str(v).startswith("ClassVar")}})
         for knob in cls.knobs:
             setattr(cls, knob.name, knob.default)
         dataclasses.dataclass(frozen=True)(cls)
@@ -150,7 +151,7 @@ class Config:
         return self.name_prefix + "".join(k.write(getattr(self, k.name)) for k in self.knobs)
 
     @classmethod
-    def from_name(cls, name: str, ranges: bool = True):
+    def from_name(cls, name: str, ranges: bool = True) -> Self:
         """The config a name stands for; ValueError if the name is not one, or (unless `ranges` is
         false) names values the family does not take."""
         match = cls._name_pattern.fullmatch(name)
@@ -160,11 +161,11 @@ class Config:
         return config.validated(ranges)
 
     # ---- dict form -------------------------------------------------------------------------------
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"family": self.family, **{k.name: getattr(self, k.name) for k in self.knobs}}
 
     @classmethod
-    def from_dict(cls, data: dict, ranges: bool = True):
+    def from_dict(cls, data: dict[str, Any], ranges: bool = True) -> Self:
         """A config from its dict form (JSON, a cache record, the command line): every knob of its
         exact type and, unless `ranges` is false (experiments), within its range; ValueError otherwise."""
         if not isinstance(data, dict):
@@ -179,11 +180,11 @@ class Config:
         return cls(**data).validated(ranges)
 
     @classmethod
-    def upgrade_dict(cls, data: dict) -> dict:
+    def upgrade_dict(cls, data: dict[str, Any]) -> dict[str, Any]:
         """Rewrites the dict form of an earlier version of the family (cache records) into today's."""
         return data
 
-    def replace(self, **changes):
+    def replace(self, **changes: Any) -> Self:
         return dataclasses.replace(self, **changes)
 
     # ---- single knob values ----------------------------------------------------------------------
@@ -203,7 +204,7 @@ class Config:
                         for reason in k.range_reasons(value)]
         return reasons
 
-    def validated(self, ranges: bool = True):
+    def validated(self, ranges: bool = True) -> Self:
         """This config, if every knob has its exact type (and, with `ranges`, a value the table
         allows); ValueError naming every knob that does not."""
         reasons = [r.removeprefix("choice: ") for r in self.knob_reasons(ranges)]

@@ -7,7 +7,7 @@ fragment is one vector load). The knobs below say what each one does.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import dtypes
 from ..problem import REGISTERS_PER_BLOCK, Device, Problem
@@ -122,9 +122,9 @@ class SimtConfig(VectorizedLoads, GemmConfig):
         split_reduce: str = 'kernel'
         repack: bool = False
     template = "simt_gemm.cu.j2"
-    widths_allowed = VECTOR_WIDTHS
+    widths_allowed: ClassVar[tuple[int, ...]] = VECTOR_WIDTHS
     vectorized_c = True
-    space_constants = {"WARP": WARP, "FIRST_ASYNC_STAGE": FIRST_ASYNC_STAGE, "REGISTERS_PER_BLOCK": REGISTERS_PER_BLOCK,
+    space_constants: ClassVar[dict[str, Any]] = {"WARP": WARP, "FIRST_ASYNC_STAGE": FIRST_ASYNC_STAGE, "REGISTERS_PER_BLOCK": REGISTERS_PER_BLOCK,
                        "MAX_REGISTERS_PER_THREAD": MAX_REGISTERS_PER_THREAD, "REGISTER_GRANULE": REGISTER_GRANULE}
 
     @classmethod
@@ -290,7 +290,7 @@ class SimtConfig(VectorizedLoads, GemmConfig):
         return reasons
 
     # ---- vector widths -------------------------------------------------------------------------
-    def c_width(self, aligned) -> int:
+    def c_width(self, aligned: Any) -> int:
         # split-K writes partial products to an aligned workspace; the reduction is scalar (where
         # the splits add up in the kernel, it writes C itself)
         return self.vec if self.split_k > 1 and self.split_reduce == "kernel" else aligned()
@@ -299,7 +299,7 @@ class SimtConfig(VectorizedLoads, GemmConfig):
     def kernel_name(self, problem: Problem, widths: VectorWidths) -> str:
         return f"ag_{self.family}_{self.name}_{problem.layout}_e{self.even(problem)}_v{widths}"
 
-    def context(self, problem: Problem, widths: VectorWidths) -> dict:
+    def context(self, problem: Problem, widths: VectorWidths) -> dict[str, Any]:
         """What simt_gemm.cu.j2 needs besides the kernel's name."""
         pad_a, pad_b = self.smem_pad(problem)
         a_transposed, b_transposed = transposed_stores(problem)

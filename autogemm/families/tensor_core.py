@@ -15,7 +15,7 @@ The family's name in records and config names stays "wmma", as it was before the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import dtypes
 from ..problem import Device, Problem
@@ -67,7 +67,7 @@ _SIXTEEN_BIT_DEFAULTS = (("large", "wmma_256x128x64_w256x64_v8_s4_pad_g8_k1_o1_w
                          ("medium", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1_mma"),
                          ("medium", "wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o1"),
                          ("small", "wmma_32x32x16_w16x32_v8_s2_pad_g8_k1_o1"))
-DEFAULTS = {
+DEFAULTS: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {
     ("float16", "fp32"): _SIXTEEN_BIT_DEFAULTS,
     ("bfloat16", "fp32"): _SIXTEEN_BIT_DEFAULTS,
     ("float32", "tf32"): (("large", "wmma_256x128x32_w256x64_v4_s4_pad32_g8_k1_o1_wgmma"),
@@ -108,10 +108,10 @@ class TensorCoreConfig(VectorizedLoads, GemmConfig):
         split_k: int = 1
         min_blocks: int = 1
         instruction: str = 'wmma'
-    space_constants = {"WARP": WARP, "WARPGROUP": wgmma.WARPGROUP}
+    space_constants: ClassVar[dict[str, Any]] = {"WARP": WARP, "WARPGROUP": wgmma.WARPGROUP}
 
     @classmethod
-    def upgrade_dict(cls, data: dict) -> dict:
+    def upgrade_dict(cls, data: dict[str, Any]) -> dict[str, Any]:
         # records written before the `instruction` knob carry two booleans
         mma, wgmma_path = data.pop("mma", False), data.pop("wgmma", False)
         if mma or wgmma_path:
@@ -250,7 +250,7 @@ class TensorCoreConfig(VectorizedLoads, GemmConfig):
         return (f"ag_{self.name}_{problem.dtype}_{problem.compute}_{problem.layout}_e{self.even(problem)}"
                 f"_v{widths.a}x{widths.b}")
 
-    def context(self, problem: Problem, widths: VectorWidths) -> dict:
+    def context(self, problem: Problem, widths: VectorWidths) -> dict[str, Any]:
         """What the skeleton of this config's instruction path needs besides the kernel's name."""
         if self.compute_for(problem.dtype) != problem.compute:
             raise ValueError(f"the WMMA template has no kernel for {problem.dtype}/{problem.compute}")

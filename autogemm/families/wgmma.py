@@ -8,6 +8,7 @@ runs along N. wm x wn is a warpgroup's tile, in the problem's M and N.
 """
 
 from __future__ import annotations
+from typing import Any
 
 from .. import dtypes
 from ..dtypes import TensorCoreShapes
@@ -39,21 +40,21 @@ def swaps_operands(problem: Problem) -> bool | None:
     return None
 
 
-def tiles(config, problem: Problem) -> tuple[int, int, int, int]:
+def tiles(config: Any, problem: Problem) -> tuple[int, int, int, int]:
     """Block and warpgroup extents along P (wgmma's M) and Q (its N): (pb, qb, pw, qw)."""
     if swaps_operands(problem):
         return config.bn, config.bm, config.wn, config.wm
     return config.bm, config.bn, config.wm, config.wn
 
 
-def fragment(config, problem: Problem, shapes: TensorCoreShapes) -> tuple[int, int, int]:
+def fragment(config: Any, problem: Problem, shapes: TensorCoreShapes) -> tuple[int, int, int]:
     """One instruction's m, n, k in the problem's M and N."""
     if swaps_operands(problem):
         return config.wm, ROWS_PER_INSTRUCTION, shapes.wgmma_k
     return ROWS_PER_INSTRUCTION, config.wn, shapes.wgmma_k
 
 
-def smem_bytes(config, problem: Problem, itemsize: int, pad: int) -> int:
+def smem_bytes(config: Any, problem: Problem, itemsize: int, pad: int) -> int:
     """Per stage: P's padded tile in its global orientation, rounded up to the swizzle period that
     aligns Q's swizzled tile after it; plus one period to align the first stage."""
     pb, qb, _, _ = tiles(config, problem)
@@ -63,7 +64,7 @@ def smem_bytes(config, problem: Problem, itemsize: int, pad: int) -> int:
     return config.stages * (p_bytes + qb * config.bk * itemsize) + SWIZZLE_PERIOD_BYTES
 
 
-def estimated_registers(config, problem: Problem, wgmma_k: int) -> int:
+def estimated_registers(config: Any, problem: Problem, wgmma_k: int) -> int:
     """Each warpgroup's accumulators (pw/64 blocks of qw/2 per thread) and P's fragments of a whole
     slice twice (the wgmmas of one slice read them while the next slice's load), addresses and
     loop state. It overestimates four-block warpgroup tiles, where ptxas does not keep both
@@ -76,7 +77,7 @@ def estimated_registers(config, problem: Problem, wgmma_k: int) -> int:
     return accumulators + fragments + REGISTER_OVERHEAD + (TAIL_REGISTERS if tails else 0)
 
 
-def reasons(config, problem: Problem, device: Device, shapes: TensorCoreShapes, bad) -> None:
+def reasons(config: Any, problem: Problem, device: Device, shapes: TensorCoreShapes, bad: Any) -> None:
     """What only the wgmma path asks: the type, the architecture, the layout and its tiles."""
     if not shapes.wgmma_k:
         served = [f"{row.name}/{row.compute}" for row in dtypes.ROWS if row.tensor_core and row.tensor_core.wgmma_k]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -18,8 +18,8 @@ _REQUIRED = ("shape", "typestr", "data")
 
 
 class Interface(NamedTuple):
-    shape: tuple
-    strides: tuple | None  # bytes; None: C-contiguous
+    shape: tuple[Any, ...]
+    strides: tuple[Any, ...] | None  # bytes; None: C-contiguous
     typestr: str
     itemsize: int
     pointer: int
@@ -30,14 +30,14 @@ def _is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def _ints(value) -> tuple | None:
+def _ints(value) -> tuple[Any, ...] | None:
     """`value` as a tuple of ints, or None where it is not a tuple or list of them."""
     if not isinstance(value, (tuple, list)) or not all(_is_int(v) for v in value):
         return None
     return tuple(int(v) for v in value)
 
 
-def read_interface(x, name: str, *, output: bool = False) -> Interface | None:
+def read_interface(x: Any, name: str, *, output: bool = False) -> Interface | None:
     """The checked __cuda_array_interface__ of `x` (None: it has none). With `output`, also that its
     memory may be written: not read-only, and no axis of stride 0 (elements sharing an address,
     written by several threads at once)."""
@@ -97,7 +97,7 @@ def read_interface(x, name: str, *, output: bool = False) -> Interface | None:
     return Interface(shape, strides, typestr, dtype.itemsize, int(pointer), bool(readonly))
 
 
-def check_output_strides(name: str, shape: tuple, strides: tuple | None) -> None:
+def check_output_strides(name: str, shape: tuple[Any, ...], strides: tuple[Any, ...] | None) -> None:
     """ValueError where an output has an axis of stride 0 (a broadcast view): its elements share
     addresses, which the GEMM's threads would write at once."""
     if strides is None or math.prod(shape) == 0:

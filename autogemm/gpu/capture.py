@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from typing import Any
 
 from .runtime import cupy_stream
 
@@ -40,8 +41,8 @@ _stream_is_capturing = None  # cupy.cuda.runtime.streamIsCapturing, bound on fir
 _lock = threading.Lock()
 # (device, stream, purpose) -> (capture id, address, bytes, owner): a workspace of the capture under way on
 # that stream
-_held: dict[tuple, tuple[int, int, int, object]] = {}
-_kept: list = []  # buffers of CuPy captures, kept for the process
+_held: dict[tuple[Any, ...], tuple[int, int, int, object]] = {}
+_kept: list[Any] = []  # buffers of CuPy captures, kept for the process
 
 
 def capturing(stream_pointer: int) -> bool:
@@ -132,7 +133,7 @@ def memory(device: int, stream_pointer: int, purpose: str, nbytes: int, zeroed: 
     return address
 
 
-def allocator(device: int, stream_pointer: int):
+def allocator(device: int, stream_pointer: int) -> Any:
     """A CuPy allocator (for `cupy.cuda.using_allocator`) that gives every array of a call made under
     the capture of that stream memory that lives as long as the graph (see the module's doc)."""
     import cupy  # (lazy: CuPy)

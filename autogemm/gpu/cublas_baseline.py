@@ -4,6 +4,7 @@ CuPy computes from version 14, cublasGemmEx where CuPy cannot). `matmul` serves 
 cublas_gemm, the same GPU work with less host time per call."""
 
 from __future__ import annotations
+from typing import Any
 
 import numpy as np
 
@@ -12,7 +13,7 @@ from .cublas_gemm import gemm
 from .runtime import cupy, cupy_computes, numpy_dtype
 
 
-def cublas_product(dtype: str, compute: str):
+def cublas_product(dtype: str, compute: str) -> Any:
     """`product(a, b, out=None)`: a @ b through cuBLAS for operands of `dtype` in `compute` mode,
     into `out` when given (a fresh array otherwise), with nothing added to what the call itself
     costs where cupy.matmul does it (a type this CuPy multiplies, in its default compute mode)."""
@@ -31,7 +32,7 @@ def cublas_product(dtype: str, compute: str):
     return tf32_matmul
 
 
-def bits_product(dtype: str):
+def bits_product(dtype: str) -> Any:
     """`product(a, b, out=None)` for arrays of `dtype`'s storage holding its bits (the tuner's
     buffers of a type stored as raw bits, bfloat16 in uint16): cupy.matmul on views of the type
     where CuPy computes it, as a user's own call runs it; cublasGemmEx on the bits otherwise."""
@@ -47,7 +48,7 @@ def bits_product(dtype: str):
     return product
 
 
-def bfloat16_bits_product():
+def bfloat16_bits_product() -> Any:
     """`bits_product` of bfloat16 (for the callers that name the type)."""
     return bits_product("bfloat16")
 

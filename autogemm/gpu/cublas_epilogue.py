@@ -11,6 +11,7 @@ saves is the pass: one more read and write of D, and a launch.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +42,7 @@ def lt_epilogue(epilogue: Epilogue, dtype: str) -> str | None:
 
 
 def cublas_epilogue_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, d: KernelOperand, name: str,
-                             residual: KernelOperand | None, bias_pointer: int, alignment: int, ordinal: int):
+                             residual: KernelOperand | None, bias_pointer: int, alignment: int, ordinal: int) -> Any:
     """`launch(pa, pb, pd, alpha, stream, pbias, presidual)` (stream: a CUDA stream's handle): D =
     epilogue `name` of alpha·op(A)·op(B) with the bias at `pbias`, + the residual at `presidual` as C
     where `residual` gives its layout, through cuBLASLt on GPU `ordinal`, for operands of these

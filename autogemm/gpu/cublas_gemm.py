@@ -19,6 +19,7 @@ serves instead; it also serves the problems whose record measured it faster (`ap
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +48,7 @@ class CublasUnavailable(RuntimeError):
     """nvmath-python, through which autogemm calls cuBLASLt and cuBLAS, cannot be imported."""
 
 
-def bindings():
+def bindings() -> tuple[Any, Any]:
     try:
         from nvmath.bindings import cublas, cublasLt  # (lazy: nvmath-python)
     except ImportError as exc:
@@ -125,12 +126,12 @@ def device_state(ordinal: int) -> _DeviceState:
     return state
 
 
-def scalar_type(problem: Problem):
+def scalar_type(problem: Problem) -> Any:
     """NumPy type of alpha and beta: the compute type's (FP64 for FP64, FP32 otherwise)."""
     return np.dtype(dtypes.lookup(problem.dtype, problem.compute).accumulator_storage).type
 
 
-def set_attribute(setter, handle, attribute, value, dtype) -> None:
+def set_attribute(setter: Any, handle: Any, attribute: Any, value: Any, dtype: Any) -> None:
     buffer = np.array([value], dtype=dtype)
     setter(handle, attribute, buffer.ctypes.data, buffer.itemsize)
 
@@ -164,7 +165,7 @@ class LtPlan:
                           np.uint64)
         self.algorithms: dict[int, np.ndarray] = {}
 
-    def _layout(self, data_type: int, rows_cols: tuple, operand: KernelOperand, batch: int) -> int:
+    def _layout(self, data_type: int, rows_cols: tuple[Any, ...], operand: KernelOperand, batch: int) -> int:
         lt = self._lt
         layout = lt.matrix_layout_create(data_type, rows_cols[0], rows_cols[1], operand.ld)
         if batch > 1:
@@ -210,7 +211,7 @@ def alignment_of(address: int) -> int:
 
 
 def cublas_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, c: KernelOperand,
-                    capability: tuple[int, int] | None = None, ordinal: int | None = None, api: str = "lt"):
+                    capability: tuple[int, int] | None = None, ordinal: int | None = None, api: str = "lt") -> Any:
     """`launch(pa, pb, pc, alpha, beta, stream=None)`: C = alpha·op(A)·op(B) + beta·C through
     cuBLASLt for operands of these layouts (pitches, batch strides; c not transposed), on `stream`
     (CuPy's current stream when None) of the current device. ValueError when a size or pitch does not
@@ -320,7 +321,7 @@ def _gemmex_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, c: Ke
     return launch
 
 
-def gemm(a, b, out=None, *, alpha: float = 1.0, beta: float = 0.0, compute: str = "", bfloat16_bits: bool = False):
+def gemm(a: Any, b: Any, out: Any = None, *, alpha: float = 1.0, beta: float = 0.0, compute: str = "", bfloat16_bits: bool = False) -> Any:
     """alpha · a @ b (+ beta · out) for CuPy arrays through cuBLASLt, in one call of the launcher
     above (for the baselines and the tools that need cuBLAS on arrays rather than a plan). With
     `bfloat16_bits`, uint16 arrays hold bfloat16 bits (autogemm's own buffers). Operands that are

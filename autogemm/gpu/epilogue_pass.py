@@ -7,6 +7,7 @@ times it as part of the baseline an epilogue kernel must beat (measure/measuring
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ def grid(rows: int, n: int, sms: int, vector: int = 1) -> tuple[int, int, int]:
     return across, down, 1
 
 
-def vector_width(dtype: str, epilogue: Epilogue, n: int, pitches, pointers) -> int:
+def vector_width(dtype: str, epilogue: Epilogue, n: int, pitches: Any, pointers: Any) -> int:
     """The columns a thread of the epilogue kernel takes (render_epilogue's `vector`): 16 bytes of the
     product's and D's wider type where `n` (D's columns) and every pitch and batch stride in `pitches`
     (elements) are multiples of it and every `(address, itemsize)` in `pointers` is aligned to it; halved
@@ -49,7 +50,7 @@ _kernels: dict[tuple[str, str, int, int], object] = {}  # (dtype, epilogue key, 
 _kernels_lock = threading.Lock()
 
 
-def compiled(dtype: str, epilogue: Epilogue, device: int, vector: int = 1):
+def compiled(dtype: str, epilogue: Epilogue, device: int, vector: int = 1) -> Any:
     """The epilogue kernel for products of `dtype` (`vector` columns a thread), compiled and loaded on
     GPU `device` once per process (a CompiledKernel). Under a CUDA graph capture only one loaded
     before serves (compiling inside one is refused)."""
@@ -67,7 +68,7 @@ def compiled(dtype: str, epilogue: Epilogue, device: int, vector: int = 1):
 
 
 def pass_arguments(dtype: str, batch: int, m: int, n: int, ldp: int, stride_p: int, ldd: int, stride_d: int,
-               beta: float, ldr: int, stride_r: int) -> dict:
+               beta: float, ldr: int, stride_r: int) -> dict[str, Any]:
     """The epilogue kernel's arguments by name (templates/epilogue.cu.j2), its pointers 0: C is D
     (beta · C read from D before D is written), D of `n` columns (the product's 2n where gated)."""
     i32, i64, ptr = np.int32, np.int64, np.uintp
@@ -78,7 +79,7 @@ def pass_arguments(dtype: str, batch: int, m: int, n: int, ldp: int, stride_p: i
 
 
 def pass_kernel(dtype: str, epilogue: Epilogue, device: int, batch: int, m: int, n: int, ldp: int, stride_p: int,
-                ldr: int, stride_r: int, vector: int):
+                ldr: int, stride_r: int, vector: int) -> Any:
     """The pass packed once (`packed_launch.PackedKernel`, its pointers P, D, C, bias and residual set
     per launch) for `batch` products of m × n (pitch `ldp`, batch stride `stride_p`) written to a
     C-contiguous D of the same shape (C is D, beta 0), the residual of pitch `ldr` and batch stride

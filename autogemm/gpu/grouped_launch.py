@@ -9,6 +9,7 @@ only: from 0, non-decreasing, to total_M, or the kernel reads and writes out of 
 checks what it can without a host sync)."""
 
 from __future__ import annotations
+from typing import Any
 
 from ..families import GemmConfig
 from ..families.hopper import TMA_ALIGN_BYTES
@@ -26,7 +27,7 @@ def grouped_problem(total_m: int, n: int, k: int, groups: int, dtype: str, b_k_m
     return Problem(total_m, n, k, batch=groups, dtype=dtype, trans_b=b_k_major, grouped=True, routing=routing)
 
 
-def grouped_launcher(config: GemmConfig, problem: Problem, device: Device | None = None, ordinal: int | None = None):
+def grouped_launcher(config: GemmConfig, problem: Problem, device: Device | None = None, ordinal: int | None = None) -> Any:
     """`launch(pa, pb, poffsets, pc, stream=None)` of `config`'s grouped kernel for `problem` (`grouped_problem`),
     compiled once, for arrays at TMA_ALIGN_BYTES-aligned addresses given at each launch (offsets: int32).
     `device`, `ordinal`: the GPU (None: the current one)."""
@@ -45,7 +46,7 @@ def grouped_launcher(config: GemmConfig, problem: Problem, device: Device | None
     return run
 
 
-def bind_grouped(config: GemmConfig, problem: Problem, a_ptr: int, b_ptr: int, offsets_ptr: int, c_ptr: int):
+def bind_grouped(config: GemmConfig, problem: Problem, a_ptr: int, b_ptr: int, offsets_ptr: int, c_ptr: int) -> Any:
     """Compiles `config`'s grouped kernel for `problem` (`grouped_problem`) and returns `run(stream=None)`,
     which computes C's rows group by group from the arrays at these addresses (offsets: int32)."""
     if (a_ptr | b_ptr | c_ptr) % TMA_ALIGN_BYTES:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -34,7 +34,7 @@ def _scalar_type(problem: Problem):
 
 
 def _gemm_arguments(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand,
-                    residual: KernelOperand | None = None) -> dict:
+                    residual: KernelOperand | None = None) -> dict[str, Any]:
     """The arguments every tiled GEMM kernel takes (`families.base`), by name: A, B and C (their
     pointers set per launch), sizes, pitches, batch strides, alpha and beta (set per launch), and
     the K tiles per split; with an epilogue, its bias and residual (pointers set per launch) and
@@ -212,7 +212,7 @@ class KindLaunch:
     B and C in the kernel's roles, the GPU's ordinal)."""
 
     grid: Callable[[GemmConfig, Problem, CompiledKernel, int, Device], tuple[int, int, int]]
-    launcher: Callable[[PreparedGemm, KernelOperand, KernelOperand, KernelOperand, int], Callable]
+    launcher: Callable[[PreparedGemm, KernelOperand, KernelOperand, KernelOperand, int], Callable[..., Any]]
 
 
 LAUNCHES: dict[LaunchKind, KindLaunch] = {

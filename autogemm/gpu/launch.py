@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ..epilogue import Epilogue
 from . import runtime
@@ -61,8 +62,8 @@ def prepare(config: GemmConfig, problem: Problem, widths: VectorWidths | None = 
                         smem=smem, tiles_per_split=config.tiles_per_split(problem))
 
 
-def gemm(config: GemmConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bool = False,
-         alpha: float = 1.0, beta: float = 0.0, stream=None):
+def gemm(config: GemmConfig, a: Any, b: Any, c: Any = None, *, trans_a: bool = False, trans_b: bool = False,
+         alpha: float = 1.0, beta: float = 0.0, stream: Any = None) -> Any:
     """C = alpha * op(A) @ op(B) + beta * C with the kernel of `config`; returns C.
 
     `a` is stored M×K (or K×M with trans_a), `b` K×N (or N×K with trans_b), each 2-D or 3-D
@@ -96,8 +97,8 @@ def _describe_ab(config: GemmConfig, a, b, trans_a: bool, trans_b: bool):
     return info_a, info_b, info_a.transposed() if trans_a else info_a, info_b.transposed() if trans_b else info_b, compute
 
 
-def resolve(config: GemmConfig, a, b, c, *, trans_a: bool = False, trans_b: bool = False,
-            alpha: float = 1.0, beta: float = 0.0, described=None) -> Call:
+def resolve(config: GemmConfig, a: Any, b: Any, c: Any, *, trans_a: bool = False, trans_b: bool = False,
+            alpha: float = 1.0, beta: float = 0.0, described: Any = None) -> Call:
     """Validates the operands of `gemm` (C given) for `config`; raises TypeError/ValueError naming
     the fault. `described`: A and B as `_describe_ab` read them, where the caller has."""
     info_a, info_b, op_a, op_b, compute = described or _describe_ab(config, a, b, trans_a, trans_b)
@@ -113,8 +114,8 @@ def resolve(config: GemmConfig, a, b, c, *, trans_a: bool = False, trans_b: bool
     return Call(problem, config.vector_widths(a_, b_, c_, info_a.itemsize), a_, b_, c_, k)
 
 
-def bind(config: GemmConfig, a, b, c=None, *, trans_a: bool = False, trans_b: bool = False,
-         alpha: float = 1.0, beta: float = 0.0, epilogue: Epilogue | None = None, bias=None, residual=None):
+def bind(config: GemmConfig, a: Any, b: Any, c: Any = None, *, trans_a: bool = False, trans_b: bool = False,
+         alpha: float = 1.0, beta: float = 0.0, epilogue: Epilogue | None = None, bias: Any = None, residual: Any = None) -> Any:
     """Validates the operands, compiles the kernel and returns (run, c): `run(stream=None)`
     launches it with every argument prepared, for repeated calls (timing, tuning). With an
     `epilogue` (its family must apply one), C = act(alpha * op(A) @ op(B) + bias) + residual +
@@ -192,7 +193,7 @@ def _bind_epilogue(config: GemmConfig, call: Call, c, alpha: float, beta: float,
 
 
 def launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand,
-             ordinal: int | None = None, residual: KernelOperand | None = None):
+             ordinal: int | None = None, residual: KernelOperand | None = None) -> Any:
     """`launch(pa, pb, pc, alpha, beta, stream)` for operands of these pitches and batch strides
     (their pointers are given at each launch): every other argument is packed once, here, and a
     workspace comes from the per-stream pool (`packed_launch`). A config that repacks misaligned

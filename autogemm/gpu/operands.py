@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ class KernelOperand:
         return widest_vector(limit, self.ld, self.batch_stride, self.pointer // itemsize)
 
 
-def byte_range(pointer: int, shape: tuple, strides: tuple, itemsize: int) -> tuple[int, int]:
+def byte_range(pointer: int, shape: tuple[Any, ...], strides: tuple[Any, ...], itemsize: int) -> tuple[int, int]:
     """[low, high) of the bytes an array reaches (empty where it has no elements)."""
     low = high = pointer
     for extent, stride in zip(shape, strides):
@@ -61,8 +62,8 @@ class ArrayInfo:
     """What validation and launch need of an array, read without touching the GPU."""
 
     name: str
-    shape: tuple
-    strides: tuple  # bytes
+    shape: tuple[Any, ...]
+    strides: tuple[Any, ...]  # bytes
     dtype: str  # the GEMM dtype (dtypes.DTYPES)
     pointer: int
     device: int | None  # None: not known without asking the driver (a __cuda_array_interface__ object)
@@ -125,7 +126,7 @@ def _unsupported(name: str, shown: str, kind: str) -> TypeError:
     return TypeError(f"{name} has unsupported dtype {shown}{described}; supported: {', '.join(dtypes.DTYPES)}")
 
 
-def real_scalar(value, name: str) -> float:
+def real_scalar(value: Any, name: str) -> float:
     """A scalar argument (alpha, beta) as a float: Python and NumPy ints and floats, and 0-d real
     arrays (NumPy, CuPy); anything else (a string, a bool, a complex) is a TypeError."""
     if isinstance(value, bool) or isinstance(value, np.bool_):
@@ -146,7 +147,7 @@ def _as_float(value, name: str) -> float:
                          "beta must be finite") from None
 
 
-def contiguous_strides(shape: tuple, itemsize: int) -> tuple:
+def contiguous_strides(shape: tuple[Any, ...], itemsize: int) -> tuple[Any, ...]:
     """The byte strides of a C-contiguous array of `shape`."""
     strides, step = [], itemsize
     for extent in reversed(shape):
@@ -155,11 +156,11 @@ def contiguous_strides(shape: tuple, itemsize: int) -> tuple:
     return tuple(reversed(strides))
 
 
-def is_cupy_array(x) -> bool:
+def is_cupy_array(x: Any) -> bool:
     return type(x).__module__.startswith("cupy") and hasattr(x, "data") and hasattr(x, "strides")
 
 
-def describe(x, name: str, *, bfloat16_bits: bool = False, output: bool = False) -> ArrayInfo:
+def describe(x: Any, name: str, *, bfloat16_bits: bool = False, output: bool = False) -> ArrayInfo:
     """An operand from a CuPy array or any object with __cuda_array_interface__ (its fields checked
     first: array_interface). With `bfloat16_bits`, uint16 arrays are read as bfloat16 bits (how
     autogemm's own buffers hold it: the `storage` column of dtypes); with `output`, the array is
@@ -191,7 +192,7 @@ def describe(x, name: str, *, bfloat16_bits: bool = False, output: bool = False)
 
 
 def validate(a: ArrayInfo, b: ArrayInfo, out: ArrayInfo | None, alpha: float, beta: float,
-             compute: str | None) -> tuple[tuple, str]:
+             compute: str | None) -> tuple[tuple[Any, ...], str]:
     """Checks the operands of C = alpha * a @ b + beta * out, given as op(A) (M x K) and op(B) (K x N);
     returns (output shape, compute mode). Raises TypeError/ValueError naming the fault."""
     for x in (a, b):

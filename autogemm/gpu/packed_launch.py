@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections import OrderedDict
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -28,7 +28,7 @@ PER_THREAD_STREAM = 2  # cudaStreamPerThread
 MAX_ALIGNMENT = 8
 
 
-def current_stream_pointer(stream=None) -> int:
+def current_stream_pointer(stream: Any = None) -> int:
     """The handle of `stream`, or of CuPy's current stream (the null or per-thread default stream
     when none was set)."""
     if stream is not None:
@@ -43,7 +43,7 @@ class KernelArgumentError(ValueError):
     and the launcher was not changed with it)."""
 
 
-def driver_launch():
+def driver_launch() -> Any:
     """cuLaunchKernel, as CuPy's driver module offers it."""
     from cupy.cuda import driver  # (lazy: CuPy)
 
@@ -60,7 +60,7 @@ class PackedKernel:
     parameter, and one that names a parameter the kernel does not have (or misses one) fails here,
     when it is built. Names are resolved to positions once, when a launcher is built, never per call."""
 
-    def __init__(self, function, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
+    def __init__(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
                  parameters: Sequence[str], arguments: Mapping[str, np.generic]):
         if len(set(parameters)) != len(parameters):
             raise KernelArgumentError(f"the kernel's parameters ({', '.join(parameters)}) repeat a name")
@@ -106,7 +106,7 @@ class PackedKernel:
         except KeyError:
             raise KernelArgumentError(f"the kernel has no parameter {name!r} ({', '.join(self.parameters)})") from None
 
-    def slot(self, name: str):
+    def slot(self, name: str) -> Any:
         """(array, position): `array[position] = value` rewrites argument `name` in place."""
         return self._slots[self.index(name)]
 
@@ -128,7 +128,7 @@ class PackedKernel:
     def launch(self, stream_pointer: int) -> None:
         self._launch_kernel(*self._geometry, stream_pointer, self._address, 0)
 
-    def arguments(self) -> dict:
+    def arguments(self) -> dict[str, Any]:
         """The arguments as they stand, by name in the kernel's order (for tests and debugging;
         raw-byte ones as the bytes their pointer reaches)."""
 
@@ -137,7 +137,7 @@ class PackedKernel:
                 for i, (name, (array, position)) in enumerate(zip(self.parameters, self._slots))}
 
 
-def epilogue_arguments(problem, residual) -> dict:
+def epilogue_arguments(problem: Any, residual: Any) -> dict[str, Any]:
     """The arguments a kernel that applies `problem`'s epilogue takes after its own (common.cuh.j2's
     epilogue_parameters), by name: the bias's and the residual's pointers (set per launch; a scaled
     product's scales' too, and the layout of block scales) and the residual's pitch and batch stride (`residual`, a KernelOperand in the user's layout, as C; None
@@ -156,7 +156,7 @@ def epilogue_arguments(problem, residual) -> dict:
     return arguments
 
 
-def compiled_kernel(kernel, role: str, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
+def compiled_kernel(kernel: Any, role: str, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
                     arguments: Mapping[str, np.generic]) -> PackedKernel:
     """The PackedKernel of one kernel of a compiled source (`compile.CompiledKernel`): `role`
     "gemm", "reduce" (the split-K reduction) or "repack" (the operand copy), its arguments by name."""
@@ -177,7 +177,7 @@ class WorkspacePool:
 
     def __init__(self, capacity: int = 32):
         self.capacity = capacity
-        self._buffers: OrderedDict[tuple, object] = OrderedDict()
+        self._buffers: OrderedDict[tuple[Any, ...], object] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, device: int, stream_pointer: int, purpose: str, nbytes: int, zeroed: bool = False) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -70,7 +71,7 @@ def repacked(stored: KernelOperand, repacking: Repacking | None) -> KernelOperan
     return replace(stored, ld=repacking.pitch, batch_stride=repacking.stride, pointer=0)
 
 
-def repacking_launcher(prepared, a: KernelOperand, b: KernelOperand, c: KernelOperand, make_launcher, device: int):
+def repacking_launcher(prepared: Any, a: KernelOperand, b: KernelOperand, c: KernelOperand, make_launcher: Any, device: int) -> Any:
     """`launch(pa, pb, pc, alpha, beta, stream)` (an epilogue's pointers after it passed on) that copies
     whichever of A and B needs it into its pooled buffer and then runs `make_launcher(prepared, a', b',
     c, device)` on the copies. A lock

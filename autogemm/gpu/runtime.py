@@ -6,6 +6,7 @@ it is `cublas_baseline`'s.)"""
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +33,7 @@ class GpuRuntimeMissing(GpuUnavailable, ImportError):
     """CuPy cannot be imported (an ImportError as well, as it was before GpuUnavailable)."""
 
 
-def cupy():
+def cupy() -> Any:
     """The CuPy module; GpuRuntimeMissing naming the extra to install where it cannot be imported."""
     try:
         import cupy as module  # (lazy: CuPy)
@@ -74,7 +75,7 @@ class _StreamHandle:
         return 0, self.pointer
 
 
-def cupy_stream(pointer: int, device: int):
+def cupy_stream(pointer: int, device: int) -> Any:
     """A CuPy stream object of a stream that PyTorch (or anyone) created, by its handle."""
     import cupy  # (lazy: CuPy)
 

@@ -12,6 +12,7 @@ launched, and a fault is named (shape, dtype, layout, alignment).
 """
 
 from __future__ import annotations
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from .operands import KernelOperand
 ALIGN_BYTES = 16  # the address TMA reads an operand from; A's and B's pitches (K bytes) likewise
 
 
-def scaling_of(m: int, n: int, k: int, scale_a, scale_b) -> str:
+def scaling_of(m: int, n: int, k: int, scale_a: Any, scale_b: Any) -> str:
     """"tensor", "row" or "block" by the scales' shapes (ValueError naming them where they are none)."""
     shape_a, shape_b = tuple(scale_a.shape), tuple(scale_b.shape)
     size_a, size_b = int(np.prod(shape_a)), int(np.prod(shape_b))
@@ -47,12 +48,12 @@ def _contiguous(scale, tensors: bool) -> bool:
     return scale.is_contiguous() if tensors else scale.flags.c_contiguous
 
 
-def block_scales_layout(scale_a, scale_b, tensors: bool) -> str | None:
+def block_scales_layout(scale_a: Any, scale_b: Any, tensors: bool) -> str | None:
     """How a pair of 2-D block scales lies, as the kernels read it (`scales_outer`): "row" (both row-major),
     "outer" (both in torch's outer-dimension-major layout, the transposes of row-major arrays, which
     torch._scaled_mm reads), or None (neither: they would need a copy). An array with a dimension of one
     lies the same both ways and goes with either. `tensors`: PyTorch tensors, else CuPy (or NumPy) arrays."""
-    def layouts(scale) -> set:
+    def layouts(scale) -> set[Any]:
         row, outer = _contiguous(scale, tensors), _contiguous(scale.t() if tensors else scale.T, tensors)
         return {name for name, holds in (("row", row), ("outer", outer)) if holds}
 
@@ -60,7 +61,7 @@ def block_scales_layout(scale_a, scale_b, tensors: bool) -> str | None:
     return "row" if "row" in common else "outer" if "outer" in common else None
 
 
-def scales_outer(scale_a, scale_b, scaling: str, tensors: bool) -> bool:
+def scales_outer(scale_a: Any, scale_b: Any, scaling: str, tensors: bool) -> bool:
     """Whether the scales are block scales in torch's outer-dimension-major layout (the kernels' `scales_outer`).
     ValueError, naming both scales' strides, where they lie neither contiguous (row-major) nor, for block
     scales, both in torch's layout. `tensors`: PyTorch tensors, else CuPy (or NumPy) arrays."""
@@ -96,8 +97,8 @@ def _check_operand(x, name: str, rows_name: str) -> tuple[int, int]:
     return x.shape
 
 
-def bind_scaled(config: GemmConfig, a, b, scale_a, scale_b, *, dtype: str, out_dtype: str = "bfloat16", bias=None,
-                out=None):
+def bind_scaled(config: GemmConfig, a: Any, b: Any, scale_a: Any, scale_b: Any, *, dtype: str, out_dtype: str = "bfloat16", bias: Any = None,
+                out: Any = None) -> Any:
     """Validates the arguments, compiles `config`'s kernel and returns (run, d): `run(stream=None)`
     computes D = scale_a · scale_b · (A @ Bᵀ) (+ bias, N values of D's dtype) into d (`out`, or a new
     array of D's dtype; bfloat16 as ml_dtypes' type, or given as uint16 bits)."""
@@ -139,7 +140,7 @@ def bind_scaled(config: GemmConfig, a, b, scale_a, scale_b, *, dtype: str, out_d
     return run, out
 
 
-def torch_scales(torch, scale_a, scale_b, scaling: str):
+def torch_scales(torch: Any, scale_a: Any, scale_b: Any, scaling: str) -> Any:
     """The scales (tensors) as torch._scaled_mm takes them for `scaling`: per tensor as scalars; per row as
     given; per block in its outer-dimension-major layout (the transposes of row-major (M, K/128) and
     (K/128, N/128) arrays, as cuBLASLt reads block scales), copied where they are not."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -98,7 +99,7 @@ def encode(layout: TiledLayout, address: int, operand: str = "operand") -> np.nd
     return np.array([int(w) for w in tensor_map.opaque], dtype=np.uint64)
 
 
-def driver():
+def driver() -> Any:
     """The CUDA driver API of NVIDIA's cuda-bindings (an optional dependency of the CUDA extras)."""
     try:
         from cuda.bindings import driver as api  # (lazy: cuda-bindings)

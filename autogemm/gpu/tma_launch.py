@@ -10,6 +10,7 @@ consumer's store chunk; every map has the batch as its third dimension."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -96,7 +97,7 @@ def output_layout(problem: Problem, c: KernelOperand, config: GemmConfig) -> Til
 
 
 def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: KernelOperand, ordinal: int,
-                 residual: KernelOperand | None = None):
+                 residual: KernelOperand | None = None) -> Any:
     """A Hopper kernel takes A and B as tensor maps, which hold their addresses: each role keeps the
     maps of the addresses it has seen (`TensorMapCache`), so a repeated call encodes none, and the
     launch reads the two map arguments straight from the cached maps (a changed address costs a

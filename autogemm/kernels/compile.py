@@ -29,6 +29,7 @@ from collections import OrderedDict
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import nvrtc
 from ..atomic_write import write_atomically
@@ -48,7 +49,7 @@ class CompileError(RuntimeError):
         self.log = log
         self.source_path = source_path
 
-    def __reduce__(self):  # crosses process boundaries from compile workers
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses process boundaries from compile workers
         return (type(self), (self.message, self.log, self.source_path))
 
 
@@ -276,14 +277,14 @@ def store_cubin(path: Path, data: bytes) -> None:
 _shared_pool = None  # a campaign worker's RemoteCompilePool (compile_service.py), when it has one
 
 
-def share_compile_pool(pool) -> None:
+def share_compile_pool(pool: Any) -> None:
     """Makes `pool` (a campaign's shared compile service, as its worker sees it) the pool every
     tune of this process compiles in, instead of a pool of its own."""
     global _shared_pool
     _shared_pool = pool
 
 
-def shared_compile_pool():
+def shared_compile_pool() -> Any:
     return _shared_pool
 
 

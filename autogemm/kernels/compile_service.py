@@ -18,6 +18,7 @@ import pickle
 import threading
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures.process import BrokenProcessPool
+from typing import Any
 
 from .compile import compile_pool
 
@@ -39,7 +40,7 @@ class CompileService:
         self._pool = compile_pool(jobs)
         self._lock = threading.Lock()
 
-    def connect(self):
+    def connect(self) -> Any:
         """A new worker's end of a pipe to the service (pass it to the worker process)."""
 
         ours, theirs = multiprocessing.get_context("spawn").Pipe()
@@ -88,7 +89,7 @@ class RemoteCompilePool:
     """In a worker: submit() like a ProcessPoolExecutor's, served by the parent's CompileService.
     shutdown() leaves the shared pool alone (it outlives each tune)."""
 
-    def __init__(self, conn):
+    def __init__(self, conn: Any):
         self._conn = conn
         self._pending: dict[int, Future] = {}
         self._ids = itertools.count()
@@ -96,7 +97,7 @@ class RemoteCompilePool:
         self._broken = False
         threading.Thread(target=self._read, name="autogemm-compile-replies", daemon=True).start()
 
-    def submit(self, function, *args) -> Future:
+    def submit(self, function: Any, *args: Any) -> Future:
         future: Future = Future()
         with self._lock:
             if self._broken:

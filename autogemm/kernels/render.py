@@ -13,7 +13,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jinja2
 import jinja2.meta
@@ -133,7 +133,7 @@ def _template_dirs() -> tuple[Path | None, tuple[Path, ...]]:
 
 
 @functools.lru_cache(maxsize=8)
-def _environment(override: Path | None, family_dirs: tuple[Path, ...], stamp: tuple) -> jinja2.Environment:
+def _environment(override: Path | None, family_dirs: tuple[Path, ...], stamp: tuple[Any, ...]) -> jinja2.Environment:
     # (`stamp`: a template added, removed or edited makes a new environment, whose template cache
     # cannot hold a version that another folder now overrides)
     base = jinja2.FileSystemLoader(str(templates_dir()))
@@ -157,7 +157,7 @@ def environment() -> jinja2.Environment:
     return _environment(*dirs, _stamp(*dirs))
 
 
-def _stamp(override: Path | None, family_dirs: tuple[Path, ...]) -> tuple:
+def _stamp(override: Path | None, family_dirs: tuple[Path, ...]) -> tuple[Any, ...]:
     """Name, size and modification time of every template in use: the hashes below are memoized
     on it, so that a template edited while the process runs is hashed anew."""
     folders = [templates_dir(), *family_dirs] + ([override] if override is not None else [])
@@ -165,7 +165,7 @@ def _stamp(override: Path | None, family_dirs: tuple[Path, ...]) -> tuple:
 
 
 @functools.lru_cache(maxsize=8)
-def _template_hash(override: Path | None, family_dirs: tuple[Path, ...], stamp: tuple) -> str:
+def _template_hash(override: Path | None, family_dirs: tuple[Path, ...], stamp: tuple[Any, ...]) -> str:
     digest = hashlib.sha256()
     folders = [templates_dir(), *family_dirs] + ([override] if override is not None else [])
     for folder in folders:
@@ -182,7 +182,7 @@ def template_hash() -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _kernel_template_hash(name: str, override: Path | None, family_dirs: tuple[Path, ...], stamp: tuple) -> str:
+def _kernel_template_hash(name: str, override: Path | None, family_dirs: tuple[Path, ...], stamp: tuple[Any, ...]) -> str:
     env = _environment(override, family_dirs, stamp)
     digest = hashlib.sha256()
     pending, seen = [name], set()
@@ -262,11 +262,11 @@ def render_epilogue(dtype: str, epilogue: Epilogue, vector: int = 1) -> Source:
 
 
 @functools.lru_cache(maxsize=4096)
-def _kernel_digest(config, problem: Problem, stamp: tuple) -> str:
+def _kernel_digest(config, problem: Problem, stamp: tuple[Any, ...]) -> str:
     return render(config, problem).digest
 
 
-def kernel_digest(config, problem: Problem) -> str:
+def kernel_digest(config: GemmConfig, problem: Problem) -> str:
     """Digest of the source `config` renders to for `problem` (operands densely packed): a cached
     kernel is current while this is unchanged, whatever else changes in the templates."""
     return _kernel_digest(config, problem, _stamp(*_template_dirs()))

@@ -12,10 +12,10 @@ import random
 import time
 import tomllib
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterable, Iterator
 
 from .. import dtypes, families
-from ..families.base import packed_leading_dimensions
+from ..families.base import GemmConfig, packed_leading_dimensions
 from ..paths import search_spaces_dir
 from ..problem import Device, Problem
 from .space_expressions import Expression, SpaceError
@@ -26,7 +26,7 @@ from .space_expressions import Expression, SpaceError
 ENUMERATION_LIMIT_S = 60.0
 
 
-def default_space_name(problem, device: Device | None = None) -> str:
+def default_space_name(problem: Problem, device: Device | None = None) -> str:
     """The shipped space for a problem: its dtype's family's (by the dtype and compute mode), where
     that family serves the problem; else that of the first family that does (a grouped product: the
     Hopper family's, which alone computes one)."""
@@ -35,7 +35,7 @@ def default_space_name(problem, device: Device | None = None) -> str:
     return own if own in serving or not serving else serving[0]
 
 
-def candidate_space_names(problem, device: Device | None = None) -> tuple[str, ...]:
+def candidate_space_names(problem: Problem, device: Device | None = None) -> tuple[str, ...]:
     """The shipped spaces a tune without --space searches, each with its share of the budget: the
     spaces of the families that declare themselves candidates for the problem on the device (all
     devices where none is given; `GemmConfig.candidate_for`), in the families' candidate order: the
@@ -50,7 +50,7 @@ def candidate_space_names(problem, device: Device | None = None) -> tuple[str, .
 PROBLEM_NAMES = ("M", "N", "K", "BATCH", "SMS", "LDA", "LDB")
 
 
-def problem_values(problem: Problem, device: Device) -> dict:
+def problem_values(problem: Problem, device: Device) -> dict[str, Any]:
     lda, ldb = packed_leading_dimensions(problem)
     values = {"M": problem.m, "N": problem.n, "K": problem.k, "BATCH": problem.batch, "LDA": lda, "LDB": ldb}
     if device.sm_count > 1:  # a generic device (compiling without a GPU) has no SM count: its rules are skipped
@@ -90,22 +90,26 @@ class _Deadline:
 
 
 class SearchSpace:
-    def __init__(self, path: Path, family: str, knobs: dict[str, tuple], derived: dict[str, Expression],
-                 constraints: list[Expression], problem_constraints: list[Expression] = (),
+    """A search space file as the tuner uses it: the knobs and their choices, the derived values and
+    the constraints (problem rules among them) of one family, the configurations to try first; it
+    samples, enumerates and checks configurations (`SearchSpace.load` reads one)."""
+
+    def __init__(self, path: Path, family: str, knobs: dict[str, tuple[Any, ...]], derived: dict[str, Expression],
+                 constraints: list[Expression], problem_constraints: Iterable[Expression] = (),
                  knob_conditions: dict[str, Expression] | None = None):
         self.path = path
         self.family = family
-        self.config_class = families.get(family)
-        self.fields = tuple(knob.name for knob in self.config_class.knobs)
-        self.constants = dict(self.config_class.space_constants)
+        self.config_class: type[GemmConfig] = families.get(family)
+        self.fields: tuple[str, ...] = tuple(knob.name for knob in self.config_class.knobs)
+        self.constants: dict[str, Any] = dict(self.config_class.space_constants)
         self.knobs = knobs
         self.derived = derived
         self.constraints = constraints
-        self.problem_constraints = list(problem_constraints)  # rules that read PROBLEM_NAMES
+        self.problem_constraints: list[Expression] = list(problem_constraints)  # rules that read PROBLEM_NAMES
         # knob -> a condition over PROBLEM_NAMES: where it does not hold, the knob keeps its first
         # value and the sampler is not offered the others
-        self.knob_conditions = dict(knob_conditions or {})
-        self.seeds: list = []  # configurations the tuner tries first in a new study
+        self.knob_conditions: dict[str, Expression] = dict(knob_conditions or {})
+        self.seeds: list[Any] = []  # configurations the tuner tries first in a new study
         # the (dtype, compute) pairs the space is for, its first the one it is checked with by
         # default; a file that names none is for every pair its family computes
         self.dtypes: tuple[tuple[str, str], ...] = tuple((row.name, row.compute) for row in self.config_class.computes())
@@ -114,7 +118,7 @@ class SearchSpace:
     def name(self) -> str:
         return self.path.stem
 
-    def evaluate(self, knob_values: dict, problem: Problem | None = None,
+    def evaluate(self, knob_values: dict[str, Any], problem: Problem | None = None,
                  device: Device | None = None) -> tuple[object | None, list[str]]:
         """Knob values -> (config, []) or (None, the constraints they break); with a problem and
         device, the problem rules too."""
@@ -254,8 +258,8 @@ class SearchSpace:
             schedule.append((knob, ready_derived, ready_rules))
         return schedule
 
-    def _walk(self, stages: list, depth: int, values: dict, target: dict | None = None,
-              deadline: _Deadline | None = None) -> Iterator[dict]:
+    def _walk(self, stages: list[Any], depth: int, values: dict[str, Any], target: dict[str, Any] | None = None,
+              deadline: _Deadline | None = None) -> Iterator[dict[str, Any]]:
         """Every setting of the stages' knobs (`_stages`) that the constraints allow, depth first;
         with `target` (config field -> value), only those whose derived fields take those values, a
         partial one dropped as soon as one does not. SpaceError once it runs past ENUMERATION_LIMIT_S."""
@@ -283,7 +287,7 @@ class SearchSpace:
         values.pop(knob, None)
 
     @functools.cached_property
-    def all_configs(self) -> tuple:
+    def all_configs(self) -> tuple[Any, ...]:
         """Every configuration the space's constraints allow (independent of problem and device)."""
         configs = {}
         for values in self._walk(self._schedule, 0, dict(self.constants)):
@@ -291,7 +295,7 @@ class SearchSpace:
             configs.setdefault(config.name, config)
         return tuple(configs.values())
 
-    def knob_values(self, config) -> dict | None:
+    def knob_values(self, config: Any) -> dict[str, Any] | None:
         """The knob values that produce `config` (the first in the knobs' order), or None. The knobs
         that are not config fields are walked, and a partial draw is dropped once a field derived
         from it or a constraint it decides rules it out: milliseconds, where trying every
@@ -307,15 +311,15 @@ class SearchSpace:
                 return draw
         return None
 
-    def contains(self, config) -> bool:
+    def contains(self, config: Any) -> bool:
         """Whether some draw of the knobs produces exactly `config`."""
         return self.knob_values(config) is not None
 
-    def knob_choices(self, problem: Problem, device: Device) -> dict[str, tuple]:
+    def knob_choices(self, problem: Problem, device: Device) -> dict[str, tuple[Any, ...]]:
         """The knobs' choices for this problem: a knob whose condition does not hold keeps its first."""
         return self._choices(problem_values(problem, device))
 
-    def _choices(self, given: dict) -> dict[str, tuple]:
+    def _choices(self, given: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
         """`knob_choices` from the problem's values (`problem_values`), which `evaluate` has already."""
         choices = dict(self.knobs)
         for knob, condition in self.knob_conditions.items():
@@ -323,19 +327,19 @@ class SearchSpace:
                 choices[knob] = self.knobs[knob][:1]
         return choices
 
-    def valid_configs(self, problem: Problem, device: Device) -> list:
+    def valid_configs(self, problem: Problem, device: Device) -> list[Any]:
         """Every configuration of the space that passes its problem rules and `check` (slow for large
         spaces: enumerates)."""
         return [c for c in self.all_configs if self.suits(c, problem, device) and not c.check(problem, device)]
 
-    def suits(self, config, problem: Problem, device: Device) -> bool:
+    def suits(self, config: Any, problem: Problem, device: Device) -> bool:
         """Whether some draw producing `config` passes the problem rules (True where there are none)."""
         if not self.problem_constraints:
             return True
         values = self.knob_values(config)
         return values is not None and self.evaluate(values, problem, device)[0] is not None
 
-    def uniform_draws(self, problem: Problem, device: Device, rng: random.Random, attempts: int) -> Iterator[tuple]:
+    def uniform_draws(self, problem: Problem, device: Device, rng: random.Random, attempts: int) -> Iterator[tuple[Any, ...]]:
         """(config, knob values) of the valid ones among `attempts` uniform draws of every knob (the
         same config may come twice), lazily: for a caller that needs a few."""
         offered = self.knob_choices(problem, device)
@@ -345,7 +349,7 @@ class SearchSpace:
             if config is not None and not config.check(problem, device):
                 yield config, values
 
-    def sample(self, count: int, problem: Problem, device: Device, seed: int = 0) -> list:
+    def sample(self, count: int, problem: Problem, device: Device, seed: int = 0) -> list[Any]:
         """`count` distinct valid configurations, uniformly at random with a fixed seed.
 
         Draws every knob uniformly and keeps the draws that satisfy the constraints and `check`:

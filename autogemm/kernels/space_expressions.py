@@ -127,7 +127,7 @@ class Expression:
             raise SpaceError(f"{where}: an expression too deep to compile: {text[:200]!r}...") from None
         return cls(text, frozenset(names), code, where)
 
-    def __call__(self, values: dict) -> Any:
+    def __call__(self, values: dict[str, Any]) -> Any:
         try:
             return eval(self.code, _GLOBALS, values)  # (AST-checked, arithmetic bounded)
         except (_OutOfBounds, OverflowError) as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,7 @@ def torch_available() -> bool:
     return torch.cuda.is_available()
 
 
-def tf32_environment() -> dict:
+def tf32_environment() -> dict[str, Any]:
     """The environment variables of a process whose cupy.matmul computes float32 in TF32."""
     return {"CUPY_TF32": "1"}
 
@@ -37,7 +38,7 @@ def cupy_in_tf32() -> bool:
     return os.environ.get("CUPY_TF32") == "1"
 
 
-def as_torch(x):
+def as_torch(x: Any) -> Any:
     """A PyTorch view of a CuPy array (no copy), bfloat16 (ml_dtypes' or raw uint16 bits) included."""
     import torch  # (lazy: PyTorch)
 
@@ -46,7 +47,7 @@ def as_torch(x):
     return torch.as_tensor(x, device="cuda")
 
 
-def user_calls(a, b, compute: str = "") -> dict:
+def user_calls(a: Any, b: Any, compute: str = "") -> dict[str, Any]:
     """name -> zero-argument call of each library a user would call for a @ b (CuPy operands,
     transposed views included): cupy.matmul where it computes the operands' type in their form, and
     torch.matmul on views of the same memory where PyTorch has CUDA. Both run on the current stream
@@ -83,14 +84,14 @@ class Figures:
 GPU_ROUNDS = 3
 
 
-def measure(calls: dict, *, target_ms: float = 100.0, latency_calls: int = 25) -> dict:
+def measure(calls: dict[str, Any], *, target_ms: float = 100.0, latency_calls: int = 25) -> dict[str, Any]:
     """Figures of each competitor in `calls` (name -> zero-argument call): its latency (timing.latencies,
     the competitors taking turns), then its GPU time (timing.gpu_time: GPU_ROUNDS rounds in which the
     competitors take turns, each a steady run of target_ms / GPU_ROUNDS, so that none is always
     measured on a cooler or hotter GPU; the median of its rounds)."""
     waits = latencies(calls, rounds=latency_calls)
     names = list(calls)
-    rounds: dict[str, list] = {name: [] for name in names}
+    rounds: dict[str, list[Any]] = {name: [] for name in names}
     for r in range(GPU_ROUNDS):
         for j in range(len(names)):
             name = names[(r + j) % len(names)]
@@ -103,7 +104,7 @@ def measure(calls: dict, *, target_ms: float = 100.0, latency_calls: int = 25) -
     return out
 
 
-def faster_baseline(figures: dict, names=(TORCH_MATMUL, CUPY_MATMUL)) -> tuple[float, float, str, str]:
+def faster_baseline(figures: dict[str, Any], names: Any = (TORCH_MATMUL, CUPY_MATMUL)) -> tuple[float, float, str, str]:
     """(GPU us, latency us, which for GPU time, which for latency): the faster of the named
     competitors present, in each figure separately."""
     present = [name for name in names if name in figures]

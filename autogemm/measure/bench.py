@@ -11,6 +11,7 @@ import dataclasses
 import time
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from ..gpu.cublas_baseline import bfloat16_bits_product, cublas_product
 TF32_TOLERANCE_K = 4096
 
 
-def tolerance(problem) -> float:
+def tolerance(problem: Any) -> float:
     """The relative error a correct kernel stays under (the dtype row's, at K = 4096): TF32's
     grows with sqrt(K), the others' are met at any K by the kernels' FP32/FP64 accumulation."""
     row = dtypes.lookup(problem.dtype, problem.compute)
@@ -34,7 +35,7 @@ def tolerance(problem) -> float:
     return row.tolerance
 
 
-def to_bfloat16(x):
+def to_bfloat16(x: Any) -> Any:
     """float32/float64 CuPy array -> uint16 array of bfloat16 bits, rounded to nearest even."""
     import cupy  # (lazy: CuPy)
 
@@ -44,20 +45,20 @@ def to_bfloat16(x):
     return cupy.where(cupy.isnan(f), np.uint32(0x7FC0), rounded).astype(np.uint16)
 
 
-def poison(c) -> None:
+def poison(c: Any) -> None:
     """Fills an output with NaN (bfloat16 NaN bits for uint16), so an element a kernel never
     writes fails the check."""
     c.fill(0x7FC0 if c.dtype == np.uint16 else np.nan)
 
 
-def to_float64(x):
+def to_float64(x: Any) -> Any:
     """Values of an operand as float64 (uint16 arrays hold bfloat16 bits)."""
     if x.dtype == np.uint16:
         return (x.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
     return x.astype(np.float64)
 
 
-def random_uniform(shape, dtype=np.float32, seed: int | None = None):
+def random_uniform(shape: Any, dtype: Any = np.float32, seed: int | None = None) -> Any:
     """Uniform in [-1, 1]; dtype "bfloat16" gives uint16 bfloat16 bits."""
     import cupy  # (lazy: CuPy)
 
@@ -81,7 +82,7 @@ def _op(x, trans: bool, xp):
     return xp.swapaxes(x, -1, -2) if trans else x
 
 
-def reference_gemm(a, b, c=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0):
+def reference_gemm(a: Any, b: Any, c: Any = None, *, trans_a: Any = False, trans_b: Any = False, alpha: Any = 1.0, beta: Any = 0.0) -> Any:
     """alpha * op(A) @ op(B) + beta * C in float64 (cuBLAS DGEMM on upcast copies)."""
     xp = _array_module(a)
     out = alpha * xp.matmul(_op(to_float64(a), trans_a, xp), _op(to_float64(b), trans_b, xp))
@@ -90,7 +91,7 @@ def reference_gemm(a, b, c=None, *, trans_a=False, trans_b=False, alpha=1.0, bet
     return out
 
 
-def relative_error(result, reference) -> float:
+def relative_error(result: Any, reference: Any) -> float:
     """‖result − ref‖ / ‖ref‖ over every element; inf when any element is not finite."""
     xp = _array_module(reference)
     result = to_float64(result)
@@ -101,7 +102,7 @@ def relative_error(result, reference) -> float:
     return diff / norm if norm > 0 else diff
 
 
-def element_bounds(a, b, c, problem, *, alpha=1.0, beta=0.0, reference):
+def element_bounds(a: Any, b: Any, c: Any, problem: Any, *, alpha: Any = 1.0, beta: Any = 0.0, reference: Any) -> Any:
     """How far each element of a correct result may be from the float64 reference: the classic
     bound for a dot product of length K, |fl(x·y) − x·y| <= γ_K |x|·|y|, taken elementwise over
     |op(A)|·|op(B)| (so a row of large values gets the room it needs and no element gets more):
@@ -134,7 +135,7 @@ class Verdict:
     limit: float
     over: int
     worst: float
-    first: tuple = ()  # index of the first element outside its bound
+    first: tuple[Any, ...] = ()  # index of the first element outside its bound
 
     @property
     def ok(self) -> bool:
@@ -150,7 +151,7 @@ class Verdict:
         return f"relative error {self.rel_error:.3g}"
 
 
-def check_result(result, a, b, problem, *, c=None, alpha=1.0, beta=0.0, reference=None) -> Verdict:
+def check_result(result: Any, a: Any, b: Any, problem: Any, *, c: Any = None, alpha: Any = 1.0, beta: Any = 0.0, reference: Any = None) -> Verdict:
     """Checks `result` (= alpha·op(A)·op(B) + beta·C for `problem`; `c`: C as it was before the
     call) both norm-wise and element by element; every element must be finite."""
     xp = _array_module(a)
@@ -168,8 +169,8 @@ def check_result(result, a, b, problem, *, c=None, alpha=1.0, beta=0.0, referenc
     return Verdict(rel, limit, over, float(ratio.max()) if ratio.size else 0.0, first)
 
 
-def check_epilogue_result(result, a, b, problem, *, bias=None, residual=None, alpha=1.0, beta=0.0, c=None,
-                          scale_a=None, scale_b=None) -> Verdict:
+def check_epilogue_result(result: Any, a: Any, b: Any, problem: Any, *, bias: Any = None, residual: Any = None, alpha: Any = 1.0, beta: Any = 0.0, c: Any = None,
+                          scale_a: Any = None, scale_b: Any = None) -> Verdict:
     """`check_result` of a problem with an epilogue (bias, activation, residual; D in the operands'
     dtype): every element of D finite and within `epilogue.error_bound` of the epilogue's float64
     reference (the product's bound, `element_bounds`, with the bias added and grown by the
@@ -234,7 +235,7 @@ class Timing:
         return flops / (self.median_ms * 1e-3) / 1e12
 
 
-def time_gpu(run, *, warmup: int = 3, repeats: int = 20, inputs: int = 1, stream=None) -> Timing:
+def time_gpu(run: Any, *, warmup: int = 3, repeats: int = 20, inputs: int = 1, stream: Any = None) -> Timing:
     """Median of `repeats` CUDA-event timings of `run(i)`, cycling i over `inputs` buffer sets.
 
     Each repeat is timed on its own (events around one call) so that the median discards
@@ -256,7 +257,7 @@ def time_gpu(run, *, warmup: int = 3, repeats: int = 20, inputs: int = 1, stream
     return Timing(statistics.median(times), min(times), repeats)
 
 
-def warm_up(run, seconds: float = 0.3) -> None:
+def warm_up(run: Any, seconds: float = 0.3) -> None:
     """Keeps the GPU busy for a while so that clocks have ramped up before anything is timed."""
 
     import cupy  # (lazy: CuPy)
@@ -275,7 +276,7 @@ def rotation_count(bytes_per_set: int, l2_bytes: int) -> int:
     return min(8, -(-3 * l2_bytes // max(bytes_per_set, 1)))
 
 
-def cublas_runner(problem, a, b, c):
+def cublas_runner(problem: Any, a: Any, b: Any, c: Any) -> Any:
     """`run()` computing C = op(A) @ op(B) with cuBLAS as a user of CuPy would get it and as
     `matmul` serves it: cupy.matmul (in TF32 mode for compute "tf32"; on bfloat16 views of the
     uint16 bits for bfloat16, or cublasGemmEx where CuPy has no bfloat16)."""

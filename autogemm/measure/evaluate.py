@@ -14,6 +14,7 @@ from collections import OrderedDict
 from concurrent.futures import CancelledError
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from ..problem import Device, Problem
 from ..kernels.render import render
 from .timing import PROTOCOL
 
-log = logging.getLogger(__name__)
+log: logging.Logger = logging.getLogger(__name__)
 
 
 class Evaluator:
@@ -44,30 +45,30 @@ class Evaluator:
     retime_noise: float = 0.01
     # the timing protocol of the figures (timing.PROTOCOL), and each baseline's GPU ms at the last timing
     protocol: int = PROTOCOL
-    baselines: dict = {}
+    baselines: dict[str, Any] = {}
 
-    def start(self, config):
+    def start(self, config: Any) -> None:
         """Begins work on a candidate (compiling, say) without blocking; returns a handle."""
         raise NotImplementedError
 
-    def finish(self, handle, best_ms: float | None) -> Measurement:
+    def finish(self, handle: Any, best_ms: float | None) -> Measurement:
         """Completes a candidate: verifies, then times it. `best_ms` lets a hopeless one stop early."""
         raise NotImplementedError
 
-    def cancel(self, handle) -> None:
+    def cancel(self, handle: Any) -> None:
         pass
 
-    def ready_within(self, handle, seconds: float) -> bool:
+    def ready_within(self, handle: Any, seconds: float) -> bool:
         """Whether the candidate's preparation (its compile) is done within `seconds`, waiting at most
         that long: a search out of time measures no candidate it would first have to wait for.
         A back end with nothing to wait for is always ready."""
         return True
 
-    def retime(self, configs: list) -> tuple[list[Measurement], float]:
+    def retime(self, configs: list[Any]) -> tuple[list[Measurement], float]:
         """Re-verifies and re-times the finalists together with cuBLAS; returns (measurements, cuBLAS ms)."""
         raise NotImplementedError
 
-    def single_call(self, config) -> Latency | None:
+    def single_call(self, config: Any) -> Latency | None:
         """The kernel's and the served cuBLAS fallback's latency, one call at a time on an idle GPU,
         each served as matmul serves it (a fresh output, then the launch); None where this back end
         cannot measure it."""
@@ -115,14 +116,14 @@ class CompileAheadEvaluator(Evaluator):
             self._pool = compile_pool(self._jobs)
             return self._pool.submit(self.compile_function, source, self.device.arch)
 
-    def start(self, config):
+    def start(self, config: Any) -> Any:
         source = render(config, self.problem)
         return config, self._submit(source), source
 
-    def cancel(self, handle) -> None:
+    def cancel(self, handle: Any) -> None:
         handle[1].cancel()
 
-    def ready_within(self, handle, seconds: float) -> bool:
+    def ready_within(self, handle: Any, seconds: float) -> bool:
         try:
             handle[1].exception(timeout=max(0.0, seconds))  # (a failed compile is ready: finish reports it)
         except FutureTimeout:
@@ -150,11 +151,11 @@ class CompileAheadEvaluator(Evaluator):
                     return Measurement.failure("crash", f"the compile worker died on this candidate: {exc}")
         return None
 
-    def finish(self, handle, best_ms: float | None) -> Measurement:
+    def finish(self, handle: Any, best_ms: float | None) -> Measurement:
         failed = self._compiled(handle)
         return failed if failed is not None else self._remeasure(handle[0], best_ms, 10, False)
 
-    def verify(self, config, repeats: int = 3) -> Measurement:
+    def verify(self, config: Any, repeats: int = 3) -> Measurement:
         """Verifies one configuration on fresh inputs and times it briefly. It is compiled first,
         in the pool, so that a cold compile (tens of seconds for a Hopper kernel on a fresh
         machine) is not taken for a hung kernel by the measuring process's time limit."""
@@ -167,7 +168,7 @@ class CompileAheadEvaluator(Evaluator):
     def _cublas(self, repeats: int) -> float:
         raise NotImplementedError
 
-    def retime(self, configs: list, rounds: int = 3) -> tuple[list[Measurement], float]:
+    def retime(self, configs: list[Any], rounds: int = 3) -> tuple[list[Measurement], float]:
         """Interleaves the finalists and the baselines over several rounds, each measurement a steady
         run of the protocol's TARGET_MS; each gets its median."""
         samples: dict[int, list[float]] = {i: [] for i in range(len(configs))}
@@ -226,7 +227,7 @@ class GpuEvaluator(CompileAheadEvaluator):
         self.baselines = dict(self._measurer.baselines)
         return ms
 
-    def single_call(self, config) -> Latency | None:
+    def single_call(self, config: Any) -> Latency | None:
         return self._measurer.single_call(config)
 
 

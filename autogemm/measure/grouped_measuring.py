@@ -15,6 +15,7 @@ verification, timing protocol, single-call latency and failure kinds), with what
 """
 
 from __future__ import annotations
+from typing import Any
 
 from ..gpu.grouped_launch import GROUPED_DTYPES, bind_grouped
 from ..problem import Device, Problem
@@ -49,7 +50,7 @@ class GroupedMeasurer(GpuMeasurer):
         p = problem
         per_set = 2 * (p.m * p.k + p.batch * p.k * p.n + p.m * p.n)
         self._sets = [self._operands(seed + 100 * i) for i in range(rotation_count(per_set, device.l2_bytes))]
-        self._baseline_calls: dict[str, list] | None = None
+        self._baseline_calls: dict[str, list[Any]] | None = None
         self.baselines: dict[str, float] = {}
         warm_up(self._served()[0])
         self.cublas_ms = self.time_cublas(target_ms=FIRST_BASELINE_MS)
@@ -71,7 +72,7 @@ class GroupedMeasurer(GpuMeasurer):
             return torch.from_dlpack(x.view(self._cupy.int16)).view(torch.bfloat16)
         return torch.from_dlpack(x)
 
-    def _baselines(self) -> dict[str, list]:
+    def _baselines(self) -> dict[str, list[Any]]:
         """Each baseline's calls, one per input set: torch._grouped_mm where this torch has it and takes
         the problem, and the loop of torch.matmul."""
         if self._baseline_calls is None:
@@ -79,7 +80,7 @@ class GroupedMeasurer(GpuMeasurer):
             grouped_mm = getattr(torch, "_grouped_mm", None)
             # (the offsets are int32, not the operands' type: _tensor would read them as bfloat16 bits)
             ends_on_gpu = torch.from_dlpack(self.offsets)[1:].contiguous()
-            calls: dict[str, list] = {LOOP: []}
+            calls: dict[str, list[Any]] = {LOOP: []}
             for a, b, c in self._sets:
                 ta, tb, tc = self._tensor(a), self._tensor(b), self._tensor(c)
                 if self.problem.trans_b:
@@ -103,7 +104,7 @@ class GroupedMeasurer(GpuMeasurer):
             self._baseline_calls = calls
         return self._baseline_calls
 
-    def _served(self) -> list:
+    def _served(self) -> list[Any]:
         """The faster baseline at the last timing (before any: torch._grouped_mm where it takes the
         problem, else the loop)."""
         calls = self._baselines()
@@ -120,7 +121,7 @@ class GroupedMeasurer(GpuMeasurer):
                           for name, calls in self._baselines().items()}
         return self.baselines
 
-    def _kernel_runners(self, config) -> list:
+    def _kernel_runners(self, config) -> list[Any]:
         return [bind_grouped(config, self.problem, a.data.ptr, b.data.ptr, self.offsets.data.ptr, c.data.ptr)
                 for a, b, c in self._sets]
 

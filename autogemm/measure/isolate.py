@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict
+from typing import Any
 
 from ..kernels.compile import remember
 from .evaluate import CompileAheadEvaluator, FatalEvaluationError, GpuMeasurer, Latency, Measurement, failure_from_exception
@@ -25,7 +26,7 @@ from .measurers import measurer_for
 from ..families import config_from_dict
 from ..problem import Device, Problem
 
-log = logging.getLogger(__name__)
+log: logging.Logger = logging.getLogger(__name__)
 # a new measuring process starts an interpreter, a CUDA context, its inputs and the cuBLAS baseline
 STARTUP_TIMEOUT_S = 180.0
 KILL_WAIT_S = 30.0  # how long a killed measuring process may take to exit before it counts as stuck
@@ -107,7 +108,7 @@ def _measuring_process(conn, problem_key: str | None, ordinal: int, seed: int, p
     serve_problems(conn, problem_key, seed, measurer_of, release)
 
 
-def serve_problems(conn, problem_key: str | None, seed: int, measurer_for, release=lambda: None) -> None:
+def serve_problems(conn: Any, problem_key: str | None, seed: int, measurer_for: Any, release: Any = lambda: None) -> None:
     """A measuring process's life: for each problem, its measurer (inputs, cuBLAS baseline), a
     "ready" answer and its requests (`serve`), until the parent says stop or goes away. A ("next",
     key, seed) request hands the process, context and all, to the next problem: the parent keeps it
@@ -135,7 +136,7 @@ def serve_problems(conn, problem_key: str | None, seed: int, measurer_for, relea
         _, problem_key, seed = following
 
 
-def serve(conn, measurer):
+def serve(conn: Any, measurer: Any) -> Any:
     """Answers the parent's requests until it says stop or goes away (returns None) or hands the
     process to another problem (returns that ("next", key, seed) request). Whatever one candidate
     raises is that candidate's failure (kind "oom" or "error"), never the end of the process; only
@@ -181,7 +182,7 @@ def serve(conn, measurer):
 
 # Measuring processes kept between tunes, inside `keep_measuring_processes`: by (body, GPU ordinal),
 # each (process, its pipe), idle (no request of theirs is outstanding)
-_kept: dict[tuple, tuple] = {}
+_kept: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 _keeping = 0  # how many keep_measuring_processes blocks are open (they nest: a campaign's, a tune's)
 
 
@@ -206,7 +207,7 @@ def keep_measuring_processes(prestart_on: int | None = None, target=_measuring_p
                 _stop_process(*_kept.popitem()[1])
 
 
-def _start_process(target, problem_key: str | None, ordinal: int, seed: int) -> tuple:
+def _start_process(target, problem_key: str | None, ordinal: int, seed: int) -> tuple[Any, ...]:
     """A measuring process (spawned: no CUDA context is inherited), and the parent's end of its pipe."""
     context = multiprocessing.get_context("spawn")
     parent, child = context.Pipe()
@@ -258,7 +259,7 @@ class IsolatedEvaluator(CompileAheadEvaluator):
         self._cublas_ms: float | None = None
         self.restarts = 0
         self.restart_s = 0.0
-        self._lingering: list = []  # killed measuring processes that had not exited yet
+        self._lingering: list[Any] = []  # killed measuring processes that had not exited yet
         self._start_pool(jobs)
         # The measuring process starts in the background: its start-up (interpreter, CUDA context,
         # inputs, cuBLAS baseline) overlaps with the tuner's set-up and the first compilations.
@@ -365,7 +366,7 @@ class IsolatedEvaluator(CompileAheadEvaluator):
             return answer
         return Measurement(**answer[1])
 
-    def single_call(self, config) -> Latency | None:
+    def single_call(self, config: Any) -> Latency | None:
         """(None when the measuring process could not say.)"""
         answer = self._request(("single", config.to_dict(), self._in_memory.get(config.name)), self.timeout)
         if isinstance(answer, Measurement) or answer[0] != "ok":

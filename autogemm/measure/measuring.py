@@ -11,6 +11,7 @@ import traceback
 import functools
 import statistics
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from ..gpu import launch
 from .bench import (Verdict, check_epilogue_result, check_result, cublas_runner, poison, random_uniform, rotation_count,
@@ -75,11 +76,11 @@ class Measurement:
     def failure(cls, kind: str, message: str) -> Measurement:
         return cls(ok=False, kind=kind, message=message[:2000])
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v not in ("", None)}
 
 
-def import_torch(problem: Problem, baseline: str):
+def import_torch(problem: Problem, baseline: str) -> Any:
     """PyTorch, which a measurer's baseline needs (ValueError naming the problem and the baseline where
     it is not installed)."""
     try:
@@ -118,8 +119,8 @@ class GpuMeasurer:
         self._sets = [self._operands(seed + 100 * i) for i in range(rotation_count(per_set, device.l2_bytes))]
         # each set's bias and residual (None where the epilogue adds none)
         self._extras = [self._epilogue_inputs(seed + 100 * i + 50) for i in range(len(self._sets))]
-        self._served_calls: list | None = None
-        self._lt_calls: list | None = None
+        self._served_calls: list[Any] | None = None
+        self._lt_calls: list[Any] | None = None
         self.baselines: dict[str, float] = {}  # ms of each baseline, from the last timing
         warm_up(self._served()[0])
         self.cublas_ms = self.time_cublas(target_ms=FIRST_BASELINE_MS)
@@ -151,7 +152,7 @@ class GpuMeasurer:
         c = self._cupy.empty(c_shape, dtype=a.dtype)
         return a, b, c
 
-    def _epilogue_inputs(self, seed: int) -> tuple:
+    def _epilogue_inputs(self, seed: int) -> tuple[Any, ...]:
         """(bias, residual) of the epilogue, random in [-1, 1] (None for a part it does not have)."""
         epilogue, p = self.epilogue, self.problem
         bias = random_uniform((p.n if epilogue.bias == "n" else p.m,), p.dtype, seed=seed) if epilogue.bias else None
@@ -162,12 +163,12 @@ class GpuMeasurer:
         a, b, c = self._sets[i]
         return cublas_runner(self.problem, a, b, c)
 
-    def _layouts(self, a, b, c) -> list:
+    def _layouts(self, a, b, c) -> list[Any]:
         problem = self.problem
         return [describe(x, name, bfloat16_bits=True).storage(trans) for x, name, trans in
                 ((a, "a", problem.trans_a), (b, "b", problem.trans_b), (c, "c", False))]
 
-    def _served(self) -> list:
+    def _served(self) -> list[Any]:
         """cuBLASLt as matmul serves it (cublas_gemm's launcher), bound to each input set; with an
         epilogue, followed by the epilogue's pass from C (the product) into a D of the set's own."""
         if self._served_calls is None:
@@ -205,7 +206,7 @@ class GpuMeasurer:
     def device_ordinal(self) -> int:
         return self._cupy.cuda.Device().id
 
-    def _lt(self) -> list | None:
+    def _lt(self) -> list[Any] | None:
         """cuBLASLt's own epilogue (the GEMM and the epilogue in one call), bound to each input set;
         None where cuBLASLt has no epilogue that computes this one, or no algorithm for it."""
         name = lt_epilogue(self.epilogue, self.problem.dtype) if not self.epilogue.is_identity else None
@@ -232,7 +233,7 @@ class GpuMeasurer:
             self._lt_calls = calls
         return self._lt_calls
 
-    def _fallback(self) -> list:
+    def _fallback(self) -> list[Any]:
         """The served fallback's calls: the faster baseline matmul serves in GPU time at the last timing
         (cuBLASLt, or with an epilogue cuBLASLt and the pass or cuBLASLt's own epilogue)."""
         lt = self._lt()
@@ -264,7 +265,7 @@ class GpuMeasurer:
         """The faster baseline's GPU time, ms a call (`repeats`: unused, the protocol decides)."""
         return min(self.time_baselines(target_ms).values())
 
-    def single_call(self, config, pairs: int = SINGLE_CALL_PAIRS) -> Latency:
+    def single_call(self, config: Any, pairs: int = SINGLE_CALL_PAIRS) -> Latency:
         """Evaluator.single_call: the kernel's launcher and the served cuBLASLt, each after
         allocating a fresh output as matmul does. The calls rotate over the input sets, so that
         neither finds its operands still in L2 from the call before (a weight matrix of a decode step
@@ -285,7 +286,7 @@ class GpuMeasurer:
         waits = latencies({"baseline": self._as_served(self._fallback())}, rounds=calls)
         return statistics.median(waits["baseline"]) * 1e3
 
-    def _as_served(self, runners: list):
+    def _as_served(self, runners: list[Any]):
         """A zero-argument call as matmul serves one: a fresh output allocated, then the launch, the
         launches taking the input sets in turn."""
 
@@ -298,7 +299,7 @@ class GpuMeasurer:
 
         return call
 
-    def _kernel_runners(self, config) -> list:
+    def _kernel_runners(self, config) -> list[Any]:
         """The candidate bound to each input set (one `run(stream=None)` per set), for timing."""
         problem, epilogue = self.problem, self.epilogue
         if epilogue.is_identity:
@@ -332,7 +333,7 @@ class GpuMeasurer:
         run()
         return check_epilogue_result(c, a, b, problem, bias=bias, residual=residual)
 
-    def measure(self, config, best_ms: float | None, repeats: int = 10, final: bool = False) -> Measurement:
+    def measure(self, config: Any, best_ms: float | None, repeats: int = 10, final: bool = False) -> Measurement:
         """Verifies, then times. `final`: the reported figures, sampled like cuBLAS's."""
         with unloaded_after():  # this candidate's module goes once measured: memory stays flat
             return self._measure(config, best_ms, repeats, final)

@@ -20,6 +20,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..gpu.runtime import GpuUnavailable, require_gpu
 
@@ -139,7 +140,7 @@ def parse_csv(text: str, side: str) -> list[KernelMetrics]:
     return list(kernels.values())
 
 
-def profile_problem(ncu: str, problem, winner, metrics: dict[str, str]) -> ProfileOutcome:
+def profile_problem(ncu: str, problem: Any, winner: Any, metrics: dict[str, str]) -> ProfileOutcome:
     """ncu's metrics of the winner (through autogemm.matmul where it serves the winner) and of
     cuBLAS for `problem`; a ProfileOutcome with ncu's message where it failed."""
     # matmul serves a cached generated kernel; a winner it does not serve is launched by name

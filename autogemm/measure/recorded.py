@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from .evaluate import Evaluator, Measurement
 from ..problem import Device, Problem
@@ -20,7 +21,7 @@ class RecordedTable:
     device: Device
     cublas_ms: float
     rows: dict[str, Measurement]
-    header: dict
+    header: dict[str, Any]
 
     @classmethod
     def load(cls, path: str | Path) -> RecordedTable:
@@ -52,14 +53,14 @@ class RecordedEvaluator(Evaluator):
         self.table = table
         self.problem, self.device, self.cublas_ms = table.problem, table.device, table.cublas_ms
 
-    def start(self, config):
+    def start(self, config: Any) -> Any:
         return config
 
-    def finish(self, handle, best_ms: float | None) -> Measurement:
+    def finish(self, handle: Any, best_ms: float | None) -> Measurement:
         measured = self.table.rows.get(handle.name)
         if measured is None:
             return Measurement.failure("unrecorded", f"{handle.name} is not in the recorded table")
         return measured
 
-    def retime(self, configs: list) -> tuple[list[Measurement], float]:
+    def retime(self, configs: list[Any]) -> tuple[list[Measurement], float]:
         return [self.finish(c, None) for c in configs], self.cublas_ms

@@ -18,6 +18,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..results.cache import Record, TuningCache, cublas_record, filed_record, write_json
 from ..kernels.compile import compile_many
@@ -28,7 +29,7 @@ from ..results.provenance import host, now, runtime_versions
 from ..kernels.render import kernel_digest, render
 from .timing import PROTOCOL
 
-log = logging.getLogger(__name__)
+log: logging.Logger = logging.getLogger(__name__)
 RETIME_ROUNDS = 3
 
 
@@ -119,8 +120,8 @@ def _precompile(records: list[Record], device: Device, jobs: int) -> None:
         compile_many(sources, device.arch, jobs)
 
 
-def retime_document(path: Path, device: Device, *, force: bool = False, jobs: int = 8, only=None,
-                    progress=print) -> list[Retimed]:
+def retime_document(path: Path, device: Device, *, force: bool = False, jobs: int = 8, only: Any = None,
+                    progress: Any = print) -> list[Retimed]:
     """Re-times every current record of the device document at `path` (written for `device`'s model)
     that is not at the current protocol yet (all of them with `force`; `only`: keys containing one
     of these texts); returns what changed, record by record."""

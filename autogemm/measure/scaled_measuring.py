@@ -11,6 +11,7 @@ take (K or N not a multiple of 128) the built-in kernel.
 """
 
 from __future__ import annotations
+from typing import Any
 
 import numpy as np
 
@@ -48,12 +49,12 @@ class ScaledMeasurer(GpuMeasurer):
         per_set = problem.m * problem.k + problem.n * problem.k + 2 * problem.m * problem.n
         count = rotation_count(per_set, device.l2_bytes)
         self._sets, self._extras = zip(*(self._inputs(seed + 100 * i) for i in range(count)))
-        self._served_calls: list | None = None
+        self._served_calls: list[Any] | None = None
         self.baselines: dict[str, float] = {}
         warm_up(self._served()[0])
         self.cublas_ms = self.time_cublas(target_ms=FIRST_BASELINE_MS)
 
-    def _inputs(self, seed: int) -> tuple[tuple, tuple]:
+    def _inputs(self, seed: int) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         """((A, B, D), (scale_a, scale_b, bias)) of one input set."""
         cupy, p = self._cupy, self.problem
         rng = cupy.random.default_rng(seed)
@@ -72,7 +73,7 @@ class ScaledMeasurer(GpuMeasurer):
         bias = (rng.random(p.n) * 2 - 1).astype(out) if self.epilogue.bias else None
         return (a, b, cupy.empty((p.m, p.n), dtype=out)), (scale_a, scale_b, bias)
 
-    def _served(self) -> list:
+    def _served(self) -> list[Any]:
         """What scaled_matmul serves a problem without a record, on each input set: torch._scaled_mm (torch's
         default use_fast_accum=False), or for block scales torch does not take, the built-in kernel."""
         if self._served_calls is None and not torch_takes(self.epilogue.scale, self.problem.k, self.problem.n):
@@ -99,7 +100,7 @@ class ScaledMeasurer(GpuMeasurer):
         self.baselines = {name: gpu_time(lambda i: served[i % len(served)](), target_ms=target_ms).median_ms}
         return self.baselines
 
-    def _kernel_runners(self, config) -> list:
+    def _kernel_runners(self, config) -> list[Any]:
         dtype = self.problem.dtype
         return [bind_scaled(config, a, b, scale_a, scale_b, dtype=dtype, out_dtype=self.out_dtype, bias=bias, out=d)[0]
                 for (a, b, d), (scale_a, scale_b, bias) in zip(self._sets, self._extras)]

@@ -27,6 +27,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -110,8 +111,8 @@ def launch_limits(launches_per_call: int) -> tuple[int, int, int]:
     return min(8, per_sample), per_sample, in_flight
 
 
-def gpu_time(call, *, target_ms: float = TARGET_MS, min_samples: int = MIN_SAMPLES, sample_ms: float = SAMPLE_MS,
-             max_calls: int | None = None, stream=None, launches_per_call: int = 1) -> GpuTime:
+def gpu_time(call: Any, *, target_ms: float = TARGET_MS, min_samples: int = MIN_SAMPLES, sample_ms: float = SAMPLE_MS,
+             max_calls: int | None = None, stream: Any = None, launches_per_call: int = 1) -> GpuTime:
     """GPU time per call of `call(i)` (i counts calls; a caller rotating input sets uses it), which
     enqueues one call on `stream` (CuPy's current stream when None; a PyTorch call must be on the
     same stream). Batches of back-to-back calls behind the gate (module docstring). A call that launches
@@ -148,7 +149,7 @@ def gpu_time(call, *, target_ms: float = TARGET_MS, min_samples: int = MIN_SAMPL
         batch = max(1, min(max_batch, math.ceil(sample_ms / per_call)))
         hold_s = GATE_FACTOR * batch * host_per_call + GATE_SLACK_S
         samples: list[float] = []
-        pending: list[tuple] = []
+        pending: list[tuple[Any, ...]] = []
         total, discarded, calls = 0.0, 0, 0
 
         def take(sample) -> None:
@@ -181,7 +182,7 @@ def gpu_time(call, *, target_ms: float = TARGET_MS, min_samples: int = MIN_SAMPL
                    total, discarded)
 
 
-def _gated_batch(call, first: int, batch: int, gate, hold_s: float, stream) -> tuple:
+def _gated_batch(call, first: int, batch: int, gate, hold_s: float, stream) -> tuple[Any, ...]:
     """Enqueues the gate (holding the GPU `hold_s`), then `batch` calls between two events; returns
     (start, stop, seconds the host took to enqueue it all)."""
     import cupy  # (lazy: CuPy)
@@ -196,7 +197,7 @@ def _gated_batch(call, first: int, batch: int, gate, hold_s: float, stream) -> t
     return start, stop, time.perf_counter() - began
 
 
-def latencies(calls: dict, *, rounds: int = LATENCY_CALLS, warmup: int = 3) -> dict[str, list[float]]:
+def latencies(calls: dict[str, Any], *, rounds: int = LATENCY_CALLS, warmup: int = 3) -> dict[str, list[float]]:
     """Milliseconds of single calls of each zero-argument function in `calls` (name -> call), each
     call on an idle GPU: CUDA events around it on the current stream, the host waiting for it before
     the next. Within a round the competitors go in rotating order, so that none always follows the
@@ -223,6 +224,6 @@ def latencies(calls: dict, *, rounds: int = LATENCY_CALLS, warmup: int = 3) -> d
     return out
 
 
-def median_latency(calls: dict, **kwargs) -> dict[str, float]:
+def median_latency(calls: dict[str, Any], **kwargs: Any) -> dict[str, float]:
     """`latencies`, each competitor's median."""
     return {name: statistics.median(values) for name, values in latencies(calls, **kwargs).items()}

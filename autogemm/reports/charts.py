@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import html
 import json
+from typing import Any
 
 from .measured import group_of, intensity, shape_of
 
@@ -28,7 +29,7 @@ class PlotlyMissing(ImportError):
     """Plotly (the optional extra `report`) is not installed."""
 
 
-def plotly():
+def plotly() -> Any:
     """The plotly package; PlotlyMissing naming the extra where it is not installed."""
     try:
         import plotly  # (lazy: plotly, an extra)
@@ -39,7 +40,7 @@ def plotly():
     return plotly
 
 
-def esc(value) -> str:
+def esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
@@ -49,7 +50,7 @@ class Page:
     def __init__(self):
         self.count = 0
 
-    def chart(self, kind: str, figure) -> str:
+    def chart(self, kind: str, figure: Any) -> str:
         self.count += 1
         import plotly.io  # (lazy: plotly, an extra)
 
@@ -61,7 +62,7 @@ class Page:
                 f'<script type="application/json" class="figure" data-for="{ident}" data-chart="{kind}">{data}</script>')
 
 
-def history_figure(history, cublas_tflops):
+def history_figure(history: Any, cublas_tflops: Any) -> Any:
     go = plotly().graph_objects
     numbers = [number for number, _ in history.trials]
     figure = go.Figure()
@@ -76,7 +77,7 @@ def history_figure(history, cublas_tflops):
     return figure
 
 
-def importance_figure(history):
+def importance_figure(history: Any) -> Any:
     go = plotly().graph_objects
     names = list(history.importances)[::-1]  # the most important on top
     figure = go.Figure(go.Bar(x=[history.importances[n] for n in names], y=[esc(n) for n in names], orientation="h",
@@ -85,7 +86,7 @@ def importance_figure(history):
     return figure
 
 
-def failure_figure(history):
+def failure_figure(history: Any) -> Any:
     go = plotly().graph_objects
     kinds = list(history.failures)
     figure = go.Figure(go.Bar(x=[esc(k) for k in kinds], y=[history.failures[k] for k in kinds], name="candidates"))
@@ -94,12 +95,12 @@ def failure_figure(history):
     return figure
 
 
-def roofline_points(device):
+def roofline_points(device: Any) -> Any:
     """(problem, our TFLOP/s, cuBLAS's or None) of each reported problem with a winner."""
     return [(p.problem, p.winner.tflops, p.winner.cublas_tflops) for p in device.problems if p.winner]
 
 
-def roofline_figure(device):
+def roofline_figure(device: Any) -> Any:
     go = plotly().graph_objects
     points = roofline_points(device)
     figure = go.Figure()
@@ -138,7 +139,7 @@ def roofline_figure(device):
     return figure
 
 
-def sweep_figure(device):
+def sweep_figure(device: Any) -> Any:
     go = plotly().graph_objects
     figure = go.Figure()
     for group in sorted({p.group for p in device.sweep}):
@@ -208,7 +209,7 @@ def _ceiling_notes(device) -> str:
             f". {bandwidth} Intensity = 2·M·N·K·batch / (itemsize·batch·(MK+KN+MN)).</p>")
 
 
-def _device_section(page: Page, device, profiles: dict) -> str:
+def _device_section(page: Page, device, profiles: dict[str, Any]) -> str:
     parts = [f"<section class=\"device\"><h2>{esc(device.name)} <span class=\"study\">{esc(device.slug)}</span></h2>",
              "<h3>Across problems</h3>"]
     parts.append(page.chart("roofline", roofline_figure(device)) if roofline_points(device)
@@ -241,7 +242,7 @@ document.querySelectorAll('script.figure').forEach(function (node) {
 """
 
 
-def render_page(report, profiles: dict | None = None) -> str:
+def render_page(report: Any, profiles: dict[str, Any] | None = None) -> str:
     """The whole page; `profiles` maps (device slug, problem key) to a profile.ProfileOutcome."""
     from plotly.offline import get_plotlyjs  # (lazy: plotly, an extra)
 

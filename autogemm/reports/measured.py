@@ -12,6 +12,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .. import dtypes
 from ..problem import Problem
@@ -61,7 +62,7 @@ def name_matches(device_name: str, slug: str) -> bool:
     return bool(base) and re.fullmatch(re.escape(base) + r"-sm\d+a?", slug) is not None
 
 
-def read_results(path: Path) -> dict:
+def read_results(path: Path) -> dict[str, Any]:
     """A benchmark results document (JSON with a device name); ValueError saying why not."""
     try:
         document = json.loads(Path(path).read_text())
@@ -76,7 +77,7 @@ def _positive(value) -> bool:
     return type(value) in (int, float) and math.isfinite(value) and value > 0
 
 
-def result_rows(document: dict) -> list[tuple[Problem, dict]]:
+def result_rows(document: dict[str, Any]) -> list[tuple[Problem, dict[str, Any]]]:
     """The rows of a results document that name a problem, the rest (malformed rows) left out."""
     rows = []
     for row in document.get("rows", []) if isinstance(document.get("rows"), list) else []:
@@ -88,7 +89,7 @@ def result_rows(document: dict) -> list[tuple[Problem, dict]]:
     return rows
 
 
-def found_results(slug: str) -> list[tuple[Path, dict]]:
+def found_results(slug: str) -> list[tuple[Path, dict[str, Any]]]:
     """The benchmark results this checkout holds for a device: its files by name, each checked to
     record that device (one that cannot be read is passed over, as any other file would be)."""
     found = []
@@ -102,7 +103,7 @@ def found_results(slug: str) -> list[tuple[Path, dict]]:
     return found
 
 
-def measured_ceilings(records: list, documents: list[tuple[Path, dict]]) -> dict[str, Ceiling]:
+def measured_ceilings(records: list[Any], documents: list[tuple[Path, dict[str, Any]]]) -> dict[str, Ceiling]:
     """The best TFLOP/s measured per dtype/compute, ours or cuBLAS's, in the cache records and the
     benchmark results of a device: a measured figure, not a datasheet's peak."""
     best: dict[str, Ceiling] = {}
@@ -125,7 +126,7 @@ def measured_ceilings(records: list, documents: list[tuple[Path, dict]]) -> dict
     return best
 
 
-def measured_bandwidth(given_gbs: float | None, documents: list[tuple[Path, dict]]) -> Ceiling | None:
+def measured_bandwidth(given_gbs: float | None, documents: list[tuple[Path, dict[str, Any]]]) -> Ceiling | None:
     if given_gbs is not None:
         return Ceiling(given_gbs, "given with --bandwidth")
     measured = [(doc["bandwidth"] / 1e9, path) for path, doc in documents if _positive(doc.get("bandwidth"))]
@@ -135,7 +136,7 @@ def measured_bandwidth(given_gbs: float | None, documents: list[tuple[Path, dict
     return Ceiling(value, f"measured: a 1 GiB device-to-device copy, read and written ({path.name})")
 
 
-def shape_sweep(records: list, documents: list[tuple[Path, dict]]) -> tuple[list[SweepPoint], str]:
+def shape_sweep(records: list[Any], documents: list[tuple[Path, dict[str, Any]]]) -> tuple[list[SweepPoint], str]:
     """The ratio to cuBLAS per shape and dtype: from a shape-suite results file (the preferred run
     where several were found), else from the device's cache records."""
     suites = [(path, doc) for path, doc in documents if doc.get("mode") is not None and result_rows(doc)]

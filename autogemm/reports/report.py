@@ -16,6 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
+from typing import Any
 
 import optuna
 
@@ -66,7 +67,7 @@ class Winner:
 
     source: str  # "user cache", "shipped cache" or "study best trial"
     config_name: str
-    knobs: dict
+    knobs: dict[str, Any]
     tflops: float  # the best generated kernel's
     cublas_tflops: float | None = None
     ratio: float | None = None
@@ -75,7 +76,7 @@ class Winner:
     served_by_matmul: bool = False  # the generated kernel of a current cache record
     date: str = ""
     # the record's own timing figures, as `tune`'s table and `explain` give them: (label, text) rows
-    timing: list = field(default_factory=list)
+    timing: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -110,7 +111,7 @@ def storage_named(given: str | None) -> str:
     return f"the study storage {shown_url(given)}" if given else "the default study storage"
 
 
-def open_storage(url: str | None):
+def open_storage(url: str | None) -> tuple[Any, list[str]]:
     """The storage behind `url` (None: the default SQLite file), only read: a file that is missing
     or is not Optuna's, or a database without Optuna's tables, is refused instead of created or
     altered."""
@@ -192,7 +193,7 @@ def study_history(study: optuna.Study, space: str) -> StudyHistory:
     return history
 
 
-def _importances(measured: list) -> tuple[dict[str, float], str]:
+def _importances(measured: list[Any]) -> tuple[dict[str, float], str]:
     if len(measured) < MIN_TRIALS_FOR_IMPORTANCE:
         return {}, (f"{len(measured)} measured trial(s): too few for parameter importances "
                     f"(at least {MIN_TRIALS_FOR_IMPORTANCE})")
@@ -211,7 +212,7 @@ def _importances(measured: list) -> tuple[dict[str, float], str]:
     return {str(k): float(v) for k, v in importances.items()}, ""
 
 
-def record_timing(record) -> list[tuple[str, str]]:
+def record_timing(record: Any) -> list[tuple[str, str]]:
     """The figures a record was chosen by, as `tune`'s table shows them: GPU time in steady state and
     single-call latency of what it serves and of the baseline, in microseconds, with the timing
     protocol they were measured under (records of protocol 1 have GPU times only, possibly host-bound)."""

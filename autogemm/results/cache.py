@@ -22,7 +22,7 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..atomic_write import FILE_MODE, write_atomically
 from ..paths import shipped_cache_dir, user_cache_dir
@@ -50,11 +50,11 @@ class CacheWriteError(OSError):
     """The cache directory refused a write; the message says what had been written before."""
 
 
-def is_slug(slug) -> bool:
+def is_slug(slug: str) -> bool:
     return isinstance(slug, str) and len(slug) <= MAX_SLUG_LENGTH and DEVICE_SLUG.fullmatch(slug) is not None
 
 
-def check_slug(slug) -> str:
+def check_slug(slug: str) -> str:
     """`slug` if it is a device slug (so a file name inside the cache directory); ValueError otherwise."""
     if not is_slug(slug):
         length = f"{len(slug)} characters, " if isinstance(slug, str) and len(slug) > MAX_SLUG_LENGTH else ""
@@ -64,11 +64,11 @@ def check_slug(slug) -> str:
     return slug
 
 
-def _empty_document(device_slug: str) -> dict:
+def _empty_document(device_slug: str) -> dict[str, Any]:
     return {"format": FORMAT, "device": device_slug, "entries": {}}
 
 
-def valid_records(document: dict, where, keys=None) -> dict[str, Record]:
+def valid_records(document: dict[str, Any], where: str, keys: Any = None) -> dict[str, Record]:
     """The records of a document (of `keys` only, where given) that pass validation, by key; one
     warning for the rest."""
     good, bad = {}, []
@@ -86,7 +86,7 @@ def valid_records(document: dict, where, keys=None) -> dict[str, Record]:
     return good
 
 
-def write_json(path: Path, document: dict) -> None:
+def write_json(path: Path, document: dict[str, Any]) -> None:
     """Writes atomically (atomic_write.py), mode 0644; on any failure (a full disk, say) the old file
     stays and no temporary file is left."""
     write_atomically(Path(path), json.dumps(document, indent=1, sort_keys=True).encode())
@@ -120,7 +120,7 @@ class TuningCache:
         self.directory.mkdir(parents=True, exist_ok=True)
         return FileLock(str(self.path(device_slug)) + ".lock", timeout=60, mode=FILE_MODE)
 
-    def _load(self, path: Path, device_slug: str, repair: bool) -> dict:
+    def _load(self, path: Path, device_slug: str, repair: bool) -> dict[str, Any]:
         """A document as its file holds it (its records unchecked). One that is not a document is
         reported and, with `repair` and where the directory can be written, moved aside."""
         try:
@@ -154,11 +154,11 @@ class TuningCache:
                 warnings.warn(f"{problem}; ignoring it", CacheWarning, stacklevel=3)
             return _empty_document(device_slug)
 
-    def document(self, device_slug: str) -> dict:
+    def document(self, device_slug: str) -> dict[str, Any]:
         """The user's document for a device, as its file holds it (a corrupt one set aside)."""
         return self._load(self.path(device_slug), device_slug, repair=True)
 
-    def shipped_document(self, device_slug: str) -> dict:
+    def shipped_document(self, device_slug: str) -> dict[str, Any]:
         if self.shipped is None:
             return _empty_document(device_slug)
         return self._load(self.shipped / f"{check_slug(device_slug)}.json", device_slug, repair=False)

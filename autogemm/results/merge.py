@@ -12,11 +12,12 @@ host, date, versions (autogemm, CUDA driver and runtime, NVRTC).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from .cache import FORMAT, Record, read_records, write_json
 
 
-def _rank(record: Record) -> tuple:
+def _rank(record: Record) -> tuple[Any, ...]:
     return (not record.stale, not record.provisional, record.ratio)
 
 
@@ -43,7 +44,7 @@ def merge_files(sources: list[Path | str], output: Path | str) -> dict[str, int]
     return {slug: len(records) for slug, records in best.items()}
 
 
-def write_documents(entries: dict[str, dict], output: Path | str) -> None:
+def write_documents(entries: dict[str, dict[str, Any]], output: Path | str) -> None:
     """Writes {device slug: {problem key: record JSON}} to `output` (atomically): a device document
     where there is one device (ready to serve as `<device>.json`), else an export bundle."""
     documents = {slug: {"format": FORMAT, "device": slug, "entries": dict(sorted(found.items()))}

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from .. import dtypes
 from ..problem import Device, Problem
@@ -60,7 +61,7 @@ def intensity(problem: Problem) -> float:
     return problem.flops / bytes_moved(problem)
 
 
-def is_evidence(record) -> bool:
+def is_evidence(record: Any) -> bool:
     """Whether a record may inform predictions: final (not a running tune's best so far) and timed
     under the current protocol."""
     return not record.provisional and record.current_protocol
@@ -70,7 +71,7 @@ def log_distance(p: Problem, q: Problem) -> float:
     return math.sqrt(sum(math.log(x / y) ** 2 for x, y in ((p.m, q.m), (p.n, q.n), (p.k, q.k), (p.batch, q.batch))))
 
 
-def blocks_per_sm(config, problem: Problem, device: Device) -> int:
+def blocks_per_sm(config: Any, problem: Problem, device: Device) -> int:
     """Blocks of `config` one SM holds at once, by threads, shared memory and estimated registers."""
     threads = config.threads
     by_threads = (device.max_threads_per_sm or THREADS_PER_SM) // threads
@@ -84,7 +85,7 @@ def blocks_per_sm(config, problem: Problem, device: Device) -> int:
     return max(1, min(by_threads, by_smem, by_registers))
 
 
-def utilization(config, problem: Problem, device: Device) -> float:
+def utilization(config: Any, problem: Problem, device: Device) -> float:
     """The fraction of the GPU's block slots over the config's waves that compute inside the
     matrix: last-wave fill times tile fill on M, N and K. Stream-K spreads the tail's work over
     the whole last wave, so only the tile padding counts for it."""
@@ -123,7 +124,7 @@ class Candidate:
         latency_ok = self.latency_ratio is None or self.latency_ratio >= self.needed_ratio
         return self.predicted_ratio >= self.needed_ratio and latency_ok
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         out = {"config": self.config.name, "from": self.source, "measured_ratio": round(self.measured_ratio, 4),
                "predicted_ratio": round(self.predicted_ratio, 4), "needed_ratio": round(self.needed_ratio, 4),
                "predicted_us": round(self.predicted_us, 2), "baseline_us": round(self.baseline_us, 2),
@@ -133,7 +134,7 @@ class Candidate:
         return {**out, **({"note": self.note} if self.note else {})}
 
 
-def tuned_configs(record):
+def tuned_configs(record: Any) -> Any:
     """(config, ratio, kernel ms) of what a record measured: its winner, or for a cuBLAS record the
     best generated kernel it lost with."""
     if record.config_object is not None:
@@ -180,7 +181,7 @@ def _host_us(record, kernel_ms: float) -> tuple[float, float] | None:
     return (max(0.0, kernel_latency - kernel_ms * 1e3), max(0.0, record.baseline_latency_us - record.cublas_ms * 1e3))
 
 
-def candidates(problem: Problem, device: Device, records) -> list[Candidate]:
+def candidates(problem: Problem, device: Device, records: Any) -> list[Candidate]:
     """Every config of the evidence records (same dtype, compute mode and epilogue, within reach of `problem`)
     that can run `problem`, with its predicted GPU times and ratios; best prediction first."""
     # (the same epilogue too: a record with one timed its kernel and the baseline with the epilogue's work;
@@ -226,13 +227,13 @@ def candidates(problem: Problem, device: Device, records) -> list[Candidate]:
     return out
 
 
-def known_configs(problem: Problem, device: Device, cache, space) -> list:
+def known_configs(problem: Problem, device: Device, cache: Any, space: Any) -> list[Any]:
     """Configs of the space's family worth measuring first in a tune (`cache`: a TuningCache): this problem's record (its winner, or
     the generated kernel a cuBLAS record beat), the model's best predictions from the device's
     other records, and the winners of the nearest tuned problems."""
     records = [r for _, r in cache.records(device.slug) if not r.stale]
     family = space.config_class.family
-    out: list = []
+    out: list[Any] = []
     exact = cache.lookup(problem, device.slug)
     if exact is not None:
         out += [config for config, _, _ in tuned_configs(exact[0])]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+from typing import Any
 
 from ..version import __version__
 
@@ -18,7 +19,7 @@ def now() -> str:
     return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
-def runtime_versions() -> dict:
+def runtime_versions() -> dict[str, Any]:
     """autogemm, CuPy, CUDA runtime, driver and NVRTC versions (a change can break a kernel)."""
     versions = {"autogemm": __version__}
     try:

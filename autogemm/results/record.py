@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any
 
 from ..families import config_from_dict
 from .predict import bytes_moved  # (the roofline's bytes: predict.py imports nothing of records)
@@ -34,7 +35,7 @@ MAX_RATIO = 1000.0
 RATIO_TOLERANCE = 0.05
 
 
-def shown_value(value) -> str:
+def shown_value(value: Any) -> str:
     """A value as an error message shows it: its repr, cut to 60 characters."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -46,7 +47,7 @@ class Record:
 
     problem: str  # Problem.key
     family: str
-    config: dict
+    config: dict[str, Any]
     config_name: str
     time_ms: float
     tflops: float
@@ -56,15 +57,15 @@ class Record:
     rel_error: float
     template_hash: str  # render.kernel_template_hash of the config's template when it was tuned
     device: str  # device name as the driver reports it
-    versions: dict = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
     date: str = ""
-    trials: dict = field(default_factory=dict)  # valid / rejected / failed counts of the tuning run
+    trials: dict[str, Any] = field(default_factory=dict)  # valid / rejected / failed counts of the tuning run
     wall_s: float = 0.0
     study: str = ""
     provisional: bool = False  # best so far of a tune still running (or killed); replaced by its end
     # For a cuBLAS record (family "cublas": no generated kernel beat cuBLAS by more than the noise):
     # the best generated kernel it measured, {"family", "config", "config_name", "ratio"}
-    best_generated: dict = field(default_factory=dict)
+    best_generated: dict[str, Any] = field(default_factory=dict)
     host: str = ""  # where it was measured (provenance, shown when caches from several hosts merge)
     # render.kernel_digest of the kernel (for a cuBLAS record: of the best generated one) when it was
     # tuned; the record is current while its config still renders to that source. Records written
@@ -77,9 +78,9 @@ class Record:
     protocol: int = 1
     latency_us: float = 0.0
     baseline_latency_us: float = 0.0
-    baselines: dict = field(default_factory=dict)
+    baselines: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         if not self.best_generated:
             del data["best_generated"]
@@ -106,7 +107,7 @@ class Record:
         return self.baseline_latency_us / self.latency_us if self.latency_us and self.baseline_latency_us else None
 
     @classmethod
-    def from_json(cls, data) -> Record:
+    def from_json(cls, data: Any) -> Record:
         """A record read from a file, every field checked; ValueError naming the first fault."""
         try:
             return cls._from_json(data)
@@ -228,7 +229,7 @@ def cublas_record(generated: Record, latency_ratio: float | None = None) -> Reco
     )
 
 
-def _check_reachable(values: dict, problem: Problem) -> None:
+def _check_reachable(values: dict[str, Any], problem: Problem) -> None:
     """ValueError where a record's figures are beyond what a GPU does: above the compute or memory
     roofline (the problem's flops and bytes in the time given), a speed-up beyond MAX_RATIO, or a
     ratio that is not its two times' quotient. The fields' types are checked already."""
@@ -256,7 +257,7 @@ _BEATEN_FIGURES = {"ratio": MAX_RATIO, "tflops": MAX_TFLOPS, "latency_ratio": MA
 _BEATEN_TEXT_CHARS = 1000
 
 
-def _best_generated(data: dict):
+def _best_generated(data: dict[str, Any]):
     """The config of a cuBLAS record's best generated kernel, checked like a record's: its config,
     its figures numbers in range, anything else a flat value (it is written back by every export
     and listing)."""
@@ -279,7 +280,7 @@ def _best_generated(data: dict):
     return config
 
 
-def filed_record(key: str, entry) -> Record:
+def filed_record(key: str, entry: Any) -> Record:
     """The record filed under `key` in a document; ValueError if it is not a valid record of that key."""
     try:
         record = Record.from_json(entry)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from typing import Any
 
 # Deeper than any document autogemm writes (a bundle's record's config is 6 levels down), far
 # below where Python's recursion limit is reached.
@@ -29,7 +30,7 @@ def nesting_depth(text: str) -> int:
     return max(itertools.accumulate(map(_STEP.__getitem__, brackets)), default=0)
 
 
-def _object(pairs: list[tuple[str, object]]) -> dict:
+def _object(pairs: list[tuple[str, object]]) -> dict[str, Any]:
     found = dict(pairs)
     if len(found) != len(pairs):
         seen = set()
@@ -38,7 +39,7 @@ def _object(pairs: list[tuple[str, object]]) -> dict:
     return found
 
 
-def loads(text: str):
+def loads(text: str) -> Any:
     """The value of a JSON text; ValueError if it is not JSON, nests deeper than MAX_DEPTH or
     repeats a key in an object."""
     depth = nesting_depth(text)

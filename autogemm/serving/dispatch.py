@@ -75,7 +75,7 @@ def _device_of(info) -> int:
     return cupy.cuda.runtime.pointerGetAttributes(info.pointer).device
 
 
-def remember_torch(a, b, a_arr, b_arr, result_arr, result, compute, device: int) -> bool:
+def remember_torch(a: Any, b: Any, a_arr: Any, b_arr: Any, result_arr: Any, result: Any, compute: Any, device: int) -> bool:
     """torch_tensors.call's `remember`: registers the plan of a call on two CUDA tensors for the torch
     fast path (torch_fast_path.register), PyTorch's names bound first."""
     if _TENSOR is None:
@@ -241,7 +241,7 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
     return result
 
 
-def check_epilogue_call(a, b, out, alpha: float, beta: float, bias, activation, residual, out_dtype,
+def check_epilogue_call(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, activation: Any, residual: Any, out_dtype: Any,
                         gated: bool = False) -> tuple[Epilogue, int]:
     """The Epilogue of a matmul call with epilogue keywords (on CuPy arrays or other device arrays, not
     tensors) and the operands' GPU, every argument checked against the result's shape and dtype first

@@ -15,6 +15,7 @@ all on the operands' GPU. Nothing is launched for a call that fails it.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from . import plan as plan_module
 from .fused_epilogue import fused_plan
 from .torch_fast_path import TorchOutputs
 
-def dtype_name(value, what: str) -> str:
+def dtype_name(value: Any, what: str) -> str:
     """A dtype given as a name, a NumPy or CuPy dtype or a PyTorch dtype, as autogemm names it."""
     if value is None or value == "":
         return ""
@@ -40,7 +41,7 @@ def dtype_name(value, what: str) -> str:
     return text
 
 
-def epilogue_of(bias, activation, residual, out_dtype, gated=False) -> Epilogue:
+def epilogue_of(bias: Any, activation: Any, residual: Any, out_dtype: Any, gated: Any = False) -> Epilogue:
     """The Epilogue of matmul's keywords (the bias runs along N: one value per column of the product)."""
     if activation is not None and activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}; choose from {', '.join(ACTIVATIONS)}")
@@ -50,7 +51,7 @@ def epilogue_of(bias, activation, residual, out_dtype, gated=False) -> Epilogue:
                     out_dtype=dtype_name(out_dtype, "out_dtype"), gated=gated)
 
 
-def result_shape(product_shape: tuple, epilogue: Epilogue) -> tuple:
+def result_shape(product_shape: tuple[Any, ...], epilogue: Epilogue) -> tuple[Any, ...]:
     """D's shape: the product's, or with a gated epilogue half its columns (ValueError where the
     product has no column axis or an odd number of columns)."""
     if not epilogue.gated:
@@ -61,7 +62,7 @@ def result_shape(product_shape: tuple, epilogue: Epilogue) -> tuple:
     return (*product_shape[:-1], product_shape[-1] // 2)
 
 
-def check(product_shape: tuple, product_dtype: str, epilogue: Epilogue, bias: ArrayInfo | None,
+def check(product_shape: tuple[Any, ...], product_dtype: str, epilogue: Epilogue, bias: ArrayInfo | None,
           residual: ArrayInfo | None, out: ArrayInfo | None) -> str:
     """D's dtype; TypeError/ValueError naming what does not fit D = act(P + bias) + residual (+ beta · out)
     for a product P of `product_shape` and `product_dtype`."""
@@ -103,7 +104,7 @@ def _matrices(array):
     return view, view.strides[1] // itemsize if m > 1 else n, view.strides[0] // itemsize if batch > 1 else m * n
 
 
-def apply(product, epilogue: Epilogue, *, bias=None, residual=None, out=None, beta: float = 0.0):
+def apply(product: Any, epilogue: Epilogue, *, bias: Any = None, residual: Any = None, out: Any = None, beta: float = 0.0) -> Any:
     """D of `product` (a CuPy array of the GEMM's result, alpha applied) on the current stream; the
     arguments checked by `check` before. Returns `out` when given (beta · out read from it first),
     else a new array of D's dtype."""
@@ -137,27 +138,27 @@ def apply(product, epilogue: Epilogue, *, bias=None, residual=None, out=None, be
 MAX_TORCH_PLANS = 256  # epilogue plans kept (the general path makes one again for a key dropped)
 
 
-def torch_epilogue_key(a, b, compute, bias, residual, activation, out_dtype, gated) -> tuple:
+def torch_epilogue_key(a: Any, b: Any, compute: Any, bias: Any, residual: Any, activation: Any, out_dtype: Any, gated: Any) -> tuple[Any, ...]:
     """The memo key of a call on CUDA tensors with an epilogue (matmul builds it inline): the bare
     torch fast path's key, the epilogue's keywords, and the bias's and residual's metadata."""
     return (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, compute, a.get_device(),
             *_epilogue_key(bias, residual, activation, out_dtype, gated))
 
 
-def _epilogue_key(bias, residual, activation, out_dtype, gated) -> tuple:
+def _epilogue_key(bias, residual, activation, out_dtype, gated) -> tuple[Any, ...]:
     """The epilogue's part of a memo key: its keywords, the bias's and residual's metadata."""
     return (activation, out_dtype, gated, None if bias is None else (bias.shape, bias.stride(), bias.dtype),
             None if residual is None else (residual.shape, residual.stride(), residual.dtype))
 
 
-def torch_linear_key(x, weight, bias, residual, activation, out_dtype, gated) -> tuple:
+def torch_linear_key(x: Any, weight: Any, bias: Any, residual: Any, activation: Any, out_dtype: Any, gated: Any) -> tuple[Any, ...]:
     """The memo key of `linear(x, weight, ...)` on CUDA tensors (its plan is the one matmul made for
     x @ weight.mT): x's and weight's metadata, the epilogue's keywords, the bias's and residual's."""
     return ("linear", x.shape, weight.shape, x.stride(), weight.stride(), x.dtype, weight.dtype, x.get_device(),
             *_epilogue_key(bias, residual, activation, out_dtype, gated))
 
 
-def needs_general_path(a, b, bias, residual) -> bool:
+def needs_general_path(a: Any, b: Any, bias: Any, residual: Any) -> bool:
     """Whether a tensor of the call records a gradient or is one of PyTorch's lazily negated views: the
     general path refuses the first and resolves the second, which a plan (reading addresses) cannot."""
     for x in (a, b, bias, residual):
@@ -175,7 +176,7 @@ class TorchEpiloguePlan:
     an operand's differs (the general path serves those). Under a CUDA graph capture D comes from the
     graph's pool, as PyTorch allocates there, and both launches are captured."""
 
-    def __init__(self, dispatcher, gemm_key, gemm_plan, packed, outputs: TorchOutputs, device: int, alignment: int):
+    def __init__(self, dispatcher: Any, gemm_key: Any, gemm_plan: Any, packed: Any, outputs: TorchOutputs, device: int, alignment: int):
         self.dispatcher, self.gemm_key, self.gemm, self.packed = dispatcher, gemm_key, gemm_plan, packed
         self.outputs, self.device = outputs, device
         self.alignment = alignment  # bytes every pointer of a call must be a multiple of (the kernel's packs)
@@ -186,7 +187,7 @@ class TorchEpiloguePlan:
             "P", "D", "C", "bias", "residual")
         self.lock = threading.Lock()
 
-    def call(self, a, b, bias, residual, alpha: float):
+    def call(self, a: Any, b: Any, bias: Any, residual: Any, alpha: float) -> Any:
         if self.dispatcher.torch_fast.get(self.gemm_key) is not self.gemm or self.gemm.launch is not self.gemm_launch:
             return None
         alignment = self.alignment
@@ -218,12 +219,12 @@ class TorchLtEpiloguePlan:
     the current device or an operand's differs, or an address is less aligned than the plan's
     algorithm assumes (the general path serves those)."""
 
-    def __init__(self, dispatcher, gemm_key, gemm_plan, launch, outputs: TorchOutputs, device: int, alignment: int):
+    def __init__(self, dispatcher: Any, gemm_key: Any, gemm_plan: Any, launch: Any, outputs: TorchOutputs, device: int, alignment: int):
         self.dispatcher, self.gemm_key, self.gemm, self.launch = dispatcher, gemm_key, gemm_plan, launch
         self.outputs, self.device, self.alignment = outputs, device, alignment
         self.name = launch.name
 
-    def call(self, a, b, bias, residual, alpha: float):
+    def call(self, a: Any, b: Any, bias: Any, residual: Any, alpha: float) -> Any:
         device = self.device
         if self.dispatcher.torch_fast.get(self.gemm_key) is not self.gemm or plan_module.current_device() != device \
                 or b.get_device() != device:
@@ -271,7 +272,7 @@ def _lt_plan(dispatcher, gemm_key, gemm_plan, epilogue: Epilogue, dtype: str, op
                                gemm_plan.device, alignment)
 
 
-def register_torch(dispatcher, key, gemm_key, epilogue: Epilogue, operands, product, result, bias, residual) -> bool:
+def register_torch(dispatcher: Any, key: str, gemm_key: Any, epilogue: Epilogue, operands: Any, product: Any, result: Any, bias: Any, residual: Any) -> bool:
     """After the general path served a call on CUDA tensors with `epilogue` (its `operands` a and b, its
     product and D, `result`, as tensors): files a plan under `key` where the bare GEMM has a torch
     fast-path plan and the tensors' layouts are the ones the plan assumes (a C-contiguous product
@@ -313,7 +314,7 @@ def register_torch(dispatcher, key, gemm_key, epilogue: Epilogue, operands, prod
     return True
 
 
-def file_plan(dispatcher, key, plan) -> None:
+def file_plan(dispatcher: Any, key: str, plan: Any) -> None:
     """Files `plan` in the dispatcher's memo of epilogue plans under `key` (the memo is emptied when full);
     a plan that leaves the memo gives its spare outputs' budget back."""
     memo = dispatcher.torch_epilogue

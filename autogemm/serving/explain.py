@@ -116,7 +116,7 @@ def _writing_out(call, out, overlapped: list[str]) -> str | None:
     return "written into out directly"
 
 
-def _tuned_with(gemm: dict, epilogue) -> tuple:
+def _tuned_with(gemm: dict[str, Any], epilogue) -> tuple[Any, ...]:
     """What a tune of the explained GEMM's problem with `epilogue` found (fused_epilogue.tuned_kernel):
     (whether one did, the config it kept or None)."""
     if not gemm.get("problem") or epilogue.out_dtype or epilogue.gated:
@@ -126,7 +126,7 @@ def _tuned_with(gemm: dict, epilogue) -> tuple:
 
 
 def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation, residual, out_dtype,
-                      gated) -> dict:
+                      gated) -> dict[str, Any]:
     """explain of a call with an epilogue: the same checks as matmul's (dispatch.check_epilogue_call),
     then the GEMM's explanation, with `epilogue` saying what follows it and `dtype` D's."""
     epilogue_step.epilogue_of(bias, activation, residual, out_dtype, gated)  # (the keywords' names first)

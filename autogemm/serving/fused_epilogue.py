@@ -15,6 +15,7 @@ the pass rounds the product first: D is at least as accurate.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from ..epilogue import Epilogue
 from ..gpu import launch as gpu_launch
@@ -24,7 +25,7 @@ from .guard import Guard
 from .torch_fast_path import TorchOutputs, torch_stream
 
 
-def tuned_kernel(dispatcher, problem, device):
+def tuned_kernel(dispatcher: Any, problem: Any, device: Any) -> Any:
     """What a tune of `problem` (with its epilogue) found, where its record is cached (current protocol,
     not stale): (True, the config it kept, or None where it kept cuBLAS and the pass, or cuBLASLt's
     epilogue: no generated kernel then takes the epilogue); (False, None) where there is none."""
@@ -38,7 +39,7 @@ def tuned_kernel(dispatcher, problem, device):
     return (False, None) if config.check(problem, device) else (True, config)
 
 
-def settled_kernel(gemm_plan):
+def settled_kernel(gemm_plan: Any) -> Any:
     """The config whose kernel serves `gemm_plan` (a torch fast-path plan.Plan) for good: chosen, and
     not on trial by the guard or beaten there; None where cuBLAS serves it or the guard has not
     decided yet (a plan filed now is filed again once it has: the plans keep `gemm_launch`)."""
@@ -58,16 +59,16 @@ class TorchFusedEpiloguePlan:
     the one this plan was filed beside), the current device or an operand's differs, or A's and B's
     addresses are not aligned as the kernel's vector widths assumed (the general path serves those)."""
 
-    def __init__(self, dispatcher, gemm_key, gemm_plan, launch, outputs: TorchOutputs, device: int, name: str,
-                 alignment: tuple, tuned: bool):
+    def __init__(self, dispatcher: Any, gemm_key: Any, gemm_plan: Any, launch: Any, outputs: TorchOutputs, device: int, name: str,
+                 alignment: tuple[Any, ...], tuned: bool):
         self.dispatcher, self.gemm_key, self.gemm, self.launch = dispatcher, gemm_key, gemm_plan, launch
         self.gemm_launch = gemm_plan.launch  # (the bare GEMM's launcher when this plan was filed)
         self.outputs, self.device, self.name = outputs, device, name
         self.alignment = alignment  # A's and B's addresses modulo 16 that the kernel's vector widths assume
         self.tuned = tuned  # whether a tune with the epilogue chose the config (else the bare GEMM's choice)
-        self.streams: dict = {}
+        self.streams: dict[str, Any] = {}
 
-    def call(self, a, b, bias, residual, alpha: float):
+    def call(self, a: Any, b: Any, bias: Any, residual: Any, alpha: float) -> Any:
         gemm, device = self.gemm, self.device
         if self.dispatcher.torch_fast.get(self.gemm_key) is not gemm or gemm.launch is not self.gemm_launch \
                 or plan_module.current_device() != device or b.get_device() != device:
@@ -89,8 +90,8 @@ class TorchFusedEpiloguePlan:
         return d
 
 
-def fused_plan(dispatcher, gemm_key, gemm_plan, epilogue: Epilogue, product, result, residual, ldr: int,
-               stride_r: int):
+def fused_plan(dispatcher: Any, gemm_key: Any, gemm_plan: Any, epilogue: Epilogue, product: Any, result: Any, residual: Any, ldr: int,
+               stride_r: int) -> Any:
     """A TorchFusedEpiloguePlan where a tune with `epilogue` kept a generated kernel (tuned_kernel), or
     else a generated kernel serves the GEMM for good (settled_kernel) and its config applies `epilogue`,
     and A and B are read in place; else None. `product` and `result` are the general path's product and

@@ -55,7 +55,7 @@ def _device(x, tensors: bool):
     return x.get_device() if tensors else getattr(getattr(x, "device", None), "id", None)
 
 
-def _strides(x, tensors: bool) -> tuple:
+def _strides(x, tensors: bool) -> tuple[Any, ...]:
     """Strides in elements (torch's are; CuPy's are bytes)."""
     if tensors:
         return tuple(x.stride())
@@ -63,7 +63,7 @@ def _strides(x, tensors: bool) -> tuple:
     return tuple(s // itemsize for s in x.strides)
 
 
-def check_grouped(a, b, index, bias=None, activation=None, *, masked: bool, out=None) -> GroupedCall:
+def check_grouped(a: Any, b: Any, index: Any, bias: Any = None, activation: Any = None, *, masked: bool, out: Any = None) -> GroupedCall:
     """The GroupedCall of grouped_matmul's (or, `masked`, grouped_matmul_masked's) arguments; `index` is
     `offsets` (or `counts`). TypeError/ValueError naming the fault."""
     tensors = is_tensor(a)
@@ -167,7 +167,7 @@ def grouped_matmul_masked(a: Any, b: Any, counts: Any, *, out: Any = None, bias:
     return _cupy_epilogue(call, result, bias[:, None, :] if bias is not None else None)
 
 
-_TORCH_REFUSED: set = set()  # (dtype, K-major b, K, N, GPU) torch._grouped_mm refused: the loop serves them
+_TORCH_REFUSED: set[Any] = set()  # (dtype, K-major b, K, N, GPU) torch._grouped_mm refused: the loop serves them
 
 
 def _torch_grouped(call: GroupedCall, a, b, offsets, out, bias, routing: str | None = None):
@@ -199,7 +199,7 @@ def _torch_grouped(call: GroupedCall, a, b, offsets, out, bias, routing: str | N
     return _torch_epilogue(call, result, _rows_bias(torch, call, offsets, bias))
 
 
-def _host_offsets(call: GroupedCall, values: list) -> list:
+def _host_offsets(call: GroupedCall, values: list[Any]) -> list[Any]:
     """The offsets read on the host (the loop's), checked: from 0, non-decreasing, to total_M."""
     values = [int(v) for v in values]
     if values[0] != 0 or values[-1] != call.rows or any(x > y for x, y in zip(values, values[1:])):

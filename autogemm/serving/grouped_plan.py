@@ -7,6 +7,7 @@ bucket, or else every bucket's record must say the same. `kernel_plan` memoizes 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ..families.hopper import TMA_ALIGN_BYTES
 from ..gpu.grouped_launch import GROUPED_DTYPES, grouped_launcher, grouped_problem
@@ -37,7 +38,7 @@ class GroupedCall:
     device: int
 
 
-def tuned_grouped_config(lookup, call: GroupedCall, routing: str | None, device: Device):
+def tuned_grouped_config(lookup: Any, call: GroupedCall, routing: str | None, device: Device) -> Any:
     """The generated kernel's config that serves `call` on `device`, or None (torch serves). `lookup(problem)`
     is (record, source) of a problem's current record, or None. The routing bucket the caller names takes
     its record; with none named, both buckets' records must have kept the same kernel, since the call's
@@ -54,7 +55,7 @@ def tuned_grouped_config(lookup, call: GroupedCall, routing: str | None, device:
     return next(iter(chosen.values())) if len(chosen) == 1 else None
 
 
-def recorded_baseline(lookup, call: GroupedCall, routing: str | None) -> str | None:
+def recorded_baseline(lookup: Any, call: GroupedCall, routing: str | None) -> str | None:
     """LOOP or TORCH_GROUPED: the faster baseline of the records that kept it (the routing bucket the caller
     names, else both buckets', which must agree), or None where a record is missing or kept a kernel. A tune
     times both on its GPU (on Mixtral's skewed 4096 rows the loop beats torch._grouped_mm by 6%: a heuristic
@@ -71,7 +72,7 @@ def recorded_baseline(lookup, call: GroupedCall, routing: str | None) -> str | N
     return faster.pop() if len(faster) == 1 else None
 
 
-def _bucket_records(lookup, call: GroupedCall, routing: str | None) -> list | None:
+def _bucket_records(lookup, call: GroupedCall, routing: str | None) -> list[Any] | None:
     """(problem, record) of the routing bucket the caller names, else of every bucket (the call's routing is
     not known on the host); None where a bucket has no record, or the call is none that grouped kernels serve."""
     if call.masked or call.dtype not in GROUPED_DTYPES or not call.rows:
@@ -89,13 +90,13 @@ def _bucket_records(lookup, call: GroupedCall, routing: str | None) -> list | No
 class KernelPlan:
     """A tuned grouped kernel, launched on every call with that call's addresses and stream."""
 
-    def __init__(self, config, problem: Problem, ordinal: int):
+    def __init__(self, config: Any, problem: Problem, ordinal: int):
         self.config, self.problem = config, problem
         self.launch = grouped_launcher(config, problem, device_info(ordinal), ordinal)
         self.ordinal = ordinal
-        self.streams: dict = {}  # PyTorch's stream handle -> its CuPy stream object (what the launcher takes)
+        self.streams: dict[str, Any] = {}  # PyTorch's stream handle -> its CuPy stream object (what the launcher takes)
 
-    def run(self, torch, a, b, offsets, out) -> bool:
+    def run(self, torch: Any, a: Any, b: Any, offsets: Any, out: Any) -> bool:
         """Launches on the current stream; False (nothing launched) where the operands are not the dense,
         16-byte aligned arrays the kernel's tensor maps address."""
         dense_b = b.transpose(1, 2).is_contiguous() if self.problem.trans_b else b.is_contiguous()
@@ -112,7 +113,7 @@ class KernelPlan:
         return True
 
 
-def kernel_plan(call: GroupedCall, routing: str | None):
+def kernel_plan(call: GroupedCall, routing: str | None) -> Any:
     """The KernelPlan of `call` (and the routing its caller named); else the baseline its records kept
     (LOOP or TORCH_GROUPED, `recorded_baseline`), or None (no record says): from the process's Dispatcher,
     made on the first call of this problem (emptied by autogemm.reset())."""
@@ -143,7 +144,7 @@ def kernel_plan(call: GroupedCall, routing: str | None):
 LOOP_WAVES = 4
 
 
-def serves_the_loop(torch, call: GroupedCall, plan) -> bool:
+def serves_the_loop(torch: Any, call: GroupedCall, plan: Any) -> bool:
     """Whether the loop over experts serves a call that `plan` (kernel_plan's) gives no kernel: where the records
     found it the faster baseline, or, with no record to say, where each expert's product fills the GPU by itself;
     never while the stream is being captured (the loop reads the offsets on the host, which a capture forbids)."""

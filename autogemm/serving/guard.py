@@ -19,6 +19,7 @@ from __future__ import annotations
 import statistics
 import threading
 import warnings
+from typing import Any
 
 from ..gpu.capture import capturing
 from ..kernels.render import kernel_digest, kernel_template_hash
@@ -33,7 +34,7 @@ class Guard:
     """A launcher (`launch(pa, pb, pc, alpha, beta, stream=None)`) that guards `kernel` against
     `fallback` and then hands the plan to the winner through `settle(launcher, verdict)`."""
 
-    def __init__(self, kernel, fallback, settle, calls: int = GUARD_CALLS, margin: float = GUARD_MARGIN):
+    def __init__(self, kernel: Any, fallback: Any, settle: Any, calls: int = GUARD_CALLS, margin: float = GUARD_MARGIN):
         import cupy  # (lazy: CuPy)
 
         self._kernel, self._fallback, self._settle = kernel, fallback, settle
@@ -43,9 +44,9 @@ class Guard:
         self._margin = margin
         self._calls = 0
         self._lock = threading.Lock()
-        self.verdict: dict | None = None
+        self.verdict: dict[str, Any] | None = None
 
-    def __call__(self, pa, pb, pc, alpha, beta, stream=None):
+    def __call__(self, pa: Any, pb: Any, pc: Any, alpha: Any, beta: Any, stream: Any = None) -> Any:
         where = stream if stream is not None else self._current_stream()
         if capturing(where.ptr):  # a graph's call is neither timed nor waited on: the fallback serves it
             return self._fallback(pa, pb, pc, alpha, beta, stream)
@@ -73,7 +74,7 @@ class Guard:
         self._settle(self._kernel if self.verdict["kernel_won"] else self._fallback, self.verdict)
 
 
-def remember_loss(cache, device, problem, config, verdict: dict) -> None:
+def remember_loss(cache: Any, device: Any, problem: Any, config: Any, verdict: dict[str, Any]) -> None:
     """Files a cuBLAS record for `problem` in the user cache: `config` lost to cuBLAS under the guard
     (the figures are the guard's, not a tune's: the record says so in `study` and carries protocol 1,
     so it is never evidence for the predictor, and any tune of the problem replaces it). A cache that

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -42,8 +42,8 @@ class Operand(NamedTuple):
     (A NamedTuple: made on every call, where a frozen dataclass costs a microsecond.)"""
 
     name: str
-    shape: tuple
-    strides: tuple
+    shape: tuple[Any, ...]
+    strides: tuple[Any, ...]
     dtype: np.dtype
     pointer: int = 0
     device: int | None = None
@@ -55,7 +55,7 @@ def bfloat16() -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16)
 
 
-def read(x, name: str, *, output: bool = False) -> Operand:
+def read(x: Any, name: str, *, output: bool = False) -> Operand:
     """A CuPy array or __cuda_array_interface__ object of any dtype (its fields checked first:
     array_interface; with `output`, that it may be written); anything else raises the error
     `operands.describe` gives it (a NumPy array, a CPU tensor, an object without the interface)."""
@@ -79,10 +79,10 @@ class Call:
     NumPy has no common type), who computes it, the broadcast batch shape, which operands are
     vectors, and M, N, K of each product."""
 
-    shape: tuple
+    shape: tuple[Any, ...]
     dtype: np.dtype | None
     served_by: str  # KERNELS or CUPY_MATMUL
-    batch: tuple
+    batch: tuple[Any, ...]
     vector_a: bool
     vector_b: bool
     m: int
@@ -132,7 +132,7 @@ def _castable(source: np.dtype, target: np.dtype) -> bool:
     return bool(np.can_cast(source, target, "same_kind"))
 
 
-def broadcast_batch(a: Operand, b: Operand) -> tuple:
+def broadcast_batch(a: Operand, b: Operand) -> tuple[Any, ...]:
     """The batch shape of a @ b: the axes before each operand's last two, broadcast as NumPy
     broadcasts (right-aligned; each pair equal or one of them 1). A 1-D operand has none."""
     batch_a, batch_b = a.shape[:-2], b.shape[:-2]
@@ -190,7 +190,7 @@ def overlapping(out: Operand, *operands: Operand) -> list[str]:
     return names
 
 
-def flat_batch(shape: tuple, strides: tuple, batch: tuple) -> tuple[tuple, tuple] | None:
+def flat_batch(shape: tuple[Any, ...], strides: tuple[Any, ...], batch: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
     """(shape, strides) of a stack of matrices (`shape`, `strides`: 2-D or more) broadcast to the
     batch axes `batch` and seen with one batch axis: (prod(batch), rows, cols) and its one stride
     (0 where every batch axis that counts is broadcast). None where no single stride walks the
@@ -211,7 +211,7 @@ def flat_batch(shape: tuple, strides: tuple, batch: tuple) -> tuple[tuple, tuple
     return (count, *shape[-2:]), (step, *strides[-2:])
 
 
-def matrix(shape: tuple, strides: tuple, itemsize: int, role: str) -> tuple[tuple, tuple]:
+def matrix(shape: tuple[Any, ...], strides: tuple[Any, ...], itemsize: int, role: str) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """A 1-D operand as a matrix: `a` (K,) as a row (1, K), `b` (K,) as a column (K, 1); any
     other is returned as it is. (The added unit axis never moves an address: any stride does.)"""
     if len(shape) != 1:
@@ -219,7 +219,7 @@ def matrix(shape: tuple, strides: tuple, itemsize: int, role: str) -> tuple[tupl
     return ((1, shape[0]), (itemsize, strides[0])) if role == "a" else ((shape[0], 1), (strides[0], itemsize))
 
 
-def kernel_layout(x: Operand, call: Call) -> tuple[tuple, tuple, bool, bool]:
+def kernel_layout(x: Operand, call: Call) -> tuple[tuple[Any, ...], tuple[Any, ...], bool, bool]:
     """(shape, strides, converted, copied) of operand `x` ("a" or "b") as the GEMM takes it: in the
     result's dtype (`converted`: a contiguous copy in it), a vector as a matrix, the batch as one
     axis (`copied`: a contiguous copy of the broadcast operand where its batch axes do not flatten
@@ -244,7 +244,7 @@ def kernel_info(x: Operand, call: Call, device: int) -> tuple[ArrayInfo, bool, b
     return ArrayInfo(x.name, shape, strides, call.dtype.name, pointer, device), converted, copied
 
 
-def out_layout(out: Operand, call: Call) -> tuple[tuple, tuple] | None:
+def out_layout(out: Operand, call: Call) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
     """(shape, strides) of `out` as the GEMM writes it (2-D, or 3-D with one batch stride), or None
     where it cannot write it directly: another dtype than the result's, batch axes that do not
     flatten to one stride (the result is then computed apart and written in by `write_into`)."""
@@ -265,13 +265,13 @@ def out_layout(out: Operand, call: Call) -> tuple[tuple, tuple] | None:
 
 # -- the same on CuPy arrays --
 
-def _view(x, shape: tuple, strides: tuple):
+def _view(x, shape: tuple[Any, ...], strides: tuple[Any, ...]):
     import cupy  # (lazy: CuPy)
 
     return cupy.ndarray(shape, dtype=x.dtype, memptr=x.data, strides=strides)  # cupy's as_strided
 
 
-def as_cupy(x):
+def as_cupy(x: Any) -> Any:
     """A CuPy array, or a zero-copy CuPy view of a __cuda_array_interface__ object (whose bfloat16,
     typestr "<V2", CuPy reads as raw bytes: seen as ml_dtypes' bfloat16 again). Call it with the
     object's GPU current: cupy.asarray copies an object of another GPU to the current one."""
@@ -285,7 +285,7 @@ def as_cupy(x):
     return x
 
 
-def contiguous_copy(x):
+def contiguous_copy(x: Any) -> Any:
     """A C-contiguous copy of `x` (bfloat16 copied as its bits: CuPy before 14 cannot copy it)."""
     import cupy  # (lazy: CuPy)
 
@@ -294,7 +294,7 @@ def contiguous_copy(x):
     return cupy.ascontiguousarray(x)
 
 
-def kernel_array(x, name: str, call: Call):
+def kernel_array(x: Any, name: str, call: Call) -> Any:
     """CuPy operand `x` ("a" or "b") as `kernel_layout` describes it: converted to the result's
     dtype where it differs, a view, or a contiguous copy of its broadcast batch."""
     import cupy  # (lazy: CuPy)
@@ -310,13 +310,13 @@ def kernel_array(x, name: str, call: Call):
     return contiguous_copy(broadcast).reshape(shape)
 
 
-def out_array(out, call: Call):
+def out_array(out: Any, call: Call) -> Any:
     """`out` as the GEMM writes it (a view), or None where `write_into` must put the result in."""
     layout = out_layout(Operand("out", tuple(out.shape), tuple(out.strides), np.dtype(out.dtype)), call)
     return None if layout is None else _view(out, *layout)
 
 
-def copy_into(out, values) -> None:
+def copy_into(out: Any, values: Any) -> None:
     """out[...] = values of the same dtype (bfloat16 copied as its bits: CuPy before 14 cannot)."""
     if out.dtype.kind == "V":
         out.view(np.uint16)[...] = values.view(np.uint16)
@@ -324,7 +324,7 @@ def copy_into(out, values) -> None:
         out[...] = values
 
 
-def write_into(out, result, beta: float = 0.0) -> None:
+def write_into(out: Any, result: Any, beta: float = 0.0) -> None:
     """out = result + beta * out, cast to out's dtype as NumPy's casting='same_kind' allows (for an
     `out` the GEMM cannot write directly, and for cupy.matmul's results)."""
     import cupy  # (lazy: CuPy)
@@ -336,8 +336,8 @@ def write_into(out, result, beta: float = 0.0) -> None:
     cupy.add(out, result, out=out, casting="same_kind")
 
 
-def run(call: Call, a, b, out, alpha: float, beta: float, compute: str | None, device: int, gemm, *,
-        apart: bool = False):
+def run(call: Call, a: Any, b: Any, out: Any, alpha: float, beta: float, compute: str | None, device: int, gemm: Any, *,
+        apart: bool = False) -> Any:
     """`matmul` of a call that needs NumPy's shaping before the GEMM takes it (vectors, batch axes
     broadcast or more than one, operands of another dtype than the result, an `out` of another
     dtype or whose batch no single stride walks), or that cupy.matmul serves, on GPU `device`.

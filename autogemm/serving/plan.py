@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +43,7 @@ _torch_raw_stream = None  # device index -> the handle of PyTorch's current stre
 _torch_empty_like = None  # torch.empty_like, likewise
 
 
-def bind_cupy_names(cupy) -> None:
+def bind_cupy_names(cupy: Any) -> None:
     """Binds the CuPy names `Plan.call_fast` and `Plan.call_torch` read (matmul's general path does,
     before any plan is made)."""
     global _NDARRAY, _current_device, _current_stream
@@ -59,7 +60,7 @@ def torch_raw_stream(device: int) -> int:
     return _torch_raw_stream(device)
 
 
-def bind_torch_names(torch) -> None:
+def bind_torch_names(torch: Any) -> None:
     """Binds the PyTorch names `Plan.call_torch` reads (before a plan is registered for the torch fast path)."""
     global _torch_raw_stream, _torch_empty_like
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # (0.15 us; current_stream().cuda_stream 1.8)
@@ -76,7 +77,7 @@ class Plan:
 
     choice: Choice
     problem: Problem
-    shape: tuple
+    shape: tuple[Any, ...]
     dtype: object
     device: int
     launch: object = None  # launch(pa, pb, pc, alpha, beta, stream=None), on the current stream when None
@@ -84,29 +85,29 @@ class Plan:
     copy_b: bool = False
     copy_out: bool = False  # out is not row-major: the launch writes a contiguous buffer, copied in
     provisional_until: float | None = None  # a tune of this problem runs elsewhere: plan again then
-    fast_key: tuple | None = None  # its entry in the fast-path memo, if it has one
+    fast_key: tuple[Any, ...] | None = None  # its entry in the fast-path memo, if it has one
     # the fast path's next output, made after the last launch (SPARE_OUTPUT_BYTES); a deque, whose pop
     # and append are atomic, so that two threads never take the same one
     spares: object = None
     spare_bytes: int = 0
     # a's and b's addresses modulo 16 that the kernel's vector widths were chosen for; None: any
     # (cuBLAS reads any address)
-    alignment: tuple | None = None
+    alignment: tuple[Any, ...] | None = None
     # a's and b's layouts as the launcher reads them (cuBLASLt's epilogue plans are made from them)
-    layouts: tuple | None = None
+    layouts: tuple[Any, ...] | None = None
     # the torch fast path's: its keys, the CuPy stream objects of its device by PyTorch stream handle, and
     # a template of its output (one element, expanded to the output's shape) for torch.empty_like
-    torch_keys: list | None = None
-    torch_streams: dict | None = None
+    torch_keys: list[Any] | None = None
+    torch_streams: dict[str, Any] | None = None
     torch_template: object = None
     # the torch fast path's next output on each PyTorch stream (made after the last launch there, as the
     # CuPy path's spares are), where the plan has a spare budget; at most MAX_TORCH_SPARES streams
-    torch_spares: dict | None = None
+    torch_spares: dict[str, Any] | None = None
 
     def expired(self) -> bool:
         return self.provisional_until is not None and time.monotonic() > self.provisional_until
 
-    def call_fast(self, a, b, pointer_a: int, alpha: float):
+    def call_fast(self, a: Any, b: Any, pointer_a: int, alpha: float) -> Any:
         """A repeated call on CuPy operands with a fresh output (matmul's fast path), or None where
         something the memo's key does not pin down differs from what the plan was made for (the
         current device, b's device, the alignment a kernel's vector widths assumed, copies): then
@@ -133,7 +134,7 @@ class Plan:
         spares.append(_NDARRAY(self.shape, self.dtype))
         return out_arr
 
-    def call_torch(self, a, b, alpha: float):
+    def call_torch(self, a: Any, b: Any, alpha: float) -> Any:
         """A repeated call on two CUDA tensors with a fresh output (matmul's torch fast path), on
         PyTorch's current stream of the plan's device; None where the current device, b's device or
         the alignment a kernel's vector widths assumed differ from the plan's (the general path then
@@ -168,7 +169,7 @@ class Plan:
         spares[pointer] = _torch_empty_like(self.torch_template)
         return out
 
-    def call(self, a, b, out_arr, alpha: float, beta: float):
+    def call(self, a: Any, b: Any, out_arr: Any, alpha: float, beta: float) -> Any:
         """A call of the general path: on the plan's device and CuPy's current stream, the operands
         copied where the plan says so, into `out_arr` (None: a fresh output)."""
         import cupy  # (lazy: autogemm imports without CuPy)
@@ -199,7 +200,7 @@ def _writes_in_place(out: ArrayInfo, m: int, n: int) -> KernelOperand | None:
     return layout
 
 
-def make_plan(dispatcher, a, ia, b, ib, out_arr, shape, compute, device_id, tune, race) -> Plan:
+def make_plan(dispatcher: Any, a: Any, ia: Any, b: Any, ib: Any, out_arr: Any, shape: Any, compute: Any, device_id: Any, tune: Any, race: Any) -> Plan:
     """The plan of a call of operands `a` and `b` (ArrayInfo `ia`, `ib`) writing `out_arr` (of the
     result's `shape`) on GPU `device_id`: the choice of `dispatcher` (planning.Dispatcher.select: the
     record, a prediction or cuBLAS; the first-call race where `race`; the guard's verdict of this
@@ -230,7 +231,7 @@ def make_plan(dispatcher, a, ia, b, ib, out_arr, shape, compute, device_id, tune
     if layout_c is None:  # the kernel writes a contiguous buffer of this shape, copied into out
         layout_c = describe(cupy.empty(shape, dtype=out_arr.dtype), "out").layout()
 
-    launches: dict = {}  # config name -> (launch, prepared): the race's winner is not prepared twice
+    launches: dict[str, Any] = {}  # config name -> (launch, prepared): the race's winner is not prepared twice
 
     def kernel_launch(config):
         if config.name not in launches:

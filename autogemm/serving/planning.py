@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import warnings
 from collections import OrderedDict
+from typing import Any
 
 from .. import dtypes
 from ..problem import Problem
@@ -30,7 +31,7 @@ WAIT_FOR_TUNE_S = 2 * AUTOTUNE_TIMEOUT_S
 PROVISIONAL_PLAN_S = 30.0
 
 
-def fast_key(a, b, compute, device: int) -> tuple:
+def fast_key(a: Any, b: Any, compute: Any, device: int) -> tuple[Any, ...]:
     """The key of `Dispatcher.fast` (matmul's fast path) of CuPy operands: what validation depended
     on. Dtypes by number: hashing a NumPy dtype costs more than the rest of the key together."""
     return a.shape, b.shape, a.strides, b.strides, a.dtype.num, b.dtype.num, compute, device
@@ -44,22 +45,22 @@ class Dispatcher:
     in this process (concurrent tunes would time each other), and a tune of the same problem
     running in another process is waited for, not raced."""
 
-    def __init__(self, cache=None):
+    def __init__(self, cache: TuningCache = None):
         self.plans: OrderedDict = OrderedDict()  # full key (shapes, strides, dtype, ..., out) -> plan
-        self.fast: dict = {}  # fast_key (CuPy operands, no out, alpha only) -> plan
+        self.fast: dict[str, Any] = {}  # fast_key (CuPy operands, no out, alpha only) -> plan
         # key of the PyTorch fast path (the same, from torch's metadata: torch_fast_path.torch_fast_key) -> plan
-        self.torch_fast: dict = {}
+        self.torch_fast: dict[str, Any] = {}
         # key of a call on tensors with an epilogue (epilogue_step.torch_epilogue_key) -> TorchEpiloguePlan
-        self.torch_epilogue: dict = {}
+        self.torch_epilogue: dict[str, Any] = {}
         # scaled_matmul's calls (scaled.ScaledCall) -> the tuned kernel's plan, or None (torch._scaled_mm serves)
-        self.scaled: dict = {}
-        self.grouped: dict = {}  # serving/grouped_plan.py's kernel plans
+        self.scaled: dict[str, Any] = {}
+        self.grouped: dict[str, Any] = {}  # serving/grouped_plan.py's kernel plans
         self.lock = threading.Lock()
-        self._building: dict = {}  # plan key -> Event set when the thread building it is done
+        self._building: dict[str, Any] = {}  # plan key -> Event set when the thread building it is done
         self._tune_locks: dict[int, threading.Lock] = {}  # GPU ordinal -> held while tuning on it
-        self.races: dict = {}  # (device slug, problem key) -> race.RaceResult, for the process's life
+        self.races: dict[str, Any] = {}  # (device slug, problem key) -> race.RaceResult, for the process's life
         # (device slug, problem key) -> the online guard's verdict (guard.py), for the process's life
-        self.verdicts: dict = {}
+        self.verdicts: dict[str, Any] = {}
         self.spare_bytes = 0  # the plans' spare outputs (SPARE_BUDGET_BYTES)
         self._cache = cache
 
@@ -85,7 +86,7 @@ class Dispatcher:
             self.races.clear()
             self.verdicts.clear()
 
-    def plan_for(self, key, build, fast_key=None):
+    def plan_for(self, key: str, build: Any, fast_key: Any = None) -> Any:
         """The plan memoized under `key`, or the one `build()` makes: one thread builds it while
         the others asking for the same key wait (if it fails, each of them tries in turn)."""
         while True:
@@ -126,7 +127,7 @@ class Dispatcher:
                 _, evicted = self.plans.popitem(last=False)
                 self._retire(evicted)
 
-    def keep_torch(self, key, plan) -> bool:
+    def keep_torch(self, key: str, plan: Any) -> bool:
         """Serves tensors of PyTorch fast-path key `key` by `plan` (one the CuPy fast path serves the
         same operands with, seen through DLPack), while the plan stays memoized."""
         with self.lock:
@@ -157,7 +158,7 @@ class Dispatcher:
             if self.torch_fast.get(key) is plan:
                 del self.torch_fast[key]
 
-    def with_verdict(self, choice: Choice, device, problem: Problem) -> tuple[Choice, dict | None]:
+    def with_verdict(self, choice: Choice, device: Any, problem: Problem) -> tuple[Choice, dict[str, Any] | None]:
         """A guarded choice as the online guard left it in this process, with its verdict (None: not
         decided yet, or not guarded): a kernel that lost gives way to cuBLAS."""
         verdict = self.verdicts.get((device.slug, problem.key)) if choice.guarded else None
@@ -171,14 +172,14 @@ class Dispatcher:
                       details=dict(choice.details, guard=verdict), ranked=choice.ranked)
         return lost, verdict
 
-    def settle_guard(self, plan, device, problem: Problem):
+    def settle_guard(self, plan: Any, device: Any, problem: Problem) -> Any:
         """What the guard of `plan` does once it has decided (guard.Guard's `settle`): the winner
         serves the plan from the next call on; a kernel that lost is remembered (in the process, and
         in the user cache for the next processes, written from a thread so that no call waits for the
         file)."""
         config = plan.choice.config
 
-        def settle(winner, verdict: dict) -> None:
+        def settle(winner, verdict: dict[str, Any]) -> None:
             plan.launch = winner
             self.verdicts[(device.slug, problem.key)] = verdict
             plan.choice.details["guard"] = verdict
@@ -188,7 +189,7 @@ class Dispatcher:
 
         return settle
 
-    def race(self, problem: Problem, device, choice: Choice, make_entrants) -> Choice:
+    def race(self, problem: Problem, device: Any, choice: Choice, make_entrants: Any) -> Choice:
         """The choice a first-call race makes for `problem` (autogemm.serving.race), raced once per
         problem and process: `make_entrants()` gives (entrants, check) when it has not run yet.
         Threads planning the same key wait in plan_for; other keys of the same problem (other
@@ -200,7 +201,7 @@ class Dispatcher:
         return race.race_choice(choice, result)
 
     # -- selection with side effects (cache reads, autotuning) --
-    def select(self, problem: Problem, device, tune: bool) -> Choice:
+    def select(self, problem: Problem, device: Any, tune: bool) -> Choice:
         slug = device.slug
         exact = self.cache.lookup(problem, slug)
         provisional = False

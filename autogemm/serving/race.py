@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..measure.bench import time_gpu
 from .select import Choice, ChoiceSource
@@ -36,12 +37,12 @@ class RaceResult:
         """cuBLAS's time over the winner's (1.0 when cuBLAS won)."""
         return self.times_ms[CUBLAS] / self.times_ms[self.winner]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"winner": self.winner, "times_ms": self.times_ms, "disqualified": self.disqualified,
                 "ratio_to_cublas": self.margin}
 
 
-def run_race(entrants: dict, check) -> RaceResult:
+def run_race(entrants: dict[str, Any], check: Any) -> RaceResult:
     """`entrants`: name -> run() returning its result (CUBLAS among them); `check(result)`: None
     when a result agrees with cuBLAS's, else why not. Every entrant that fails (its compile, its
     launch, its check) is disqualified; cuBLAS cannot be."""

@@ -73,7 +73,7 @@ def _out_dtype(out_dtype) -> str:
     return name
 
 
-def check_call(a, b, scale_a, scale_b, bias, out_dtype, dtype=None) -> ScaledCall:
+def check_call(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any, out_dtype: Any, dtype: Any = None) -> ScaledCall:
     """The ScaledCall of scaled_matmul's arguments (tensors, or CuPy arrays with `dtype` naming the FP8
     type), every argument checked as torch._scaled_mm checks it; TypeError/ValueError naming the fault."""
     tensors = is_tensor(a)
@@ -162,7 +162,7 @@ class _KernelPlan:
         return True
 
 
-def plan_of(call: ScaledCall):
+def plan_of(call: ScaledCall) -> Any:
     """The plan of `call` from the process's Dispatcher (made on its first call; emptied by reset()): a
     _KernelPlan where this very problem has a record that kept a generated kernel, else None
     (torch._scaled_mm serves: an untuned FP8 product is never slower than it)."""
@@ -231,7 +231,7 @@ def scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out_dtype: Any 
 _TENSOR = None  # torch.Tensor, once a call on tensors has been planned (the fast path compares types with it)
 
 
-def _tensor_key(a, b, scale_a, scale_b, out_dtype, bias) -> tuple:
+def _tensor_key(a, b, scale_a, scale_b, out_dtype, bias) -> tuple[Any, ...]:
     """The fast path's key of a call on tensors: everything check_call read of them."""
     return (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.get_device(), scale_a.shape, scale_b.shape,
             scale_a.stride(), scale_b.stride(), scale_a.dtype, scale_b.dtype, scale_a.get_device(),
@@ -239,7 +239,7 @@ def _tensor_key(a, b, scale_a, scale_b, out_dtype, bias) -> tuple:
             None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.get_device()))
 
 
-def _file_tensor_runner(plan, call: ScaledCall, key: tuple) -> None:
+def _file_tensor_runner(plan, call: ScaledCall, key: tuple[Any, ...]) -> None:
     """Files the runner of a checked call on tensors under its fast-path key: the plan's kernel launched
     on PyTorch's current stream, or torch._scaled_mm itself (block scales in its layout); none where the
     built-in block kernel serves (those go the general path)."""
@@ -249,7 +249,7 @@ def _file_tensor_runner(plan, call: ScaledCall, key: tuple) -> None:
     _TENSOR = torch.Tensor
     out_dtype, shape, device = getattr(torch, call.out_dtype), (call.m, call.n), call.device
     if plan is not None:
-        streams: dict = {}  # PyTorch's stream handle -> its CuPy stream object
+        streams: dict[str, Any] = {}  # PyTorch's stream handle -> its CuPy stream object
 
         def runner(a, b, scale_a, scale_b, bias):
             d = torch.empty(shape, dtype=out_dtype, device=a.device)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from .. import dtypes
 from ..results import predict
@@ -51,13 +52,13 @@ class Choice:
     config: GemmConfig | None
     reason: str
     record: object | None = None  # the cache record the choice came from
-    details: dict = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
     provisional: bool = False  # a tune of this problem was still running elsewhere when chosen
-    ranked: list = field(default_factory=list)  # the model's candidates, best first (predict.Candidate)
+    ranked: list[Any] = field(default_factory=list)  # the model's candidates, best first (predict.Candidate)
     # served under the online guard (guard.py): a prediction, or a record of an older timing protocol
     guarded: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.source = ChoiceSource(self.source)  # (a plain string refused unless it names a source)
 
 
@@ -70,7 +71,7 @@ def size_class(problem: Problem) -> str:
     return "small"
 
 
-def default_config(problem: Problem, device) -> GemmConfig | None:
+def default_config(problem: Problem, device: Any) -> GemmConfig | None:
     """The built-in config for a problem nothing was tuned for: those of its size class first, then
     the others (largest first), the first that can run it; None when none can."""
     wanted = size_class(problem)
@@ -89,7 +90,7 @@ def default_config(problem: Problem, device) -> GemmConfig | None:
     return None
 
 
-def choose(problem: Problem, device, exact, records) -> Choice:
+def choose(problem: Problem, device: Any, exact: Any, records: Any) -> Choice:
     """Pure selection over cache contents: `exact` is (record, source) of this problem or None;
     `records` are the device's current records (the model's evidence). `details["candidates"]`
     lists what the model considered, for `explain`."""
@@ -142,7 +143,7 @@ def _choose_untuned(problem: Problem, device, considered) -> Choice:
                   details=details)
 
 
-def cublas_api(record) -> str:
+def cublas_api(record: Any) -> str:
     """Which cuBLAS call serves a problem: cuBLASLt with its heuristic (what torch.matmul reaches),
     unless the problem's record measured cublasGemmEx (cupy.matmul's call) faster by GEMMEX_MARGIN in
     GPU time: the heuristic's first choice is not always cuBLAS's best (on an H100, FP16

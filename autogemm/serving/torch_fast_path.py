@@ -8,6 +8,7 @@ the launchers take, by PyTorch stream handle.
 """
 
 from __future__ import annotations
+from typing import Any
 
 from ..gpu import capture, runtime
 from .planning import fast_key
@@ -19,16 +20,16 @@ from .planning import fast_key
 SPARE_OUTPUT_BYTES = 32 * 1024 * 1024
 MAX_TORCH_SPARES = 4  # PyTorch streams a plan keeps a spare output for
 
-TORCH_STREAMS: dict = {}  # device -> {PyTorch stream handle -> a CuPy stream object of it}
+TORCH_STREAMS: dict[str, Any] = {}  # device -> {PyTorch stream handle -> a CuPy stream object of it}
 MAX_TORCH_STREAMS = 256  # handles kept per device (a program may make a stream per call)
 
 
-def torch_fast_key(a, b, compute) -> tuple:
+def torch_fast_key(a: Any, b: Any, compute: Any) -> tuple[Any, ...]:
     """The torch fast path's memo key of two strided CUDA tensors (matmul builds it inline)."""
     return a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, compute, a.get_device()
 
 
-def register(dispatcher, a, b, a_arr, b_arr, result_arr, result, compute, device: int) -> bool:
+def register(dispatcher: Any, a: Any, b: Any, a_arr: Any, b_arr: Any, result_arr: Any, result: Any, compute: Any, device: int) -> bool:
     """After the general path computed matmul(a, b) of two CUDA tensors without `out` as
     matmul(a_arr, b_arr) of their DLPack views, which gave result_arr (`result` as a tensor):
     registers with `dispatcher` (planning.Dispatcher.keep_torch), for the torch fast path, the plan
@@ -54,7 +55,7 @@ def register(dispatcher, a, b, a_arr, b_arr, result_arr, result, compute, device
     return dispatcher.keep_torch(torch_fast_key(a, b, compute), plan)
 
 
-def torch_stream(streams: dict, pointer: int, device: int):
+def torch_stream(streams: dict[str, Any], pointer: int, device: int) -> Any:
     """A CuPy stream object of PyTorch's stream `pointer` (the launchers take one), kept in
     `streams` (a cuBLAS launch allocates that stream's workspace on it: cublas_gemm)."""
     if len(streams) >= MAX_TORCH_STREAMS:
@@ -63,7 +64,7 @@ def torch_stream(streams: dict, pointer: int, device: int):
     return stream
 
 
-def output_template(result):
+def output_template(result: Any) -> Any:
     """A template of `result` for torch.empty_like, which makes the planned calls' outputs: an expanded
     one-element tensor of its dtype, device and shape (its empty_like is C-contiguous, and it holds no
     memory of the output's size), or, of one element, a real one (an expanded one would count as dense)."""
@@ -80,17 +81,17 @@ class TorchOutputs:
     launch: its latency, as plan.Plan.call_torch's. Under a CUDA graph capture the output is made at the
     call, from the graph's pool, and no spare is kept or handed out."""
 
-    def __init__(self, dispatcher, result):
+    def __init__(self, dispatcher: Any, result: Any):
         import torch  # (a tensor was given)
 
         self.empty_like = torch.empty_like
         self.template = output_template(result)
         nbytes = result.numel() * result.element_size()
         keep = nbytes <= SPARE_OUTPUT_BYTES and dispatcher.reserve_spare(nbytes)
-        self.spares: dict | None = {} if keep else None
+        self.spares: dict[str, Any] | None = {} if keep else None
         self.spare_bytes = nbytes if keep else 0
 
-    def take(self, stream: int):
+    def take(self, stream: int) -> Any:
         """(an output for a launch on PyTorch's stream `stream`, whether `after_launch` makes its next)."""
         spares = self.spares
         if spares is None or capture.capturing(stream):
@@ -105,7 +106,7 @@ class TorchOutputs:
                 spares.clear()
             spares[stream] = self.empty_like(self.template)
 
-    def release(self, dispatcher) -> None:
+    def release(self, dispatcher: Any) -> None:
         """The spare budget back to the dispatcher (the plan left its memo); later calls allocate at the call."""
         with dispatcher.lock:
             dispatcher.spare_bytes -= self.spare_bytes

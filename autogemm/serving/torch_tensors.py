@@ -15,16 +15,17 @@ torch is imported only once a tensor is seen: `is_tensor` looks at the type's mo
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 from ..gpu.operands import describe
 from ..gpu.runtime import cupy_stream
 
 
-def is_tensor(x) -> bool:
+def is_tensor(x: Any) -> bool:
     return type(x).__module__.startswith("torch")
 
 
-def to_cupy(x, name: str):
+def to_cupy(x: Any, name: str) -> Any:
     """A CUDA tensor as a CuPy array on the same memory; anything else as it is (a CPU tensor
     raises the error `operands.describe` gives it)."""
     if not is_tensor(x):
@@ -39,7 +40,7 @@ def to_cupy(x, name: str):
     return cupy.from_dlpack(x)
 
 
-def call(run, a, b, out, *, remember=None, **options):
+def call(run: Any, a: Any, b: Any, out: Any, *, remember: Any = None, **options: Any) -> Any:
     """`run(a, b, out=out, **options)` (matmul on CuPy arrays) for operands of which at least one
     is a tensor: on PyTorch's current stream of the tensors' device; a tensor back where no `out`
     was given, `out` itself (the tensor, written in place) where one was. Where two plain tensors of
@@ -62,7 +63,7 @@ def call(run, a, b, out, *, remember=None, **options):
         return tensor
 
 
-def call_all(run, **arrays):
+def call_all(run: Any, **arrays: Any) -> Any:
     """`run(**arrays)` (on CuPy arrays) where some of `arrays` (None for absent ones) are tensors: each
     tensor seen as a CuPy array, on PyTorch's current stream of the tensors' device (ValueError where
     the tensors are on different devices); a tensor back unless `out` was given (then `out`)."""

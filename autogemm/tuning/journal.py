@@ -20,6 +20,7 @@ import os
 import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 JOURNAL = "journal:///"  # Optuna's journal file storage: journal:///path/to/studies.log
 _TAIL_BLOCK = 1 << 16  # bytes read at a time from the end when looking for the last newline
@@ -102,7 +103,7 @@ def _backend_class():
             # (names of our own: the base class's attributes are Optuna's)
             self._journal_path, self._journal_lock = path, lock
 
-        def append_logs(self, logs: list[dict]) -> None:
+        def append_logs(self, logs: list[dict[str, Any]]) -> None:
             text = ("\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n").encode()
             self._journal_lock.acquire()
             try:
@@ -124,7 +125,7 @@ def _backend_class():
     return MendingBackend
 
 
-def journal_storage(url: str):
+def journal_storage(url: str) -> Any:
     """The JournalStorage of `journal:///PATH` for this process (made once per file: a new one reads
     the whole log again); the file checked and mended under its lock when it is first opened here.
     JournalError where it is not a journal."""

@@ -10,6 +10,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..kernels.space import SearchSpace
 
@@ -41,7 +42,7 @@ class TuneOptions:
     isolate: bool = True  # measure in a separate process, so that a faulting kernel costs one trial
     candidate_timeout: float | None = None  # seconds one isolated candidate may take; None: from its flops
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.trials < 1:
             raise ValueError(f"trials must be >= 1, got {self.trials}")
         if self.patience < 0:
@@ -53,7 +54,7 @@ class TuneOptions:
 OPTION_NAMES = tuple(field.name for field in dataclasses.fields(TuneOptions))
 
 
-def tune_options(options: TuneOptions | None = None, **values) -> TuneOptions:
+def tune_options(options: TuneOptions | None = None, **values: Any) -> TuneOptions:
     """`options` (the defaults where None) with the options given by name replacing its own:
     how `tune(problem, trials=..., timeout=...)` builds its TuneOptions. TypeError naming the
     options where a name is not one of them."""

@@ -7,6 +7,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..results.cache import Record, TuningCache
 from ..measure.evaluate import MIN_NOISE, Evaluator, Latency, Measurement
@@ -15,7 +16,7 @@ from ..results.provenance import host, now, runtime_versions
 from ..kernels.render import kernel_digest, kernel_template_hash
 from .result import TuneError
 
-log = logging.getLogger(__name__)
+log: logging.Logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -29,7 +30,7 @@ class Winner:
     latency: Latency | None = None  # the kernel's and the served cuBLAS fallback's, one call at a time
 
 
-def retimed_best(finalists: list, evaluator: Evaluator) -> Winner:
+def retimed_best(finalists: list[Any], evaluator: Evaluator) -> Winner:
     """The fastest of the finalists re-timed together with cuBLAS, and timed one call at a time
     (host time and all) as matmul serves it."""
     remeasured, cublas_ms = evaluator.retime(finalists)
@@ -43,7 +44,7 @@ def retimed_best(finalists: list, evaluator: Evaluator) -> Winner:
     return Winner(winner, chosen, cublas_ms, noise, evaluator.single_call(winner))
 
 
-def best_so_far(finalists: list, known: dict[str, float], problem: Problem, evaluator: Evaluator) -> Winner:
+def best_so_far(finalists: list[Any], known: dict[str, float], problem: Problem, evaluator: Evaluator) -> Winner:
     """After Ctrl-C or a lost GPU: the best verified measurement as it stands, not re-timed."""
     winner = finalists[0]
     if winner.name not in known:
@@ -63,7 +64,7 @@ class RecordKeeper:
         self.evaluator, self.started = evaluator, started  # (wall times count from `started`, a perf_counter)
         self.errors: list[str] = []  # the cache's, one per record it could not keep
 
-    def record(self, config, measurement: Measurement, cublas_ms: float, trials: dict, provisional: bool,
+    def record(self, config: Any, measurement: Measurement, cublas_ms: float, trials: dict[str, Any], provisional: bool,
                latency: Latency | None = None) -> Record:
         problem, evaluator = self.problem, self.evaluator
         return Record(

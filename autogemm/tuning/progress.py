@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 from ..measure.evaluate import Evaluator
 from ..problem import Problem
@@ -16,7 +17,7 @@ LOG_INTERVAL_S = 10.0
 class TuneProgress:
     """tqdm bar (or log lines) of measured trials with the best TFLOP/s and ratio to cuBLAS so far."""
 
-    def __init__(self, enabled, total: int, problem: Problem, evaluator: Evaluator, stream=None):
+    def __init__(self, enabled: Any, total: int, problem: Problem, evaluator: Evaluator, stream: Any = None):
         # `enabled` may be a callable instead of True: it gets (measured trials, best TFLOP/s, ratio
         # to cuBLAS) after each trial, and nothing is drawn (a campaign worker reports to its parent)
         self.bar = None

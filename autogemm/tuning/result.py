@@ -4,6 +4,7 @@ by `autogemm tune` (as a table, or as JSON with `to_json`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..problem import Device, Problem
 from ..results.url_secrets import shown_url
@@ -63,8 +64,8 @@ class TuneResult:
     latency: object = None
     # where several spaces were searched (tune without a space): (study, family, best generated
     # kernel's ratio, measured trials, kept cuBLAS) of each, in the order searched
-    searched: list = field(default_factory=list)
-    unsearched: list = field(default_factory=list)  # spaces in which nothing could be measured, and why
+    searched: list[Any] = field(default_factory=list)
+    unsearched: list[Any] = field(default_factory=list)  # spaces in which nothing could be measured, and why
 
     def __post_init__(self) -> None:
         # the result is printed and kept (tables, JSON, a campaign's board): never a password
@@ -94,7 +95,7 @@ class TuneResult:
     def ratio(self) -> float:
         return self.cublas_ms / self.time_ms
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "problem": self.problem.key,
             "device": self.device.name,

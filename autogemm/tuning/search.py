@@ -17,6 +17,7 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import optuna
 
@@ -34,7 +35,7 @@ from .study import (Sharing, StudyStorageError, StudyWriter, TrialExchange, ask_
 from .progress import TuneProgress
 from .result import TuneError, TuneResult, TuneStorageError
 
-log = logging.getLogger(__name__)
+log: logging.Logger = logging.getLogger(__name__)
 FINALISTS = 5
 # Consecutive proposals that are rejected or already measured before the search counts as converged.
 MAX_IDLE_PROPOSALS = 300
@@ -69,7 +70,7 @@ class SearchCounters:
         """What `trials` counts: configurations measured in this run, here or by other workers."""
         return self.valid + self.measured_elsewhere
 
-    def for_record(self) -> dict:
+    def for_record(self) -> dict[str, Any]:
         """The counts a cached record carries (Record.trials)."""
         return {"valid": self.valid, "rejected": self.rejected, "failed": self.failed}
 
@@ -79,7 +80,7 @@ class InFlight:
     """A candidate compiling or waiting for the GPU, with the trials that proposed it."""
 
     config: object
-    trials: list
+    trials: list[Any]
     handle: object  # the evaluator's
 
 
@@ -89,7 +90,7 @@ class SearchLoop:
     the winner and returns the TuneResult; a helper's search returns None."""
 
     def __init__(self, problem: Problem, device: Device, options: TuneOptions, *, evaluator: Evaluator | None,
-                 cache: TuningCache | None, progress, sharing: Sharing | None, started: float):
+                 cache: TuningCache | None, progress: Any, sharing: Sharing | None, started: float):
         """`options` as the tuner settles them for one space (tuner._tune_space): the space loaded,
         the study named, the compile jobs counted. `progress`: as `tuner.tune` takes it; `started`:
         the time.perf_counter() at which the tune began (its wall time and deadline count from it)."""
@@ -117,7 +118,7 @@ class SearchLoop:
         self.exchange: TrialExchange | None = None
         self.writer: StudyWriter | None = None
         self.progress_bar: TuneProgress | None = None
-        self.offered: dict[str, tuple] | None = None  # each knob's choices, the same from trial to trial
+        self.offered: dict[str, tuple[Any, ...]] | None = None  # each knob's choices, the same from trial to trial
         self.rescue_rng: random.Random | None = None
 
     def run(self) -> TuneResult | None:

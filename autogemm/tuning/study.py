@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import optuna
 from filelock import FileLock
@@ -38,7 +39,7 @@ from ..results.url_secrets import hide_passwords, shown_url
 from .journal import JOURNAL, JournalError, journal_storage
 from .options import SAMPLERS
 
-log = logging.getLogger(__name__)
+log: logging.Logger = logging.getLogger(__name__)
 SQLITE_BUSY_TIMEOUT_S = 120  # how long a write waits for another process's
 SERVER_ATTEMPTS = 4  # tries at opening a study in a database server (see open_study)
 
@@ -102,7 +103,7 @@ def default_storage(create: bool = True) -> str:
     return f"sqlite:///{path}"
 
 
-def storage_object(url: str):
+def storage_object(url: str) -> Any:
     """What Optuna takes for a storage URL: the URL itself (RDB storages), or for journal:///PATH a
     journal file storage (one file, appended to under a lock; one host, no database server), made
     once per file and process and appended to only where the file is a journal (journal.py)."""
@@ -205,17 +206,17 @@ class GridSampler(optuna.samplers.GridSampler):
     """Optuna's grid sampler stops its study once the grid is exhausted, which only works inside
     study.optimize(); this loop uses ask and tell and ends on its own when proposals repeat."""
 
-    def after_trial(self, study, trial, state, values) -> None:
+    def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
         pass
 
 
-def ask_params(trial: optuna.Trial, space: SearchSpace, choices: dict[str, tuple] | None = None) -> dict:
+def ask_params(trial: optuna.Trial, space: SearchSpace, choices: dict[str, tuple[Any, ...]] | None = None) -> dict[str, Any]:
     """Draws every knob of the space through Optuna's trial, from `choices` where given (the
     space's `knob_choices` for the study's problem: the same in every trial of a study)."""
     return {knob: trial.suggest_categorical(knob, list(values)) for knob, values in (choices or space.knobs).items()}
 
 
-def best_configs(study: optuna.Study, space: SearchSpace, limit: int) -> list:
+def best_configs(study: optuna.Study, space: SearchSpace, limit: int) -> list[Any]:
     """The best distinct configurations measured in the study (earlier runs included). A trial
     whose config this version cannot read (a study another version wrote) is skipped with a
     warning: it must not cost the whole search its result."""
@@ -237,7 +238,7 @@ def best_configs(study: optuna.Study, space: SearchSpace, limit: int) -> list:
     return configs
 
 
-def lock_study(name: str, wait: float = 0.0):
+def lock_study(name: str, wait: float = 0.0) -> Any:
     """One tuner per study at a time on this machine: a second one is refused (after waiting up
     to `wait` seconds for the first to finish), with the reason."""
     from filelock import FileLock, Timeout  # (lazy: only this lock needs it)
@@ -264,7 +265,7 @@ def wait_for_study(name: str, timeout: float) -> bool:
     return True
 
 
-def tell_trials(study: optuna.Study, writer: StudyWriter, asked: list, measurement: Measurement) -> None:
+def tell_trials(study: optuna.Study, writer: StudyWriter, asked: list[Any], measurement: Measurement) -> None:
     for index, trial in enumerate(asked):
         if index:
             trial.set_user_attr("duplicate", True)
@@ -279,7 +280,7 @@ def tell_trials(study: optuna.Study, writer: StudyWriter, asked: list, measureme
             writer.put(study.tell(trial, state=optuna.trial.TrialState.FAIL))
 
 
-def remember_trials(trials, known: dict[str, float], failed_before: dict[str, Measurement]) -> int:
+def remember_trials(trials: Any, known: dict[str, float], failed_before: dict[str, Measurement]) -> int:
     """Adds finished trials to what a search knows: measured configs' TFLOP/s (repeated proposals
     answered from the study add nothing) and failed configs' failures (a cancelled one may still
     be measured). Returns how many configs were measured that `known` did not hold."""
@@ -360,7 +361,7 @@ class TrialExchange:
     measurement and no worker measures a configuration another one has already measured (TPE's
     constant liar still keeps each worker off its own candidates in flight)."""
 
-    def __init__(self, persistent: optuna.Study, study: optuna.Study, loaded: list, every: float = EXCHANGE_EVERY_S):
+    def __init__(self, persistent: optuna.Study, study: optuna.Study, loaded: list[Any], every: float = EXCHANGE_EVERY_S):
         self.persistent, self.study, self.every = persistent, study, every
         self.worker = uuid.uuid4().hex[:12]
         self.seen = {t.number for t in loaded}  # the persistent trials the in-memory study began with

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..gpu import launch
 from ..results.cache import TuningCache
@@ -24,8 +25,8 @@ from .result import TuneError, TuneResult, TuneRunning, TuneStorageError
 
 
 def tune(problem: Problem, options: TuneOptions | None = None, *, evaluator: Evaluator | None = None,
-         cache: TuningCache | None = None, progress: bool | Callable = False, sharing: Sharing | None = None,
-         **option_values) -> TuneResult | None:
+         cache: TuningCache | None = None, progress: bool | Callable[..., Any] = False, sharing: Sharing | None = None,
+         **option_values: Any) -> TuneResult | None:
     """Searches configurations for `problem` on the current GPU (or with `evaluator`), caches and
     returns the best verified one. What to search and for how long is `options` (TuneOptions), or
     its fields given by name (`tune(problem, trials=100, timeout=None)`), which replace the
@@ -55,7 +56,7 @@ def tune(problem: Problem, options: TuneOptions | None = None, *, evaluator: Eva
         return _tune_spaces(problem, names, options, collaborators)
 
 
-def _tune_spaces(problem: Problem, spaces: tuple, options: TuneOptions, collaborators: dict) -> TuneResult | None:
+def _tune_spaces(problem: Problem, spaces: tuple[Any, ...], options: TuneOptions, collaborators: dict[str, Any]) -> TuneResult | None:
     """`tune` over `spaces`, each with an even share of what is left of the budget."""
     if len(spaces) == 1:
         return _tune_space(problem, dataclasses.replace(options, space=spaces[0]), **collaborators)
