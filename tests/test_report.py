@@ -84,18 +84,24 @@ def recorded_storage(tmp_path_factory):
     return path, values
 
 
-@pytest.fixture
-def recorded(recorded_storage, tmp_path):
-    """A copy of the recorded storage in the test's directory, and the FP32 problem's cache record
-    in the test's cache; returns (storage URL, the FP32 study's measured values in trial order)."""
-    path, values = recorded_storage
-    shutil.copy(path, tmp_path / "studies.db")
+def _store_fp32_record() -> SimtConfig:
+    """The FP32 problem's record (SimtConfig's kernel, 1.1x cuBLAS) in the test's cache; its config."""
     config = SimtConfig()
     TuningCache().store(Record(
         problem=FP32.key, family="simt", config={k: v for k, v in config.to_dict().items() if k != "family"},
         config_name=config.name, time_ms=2.5, tflops=FP32.flops / 2.5e-3 / 1e12, cublas_ms=2.75,
         cublas_tflops=CUBLAS_TFLOPS, ratio=1.1, rel_error=2e-7, template_hash=kernel_template_hash(config.template),
         device=DEVICE.name, date="2026-11-30T12:00:00"), DEVICE.slug)
+    return config
+
+
+@pytest.fixture
+def recorded(recorded_storage, tmp_path):
+    """A copy of the recorded storage in the test's directory, and the FP32 problem's cache record
+    in the test's cache; returns (storage URL, the FP32 study's measured values in trial order)."""
+    path, values = recorded_storage
+    shutil.copy(path, tmp_path / "studies.db")
+    _store_fp32_record()
     return f"sqlite:///{tmp_path / 'studies.db'}", values
 
 
@@ -398,12 +404,7 @@ def test_the_page_shows_the_figures_the_tune_table_and_explain_show(recorded, tm
 # ---- the records of a cache, without studies ----------------------------------------------------------
 def test_a_cache_record_without_a_study_is_reported_from_the_record(tmp_path, capsys):
     """No study storage at all (nothing tuned on this machine): the cache's records are the report."""
-    config = SimtConfig()
-    TuningCache().store(Record(
-        problem=FP32.key, family="simt", config={k: v for k, v in config.to_dict().items() if k != "family"},
-        config_name=config.name, time_ms=2.5, tflops=FP32.flops / 2.5e-3 / 1e12, cublas_ms=2.75,
-        cublas_tflops=CUBLAS_TFLOPS, ratio=1.1, rel_error=2e-7, template_hash=kernel_template_hash(config.template),
-        device=DEVICE.name, date="2026-11-30T12:00:00"), DEVICE.slug)
+    config = _store_fp32_record()
     for argv in (["--all"], ["--m", "4096"]):
         out = tmp_path / "r.html"
         code, printed, err = run_cli(capsys, "report", *argv, "-o", str(out))
