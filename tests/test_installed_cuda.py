@@ -169,6 +169,7 @@ def test_the_headers_beside_nvrtc_come_before_a_toolkits(layout, tmp_path, monke
     monkeypatch.setenv("CUDA_HOME", str(toolkit))
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setattr(nvrtc, "library", lambda: (str(library), "site-packages"))
+    monkeypatch.setattr(kernel_compile, "_nvidia_namespace", lambda: [str(site)])
     monkeypatch.setattr(cupy.cuda, "get_cuda_path", lambda: None)
     kernel_compile._include_options.cache_clear()
     try:
@@ -177,5 +178,28 @@ def test_the_headers_beside_nvrtc_come_before_a_toolkits(layout, tmp_path, monke
         monkeypatch.setattr(nvrtc, "library", lambda: (_ for _ in ()).throw(nvrtc.NvrtcError("none")))
         kernel_compile._include_options.cache_clear()
         assert kernel_compile._include_options() == (f"-I{toolkit / 'include'}",)
+    finally:
+        kernel_compile._include_options.cache_clear()
+
+
+def test_the_crt_headers_of_a_second_site_folder_are_found(tmp_path, monkeypatch):
+    """NVRTC and the runtime's headers in one site folder, nvidia-cuda-crt in another (a --target or user
+    install beside a virtual environment's): both are NVIDIA's `nvidia` namespace package, and taken so."""
+    import cupy
+
+    venv_site, target = tmp_path / "venv" / "nvidia", tmp_path / "target" / "nvidia"
+    library = venv_site / "cu13" / "lib" / "libnvrtc.so.13"
+    _header(library)
+    _header(venv_site / "cu13" / "include" / "mma.h")
+    _header(target / "cu13" / "include" / "crt" / "mma.h")
+    monkeypatch.setattr(nvrtc, "library", lambda: (str(library), "site-packages"))
+    monkeypatch.setattr(kernel_compile, "_nvidia_namespace", lambda: [str(venv_site), str(target)])
+    monkeypatch.setattr(cupy.cuda, "get_cuda_path", lambda: None)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    kernel_compile._include_options.cache_clear()
+    try:
+        assert kernel_compile._include_options() == (f"-I{venv_site / 'cu13' / 'include'}",
+                                                     f"-I{target / 'cu13' / 'include'}")
     finally:
         kernel_compile._include_options.cache_clear()

@@ -160,28 +160,44 @@ def _cubin_path(source: Source, arch: str) -> Path:
     return cubin_dir() / f"{source.kernel[:80]}-{source.digest}-{arch}-nvrtc{major}.{minor}.cubin"
 
 
+def _nvidia_namespace() -> list[str]:
+    """The folders of the `nvidia` namespace package (NVIDIA's CUDA wheels), wherever they are installed."""
+    import importlib.util
+
+    with contextlib.suppress(ImportError, ValueError):
+        spec = importlib.util.find_spec("nvidia")
+        if spec is not None and spec.submodule_search_locations is not None:
+            return list(spec.submodule_search_locations)
+    return []
+
+
 def _include_roots() -> list[list[Path]]:
-    """Where CUDA headers may be, in two groups, first the headers of NVRTC's own version: beside the
-    NVRTC library in use (a toolkit has lib64/ and include/; NVIDIA's CUDA 13 packages put both under
+    """Where CUDA headers may be, in groups, first the headers of NVRTC's own version: beside the NVRTC
+    library in use (a toolkit has lib64/ and include/; NVIDIA's CUDA 13 packages put both under
     nvidia/cu13/) and the include directories of NVIDIA's other packages beside it (CUDA 12's are one
     per component: nvidia/cuda_runtime/include has mma.h, nvidia/cuda_nvcc/include crt/mma.h); then
-    CuPy's CUDA path, $CUDA_PATH, $CUDA_HOME, /usr/local/cuda and nvcc's toolkit."""
+    those with the packages' headers in the namespace's other folders; then CuPy's CUDA path,
+    $CUDA_PATH, $CUDA_HOME, /usr/local/cuda and nvcc's toolkit."""
     import cupy  # (lazy: CuPy)
 
     own: list[Path] = []
+    spread: list[Path] = []  # the same packages' headers in the other folders of the `nvidia` namespace
     with contextlib.suppress(nvrtc.NvrtcError):
         library, _ = nvrtc.library()
         if library:
             beside = Path(library).resolve().parent.parent
             own.append(beside / "include")
-            if beside.parent.name == "nvidia":  # a package of NVIDIA's: its siblings' headers
+            if beside.parent.name == "nvidia":  # a package of NVIDIA's: its siblings' headers, then those
+                # of every other folder the namespace package spans (a user site or --target beside a venv's)
                 own += sorted(beside.parent.glob("*/include"))
+                for folder in (Path(p) for p in _nvidia_namespace() if Path(p).resolve() != beside.parent):
+                    spread += [folder / beside.name / "include", *sorted(folder.glob("*/include"))]
     others = [Path(root) / "include" for root in (cupy.cuda.get_cuda_path(), os.environ.get("CUDA_PATH"),
                                                   os.environ.get("CUDA_HOME"), "/usr/local/cuda") if root]
     nvcc = shutil.which("nvcc")
     if nvcc:
         others.append(Path(nvcc).resolve().parent.parent / "include")
-    return [own, others]
+    return [own, own + spread, others]
 
 
 @functools.lru_cache(maxsize=1)
