@@ -222,7 +222,7 @@ def autogemm_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     if not (a.is_cuda and b.is_cuda and out.is_cuda):
         torch.mm(a, b, out=out)
         return
-    dispatch.matmul(a, b, out=out)
+    dispatch.matmul_into(a, b, out)
 
 
 def enable_inductor() -> None:

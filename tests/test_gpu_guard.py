@@ -104,4 +104,6 @@ def test_a_kernel_that_wins_under_the_guard_keeps_serving():
         guard(a.data.ptr, b.data.ptr, c.data.ptr, 1.0, 0.0)
         cupy.cuda.Device().synchronize()
     (winner, verdict), = verdicts
-    assert winner is fast and verdict["kernel_won"] and verdict["ratio"] > 2
+    # (the fallback does three times the work; the ratio measured it 1.59x slower once, with six test
+    # workers sharing the GPU: the verdict is what this checks, the figure only that it saw the difference)
+    assert winner is fast and verdict["kernel_won"] and verdict["ratio"] > 1.2

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import multiprocessing
 import os
 import re
@@ -162,8 +163,6 @@ def _cubin_path(source: Source, arch: str) -> Path:
 
 def _nvidia_namespace() -> list[str]:
     """The folders of the `nvidia` namespace package (NVIDIA's CUDA wheels), wherever they are installed."""
-    import importlib.util
-
     with contextlib.suppress(ImportError, ValueError):
         spec = importlib.util.find_spec("nvidia")
         if spec is not None and spec.submodule_search_locations is not None:

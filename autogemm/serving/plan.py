@@ -169,6 +169,27 @@ class Plan:
         spares[pointer] = _torch_empty_like(self.torch_template)
         return out
 
+    def call_torch_into(self, a: Any, b: Any, out: Any) -> bool:
+        """`call_torch` of a plain product (alpha 1) written into `out`, a tensor of the plan's shape and
+        dtype, C-contiguous and 256-byte aligned as the fresh outputs the plan was made for (the widths
+        of its stores assume it): Inductor's extern kernels write into buffers of Inductor's. False,
+        launching nothing, where `out`, the devices or the operands' alignment differ from the plan's."""
+        device = self.device
+        template = self.torch_template
+        if template is None or _current_device() != device or b.get_device() != device or out.get_device() != device:
+            return False
+        if out.dtype != template.dtype or out.shape != template.shape or not out.is_contiguous() or out.data_ptr() % 256:
+            return False
+        pointer_a, pointer_b = a.data_ptr(), b.data_ptr()
+        if self.alignment is not None and (pointer_a % 16, pointer_b % 16) != self.alignment:
+            return False
+        pointer = _torch_raw_stream(device)
+        stream = self.torch_streams.get(pointer)
+        if stream is None:
+            stream = torch_stream(self.torch_streams, pointer, device)
+        self.launch(pointer_a, pointer_b, out.data_ptr(), 1.0, 0.0, stream)
+        return True
+
     def call(self, a: Any, b: Any, out_arr: Any, alpha: float, beta: float) -> Any:
         """A call of the general path: on the plan's device and CuPy's current stream, the operands
         copied where the plan says so, into `out_arr` (None: a fresh output)."""
