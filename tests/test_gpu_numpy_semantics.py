@@ -382,18 +382,25 @@ def test_float16_with_bfloat16_as_the_installed_numpy_promotes():
 
     from autogemm.measure.bench import to_bfloat16, to_float64
 
-    a = _values((65, 33), np.float16, 1)
-    b = to_bfloat16(_values((33, 47), np.float32, 2)).view(ml_dtypes.bfloat16)
+    def bfloat16(shape, seed):
+        return to_bfloat16(_values(shape, np.float32, seed)).view(ml_dtypes.bfloat16)
+
+    def wide(x):
+        return to_float64(x.view(np.uint16)) if x.dtype == ml_dtypes.bfloat16 else x.astype(np.float64)
+
+    a, b = _values((65, 33), np.float16, 1), bfloat16((33, 47), 2)  # float16 @ bfloat16
+    c, d = bfloat16((65, 33), 3), _values((33, 47), np.float16, 4)  # and bfloat16 @ float16
     expected = _half_pair_result()
     if expected is None:
-        with pytest.raises(TypeError, match="no common dtype"):
-            autogemm.matmul(a, b)
+        for x, y in ((a, b), (c, d)):
+            with pytest.raises(TypeError, match="no common dtype"):
+                autogemm.matmul(x, y)
         return
-    for x, y, reference in ((a, b, cupy.matmul(a.astype(np.float64), to_float64(b.view(np.uint16)))),
-                            (b, a, cupy.matmul(to_float64(b.view(np.uint16)), a.astype(np.float64)))):
-        c = autogemm.matmul(x, y)
-        assert c.dtype == expected and c.shape == reference.shape
-        error = float(cupy.linalg.norm(c.astype(np.float64) - reference) / cupy.linalg.norm(reference))
+    for x, y in ((a, b), (c, d)):
+        reference = cupy.matmul(wide(x), wide(y))
+        result = autogemm.matmul(x, y)
+        assert result.dtype == expected and result.shape == reference.shape
+        error = float(cupy.linalg.norm(result.astype(np.float64) - reference) / cupy.linalg.norm(reference))
         assert error <= TOLERANCE[expected.name]
 
 
