@@ -22,6 +22,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..atomic_write import write_atomically
+
 JOURNAL = "journal:///"  # Optuna's journal file storage: journal:///path/to/studies.log
 _TAIL_BLOCK = 1 << 16  # bytes read at a time from the end when looking for the last newline
 
@@ -82,11 +84,9 @@ def _mend(path: Path) -> None:
             os.truncate(path, len(data) - len(partial))
         return
     aside = path.with_name(f"{path.name}.corrupt-{datetime.datetime.now():%Y%m%d-%H%M%S-%f}")
-    kept = b"".join(line + b"\n" for line in complete[:broken])
-    temporary = path.with_name(f".{path.name}.mend-{os.getpid()}.tmp")
-    temporary.write_bytes(kept)
-    os.replace(path, aside)
-    os.replace(temporary, path)
+    # the whole file kept aside first, then its readable prefix over it: the path is a journal throughout
+    write_atomically(aside, data)
+    write_atomically(path, b"".join(line + b"\n" for line in complete[:broken]))
     warnings.warn(f"autogemm: the journal {path} was broken at line {broken + 1} of {len(lines)} (a write cut "
                   f"short); moved it to {aside} and kept its first {broken} lines as the journal", JournalWarning,
                   stacklevel=4)
