@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch", reason="torch.ops.autogemm.matmul needs PyT
 
 import autogemm.torch as agt
 from autogemm.serving import dispatch
+from test_torch_op import compiled_with_autogemm
 
 OP = torch.ops.autogemm.matmul
 DTYPES = ["float32", "float16", "bfloat16"]
@@ -207,24 +208,13 @@ def test_max_autotune_weighs_autogemm_for_each_product_and_gives_eagers_results(
     """After enable_inductor, torch.compile(mode="max-autotune-no-cudagraphs") benchmarks autogemm's
     served kernel (autogemm_mm) for both layers of an MLP beside ATen and Triton; whichever it keeps,
     the compiled model computes what eager does, and the autotune log names the autogemm choice."""
-    from torch._inductor import config as inductor_config
-
-    before = list(inductor_config.external_matmul)
-    torch._dynamo.reset()
-    try:
-        agt.enable_inductor()
-        torch._logging.set_logs(autotuning=True)
-        model = torch.nn.Sequential(torch.nn.Linear(512, 1024, bias=False), torch.nn.GELU(),
-                                    torch.nn.Linear(1024, 256, bias=False)).cuda().to(torch.bfloat16)
-        x = torch.randn(384, 512, device="cuda", dtype=torch.bfloat16)
-        with torch.no_grad(), inductor_config.patch(force_disable_caches=True):  # (benchmarked here, not cached)
-            expected = model(x)
-            got = torch.compile(model, mode="max-autotune-no-cudagraphs")(x)
-        torch.cuda.synchronize()
-    finally:
-        torch._logging.set_logs()
-        inductor_config.external_matmul[:] = before
-        torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024, bias=False), torch.nn.GELU(),
+                                torch.nn.Linear(1024, 256, bias=False)).cuda().to(torch.bfloat16)
+    x = torch.randn(384, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        expected = model(x)
+    got = compiled_with_autogemm(model, x)
+    torch.cuda.synchronize()
     error = float(torch.linalg.norm((got - expected).float()) / torch.linalg.norm(expected.float()))
     assert error <= TOLERANCE["bfloat16"]
     assert {a for a, _ in autogemm_calls} >= {(384, 512), (384, 1024)}  # each product benchmarked through autogemm
@@ -248,8 +238,6 @@ def test_max_autotune_chooses_autogemm_where_its_tuned_record_wins(capfd):
     two-layer MLP whose first product is that one, max-autotune after enable_inductor keeps
     autogemm_mm for it over ATen and Triton's templates (1.12x ATen on an H200, 2026-12-01), and the
     compiled model computes what eager does."""
-    from torch._inductor import config as inductor_config
-
     from autogemm.gpu.launch import current_device
     from autogemm.problem import Problem
     from autogemm.results.cache import TuningCache
@@ -265,19 +253,9 @@ def test_max_autotune_chooses_autogemm_where_its_tuned_record_wins(capfd):
     def mlp(x):
         return torch.nn.functional.gelu(x @ w1) @ w2
 
-    before = list(inductor_config.external_matmul)
-    torch._dynamo.reset()
     capfd.readouterr()
-    try:
-        agt.enable_inductor()
-        torch._logging.set_logs(autotuning=True)
-        with torch.no_grad(), inductor_config.patch(force_disable_caches=True):
-            got = torch.compile(mlp, mode="max-autotune-no-cudagraphs")(x)
-        torch.cuda.synchronize()
-    finally:
-        torch._logging.set_logs()
-        inductor_config.external_matmul[:] = before
-        torch._dynamo.reset()
+    got = compiled_with_autogemm(mlp, x)
+    torch.cuda.synchronize()
     log = "".join(capfd.readouterr())
     reference = torch.nn.functional.gelu(x.double() @ w1.double()) @ w2.double()
     assert float(torch.linalg.norm(got.double() - reference) / torch.linalg.norm(reference)) <= 1e-5

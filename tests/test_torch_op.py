@@ -271,12 +271,30 @@ def test_enable_inductor_names_a_torch_without_the_hook(monkeypatch):
         agt.enable_inductor()
 
 
+def compiled_with_autogemm(function, *inputs):
+    """function(*inputs) compiled by torch.compile(mode="max-autotune-no-cudagraphs") after
+    enable_inductor, with the autotune log on and Inductor's caches off (no cached graph or autotune
+    result of an earlier run: each product is benchmarked here); Inductor's hooks, log settings and
+    compiled graphs as they were before, after."""
+    from torch._inductor import config as inductor_config
+
+    before = list(inductor_config.external_matmul)
+    torch._dynamo.reset()
+    try:
+        agt.enable_inductor()
+        torch._logging.set_logs(autotuning=True)
+        with torch.no_grad(), inductor_config.patch(force_disable_caches=True):
+            return torch.compile(function, mode="max-autotune-no-cudagraphs")(*inputs)
+    finally:
+        torch._logging.set_logs()
+        inductor_config.external_matmul[:] = before
+        torch._dynamo.reset()
+
+
 def test_max_autotune_benchmarks_the_autogemm_choice_and_keeps_eagers_results(monkeypatch, capfd):
     """On CPU tensors (no GPU here) the choice multiplies with torch.mm: what this checks is Inductor's
     side of it, that max-autotune benchmarks autogemm_mm for each product, names it in the autotune
     log, and the compiled model gives eager's results (on a GPU, test_gpu_torch_op checks the kernel)."""
-    from torch._inductor import config as inductor_config
-
     called = []
     real = agt.autogemm_mm
 
@@ -286,20 +304,10 @@ def test_max_autotune_benchmarks_the_autogemm_choice_and_keeps_eagers_results(mo
 
     counting.__name__ = "autogemm_mm"
     monkeypatch.setattr(agt, "autogemm_mm", counting)
-    before = list(inductor_config.external_matmul)
-    torch._dynamo.reset()
-    try:
-        agt.enable_inductor()
-        torch._logging.set_logs(autotuning=True)
-        model = torch.nn.Sequential(torch.nn.Linear(64, 96, bias=False), torch.nn.ReLU(), torch.nn.Linear(96, 32, bias=False))
-        x = torch.randn(16, 64)
-        # (no cached graph or autotune result of an earlier run: each product is benchmarked here)
-        with torch.no_grad(), inductor_config.patch(force_disable_caches=True):
-            compiled = torch.compile(model, mode="max-autotune-no-cudagraphs")
-            assert torch.allclose(compiled(x), model(x), atol=1e-5)
-    finally:
-        torch._logging.set_logs()
-        inductor_config.external_matmul[:] = before
-        torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96, bias=False), torch.nn.ReLU(), torch.nn.Linear(96, 32, bias=False))
+    x = torch.randn(16, 64)
+    got = compiled_with_autogemm(model, x)
+    with torch.no_grad():
+        assert torch.allclose(got, model(x), atol=1e-5)
     assert (16, 64) in called and (16, 96) in called
     assert "autogemm_mm" in "".join(capfd.readouterr())

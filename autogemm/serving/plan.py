@@ -173,7 +173,9 @@ class Plan:
         """`call_torch` of a plain product (alpha 1) written into `out`, a tensor of the plan's shape and
         dtype, C-contiguous and 256-byte aligned as the fresh outputs the plan was made for (the widths
         of its stores assume it): Inductor's extern kernels write into buffers of Inductor's. False,
-        launching nothing, where `out`, the devices or the operands' alignment differ from the plan's."""
+        launching nothing, where `out`, the devices or the operands' alignment differ from the plan's.
+        (The checks and the stream are call_torch's, written again: that fast path counts its
+        microseconds, and a helper call there would cost some.)"""
         device = self.device
         template = self.torch_template
         if template is None or _current_device() != device or b.get_device() != device or out.get_device() != device:
