@@ -5,13 +5,12 @@ is said one way, naming the command."""
 
 from __future__ import annotations
 
-import types
-
 import pytest
 
 from autogemm.cli import main
 
 from conftest import gpu_available
+from test_cli_hardening import _fake_cupy
 
 
 def run(capsys, *argv):
@@ -72,23 +71,14 @@ def test_cache_export_writes_the_file_o_names(capsys, tmp_path, monkeypatch):
     assert code == 0 and (tmp_path / "bundle.json").is_file() and "exported" in out
 
 
-def _no_driver_cupy():
-    class CUDARuntimeError(RuntimeError):
-        pass
-
-    def count():
-        raise CUDARuntimeError("cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA runtime version")
-
-    runtime = types.SimpleNamespace(driverGetVersion=lambda: 0, getDeviceCount=count)
-    return types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
-
-
 @pytest.mark.parametrize("argv, name", [(["tune", "--m", "64"], "tune"), (["bench", "--m", "64"], "bench"),
                                          (["cache", "verify"], "cache verify"), (["cache", "retime"], "cache retime")])
 def test_no_usable_gpu_is_said_one_way_naming_the_command(capsys, monkeypatch, argv, name):
     from autogemm.gpu import runtime
 
-    monkeypatch.setattr(runtime, "cupy", _no_driver_cupy)
+    no_driver = _fake_cupy(0, error="cudaErrorInsufficientDriver: CUDA driver version is insufficient for CUDA "
+                                    "runtime version")
+    monkeypatch.setattr(runtime, "cupy", lambda: no_driver)
     code, _, err = run(capsys, *argv)
     assert code == 3
     assert err.strip() == (f"autogemm {name}: error: autogemm {name} needs a CUDA GPU, and no CUDA GPU is usable "

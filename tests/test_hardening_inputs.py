@@ -241,19 +241,13 @@ class _FakeArray:
         import numpy as np
         from types import SimpleNamespace
 
+        from autogemm.gpu.operands import contiguous_strides
+
         self.dtype = np.dtype(dtype)
         self.shape, self.strides = tuple(shape), tuple(s * self.dtype.itemsize for s in strides_elements)
         self.device = SimpleNamespace(id=0)
-        contiguous = all(s == expected for s, expected in zip(strides_elements, _row_major(shape)))
+        contiguous = all(s == expected for s, expected in zip(strides_elements, contiguous_strides(tuple(shape), 1)))
         self.flags = SimpleNamespace(c_contiguous=contiguous)
-
-
-def _row_major(shape):
-    strides, step = [], 1
-    for extent in reversed(shape):
-        strides.insert(0, step)
-        step *= extent
-    return strides
 
 
 @pytest.mark.parametrize("a, b, bias, message", [
@@ -264,6 +258,7 @@ def _row_major(shape):
     (((8, 64), (64, 1)), ((64, 32), (1, 64)), ((32,), (-1,)), "bias must be contiguous"),  # bias[::-1]
 ])
 def test_fp8_operands_and_bias_with_strides_the_kernels_do_not_read_are_refused(a, b, bias, message):
+    from autogemm.gpu.operands import contiguous_strides
     from autogemm.serving.scaled import check_call
 
     a_array, b_array = _FakeArray(*a, "uint8"), _FakeArray(*b, "uint8")
@@ -272,7 +267,7 @@ def test_fp8_operands_and_bias_with_strides_the_kernels_do_not_read_are_refused(
     with pytest.raises(ValueError, match=message):
         check_call(a_array, b_array, scale, scale, bias_array, "float32", dtype="float8_e4m3fn")
     # the same call with unit strides is taken
-    a_good = _FakeArray(a[0], _row_major(a[0]), "uint8")
+    a_good = _FakeArray(a[0], contiguous_strides(a[0], 1), "uint8")
     b_good = _FakeArray(b[0], (1, b[0][0]), "uint8")
     bias_good = None if bias is None else _FakeArray(bias[0], (1,), "float32")
     call = check_call(a_good, b_good, scale, scale, bias_good, "float32", dtype="float8_e4m3fn")
