@@ -22,10 +22,10 @@ This is the only module of autogemm that imports torch at import time; `import a
 
 from typing import Any, Optional
 
-import ml_dtypes
-import numpy as np
 import torch
 
+from . import dtypes
+from .gpu import runtime
 from .serving import dispatch, numpy_semantics, scaled
 
 __all__ = ["DTYPES", "Linear", "disable_inductor", "enable_inductor", "matmul", "scaled_matmul"]
@@ -33,10 +33,6 @@ __all__ = ["DTYPES", "Linear", "disable_inductor", "enable_inductor", "matmul", 
 # the dtypes autogemm's kernels (or cuBLAS through them) multiply
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _NAME = "autogemm::matmul"
-
-
-def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    return np.dtype(ml_dtypes.bfloat16) if dtype == torch.bfloat16 else np.dtype(str(dtype).removeprefix("torch."))
 
 
 def result_dtype(dtype_a: torch.dtype, dtype_b: torch.dtype) -> torch.dtype:
@@ -47,11 +43,11 @@ def result_dtype(dtype_a: torch.dtype, dtype_b: torch.dtype) -> torch.dtype:
         if dtype not in DTYPES:
             raise TypeError(f"{_NAME}: {name} is {dtype}; the operator multiplies "
                             f"{', '.join(str(d) for d in DTYPES)} tensors")
-    promoted = numpy_semantics.result_dtype(_numpy_dtype(dtype_a), _numpy_dtype(dtype_b))
+    promoted = numpy_semantics.result_dtype(*(runtime.numpy_dtype(dtypes.name_of(d)) for d in (dtype_a, dtype_b)))
     if promoted is None:
         raise TypeError(f"{_NAME}: a is {dtype_a} and b is {dtype_b}, which NumPy with ml_dtypes (autogemm's "
                         "promotion) has no common dtype for; convert one first, e.g. b.to(a.dtype)")
-    return next(dtype for dtype in DTYPES if _numpy_dtype(dtype) == promoted)
+    return getattr(torch, promoted.name)
 
 
 def result_shape(a_shape: Any, b_shape: Any) -> tuple[Any, ...]:
