@@ -287,7 +287,8 @@ def gather(storage: str | None, problem: Problem | None, *, cache: TuningCache |
     skipped = sorted(name for name, facts in parsed.items() if facts is None)
     chosen = {name: facts for name, facts in parsed.items()
               if facts is not None and (problem is None or facts[1].key == problem.key)}
-    recorded = {(slug, record.problem) for slug in cache.devices() for _, record in cache.records(slug)
+    records_of = {slug: cache.records(slug) for slug in cache.devices()}  # (read and checked once)
+    recorded = {(slug, record.problem) for slug, records in records_of.items() for _, record in records
                 if problem is None or record.problem == problem.key}
     if not chosen and not recorded:
         if problem is not None:
@@ -308,7 +309,7 @@ def gather(storage: str | None, problem: Problem | None, *, cache: TuningCache |
         by_problem[key] = []
     devices = []
     for slug in sorted({slug for slug, _ in by_problem}):
-        records = cache.records(slug)
+        records = records_of[slug] if slug in records_of else cache.records(slug)
         documents = [(p, d) for p, d in given if name_matches(d["device"], slug)] or found_results(slug)
         problems = []
         for (device, key), studies in by_problem.items():
