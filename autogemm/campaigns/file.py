@@ -331,7 +331,8 @@ def load_campaign(path: str | Path, *, trust_cache_dir: bool = False, cache_dir:
         if campaign.storage:
             campaign = dataclasses.replace(campaign, storage=_storage_in(path, campaign.storage, trust_cache_dir))
         if campaign.cache_dir:
-            campaign = dataclasses.replace(campaign, cache_dir=_cache_dir_in(path, campaign.cache_dir, trust_cache_dir))
+            campaign = dataclasses.replace(campaign, cache_dir=str(_path_in(path, campaign.cache_dir, trust_cache_dir,
+                                                                                "cache_dir")))
     except CampaignFileError as exc:
         raise CampaignFileError(f"{path}: {exc}") from None
     return campaign
@@ -358,10 +359,6 @@ def _path_in(path: Path, given: str, trusted: bool, key: str) -> Path:
                                 "a campaign file decides where anything is written only if you say so "
                                 f"(--trust-paths){other and ','}{other}")
     return resolved
-
-
-def _cache_dir_in(path: Path, given: str, trusted: bool) -> str:
-    return str(_path_in(path, given, trusted, "cache_dir"))
 
 
 FILE_STORAGES = ("sqlite:///", "journal:///")  # storages that are a file (and its .lock, .claims.db beside it)

@@ -100,9 +100,6 @@ class _StderrHandler(logging.StreamHandler):
     """Writes to whatever sys.stderr is when a record comes (as logging's last resort does), so that
     a redirected or captured stderr gets the lines."""
 
-    def __init__(self):
-        super().__init__()
-
     @property
     def stream(self):
         return sys.stderr

@@ -145,12 +145,11 @@ def _cache_show(args: argparse.Namespace) -> int:
 
 
 def _cache_export(args: argparse.Namespace) -> int:
-    output = args.output
     try:
-        count = _cache().export(output)
+        count = _cache().export(args.output)
     except OSError as exc:
-        raise CliFailure(f"cannot write {output}: {exc}") from None
-    print(f"exported {count} records to {output}")
+        raise CliFailure(f"cannot write {args.output}: {exc}") from None
+    print(f"exported {count} records to {args.output}")
     return 0
 
 
