@@ -26,7 +26,7 @@ import torch
 
 from . import dtypes
 from .gpu import runtime
-from .serving import dispatch, numpy_semantics, scaled
+from .serving import dispatch, numpy_semantics, scaled, torch_fast_path
 
 __all__ = ["DTYPES", "Linear", "disable_inductor", "enable_inductor", "matmul", "scaled_matmul"]
 
@@ -218,7 +218,34 @@ def autogemm_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     if not (a.is_cuda and b.is_cuda and out.is_cuda):
         torch.mm(a, b, out=out)
         return
-    dispatch.matmul_into(a, b, out)
+    _matmul_into(a, b, out)
+
+
+# torch fast-path keys whose first call left no plan to write into a given output (the general path serves them)
+_NOT_INTO: set = set()
+_NOT_INTO_KEPT = 4096
+
+
+def _matmul_into(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    """out = a @ b for two CUDA tensors, `out` a tensor of the result's shape and dtype. A repeated call
+    launches the torch fast path's plan straight into `out` (host time as the fast path's, which
+    Inductor's benchmarks count: through matmul(..., out=) the general path made the choice host-bound);
+    a key's first call plans as matmul(a, b) does and copies its result in, and a key that gets no
+    such plan (or an `out` it cannot write) goes the general path."""
+    served = dispatch.dispatcher()
+    key = torch_fast_path.torch_fast_key(a, b, None)
+    plan = served.torch_fast.get(key)
+    if plan is not None and plan.call_torch_into(a, b, out):
+        return
+    if plan is not None or key in _NOT_INTO:
+        dispatch.matmul(a, b, out=out)
+        return
+    result = dispatch.matmul(a, b)
+    if key not in served.torch_fast:
+        if len(_NOT_INTO) >= _NOT_INTO_KEPT:
+            _NOT_INTO.clear()
+        _NOT_INTO.add(key)
+    out.copy_(result)
 
 
 def enable_inductor() -> None:

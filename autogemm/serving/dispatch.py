@@ -55,32 +55,6 @@ def _bind_torch() -> None:
     _TENSOR = torch.Tensor
 
 
-# torch fast-path keys whose first call left no plan to write into a given output (the general path serves them)
-_NOT_INTO: set[tuple[Any, ...]] = set()
-_NOT_INTO_KEPT = 4096
-
-
-def matmul_into(a: Any, b: Any, out: Any) -> None:
-    """out = a @ b for two CUDA tensors (a plain product), `out` a tensor of the result's shape and
-    dtype: what Inductor's extern kernels are asked for (autogemm.torch.autogemm_mm). A repeated call
-    launches the torch fast path's plan straight into `out` (host time as the fast path's, which
-    Inductor's benchmarks count); a key's first call plans as matmul(a, b) does and copies its result
-    in, and a key that gets no such plan (or an `out` it cannot write) goes the general path."""
-    key = torch_fast_path.torch_fast_key(a, b, None)
-    plan = _DISPATCHER.torch_fast.get(key)
-    if plan is not None and plan.call_torch_into(a, b, out):
-        return
-    if plan is not None or key in _NOT_INTO:
-        matmul(a, b, out=out)
-        return
-    result = matmul(a, b)
-    if key not in _DISPATCHER.torch_fast:
-        if len(_NOT_INTO) >= _NOT_INTO_KEPT:
-            _NOT_INTO.clear()
-        _NOT_INTO.add(key)
-    out.copy_(result)
-
-
 def reset() -> None:
     """Forgets the kernels chosen so far in this process, so that the next calls consult the cache
     again (after `autogemm tune` added entries, say)."""
