@@ -8,12 +8,14 @@ import argparse
 from typing import Any
 
 from .. import dtypes
+from ..families.waves import fill
 from ..gpu import launch
 from ..gpu.runtime import require_gpu as gpu_or_error
 from ..kernels.space import SearchSpace, SpaceError, candidate_space_names
 from ..measure.evaluate import FatalEvaluationError, GpuEvaluator
 from ..measure.grouped_measuring import LOOP, TORCH_GROUPED
 from ..measure.scaled_measuring import baseline_name
+from ..measure.timing import SUSTAINED_ROUND_MS
 from ..problem import Problem
 from ..results.cache import TuningCache
 from ..tuning.options import CONVERGED_GAIN, SAMPLERS, TuneOptions, default_jobs
@@ -40,11 +42,21 @@ def _baseline(problem) -> tuple[str, str]:
     return "cuBLAS", "the faster of cuBLASLt then the epilogue's pass and cuBLASLt's own epilogue where it has it, same run"
 
 
+def _sustained_row(figures: dict[str, Any]) -> str:
+    """How the sustained comparison ran: its rounds, the SM clock and power seen, the short re-timings' ratio."""
+    seen = (f", SM clock {figures['sm_clock_mhz']:.0f} MHz, {figures['power_w']:.0f} W"
+            if figures.get("sm_clock_mhz") else ", no clock readings (NVML)")
+    rounds = figures.get("rounds", 0)
+    return (f"{rounds:.0f} rounds, {rounds * SUSTAINED_ROUND_MS / 1e3:.1f} s per competitor{seen}; "
+            f"{figures.get('burst_ratio', 0):.3f}x in the short re-timings before them")
+
+
 def _format_result(result) -> str:
     config = result.config
     baseline, measured = _baseline(result.problem)
     knobs = " ".join(f"{k}={v}" for k, v in config.to_dict().items() if k != "family")
     failures = ", ".join(f"{n} {k}" for k, n in sorted(result.failures.items())) or "none"
+    regime = "sustained: back to back in rounds" if result.sustained else "steady state"
     rows = [
         ("problem", str(result.problem)),
         ("device", f"{result.device.name} ({result.device.arch}, {result.device.sm_count} SMs)"),
@@ -52,9 +64,11 @@ def _format_result(result) -> str:
          if result.kept_cublas else f"the generated kernel ({result.ratio:.3f}x {baseline}, noise {result.noise:.1%})"),
         ("best config", config.name),
         ("knobs", knobs),
-        ("TFLOP/s", f"{result.tflops:.2f}  (GPU time {result.time_ms * 1e3:.1f} us, steady state)"),
+        ("waves", fill(config, result.problem, result.device).describe() + f" on {result.device.sm_count} SMs"),
+        ("TFLOP/s", f"{result.tflops:.2f}  (GPU time {result.time_ms * 1e3:.1f} us, {regime})"),
         (f"{baseline} TFLOP/s", f"{result.cublas_tflops:.2f}  (GPU time {result.cublas_ms * 1e3:.1f} us: {measured})"),
-        ("ratio", f"{result.ratio:.3f}x {baseline} in GPU time" + (
+        *([("sustained", _sustained_row(result.sustained))] if result.sustained else []),
+        ("ratio", f"{result.ratio:.3f}x {baseline} in {'sustained ' if result.sustained else ''}GPU time" + (
             f", {result.single_call_ratio:.3f}x one call at a time ({result.latency.kernel_us:.1f} us against "
             f"{result.latency.baseline_us:.1f} us)" if result.latency is not None else "")),
         ("rel. error", f"{result.rel_error:.2e}" if result.rel_error == result.rel_error else "n/a"),

@@ -101,6 +101,9 @@ class GemmConfig(Config):
     launch_kind: ClassVar[LaunchKind] = LaunchKind.TILES
     register_cap: ClassVar[int] = 0  # an explicit register cap per thread (0: from min_blocks)
     takes_grouped: ClassVar[bool] = False  # whether the family renders grouped products (Problem.grouped)
+    # whether a new study of the family's spaces starts from the tiles that fill the GPU best
+    # (tuning/wave_seeds.py): a compute-bound tile family whose work units are its tiles x K splits
+    seeds_by_waves: ClassVar[bool] = False
     # named constants the family's search-space expressions may use (facts of the hardware and pipeline)
     space_constants: ClassVar[dict[str, Any]] = {}
     template_dir: ClassVar[str | None] = None  # where a family from outside the package keeps its templates

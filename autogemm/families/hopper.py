@@ -104,6 +104,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
     family_applies_epilogue = True  # (in its store, from the accumulators: templates/common.cuh.j2)
     applies_scales = True  # (FP8: the scales in the epilogue, D written in its out_dtype)
     takes_grouped = True  # (groups of rows by offsets on the GPU: templates/hopper_gemm.cu.j2, `grouped`)
+    seeds_by_waves = True  # (its tiles decide how 132 SMs fill: families/waves.py)
     label = "Hopper"
     name_prefix = "hopper_"
     knobs = KNOBS

@@ -33,6 +33,7 @@ from .outcome import RecordKeeper, Winner, best_so_far, retimed_best
 from .study import (Sharing, StudyStorageError, StudyWriter, TrialExchange, ask_params, best_configs, default_storage,
                     make_sampler, open_study, optuna_quiet, remember_trials, tell_trials)
 from .progress import TuneProgress
+from .wave_seeds import wave_ranked
 from .result import TuneError, TuneResult, TuneStorageError
 
 log: logging.Logger = logging.getLogger(__name__)
@@ -189,12 +190,14 @@ class SearchLoop:
 
     def _enqueue_known_configs(self) -> None:
         """What is known comes first (what serves this problem now, the nearest tuned problems'
-        winners, the model's best predictions): a tune never ends below what was serving. The
-        space's own seeds follow in a new study. What the space's problem rules exclude is not
+        winners, the model's best predictions): a tune never ends below what was serving. In a new
+        study the configurations whose work fills the GPU best follow (one per tile shape, ranked by
+        families/waves.py), then the space's own seeds. What the space's problem rules exclude is not
         enqueued (it would be pruned); a better cached record of it stays in the cache all the same."""
         problem, device, space = self.problem, self.device, self.space
-        space_seeds = space.seeds if not self.study.trials else []
-        for config in known_configs(problem, device, self.cache, space) + space_seeds:
+        # a new study then tries the tiles that fill the GPU best (wave_seeds), and the space's own seeds
+        new_study_seeds = wave_ranked(space, problem, device) + space.seeds if not self.study.trials else []
+        for config in known_configs(problem, device, self.cache, space) + new_study_seeds:
             values = space.knob_values(config)
             if values is not None and not config.check(problem, device) and \
                     space.evaluate(values, problem, device)[0] is not None:
@@ -373,9 +376,10 @@ class SearchLoop:
                            if "config" in t.user_attrs and not t.user_attrs.get("duplicate"))
         # an interrupted tune's best stays provisional: served, and replaced by the next finished tune
         record = self.records.record(winner.config, winner.measurement, winner.cublas_ms, counters.for_record(),
-                                     provisional=self.interrupted, latency=latency)
+                                     provisional=self.interrupted, latency=latency, sustained=winner.sustained,
+                                     baselines=winner.baselines)
         rel_error = record.rel_error  # the best generated kernel's, whichever is kept
-        kept_cublas = record.ratio <= 1 + winner.noise or (latency is not None and latency.ratio <= 1 + LATENCY_MARGIN)
+        kept_cublas = keeps_cublas(record.ratio, winner.noise, latency, winner.gpu_bound)
         if kept_cublas:  # within the noise of cuBLAS or slower: cuBLAS is the winner, with its figures
             record = cublas_record(record, latency.ratio if latency else None)
         record.trials["in_study"] = study_trials
@@ -394,7 +398,23 @@ class SearchLoop:
             restarts=evaluator.restarts, restart_s=evaluator.restart_s, cache_error=errors[-1] if errors else "",
             unstored_kernels=evaluator.unstored, storage_error=evaluator.storage_error,
             kept_cublas=kept_cublas, noise=winner.noise, seeded=counters.seeded, latency=latency,
+            sustained=dict(winner.sustained),
         )
+
+
+def keeps_cublas(ratio: float, noise: float, latency: Any, gpu_bound: bool) -> bool:
+    """Whether cuBLAS is kept over the best generated kernel: it beats cuBLAS's GPU time (`ratio`, the
+    baseline's time over the kernel's) by no more than `noise`, or loses in single-call latency. A
+    GPU-bound product (timed sustained) may not lose latency beyond the noise, since its latency is
+    mostly that same GPU time; a shorter one must win latency by LATENCY_MARGIN, since there host
+    time decides what a user waits for."""
+    if ratio <= 1 + noise:
+        return True
+    if latency is None:
+        return False
+    if gpu_bound:
+        return latency.ratio < 1 - max(noise, LATENCY_MARGIN)
+    return latency.ratio <= 1 + LATENCY_MARGIN
 
 
 def converged(history: list[float], patience: int) -> bool:

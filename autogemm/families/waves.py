@@ -1,0 +1,110 @@
+"""How a configuration's work fills the GPU: its work units (output tiles times K splits) dealt to the
+SMs in waves, and a rough cost that ranks the configurations of one problem by it.
+
+Wave quantization is most of why a Hopper tile loses to cuBLAS on a shape: with 128 x 256 tiles a
+640 x 4096 product has 80 tiles for 132 SMs (61% of one wave) and a 256 x 4096 one 32 (24%), while
+cuBLAS picks 128 x 192, 64 x 128 or split-K there (docs/tuning.md, "Waves"). `fill` counts
+units / (waves x slots); `relative_cost` adds what a smaller tile or a split costs in data moved, so
+that the tuner can seed its search with the tiles that fill the machine (tuning/wave_seeds.py) and the
+tune's table can show the winner's count. DeepGEMM picks its block sizes by such a score.
+
+The cost is in units of one SM's tensor-core work (2 flops a multiply-add), with data movement
+converted at fixed exchange rates of an H100/H200-class SM. It only ranks: it predicts no time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .. import dtypes
+from ..problem import Device, Problem
+
+# Tensor-core flops an SM issues per byte it reads from L2 (dense 16-bit: ~4096 flops a clock, against
+# the ~45 bytes a clock per SM that L2 sustains to all SMs at once): a tile whose flops per loaded byte
+# fall below this waits on L2 (a 128 x 256 tile of a pair multicasting B does not; 64 x 128 does, at
+# half the rate). FP32 accumulators, so a product in any input type is counted in its own bytes.
+FLOPS_PER_L2_BYTE = 90.0
+# what a work unit costs besides its main loop, in flops of the SM's time: the first slices' latency
+# and the epilogue not hidden under the next tile (~2000 clocks)
+UNIT_OVERHEAD_FLOPS = 8e6
+# flops per byte of device memory, the whole GPU's ratio (~990 TFLOP/s dense 16-bit to ~4.8 TB/s):
+# the output's store and split-K's FP32 partial sums are counted at this rate
+FLOPS_PER_DRAM_BYTE = 200.0
+# a single consumer warpgroup issues wgmmas with no other to cover its waits and its epilogue
+ONE_CONSUMER_RATE = 0.85
+PARTIAL_BYTES = 4  # a split-K partial sum (FP32)
+
+
+@dataclass(frozen=True)
+class Waves:
+    """A configuration's work on a device: `units` work units (tiles x K splits x batch) over
+    `slots` places that run one at a time each (an SM, or two with ping-pong consumers)."""
+
+    units: int
+    slots: int
+    tile: tuple[int, int]  # rows x columns of a work tile, in the kernel's terms
+    split_k: int
+
+    @property
+    def waves(self) -> int:
+        return -(-self.units // self.slots)
+
+    @property
+    def efficiency(self) -> float:
+        """units / (waves x slots): 1.0 where every wave is full."""
+        return self.units / (self.waves * self.slots)
+
+    def describe(self) -> str:
+        """As the tune's table shows it: '80 tiles of 128x256, 1 wave, 61% full'."""
+        rows, cols = self.tile
+        split = f" x {self.split_k} splits" if self.split_k > 1 else ""
+        waves = f"{self.waves} wave{'s' if self.waves != 1 else ''}"
+        return f"{self.units // self.split_k} tiles of {rows}x{cols}{split}, {waves}, {self.efficiency:.0%} full"
+
+
+def _tile(config: Any) -> tuple[int, int]:
+    """Rows x columns of one work tile: a ping-pong consumer's, else the block's."""
+    rows = getattr(config, "tile_rows", None) or config.bm
+    return int(rows), int(config.bn)
+
+
+def fill(config: Any, problem: Problem, device: Device) -> Waves:
+    """How `config`'s work units fill `device` on `problem` (in the kernel's terms: a config that
+    swaps the operands' roles tiles the swapped problem)."""
+    kernel = config.kernel_problem(problem) if hasattr(config, "kernel_problem") else problem
+    rows, cols = _tile(config)
+    split = max(1, int(getattr(config, "split_k", 1)))
+    # a cluster's blocks take vertically adjacent tiles: a partner past the last row tile still runs
+    cluster = max(1, int(getattr(config, "cluster", 1)))
+    units = -(-kernel.m // rows // cluster) * cluster * -(-kernel.n // cols) * kernel.batch * split
+    # ping-pong: the two consumers of an SM take a tile each, in turns (each at half the SM's rate)
+    slots = device.sm_count * (2 if getattr(config, "pingpong", False) else 1)
+    return Waves(units=units, slots=max(1, slots), tile=(rows, cols), split_k=split)
+
+
+def relative_cost(config: Any, problem: Problem, device: Device) -> float:
+    """A rough cost of `config` on `problem` (lower is faster; comparable between the configs of one
+    problem only): the waves times what one work unit costs an SM. A unit multiplies its tile over
+    its share of K (padded to whole slices), loading both operands' slices from L2 (B once per pair of
+    a cluster: multicast), then stores its tile, and with split-K writes and reads back FP32 partial
+    sums."""
+    kernel = config.kernel_problem(problem) if hasattr(config, "kernel_problem") else problem
+    waves = fill(config, problem, device)
+    rows, cols = waves.tile
+    itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
+    bk = max(1, int(getattr(config, "bk", 64)))
+    k_share = -(-math.ceil(kernel.k / waves.split_k) // bk) * bk
+    compute = 2.0 * rows * cols * k_share
+    cluster = max(1, int(getattr(config, "cluster", 1)))
+    loaded = (rows + cols / cluster) * k_share * itemsize
+    unit = max(compute, loaded * FLOPS_PER_L2_BYTE) + UNIT_OVERHEAD_FLOPS
+    if getattr(config, "consumers", 2) == 1:
+        unit /= ONE_CONSUMER_RATE
+    out_itemsize = 4 if itemsize == 4 else 2
+    unit += rows * cols * out_itemsize * FLOPS_PER_DRAM_BYTE
+    if waves.split_k > 1:  # each unit writes its partial sums; the last reads every split's back
+        unit += 2 * rows * cols * PARTIAL_BYTES * FLOPS_PER_DRAM_BYTE
+    per_slot = 2 if getattr(config, "pingpong", False) else 1  # (a ping-pong slot runs at half the SM's rate)
+    return waves.waves * unit * per_slot
