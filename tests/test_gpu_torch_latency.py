@@ -93,6 +93,25 @@ def test_a_repeated_call_is_served_by_the_fast_path(serving, dtype_name, layout,
             assert _error(torch, result, expected) <= LIMITS[dtype_name]
 
 
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
+def test_16_bit_tensors_served_cublas_get_torch_matmul_itself(dtype_name, general_calls):
+    """Where nothing generated serves two 16-bit tensors, the repeated call is torch.matmul's own (its
+    algorithm and workspace: the same bits), so that it is never slower than what the user would call."""
+    torch = _torch()
+    dtype = getattr(torch, dtype_name)
+    with _serving("cublas"):
+        a = _operand(torch, (1000, 1200), dtype, 3)
+        b = _operand(torch, (1100, 1200), dtype, 4).t()  # (weights stored N x K, as F.linear reads them)
+        autogemm.matmul(a, b)
+        repeated = autogemm.matmul(a, b)
+        assert len(general_calls) == 1
+        plans = [plan for plan in dispatch._DISPATCHER.torch_fast.values() if plan.shape == (1000, 1100)]
+        assert plans and all(plan.torch_matmul is torch.matmul for plan in plans)
+        assert torch.equal(repeated, torch.matmul(a, b))
+        halved = autogemm.matmul(a, b, alpha=0.5)  # (alpha is autogemm's: its own cuBLAS call)
+        assert _error(torch, halved * 2, a.double() @ b.double()) <= LIMITS[dtype_name]
+
+
 def test_what_the_key_does_not_pin_down_goes_the_general_path(general_calls):
     """A misaligned operand under a kernel plan (its vector widths assumed aligned ones), an operand
     that requires grad, a tune argument, an out, a CuPy operand: each is planned or refused by

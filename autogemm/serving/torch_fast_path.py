@@ -49,10 +49,23 @@ def register(dispatcher: Any, a: Any, b: Any, a_arr: Any, b_arr: Any, result_arr
         return False
     if plan.torch_streams is None:
         plan.torch_template = output_template(result)  # (result has the plan's shape)
+        plan.torch_matmul = torch_matmul_for(plan, a, b)
         plan.torch_streams = TORCH_STREAMS.setdefault(device, {})
         if plan.spares is not None:  # a spare budget reserved for the plan (plan.make_plan)
             plan.torch_spares = {}
     return dispatcher.keep_torch(torch_fast_key(a, b, compute), plan)
+
+
+def torch_matmul_for(plan: Any, a: Any, b: Any) -> Any:
+    """torch.matmul where `plan` serves cuBLAS (nothing generated chosen) on two tensors of one 16-bit
+    dtype, so that the torch fast path calls it (Plan.torch_matmul): for tensors, cuBLAS as torch calls
+    it is what a user would call instead. None elsewhere: float32 is not handed over, since torch.matmul
+    computes it in TF32 where the user allowed that, and autogemm computes float32 as float32."""
+    import torch  # (a tensor was given)
+
+    if plan.choice.config is not None or a.dtype != b.dtype or a.dtype not in (torch.float16, torch.bfloat16):
+        return None
+    return torch.matmul
 
 
 def torch_stream(streams: dict[str, Any], pointer: int, device: int) -> Any:
