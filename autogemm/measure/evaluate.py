@@ -22,7 +22,7 @@ from ..kernels.compile import CompileError, UnstoredCubin, compile_pool, compile
 # the measuring side (what runs where the CUDA context lives), named here too: the tuner's callers
 # know these as evaluate's
 from .measurers import measurer_for
-from .measuring import FAILURE_KINDS, LATENCY_MARGIN, MIN_NOISE, SINGLE_CALL_PAIRS, STICKY_CUDA_ERRORS, GpuMeasurer, Latency, Measurement, failure_from_exception
+from .measuring import FAILURE_KINDS, LATENCY_MARGIN, MIN_NOISE, SINGLE_CALL_PAIRS, STICKY_CUDA_ERRORS, GpuMeasurer, Latency, Measurement, Sustained, failure_from_exception
 from ..problem import Device, Problem
 from ..kernels.render import render
 from .timing import PROTOCOL
@@ -72,6 +72,11 @@ class Evaluator:
         """The kernel's and the served cuBLAS fallback's latency, one call at a time on an idle GPU,
         each served as matmul serves it (a fresh output, then the launch); None where this back end
         cannot measure it."""
+        return None
+
+    def sustained(self, configs: list[Any]) -> Sustained | None:
+        """Sustained GPU time of the configs and the baselines, taking turns in rounds with the GPU never
+        idle (measuring.GpuMeasurer.sustained); None where this back end cannot measure it."""
         return None
 
     def close(self) -> None:
@@ -229,6 +234,9 @@ class GpuEvaluator(CompileAheadEvaluator):
 
     def single_call(self, config: Any) -> Latency | None:
         return self._measurer.single_call(config)
+
+    def sustained(self, configs: list[Any]) -> Sustained | None:
+        return self._measurer.sustained(configs)
 
 
 class FatalEvaluationError(RuntimeError):

@@ -112,6 +112,9 @@ class GroupedMeasurer(GpuMeasurer):
             return calls[min(self.baselines, key=self.baselines.get)]
         return calls.get(TORCH_GROUPED, calls[LOOP])
 
+    def baseline_calls(self) -> dict[str, list[Any]]:
+        return self._baselines()
+
     def time_baselines(self, target_ms: float = TARGET_MS) -> dict[str, float]:
         """GPU time of each baseline; the loop's calls launch a product per non-empty group, which the
         gated batches must know (timing.launch_limits)."""

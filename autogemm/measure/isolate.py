@@ -21,7 +21,8 @@ from dataclasses import asdict
 from typing import Any
 
 from ..kernels.compile import remember
-from .evaluate import CompileAheadEvaluator, FatalEvaluationError, GpuMeasurer, Latency, Measurement, failure_from_exception
+from .evaluate import CompileAheadEvaluator, FatalEvaluationError, GpuMeasurer, Latency, Measurement, Sustained, failure_from_exception
+from .timing import SUSTAINED_ROUND_MS, SUSTAINED_ROUNDS, SUSTAINED_WARMUP_MS
 from .measurers import measurer_for
 from ..families import config_from_dict
 from ..problem import Device, Problem
@@ -156,6 +157,18 @@ def serve(conn: Any, measurer: Any) -> Any:
                 conn.send(("ok", {"ms": ms, "baselines": dict(measurer.baselines)}))
             except Exception as exc:
                 conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+            continue
+        if request[0] == "sustained":
+            _, configs_data, cubins = request
+            for cubin in cubins:
+                if cubin is not None:
+                    remember(cubin)
+            try:
+                conn.send(("ok", asdict(measurer.sustained([config_from_dict(data) for data in configs_data]))))
+            except Exception as exc:
+                conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+            if measurer.poisoned:
+                os._exit(3)
             continue
         if request[0] == "single":
             _, config_data, cubin = request
@@ -372,6 +385,17 @@ class IsolatedEvaluator(CompileAheadEvaluator):
         if isinstance(answer, Measurement) or answer[0] != "ok":
             return None
         return Latency(**answer[1])
+
+    def sustained(self, configs: list[Any]) -> Sustained | None:
+        """(None when the measuring process could not say.) The time limit: each competitor's rounds
+        and warm-up, several times over, on top of a candidate's."""
+        seconds = (len(configs) + 3) * (SUSTAINED_ROUNDS * SUSTAINED_ROUND_MS + SUSTAINED_WARMUP_MS) / 1e3
+        answer = self._request(("sustained", [config.to_dict() for config in configs],
+                                [self._in_memory.get(config.name) for config in configs]),
+                               self.timeout + 3 * seconds)
+        if isinstance(answer, Measurement) or answer[0] != "ok":
+            return None
+        return Sustained(**answer[1])
 
     def _cublas(self, repeats: int) -> float:
         answer = self._request(("cublas", repeats), max(self.timeout, BASELINE_TIMEOUT_S))

@@ -23,7 +23,8 @@ from ..gpu.cublas_gemm import alignment_of, cublas_launcher
 from ..gpu.epilogue_pass import pass_kernel, vector_width
 from ..gpu.operands import describe
 from ..problem import Device, Problem
-from .timing import TARGET_MS, gpu_time, latencies
+from .clocks import ClockMonitor
+from .timing import TARGET_MS, gpu_time, latencies, sustained_times
 
 # GPU time (timing.gpu_time) of a candidate during the search: a short steady run; the finalists and
 # the baselines are re-timed with the protocol's full TARGET_MS each.
@@ -43,6 +44,32 @@ SERVED, CUPY = "cublaslt", "cupy.matmul"
 # with an epilogue, what matmul serves without a fused kernel: cuBLASLt's GEMM then the epilogue's pass
 # (gpu/epilogue_pass.py), and cuBLASLt's own epilogue where it has this one (gpu/cublas_epilogue.py)
 SERVED_PASS, SERVED_LT = "cublaslt + pass", "cublaslt epilogue"
+
+
+@dataclass
+class Sustained:
+    """Sustained GPU time (timing.sustained_times) of finalists and baselines, ms a call (medians of the
+    rounds), each one's spread (half the range of its rounds over the median), and the SM clock (MHz)
+    and board power (W) seen during the rounds (0: NVML gave none)."""
+
+    kernel_ms: list[float]
+    kernel_spread: list[float]
+    baselines: dict[str, float]
+    baseline_spread: dict[str, float]
+    rounds: int
+    sm_clock_mhz: float = 0.0
+    power_w: float = 0.0
+
+    @property
+    def baseline_ms(self) -> float:
+        """The faster baseline's."""
+        return min(self.baselines.values())
+
+    @property
+    def noise(self) -> float:
+        """The spread of the faster baseline's rounds, at least MIN_NOISE: a kernel must beat it by more."""
+        faster = min(self.baselines, key=self.baselines.__getitem__)
+        return max(MIN_NOISE, self.baseline_spread[faster])
 
 
 @dataclass
@@ -121,6 +148,7 @@ class GpuMeasurer:
         self._extras = [self._epilogue_inputs(seed + 100 * i + 50) for i in range(len(self._sets))]
         self._served_calls: list[Any] | None = None
         self._lt_calls: list[Any] | None = None
+        self._cupy_computes: bool | None = None  # whether cupy.matmul computes this type in this form
         self.baselines: dict[str, float] = {}  # ms of each baseline, from the last timing
         warm_up(self._served()[0])
         self.cublas_ms = self.time_cublas(target_ms=FIRST_BASELINE_MS)
@@ -241,25 +269,55 @@ class GpuMeasurer:
             return lt
         return self._served()
 
-    def time_baselines(self, target_ms: float = TARGET_MS) -> dict[str, float]:
-        """GPU time (ms a call, timing.gpu_time) of each baseline: cuBLASLt as served, cupy.matmul; with
-        an epilogue, what matmul serves without a fused kernel (SERVED_PASS, SERVED_LT)."""
+    def baseline_calls(self) -> dict[str, Any]:
+        """Each baseline's runners (one per input set): cuBLASLt as served and cupy.matmul where CuPy
+        computes this type in this form; with an epilogue, what matmul serves without a fused kernel
+        (SERVED_PASS, and SERVED_LT where cuBLASLt has the epilogue)."""
         served = self._served()
         if not self.epilogue.is_identity:
-            baselines = {SERVED_PASS: gpu_time(lambda i: served[i % len(served)](), target_ms=target_ms).median_ms}
             lt = self._lt()
-            if lt is not None:
-                baselines[SERVED_LT] = gpu_time(lambda i: lt[i % len(lt)](), target_ms=target_ms).median_ms
-            self.baselines = baselines
-            return baselines
-        users = [self._cublas_runner(i) for i in range(len(self._sets))]
-        baselines = {SERVED: gpu_time(lambda i: served[i % len(served)](), target_ms=target_ms).median_ms}
+            return {SERVED_PASS: served, **({SERVED_LT: lt} if lt is not None else {})}
+        calls = {SERVED: served}
+        if self._cupy_computes is None:
+            try:
+                self._cublas_runner(0)()
+                self._cupy_computes = True
+            except (TypeError, NotImplementedError):  # CuPy cannot compute this type in this form: no user can
+                self._cupy_computes = False
+        if self._cupy_computes:
+            calls[CUPY] = [self._cublas_runner(i) for i in range(len(self._sets))]
+        return calls
+
+    def time_baselines(self, target_ms: float = TARGET_MS) -> dict[str, float]:
+        """GPU time (ms a call, timing.gpu_time) of each baseline (`baseline_calls`)."""
+        self.baselines = {name: gpu_time(lambda i, runners=runners: runners[i % len(runners)](),
+                                         target_ms=target_ms).median_ms
+                          for name, runners in self.baseline_calls().items()}
+        return self.baselines
+
+    def sustained(self, configs: list[Any]) -> Sustained:
+        """Sustained GPU time (timing.sustained_times) of each config and each baseline, taking turns
+        in rounds with the GPU never idle, as a training or prefill loop runs them; with the SM clock
+        and power seen meanwhile. Each config's runners and each baseline's take the input sets in turn."""
+        cupy = self._cupy
         try:
-            baselines[CUPY] = gpu_time(lambda i: users[i % len(users)](), target_ms=target_ms).median_ms
-        except (TypeError, NotImplementedError):  # CuPy cannot compute this type in this form: no user can
-            pass
-        self.baselines = baselines
-        return baselines
+            competitors: dict[str, list[Any]] = {f"config {i}": self._kernel_runners(config)
+                                                 for i, config in enumerate(configs)}
+            baselines = self.baseline_calls()
+            competitors.update(baselines)
+            with unloaded_after(), ClockMonitor(cupy.cuda.Device().pci_bus_id) as monitor:
+                rounds = sustained_times({name: (lambda i, runners=runners: runners[i % len(runners)]())
+                                          for name, runners in competitors.items()})
+        except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
+            self._poisoned_by(exc)
+            raise
+        medians = {name: statistics.median(times) for name, times in rounds.items()}
+        spreads = {name: (max(times) - min(times)) / (2 * medians[name]) for name, times in rounds.items()}
+        self.baselines = {name: medians[name] for name in baselines}
+        return Sustained(kernel_ms=[medians[f"config {i}"] for i in range(len(configs))],
+                         kernel_spread=[spreads[f"config {i}"] for i in range(len(configs))],
+                         baselines=dict(self.baselines), baseline_spread={name: spreads[name] for name in baselines},
+                         rounds=len(next(iter(rounds.values()))), **monitor.figures())
 
     def time_cublas(self, repeats: int | None = None, target_ms: float = TARGET_MS) -> float:
         """The faster baseline's GPU time, ms a call (`repeats`: unused, the protocol decides)."""

@@ -94,6 +94,9 @@ class ScaledMeasurer(GpuMeasurer):
     def _lt(self):
         return None
 
+    def baseline_calls(self) -> dict[str, list[Any]]:
+        return {baseline_name(self.problem): self._served()}
+
     def time_baselines(self, target_ms: float = TARGET_MS) -> dict[str, float]:
         served = self._served()
         name = baseline_name(self.problem)

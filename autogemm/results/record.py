@@ -31,6 +31,8 @@ CUBLAS = "cublas"  # the family of records whose winner is cuBLAS itself
 MAX_TFLOPS = 20_000.0
 MAX_BYTES_PER_S = 200e12
 MAX_RATIO = 1000.0
+# what a record's `sustained` holds
+SUSTAINED_FIGURES = ("sm_clock_mhz", "power_w", "rounds", "burst_ratio")
 # ratio is cublas_ms / time_ms as measured; more apart than rounding makes them is not a measurement
 RATIO_TOLERANCE = 0.05
 
@@ -79,11 +81,18 @@ class Record:
     latency_us: float = 0.0
     baseline_latency_us: float = 0.0
     baselines: dict[str, Any] = field(default_factory=dict)
+    # Where the final comparison was timed sustained (the GPU never idle, clocks and power settled:
+    # timing.sustained_times), time_ms, cublas_ms and baselines are those figures, and this says how:
+    # the SM clock (MHz) and board power (W) seen during the rounds (0: not read), the rounds, and
+    # burst_ratio, the ratio of the short re-timings before them. Empty: not timed sustained.
+    sustained: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         if not self.best_generated:
             del data["best_generated"]
+        if not self.sustained:
+            del data["sustained"]
         return data
 
     @property
@@ -159,6 +168,11 @@ class Record:
                 not isinstance(key, str) or type(value) not in (int, float) or not math.isfinite(value) or value <= 0
                 for key, value in values.get("baselines", {}).items()):
             raise ValueError(f"baselines must map names to positive numbers, got {shown_value(values.get('baselines'))}")
+        if not isinstance(values.get("sustained", {}), dict) or any(
+                key not in SUSTAINED_FIGURES or type(value) not in (int, float) or not math.isfinite(value) or value < 0
+                for key, value in values.get("sustained", {}).items()):
+            raise ValueError(f"sustained must map {', '.join(SUSTAINED_FIGURES)} to numbers >= 0, got "
+                             f"{shown_value(values.get('sustained'))}")
         if type(values.get("provisional", False)) is not bool:
             raise ValueError(f"provisional must be true or false, got {shown_value(values['provisional'])}")
         if "best_generated" in values and not isinstance(values["best_generated"], dict):

@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..results.cache import Record, TuningCache
-from ..measure.evaluate import MIN_NOISE, Evaluator, Latency, Measurement
+from ..measure.evaluate import MIN_NOISE, Evaluator, Latency, Measurement, Sustained
+from ..measure.timing import SUSTAINED_FROM_MS
 from ..problem import Device, Problem
 from ..results.provenance import host, now, runtime_versions
 from ..kernels.render import kernel_digest, kernel_template_hash
 from .result import TuneError
 
 log: logging.Logger = logging.getLogger(__name__)
+# finalists timed sustained against the baselines (the best of the short re-timings)
+SUSTAINED_FINALISTS = 2
 
 
 @dataclass
@@ -28,11 +31,22 @@ class Winner:
     cublas_ms: float
     noise: float  # cuBLAS is kept where the kernel beats it by no more than this
     latency: Latency | None = None  # the kernel's and the served cuBLAS fallback's, one call at a time
+    # timed sustained (Record.sustained's figures; empty: not), and then each baseline's sustained ms
+    sustained: dict[str, Any] = field(default_factory=dict)
+    baselines: dict[str, float] | None = None
+
+    @property
+    def gpu_bound(self) -> bool:
+        """Whether the decision is made on sustained GPU time (a product of SUSTAINED_FROM_MS or more)."""
+        return bool(self.sustained)
 
 
 def retimed_best(finalists: list[Any], evaluator: Evaluator) -> Winner:
     """The fastest of the finalists re-timed together with cuBLAS, and timed one call at a time
-    (host time and all) as matmul serves it."""
+    (host time and all) as matmul serves it. Where a call takes SUSTAINED_FROM_MS or more of GPU
+    time, the best SUSTAINED_FINALISTS of those re-timings are then timed sustained with the baselines
+    (about a second each, in rounds, the GPU never idle: as a training or prefill loop runs), and the
+    winner and its figures are those."""
     remeasured, cublas_ms = evaluator.retime(finalists)
     ranked = sorted((m.time_ms, i) for i, m in enumerate(remeasured) if m.ok)
     if not ranked:
@@ -40,8 +54,32 @@ def retimed_best(finalists: list[Any], evaluator: Evaluator) -> Winner:
     winner, chosen = finalists[ranked[0][1]], remeasured[ranked[0][1]]
     if chosen.rel_error is None:
         chosen.rel_error = next((m.rel_error for m in remeasured if m.ok and m.rel_error), None)
+    if min(cublas_ms, chosen.time_ms) >= SUSTAINED_FROM_MS:
+        contenders = [i for _, i in ranked[:SUSTAINED_FINALISTS]]
+        sustained = evaluator.sustained([finalists[i] for i in contenders])
+        if sustained is not None:
+            return _sustained_winner(finalists, remeasured, contenders, sustained, cublas_ms, evaluator)
     noise = evaluator.retime_noise
     return Winner(winner, chosen, cublas_ms, noise, evaluator.single_call(winner))
+
+
+def _sustained_winner(finalists, remeasured, contenders: list[int], sustained: Sustained, burst_cublas_ms: float,
+                      evaluator: Evaluator) -> Winner:
+    """The faster contender in sustained GPU time, with its sustained figures and the rounds' noise
+    (the faster baseline's spread or the winner's own, whichever is larger)."""
+    best = min(range(len(contenders)), key=sustained.kernel_ms.__getitem__)
+    index = contenders[best]
+    burst = remeasured[index]
+    ms = sustained.kernel_ms[best]
+    rel_error = burst.rel_error if burst.rel_error is not None else \
+        next((m.rel_error for m in remeasured if m.ok and m.rel_error), None)
+    measurement = Measurement(ok=True, time_ms=ms, tflops=evaluator.problem.flops / ms / 1e9, rel_error=rel_error)
+    figures = {"sm_clock_mhz": sustained.sm_clock_mhz, "power_w": sustained.power_w, "rounds": sustained.rounds,
+               "burst_ratio": round(burst_cublas_ms / burst.time_ms, 4)}
+    noise = max(sustained.noise, sustained.kernel_spread[best])
+    config = finalists[index]
+    return Winner(config, measurement, sustained.baseline_ms, noise, evaluator.single_call(config), sustained=figures,
+                  baselines=dict(sustained.baselines))
 
 
 def best_so_far(finalists: list[Any], known: dict[str, float], problem: Problem, evaluator: Evaluator) -> Winner:
@@ -65,7 +103,8 @@ class RecordKeeper:
         self.errors: list[str] = []  # the cache's, one per record it could not keep
 
     def record(self, config: Any, measurement: Measurement, cublas_ms: float, trials: dict[str, Any], provisional: bool,
-               latency: Latency | None = None) -> Record:
+               latency: Latency | None = None, sustained: dict[str, Any] | None = None,
+               baselines: dict[str, float] | None = None) -> Record:
         problem, evaluator = self.problem, self.evaluator
         return Record(
             problem=problem.key, family=config.family,
@@ -77,7 +116,8 @@ class RecordKeeper:
             versions=runtime_versions(), date=now(), host=host(), source_digest=kernel_digest(config, problem),
             trials=trials, wall_s=time.perf_counter() - self.started, study=self.study_name, provisional=provisional,
             protocol=evaluator.protocol, latency_us=latency.kernel_us if latency else 0.0,
-            baseline_latency_us=latency.baseline_us if latency else 0.0, baselines=dict(evaluator.baselines),
+            baseline_latency_us=latency.baseline_us if latency else 0.0,
+            baselines=dict(evaluator.baselines if baselines is None else baselines), sustained=dict(sustained or {}),
         )
 
     def keep(self, record: Record) -> Path | None:

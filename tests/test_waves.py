@@ -1,0 +1,230 @@
+"""Waves on 132 SMs (families/waves.py), the search's seeds from them (tuning/wave_seeds.py), the keep rule
+of GPU-bound products timed sustained (tuning/outcome.py, search.keeps_cublas), and the records that carry
+those figures. CPU only: the device's limits are Hopper's, its SM count an H200's."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autogemm.families import config_from_name
+from autogemm.families.waves import fill, relative_cost
+from autogemm.kernels.space import SearchSpace
+from autogemm.measure.evaluate import Evaluator, Latency, Measurement, Sustained
+from autogemm.problem import Device, Problem
+from autogemm.tuning import outcome
+from autogemm.tuning.search import keeps_cublas
+from autogemm.tuning.wave_seeds import wave_ranked
+
+H200 = dataclasses.replace(Device.for_arch("sm_90"), name="NVIDIA H200", sm_count=132)
+WIDE = "hopper_128x256x64_w64x256_s4_g8_k1_o1_p_ts"  # the shipped records' usual tile
+
+
+def bf16(m, n, k, layout="nt"):
+    return Problem(m, n, k, dtype="bfloat16", trans_a=layout[0] == "t", trans_b=layout[1] == "t")
+
+
+@pytest.mark.parametrize("m, n, tiles, full", [(640, 4096, 80, 0.61), (256, 4096, 32, 0.24), (256, 11008, 86, 0.65),
+                                                (8192, 8192, 2048, 0.97)])
+def test_wide_tiles_fill_132_sms_as_counted_by_hand(m, n, tiles, full):
+    """The counts of the half-precision issue: 128 x 256 tiles leave most of an H200 idle on short M."""
+    waves = fill(config_from_name(WIDE), bf16(m, n, 4096), H200)
+    assert waves.units == tiles and waves.efficiency == pytest.approx(full, abs=0.005)
+    assert f"{tiles} tiles of 128x256" in waves.describe()
+
+
+def test_splits_pairs_ping_pong_and_swapped_roles_count_as_the_kernel_deals_them():
+    problem = bf16(256, 4096, 14336)
+    split = config_from_name("hopper_128x128x64_w64x128_s5_g8_k2_o1_p_ts")
+    assert fill(split, problem, H200).units == 2 * 64 and "x 2 splits" in fill(split, problem, H200).describe()
+    # a cluster's partner past the last row tile still runs: 5 row tiles take 3 pairs
+    paired = config_from_name("hopper_128x192x64_w64x192_s4_g8_k1_o1_p_c2_ts")
+    assert fill(paired, bf16(640, 4096, 4096), H200).units == 6 * 22
+    # ping-pong consumers take a wm-row tile each, two to an SM
+    pingpong = config_from_name("hopper_128x128x64_w64x128_s5_g8_k1_o1_p_ts_pp")
+    waves = fill(pingpong, bf16(4096, 4096, 4096), H200)
+    assert waves.tile == (64, 128) and waves.slots == 264
+    # swapped roles tile the swapped product: rows over N
+    swapped = config_from_name("hopper_128x192x64_w64x192_s4_g8_k1_o1_p_ts_sw")
+    assert fill(swapped, bf16(640, 4096, 4096), H200).units == 32 * 4
+
+
+def test_the_cost_prefers_full_waves_and_large_tiles_where_both_fill():
+    narrow = bf16(640, 4096, 4096)
+    wide, filling = config_from_name(WIDE), config_from_name("hopper_128x192x64_w64x192_s4_g8_k1_o1_p_ts")
+    assert relative_cost(filling, narrow, H200) < relative_cost(wide, narrow, H200)
+    cube = bf16(8192, 8192, 8192)
+    small = config_from_name("hopper_128x64x64_w64x64_s5_g8_k1_o1_p_ts")
+    assert relative_cost(wide, cube, H200) < relative_cost(small, cube, H200)
+    # split-K pays for its partial sums: where the tiles fill the GPU alone, no split is cheaper
+    split = config_from_name("hopper_128x256x64_w64x256_s4_g8_k2_o1_p_ts")
+    assert relative_cost(wide, cube, H200) < relative_cost(split, cube, H200)
+
+
+@pytest.mark.parametrize("m, n, k, layout", [(640, 4096, 4096, "nt"), (256, 4096, 14336, "nn"), (256, 11008, 4096, "nt"),
+                                             (3000, 3000, 3000, "nn"), (512, 4096, 4096, "nt"), (8192, 8192, 8192, "nt")])
+def test_the_seeds_are_valid_configs_of_the_space_that_fill_the_gpu(m, n, k, layout):
+    space, problem = SearchSpace.load("hopper"), bf16(m, n, k, layout)
+    seeds = wave_ranked(space, problem, H200)
+    assert 1 < len(seeds) <= 6 and len({seed.name for seed in seeds}) == len(seeds)
+    for seed in seeds:
+        assert not seed.check(problem, H200), seed.name
+        assert space.knob_values(seed) is not None, seed.name
+    assert fill(seeds[0], problem, H200).efficiency > 0.8
+    # the first is the cheapest; none is a tile whose last wave the wide tile already fills worse
+    costs = [relative_cost(seed, problem, H200) for seed in seeds]
+    assert costs == sorted(costs)
+    assert costs[0] <= relative_cost(config_from_name(WIDE), problem, H200)
+
+
+def test_seeds_reach_for_192_columns_and_split_k_where_the_issue_found_them():
+    space = SearchSpace.load("hopper")
+    assert any(seed.bn == 192 for seed in wave_ranked(space, bf16(640, 4096, 4096), H200)[:2])
+    assert any(seed.bn == 192 for seed in wave_ranked(space, bf16(256, 11008, 4096), H200)[:2])
+    assert wave_ranked(space, bf16(256, 4096, 14336, "nn"), H200)[0].split_k > 1
+
+
+def test_families_that_are_not_wave_bound_get_no_wave_seeds():
+    problem = Problem(8, 4096, 4096)
+    assert wave_ranked(SearchSpace.load("gemv"), problem, H200) == []
+
+
+def test_a_new_study_enqueues_the_wave_seeds_after_what_is_known(tmp_path):
+    """The search's seeds in a new study: the known configs, then the wave-ranked, then the space's own."""
+    from autogemm.results.cache import TuningCache
+    from autogemm.tuning.search import SearchLoop
+
+    problem = bf16(640, 4096, 4096)
+    enqueued = []
+
+    class Study:
+        trials: list = []
+
+        def enqueue_trial(self, values, skip_if_exists=False):
+            enqueued.append(values)
+
+    loop = SearchLoop.__new__(SearchLoop)
+    loop.problem, loop.device, loop.space = problem, H200, SearchSpace.load("hopper")
+    loop.cache, loop.study = TuningCache(tmp_path / "cache", shipped=False), Study()
+    loop.counters = type("Counters", (), {"seeded": 0})()
+    loop._enqueue_known_configs()
+    seeds = wave_ranked(loop.space, problem, H200)
+    names = [loop.space.evaluate(values)[0].name for values in enqueued]
+    assert names[:len(seeds)] == [seed.name for seed in seeds]
+    assert loop.counters.seeded == len(enqueued) > len(seeds)
+
+
+# ---- the keep rule ------------------------------------------------------------------------------------
+def test_a_gpu_bound_kernel_that_wins_sustained_is_kept_unless_it_loses_latency_beyond_the_noise():
+    even = Latency(kernel_us=100.0, baseline_us=99.6)  # 0.996x one call at a time: within the noise
+    assert not keeps_cublas(1.04, 0.01, even, gpu_bound=True)
+    assert keeps_cublas(1.04, 0.01, even, gpu_bound=False)  # a short product must win latency too
+    assert keeps_cublas(1.04, 0.01, Latency(kernel_us=100.0, baseline_us=97.0), gpu_bound=True)
+    assert keeps_cublas(1.009, 0.01, Latency(kernel_us=90.0, baseline_us=100.0), gpu_bound=True)
+    assert not keeps_cublas(1.02, 0.01, None, gpu_bound=True)
+
+
+class _Evaluator(Evaluator):
+    """Re-timings, sustained figures and latencies as given."""
+
+    def __init__(self, problem, burst_ms, cublas_ms, sustained):
+        self.problem, self.burst_ms, self.cublas, self.figures = problem, burst_ms, cublas_ms, sustained
+        self.sustained_asked: list = []
+        self.retime_noise = 0.01
+
+    def retime(self, configs):
+        return [Measurement(ok=True, time_ms=ms, tflops=1.0, rel_error=1e-3) for ms in self.burst_ms], self.cublas
+
+    def sustained(self, configs):
+        self.sustained_asked.append([c.name for c in configs])
+        return self.figures
+
+    def single_call(self, config):
+        return Latency(kernel_us=1000.0, baseline_us=1000.0)
+
+
+FINALISTS = [config_from_name(n) for n in (WIDE, "hopper_128x192x64_w64x192_s4_g8_k1_o1_p_ts",
+                                           "hopper_128x128x64_w64x128_s5_g8_k1_o1_p_ts")]
+
+
+def test_the_best_two_are_timed_sustained_and_the_faster_there_wins_with_its_figures():
+    problem = bf16(8192, 8192, 8192)
+    sustained = Sustained(kernel_ms=[1.70, 1.60], kernel_spread=[0.004, 0.006],
+                          baselines={"cublaslt": 1.68, "cupy.matmul": 1.72},
+                          baseline_spread={"cublaslt": 0.003, "cupy.matmul": 0.02}, rounds=5, sm_clock_mhz=1710.0,
+                          power_w=699.0)
+    evaluator = _Evaluator(problem, [1.50, 1.55, 1.52], 1.52, sustained)
+    winner = outcome.retimed_best(FINALISTS, evaluator)
+    assert evaluator.sustained_asked == [[FINALISTS[0].name, FINALISTS[2].name]]  # the two fastest re-timings
+    assert winner.config.name == FINALISTS[2].name and winner.measurement.time_ms == 1.60
+    assert winner.cublas_ms == 1.68 and winner.noise == pytest.approx(0.01)  # (the faster baseline's spread, at least 1%)
+    assert winner.gpu_bound and winner.baselines == {"cublaslt": 1.68, "cupy.matmul": 1.72}
+    assert winner.sustained == {"sm_clock_mhz": 1710.0, "power_w": 699.0, "rounds": 5,
+                                "burst_ratio": pytest.approx(1.52 / 1.52)}
+
+
+def test_a_short_product_is_decided_on_the_re_timings_alone():
+    problem = bf16(256, 256, 256)
+    evaluator = _Evaluator(problem, [0.010, 0.011, 0.012], 0.011, None)
+    winner = outcome.retimed_best(FINALISTS, evaluator)
+    assert evaluator.sustained_asked == [] and not winner.gpu_bound and winner.cublas_ms == 0.011
+
+
+def test_a_record_carries_its_sustained_figures_and_refuses_others():
+    from autogemm.results.record import Record
+
+    problem = bf16(8192, 8192, 8192)
+    config = config_from_name(WIDE)
+    record = Record(problem=problem.key, family="hopper", config={k: v for k, v in config.to_dict().items() if k != "family"},
+                    config_name=config.name, time_ms=1.6, tflops=problem.flops / 1.6e9, cublas_ms=1.68,
+                    cublas_tflops=problem.flops / 1.68e9, ratio=1.05, rel_error=1e-3, template_hash="x", device="NVIDIA H200",
+                    sustained={"sm_clock_mhz": 1710.0, "power_w": 699.0, "rounds": 5, "burst_ratio": 1.01})
+    again = Record.from_json(record.to_json())
+    assert again.sustained == record.sustained
+    plain = Record.from_json({k: v for k, v in record.to_json().items() if k != "sustained"})
+    assert plain.sustained == {} and "sustained" not in plain.to_json()  # (documents written before stay as they are)
+    for bad in ({"clock": 1.0}, {"power_w": -1.0}, {"rounds": "5"}, [1]):
+        with pytest.raises(ValueError, match="sustained"):
+            Record.from_json({**record.to_json(), "sustained": bad})
+
+
+# ---- the shipped documents stay current -----------------------------------------------------------------
+@pytest.mark.parametrize("document", ["nvidia-h100-80gb-hbm3-sm90.json", "nvidia-h200-sm90.json"])
+def test_every_shipped_record_still_renders_its_kernel_byte_for_byte(document):
+    """New knobs default to today's code: each shipped record's kernel (a cuBLAS record's: the one it beat)
+    renders to the digest it was measured with. The H100 document cannot be re-tuned here."""
+    import json
+    from pathlib import Path
+
+    from autogemm.kernels.render import kernel_digest
+    from autogemm.results.record import Record
+
+    path = Path(__file__).resolve().parent.parent / "cache" / document
+    entries = json.loads(path.read_text())["entries"]
+    records = [Record.from_json(r) for r in (entries.values() if isinstance(entries, dict) else entries)]
+    assert len(records) > 100
+    changed = [(r.problem, r.generated_config.name) for r in records if r.generated_config is not None
+               and kernel_digest(r.generated_config, r.problem_object) != r.source_digest]
+    assert not changed
+
+
+# ---- tensors served cuBLAS go to torch.matmul -----------------------------------------------------------
+def test_a_cublas_plan_of_16_bit_tensors_hands_them_to_torch_matmul():
+    """What torch would call is what serves tensors where nothing generated wins: torch.matmul, its own
+    algorithm and workspace. float32 stays with autogemm's cuBLAS (torch.matmul may compute it in TF32)."""
+    torch = pytest.importorskip("torch")
+    from autogemm.serving.plan import Plan
+    from autogemm.serving.select import Choice
+    from autogemm.serving.torch_fast_path import torch_matmul_for
+
+    def plan(config):
+        return Plan(choice=Choice("cublas", config, "test"), problem=bf16(64, 64, 64), shape=(64, 64), dtype=None,
+                    device=0)
+
+    half = torch.ones(2, 2, dtype=torch.bfloat16)
+    assert torch_matmul_for(plan(None), half, half) is torch.matmul
+    assert torch_matmul_for(plan(None), half.half(), half.half()) is torch.matmul
+    assert torch_matmul_for(plan(None), half.float(), half.float()) is None
+    assert torch_matmul_for(plan(None), half, half.half()) is None
+    assert torch_matmul_for(plan(config_from_name(WIDE)), half, half) is None
