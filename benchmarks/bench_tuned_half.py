@@ -1,0 +1,341 @@
+"""Tuned half precision on Hopper: BF16 and FP16 products nobody tuned, each tuned with the default
+budget in a fresh cache, then what `autogemm.matmul` serves on PyTorch tensors timed sustained against
+torch.matmul in the same run.
+
+The problems come from a seeded generator (`half_problems`): LLM projections (M tokens from 128 to
+16384 against the qkv, output, gate-up and down widths of model families that campaigns/ does not
+name), mostly NT (x @ W.T, as F.linear reads its weights), some NN and TN (weight gradients); squares
+and near-squares; odd sizes; K from 1024 to 32768. None of them is a problem of campaigns/, cache/ or
+the other benchmarks (bench_unseen.known_keys), and no width of a campaign is a model width here.
+
+Each problem: `autogemm.tune` with the default options in a user cache of its own (the shipped results
+on, as a new user has them), then autogemm.matmul and torch.matmul on the same tensors: checked against
+float64, then timed sustained (autogemm/measure/timing.py `sustained_times`: rounds of about 200 ms
+each, back to back, the order rotating, the GPU never idle: as a training or prefill loop runs) and
+one call at a time on an idle GPU. The row has the tune's verdict, what serves, the served config's
+tiles and waves on the device's SMs, and the SM clock and power seen.
+
+Every finished problem is appended to a JSON lines file at once (`--out`, default
+benchmarks/results/tuned-half-<device>[-seed<S>].jsonl), and a rerun with the same file skips the
+problems it holds: a run cut short, or spread over several commands (`--shard I/N`), loses nothing.
+`--report` writes the Markdown table from that file (benchmarks/results/..., same stem).
+
+    python benchmarks/bench_tuned_half.py --list                 # the problems (no GPU needed)
+    python benchmarks/bench_tuned_half.py --seed 7 --shard 1/3   # development: another draw, a third
+    python benchmarks/bench_tuned_half.py --report               # the table of what has been run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from bench_common import geomean, problem_label, results_path  # noqa: E402
+
+SEED, COUNT = 2027, 40
+AUTOGEMM, TORCH = "autogemm.matmul", "torch.matmul"
+# (hidden, qkv output, intermediate) of model families none of campaigns/ names: Qwen2.5 7B/14B/32B/72B,
+# Phi-3-mini, Gemma-2 2B, Falcon-7B, Yi-34B, DeepSeek-V2-Lite
+FAMILIES = {
+    "qwen2.5-7b": (3584, 4608, 18944), "qwen2.5-14b": (5120, 7168, 13824), "qwen2.5-32b": (5120, 7168, 27648),
+    "qwen2.5-72b": (8192, 10240, 29568), "phi-3-mini": (3072, 9216, 8192), "gemma-2-2b": (2304, 4096, 9216),
+    "falcon-7b": (4544, 4672, 18176), "yi-34b": (7168, 9216, 20480), "deepseek-v2-lite": (2048, 3072, 10944),
+}
+TOKENS = [128, 200, 256, 333, 384, 512, 640, 768, 1000, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384]
+K_RANGE = (1024, 32768)
+MAX_FLOPS, MAX_BYTES = 8e12, 2e9  # one call: a few ms at most on an H200, and room for the tune's input sets
+M_CLASSES = ((640, "M <= 640"), (2048, "M <= 2048"), (math.inf, "M > 2048"))
+
+
+def _campaign_widths() -> set[int]:
+    """Every N and K a campaign names: the widths of the model families that were tuned."""
+    from autogemm.campaigns.file import load_campaign
+
+    widths = set()
+    for path in sorted((ROOT / "campaigns").glob("*.toml")):
+        for problem in load_campaign(path).problems:
+            widths |= {problem.n, problem.k}
+    return widths
+
+
+def _projection(rng, tuned_widths):
+    """A layer of a family: (layout, M, N, K), N x K the weight (NT), or its gradient's product."""
+    family = rng.choice(sorted(FAMILIES))
+    hidden, qkv, inter = FAMILIES[family]
+    n, k = rng.choice([(qkv, hidden), (hidden, hidden), (2 * inter, hidden), (hidden, inter), (inter, hidden)])
+    if n in tuned_widths or k in tuned_widths:
+        return None
+    m = rng.choice(TOKENS)
+    layout = rng.choices(["nt", "nn", "tn"], weights=[70, 15, 15])[0]
+    if layout == "tn":  # a weight gradient: dW (N x K) = dY^T (N x M) @ X (M x K), the tokens are its K
+        m, n, k = n, k, max(K_RANGE[0], m)
+    return layout, m, n, k
+
+
+def _log_int(rng, low, high) -> int:
+    return max(low, min(high, round(math.exp(rng.uniform(math.log(low), math.log(high))))))
+
+
+def _square(rng, tuned_widths):
+    side = _log_int(rng, 1024, 8192)
+    near = lambda: side + rng.randint(-9, 9) if rng.random() < 0.6 else side  # noqa: E731
+    return rng.choices(["nt", "nn"], weights=[60, 40])[0], near(), near(), near()
+
+
+def _odd(rng, tuned_widths):
+    m, n = _log_int(rng, 128, 16384), _log_int(rng, 512, 16384)
+    return rng.choices(["nt", "nn", "tn"], weights=[60, 25, 15])[0], m, n, _log_int(rng, *K_RANGE)
+
+
+def half_problems(seed: int = SEED, count: int = COUNT) -> list[tuple]:
+    """`count` spec tuples (dtype, layout, M, N, K), the same for a seed: half BF16, half FP16, none known
+    (bench_unseen.known_keys), none twice, each within MAX_FLOPS and MAX_BYTES."""
+    from autogemm.problem import Problem
+    from bench_unseen import known_keys
+
+    rng = random.Random(seed)
+    seen, tuned_widths, out = known_keys(), _campaign_widths(), []
+    while len(out) < count:
+        dtype = ("bfloat16", "float16")[len(out) % 2]
+        draw = rng.choices([_projection, _square, _odd], weights=[65, 15, 20])[0](rng, tuned_widths)
+        if draw is None:
+            continue
+        layout, m, n, k = draw
+        if not K_RANGE[0] <= k <= K_RANGE[1] or 2 * m * n * k > MAX_FLOPS or 2 * (m * k + k * n + m * n) > MAX_BYTES:
+            continue
+        key = Problem.from_layout(m, n, k, layout, dtype=dtype).key
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append((dtype, layout, m, n, k))
+    return out
+
+
+def _problem(spec):
+    from autogemm.problem import Problem
+
+    dtype, layout, m, n, k = spec
+    return Problem.from_layout(m, n, k, layout, dtype=dtype)
+
+
+def _tensors(torch, spec, seed: int):
+    """A and B as a user holds them: values in [-1, 1], a transposed operand a transposed view."""
+    dtype, layout, m, n, k = spec
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+
+    def operand(rows, cols, transposed):
+        shape = (cols, rows) if transposed else (rows, cols)
+        x = (torch.rand(*shape, device="cuda", generator=generator) * 2 - 1).to(getattr(torch, dtype))
+        return x.t() if transposed else x
+
+    return operand(m, k, layout[0] == "t"), operand(k, n, layout[1] == "t")
+
+
+def measure(spec, index: int) -> dict:
+    """One problem: tuned in a cache of its own, then served and timed (module docstring)."""
+    import torch
+
+    import autogemm
+    from autogemm.families.waves import fill
+    from autogemm.gpu.launch import current_device
+    from autogemm.measure import timing
+    from autogemm.measure.clocks import ClockMonitor
+    from autogemm.families import config_from_name
+
+    problem, device = _problem(spec), current_device()
+    cache_dir = tempfile.mkdtemp(prefix="autogemm-tuned-half-")
+    os.environ["AUTOGEMM_CACHE_DIR"] = cache_dir  # (the tune and what serves after it read this cache)
+    autogemm.reset()
+    started = time.perf_counter()
+    result = autogemm.tune(problem)
+    tune_s = time.perf_counter() - started
+    autogemm.reset()
+    a, b = _tensors(torch, spec, seed=2 * index + 1)
+    calls = {AUTOGEMM: lambda i=0: autogemm.matmul(a, b), TORCH: lambda i=0: torch.matmul(a, b)}
+    expected = a.double() @ b.double()
+    for name, call in calls.items():
+        for _ in range(20):  # as a user's loop: what serves an untuned problem may settle in its first calls
+            got = call()
+        torch.cuda.synchronize()
+        error = float(torch.linalg.norm(got.double() - expected) / torch.linalg.norm(expected))
+        if not error <= 2e-2:
+            raise SystemExit(f"{problem_label(problem)}: {name} differs from float64 by {error:.3g}")
+    del expected, got
+    served = autogemm.explain(a, b)
+    with ClockMonitor(_bus_id()) as monitor:
+        rounds = timing.sustained_times(calls)
+    sustained = {name: statistics.median(times) * 1e3 for name, times in rounds.items()}
+    latency = {name: statistics.median(times) * 1e3
+               for name, times in timing.latencies({n: c for n, c in calls.items()}, rounds=25).items()}
+    config = served["config"]
+    waves = fill(config_from_name(config), problem, device).describe() if config else ""
+    return {"index": index, "spec": list(spec), "problem": problem.key, "label": problem_label(problem),
+            "source": served["source"], "config": config, "generated": config is not None, "waves": waves,
+            "kept_cublas": result.kept_cublas, "tuned_config": result.config.name,
+            "tuned_waves": fill(result.config, problem, device).describe(), "tune_ratio": result.ratio,
+            "tune_noise": result.noise, "tune_sustained": result.sustained, "tune_s": tune_s,
+            "sustained_us": sustained, "ratio": sustained[TORCH] / sustained[AUTOGEMM],
+            "latency_us": latency, "latency_ratio": latency[TORCH] / latency[AUTOGEMM],
+            "spread": {name: (max(t) - min(t)) / (2 * statistics.median(t)) for name, t in rounds.items()},
+            **monitor.figures()}
+
+
+def _bus_id() -> str:
+    import cupy
+
+    return cupy.cuda.Device().pci_bus_id
+
+
+def _release() -> None:
+    import cupy
+    import torch
+
+    cupy.get_default_memory_pool().free_all_blocks()
+    torch.cuda.empty_cache()
+
+
+def summary(rows) -> list[str]:
+    lines = ["| class | problems | geomean (sustained) | min | latency geomean | generated kernel |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    low = 0
+    for high, name in M_CLASSES:
+        group = [r for r in rows if low < r["spec"][2] <= high]
+        low = high
+        if group:
+            lines.append(_summary_row(name, group))
+    for dtype in ("bfloat16", "float16"):
+        group = [r for r in rows if r["spec"][0] == dtype]
+        if group:
+            lines.append(_summary_row(dtype, group))
+    lines.append(_summary_row("all", rows))
+    return lines
+
+
+def _summary_row(name, group) -> str:
+    ratios = [r["ratio"] for r in group]
+    return (f"| {name} | {len(group)} | {geomean(ratios):.3f} | {min(ratios):.3f} | "
+            f"{geomean(r['latency_ratio'] for r in group):.3f} | {sum(r['generated'] for r in group)} |")
+
+
+def report(rows, device_name: str, seed: int) -> list[str]:
+    clocks = [r["sm_clock_mhz"] for r in rows if r.get("sm_clock_mhz")]
+    power = [r["power_w"] for r in rows if r.get("power_w")]
+    seen = (f" SM clock during the timings: median {statistics.median(clocks):.0f} MHz, board power median "
+            f"{statistics.median(power):.0f} W." if clocks else "")
+    lines = [f"# Tuned half precision: {device_name}", "",
+             f"{len(rows)} BF16 and FP16 problems drawn by benchmarks/bench_tuned_half.py (seed {seed}), none of "
+             "them in campaigns/, cache/ or another benchmark. Each tuned with the default budget "
+             "(`autogemm.tune(problem)`) in a user cache of its own, the shipped results on; then autogemm.matmul and "
+             "torch.matmul on the same PyTorch tensors, timed sustained (rounds of about 200 ms each, back to back, "
+             "the order rotating, medians) and one call at a time on an idle GPU (medians of 25). Ratio = torch.matmul's "
+             f"time / autogemm.matmul's (> 1: autogemm is faster).{seen}", "",
+             *summary(rows), "",
+             "| problem | ratio | latency ratio | autogemm us | torch us | tune | served by | waves |",
+             "| --- | ---: | ---: | ---: | ---: | --- | --- | --- |"]
+    for row in sorted(rows, key=lambda r: r["ratio"]):
+        us = row["sustained_us"]
+        tune = "cuBLAS kept" if row["kept_cublas"] else f"kernel {row['tune_ratio']:.3f}x"
+        served = row["source"] + (f": {row['config']}" if row["config"] else "")
+        lines.append(f"| {row['label']} | {row['ratio']:.3f} | {row['latency_ratio']:.3f} | {us[AUTOGEMM]:.1f} | "
+                     f"{us[TORCH]:.1f} | {tune} | {served} | {row['waves'] or row['tuned_waves'] + ' (best generated)'} |")
+    return lines
+
+
+def _out_path(args, device_slug: str) -> Path:
+    if args.out:
+        return Path(args.out)
+    suffix = "" if args.seed == SEED else f"-seed{args.seed}"
+    return results_path(f"tuned-half-{device_slug}{suffix}").with_suffix(".jsonl")
+
+
+def _read_rows(path: Path) -> list[dict]:
+    """The rows of a results file; a last line cut short (a run killed while writing) is left out."""
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seed", type=int, default=SEED,
+                        help=f"seed of the problem generator (default {SEED}: the published table; develop with another)")
+    parser.add_argument("--count", type=int, default=COUNT, help=f"problems drawn (default {COUNT})")
+    parser.add_argument("--shard", default="1/1", help="I/N: only every N-th problem, starting with the I-th (default 1/1)")
+    parser.add_argument("--only", help="only problems whose label contains one of these comma-separated texts")
+    parser.add_argument("--out", help="the JSON lines file rows are appended to (default under benchmarks/results/)")
+    parser.add_argument("--deadline-s", type=float, default=0.0,
+                        help="start no problem after this many seconds (0: no limit): a run fits a time slot, "
+                             "the rest left for the next run")
+    parser.add_argument("--list", action="store_true", help="print the problems and exit (no GPU needed)")
+    parser.add_argument("--report", action="store_true", help="write the Markdown table from the results file and exit")
+    parser.add_argument("--device-slug", help="with --report or --list: the device's slug (default: the current GPU's)")
+    args = parser.parse_args(argv)
+    try:
+        shard, shards = (int(x) for x in args.shard.split("/"))
+        if not 1 <= shard <= shards:
+            raise ValueError
+    except ValueError:
+        parser.error(f"--shard takes I/N with 1 <= I <= N, got {args.shard!r}")
+    wanted = args.only.split(",") if args.only else None
+    specs = [(i, s) for i, s in enumerate(half_problems(args.seed, args.count))
+             if i % shards == shard - 1 and (not wanted or any(t in problem_label(_problem(s)) for t in wanted))]
+    if args.list:
+        from autogemm.families.waves import fill  # noqa: F401 (the same imports as a run)
+
+        for index, spec in specs:
+            print(f"#{index:<4d}{problem_label(_problem(spec)):<36} {_problem(spec).key}")
+        return 0
+    if args.report and args.device_slug:
+        slug, name = args.device_slug, args.device_slug
+    else:
+        from autogemm.gpu.launch import current_device
+
+        device = current_device()
+        slug, name = device.slug, device.name
+    path = _out_path(args, slug)
+    if args.report:
+        rows = _read_rows(path)
+        if not rows:
+            raise SystemExit(f"no rows in {path}")
+        text = "\n".join(report(rows, name, args.seed)) + "\n"
+        path.with_suffix(".md").write_text(text)
+        print(text)
+        return 0
+    done = {row["problem"] for row in _read_rows(path)}
+    started = time.perf_counter()
+    for index, spec in specs:
+        if _problem(spec).key in done:
+            continue
+        if args.deadline_s and time.perf_counter() - started > args.deadline_s:
+            print(f"deadline: stopping before #{index}", flush=True)
+            break
+        row = measure(spec, index)
+        with path.open("a") as out:
+            out.write(json.dumps(row) + "\n")
+        print(f"#{index:<4d}{row['label']:<34} ratio {row['ratio']:.3f}  latency {row['latency_ratio']:.3f}  "
+              f"tune {row['tune_s']:.0f} s  {'cuBLAS kept' if row['kept_cublas'] else 'kernel'} "
+              f"({row['tune_ratio']:.3f}x)  {row['waves'] or row['tuned_waves']}", flush=True)
+        _release()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
