@@ -253,9 +253,23 @@ def report(rows, device_name: str, seed: int) -> list[str]:
     return lines
 
 
+def _given(text: str, parser) -> tuple:
+    """A --problem's spec (dtype, layout, M, N, K), or the parser's error naming what is wrong."""
+    parts = text.split(",")
+    try:
+        dtype, layout, m, n, k = parts[0], parts[1], *(int(x) for x in parts[2:])
+        if dtype not in ("bfloat16", "float16") or layout not in ("nn", "nt", "tn", "tt") or min(m, n, k) < 1:
+            raise ValueError
+    except ValueError:
+        parser.error(f"--problem takes DTYPE,LAYOUT,M,N,K (bfloat16 or float16, a layout, three sizes >= 1), got {text!r}")
+    return dtype, layout, m, n, k
+
+
 def _out_path(args, device_slug: str) -> Path:
     if args.out:
         return Path(args.out)
+    if args.problem:
+        return results_path(f"tuned-half-{device_slug}-given").with_suffix(".jsonl")
     suffix = "" if args.seed == SEED else f"-seed{args.seed}"
     return results_path(f"tuned-half-{device_slug}{suffix}").with_suffix(".jsonl")
 
@@ -284,6 +298,9 @@ def main(argv=None) -> int:
     parser.add_argument("--deadline-s", type=float, default=0.0,
                         help="start no problem after this many seconds (0: no limit): a run fits a time slot, "
                              "the rest left for the next run")
+    parser.add_argument("--problem", action="append", metavar="DTYPE,LAYOUT,M,N,K",
+                        help="run this problem instead of the draw (repeatable; rows go to tuned-half-<device>-given.jsonl "
+                             "unless --out), e.g. bfloat16,nt,8192,8192,8192")
     parser.add_argument("--list", action="store_true", help="print the problems and exit (no GPU needed)")
     parser.add_argument("--report", action="store_true", help="write the Markdown table from the results file and exit")
     parser.add_argument("--device-slug", help="with --report or --list: the device's slug (default: the current GPU's)")
@@ -295,7 +312,8 @@ def main(argv=None) -> int:
     except ValueError:
         parser.error(f"--shard takes I/N with 1 <= I <= N, got {args.shard!r}")
     wanted = args.only.split(",") if args.only else None
-    specs = [(i, s) for i, s in enumerate(half_problems(args.seed, args.count))
+    drawn = [_given(text, parser) for text in args.problem] if args.problem else half_problems(args.seed, args.count)
+    specs = [(i, s) for i, s in enumerate(drawn)
              if i % shards == shard - 1 and (not wanted or any(t in problem_label(_problem(s)) for t in wanted))]
     if args.list:
         from autogemm.families.waves import fill  # noqa: F401 (the same imports as a run)

@@ -150,18 +150,32 @@ FINALISTS = [config_from_name(n) for n in (WIDE, "hopper_128x192x64_w64x192_s4_g
 
 def test_the_best_two_are_timed_sustained_and_the_faster_there_wins_with_its_figures():
     problem = bf16(8192, 8192, 8192)
-    sustained = Sustained(kernel_ms=[1.70, 1.60], kernel_spread=[0.004, 0.006],
-                          baselines={"cublaslt": 1.68, "cupy.matmul": 1.72},
-                          baseline_spread={"cublaslt": 0.003, "cupy.matmul": 0.02}, rounds=5, sm_clock_mhz=1710.0,
-                          power_w=699.0)
+    # the clocks fall over the rounds: each competitor drifts by 4%, the paired ratios by less than 1%
+    drift = [1.00, 1.01, 1.02, 1.03, 1.04]
+    sustained = Sustained(kernel_rounds=[[1.70 * d for d in drift], [1.60 * d for d in drift[:4]] + [1.60 * 1.045]],
+                          baseline_rounds={"cublaslt": [1.68 * d for d in drift], "cupy.matmul": [1.72] * 5},
+                          sm_clock_mhz=1710.0, power_w=699.0)
     evaluator = _Evaluator(problem, [1.50, 1.55, 1.52], 1.52, sustained)
     winner = outcome.retimed_best(FINALISTS, evaluator)
     assert evaluator.sustained_asked == [[FINALISTS[0].name, FINALISTS[2].name]]  # the two fastest re-timings
-    assert winner.config.name == FINALISTS[2].name and winner.measurement.time_ms == 1.60
-    assert winner.cublas_ms == 1.68 and winner.noise == pytest.approx(0.01)  # (the faster baseline's spread, at least 1%)
-    assert winner.gpu_bound and winner.baselines == {"cublaslt": 1.68, "cupy.matmul": 1.72}
+    assert winner.config.name == FINALISTS[2].name and winner.measurement.time_ms == pytest.approx(1.60 * 1.02)
+    assert winner.cublas_ms == pytest.approx(1.68 * 1.02)
+    assert winner.noise == pytest.approx(0.01)  # (the paired ratios' spread, 0.2%, is below the least noise assumed)
+    assert sustained.noise(0) == pytest.approx(0.01) and sustained.faster_baseline == "cublaslt"
+    assert winner.gpu_bound and winner.baselines == pytest.approx({"cublaslt": 1.68 * 1.02, "cupy.matmul": 1.72})
     assert winner.sustained == {"sm_clock_mhz": 1710.0, "power_w": 699.0, "rounds": 5,
                                 "burst_ratio": pytest.approx(1.52 / 1.52)}
+
+
+def test_the_noise_is_twice_the_standard_error_of_the_median_paired_ratio():
+    # the baseline swings by 4% from round to round, the kernel not: sigma from the ratios' quartiles
+    unsteady = Sustained(kernel_rounds=[[1.0] * 20], baseline_rounds={"cublaslt": [1.0, 1.04] * 10, "cupy.matmul": [2.0] * 20})
+    sigma = 0.04 / 1.349
+    assert unsteady.noise(0) == pytest.approx(2 * 1.2533 * sigma / 20 ** 0.5 / 1.02)
+    assert unsteady.rounds == 20 and unsteady.baseline_ms == pytest.approx(1.02) and unsteady.kernel_ms == [1.0]
+    # a steady pair: the least noise assumed
+    steady = Sustained(kernel_rounds=[[1.0] * 20], baseline_rounds={"cublaslt": [1.03] * 20})
+    assert steady.noise(0) == 0.01
 
 
 def test_a_short_product_is_decided_on_the_re_timings_alone():

@@ -80,11 +80,15 @@ def family_for(dtype: str, compute: str = "") -> type[GemmConfig]:
 
 def candidate_families(problem: Problem, device: Device | None = None) -> tuple[type[GemmConfig], ...]:
     """The families each of which declares itself a candidate for `problem` on `device`
-    (`GemmConfig.candidate_for`), in their `candidate_order` (the registry's order among equals). A grouped
+    (`GemmConfig.candidate_for`), in their `candidate_order` (the registry's order among equals), less
+    those another candidate supersedes there (`GemmConfig.supersedes`: on sm_90, Hopper's 16-bit kernels
+    the tensor-core family's). A grouped
     product's are those whose kernels take groups (`takes_grouped`): the others' spaces would spend their
     share of the budget on configs that refuse it."""
     candidates = [family for family in _FAMILIES.values() if family.candidate_for(problem, device)
                   and (family.takes_grouped or not problem.grouped)]
+    superseded = {name for family in candidates for name in family.supersedes(problem, device)}
+    candidates = [family for family in candidates if family.family not in superseded]
     return tuple(sorted(candidates, key=lambda family: family.candidate_order))
 
 

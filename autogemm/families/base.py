@@ -128,6 +128,13 @@ class GemmConfig(Config):
         return dtypes.lookup(problem.dtype, problem.compute).family == cls.family
 
     @classmethod
+    def supersedes(cls, problem: Problem, device: Device | None = None) -> tuple[str, ...]:
+        """The families whose spaces a tune need not search for `problem` on `device` where this one is
+        a candidate (its kernels are of the same types and do better on that architecture): none by
+        default."""
+        return ()
+
+    @classmethod
     def space_for(cls, problem: Problem) -> str:
         """The shipped search space of this family for `problem`'s dtype and compute mode."""
         return cls.search_space or dtypes.lookup(problem.dtype, problem.compute).space

@@ -54,6 +54,9 @@ SWIZZLE_BYTES = wgmma.SWIZZLE_BYTES  # a shared-memory row of a tile (a TMA box 
 SWIZZLE_PERIOD_BYTES = wgmma.SWIZZLE_PERIOD_BYTES
 TMA_ALIGN_BYTES = 16  # address, pitch and batch stride of an operand TMA reads
 MAX_CONSUMERS = 2
+# bn's step where B is K-major and C is stored from registers (16-bit types): wgmma's N steps by 8, a
+# thread's accumulators by pairs of columns, split-K's slots by float4s
+NARROW_BN_STEP = 16
 CLUSTER_SIZES = (1, 2)
 STORE_BUFFERS = 2  # store chunks per consumer: one filled while TMA reads the other
 MIN_STAGES, MAX_STAGES = 2, 8
@@ -140,6 +143,16 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         own = dtypes.lookup(problem.dtype, problem.compute).family == cls.family  # (FP8: no other family computes it)
         return (cls.compute_for(problem.dtype) == problem.compute and (own or not gemv.is_short(problem))
                 and (device is None or device.compute_capability == ARCH))
+
+    @classmethod
+    def supersedes(cls, problem: Problem, device: Device | None = None) -> tuple[str, ...]:
+        """On an sm_90 device, the tensor-core family for FP16 and BF16 (whose every layout wgmma's
+        transpose bits read as stored): on an H200 it won none of the shipped document's 16-bit problems
+        against this family or cuBLAS, and a tune that searched both gave it half the budget. TF32 keeps
+        both (this family does not serve layout TN in TF32)."""
+        if device is not None and device.compute_capability == ARCH and cls.transposes(problem):
+            return ("wmma",)
+        return ()
 
     @classmethod
     def space_for(cls, problem: Problem) -> str:
@@ -265,15 +278,20 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         atom = SWIZZLE_BYTES // row.itemsize
         # bn: a multiple of the kernel's 64-column step (its static_assert), which is also a whole number of
         # swizzled rows where B or C lie along N (64 16-bit or 32 FP32 columns a row; FP8's B is K-major, its
-        # D stored in chunks of 128 bytes of D's type)
-        bn_step = 64
+        # D stored in chunks of 128 bytes of D's type). A 16-bit kernel whose B is K-major and whose C goes
+        # from registers steps by NARROW_BN_STEP (wgmma's N steps by 8; B's boxes are bn rows of K): 640 rows
+        # of 4096 columns fill 130 of 132 SMs with 128 x 160 tiles, where 128 x 192 fill 110
+        kernel_b_k_major = (not problem.trans_a) if self.swap else problem.trans_b
+        narrow = self.transposes(problem) and not row.scaled and kernel_b_k_major and not self.tma_store
+        bn_step = NARROW_BN_STEP if narrow else 64
         if self.wn != self.bn or self.bm % self.wm or not 1 <= self.consumers <= MAX_CONSUMERS:
             bad("warp-tile", f"a consumer's tile {self.wm}x{self.wn} must span the block's {self.bn} columns "
                              f"and 1 or {MAX_CONSUMERS} of them its {self.bm} rows")
         if self.wm % ROWS_PER_INSTRUCTION or self.bn % bn_step or self.bn > wgmma.N_MAX or self.bk % atom:
             bad("fragment", f"wm={self.wm} must be a multiple of {ROWS_PER_INSTRUCTION} (wgmma rows), bn={self.bn} "
-                            f"a multiple of {bn_step} up to {wgmma.N_MAX} (wgmma's N, whole swizzled rows) and "
-                            f"bk={self.bk} a multiple of {atom} ({SWIZZLE_BYTES}-byte rows)")
+                            f"a multiple of {bn_step} up to {wgmma.N_MAX} (wgmma's N, whole swizzled rows"
+                            f"{'' if narrow else f'; {NARROW_BN_STEP} for 16-bit types with B K-major and C stored from registers'}) "
+                            f"and bk={self.bk} a multiple of {atom} ({SWIZZLE_BYTES}-byte rows)")
         if self.accumulators() > MAX_ACCUMULATORS:
             bad("registers", f"{self.accumulators()} accumulators per consumer thread (tile {self.wm}x{self.bn}) "
                              f"exceed {MAX_ACCUMULATORS}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import traceback
 import functools
 import statistics
@@ -48,28 +49,51 @@ SERVED_PASS, SERVED_LT = "cublaslt + pass", "cublaslt epilogue"
 
 @dataclass
 class Sustained:
-    """Sustained GPU time (timing.sustained_times) of finalists and baselines, ms a call (medians of the
-    rounds), each one's spread (half the range of its rounds over the median), and the SM clock (MHz)
-    and board power (W) seen during the rounds (0: NVML gave none)."""
+    """Sustained GPU time (timing.sustained_times) of finalists and baselines: ms a call in each round,
+    per config (in the order given) and per baseline, and the SM clock (MHz) and board power (W) seen
+    during the rounds (0: NVML gave none). A round's figures were taken side by side, on a GPU in one
+    state: the noise of a comparison is that of its rounds' paired ratios, not of each competitor's
+    drift (the H200's clocks fall a few percent over the first rounds at its power limit)."""
 
-    kernel_ms: list[float]
-    kernel_spread: list[float]
-    baselines: dict[str, float]
-    baseline_spread: dict[str, float]
-    rounds: int
+    kernel_rounds: list[list[float]]
+    baseline_rounds: dict[str, list[float]]
     sm_clock_mhz: float = 0.0
     power_w: float = 0.0
 
     @property
-    def baseline_ms(self) -> float:
-        """The faster baseline's."""
-        return min(self.baselines.values())
+    def kernel_ms(self) -> list[float]:
+        return [statistics.median(rounds) for rounds in self.kernel_rounds]
 
     @property
-    def noise(self) -> float:
-        """The spread of the faster baseline's rounds, at least MIN_NOISE: a kernel must beat it by more."""
-        faster = min(self.baselines, key=self.baselines.__getitem__)
-        return max(MIN_NOISE, self.baseline_spread[faster])
+    def baselines(self) -> dict[str, float]:
+        return {name: statistics.median(rounds) for name, rounds in self.baseline_rounds.items()}
+
+    @property
+    def faster_baseline(self) -> str:
+        medians = self.baselines
+        return min(medians, key=medians.__getitem__)
+
+    @property
+    def baseline_ms(self) -> float:
+        """The faster baseline's."""
+        return self.baselines[self.faster_baseline]
+
+    @property
+    def rounds(self) -> int:
+        return len(self.baseline_rounds[self.faster_baseline])
+
+    def noise(self, index: int) -> float:
+        """How far config `index`'s median paired ratio to the faster baseline (the baseline's time over
+        the config's, round by round) may be off: twice its standard error (1.25 sigma / sqrt(rounds),
+        sigma from the ratios' interquartile range), over the median, at least MIN_NOISE. The config must
+        beat the baseline by more to count as faster."""
+        ratios = [base / kernel for base, kernel in zip(self.baseline_rounds[self.faster_baseline],
+                                                        self.kernel_rounds[index])]
+        if len(ratios) < 4:
+            return max(MIN_NOISE, (max(ratios) - min(ratios)) / (2 * statistics.median(ratios)))
+        low, _, high = statistics.quantiles(ratios, n=4)
+        sigma = (high - low) / 1.349
+        return max(MIN_NOISE, 2 * 1.2533 * sigma / math.sqrt(len(ratios)) / statistics.median(ratios))
 
 
 @dataclass
@@ -311,13 +335,10 @@ class GpuMeasurer:
         except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
             self._poisoned_by(exc)
             raise
-        medians = {name: statistics.median(times) for name, times in rounds.items()}
-        spreads = {name: (max(times) - min(times)) / (2 * medians[name]) for name, times in rounds.items()}
-        self.baselines = {name: medians[name] for name in baselines}
-        return Sustained(kernel_ms=[medians[f"config {i}"] for i in range(len(configs))],
-                         kernel_spread=[spreads[f"config {i}"] for i in range(len(configs))],
-                         baselines=dict(self.baselines), baseline_spread={name: spreads[name] for name in baselines},
-                         rounds=len(next(iter(rounds.values()))), **monitor.figures())
+        sustained = Sustained(kernel_rounds=[rounds[f"config {i}"] for i in range(len(configs))],
+                              baseline_rounds={name: rounds[name] for name in baselines}, **monitor.figures())
+        self.baselines = sustained.baselines
+        return sustained
 
     def time_cublas(self, repeats: int | None = None, target_ms: float = TARGET_MS) -> float:
         """The faster baseline's GPU time, ms a call (`repeats`: unused, the protocol decides)."""

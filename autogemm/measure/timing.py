@@ -231,32 +231,38 @@ def median_latency(calls: dict[str, Any], **kwargs: Any) -> dict[str, float]:
 
 # Sustained GPU time (`sustained_times`): what a training or prefill loop sees, the GPU never idle between
 # calls, clocks and power settled at the device's limits. SUSTAINED_ROUNDS rounds of about
-# SUSTAINED_ROUND_MS of GPU time per competitor (about a second each in all), the order rotating, after
-# SUSTAINED_WARMUP_MS of the first competitor to bring the GPU to its steady state.
-SUSTAINED_ROUNDS = 5
-SUSTAINED_ROUND_MS = 200.0
+# SUSTAINED_ROUND_MS of GPU time per competitor (about a second each in all), each round's order drawn at
+# random, after SUSTAINED_WARMUP_MS of the competitors in turn to bring the GPU to its steady state. At its
+# power limit an H200's clocks swing over a few hundred ms: with rounds of 200 ms in an order that
+# alternated (A B, B A, ...), two identical torch.matmul calls measured 3% apart, each always in the same
+# phase of the swing. Short rounds in random order sample every phase for every competitor.
+SUSTAINED_ROUNDS = 20
+SUSTAINED_ROUND_MS = 50.0
 SUSTAINED_WARMUP_MS = 300.0
 # Only products of at least this much GPU time a call are timed sustained: a shorter call's host time
 # (cupy.matmul spends 15-45 us a call) could set the pace of back-to-back calls, and such a product's
 # decisions are made on the gated GPU time and on latency.
 SUSTAINED_FROM_MS = 0.05
-# segments enqueued ahead of the host's wait for the oldest: the GPU always has the next one queued
-SUSTAINED_AHEAD = 2
+# segments enqueued ahead of the host's wait for the oldest: the GPU always has the next ones queued
+SUSTAINED_AHEAD = 4
 
 
 def sustained_times(calls: dict[str, Any], *, rounds: int = SUSTAINED_ROUNDS, round_ms: float = SUSTAINED_ROUND_MS,
-                    warmup_ms: float = SUSTAINED_WARMUP_MS, stream: Any = None) -> dict[str, list[float]]:
+                    warmup_ms: float = SUSTAINED_WARMUP_MS, stream: Any = None, seed: int = 0) -> dict[str, list[float]]:
     """Milliseconds a call of each competitor (name -> `call(i)`, enqueuing one call on `stream`, CuPy's
     current stream when None), one figure a round: back-to-back calls with no synchronization between
     competitors or rounds, so that the GPU runs them as a loop of work does, never idle. Each round gives
     every competitor a segment of about `round_ms` of GPU time (calls counted from a first estimate),
-    between two events; the competitors take turns in rotating order, so that none is always measured
-    on a cooler or hotter GPU. For calls of at least SUSTAINED_FROM_MS, whose host time does not set the
-    pace."""
+    between two events, in an order drawn at random (`seed`), so that no competitor is always measured in
+    one phase of the clocks' swings. For calls of at least SUSTAINED_FROM_MS, whose host time does not set
+    the pace."""
+    import random
+
     import cupy  # (lazy: CuPy)
 
     stream = stream or cupy.cuda.get_current_stream()
     names = list(calls)
+    order = random.Random(seed)
     per_call: dict[str, float] = {}
     count = 0
     with stream:
@@ -272,7 +278,7 @@ def sustained_times(calls: dict[str, Any], *, rounds: int = SUSTAINED_ROUNDS, ro
             stop.synchronize()
             per_call[name] = max(cupy.cuda.get_elapsed_time(start, stop) / 3, 1e-3)
         segments: list[tuple[str, int, Any, Any]] = []
-        pending: list[tuple[str, int, Any, Any]] = []
+        pending: list[Any] = []
 
         def enqueue(name: str, target_ms: float) -> tuple[str, int, Any, Any]:
             nonlocal count
@@ -283,20 +289,17 @@ def sustained_times(calls: dict[str, Any], *, rounds: int = SUSTAINED_ROUNDS, ro
                 calls[name](count)
                 count += 1
             stop.record(stream)
+            pending.append(stop)
+            while len(pending) > SUSTAINED_AHEAD:  # the host stays a few segments ahead, no more
+                pending.pop(0).synchronize()
             return name, calls_in_segment, start, stop
 
-        def keep_ahead() -> None:
-            while len(pending) > SUSTAINED_AHEAD:
-                pending.pop(0)[3].synchronize()
-
-        if warmup_ms > 0:
-            pending.append(enqueue(names[0], warmup_ms))
-        for r in range(rounds):
-            for j in range(len(names)):
-                segment = enqueue(names[(r + j) % len(names)], round_ms)
-                segments.append(segment)
-                pending.append(segment)
-                keep_ahead()
+        warmup_rounds = math.ceil(warmup_ms / (round_ms * len(names)))
+        for r in range(warmup_rounds + rounds):
+            for name in order.sample(names, len(names)):
+                segment = enqueue(name, round_ms)
+                if r >= warmup_rounds:
+                    segments.append(segment)
         stream.synchronize()
     out: dict[str, list[float]] = {name: [] for name in names}
     for name, calls_in_segment, start, stop in segments:

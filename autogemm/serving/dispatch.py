@@ -151,6 +151,9 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
         except RuntimeError:  # a layout without strides (sparse): the general path names it
             plan = None
         if plan is not None:
+            matmul_itself = plan.torch_matmul  # (cuBLAS on 16-bit tensors: torch's own call, Plan.torch_matmul)
+            if matmul_itself is not None and alpha == 1 and b.get_device() == plan.device:
+                return matmul_itself(a, b)
             result = plan.call_torch(a, b, alpha)
             if result is not None:
                 return result

@@ -103,10 +103,11 @@ class Plan:
     # the torch fast path's next output on each PyTorch stream (made after the last launch there, as the
     # CuPy path's spares are), where the plan has a spare budget; at most MAX_TORCH_SPARES streams
     torch_spares: dict[str, Any] | None = None
-    # torch.matmul, where the plan serves cuBLAS on two 16-bit tensors of one dtype: the torch fast path
-    # then makes the call a user would make instead, with torch's own algorithm and workspace (the
+    # torch.matmul, where the plan serves cuBLAS on two 16-bit tensors of one dtype: matmul's torch fast
+    # path then makes the call a user would make instead, with torch's own algorithm and workspace (the
     # algorithm this plan's first calls pick by latency ran a BF16 product of 280 GFLOP at 0.944x
-    # torch.matmul sustained). None: the plan's launcher serves tensors too.
+    # torch.matmul sustained). None: the plan's launcher serves tensors too. (Only matmul's fast path, whose
+    # operands are the product's: an epilogue plan's GEMM is called with the weight as stored.)
     torch_matmul: object = None
 
     def expired(self) -> bool:
@@ -151,8 +152,6 @@ class Plan:
         C++). Under a CUDA graph capture the output is made at the call, from the graph's pool, and
         no spare is kept or handed out."""
         device = self.device
-        if self.torch_matmul is not None and alpha == 1 and b.get_device() == device:
-            return self.torch_matmul(a, b)
         if _current_device() != device or b.get_device() != device:
             return None
         pointer_a, pointer_b = a.data_ptr(), b.data_ptr()

@@ -65,8 +65,8 @@ def retimed_best(finalists: list[Any], evaluator: Evaluator) -> Winner:
 
 def _sustained_winner(finalists, remeasured, contenders: list[int], sustained: Sustained, burst_cublas_ms: float,
                       evaluator: Evaluator) -> Winner:
-    """The faster contender in sustained GPU time, with its sustained figures and the rounds' noise
-    (the faster baseline's spread or the winner's own, whichever is larger)."""
+    """The faster contender in sustained GPU time, with its sustained figures and the noise of its paired
+    ratios to the faster baseline (Sustained.noise)."""
     best = min(range(len(contenders)), key=sustained.kernel_ms.__getitem__)
     index = contenders[best]
     burst = remeasured[index]
@@ -76,7 +76,7 @@ def _sustained_winner(finalists, remeasured, contenders: list[int], sustained: S
     measurement = Measurement(ok=True, time_ms=ms, tflops=evaluator.problem.flops / ms / 1e9, rel_error=rel_error)
     figures = {"sm_clock_mhz": sustained.sm_clock_mhz, "power_w": sustained.power_w, "rounds": sustained.rounds,
                "burst_ratio": round(burst_cublas_ms / burst.time_ms, 4)}
-    noise = max(sustained.noise, sustained.kernel_spread[best])
+    noise = sustained.noise(best)
     config = finalists[index]
     return Winner(config, measurement, sustained.baseline_ms, noise, evaluator.single_call(config), sustained=figures,
                   baselines=dict(sustained.baselines))

@@ -72,13 +72,14 @@ def _completed(space: SearchSpace, shape: dict[str, Any], choices: dict[str, tup
             kernel = probe.kernel_problem(problem)
             base["cluster"] = 2 if -(-kernel.m // rows) % 2 == 0 else 1
     stages = sorted((s for s in choices.get("stages", ()) if s <= PREFERRED_STAGES), reverse=True) or [None]
-    attempts = [dict(base)]
-    for knob in RELAXED:
-        if knob in choices:
-            for value in choices[knob]:
-                if value != base.get(knob):
-                    attempts.append({**attempts[-1], knob: value})
-                    break
+    # each knob relaxed alone first (a tile that refuses the TMA store keeps its cluster), then cumulatively
+    others = {knob: next(v for v in choices[knob] if v != base.get(knob)) for knob in RELAXED
+              if knob in choices and len(choices[knob]) > 1}
+    attempts = [dict(base)] + [{**base, knob: value} for knob, value in others.items()]
+    cumulative = dict(base)
+    for knob, value in others.items():
+        cumulative = {**cumulative, knob: value}
+        attempts.append(cumulative)
     for values in attempts:
         for stage_count in stages:
             draw = dict(values) if stage_count is None else {**values, "stages": stage_count}
