@@ -8,6 +8,7 @@ import dataclasses
 
 import pytest
 
+from autogemm.epilogue import Epilogue
 from autogemm.families import config_from_name
 from autogemm.families.waves import fill, relative_cost
 from autogemm.kernels.space import SearchSpace
@@ -83,6 +84,21 @@ def test_seeds_reach_for_192_columns_and_split_k_where_the_issue_found_them():
     assert any(seed.bn == 192 for seed in wave_ranked(space, bf16(640, 4096, 4096), H200)[:2])
     assert any(seed.bn == 192 for seed in wave_ranked(space, bf16(256, 11008, 4096), H200)[:2])
     assert wave_ranked(space, bf16(256, 4096, 14336, "nn"), H200)[0].split_k > 1
+
+
+@pytest.mark.parametrize("problem", [
+    Problem(256, 512, 1024, dtype="float8_e4m3fn", trans_b=True, epilogue=Epilogue(scale="row", out_dtype="bfloat16")),
+    Problem(1000, 256, 128, batch=8, dtype="bfloat16", trans_b=True, grouped=True),
+], ids=["fp8-row-scales", "grouped"])
+def test_products_with_no_swapped_form_get_seeds_without_a_swap(problem):
+    """A row-scaled FP8 product or a grouped one has no swapped form: the seeds' probes must not ask for it
+    (the GPU tier's FP8 and grouped tunes failed on it)."""
+    from autogemm.kernels.space import default_space_name
+
+    space = SearchSpace.load(default_space_name(problem, H200))
+    seeds = wave_ranked(space, problem, H200)
+    assert seeds and not any(seed.swap for seed in seeds)
+    assert all(not seed.check(problem, H200) for seed in seeds)
 
 
 def test_families_that_are_not_wave_bound_get_no_wave_seeds():

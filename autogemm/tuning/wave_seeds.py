@@ -67,7 +67,8 @@ def _completed(space: SearchSpace, shape: dict[str, Any], choices: dict[str, tup
     base.update(shape)
     if "cluster" in choices and 2 in choices["cluster"]:  # pairs where the row tiles pair up evenly
         probe, _ = space.evaluate({**base, "cluster": 1}, problem, device)
-        if probe is not None:
+        # (a probe that its check refuses, a swap of a product with no swapped form say, decides nothing)
+        if probe is not None and not probe.check(problem, device):
             rows = fill(probe, problem, device).tile[0]
             kernel = probe.kernel_problem(problem)
             base["cluster"] = 2 if -(-kernel.m // rows) % 2 == 0 else 1
