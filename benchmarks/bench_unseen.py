@@ -16,7 +16,9 @@ synchronization, 4 more: the kernel served to an untuned problem may be settled 
 calls) and checked again, `autogemm.explain` says what serves it, and the competitors are timed by
 latency (autogemm/measure/timing.py: each call on an idle GPU, host time included, competitors in rotating
 order; medians). Ratio = faster baseline latency / autogemm latency (> 1: autogemm is faster).
---gpu-time-ms adds GPU time in steady state (timing.gpu_time). TF32 problems run in one child
+--gpu-time-ms adds GPU time in steady state (timing.gpu_time); --sustained adds sustained GPU time
+(timing.sustained_times) of the problems whose faster baseline takes 50 us or more, on the CuPy arrays and
+on torch views of them (the tensor path against torch.matmul). TF32 problems run in one child
 process started with CUPY_TF32=1 (baselines.tf32_environment), where torch and cupy compute in TF32.
 
 The run uses an empty user cache (a fresh AUTOGEMM_CACHE_DIR unless --cache-dir) with the shipped
@@ -49,6 +51,9 @@ from bench_common import geomean, make_operands, percentile, problem_label, resu
 
 SEED, COUNT, ROUNDS = 2026, 240, 25
 AUTOGEMM, TORCH, CUPY = "autogemm.matmul", "torch.matmul", "cupy.matmul"
+AUTOGEMM_TENSORS = "autogemm.matmul (tensors)"  # the same product on torch views of the same memory
+# --sustained times the problems whose faster baseline takes at least this much GPU time a call
+SUSTAINED_FROM_US = 50.0
 # (dtype, compute) modes with their share of the problems
 MODES = {("float16", "fp32"): 0.28, ("bfloat16", "fp32"): 0.28, ("float32", "fp32"): 0.15,
          ("float32", "tf32"): 0.15, ("float64", "fp64"): 0.14}
@@ -179,7 +184,29 @@ def _values(result, problem):
     return values(result, problem)
 
 
-def measure(spec, rounds: int = ROUNDS, gpu_time_ms: float = 0.0, seed: int = 0) -> dict:
+def sustained_figures(calls: dict, a, b, compute) -> dict:
+    """Sustained GPU time (autogemm/measure/timing.py `sustained_times`: back to back, random-order rounds, the
+    GPU never idle) of autogemm.matmul on the CuPy arrays and on torch views of them, torch.matmul and
+    cupy.matmul; the ratio of each path to its baseline: the CuPy path against the faster of torch.matmul and
+    cupy.matmul, the tensor path against torch.matmul (what a PyTorch user calls)."""
+    import statistics
+
+    import autogemm
+    from autogemm.measure import baselines, timing
+
+    timed = {name: (lambda i, call=call: call()) for name, call in calls.items()}
+    if TORCH in calls:
+        ta, tb = baselines.as_torch(a), baselines.as_torch(b)
+        timed[AUTOGEMM_TENSORS] = lambda i: autogemm.matmul(ta, tb, compute=compute)
+    medians = {name: statistics.median(times) * 1e3 for name, times in timing.sustained_times(timed).items()}
+    out = {"sustained_us": medians,
+           "sustained_ratio": min(medians[n] for n in (TORCH, CUPY) if n in medians) / medians[AUTOGEMM]}
+    if AUTOGEMM_TENSORS in medians:
+        out["sustained_tensor_ratio"] = medians[TORCH] / medians[AUTOGEMM_TENSORS]
+    return out
+
+
+def measure(spec, rounds: int = ROUNDS, gpu_time_ms: float = 0.0, seed: int = 0, sustained: bool = False) -> dict:
     """One problem: checked, warmed up, explained, timed (module docstring)."""
     import cupy
 
@@ -220,6 +247,11 @@ def measure(spec, rounds: int = ROUNDS, gpu_time_ms: float = 0.0, seed: int = 0)
         gpu = {name: timing.gpu_time(lambda i, call=call: call(), target_ms=gpu_time_ms).us
                for name, call in calls.items()}
         row.update(gpu_us=gpu, gpu_ratio=min(gpu[n] for n in (TORCH, CUPY) if n in gpu) / gpu[AUTOGEMM])
+    if sustained:  # (a problem over SUSTAINED_FROM_US of GPU time: the faster baseline's, in a short gated run)
+        quickest = min((n for n in (TORCH, CUPY) if n in calls),
+                       key=lambda n: timing.gpu_time(lambda i, call=calls[n]: call(), target_ms=10.0).us)
+        if timing.gpu_time(lambda i: calls[quickest](), target_ms=10.0).us >= SUSTAINED_FROM_US:
+            row.update(sustained_figures(calls, a, b, compute))
     return row
 
 
@@ -236,14 +268,17 @@ def _progress(index: int, row: dict) -> str:
     us = row["latency_us"]
     theirs = "  ".join(f"{name.split('.')[0]} {us[name]:.1f}" for name in (TORCH, CUPY) if name in us)
     gpu = f"  gpu ratio {row['gpu_ratio']:.3f}" if "gpu_ratio" in row else ""
+    if "sustained_ratio" in row:
+        gpu += f"  sustained {row['sustained_ratio']:.3f}" + (
+            f" (tensors {row['sustained_tensor_ratio']:.3f})" if "sustained_tensor_ratio" in row else "")
     return (f"#{index:<4d}{row['label']:<36} ratio {row['ratio']:.3f}{gpu}  autogemm {us[AUTOGEMM]:.1f}  {theirs} us"
             f"  [{row['source']}{': ' + row['config'] if row['config'] else ''}]")
 
 
-def measure_all(indexed, rounds: int, gpu_time_ms: float, out=sys.stdout) -> list[dict]:
+def measure_all(indexed, rounds: int, gpu_time_ms: float, out=sys.stdout, sustained: bool = False) -> list[dict]:
     rows = []
     for index, spec in indexed:
-        row = measure(tuple(spec), rounds, gpu_time_ms, seed=2 * index)
+        row = measure(tuple(spec), rounds, gpu_time_ms, seed=2 * index, sustained=sustained)
         rows.append({"index": index, **row})
         print(_progress(index, row), file=out, flush=True)
         _release()
@@ -263,6 +298,23 @@ def summary(rows) -> list[str]:
     return lines
 
 
+def sustained_summary(rows) -> list[str]:
+    """Sustained GPU time of the problems that were timed so (--sustained): each path's ratio to its baseline."""
+    timed = [r for r in rows if "sustained_ratio" in r]
+    if not timed:
+        return []
+    tensors = [r["sustained_tensor_ratio"] for r in timed if "sustained_tensor_ratio" in r]
+    lines = [f"Sustained GPU time ({len(timed)} problems whose faster baseline takes {SUSTAINED_FROM_US:g} us of GPU time or more "
+             "a call; back to back in random-order rounds, the GPU never idle): the CuPy path against the faster of "
+             "torch.matmul and cupy.matmul, the tensor path against torch.matmul.", "",
+             "| path | problems | geomean | min |", "| --- | ---: | ---: | ---: |",
+             f"| CuPy arrays | {len(timed)} | {geomean(r['sustained_ratio'] for r in timed):.3f} | "
+             f"{min(r['sustained_ratio'] for r in timed):.3f} |"]
+    if tensors:
+        lines.append(f"| PyTorch tensors | {len(tensors)} | {geomean(tensors):.3f} | {min(tensors):.3f} |")
+    return lines + [""]
+
+
 def report(rows, device, args) -> list[str]:
     gpu = args.gpu_time_ms > 0
     lines = [f"# autogemm.matmul on unseen shapes: {device.name}", "",
@@ -273,7 +325,7 @@ def report(rows, device, args) -> list[str]:
              "competitors in rotating order, after 20 warm-up calls of autogemm.matmul. Ratio = latency of the "
              "faster of torch.matmul and cupy.matmul / latency of autogemm.matmul (> 1: autogemm is faster)"
              + (f"; GPU ratio likewise in GPU time (steady state, {args.gpu_time_ms:g} ms)." if gpu else "."), "",
-             *summary(rows), "",
+             *summary(rows), "", *sustained_summary(rows),
              "| problem | autogemm us | torch us | cupy us | ratio |" + (" GPU ratio |" if gpu else "")
              + " served by |",
              "| --- | ---: | ---: | ---: | ---: |" + (" ---: |" if gpu else "") + " --- |"]
@@ -296,13 +348,16 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"latency calls per competitor (default {ROUNDS})")
     parser.add_argument("--gpu-time-ms", type=float, default=0.0,
                         help="also GPU time in steady state, this many ms per competitor and problem (default 0: off)")
+    parser.add_argument("--sustained", action="store_true",
+                        help=f"also sustained GPU time, on CuPy arrays and on tensors, for problems whose faster "
+                             f"baseline takes {SUSTAINED_FROM_US:g} us of GPU time or more a call (about 5 s a problem)")
     parser.add_argument("--only", help="only problems whose label contains one of these comma-separated texts")
     parser.add_argument("--list", action="store_true", help="print the problems and exit (no GPU needed)")
     parser.add_argument("--cache-dir", help="the user cache to use (default: a fresh, empty temporary directory)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # TF32 problems, specs on stdin
     args = parser.parse_args(argv)
     if args.child:
-        rows = measure_all(json.load(sys.stdin), args.rounds, args.gpu_time_ms, out=sys.stderr)
+        rows = measure_all(json.load(sys.stdin), args.rounds, args.gpu_time_ms, out=sys.stderr, sustained=args.sustained)
         print(json.dumps(rows))
         return 0
     if not args.list:  # before anything of autogemm is imported: an empty user cache, the shipped results on
@@ -318,11 +373,12 @@ def main(argv=None) -> int:
     from autogemm.measure import baselines
     from autogemm.gpu.launch import current_device
 
-    rows = measure_all([(i, s) for i, s in indexed if s[1] != "tf32"], args.rounds, args.gpu_time_ms)
+    rows = measure_all([(i, s) for i, s in indexed if s[1] != "tf32"], args.rounds, args.gpu_time_ms,
+                       sustained=args.sustained)
     tf32 = [(i, s) for i, s in indexed if s[1] == "tf32"]
     if tf32:
         command = [sys.executable, __file__, "--child", "--rounds", str(args.rounds),
-                   "--gpu-time-ms", str(args.gpu_time_ms)]
+                   "--gpu-time-ms", str(args.gpu_time_ms), *(["--sustained"] if args.sustained else [])]
         child = subprocess.run(command, input=json.dumps(tf32), stdout=subprocess.PIPE, text=True,
                                env={**os.environ, **baselines.tf32_environment()})
         if child.returncode:
@@ -337,7 +393,7 @@ def main(argv=None) -> int:
     path.with_suffix(".md").write_text("\n".join(report(rows, device, args)) + "\n")
     path.with_suffix(".json").write_text(json.dumps(
         {"device": device.name, "seed": args.seed, "count": args.count, "rounds": args.rounds,
-         "gpu_time_ms": args.gpu_time_ms, "only": args.only, "rows": rows}, indent=1))
+         "gpu_time_ms": args.gpu_time_ms, "sustained": args.sustained, "only": args.only, "rows": rows}, indent=1))
     print("\n".join(summary(rows)))
     print(f"written: {path.with_suffix('.md')}")
     return 0

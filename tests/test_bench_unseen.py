@@ -120,3 +120,12 @@ def test_the_per_dtype_table_has_every_mode_and_all():
     lines = bench.summary(rows)
     assert lines[2].startswith("| float16 | 2 | 1.000 |") and lines[2].endswith("| 0.500 | 1 |")
     assert lines[3].startswith("| tf32 | 1 |") and lines[-1] == "| all | 3 | 1.000 | 0.550 | 0.500 | 2 |"
+
+
+def test_the_sustained_table_has_each_path_against_its_baseline():
+    rows = [{"sustained_ratio": 1.02, "sustained_tensor_ratio": 0.99}, {"sustained_ratio": 0.98},
+            {"ratio": 1.0}]  # (the last was not timed sustained: under 50 us)
+    lines = bench.sustained_summary(rows)
+    assert "| CuPy arrays | 2 | 1.000 | 0.980 |" in lines  # (sqrt(1.02 x 0.98))
+    assert "| PyTorch tensors | 1 | 0.990 | 0.990 |" in lines
+    assert bench.sustained_summary([{"ratio": 1.0}]) == []

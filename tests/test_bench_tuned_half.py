@@ -1,0 +1,89 @@
+"""benchmarks/bench_tuned_half.py without a GPU: the seeded draw (what the half-precision issue asks of it),
+--list and --problem, the results file that a cut-short run leaves readable, and the table's classes."""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "bench_tuned_half.py"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_tuned_half", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load()
+
+
+@pytest.fixture(scope="module", params=[bench.SEED, 7])
+def problems(request):
+    return bench.half_problems(request.param)
+
+
+def test_forty_unseen_half_precision_problems_the_same_for_a_seed(problems):
+    from bench_unseen import known_keys
+
+    assert len(problems) == bench.COUNT >= 40
+    keys = [bench._problem(spec).key for spec in problems]
+    assert len(set(keys)) == len(keys) and not set(keys) & known_keys()
+    assert bench.half_problems(bench.SEED) != bench.half_problems(7)
+
+
+def test_the_mix_is_the_one_asked_for(problems):
+    dtypes = collections.Counter(spec[0] for spec in problems)
+    assert dtypes["bfloat16"] == dtypes["float16"] == len(problems) // 2
+    layouts = collections.Counter(spec[1] for spec in problems)
+    assert layouts["nt"] > len(problems) / 2 and layouts["nn"] + layouts["tn"] >= 4
+    assert all(bench.K_RANGE[0] <= spec[4] <= bench.K_RANGE[1] for spec in problems)
+    # every class of M, projections against widths of families no campaign names, squares
+    low = 0
+    for high, _ in bench.M_CLASSES:
+        assert any(low < spec[2] <= high for spec in problems), high
+        low = high
+    tuned = bench._campaign_widths()
+    widths = {w for family in bench.FAMILIES.values() for w in family} | {2 * f[2] for f in bench.FAMILIES.values()}
+    assert not any(spec[3] in tuned and spec[3] in widths for spec in problems)
+    assert any(abs(spec[2] - spec[3]) < 20 and abs(spec[3] - spec[4]) < 20 for spec in problems)  # squares
+
+
+def test_list_and_given_problems_run_without_a_gpu():
+    listed = subprocess.run([sys.executable, str(SCRIPT), "--list"], capture_output=True, text=True, check=True)
+    assert len(listed.stdout.splitlines()) == bench.COUNT
+    given = subprocess.run([sys.executable, str(SCRIPT), "--list", "--problem", "bfloat16,nt,8192,8192,8192"],
+                           capture_output=True, text=True, check=True)
+    assert "bfloat16/fp32/nt/b1/8192x8192x8192" in given.stdout
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--list", "--problem", "bf16,nt,1,2"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "DTYPE,LAYOUT,M,N,K" in bad.stderr
+    shard = subprocess.run([sys.executable, str(SCRIPT), "--list", "--shard", "0/3"], capture_output=True, text=True)
+    assert shard.returncode == 2 and "--shard" in shard.stderr
+
+
+def _row(m, ratio, generated, dtype="bfloat16"):
+    return {"spec": [dtype, "nt", m, 4096, 4096], "label": f"{dtype} nt {m}x4096x4096", "ratio": ratio,
+            "latency_ratio": 1.0, "generated": generated, "kept_cublas": not generated, "tune_ratio": ratio,
+            "sustained_us": {bench.AUTOGEMM: 10.0, bench.TORCH: 10.0 * ratio}, "source": "cache",
+            "config": "c" if generated else None, "waves": "", "tuned_waves": "80 tiles of 128x256, 1 wave, 61% full"}
+
+
+def test_a_cut_short_results_file_keeps_its_whole_rows_and_the_table_has_every_class(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    rows = [_row(256, 1.02, True), _row(1024, 0.99, False), _row(4096, 1.05, True, "float16")]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"spec": ["bfloat16", "nt", 5')
+    assert bench._read_rows(path) == rows
+    table = bench.report(rows, "NVIDIA H200", 7)
+    assert "| M <= 640 | 1 | 1.020 | 1.020 | 1.000 | 1 |" in table
+    assert "| M <= 2048 | 1 | 0.990 | 0.990 | 1.000 | 0 |" in table
+    assert "| M > 2048 | 1 | 1.050 | 1.050 | 1.000 | 1 |" in table
+    assert any(line.startswith("| all | 3 |") for line in table)
