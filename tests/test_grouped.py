@@ -3,6 +3,8 @@ device, layout) before anything runs, and a valid call is read right (experts, r
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -154,7 +156,10 @@ def test_a_grouped_tune_searches_only_the_spaces_whose_kernels_take_groups():
     grouped = Problem(4096, 768, 2048, batch=128, dtype="bfloat16", trans_b=True, grouped=True, routing="skewed")
     assert candidate_space_names(grouped, h100) == ("hopper",)
     assert "hopper" in candidate_space_names(Problem(4096, 768, 2048, dtype="bfloat16", trans_b=True), h100)
-    assert len(candidate_space_names(Problem(4096, 768, 2048, dtype="bfloat16", trans_b=True), h100)) > 1
+    # the same product ungrouped where another family competes (16-bit on sm_90 is Hopper's alone: supersedes)
+    tf32 = Problem(4096, 768, 2048, dtype="float32", compute="tf32", trans_b=True)
+    assert len(candidate_space_names(tf32, h100)) > 1
+    assert candidate_space_names(dataclasses.replace(tf32, batch=128, grouped=True, routing="skewed"), h100) == ("hopper",)
 
 
 def _grouped_record(problem, config, ratio=1.2):

@@ -23,6 +23,7 @@ protocol (host-bound baseline timings) are not evidence for the predictor.
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import threading
 import time
@@ -256,8 +257,6 @@ def sustained_times(calls: dict[str, Any], *, rounds: int = SUSTAINED_ROUNDS, ro
     between two events, in an order drawn at random (`seed`), so that no competitor is always measured in
     one phase of the clocks' swings. For calls of at least SUSTAINED_FROM_MS, whose host time does not set
     the pace."""
-    import random
-
     import cupy  # (lazy: CuPy)
 
     stream = stream or cupy.cuda.get_current_stream()

@@ -195,7 +195,6 @@ class SearchLoop:
         families/waves.py), then the space's own seeds. What the space's problem rules exclude is not
         enqueued (it would be pruned); a better cached record of it stays in the cache all the same."""
         problem, device, space = self.problem, self.device, self.space
-        # a new study then tries the tiles that fill the GPU best (wave_seeds), and the space's own seeds
         new_study_seeds = wave_ranked(space, problem, device) + space.seeds if not self.study.trials else []
         for config in known_configs(problem, device, self.cache, space) + new_study_seeds:
             values = space.knob_values(config)
