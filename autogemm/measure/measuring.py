@@ -325,13 +325,14 @@ class GpuMeasurer:
         and power seen meanwhile. Each config's runners and each baseline's take the input sets in turn."""
         cupy = self._cupy
         try:
-            competitors: dict[str, list[Any]] = {f"config {i}": self._kernel_runners(config)
-                                                 for i, config in enumerate(configs)}
-            baselines = self.baseline_calls()
-            competitors.update(baselines)
-            with unloaded_after(), ClockMonitor(cupy.cuda.Device().pci_bus_id) as monitor:
-                rounds = sustained_times({name: (lambda i, runners=runners: runners[i % len(runners)]())
-                                          for name, runners in competitors.items()})
+            with unloaded_after():  # (the configs' modules go once timed, as a measured candidate's do)
+                competitors: dict[str, list[Any]] = {f"config {i}": self._kernel_runners(config)
+                                                     for i, config in enumerate(configs)}
+                baselines = self.baseline_calls()
+                competitors.update(baselines)
+                with ClockMonitor(cupy.cuda.Device().pci_bus_id) as monitor:
+                    rounds = sustained_times({name: (lambda i, runners=runners: runners[i % len(runners)]())
+                                              for name, runners in competitors.items()})
         except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
             self._poisoned_by(exc)
             raise
