@@ -7,7 +7,8 @@ this order:
    (no `out`, `tune`, `race` or `beta`) whose plan is known skips validation: on CuPy arrays the
    plan is found in `Dispatcher.fast` by `planning.fast_key` and run by `plan.Plan.call_fast`; on
    PyTorch CUDA tensors in `Dispatcher.torch_fast` by `torch_fast_path.torch_fast_key` and run by
-   `Plan.call_torch` on PyTorch's current stream. Either gives the call back to the general path
+   `Plan.call_torch` on PyTorch's current stream, or, where cuBLAS serves two 16-bit tensors, by
+   torch.matmul itself (`Plan.torch_matmul`). Either gives the call back to the general path
    where the current device or the operands' alignment differ from the plan's, or (CuPy) where the
    stream is being captured into a CUDA graph.
 2. The general path. Tensors are seen as CuPy arrays through DLPack (`torch_tensors.call`, which
