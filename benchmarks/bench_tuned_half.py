@@ -15,6 +15,10 @@ each, back to back, the order rotating, the GPU never idle: as a training or pre
 one call at a time on an idle GPU. The row has the tune's verdict, what serves, the served config's
 tiles and waves on the device's SMs, and the SM clock and power seen.
 
+With `--inductor N`, the first N problems run also compile `a @ b` with torch.compile(mode=
+"max-autotune-no-cudagraphs") without and with autogemm among Inductor's choices
+(`autogemm.torch.enable_inductor`), after the tune, and time the two sustained against each other.
+
 Every finished problem is appended to a JSON lines file at once (`--out`, default
 benchmarks/results/tuned-half-<device>[-seed<S>].jsonl), and a rerun with the same file skips the
 problems it holds: a run cut short, or spread over several commands (`--shard I/N`), loses nothing.
@@ -143,7 +147,7 @@ def _tensors(torch, spec, seed: int):
     return operand(m, k, layout[0] == "t"), operand(k, n, layout[1] == "t")
 
 
-def measure(spec, index: int) -> dict:
+def measure(spec, index: int, inductor: bool = False) -> dict:
     """One problem: tuned in a cache of its own, then served and timed (module docstring)."""
     import torch
 
@@ -181,6 +185,7 @@ def measure(spec, index: int) -> dict:
                for name, times in timing.latencies({n: c for n, c in calls.items()}, rounds=25).items()}
     config = served["config"]
     waves = fill(config_from_name(config), problem, device).describe() if config else ""
+    compiled = inductor_figures(a, b) if inductor else {}
     return {"index": index, "spec": list(spec), "problem": problem.key, "label": problem_label(problem),
             "source": served["source"], "config": config, "generated": config is not None, "waves": waves,
             "kept_cublas": result.kept_cublas, "tuned_config": result.config.name,
@@ -189,7 +194,38 @@ def measure(spec, index: int) -> dict:
             "sustained_us": sustained, "ratio": sustained[TORCH] / sustained[AUTOGEMM],
             "latency_us": latency, "latency_ratio": latency[TORCH] / latency[AUTOGEMM],
             "spread": {name: (max(t) - min(t)) / (2 * statistics.median(t)) for name, t in rounds.items()},
-            **monitor.figures()}
+            **monitor.figures(), **compiled}
+
+
+def inductor_figures(a, b) -> dict:
+    """Issue 65's row: `a @ b` compiled with torch.compile(mode="max-autotune-no-cudagraphs") without and
+    with autogemm among Inductor's choices (autogemm.torch.enable_inductor), each compiled afresh, timed
+    sustained against each other in the same rounds; the ratio is without / with (> 1: autogemm's choice
+    made the compiled product faster)."""
+    import statistics
+
+    import torch
+
+    import autogemm.torch as autogemm_torch
+    from autogemm.measure import timing
+
+    def compiled():
+        torch._dynamo.reset()
+        function = torch.compile(lambda x, y: x @ y, mode="max-autotune-no-cudagraphs")
+        function(a, b)  # (compiles and autotunes now, outside the timing)
+        return function
+
+    autogemm_torch.disable_inductor()
+    without = compiled()
+    autogemm_torch.enable_inductor()
+    try:
+        with_autogemm = compiled()
+    finally:
+        autogemm_torch.disable_inductor()
+    rounds = timing.sustained_times({"max-autotune": lambda i: without(a, b),
+                                     "max-autotune + autogemm": lambda i: with_autogemm(a, b)})
+    us = {name: statistics.median(times) * 1e3 for name, times in rounds.items()}
+    return {"inductor_us": us, "inductor_ratio": us["max-autotune"] / us["max-autotune + autogemm"]}
 
 
 def _bus_id() -> str:
@@ -223,6 +259,23 @@ def summary(rows) -> list[str]:
     return lines
 
 
+def inductor_summary(rows) -> list[str]:
+    """max-autotune with autogemm among Inductor's choices against max-autotune without it (--inductor)."""
+    timed = [r for r in rows if "inductor_ratio" in r]
+    if not timed:
+        return []
+    lines = [f"torch.compile(mode=\"max-autotune-no-cudagraphs\") of `a @ b`, with autogemm.torch.enable_inductor() "
+             "against without it, each compiled afresh after the tune, timed sustained in the same rounds (ratio > 1: "
+             "autogemm's choice is faster).", "", "| problem | without us | with autogemm us | ratio |",
+             "| --- | ---: | ---: | ---: |"]
+    for row in sorted(timed, key=lambda r: r["inductor_ratio"]):
+        us = row["inductor_us"]
+        lines.append(f"| {row['label']} | {us['max-autotune']:.1f} | {us['max-autotune + autogemm']:.1f} | "
+                     f"{row['inductor_ratio']:.3f} |")
+    lines.append(f"| geomean ({len(timed)}) | | | {geomean(r['inductor_ratio'] for r in timed):.3f} |")
+    return lines + [""]
+
+
 def _summary_row(name, group) -> str:
     ratios = [r["ratio"] for r in group]
     return (f"| {name} | {len(group)} | {geomean(ratios):.3f} | {min(ratios):.3f} | "
@@ -241,7 +294,7 @@ def report(rows, device_name: str, seed: int) -> list[str]:
              "torch.matmul on the same PyTorch tensors, timed sustained (rounds of about 200 ms each, back to back, "
              "the order rotating, medians) and one call at a time on an idle GPU (medians of 25). Ratio = torch.matmul's "
              f"time / autogemm.matmul's (> 1: autogemm is faster).{seen}", "",
-             *summary(rows), "",
+             *summary(rows), "", *inductor_summary(rows),
              "| problem | ratio | latency ratio | autogemm us | torch us | tune | served by | waves |",
              "| --- | ---: | ---: | ---: | ---: | --- | --- | --- |"]
     for row in sorted(rows, key=lambda r: r["ratio"]):
@@ -301,6 +354,9 @@ def main(argv=None) -> int:
     parser.add_argument("--problem", action="append", metavar="DTYPE,LAYOUT,M,N,K",
                         help="run this problem instead of the draw (repeatable; rows go to tuned-half-<device>-given.jsonl "
                              "unless --out), e.g. bfloat16,nt,8192,8192,8192")
+    parser.add_argument("--inductor", type=int, default=0, metavar="N",
+                        help="for the first N problems run, also a @ b under torch.compile(mode='max-autotune-no-cudagraphs') "
+                             "without and with autogemm.torch.enable_inductor(), timed sustained (default 0: none)")
     parser.add_argument("--list", action="store_true", help="print the problems and exit (no GPU needed)")
     parser.add_argument("--report", action="store_true", help="write the Markdown table from the results file and exit")
     parser.add_argument("--device-slug", help="with --report or --list: the device's slug (default: the current GPU's)")
@@ -338,14 +394,15 @@ def main(argv=None) -> int:
         print(text)
         return 0
     done = {row["problem"] for row in _read_rows(path)}
-    started = time.perf_counter()
+    started, ran = time.perf_counter(), 0
     for index, spec in specs:
         if _problem(spec).key in done:
             continue
         if args.deadline_s and time.perf_counter() - started > args.deadline_s:
             print(f"deadline: stopping before #{index}", flush=True)
             break
-        row = measure(spec, index)
+        row = measure(spec, index, inductor=ran < args.inductor)
+        ran += 1
         with path.open("a") as out:
             out.write(json.dumps(row) + "\n")
         print(f"#{index:<4d}{row['label']:<34} ratio {row['ratio']:.3f}  latency {row['latency_ratio']:.3f}  "

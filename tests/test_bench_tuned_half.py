@@ -87,3 +87,12 @@ def test_a_cut_short_results_file_keeps_its_whole_rows_and_the_table_has_every_c
     assert "| M <= 2048 | 1 | 0.990 | 0.990 | 1.000 | 0 |" in table
     assert "| M > 2048 | 1 | 1.050 | 1.050 | 1.000 | 1 |" in table
     assert any(line.startswith("| all | 3 |") for line in table)
+
+
+def test_the_max_autotune_rows_are_tabled_where_they_were_run():
+    rows = [_row(256, 1.02, True), {**_row(1024, 1.0, False), "inductor_ratio": 1.05,
+                                    "inductor_us": {"max-autotune": 10.5, "max-autotune + autogemm": 10.0}}]
+    table = bench.report(rows, "NVIDIA H200", 7)
+    assert "| bfloat16 nt 1024x4096x4096 | 10.5 | 10.0 | 1.050 |" in table
+    assert "| geomean (1) | | | 1.050 |" in table
+    assert bench.inductor_summary(rows[:1]) == []
