@@ -180,7 +180,7 @@ def measure(spec, index: int, inductor: bool = False) -> dict:
     served = autogemm.explain(a, b)
     with ClockMonitor(_bus_id()) as monitor:
         rounds = timing.sustained_times(calls)
-    sustained = {name: statistics.median(times) * 1e3 for name, times in rounds.items()}
+    sustained = {name: statistics.fmean(times) * 1e3 for name, times in rounds.items()}
     latency = {name: statistics.median(times) * 1e3
                for name, times in timing.latencies({n: c for n, c in calls.items()}, rounds=25).items()}
     config = served["config"]
@@ -224,7 +224,7 @@ def inductor_figures(a, b) -> dict:
         autogemm_torch.disable_inductor()
     rounds = timing.sustained_times({"max-autotune": lambda i: without(a, b),
                                      "max-autotune + autogemm": lambda i: with_autogemm(a, b)})
-    us = {name: statistics.median(times) * 1e3 for name, times in rounds.items()}
+    us = {name: statistics.fmean(times) * 1e3 for name, times in rounds.items()}
     return {"inductor_us": us, "inductor_ratio": us["max-autotune"] / us["max-autotune + autogemm"]}
 
 

@@ -51,9 +51,10 @@ SERVED_PASS, SERVED_LT = "cublaslt + pass", "cublaslt epilogue"
 class Sustained:
     """Sustained GPU time (timing.sustained_times) of finalists and baselines: ms a call in each round,
     per config (in the order given) and per baseline, and the SM clock (MHz) and board power (W) seen
-    during the rounds (0: NVML gave none). A round's figures were taken side by side, on a GPU in one
-    state: the noise of a comparison is that of its rounds' paired ratios, not of each competitor's
-    drift (the H200's clocks fall a few percent over the first rounds at its power limit)."""
+    during the rounds (0: NVML gave none). A competitor's figure is the mean of its rounds: what a loop of
+    its calls costs over the clocks' swings (a median of rounds that fall in two phases picks one phase).
+    A round's figures were taken side by side: the noise of a comparison is that of the rounds' paired
+    ratios, not of each competitor's drift."""
 
     kernel_rounds: list[list[float]]
     baseline_rounds: dict[str, list[float]]
@@ -62,16 +63,16 @@ class Sustained:
 
     @property
     def kernel_ms(self) -> list[float]:
-        return [statistics.median(rounds) for rounds in self.kernel_rounds]
+        return [statistics.fmean(rounds) for rounds in self.kernel_rounds]
 
     @property
     def baselines(self) -> dict[str, float]:
-        return {name: statistics.median(rounds) for name, rounds in self.baseline_rounds.items()}
+        return {name: statistics.fmean(rounds) for name, rounds in self.baseline_rounds.items()}
 
     @property
     def faster_baseline(self) -> str:
-        medians = self.baselines
-        return min(medians, key=medians.__getitem__)
+        means = self.baselines
+        return min(means, key=means.__getitem__)
 
     @property
     def baseline_ms(self) -> float:
@@ -83,17 +84,15 @@ class Sustained:
         return len(self.baseline_rounds[self.faster_baseline])
 
     def noise(self, index: int) -> float:
-        """How far config `index`'s median paired ratio to the faster baseline (the baseline's time over
-        the config's, round by round) may be off: twice its standard error (1.25 sigma / sqrt(rounds),
-        sigma from the ratios' interquartile range), over the median, at least MIN_NOISE. The config must
-        beat the baseline by more to count as faster."""
+        """How far config `index`'s ratio to the faster baseline may be off: twice the standard error of
+        the mean of its paired ratios (the baseline's time over the config's, round by round), over that
+        mean, at least MIN_NOISE. The config must beat the baseline by more to count as faster."""
         ratios = [base / kernel for base, kernel in zip(self.baseline_rounds[self.faster_baseline],
                                                         self.kernel_rounds[index])]
-        if len(ratios) < 4:
-            return max(MIN_NOISE, (max(ratios) - min(ratios)) / (2 * statistics.median(ratios)))
-        low, _, high = statistics.quantiles(ratios, n=4)
-        sigma = (high - low) / 1.349
-        return max(MIN_NOISE, 2 * 1.2533 * sigma / math.sqrt(len(ratios)) / statistics.median(ratios))
+        if len(ratios) < 2:
+            return MIN_NOISE
+        error = statistics.stdev(ratios) / math.sqrt(len(ratios))
+        return max(MIN_NOISE, 2 * error / statistics.fmean(ratios))
 
 
 @dataclass
