@@ -22,25 +22,32 @@ from .. import dtypes
 from ..problem import Device, Problem
 
 # Tensor-core flops an SM issues per byte it reads from L2 (dense 16-bit: ~4096 flops a clock, against
-# the ~45 bytes a clock per SM that L2 sustains to all SMs at once): a tile whose flops per loaded byte
-# fall below this waits on L2 (a 128 x 256 tile of a pair multicasting B does not; 64 x 128 does, at
-# half the rate). FP32 accumulators, so a product in any input type is counted in its own bytes.
-FLOPS_PER_L2_BYTE = 90.0
+# the ~64 bytes a clock per SM that L2 sustains to all SMs at once): a tile whose flops per loaded byte
+# fall below this waits on L2 (128 x 160 and larger do not; 64 x 128 does, at two thirds of the rate).
+# FP32 accumulators, so a product in any input type is counted in its own bytes. Calibrated on an H200's
+# 640 x 4096 x 4096 BF16 (short timings): pairs of blocks multicasting B did not run faster than single
+# blocks there, so L2 did not bind 128 x 160 or 128 x 192.
+FLOPS_PER_L2_BYTE = 64.0
 # what a work unit costs besides its main loop, in flops of the SM's time: the first slices' latency
 # and the epilogue not hidden under the next tile (~2000 clocks)
 UNIT_OVERHEAD_FLOPS = 8e6
 # flops per byte of device memory, the whole GPU's ratio (~990 TFLOP/s dense 16-bit to ~4.8 TB/s):
 # the output's store and split-K's FP32 partial sums are counted at this rate
 FLOPS_PER_DRAM_BYTE = 200.0
-# a single consumer warpgroup issues wgmmas with no other to cover its waits and its epilogue
+# a single consumer warpgroup issues wgmmas with no other to cover its waits and its epilogue (so do
+# ping-pong consumers, one main loop at a time: on an H200 at 640 x 4096 x 4096 ping-pong 64 x 160 tiles ran
+# at 0.65x cuBLAS where 128 x 160 ran at 0.87x)
 ONE_CONSUMER_RATE = 0.85
+# the share of a unit's store that its SM waits for where the TMA store or the other ping-pong consumer
+# hides it under the next tile's main loop
+HIDDEN_STORE = 0.3
 PARTIAL_BYTES = 4  # a split-K partial sum (FP32)
 
 
 @dataclass(frozen=True)
 class Waves:
     """A configuration's work on a device: `units` work units (tiles x K splits x batch) over
-    `slots` places that run one at a time each (an SM, or two with ping-pong consumers)."""
+    `slots` places that run one at a time each (the SMs)."""
 
     units: int
     slots: int
@@ -79,9 +86,9 @@ def fill(config: Any, problem: Problem, device: Device) -> Waves:
     # a cluster's blocks take vertically adjacent tiles: a partner past the last row tile still runs
     cluster = max(1, int(getattr(config, "cluster", 1)))
     units = -(-kernel.m // rows // cluster) * cluster * -(-kernel.n // cols) * kernel.batch * split
-    # ping-pong: the two consumers of an SM take a tile each, in turns (each at half the SM's rate)
-    slots = device.sm_count * (2 if getattr(config, "pingpong", False) else 1)
-    return Waves(units=units, slots=max(1, slots), tile=(rows, cols), split_k=split)
+    # (ping-pong: the two consumers of an SM take wm-row tiles in turns, one's main loop at a time, so an SM
+    # is still one place; what it gains is its store under the other's main loop)
+    return Waves(units=units, slots=max(1, device.sm_count), tile=(rows, cols), split_k=split)
 
 
 def relative_cost(config: Any, problem: Problem, device: Device) -> float:
@@ -100,11 +107,11 @@ def relative_cost(config: Any, problem: Problem, device: Device) -> float:
     cluster = max(1, int(getattr(config, "cluster", 1)))
     loaded = (rows + cols / cluster) * k_share * itemsize
     unit = max(compute, loaded * FLOPS_PER_L2_BYTE) + UNIT_OVERHEAD_FLOPS
-    if getattr(config, "consumers", 2) == 1:
+    if getattr(config, "consumers", 2) == 1 or getattr(config, "pingpong", False):  # one warpgroup's wgmmas at a time
         unit /= ONE_CONSUMER_RATE
     out_itemsize = 4 if itemsize == 4 else 2
-    unit += rows * cols * out_itemsize * FLOPS_PER_DRAM_BYTE
+    hidden = getattr(config, "tma_store", False) or getattr(config, "pingpong", False)
+    unit += rows * cols * out_itemsize * FLOPS_PER_DRAM_BYTE * (HIDDEN_STORE if hidden else 1.0)
     if waves.split_k > 1:  # each unit writes its partial sums; the last reads every split's back
         unit += 2 * rows * cols * PARTIAL_BYTES * FLOPS_PER_DRAM_BYTE
-    per_slot = 2 if getattr(config, "pingpong", False) else 1  # (a ping-pong slot runs at half the SM's rate)
-    return waves.waves * unit * per_slot
+    return waves.waves * unit
