@@ -213,9 +213,9 @@ def add_tune_parser(sub: Any) -> None:
     search.add_argument("--sampler", choices=SAMPLERS, default=DEFAULTS.sampler,
                         help=f"Optuna sampler (default {DEFAULTS.sampler})")
     search.add_argument("--space", help="search-space TOML file or shipped name (default: the one for the dtype and "
-                                        "compute mode, for M or N <= 16 also the GEMV space, for float16 and bfloat16 "
-                                        "on sm_90 also the Hopper TMA space: each searched with a share of the "
-                                        "budget, the best kept)")
+                                        "compute mode, for M or N <= 16 also the GEMV space; on sm_90 the Hopper TMA "
+                                        "space instead of it for float16 and bfloat16 and beside it for TF32: each "
+                                        "searched with a share of the budget, the best kept)")
     search.add_argument("--storage", help="Optuna storage URL (default: SQLite in the cache directory; "
                                           "':memory:' keeps nothing)")
     search.add_argument("--study-name", help="study name (default: device, problem, space and template version; where "
