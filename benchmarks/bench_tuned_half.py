@@ -264,7 +264,7 @@ def inductor_summary(rows) -> list[str]:
     timed = [r for r in rows if "inductor_ratio" in r]
     if not timed:
         return []
-    lines = [f"torch.compile(mode=\"max-autotune-no-cudagraphs\") of `a @ b`, with autogemm.torch.enable_inductor() "
+    lines = ["torch.compile(mode=\"max-autotune-no-cudagraphs\") of `a @ b`, with autogemm.torch.enable_inductor() "
              "against without it, each compiled afresh after the tune, timed sustained in the same rounds (ratio > 1: "
              "autogemm's choice is faster).", "", "| problem | without us | with autogemm us | ratio |",
              "| --- | ---: | ---: | ---: |"]
@@ -372,8 +372,6 @@ def main(argv=None) -> int:
     specs = [(i, s) for i, s in enumerate(drawn)
              if i % shards == shard - 1 and (not wanted or any(t in problem_label(_problem(s)) for t in wanted))]
     if args.list:
-        from autogemm.families.waves import fill  # noqa: F401 (the same imports as a run)
-
         for index, spec in specs:
             print(f"#{index:<4d}{problem_label(_problem(spec)):<36} {_problem(spec).key}")
         return 0
