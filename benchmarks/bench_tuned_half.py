@@ -178,11 +178,11 @@ def measure(spec, index: int, inductor: bool = False) -> dict:
             raise SystemExit(f"{problem_label(problem)}: {name} differs from float64 by {error:.3g}")
     del expected, got
     served = autogemm.explain(a, b)
-    with ClockMonitor(_bus_id()) as monitor:
+    with ClockMonitor() as monitor:
         rounds = timing.sustained_times(calls)
     sustained = {name: statistics.fmean(times) * 1e3 for name, times in rounds.items()}
     latency = {name: statistics.median(times) * 1e3
-               for name, times in timing.latencies({n: c for n, c in calls.items()}, rounds=25).items()}
+               for name, times in timing.latencies(calls, rounds=25).items()}
     config = served["config"]
     waves = fill(config_from_name(config), problem, device).describe() if config else ""
     compiled = inductor_figures(a, b) if inductor else {}
@@ -226,12 +226,6 @@ def inductor_figures(a, b) -> dict:
                                      "max-autotune + autogemm": lambda i: with_autogemm(a, b)})
     us = {name: statistics.fmean(times) * 1e3 for name, times in rounds.items()}
     return {"inductor_us": us, "inductor_ratio": us["max-autotune"] / us["max-autotune + autogemm"]}
-
-
-def _bus_id() -> str:
-    import cupy
-
-    return cupy.cuda.Device().pci_bus_id
 
 
 def _release() -> None:

@@ -281,8 +281,11 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         # D stored in chunks of 128 bytes of D's type). A 16-bit kernel whose B is K-major and whose C goes
         # from registers steps by NARROW_BN_STEP (wgmma's N steps by 8; B's boxes are bn rows of K): 640 rows
         # of 4096 columns fill 130 of 132 SMs with 128 x 160 tiles, where 128 x 192 fill 110
-        kernel_b_k_major = (not problem.trans_a) if self.swap else problem.trans_b
-        narrow = self.transposes(problem) and not row.scaled and kernel_b_k_major and not self.tma_store
+        # (row and block scales, and grouped products, refuse swap below: the problem is not swapped to find
+        # the layout's reasons; a grouped one has no swapped form)
+        kernel = problem if self.swap and (problem.grouped or row.scaled and problem.epilogue.scale in ("row", "block")) \
+            else self.kernel_problem(problem)
+        narrow = self.transposes(problem) and kernel.trans_b and not self.tma_store
         bn_step = NARROW_BN_STEP if narrow else 64
         if self.wn != self.bn or self.bm % self.wm or not 1 <= self.consumers <= MAX_CONSUMERS:
             bad("warp-tile", f"a consumer's tile {self.wm}x{self.wn} must span the block's {self.bn} columns "
@@ -302,10 +305,6 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             bad("grid", "pingpong needs a persistent grid (with a block per tile the second consumer would idle)")
         if row.scaled:
             self._fp8_reasons(problem, bad)
-        # (row and block scales, and grouped products, refuse swap above: the problem is not swapped to find
-        # the layout's reasons; a grouped one has no swapped form)
-        kernel = problem if self.swap and (problem.grouped or row.scaled and problem.epilogue.scale in ("row", "block")) \
-            else self.kernel_problem(problem)
         if not self.transposes(problem) and not kernel.trans_b:
             if problem.layout == "tn":
                 bad("layout", f"wgmma reads {problem.dtype}/{problem.compute} from shared memory K-major only: layout TN "

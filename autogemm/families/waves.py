@@ -72,19 +72,18 @@ class Waves:
 
 
 def _tile(config: Any) -> tuple[int, int]:
-    """Rows x columns of one work tile: a ping-pong consumer's, else the block's."""
-    rows = getattr(config, "tile_rows", None) or config.bm
-    return int(rows), int(config.bn)
+    """Rows x columns of one work tile: a ping-pong consumer's (the Hopper family's tile_rows), else the block's."""
+    return getattr(config, "tile_rows", config.bm), config.bn
 
 
 def fill(config: Any, problem: Problem, device: Device) -> Waves:
     """How `config`'s work units fill `device` on `problem` (in the kernel's terms: a config that
     swaps the operands' roles tiles the swapped problem)."""
-    kernel = config.kernel_problem(problem) if hasattr(config, "kernel_problem") else problem
+    kernel = config.kernel_problem(problem)
     rows, cols = _tile(config)
-    split = max(1, int(getattr(config, "split_k", 1)))
+    split = config.split_k
     # a cluster's blocks take vertically adjacent tiles: a partner past the last row tile still runs
-    cluster = max(1, int(getattr(config, "cluster", 1)))
+    cluster = getattr(config, "cluster", 1)  # (the Hopper family's pairs)
     units = -(-kernel.m // rows // cluster) * cluster * -(-kernel.n // cols) * kernel.batch * split
     # (ping-pong: the two consumers of an SM take wm-row tiles in turns, one's main loop at a time, so an SM
     # is still one place; what it gains is its store under the other's main loop)
@@ -97,14 +96,12 @@ def relative_cost(config: Any, problem: Problem, device: Device) -> float:
     its share of K (padded to whole slices), loading both operands' slices from L2 (B once per pair of
     a cluster: multicast), then stores its tile, and with split-K writes and reads back FP32 partial
     sums."""
-    kernel = config.kernel_problem(problem) if hasattr(config, "kernel_problem") else problem
     waves = fill(config, problem, device)
     rows, cols = waves.tile
     itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
-    bk = max(1, int(getattr(config, "bk", 64)))
-    k_share = -(-math.ceil(kernel.k / waves.split_k) // bk) * bk
+    k_share = -(-math.ceil(problem.k / waves.split_k) // config.bk) * config.bk  # (K is K whichever operand is first)
     compute = 2.0 * rows * cols * k_share
-    cluster = max(1, int(getattr(config, "cluster", 1)))
+    cluster = getattr(config, "cluster", 1)  # (the Hopper family's pairs)
     loaded = (rows + cols / cluster) * k_share * itemsize
     unit = max(compute, loaded * FLOPS_PER_L2_BYTE) + UNIT_OVERHEAD_FLOPS
     if getattr(config, "consumers", 2) == 1 or getattr(config, "pingpong", False):  # one warpgroup's wgmmas at a time

@@ -36,11 +36,15 @@ def _nvml_handle(pci_bus_id: str) -> tuple[Any, Any] | None:
 
 
 class ClockMonitor:
-    """`with ClockMonitor(pci_bus_id) as monitor: ...` samples the GPU's SM clock (MHz) and power (W)
-    every SAMPLE_S while the block runs; `figures()` gives their medians afterwards ({} where NVML
-    gave none)."""
+    """`with ClockMonitor() as monitor: ...` samples the SM clock (MHz) and power (W) of the GPU at
+    `pci_bus_id` (CuPy's current device where None) every SAMPLE_S while the block runs; `figures()`
+    gives their medians afterwards ({} where NVML gave none)."""
 
-    def __init__(self, pci_bus_id: str):
+    def __init__(self, pci_bus_id: str | None = None):
+        if pci_bus_id is None:
+            import cupy  # (lazy: CuPy)
+
+            pci_bus_id = cupy.cuda.Device().pci_bus_id
         self.pci_bus_id = pci_bus_id
         self.clocks_mhz: list[float] = []
         self.power_w: list[float] = []

@@ -329,7 +329,7 @@ class GpuMeasurer:
                                                      for i, config in enumerate(configs)}
                 baselines = self.baseline_calls()
                 competitors.update(baselines)
-                with ClockMonitor(cupy.cuda.Device().pci_bus_id) as monitor:
+                with ClockMonitor() as monitor:
                     rounds = sustained_times({name: (lambda i, runners=runners: runners[i % len(runners)]())
                                               for name, runners in competitors.items()})
         except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:

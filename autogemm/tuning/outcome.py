@@ -52,8 +52,7 @@ def retimed_best(finalists: list[Any], evaluator: Evaluator) -> Winner:
     if not ranked:
         raise TuneError(f"every finalist failed its re-check: {[m.kind for m in remeasured]}")
     winner, chosen = finalists[ranked[0][1]], remeasured[ranked[0][1]]
-    if chosen.rel_error is None:
-        chosen.rel_error = next((m.rel_error for m in remeasured if m.ok and m.rel_error), None)
+    chosen.rel_error = _rel_error(chosen, remeasured)
     if min(cublas_ms, chosen.time_ms) >= SUSTAINED_FROM_MS:
         contenders = [i for _, i in ranked[:SUSTAINED_FINALISTS]]
         sustained = evaluator.sustained([finalists[i] for i in contenders])
@@ -61,6 +60,13 @@ def retimed_best(finalists: list[Any], evaluator: Evaluator) -> Winner:
             return _sustained_winner(finalists, remeasured, contenders, sustained, cublas_ms, evaluator)
     noise = evaluator.retime_noise
     return Winner(winner, chosen, cublas_ms, noise, evaluator.single_call(winner))
+
+
+def _rel_error(measurement: Measurement, remeasured: list[Measurement]) -> float | None:
+    """The measurement's error against float64, or where its re-check gave none, another finalist's."""
+    if measurement.rel_error is not None:
+        return measurement.rel_error
+    return next((m.rel_error for m in remeasured if m.ok and m.rel_error), None)
 
 
 def _sustained_winner(finalists, remeasured, contenders: list[int], sustained: Sustained, burst_cublas_ms: float,
@@ -71,9 +77,8 @@ def _sustained_winner(finalists, remeasured, contenders: list[int], sustained: S
     index = contenders[best]
     burst = remeasured[index]
     ms = sustained.kernel_ms[best]
-    rel_error = burst.rel_error if burst.rel_error is not None else \
-        next((m.rel_error for m in remeasured if m.ok and m.rel_error), None)
-    measurement = Measurement(ok=True, time_ms=ms, tflops=evaluator.problem.flops / ms / 1e9, rel_error=rel_error)
+    measurement = Measurement(ok=True, time_ms=ms, tflops=evaluator.problem.flops / ms / 1e9,
+                              rel_error=_rel_error(burst, remeasured))
     figures = {"sm_clock_mhz": sustained.sm_clock_mhz, "power_w": sustained.power_w, "rounds": sustained.rounds,
                "burst_ratio": round(burst_cublas_ms / burst.time_ms, 4)}
     noise = sustained.noise(best)

@@ -3,9 +3,9 @@ offers (rows, columns, K splits, ping-pong, swapped roles), one complete configu
 well its work fills the GPU (families/waves.py). A blind sampler finds a tile that fills 132 SMs on
 640 x 4096 by luck; the ranking puts it first.
 
-A tile shape is completed with the knobs that cost nothing to guess: slices of K one 128-byte row wide,
-the most stages that fit (up to PREFERRED_STAGES), group_m 8, a persistent grid, the TMA store, a cluster of two where there are two
-row tiles to pair; then, where `check` refuses that, with those knobs relaxed one by one.
+A tile shape is completed with the knobs that cost nothing to guess: slices of K one swizzled row wide,
+the most stages that fit (up to PREFERRED_STAGES), group_m 8, a persistent grid, the TMA store, a cluster
+of two where the row tiles pair up; then, where `check` refuses that, with those knobs relaxed one by one.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ PREFERRED_STAGES = 5
 PREFERRED = {"group_m": 8, "persistent": True, "tma_store": True}
 # relaxed in this order where `check` refuses a completion (each to the space's other choices)
 RELAXED = ("cluster", "tma_store", "persistent", "group_m", "bk")
-ROW_BYTES = 128
 
 
 def wave_ranked(space: SearchSpace, problem: Problem, device: Device, count: int = WAVE_SEEDS) -> list[Any]:
@@ -60,8 +59,9 @@ def _completed(space: SearchSpace, shape: dict[str, Any], choices: dict[str, tup
     for knob, value in PREFERRED.items():
         if knob in choices and value in choices[knob]:
             base[knob] = value
-    # a slice of K one 128-byte swizzled row wide (64 16-bit elements), where the space offers it
-    row_elements = ROW_BYTES // dtypes.lookup(problem.dtype, problem.compute).itemsize
+    # a slice of K one swizzled row wide (the family's TMA box row: 64 16-bit elements), where the space offers it
+    row_bytes = getattr(space.config_class, "swizzle_row_bytes", 0)
+    row_elements = row_bytes // dtypes.lookup(problem.dtype, problem.compute).itemsize
     if row_elements in choices.get("bk", ()):
         base["bk"] = row_elements
     base.update(shape)
@@ -77,10 +77,9 @@ def _completed(space: SearchSpace, shape: dict[str, Any], choices: dict[str, tup
     others = {knob: next(v for v in choices[knob] if v != base.get(knob)) for knob in RELAXED
               if knob in choices and len(choices[knob]) > 1}
     attempts = [dict(base)] + [{**base, knob: value} for knob, value in others.items()]
-    cumulative = dict(base)
-    for knob, value in others.items():
-        cumulative = {**cumulative, knob: value}
-        attempts.append(cumulative)
+    relaxed = list(others.items())
+    for count in range(2, len(relaxed) + 1):  # (the first alone is tried above)
+        attempts.append({**base, **dict(relaxed[:count])})
     for values in attempts:
         for stage_count in stages:
             draw = dict(values) if stage_count is None else {**values, "stages": stage_count}
