@@ -4,17 +4,15 @@ signature or an `__all__` changed without `python docs/api_page.py` fails here."
 from __future__ import annotations
 
 import ast
-import importlib.util
 from pathlib import Path
+
+from script_modules import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _generator():
-    spec = importlib.util.spec_from_file_location("api_page", ROOT / "docs" / "api_page.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "docs" / "api_page.py")
 
 
 def test_the_api_page_is_current():

@@ -3,21 +3,14 @@ of campaigns/shipped.toml, as a campaign of its own) and its reading of a campai
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from script_modules import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_campaign_scaling",
-                                                  ROOT / "benchmarks" / "bench_campaign_scaling.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load_script(ROOT / "benchmarks" / "bench_campaign_scaling.py")
 
 
 def test_the_slice_is_the_shipped_campaigns_wider_evidence_with_ten_seconds_each(tmp_path):

@@ -4,26 +4,19 @@ mix, none known, within bounds) and --list, which needs neither a GPU nor CuPy."
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from script_modules import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "bench_unseen.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_unseen", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load_script(SCRIPT)
 
 
 @pytest.fixture(scope="module")

@@ -234,15 +234,14 @@ def test_the_fp8_campaigns_tune_the_problems_bench_fp8_measures():
     """FP8 records come from campaigns/fp8.toml (per-tensor scales), fp8_row.toml (per-row scales) and
     fp8_block.toml (block scales): each holds bench_fp8's problems, e4m3 in layout NT with D in BF16, so that the bench's served
     column reads records of the very problems it measures."""
-    import importlib.util
     from pathlib import Path
+
+    from script_modules import load_script
 
     from autogemm.campaigns.file import load_campaign
 
     root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("bench_fp8", root / "benchmarks" / "bench_fp8.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script(root / "benchmarks" / "bench_fp8.py")
     measured = {(m, n, k) for _, m, n, k in bench.problems(None)}
     for name, scale in (("fp8.toml", "tensor"), ("fp8_row.toml", "row"), ("fp8_block.toml", "block")):
         problems = load_campaign(root / "campaigns" / name).problems
@@ -252,13 +251,11 @@ def test_the_fp8_campaigns_tune_the_problems_bench_fp8_measures():
 
 
 def test_bench_fp8_names_a_negative_round_count(capsys):
-    import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_fp8.py"
-    spec = importlib.util.spec_from_file_location("bench_fp8", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from script_modules import load_script
+
+    bench = load_script(Path(__file__).resolve().parent.parent / "benchmarks" / "bench_fp8.py")
     with pytest.raises(SystemExit) as exited:
         bench.main(["--alternate-rounds", "-1"])
     assert exited.value.code == 2

@@ -5,28 +5,17 @@ page, or the README, no longer says what it does), and the generator must quote 
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from script_modules import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "performance_page.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("performance_page", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # (dataclasses look their module up while the class is made)
-    spec.loader.exec_module(module)
-    return module
-
-
-page = _load()
+page = load_script(SCRIPT)
 
 
 def test_the_page_and_the_readme_say_what_the_results_files_say():
