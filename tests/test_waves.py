@@ -1,5 +1,5 @@
 """Waves on 132 SMs (families/waves.py), the search's seeds from them (tuning/wave_seeds.py), the keep rule
-of GPU-bound products timed sustained (tuning/outcome.py, search.keeps_cublas), and the records that carry
+of GPU-bound products timed sustained (tuning/outcome.py: retimed_best, keeps_cublas), and the records that carry
 those figures. CPU only: the device's limits are Hopper's, its SM count an H200's."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from autogemm.kernels.space import SearchSpace
 from autogemm.measure.evaluate import Evaluator, Latency, Measurement, Sustained
 from autogemm.problem import Device, Problem
 from autogemm.tuning import outcome
-from autogemm.tuning.search import keeps_cublas
+from autogemm.tuning.outcome import keeps_cublas
 from autogemm.tuning.wave_seeds import wave_ranked
 
 H200 = dataclasses.replace(Device.for_arch("sm_90"), name="NVIDIA H200", sm_count=132)

@@ -22,10 +22,10 @@ from ..kernels.compile import CompileError, UnstoredCubin, compile_pool, compile
 # the measuring side (what runs where the CUDA context lives), named here too: the tuner's callers
 # know these as evaluate's
 from .measurers import measurer_for
-from .measuring import FAILURE_KINDS, LATENCY_MARGIN, MIN_NOISE, SINGLE_CALL_PAIRS, STICKY_CUDA_ERRORS, GpuMeasurer, Latency, Measurement, Sustained, failure_from_exception
+from .measuring import FAILURE_KINDS, LATENCY_MARGIN, SINGLE_CALL_PAIRS, STICKY_CUDA_ERRORS, GpuMeasurer, Latency, Measurement, failure_from_exception
 from ..problem import Device, Problem
 from ..kernels.render import render
-from .timing import PROTOCOL
+from .timing import MIN_NOISE, PROTOCOL, Sustained
 
 log: logging.Logger = logging.getLogger(__name__)
 

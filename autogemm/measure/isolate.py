@@ -158,24 +158,15 @@ def serve(conn: Any, measurer: Any) -> Any:
             except Exception as exc:
                 conn.send(("failed", f"{type(exc).__name__}: {exc}"))
             continue
-        if request[0] == "sustained":
+        if request[0] in ("single", "sustained"):  # a finalist's latency, or finalists timed sustained
             _, configs_data, cubins = request
             for cubin in cubins:
-                if cubin is not None:
+                if cubin is not None:  # compiled but not stored: loaded from these bytes
                     remember(cubin)
+            configs = [config_from_dict(data) for data in configs_data]
             try:
-                conn.send(("ok", asdict(measurer.sustained([config_from_dict(data) for data in configs_data]))))
-            except Exception as exc:
-                conn.send(("failed", f"{type(exc).__name__}: {exc}"))
-            if measurer.poisoned:
-                os._exit(3)
-            continue
-        if request[0] == "single":
-            _, config_data, cubin = request
-            if cubin is not None:
-                remember(cubin)
-            try:
-                conn.send(("ok", asdict(measurer.single_call(config_from_dict(config_data)))))
+                answer = measurer.single_call(configs[0]) if request[0] == "single" else measurer.sustained(configs)
+                conn.send(("ok", asdict(answer)))
             except Exception as exc:
                 conn.send(("failed", f"{type(exc).__name__}: {exc}"))
             if measurer.poisoned:
@@ -381,7 +372,7 @@ class IsolatedEvaluator(CompileAheadEvaluator):
 
     def single_call(self, config: Any) -> Latency | None:
         """(None when the measuring process could not say.)"""
-        answer = self._request(("single", config.to_dict(), self._in_memory.get(config.name)), self.timeout)
+        answer = self._request(("single", [config.to_dict()], [self._in_memory.get(config.name)]), self.timeout)
         if isinstance(answer, Measurement) or answer[0] != "ok":
             return None
         return Latency(**answer[1])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 import traceback
 import functools
 import statistics
@@ -25,7 +24,7 @@ from ..gpu.epilogue_pass import pass_kernel, vector_width
 from ..gpu.operands import describe
 from ..problem import Device, Problem
 from .clocks import ClockMonitor
-from .timing import TARGET_MS, gpu_time, latencies, sustained_times
+from .timing import TARGET_MS, Sustained, gpu_time, latencies, sustained_times
 
 # GPU time (timing.gpu_time) of a candidate during the search: a short steady run; the finalists and
 # the baselines are re-timed with the protocol's full TARGET_MS each.
@@ -33,8 +32,6 @@ TRIAL_TARGET_MS = 10.0
 TRIAL_MAX_CALLS = 400
 # the baselines' first timing, when a measuring process takes a problem (re-timed with the finalists)
 FIRST_BASELINE_MS = 30.0
-# The least run-to-run spread assumed of a timing (H100 re-timings of one kernel differ by ~1%)
-MIN_NOISE = 0.01
 # A generated kernel must also beat the served cuBLAS fallback by this much in single-call latency
 # (each call on an idle GPU, host time included, as a user waits for it)
 LATENCY_MARGIN = 0.01
@@ -45,54 +42,6 @@ SERVED, CUPY = "cublaslt", "cupy.matmul"
 # with an epilogue, what matmul serves without a fused kernel: cuBLASLt's GEMM then the epilogue's pass
 # (gpu/epilogue_pass.py), and cuBLASLt's own epilogue where it has this one (gpu/cublas_epilogue.py)
 SERVED_PASS, SERVED_LT = "cublaslt + pass", "cublaslt epilogue"
-
-
-@dataclass
-class Sustained:
-    """Sustained GPU time (timing.sustained_times) of finalists and baselines: ms a call in each round,
-    per config (in the order given) and per baseline, and the SM clock (MHz) and board power (W) seen
-    during the rounds (0: NVML gave none). A competitor's figure is the mean of its rounds: what a loop of
-    its calls costs over the clocks' swings (a median of rounds that fall in two phases picks one phase).
-    A round's figures were taken side by side: the noise of a comparison is that of the rounds' paired
-    ratios, not of each competitor's drift."""
-
-    kernel_rounds: list[list[float]]
-    baseline_rounds: dict[str, list[float]]
-    sm_clock_mhz: float = 0.0
-    power_w: float = 0.0
-
-    @property
-    def kernel_ms(self) -> list[float]:
-        return [statistics.fmean(rounds) for rounds in self.kernel_rounds]
-
-    @property
-    def baselines(self) -> dict[str, float]:
-        return {name: statistics.fmean(rounds) for name, rounds in self.baseline_rounds.items()}
-
-    @property
-    def faster_baseline(self) -> str:
-        means = self.baselines
-        return min(means, key=means.__getitem__)
-
-    @property
-    def baseline_ms(self) -> float:
-        """The faster baseline's."""
-        return self.baselines[self.faster_baseline]
-
-    @property
-    def rounds(self) -> int:
-        return len(self.baseline_rounds[self.faster_baseline])
-
-    def noise(self, index: int) -> float:
-        """How far config `index`'s ratio to the faster baseline may be off: twice the standard error of
-        the mean of its paired ratios (the baseline's time over the config's, round by round), over that
-        mean, at least MIN_NOISE. The config must beat the baseline by more to count as faster."""
-        ratios = [base / kernel for base, kernel in zip(self.baseline_rounds[self.faster_baseline],
-                                                        self.kernel_rounds[index])]
-        if len(ratios) < 2:
-            return MIN_NOISE
-        error = statistics.stdev(ratios) / math.sqrt(len(ratios))
-        return max(MIN_NOISE, 2 * error / statistics.fmean(ratios))
 
 
 @dataclass

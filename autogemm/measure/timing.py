@@ -53,6 +53,8 @@ SAMPLES_IN_FLIGHT = 2
 MAX_LAUNCHES_IN_FLIGHT = 768
 # latency: calls of each competitor, after warm-up calls
 LATENCY_CALLS = 25
+# The least run-to-run spread assumed of a timing (H100 re-timings of one kernel differ by ~1%)
+MIN_NOISE = 0.01
 
 _GATE_SOURCE = r"""
 extern "C" __global__ void autogemm_gate(unsigned long long hold_ns) {
@@ -304,3 +306,51 @@ def sustained_times(calls: dict[str, Any], *, rounds: int = SUSTAINED_ROUNDS, ro
     for name, calls_in_segment, start, stop in segments:
         out[name].append(cupy.cuda.get_elapsed_time(start, stop) / calls_in_segment)
     return out
+
+
+@dataclass
+class Sustained:
+    """Sustained GPU time (timing.sustained_times) of finalists and baselines: ms a call in each round,
+    per config (in the order given) and per baseline, and the SM clock (MHz) and board power (W) seen
+    during the rounds (0: NVML gave none). A competitor's figure is the mean of its rounds: what a loop of
+    its calls costs over the clocks' swings (a median of rounds that fall in two phases picks one phase).
+    A round's figures were taken side by side: the noise of a comparison is that of the rounds' paired
+    ratios, not of each competitor's drift."""
+
+    kernel_rounds: list[list[float]]
+    baseline_rounds: dict[str, list[float]]
+    sm_clock_mhz: float = 0.0
+    power_w: float = 0.0
+
+    @property
+    def kernel_ms(self) -> list[float]:
+        return [statistics.fmean(rounds) for rounds in self.kernel_rounds]
+
+    @property
+    def baselines(self) -> dict[str, float]:
+        return {name: statistics.fmean(rounds) for name, rounds in self.baseline_rounds.items()}
+
+    @property
+    def faster_baseline(self) -> str:
+        means = self.baselines
+        return min(means, key=means.__getitem__)
+
+    @property
+    def baseline_ms(self) -> float:
+        """The faster baseline's."""
+        return self.baselines[self.faster_baseline]
+
+    @property
+    def rounds(self) -> int:
+        return len(self.baseline_rounds[self.faster_baseline])
+
+    def noise(self, index: int) -> float:
+        """How far config `index`'s ratio to the faster baseline may be off: twice the standard error of
+        the mean of its paired ratios (the baseline's time over the config's, round by round), over that
+        mean, at least MIN_NOISE. The config must beat the baseline by more to count as faster."""
+        ratios = [base / kernel for base, kernel in zip(self.baseline_rounds[self.faster_baseline],
+                                                        self.kernel_rounds[index])]
+        if len(ratios) < 2:
+            return MIN_NOISE
+        error = statistics.stdev(ratios) / math.sqrt(len(ratios))
+        return max(MIN_NOISE, 2 * error / statistics.fmean(ratios))

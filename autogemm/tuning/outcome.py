@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..results.cache import Record, TuningCache
-from ..measure.evaluate import MIN_NOISE, Evaluator, Latency, Measurement, Sustained
+from ..measure.evaluate import LATENCY_MARGIN, MIN_NOISE, Evaluator, Latency, Measurement, Sustained
 from ..measure.timing import SUSTAINED_FROM_MS
 from ..problem import Device, Problem
 from ..results.provenance import host, now, runtime_versions
@@ -85,6 +85,21 @@ def _sustained_winner(finalists, remeasured, contenders: list[int], sustained: S
     config = finalists[index]
     return Winner(config, measurement, sustained.baseline_ms, noise, evaluator.single_call(config), sustained=figures,
                   baselines=dict(sustained.baselines))
+
+
+def keeps_cublas(ratio: float, noise: float, latency: Any, gpu_bound: bool) -> bool:
+    """Whether cuBLAS is kept over the best generated kernel: it beats cuBLAS's GPU time (`ratio`, the
+    baseline's time over the kernel's) by no more than `noise`, or loses in single-call latency. A
+    GPU-bound product (timed sustained) may not lose latency beyond the noise, since its latency is
+    mostly that same GPU time; a shorter one must win latency by LATENCY_MARGIN, since there host
+    time decides what a user waits for."""
+    if ratio <= 1 + noise:
+        return True
+    if latency is None:
+        return False
+    if gpu_bound:
+        return latency.ratio < 1 - max(noise, LATENCY_MARGIN)
+    return latency.ratio <= 1 + LATENCY_MARGIN
 
 
 def best_so_far(finalists: list[Any], known: dict[str, float], problem: Problem, evaluator: Evaluator) -> Winner:

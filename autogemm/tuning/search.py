@@ -23,13 +23,13 @@ import optuna
 
 from .. import interrupts
 from ..results.cache import TuningCache, cublas_record
-from ..measure.evaluate import LATENCY_MARGIN, Evaluator, FatalEvaluationError, GpuEvaluator, Measurement
+from ..measure.evaluate import Evaluator, FatalEvaluationError, GpuEvaluator, Measurement
 from ..measure.isolate import IsolatedEvaluator
 from ..problem import Device, Problem
 from ..results.predict import known_configs
 from ..kernels.space import SearchSpace
 from .options import CONVERGED_GAIN, TuneOptions
-from .outcome import RecordKeeper, Winner, best_so_far, retimed_best
+from .outcome import RecordKeeper, Winner, best_so_far, keeps_cublas, retimed_best
 from .study import (Sharing, StudyStorageError, StudyWriter, TrialExchange, ask_params, best_configs, default_storage,
                     make_sampler, open_study, optuna_quiet, remember_trials, tell_trials)
 from .progress import TuneProgress
@@ -399,21 +399,6 @@ class SearchLoop:
             kept_cublas=kept_cublas, noise=winner.noise, seeded=counters.seeded, latency=latency,
             sustained=dict(winner.sustained),
         )
-
-
-def keeps_cublas(ratio: float, noise: float, latency: Any, gpu_bound: bool) -> bool:
-    """Whether cuBLAS is kept over the best generated kernel: it beats cuBLAS's GPU time (`ratio`, the
-    baseline's time over the kernel's) by no more than `noise`, or loses in single-call latency. A
-    GPU-bound product (timed sustained) may not lose latency beyond the noise, since its latency is
-    mostly that same GPU time; a shorter one must win latency by LATENCY_MARGIN, since there host
-    time decides what a user waits for."""
-    if ratio <= 1 + noise:
-        return True
-    if latency is None:
-        return False
-    if gpu_bound:
-        return latency.ratio < 1 - max(noise, LATENCY_MARGIN)
-    return latency.ratio <= 1 + LATENCY_MARGIN
 
 
 def converged(history: list[float], patience: int) -> bool:
