@@ -9,11 +9,19 @@ and near-squares; odd sizes; K from 1024 to 32768. None of them is a problem of 
 the other benchmarks (bench_unseen.known_keys), and no width of a campaign is a model width here.
 
 Each problem: `autogemm.tune` with the default options in a user cache of its own (the shipped results
-on, as a new user has them), then autogemm.matmul and torch.matmul on the same tensors: checked against
-float64, then timed sustained (autogemm/measure/timing.py `sustained_times`: rounds of about 200 ms
-each, back to back, the order rotating, the GPU never idle: as a training or prefill loop runs) and
-one call at a time on an idle GPU. The row has the tune's verdict, what serves, the served config's
-tiles and waves on the device's SMs, and the SM clock and power seen.
+on, as a new user has them), then autogemm.matmul and torch.matmul on the same tensors, checked against
+float64 and timed three ways (autogemm/measure/timing.py):
+- GPU time sustained, the headline ratio: GRAPH_CALLS back-to-back calls of each captured in a CUDA graph
+  (as a compiled or graphed training step runs them), the graphs replayed in `sustained_times`' rounds
+  (20 rounds of about 50 ms per competitor, in random order, the GPU never idle, clocks and power
+  settled; means of the rounds). The host's time is not in it.
+- Eager sustained: the same rounds of plain back-to-back calls. Where a product takes less GPU time than
+  a Python call's host time (about 20 us on the reference host), this measures the host: such a loop
+  is host-bound for torch.matmul and autogemm alike, and shows what autogemm's Python adds.
+- One call at a time on an idle GPU (medians of 25, host time included).
+The row has the tune's verdict, what serves, the served config's tiles and waves on the device's SMs,
+the SM clock and power seen, and a digest of autogemm's sources (`source_digest`): a results file
+filled over several runs holds rows of one code only, or --report says which differ.
 
 With `--inductor N`, the first N problems run also compile `a @ b` with torch.compile(mode=
 "max-autotune-no-cudagraphs") without and with autogemm among Inductor's choices
@@ -50,6 +58,9 @@ from bench_common import geomean, problem_label, results_path  # noqa: E402
 
 SEED, COUNT = 2027, 40
 AUTOGEMM, TORCH = "autogemm.matmul", "torch.matmul"
+# calls of each competitor in its CUDA graph: the smallest product drawn (about 8 us) then replays for
+# over 100 us, far over a replay's host time
+GRAPH_CALLS = 16
 # (hidden, qkv output, intermediate) of model families none of campaigns/ names: Qwen2.5 7B/14B/32B/72B,
 # Phi-3-mini, Gemma-2 2B, Falcon-7B, Yi-34B, DeepSeek-V2-Lite
 FAMILIES = {
@@ -179,22 +190,62 @@ def measure(spec, index: int, inductor: bool = False) -> dict:
     del expected, got
     served = autogemm.explain(a, b)
     with ClockMonitor() as monitor:
-        rounds = timing.sustained_times(calls)
-    sustained = {name: statistics.fmean(times) * 1e3 for name, times in rounds.items()}
+        graphed = {name: _graphed(torch, call, expected_of=calls[TORCH]) for name, call in calls.items()}
+        rounds = timing.sustained_times({name: lambda i, g=g: g.replay() for name, (g, _) in graphed.items()})
+    del graphed
+    gpu_us = {name: statistics.fmean(times) * 1e3 / GRAPH_CALLS for name, times in rounds.items()}
+    eager = timing.sustained_times(calls)
+    sustained = {name: statistics.fmean(times) * 1e3 for name, times in eager.items()}
     latency = {name: statistics.median(times) * 1e3
                for name, times in timing.latencies(calls, rounds=25).items()}
     config = served["config"]
     waves = fill(config_from_name(config), problem, device).describe() if config else ""
     compiled = inductor_figures(a, b) if inductor else {}
     return {"index": index, "spec": list(spec), "problem": problem.key, "label": problem_label(problem),
+            "source_digest": source_digest(),
             "source": served["source"], "config": config, "generated": config is not None, "waves": waves,
             "kept_cublas": result.kept_cublas, "tuned_config": result.config.name,
             "tuned_waves": fill(result.config, problem, device).describe(), "tune_ratio": result.ratio,
             "tune_noise": result.noise, "tune_sustained": result.sustained, "tune_s": tune_s,
-            "sustained_us": sustained, "ratio": sustained[TORCH] / sustained[AUTOGEMM],
-            "latency_us": latency, "latency_ratio": latency[TORCH] / latency[AUTOGEMM],
+            "gpu_us": gpu_us, "ratio": gpu_us[TORCH] / gpu_us[AUTOGEMM],
             "spread": {name: (max(t) - min(t)) / (2 * statistics.median(t)) for name, t in rounds.items()},
+            "sustained_us": sustained, "eager_ratio": sustained[TORCH] / sustained[AUTOGEMM],
+            "latency_us": latency, "latency_ratio": latency[TORCH] / latency[AUTOGEMM],
             **monitor.figures(), **compiled}
+
+
+def _graphed(torch, call, expected_of):
+    """(graph, outputs): GRAPH_CALLS calls of `call` captured in one CUDA graph (warmed on a side stream
+    first, as PyTorch's capture wants), replayed once and its last output checked against
+    `expected_of()`'s, so that what is timed is the product itself."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = [call() for _ in range(GRAPH_CALLS)]
+    outputs[-1].zero_()
+    graph.replay()
+    expected = expected_of()
+    error = float(torch.linalg.norm(outputs[-1].double() - expected.double()) / torch.linalg.norm(expected.double()))
+    if not error <= 2e-2:
+        raise SystemExit(f"a CUDA graph of the call differs from torch.matmul by {error:.3g}")
+    return graph, outputs
+
+
+def source_digest() -> str:
+    """16 hex digits of autogemm's Python sources, kernel templates and search spaces: rows measured with
+    one code share it."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted([*(ROOT / "autogemm").rglob("*.py"), *(ROOT / "templates").glob("*.j2"),
+                        *(ROOT / "search_spaces").glob("*.toml")]):
+        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def inductor_figures(a, b) -> dict:
@@ -237,8 +288,8 @@ def _release() -> None:
 
 
 def summary(rows) -> list[str]:
-    lines = ["| class | problems | geomean (sustained) | min | latency geomean | generated kernel |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| class | problems | GPU time geomean | min | eager geomean | eager min | latency geomean | generated kernel |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     low = 0
     for high, name in M_CLASSES:
         group = [r for r in rows if low < r["spec"][2] <= high]
@@ -271,9 +322,9 @@ def inductor_summary(rows) -> list[str]:
 
 
 def _summary_row(name, group) -> str:
-    ratios = [r["ratio"] for r in group]
-    return (f"| {name} | {len(group)} | {geomean(ratios):.3f} | {min(ratios):.3f} | "
-            f"{geomean(r['latency_ratio'] for r in group):.3f} | {sum(r['generated'] for r in group)} |")
+    ratios, eager = [r["ratio"] for r in group], [r["eager_ratio"] for r in group]
+    return (f"| {name} | {len(group)} | {geomean(ratios):.3f} | {min(ratios):.3f} | {geomean(eager):.3f} | "
+            f"{min(eager):.3f} | {geomean(r['latency_ratio'] for r in group):.3f} | {sum(r['generated'] for r in group)} |")
 
 
 def report(rows, device_name: str, seed: int) -> list[str]:
@@ -281,22 +332,29 @@ def report(rows, device_name: str, seed: int) -> list[str]:
     power = [r["power_w"] for r in rows if r.get("power_w")]
     seen = (f" SM clock during the timings: median {statistics.median(clocks):.0f} MHz, board power median "
             f"{statistics.median(power):.0f} W." if clocks else "")
-    lines = [f"# Tuned half precision: {device_name}", "",
+    digests = sorted({r.get("source_digest", "none") for r in rows})
+    mixed = ([f"**The rows were measured with {len(digests)} different codes** (source digests {', '.join(digests)}): "
+              "they do not make one table.", ""] if len(digests) > 1 else [])
+    lines = [f"# Tuned half precision: {device_name}", "", *mixed,
              f"{len(rows)} BF16 and FP16 problems drawn by benchmarks/bench_tuned_half.py (seed {seed}), none of "
              "them in campaigns/, cache/ or another benchmark. Each tuned with the default budget "
              "(`autogemm.tune(problem)`) in a user cache of its own, the shipped results on; then autogemm.matmul and "
-             "torch.matmul on the same PyTorch tensors, timed sustained (rounds of about 200 ms each, back to back, "
-             "the order rotating, medians) and one call at a time on an idle GPU (medians of 25). Ratio = torch.matmul's "
-             f"time / autogemm.matmul's (> 1: autogemm is faster).{seen}", "",
+             "torch.matmul on the same PyTorch tensors. Ratios are torch.matmul's time over autogemm.matmul's (> 1: "
+             "autogemm is faster). GPU time: "
+             f"{GRAPH_CALLS} calls captured in a CUDA graph, the graphs replayed back to back in 20 rounds of about 50 ms "
+             "each in random order (means), so that clocks and power settle and the host's time is not in it. Eager: the "
+             "same rounds of plain calls from Python, where a product shorter than a call's host time measures the host. "
+             f"Latency: one call at a time on an idle GPU, host time included (medians of 25).{seen}", "",
              *summary(rows), "", *inductor_summary(rows),
-             "| problem | ratio | latency ratio | autogemm us | torch us | tune | served by | waves |",
-             "| --- | ---: | ---: | ---: | ---: | --- | --- | --- |"]
+             "| problem | GPU time ratio | eager ratio | latency ratio | autogemm us | torch us | tune | served by | waves |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
     for row in sorted(rows, key=lambda r: r["ratio"]):
-        us = row["sustained_us"]
+        us = row["gpu_us"]
         tune = "cuBLAS kept" if row["kept_cublas"] else f"kernel {row['tune_ratio']:.3f}x"
         served = row["source"] + (f": {row['config']}" if row["config"] else "")
-        lines.append(f"| {row['label']} | {row['ratio']:.3f} | {row['latency_ratio']:.3f} | {us[AUTOGEMM]:.1f} | "
-                     f"{us[TORCH]:.1f} | {tune} | {served} | {row['waves'] or row['tuned_waves'] + ' (best generated)'} |")
+        lines.append(f"| {row['label']} | {row['ratio']:.3f} | {row['eager_ratio']:.3f} | {row['latency_ratio']:.3f} | "
+                     f"{us[AUTOGEMM]:.1f} | {us[TORCH]:.1f} | {tune} | {served} | "
+                     f"{row['waves'] or row['tuned_waves'] + ' (best generated)'} |")
     return lines
 
 
@@ -397,7 +455,7 @@ def main(argv=None) -> int:
         ran += 1
         with path.open("a") as out:
             out.write(json.dumps(row) + "\n")
-        print(f"#{index:<4d}{row['label']:<34} ratio {row['ratio']:.3f}  latency {row['latency_ratio']:.3f}  "
+        print(f"#{index:<4d}{row['label']:<34} ratio {row['ratio']:.3f}  eager {row['eager_ratio']:.3f}  latency {row['latency_ratio']:.3f}  "
               f"tune {row['tune_s']:.0f} s  {'cuBLAS kept' if row['kept_cublas'] else 'kernel'} "
               f"({row['tune_ratio']:.3f}x)  {row['waves'] or row['tuned_waves']}", flush=True)
         _release()

@@ -63,23 +63,43 @@ def test_list_and_given_problems_run_without_a_gpu():
     assert shard.returncode == 2 and "--shard" in shard.stderr
 
 
-def _row(m, ratio, generated, dtype="bfloat16"):
+def _row(m, ratio, generated, dtype="bfloat16", eager=None, digest="d1"):
     return {"spec": [dtype, "nt", m, 4096, 4096], "label": f"{dtype} nt {m}x4096x4096", "ratio": ratio,
+            "eager_ratio": ratio if eager is None else eager, "source_digest": digest,
             "latency_ratio": 1.0, "generated": generated, "kept_cublas": not generated, "tune_ratio": ratio,
+            "gpu_us": {bench.AUTOGEMM: 10.0, bench.TORCH: 10.0 * ratio},
             "sustained_us": {bench.AUTOGEMM: 10.0, bench.TORCH: 10.0 * ratio}, "source": "cache",
             "config": "c" if generated else None, "waves": "", "tuned_waves": "80 tiles of 128x256, 1 wave, 61% full"}
 
 
 def test_a_cut_short_results_file_keeps_its_whole_rows_and_the_table_has_every_class(tmp_path):
     path = tmp_path / "rows.jsonl"
-    rows = [_row(256, 1.02, True), _row(1024, 0.99, False), _row(4096, 1.05, True, "float16")]
+    rows = [_row(256, 1.02, True, eager=0.9), _row(1024, 0.99, False), _row(4096, 1.05, True, "float16")]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"spec": ["bfloat16", "nt", 5')
     assert bench._read_rows(path) == rows
     table = bench.report(rows, "NVIDIA H200", 7)
-    assert "| M <= 640 | 1 | 1.020 | 1.020 | 1.000 | 1 |" in table
-    assert "| M <= 2048 | 1 | 0.990 | 0.990 | 1.000 | 0 |" in table
-    assert "| M > 2048 | 1 | 1.050 | 1.050 | 1.000 | 1 |" in table
+    # (GPU time geomean and min, eager geomean and min, latency geomean, generated kernels)
+    assert "| M <= 640 | 1 | 1.020 | 1.020 | 0.900 | 0.900 | 1.000 | 1 |" in table
+    assert "| M <= 2048 | 1 | 0.990 | 0.990 | 0.990 | 0.990 | 1.000 | 0 |" in table
+    assert "| M > 2048 | 1 | 1.050 | 1.050 | 1.050 | 1.050 | 1.000 | 1 |" in table
     assert any(line.startswith("| all | 3 |") for line in table)
+    assert not any("different codes" in line for line in table)
+
+
+def test_rows_of_two_codes_are_named_in_the_table():
+    table = bench.report([_row(256, 1.02, True), _row(1024, 0.99, False, digest="d2")], "NVIDIA H200", 7)
+    assert any("2 different codes" in line and "d1, d2" in line for line in table)
+
+
+def test_the_source_digest_follows_the_sources(tmp_path, monkeypatch):
+    for folder in ("autogemm", "templates", "search_spaces"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "autogemm" / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(bench, "ROOT", tmp_path)
+    first = bench.source_digest()
+    assert first == bench.source_digest() and len(first) == 16
+    (tmp_path / "templates" / "k.cu.j2").write_text("// kernel\n")
+    assert bench.source_digest() != first
 
 
 def test_the_max_autotune_rows_are_tabled_where_they_were_run():

@@ -15,15 +15,18 @@ def test_two_identical_calls_measure_alike_in_sustained_rounds():
     alternating order of 200 ms rounds, two identical torch.matmul calls had measured 3% apart."""
     import cupy
 
-    from autogemm.measure.timing import sustained_times
+    from autogemm.measure.timing import Sustained, sustained_times
 
     a = cupy.random.default_rng(1).random((4096, 4096), dtype=cupy.float32).astype(cupy.float16)
     b = cupy.random.default_rng(2).random((4096, 4096), dtype=cupy.float32).astype(cupy.float16)
     rounds = sustained_times({"first": lambda i: cupy.matmul(a, b), "second": lambda i: cupy.matmul(a, b)})
     assert len(rounds["first"]) == len(rounds["second"]) == 20
     first, second = statistics.fmean(rounds["first"]), statistics.fmean(rounds["second"])
-    # (2.5%: the quick tier shares the GPU between workers; the alternating order's bias on an idle GPU was 3.3%)
-    assert abs(first / second - 1) < 0.025, (first, second)
+    # Within three standard errors of the rounds' paired ratios, and 2% at least: on an idle GPU that
+    # is about 2%, under the alternating order's 3.3% bias; where the quick tier's workers share the
+    # GPU the rounds spread (two identical calls once measured 5.8% apart there) and the bound with them.
+    noise = Sustained(kernel_rounds=[rounds["first"]], baseline_rounds={"second": rounds["second"]}).noise(0)
+    assert abs(first / second - 1) < max(0.02, 1.5 * noise), (first, second, noise)
 
 
 def test_a_measurers_sustained_figures_pair_each_config_with_the_baselines():

@@ -141,22 +141,23 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
     # Fast path of PyTorch tensors: the same, keyed on torch's own metadata (no DLPack, no validation);
     # the result is a tensor from PyTorch's caching allocator, computed on PyTorch's current stream.
     # A call's first time goes the general path below, which registers its plan here (remember_torch).
+    # (a CPU tensor's key names device -1, which no plan has; b's device is checked against the plan's)
     if type(a) is _TENSOR and type(b) is _TENSOR and out is None and tune is None and race is None and beta == 0 \
             and bias is None and activation is None and residual is None and out_dtype is None and not gated \
-            and type(alpha) in _PLAIN_SCALARS and (alpha == 1 or -_FLOAT_MAX <= alpha <= _FLOAT_MAX) \
-            and a.is_cuda and b.is_cuda and not (a.requires_grad or b.requires_grad or a.is_neg() or b.is_neg()):
+            and type(alpha) in _PLAIN_SCALARS and (alpha == 1 or -_FLOAT_MAX <= alpha <= _FLOAT_MAX):
         try:
             plan = _DISPATCHER.torch_fast.get((a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, compute,
                                                a.get_device()))
         except RuntimeError:  # a layout without strides (sparse): the general path names it
             plan = None
-        if plan is not None:
+        if plan is not None and not (a.requires_grad or b.requires_grad):
             matmul_itself = plan.torch_matmul  # (cuBLAS on 16-bit tensors: torch's own call, Plan.torch_matmul)
             if matmul_itself is not None and alpha == 1 and b.get_device() == plan.device:
-                return matmul_itself(a, b)
-            result = plan.call_torch(a, b, alpha)
-            if result is not None:
-                return result
+                return matmul_itself(a, b)  # (which reads a lazily negated view itself)
+            if not (a.is_neg() or b.is_neg()):
+                result = plan.call_torch(a, b, alpha)
+                if result is not None:
+                    return result
 
     if bias is not None or activation is not None or residual is not None or out_dtype is not None or gated:
         # Fast path of tensors with an epilogue: the plan the general path filed (epilogue_step.register_torch)
