@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from autogemm.families import config_from_name
-from autogemm.problem import Device
+from autogemm.problem import Device, Problem
 from gpu_cases import EDGE_CASES, Run, execute, precompile, runs_for
 
 QUICK = (
@@ -59,6 +59,10 @@ QUICK = (
     ("float16", "fp32", "hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_sw"),
     # K split over three work units per tile, the last to count adding them up: clusters of two, TMA store
     ("bfloat16", "fp32", "hopper_128x128x64_w64x128_s4_g8_k3_o1_p_c2_ts"),
+    # stream-K: the tiles' K slices shared out over one block per SM (every edge shape has fewer tiles than
+    # SMs, so that every tile is shared), storing through TMA; one consumer, 192 wide, from registers
+    ("float16", "fp32", "hopper_128x128x64_w64x128_s4_g8_k1_o1_p_ts_sk"),
+    ("bfloat16", "fp32", "hopper_64x192x64_w64x192_s5_g8_k1_o1_p_sk"),
 )
 
 
@@ -135,9 +139,44 @@ def test_stream_k_counters_are_reset_for_the_next_launch():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", [QUICK[-2][2], QUICK[-1][2]])
+def test_hopper_stream_k_takes_whole_waves_then_shares_the_rest_the_same_launch_after_launch(name):
+    """1100 x 3001 x 520 FP16 NT has more tiles than 132 SMs take in a wave: a whole wave, then a shared rest
+    (templates/hopper_gemm.cu.j2, STREAM_K). The counters the finisher of a shared tile zeroes serve the next
+    launch, and the slots are added up in block order: launch after launch the result is right and the same
+    to the bit."""
+    import cupy
+
+    from autogemm.families.waves import fill
+    from autogemm.gpu.launch import bind
+    from autogemm.measure.bench import random_uniform, reference_gemm, relative_error
+
+    device = _device()
+    config = config_from_name(name)
+    problem = Problem.from_layout(1100, 3001, 520, "nt", dtype="float16")
+    lacking = config.check(problem, device)
+    if lacking:
+        pytest.skip(f"{device.name}: {lacking[0]}")
+    waves = fill(config, problem, device)
+    assert waves.whole_tiles and waves.shared_tiles, waves.describe()
+    a, b = random_uniform((1100, 520), "float16", seed=21), random_uniform((3001, 520), "float16", seed=22)
+    c0 = random_uniform((1100, 3001), "float16", seed=23)
+    expected = reference_gemm(a, b, c0, trans_b=True, alpha=1.0, beta=0.5)
+    results = []
+    for launch in range(3):
+        c = c0.copy()
+        run, _ = bind(config, a, b, c, trans_b=True, beta=0.5)
+        run()
+        cupy.cuda.Device().synchronize()
+        assert relative_error(c, expected) <= 2e-3, f"launch {launch}"
+        results.append(c)
+    assert all(bool(cupy.array_equal(results[0], c)) for c in results[1:])
+
+
+@pytest.mark.gpu
 # stream-K, split-K (SIMT; cluster; fused), split-K (GEMV; swapped), repacked operands with a fused split,
-# split-K (Hopper)
-@pytest.mark.parametrize("index", [2, 3, 6, 7, 20, 23, 25, 32])
+# split-K (Hopper), stream-K (Hopper)
+@pytest.mark.parametrize("index", [2, 3, 6, 7, 20, 23, 25, 32, len(QUICK) - 2])
 def test_one_launcher_serves_threads_on_their_own_streams(index):
     """A launcher's arguments are packed once and rewritten per call, and its workspaces come from a
     pool kept per stream: calls from several threads, each on its own stream with its own operands

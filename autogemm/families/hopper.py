@@ -17,7 +17,10 @@ results in shared memory in 64-column chunks that TMA writes to C while they sta
 the two consumers do not share a tile but take turns on wm x bn tiles, one's epilogue under the
 other's wgmmas. With `split_k` > 1 each tile's K slices are dealt out to that many work units (for few
 tiles and a long K: decode); each leaves FP32 partial sums in a workspace, and the one that counts
-last on the tile's counter adds them up in split order and writes C (`split_workspace`).
+last on the tile's counter adds them up in split order and writes C (`split_workspace`). With
+`stream_k` the grid's blocks (one per SM) share out all tiles' K slices in equal runs instead, so that a
+last wave of tiles that would leave SMs idle does not: a tile that two runs share is added up as split-K's
+are, from a slot per block and end of its run.
 
 TF32: the operands' tensor maps are of TMA's TFLOAT32 type, which rounds FP32 to TF32 as it copies
 (to nearest: cuBLAS's accuracy, where wgmma reading raw FP32 bits would truncate them). wgmma reads
@@ -100,6 +103,8 @@ KNOBS = (
     Knob("tma_store", bool, False, omitted=False, words={True: "ts"}),
     Knob("pingpong", bool, False, omitted=False, words={True: "pp"}),
     swap_knob(),  # TF32 with B stored K x N needs it
+    Knob("stream_k", bool, False, omitted=False, words={True: "sk"},
+         why="the grid's blocks share out all tiles' K slices in equal runs (a last wave partly empty)"),
 )
 
 class HopperConfig(VectorizedLoads, GemmConfig):
@@ -126,6 +131,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         tma_store: bool = False
         pingpong: bool = False
         swap: bool = False
+        stream_k: bool = False
     template = "hopper_gemm.cu.j2"
     arch_suffix = wgmma.ARCH_SUFFIX
     launch_kind = LaunchKind.TMA
@@ -228,8 +234,19 @@ class HopperConfig(VectorizedLoads, GemmConfig):
 
     def work_units(self, problem: Problem) -> int:
         """What the blocks of a cluster take together: `cluster` vertically adjacent tiles (the last
-        column's may reach past M), per batch and K split."""
+        column's may reach past M), per batch and K split. (With `stream_k` a tile, which the blocks'
+        runs of K slices may share.)"""
         return self._tile_columns(problem) * self.split_k
+
+    def stream_slices(self, problem: Problem) -> int:
+        """With `stream_k`, the K slices of all tiles that the blocks share out (`problem` the kernel's)."""
+        return self.work_units(problem) * -(-problem.k // self.bk)
+
+    @property
+    def reduces_partial_sums(self) -> bool:
+        """Whether blocks leave partial sums of a tile to be added up (split-K or stream-K): the kernel
+        then takes a workspace (`split_workspace`) and a flag per consumer in shared memory."""
+        return self.split_k > 1 or self.stream_k
 
     def _tile_columns(self, problem: Problem) -> int:
         """The columns of `cluster` vertically adjacent tiles over the output, per batch."""
@@ -238,22 +255,26 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             return (tiles_m + problem.batch) * tiles_n
         return -(-tiles_m // self.cluster) * tiles_n * problem.batch
 
-    def split_workspace(self, problem: Problem) -> tuple[int, int]:
-        """Bytes of the split-K workspace (`problem` the kernel's): per work tile (of tile_rows x bn)
-        a slot of FP32 partial sums per split, and per consumer's share of a work tile an int counter
-        (zero at launch, and left zero by the unit that counts last). (0, 0) without split-K."""
-        if self.split_k == 1:
+    def split_workspace(self, problem: Problem, blocks: int | None = None) -> tuple[int, int]:
+        """Bytes of the split-K workspace (`problem` the kernel's, `blocks` the launch's, which stream-K
+        needs): per work tile (of tile_rows x bn) a slot of FP32 partial sums per split, or with
+        `stream_k` two per block (the tiles its run begins and ends in), and per consumer's share of a
+        work tile an int counter (zero at launch, and left zero by the unit that counts last). (0, 0)
+        where nothing is added up."""
+        if not self.reduces_partial_sums:
             return 0, 0
+        if self.stream_k and blocks is None:
+            raise ValueError(f"{self.name}: a stream-K workspace is sized by the launch's blocks")
         work_tiles = self._tile_columns(problem) * self.cluster
         shares = 1 if self.pingpong else self.consumers
-        partial_bytes = work_tiles * self.split_k * self.tile_rows * self.bn * ACCUMULATOR_BYTES
-        return partial_bytes, work_tiles * shares * COUNTER_BYTES
+        slots = 2 * blocks if self.stream_k else work_tiles * self.split_k
+        return slots * self.tile_rows * self.bn * ACCUMULATOR_BYTES, work_tiles * shares * COUNTER_BYTES
 
     def grid_blocks(self, problem: Problem, device: Device, resident_clusters: int | None = None) -> int:
         """Blocks of the launch: a cluster per work unit, or with `persistent` at most as many
         clusters as are resident at once (`resident_clusters`, the driver's figure; without it one
         block per SM). A persistent grid larger than that would leave clusters to a second wave."""
-        units = self.work_units(problem)
+        units = self.stream_slices(problem) if self.stream_k else self.work_units(problem)
         if self.persistent:
             resident = resident_clusters if resident_clusters is not None else device.sm_count // self.cluster
             units = max(1, min(units, resident))
@@ -322,18 +343,35 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         if self.work_units(problem) > INT32_MAX:
             bad("grid", f"{self.work_units(problem)} work units (tiles x split_k={self.split_k}) exceed the kernel's "
                         "32-bit count")
+        if self.stream_k:
+            self._stream_k_reasons(problem, device, bad)
         if self.min_blocks != 1:
             bad("occupancy", f"min_blocks={self.min_blocks}: a Hopper block takes a whole SM")
         if self.threads > device.max_threads_per_block:
             bad("threads", f"{self.threads} threads per block exceed the device limit {device.max_threads_per_block}")
         # (split-K's flags are static shared memory, beside the dynamic block the launch reserves)
-        smem = self.smem_bytes(problem) + (SPLIT_FLAGS_BYTES if self.split_k > 1 else 0) + \
+        smem = self.smem_bytes(problem) + (SPLIT_FLAGS_BYTES if self.reduces_partial_sums else 0) + \
             (GROUP_TILES_BYTES if problem.grouped else 0)
         if smem > device.smem_per_block_optin:
             bad("shared-memory", f"{smem} bytes of shared memory ({self.stages} stages) exceed the device limit "
                                  f"{device.smem_per_block_optin}")
         self.launch_reasons(problem, device, smem, bad)
         return reasons
+
+    def _stream_k_reasons(self, problem: Problem, device: Device, bad) -> None:
+        """Stream-K shares K slices out over one persistent block per SM: no split of K besides it, no
+        cluster (a pair's partner would need the same runs), no ping-pong (its consumers take whole tiles in
+        turns), and all tiles' slices times the blocks within the kernel's 63-bit arithmetic."""
+        for knob, on in (("split_k", self.split_k > 1), ("cluster", self.cluster > 1), ("pingpong", self.pingpong),
+                         ("persistent", not self.persistent)):
+            if on:
+                bad("stream-k", f"stream_k shares K slices out over one persistent block per SM, alone: "
+                                f"{knob}={getattr(self, knob)} does not go with it")
+        if problem.grouped:
+            bad("grouped", "stream_k: a grouped product's tiles are counted on the GPU, not shared out by the host's count")
+        if self.stream_slices(self.kernel_problem(problem)) * max(1, device.sm_count) >= 2 ** 63:
+            bad("grid", f"stream_k: {self.stream_slices(self.kernel_problem(problem))} K slices of all tiles times "
+                        f"{device.sm_count} blocks exceed the kernel's 63-bit arithmetic")
 
     def _grouped_reasons(self, problem: Problem, bad) -> None:
         """A grouped product's tiles start at its groups' offsets, read on the GPU: its rows are masked in the
@@ -422,6 +460,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             swizzle_bytes=SWIZZLE_BYTES, swizzle_period=SWIZZLE_PERIOD_BYTES, smem_bytes=self.smem_bytes(problem),
             producer_registers=producer, consumer_registers=consumer, cluster=self.cluster,
             tma_store=cxx_bool(self.tma_store), pingpong=cxx_bool(self.pingpong), split_k=self.split_k,
+            stream_k=self.stream_k,
             grouped=problem.grouped, max_groups=MAX_GROUPS,
             **self.even_flags(problem),
         )

@@ -53,10 +53,34 @@ class Waves:
     slots: int
     tile: tuple[int, int]  # rows x columns of a work tile, in the kernel's terms
     split_k: int
+    k_slices: int = 0  # with stream-K: a tile's K slices (0: no stream-K)
 
     @property
-    def waves(self) -> int:
-        return -(-self.units // self.slots)
+    def stream_k(self) -> bool:
+        return self.k_slices > 0
+
+    @property
+    def whole_tiles(self) -> int:
+        """The tiles an SM runs whole: all of them, or with stream-K its whole waves (all where the rest
+        has fewer slices than there are SMs: templates/hopper_gemm.cu.j2, STREAM_K)."""
+        whole = self.units // self.slots * self.slots
+        if not self.stream_k or (self.units - whole) * self.k_slices < self.slots:
+            return self.units
+        return whole
+
+    @property
+    def waves(self) -> float:
+        """Waves of tiles, whole ones; with stream-K, in tiles' time: whole waves plus the longest run of
+        the shared slices."""
+        if self.whole_tiles == self.units:
+            return -(-self.units // self.slots)
+        shared = (self.units - self.whole_tiles) * self.k_slices
+        return self.whole_tiles // self.slots + -(-shared // self.slots) / self.k_slices
+
+    @property
+    def shared_tiles(self) -> int:
+        """With stream-K, the tiles whose K slices several SMs share."""
+        return self.units - self.whole_tiles
 
     @property
     def efficiency(self) -> float:
@@ -64,8 +88,13 @@ class Waves:
         return self.units / (self.waves * self.slots)
 
     def describe(self) -> str:
-        """As the tune's table shows it: '80 tiles of 128x256, 1 wave, 61% full'."""
+        """As the tune's table shows it: '80 tiles of 128x256, 1 wave, 61% full', or with stream-K
+        '108 tiles of 128x128, stream-K: 108 shared by the SMs, 100% full'."""
         rows, cols = self.tile
+        if self.shared_tiles:
+            whole = f"{self.whole_tiles} whole, " if self.whole_tiles else ""
+            return (f"{self.units} tiles of {rows}x{cols}, stream-K: {whole}{self.shared_tiles} shared by the SMs, "
+                    f"{self.efficiency:.0%} full")
         split = f" x {self.split_k} splits" if self.split_k > 1 else ""
         waves = f"{self.waves} wave{'s' if self.waves != 1 else ''}"
         return f"{self.units // self.split_k} tiles of {rows}x{cols}{split}, {waves}, {self.efficiency:.0%} full"
@@ -87,7 +116,8 @@ def fill(config: Any, problem: Problem, device: Device) -> Waves:
     units = -(-kernel.m // rows // cluster) * cluster * -(-kernel.n // cols) * kernel.batch * split
     # (ping-pong: the two consumers of an SM take wm-row tiles in turns, one's main loop at a time, so an SM
     # is still one place; what it gains is its store under the other's main loop)
-    return Waves(units=units, slots=max(1, device.sm_count), tile=(rows, cols), split_k=split)
+    k_slices = -(-kernel.k // config.bk) if getattr(config, "stream_k", False) else 0
+    return Waves(units=units, slots=max(1, device.sm_count), tile=(rows, cols), split_k=split, k_slices=k_slices)
 
 
 def relative_cost(config: Any, problem: Problem, device: Device) -> float:
@@ -103,12 +133,21 @@ def relative_cost(config: Any, problem: Problem, device: Device) -> float:
     compute = 2.0 * rows * cols * k_share
     cluster = getattr(config, "cluster", 1)  # (the Hopper family's pairs)
     loaded = (rows + cols / cluster) * k_share * itemsize
-    unit = max(compute, loaded * FLOPS_PER_L2_BYTE) + UNIT_OVERHEAD_FLOPS
-    if getattr(config, "consumers", 2) == 1 or getattr(config, "pingpong", False):  # one warpgroup's wgmmas at a time
-        unit /= ONE_CONSUMER_RATE
+    main_loop = max(compute, loaded * FLOPS_PER_L2_BYTE)
+    one_consumer = getattr(config, "consumers", 2) == 1 or getattr(config, "pingpong", False)
+    rate = ONE_CONSUMER_RATE if one_consumer else 1.0  # (one warpgroup's wgmmas at a time)
     out_itemsize = 4 if itemsize == 4 else 2
     hidden = getattr(config, "tma_store", False) or getattr(config, "pingpong", False)
-    unit += rows * cols * out_itemsize * FLOPS_PER_DRAM_BYTE * (HIDDEN_STORE if hidden else 1.0)
+    store = rows * cols * out_itemsize * FLOPS_PER_DRAM_BYTE * (HIDDEN_STORE if hidden else 1.0)
+    unit = (main_loop + UNIT_OVERHEAD_FLOPS) / rate + store
     if waves.split_k > 1:  # each unit writes its partial sums; the last reads every split's back
         unit += 2 * rows * cols * PARTIAL_BYTES * FLOPS_PER_DRAM_BYTE
+    if waves.shared_tiles:
+        # after the whole waves, an SM's run of shared slices: its share of the main loops, up to two
+        # segments' start, and the two partial sums its run begins and ends in, written and read back
+        # by the SMs that finish those tiles (which store them)
+        shared_run = waves.waves - waves.whole_tiles // waves.slots
+        partials = 2 * 2 * rows * cols * PARTIAL_BYTES * FLOPS_PER_DRAM_BYTE
+        return (waves.whole_tiles // waves.slots * unit + (shared_run * main_loop + 2 * UNIT_OVERHEAD_FLOPS) / rate
+                + store + partials)
     return waves.waves * unit

@@ -115,7 +115,7 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
         map_a=blank, map_b=blank, map_c=blank, C=np.uintp(0), M=i32(problem.m), N=i32(problem.n), K=i32(problem.k),
         ldc=i32(c.ld), stride_c=i64(c.batch_stride), alpha=scalar(1), beta=scalar(0), batches=i32(problem.batch),
         batch_step_a=i32(step_a), batch_step_b=i32(step_b), c_mapped=i32(0), **epilogue_arguments(problem, residual),
-        **({"partials": np.uintp(0), "counters": np.uintp(0)} if config.split_k > 1 else {}),
+        **({"partials": np.uintp(0), "counters": np.uintp(0)} if config.reduces_partial_sums else {}),
         **({"group_offsets": np.uintp(0), "groups": i32(problem.batch)} if problem.grouped else {})))
     map_at = (kernel.index("map_a"), kernel.index("map_b"), kernel.index("map_c"))  # by operand role
     pointers, c_at = kernel.slot("C")
@@ -128,7 +128,7 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
     scalars, (alpha_at, beta_at) = kernel.slots("alpha", "beta")
     flags, c_mapped_at = kernel.slot("c_mapped")
     # split-K: the partial sums and counters of the call's stream (None: a kernel that does not split K)
-    partial_bytes, counter_bytes = config.split_workspace(problem)
+    partial_bytes, counter_bytes = config.split_workspace(problem, blocks=prepared.grid[0])
     partials_at, counters_at = kernel.slots("partials", "counters")[1] if partial_bytes else (None, None)
     # a grouped product's row offsets (on the GPU), set at each launch (None: not grouped)
     group_offsets_at = kernel.slot("group_offsets")[1] if problem.grouped else None

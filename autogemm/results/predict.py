@@ -95,7 +95,7 @@ def utilization(config: Any, problem: Problem, device: Device) -> float:
     k_step = config.bk * split
     tile_fill = (problem.m / (tiles_m * config.bm)) * (problem.n / (tiles_n * config.bn)) \
         * (problem.k / (-(-problem.k // k_step) * k_step))
-    if config.launch_kind == "stream_k":
+    if config.launch_kind == "stream_k" or getattr(config, "stream_k", False):  # (SIMT's kind; Hopper's knob)
         return tile_fill
     blocks = tiles_m * tiles_n * problem.batch * split
     slots = device.sm_count * blocks_per_sm(config, problem, device)

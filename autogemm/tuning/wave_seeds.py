@@ -20,7 +20,7 @@ from ..problem import Device, Problem
 
 WAVE_SEEDS = 6  # configurations enqueued, best first
 # the knobs that decide a work tile's shape and how the work is dealt out (searched in every combination)
-SHAPE_KNOBS = ("consumers", "wm", "bn", "split_k", "pingpong", "swap")
+SHAPE_KNOBS = ("consumers", "wm", "bn", "split_k", "stream_k", "pingpong", "swap")
 PREFERRED_STAGES = 5
 PREFERRED = {"group_m": 8, "persistent": True, "tma_store": True}
 # relaxed in this order where `check` refuses a completion (each to the space's other choices)
