@@ -369,9 +369,10 @@ class HopperConfig(VectorizedLoads, GemmConfig):
                                 f"{knob}={getattr(self, knob)} does not go with it")
         if problem.grouped:
             bad("grouped", "stream_k: a grouped product's tiles are counted on the GPU, not shared out by the host's count")
-        if self.stream_slices(self.kernel_problem(problem)) * max(1, device.sm_count) >= 2 ** 63:
-            bad("grid", f"stream_k: {self.stream_slices(self.kernel_problem(problem))} K slices of all tiles times "
-                        f"{device.sm_count} blocks exceed the kernel's 63-bit arithmetic")
+        slices = self.stream_slices(self.kernel_problem(problem))
+        if slices * max(1, device.sm_count) >= 2 ** 63:
+            bad("grid", f"stream_k: {slices} K slices of all tiles times {device.sm_count} blocks exceed the kernel's "
+                        "63-bit arithmetic")
 
     def _grouped_reasons(self, problem: Problem, bad) -> None:
         """A grouped product's tiles start at its groups' offsets, read on the GPU: its rows are masked in the

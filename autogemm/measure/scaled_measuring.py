@@ -23,7 +23,6 @@ from ..gpu.scaled_launch import DEFAULT_BLOCK_CONFIG, bind_scaled, torch_scales,
 from ..problem import Device, Problem
 from .bench import Verdict, check_epilogue_result, poison, rotation_count, warm_up
 from .measuring import FIRST_BASELINE_MS, GpuMeasurer, import_torch
-from .timing import TARGET_MS, gpu_time
 
 SCALED_MM = "torch._scaled_mm"  # the baseline's name in records
 BUILT_IN = "built-in kernel"  # the baseline of block scales torch._scaled_mm does not take
@@ -95,13 +94,8 @@ class ScaledMeasurer(GpuMeasurer):
         return None
 
     def baseline_calls(self) -> dict[str, list[Any]]:
+        """torch._scaled_mm (or what serves where torch has none): GpuMeasurer.time_baselines times it."""
         return {baseline_name(self.problem): self._served()}
-
-    def time_baselines(self, target_ms: float = TARGET_MS) -> dict[str, float]:
-        served = self._served()
-        name = baseline_name(self.problem)
-        self.baselines = {name: gpu_time(lambda i: served[i % len(served)](), target_ms=target_ms).median_ms}
-        return self.baselines
 
     def _kernel_runners(self, config) -> list[Any]:
         dtype = self.problem.dtype
