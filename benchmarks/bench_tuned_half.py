@@ -54,7 +54,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import geomean, problem_label, results_path  # noqa: E402
+from bench_common import geomean, make_operands, problem_label, results_path  # noqa: E402
 
 SEED, COUNT = 2027, 40
 AUTOGEMM, TORCH = "autogemm.matmul", "torch.matmul"
@@ -145,17 +145,14 @@ def _problem(spec):
     return Problem.from_layout(m, n, k, layout, dtype=dtype)
 
 
-def _tensors(torch, spec, seed: int):
-    """A and B as a user holds them: values in [-1, 1], a transposed operand a transposed view."""
+def _tensors(spec, seed: int):
+    """A and B as a user holds them (bench_common.make_operands: values in [-1, 1], a transposed operand a
+    transposed view), as PyTorch tensors on the same memory."""
+    from autogemm.measure.baselines import as_torch
+
     dtype, layout, m, n, k = spec
-    generator = torch.Generator(device="cuda").manual_seed(seed)
-
-    def operand(rows, cols, transposed):
-        shape = (cols, rows) if transposed else (rows, cols)
-        x = (torch.rand(*shape, device="cuda", generator=generator) * 2 - 1).to(getattr(torch, dtype))
-        return x.t() if transposed else x
-
-    return operand(m, k, layout[0] == "t"), operand(k, n, layout[1] == "t")
+    _, a, b = make_operands((dtype, "fp32", layout, 1, m, n, k), seed=seed)
+    return as_torch(a), as_torch(b)
 
 
 def measure(spec, index: int, inductor: bool = False) -> dict:
@@ -177,7 +174,7 @@ def measure(spec, index: int, inductor: bool = False) -> dict:
     result = autogemm.tune(problem)
     tune_s = time.perf_counter() - started
     autogemm.reset()
-    a, b = _tensors(torch, spec, seed=2 * index + 1)
+    a, b = _tensors(spec, seed=2 * index + 1)
     calls = {AUTOGEMM: lambda i=0: autogemm.matmul(a, b), TORCH: lambda i=0: torch.matmul(a, b)}
     expected = a.double() @ b.double()
     for name, call in calls.items():
