@@ -43,11 +43,11 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import dtypes
-from ..epilogue import BLOCK
 from ..problem import Device, Problem
-from . import gemv, wgmma
+from . import gemv, hopper_rules, wgmma
 from .base import INT32_MAX, GemmConfig, VectorizedLoads, VectorWidths, cxx_bool, grid_knobs, swap_knob, tile_knobs
 from .knobs import Knob
+from .hopper_rules import MAX_BLOCK_SCALED_VALUES, MAX_GROUPS, TMA_ALIGN_BYTES
 from .launch_kind import LaunchKind
 
 ARCH = wgmma.ARCH  # TMA, mbarrier transactions and wgmma: compute capability 9.0, compiled for sm_90a
@@ -55,7 +55,6 @@ WARPGROUP = wgmma.WARPGROUP
 ROWS_PER_INSTRUCTION = wgmma.ROWS_PER_INSTRUCTION  # wgmma's M
 SWIZZLE_BYTES = wgmma.SWIZZLE_BYTES  # a shared-memory row of a tile (a TMA box row)
 SWIZZLE_PERIOD_BYTES = wgmma.SWIZZLE_PERIOD_BYTES
-TMA_ALIGN_BYTES = 16  # address, pitch and batch stride of an operand TMA reads
 MAX_CONSUMERS = 2
 # bn's step where B is K-major and C is stored from registers (16-bit types): wgmma's N steps by 8, a
 # thread's accumulators by pairs of columns, split-K's slots by float4s
@@ -74,20 +73,10 @@ SPLIT_FLAGS_BYTES = SWIZZLE_PERIOD_BYTES
 # registers per thread after setmaxnreg with two consumers: the producer gives up what the
 # consumers take (128 x 40 + 256 x 232 = 384 x 168, the block's share under __launch_bounds__)
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
-# a grouped product's groups at most: the prefix of their row-tile counts is kept in shared memory, a
-# static array padded (like the split flags) to whole swizzle periods: 2048 bytes, as ptxas reports
-MAX_GROUPS = 256
 GROUP_TILES_BYTES = -(-(MAX_GROUPS + 1) * 4 // SWIZZLE_PERIOD_BYTES) * SWIZZLE_PERIOD_BYTES
 # a consumer's A fragments with A from registers: two slices' worth (one in flight, one loading) of
 # 4 registers per m64 block and k-step, on top of the accumulators, within the consumer's registers
 MAX_ACCUMULATORS_AND_FRAGMENTS = 160
-# with block scales (FP8), the accumulators and two sets of partial sums (one slice promoted while the
-# next one's wgmmas run), or one set on tiles too wide for two, within the consumer's registers: a
-# 64 x 128 tile's 3 x 64 and a 64 x 192 tile's 2 x 96 compile without spills
-MAX_BLOCK_SCALED_VALUES = 192
-# block scales: the widest tile whose columns lie in two of B's 128-column blocks at most (its first
-# column a multiple of bn, itself a multiple of 64)
-MAX_BLOCK_SCALED_BN = 192
 
 KNOBS = (
     # wm x wn: one consumer warpgroup's tile (wn = bn: a consumer spans the tile's columns)
@@ -291,7 +280,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         if reasons:
             return reasons
         if problem.grouped:
-            self._grouped_reasons(problem, bad)
+            hopper_rules.grouped_reasons(self, problem, bad)
         if device.compute_capability != ARCH:
             bad("tensor-core", f"TMA and wgmma need compute capability {ARCH[0]}.{ARCH[1]} (sm_90a), "
                                f"device is {device.arch}")
@@ -325,7 +314,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         if self.pingpong and not self.persistent:
             bad("grid", "pingpong needs a persistent grid (with a block per tile the second consumer would idle)")
         if row.scaled:
-            self._fp8_reasons(problem, bad)
+            hopper_rules.fp8_reasons(self, problem, bad)
         if not self.transposes(problem) and not kernel.trans_b:
             if problem.layout == "tn":
                 bad("layout", f"wgmma reads {problem.dtype}/{problem.compute} from shared memory K-major only: layout TN "
@@ -344,7 +333,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             bad("grid", f"{self.work_units(problem)} work units (tiles x split_k={self.split_k}) exceed the kernel's "
                         "32-bit count")
         if self.stream_k:
-            self._stream_k_reasons(problem, device, bad)
+            hopper_rules.stream_k_reasons(self, problem, device, bad)
         if self.min_blocks != 1:
             bad("occupancy", f"min_blocks={self.min_blocks}: a Hopper block takes a whole SM")
         if self.threads > device.max_threads_per_block:
@@ -357,66 +346,6 @@ class HopperConfig(VectorizedLoads, GemmConfig):
                                  f"{device.smem_per_block_optin}")
         self.launch_reasons(problem, device, smem, bad)
         return reasons
-
-    def _stream_k_reasons(self, problem: Problem, device: Device, bad) -> None:
-        """Stream-K shares K slices out over one persistent block per SM: no split of K besides it, no
-        cluster (a pair's partner would need the same runs), no ping-pong (its consumers take whole tiles in
-        turns), and all tiles' slices times the blocks within the kernel's 63-bit arithmetic."""
-        for knob, on in (("split_k", self.split_k > 1), ("cluster", self.cluster > 1), ("pingpong", self.pingpong),
-                         ("persistent", not self.persistent)):
-            if on:
-                bad("stream-k", f"stream_k shares K slices out over one persistent block per SM, alone: "
-                                f"{knob}={getattr(self, knob)} does not go with it")
-        if problem.grouped:
-            bad("grouped", "stream_k: a grouped product's tiles are counted on the GPU, not shared out by the host's count")
-        slices = self.stream_slices(self.kernel_problem(problem))
-        if slices * max(1, device.sm_count) >= 2 ** 63:
-            bad("grid", f"stream_k: {slices} K slices of all tiles times {device.sm_count} blocks exceed the kernel's "
-                        "63-bit arithmetic")
-
-    def _grouped_reasons(self, problem: Problem, bad) -> None:
-        """A grouped product's tiles start at its groups' offsets, read on the GPU: its rows are masked in the
-        register store (the TMA store would write into the next group's rows), one block a tile (no cluster),
-        no split of K, no swap, no epilogue yet, at most MAX_GROUPS groups (their tile counts sit in shared
-        memory)."""
-        for knob, on in (("tma_store", self.tma_store), ("cluster", self.cluster > 1), ("split_k", self.split_k > 1),
-                         ("swap", self.swap)):
-            if on:
-                bad("grouped", f"{knob}: a grouped product's rows end at its groups' offsets, which only the "
-                               "register store of one block a tile, unsplit and unswapped, masks")
-        if not problem.epilogue.is_identity:
-            bad("grouped", f"epilogue {problem.epilogue}: grouped kernels take no epilogue yet")
-        if problem.batch > MAX_GROUPS:
-            bad("grouped", f"{problem.batch} groups exceed the kernel's {MAX_GROUPS}")
-
-    def _fp8_reasons(self, problem: Problem, bad) -> None:
-        """What an FP8 product asks of a config beyond the other types' rules: A K-major too (wgmma
-        reads 8-bit A from shared memory only, K-major), K a multiple of 16 (TMA's 16-byte pitches:
-        FP8 operands are not repacked), the TMA store of D not transposed (its chunks are D's rows), no
-        swap of row or block scales (they would change roles), and for block scales a slice of one block
-        of K, a tile within two blocks of B's columns, and the registers for a set of partial sums."""
-        kernel_a_transposed = not problem.trans_b if self.swap else problem.trans_a  # (swap: B is the kernel's A)
-        if kernel_a_transposed:
-            bad("layout", f"wgmma reads {problem.dtype} K-major only: layout {problem.layout.upper()} stores "
-                          f"{'B as K x N' if self.swap else 'A as K x M'}; FP8 needs A stored M x K and B N x K (NT)")
-        if problem.k % TMA_ALIGN_BYTES:
-            bad("layout", f"K={problem.k}: FP8 operands need K a multiple of {TMA_ALIGN_BYTES} (TMA's 16-byte pitches)")
-        if self.tma_store and self.swap:
-            bad("choice", "tma_store with swap: FP8 kernels store D through TMA in the plain layout only (chunks of "
-                          "D's rows), not transposed")
-        if self.swap and problem.epilogue.scale in ("row", "block"):
-            bad("choice", f"swap: {problem.epilogue.scale} scales would change roles (scale_a runs along M, scale_b "
-                          "along N)")
-        if problem.epilogue.scale == "block":
-            # each slice's partial sums are promoted with its scales: a slice is one block of K, a tile's
-            # columns lie in two blocks of B at most, and the partial sums need registers beside the accumulators
-            if self.bk != BLOCK or self.bn > MAX_BLOCK_SCALED_BN:
-                bad("fragment", f"block scales take bk={BLOCK} (one block of K a slice) and bn of at most "
-                                f"{MAX_BLOCK_SCALED_BN} (a tile's columns in two blocks of B at most); got "
-                                f"bk={self.bk}, bn={self.bn}")
-            elif self.block_scaled_sets() == 0:
-                bad("registers", f"block scales keep a slice's partial sums beside the accumulators: 2 x "
-                                 f"{self.accumulators()} per consumer thread exceed {MAX_BLOCK_SCALED_VALUES}")
 
     def stages_block_scales(self, problem: Problem) -> bool:
         """Whether each stage holds its slice's block scales, copied by the producer warp (block scales on one set

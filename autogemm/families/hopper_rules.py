@@ -1,0 +1,85 @@
+"""What a Hopper configuration asks of a problem beyond the family's common rules (HopperConfig.check): a
+grouped product's, an FP8 product's and stream-K's. Each function adds its reasons through `bad`, as
+`check` does, for `config`, a HopperConfig."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..epilogue import BLOCK
+from ..problem import Device, Problem
+
+TMA_ALIGN_BYTES = 16  # address, pitch and batch stride of an operand TMA reads
+# a grouped product's groups at most: the prefix of their row-tile counts is kept in shared memory, a
+# static array padded (like the split flags) to whole swizzle periods: 2048 bytes, as ptxas reports
+MAX_GROUPS = 256
+# block scales: the widest tile whose columns lie in two of B's 128-column blocks at most (its first
+# column a multiple of bn, itself a multiple of 64)
+MAX_BLOCK_SCALED_BN = 192
+# with block scales (FP8), the accumulators and two sets of partial sums (one slice promoted while the
+# next one's wgmmas run), or one set on tiles too wide for two, within the consumer's registers: a
+# 64 x 128 tile's 3 x 64 and a 64 x 192 tile's 2 x 96 compile without spills
+MAX_BLOCK_SCALED_VALUES = 192
+
+
+def stream_k_reasons(config: Any, problem: Problem, device: Device, bad) -> None:
+    """Stream-K shares K slices out over one persistent block per SM: no split of K besides it, no
+    cluster (a pair's partner would need the same runs), no ping-pong (its consumers take whole tiles in
+    turns), and all tiles' slices times the blocks within the kernel's 63-bit arithmetic."""
+    for knob, on in (("split_k", config.split_k > 1), ("cluster", config.cluster > 1), ("pingpong", config.pingpong),
+                     ("persistent", not config.persistent)):
+        if on:
+            bad("stream-k", f"stream_k shares K slices out over one persistent block per SM, alone: "
+                            f"{knob}={getattr(config, knob)} does not go with it")
+    if problem.grouped:
+        bad("grouped", "stream_k: a grouped product's tiles are counted on the GPU, not shared out by the host's count")
+    slices = config.stream_slices(config.kernel_problem(problem))
+    if slices * max(1, device.sm_count) >= 2 ** 63:
+        bad("grid", f"stream_k: {slices} K slices of all tiles times {device.sm_count} blocks exceed the kernel's "
+                    "63-bit arithmetic")
+
+
+def grouped_reasons(config: Any, problem: Problem, bad) -> None:
+    """A grouped product's tiles start at its groups' offsets, read on the GPU: its rows are masked in the
+    register store (the TMA store would write into the next group's rows), one block a tile (no cluster),
+    no split of K, no swap, no epilogue yet, at most MAX_GROUPS groups (their tile counts sit in shared
+    memory)."""
+    for knob, on in (("tma_store", config.tma_store), ("cluster", config.cluster > 1), ("split_k", config.split_k > 1),
+                     ("swap", config.swap)):
+        if on:
+            bad("grouped", f"{knob}: a grouped product's rows end at its groups' offsets, which only the "
+                           "register store of one block a tile, unsplit and unswapped, masks")
+    if not problem.epilogue.is_identity:
+        bad("grouped", f"epilogue {problem.epilogue}: grouped kernels take no epilogue yet")
+    if problem.batch > MAX_GROUPS:
+        bad("grouped", f"{problem.batch} groups exceed the kernel's {MAX_GROUPS}")
+
+
+def fp8_reasons(config: Any, problem: Problem, bad) -> None:
+    """What an FP8 product asks of a config beyond the other types' rules: A K-major too (wgmma
+    reads 8-bit A from shared memory only, K-major), K a multiple of 16 (TMA's 16-byte pitches:
+    FP8 operands are not repacked), the TMA store of D not transposed (its chunks are D's rows), no
+    swap of row or block scales (they would change roles), and for block scales a slice of one block
+    of K, a tile within two blocks of B's columns, and the registers for a set of partial sums."""
+    kernel_a_transposed = not problem.trans_b if config.swap else problem.trans_a  # (swap: B is the kernel's A)
+    if kernel_a_transposed:
+        bad("layout", f"wgmma reads {problem.dtype} K-major only: layout {problem.layout.upper()} stores "
+                      f"{'B as K x N' if config.swap else 'A as K x M'}; FP8 needs A stored M x K and B N x K (NT)")
+    if problem.k % TMA_ALIGN_BYTES:
+        bad("layout", f"K={problem.k}: FP8 operands need K a multiple of {TMA_ALIGN_BYTES} (TMA's 16-byte pitches)")
+    if config.tma_store and config.swap:
+        bad("choice", "tma_store with swap: FP8 kernels store D through TMA in the plain layout only (chunks of "
+                      "D's rows), not transposed")
+    if config.swap and problem.epilogue.scale in ("row", "block"):
+        bad("choice", f"swap: {problem.epilogue.scale} scales would change roles (scale_a runs along M, scale_b "
+                      "along N)")
+    if problem.epilogue.scale == "block":
+        # each slice's partial sums are promoted with its scales: a slice is one block of K, a tile's
+        # columns lie in two blocks of B at most, and the partial sums need registers beside the accumulators
+        if config.bk != BLOCK or config.bn > MAX_BLOCK_SCALED_BN:
+            bad("fragment", f"block scales take bk={BLOCK} (one block of K a slice) and bn of at most "
+                            f"{MAX_BLOCK_SCALED_BN} (a tile's columns in two blocks of B at most); got "
+                            f"bk={config.bk}, bn={config.bn}")
+        elif config.block_scaled_sets() == 0:
+            bad("registers", f"block scales keep a slice's partial sums beside the accumulators: 2 x "
+                             f"{config.accumulators()} per consumer thread exceed {MAX_BLOCK_SCALED_VALUES}")
