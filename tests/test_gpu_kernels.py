@@ -151,11 +151,14 @@ def _launched_three_times(config, a, b, c0, tolerance):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", [QUICK[-2][2], QUICK[-1][2]])
-def test_hopper_stream_k_takes_whole_waves_then_shares_the_rest_the_same_launch_after_launch(name):
-    """1100 x 3001 x 520 FP16 NT has more tiles than 132 SMs take in a wave: a whole wave, then a shared rest
-    (templates/hopper_gemm.cu.j2, STREAM_K). The counters the finisher of a shared tile zeroes serve the next
-    launch, and the slots are added up in block order: launch after launch the result is right and the same
-    to the bit."""
+@pytest.mark.parametrize("m, n, k", [(1100, 3001, 520), (333, 2000, 3000)])
+def test_hopper_stream_k_shares_a_partly_empty_wave_the_same_launch_after_launch(name, m, n, k):
+    """Products whose last wave of tiles leaves SMs idle, shared out (templates/hopper_gemm.cu.j2,
+    STREAM_K; families/stream_k.py): 1100 x 3001 x 520 FP16 NT takes a whole wave first (the 128 x 128
+    config then shares the rest prefixes first, the 64 x 192 one takes a second wave along and shares
+    tile after tile); 333 x 2000 x 3000 is less than one wave, shared prefixes first. The counters the
+    finisher of a shared tile zeroes serve the next launch, and the slots are added up in run order:
+    launch after launch the result is right and the same to the bit."""
     import cupy
 
     from autogemm.families.waves import fill
@@ -163,14 +166,14 @@ def test_hopper_stream_k_takes_whole_waves_then_shares_the_rest_the_same_launch_
 
     device = _device()
     config = config_from_name(name)
-    problem = Problem.from_layout(1100, 3001, 520, "nt", dtype="float16")
+    problem = Problem.from_layout(m, n, k, "nt", dtype="float16")
     lacking = config.check(problem, device)
     if lacking:
         pytest.skip(f"{device.name}: {lacking[0]}")
     waves = fill(config, problem, device)
-    assert waves.whole_tiles and waves.shared_tiles, waves.describe()
-    a, b = random_uniform((1100, 520), "float16", seed=21), random_uniform((3001, 520), "float16", seed=22)
-    c0 = random_uniform((1100, 3001), "float16", seed=23)
+    assert waves.shared_tiles, waves.describe()
+    a, b = random_uniform((m, k), "float16", seed=21), random_uniform((n, k), "float16", seed=22)
+    c0 = random_uniform((m, n), "float16", seed=23)
     results = _launched_three_times(config, a, b, c0, tolerance=2e-3)
     assert all(bool(cupy.array_equal(results[0], c)) for c in results[1:])
 

@@ -11,6 +11,7 @@ import pytest
 
 from autogemm.epilogue import Epilogue
 from autogemm.families import config_from_name
+from autogemm.families.stream_k import share_out
 from autogemm.families.waves import fill, relative_cost
 from autogemm.kernels.compile import find_nvcc, nvcc_resources
 from autogemm.kernels.render import render
@@ -21,58 +22,105 @@ STREAM = "hopper_128x128x64_w64x128_s5_g8_k1_o1_p_ts_sk"
 
 
 def _share_out(units: int, k_tiles: int, blocks: int):
-    """The kernel's share-out, as templates/hopper_gemm.cu.j2 computes it (STREAM_K, next_segment and the
-    fix-up): per block its segments (tile, kt_begin, k_slices, slot), slot None for a tile it runs whole;
-    and per shared tile its blocks (first_block .. last_block) and each one's slot as the finisher reads it."""
+    """The kernel's share-out, replayed as templates/hopper_gemm.cu.j2 computes it (share_out, StreamShare,
+    next_segment and the fix-up): per block its segments (tile, kt_begin, k_slices, slot), slot None for a
+    tile it runs whole; per shared tile the number of runs its slices lie in, as the fix-up counts them;
+    and the kernel's bound on that (the slots a tile has)."""
     whole = units // blocks * blocks
-    if (units - whole) * k_tiles < blocks:
-        whole = units
-    shared = (units - whole) * k_tiles
-    segments = {}
+    tiles = units - whole
+    if tiles and whole and 2 * tiles < blocks:
+        whole, tiles = whole - blocks, tiles + blocks
+    if tiles * k_tiles < blocks:
+        whole, tiles = units, 0
+    slices = tiles * k_tiles
+    prefixes = 0 < tiles < blocks and tiles <= 8 * (blocks - tiles)
+    most = 2 + -(-k_tiles // (slices // blocks)) if tiles else 0
+
+    def run_begin(block):
+        return slices * block // blocks
+
+    def block_of(at):
+        return ((at + 1) * blocks - 1) // slices
+
+    def rest_begin(tile):
+        return tile * k_tiles - run_begin(tile)
+
+    def piece(at):
+        if not prefixes:
+            return at // k_tiles, at % k_tiles, (at // k_tiles + 1) * k_tiles
+        if at < run_begin(tiles):
+            tile = block_of(at)
+            return tile, at - run_begin(tile), run_begin(tile + 1)
+        rest = at - run_begin(tiles)
+        low, high = 0, tiles - 1
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if rest_begin(middle) <= rest else (low, middle - 1)
+        kt = run_begin(low + 1) - run_begin(low) + rest - rest_begin(low)
+        return low, kt, at + k_tiles - kt
+
+    def shares_of(tile, block):
+        if not prefixes:
+            first = block_of(tile * k_tiles)
+            return block - first, block_of((tile + 1) * k_tiles - 1) - first + 1
+        rest, rest_end = run_begin(tiles) + rest_begin(tile), run_begin(tiles) + rest_begin(tile + 1)
+        first = block_of(rest) if rest < rest_end else 0
+        count = 1 + (block_of(rest_end - 1) - first + 1 if rest < rest_end else 0)
+        return (0 if block == tile else 1 + block - first), count
+
+    segments, counts = {}, {}
     for w in range(blocks):
-        run_begin, run_end = whole * k_tiles + shared * w // blocks, whole * k_tiles + shared * (w + 1) // blocks
-        done, at, started = [], run_begin, False
-        for tile in range(w, whole, blocks):
-            done.append((tile, 0, k_tiles, None))
-        while at < run_end:
-            tile = at // k_tiles
-            kt_begin = at - tile * k_tiles
-            k_slices = min(run_end, (tile + 1) * k_tiles) - at
+        done = [(tile, 0, k_tiles, None) for tile in range(w, whole, blocks)]
+        at, end_of_run = run_begin(w), run_begin(w + 1)
+        while at < end_of_run:
+            tile, kt_begin, end = piece(at)
+            k_slices = min(end_of_run, end) - at
             at += k_slices
-            slot = None if k_slices == k_tiles else (1 if started else 0)
-            started = True
-            done.append((tile, kt_begin, k_slices, slot))
+            slot = None
+            if k_slices < k_tiles:
+                slot, count = shares_of(tile, w)
+                assert counts.setdefault(whole + tile, count) == count, "blocks count a tile's runs differently"
+            done.append((whole + tile, kt_begin, k_slices, slot))
         segments[w] = done
-    readers = {}
-    for tile in range(whole, units):
-        tile_first = (tile - whole) * k_tiles
-        first_block = ((tile_first + 1) * blocks - 1) // shared
-        last_block = ((tile_first + k_tiles) * blocks - 1) // shared
-        readers[tile] = {w: 0 if shared * w // blocks >= tile_first else 1 for w in range(first_block, last_block + 1)}
-    return segments, readers
+    return segments, counts, most, (whole, tiles, prefixes, most)
 
 
 @pytest.mark.parametrize("units, k_tiles, blocks", [
-    (108, 284, 132), (36, 144, 132), (216, 9, 132), (288, 47, 132), (4096, 128, 132), (1, 1, 1), (3, 1, 132),
-    (133, 2, 132), (131, 300, 132), (7, 5, 3)])
-def test_the_share_out_runs_every_slice_once_and_a_shared_tiles_slots_are_its_blocks(units, k_tiles, blocks):
+    (108, 284, 132), (36, 144, 132), (18, 144, 132), (216, 9, 132), (288, 47, 132), (2048, 128, 132), (4096, 128, 132),
+    (1, 1, 1), (3, 1, 132), (133, 2, 132), (131, 300, 132), (120, 10, 132), (131, 10, 132), (7, 5, 3), (200, 3, 132),
+    (150, 7, 132), (66, 2, 132)])
+def test_the_share_out_runs_every_slice_once_and_a_shared_tiles_slots_are_its_runs(units, k_tiles, blocks):
     blocks = min(blocks, units * k_tiles)  # (the launch: HopperConfig.grid_blocks)
-    segments, readers = _share_out(units, k_tiles, blocks)
+    segments, counts, most, kernel = _share_out(units, k_tiles, blocks)
     ran = [tile * k_tiles + kt for done in segments.values() for tile, begin, count, _ in done
            for kt in range(begin, begin + count)]
     assert sorted(ran) == list(range(units * k_tiles))
     assert all(done for done in segments.values()), "a block with nothing to do"
     written = {}
     for w, done in segments.items():
-        slots = [slot for _, _, _, slot in done if slot is not None]
-        assert slots in ([], [0], [1], [0, 1]), (w, slots)  # a slot of a block is written once
         for tile, _, count, slot in done:
             if slot is not None:
-                written.setdefault(tile, {})[w] = slot
-            else:
-                assert tile not in readers or len(readers[tile]) == 1
-    shared_partly = {tile: blocks_ for tile, blocks_ in written.items()}
-    assert shared_partly == {tile: r for tile, r in readers.items() if len(r) > 1}
+                assert slot not in written.setdefault(tile, {}).values(), (tile, w, slot)
+                written[tile][w] = slot
+    # a shared tile's slots are 0 .. count - 1, one per run its slices lie in, within the kernel's bound
+    assert {tile: sorted(slots.values()) for tile, slots in written.items()} == \
+        {tile: list(range(count)) for tile, count in counts.items()}
+    assert all(count <= most for count in counts.values())
+    # the host's copy of the arithmetic (workspace and wave model) agrees with the kernel's
+    plan = share_out(units, k_tiles, blocks)
+    assert (plan.whole, plan.tiles, plan.prefixes, plan.most_shares) == kernel
+
+
+def test_stream_k_shares_a_partly_empty_wave_prefixes_first_and_keeps_fan_in_small():
+    """The order that keeps the blocks side by side in K where one wave is partly empty, and the two-tile
+    rule that keeps a tile's runs few where the last wave is nearly empty."""
+    segments, counts, _, _ = _share_out(108, 284, 132)  # 333 x 4544 x 18176 in 128 x 128 tiles
+    for w in range(108):  # block t runs the first slices of tile t
+        assert segments[w] == [(w, 0, segments[w][0][2], 0)] and segments[w][0][2] in (232, 233)
+    assert max(counts.values()) <= 3
+    _, counts, _, _ = _share_out(288, 47, 132)  # 3000^3 in 128 x 256 tiles: 2 waves and 24 tiles
+    plan = share_out(288, 47, 132)
+    assert (plan.whole, plan.tiles, plan.prefixes) == (132, 156, False) and max(counts.values()) <= 3
 
 
 def test_a_stream_k_config_names_renders_and_refuses_what_it_does_not_go_with():
@@ -91,13 +139,13 @@ def test_a_stream_k_config_names_renders_and_refuses_what_it_does_not_go_with():
     assert any(r.startswith("grouped") and "stream_k" in r for r in config.check(grouped, H200))
 
 
-def test_the_grid_is_a_block_per_sm_and_the_workspace_two_slots_a_block():
+def test_the_grid_is_a_block_per_sm_and_the_workspace_a_slot_per_run_of_a_shared_tile():
     config = config_from_name(STREAM)
     problem = Problem.from_layout(333, 4544, 18176, "nn", dtype="float16")
     kernel = config.kernel_problem(problem)
     assert config.grid_blocks(kernel, H200) == 132
     partial_bytes, counter_bytes = config.split_workspace(kernel, blocks=132)
-    assert partial_bytes == 2 * 132 * 128 * 128 * 4
+    assert partial_bytes == 108 * 4 * 128 * 128 * 4  # 108 shared tiles, in at most 4 runs each
     assert counter_bytes == 3 * 36 * 2 * 4  # a counter per tile and consumer
     tiny = Problem.from_layout(64, 64, 64, "nt", dtype="float16")  # one tile of one slice: one block
     assert config.grid_blocks(config.kernel_problem(tiny), H200) == 1
@@ -117,10 +165,10 @@ def test_stream_k_fills_the_last_wave_that_whole_tiles_leave_partly_empty():
     from autogemm.results.predict import utilization
 
     assert utilization(config_from_name(STREAM), problem, H200) > utilization(config_from_name(STREAM[:-3]), problem, H200)
-    # whole waves, then the rest shared: 576 tiles are 4 waves of 132 and 48 shared
+    # whole waves, then the rest shared: 576 tiles are 4 waves of 132 and 48, which take the fourth along
     cube = Problem.from_layout(3000, 3000, 3000, "nn", dtype="bfloat16")
     waves = fill(config_from_name(STREAM), cube, H200)
-    assert (waves.whole_tiles, waves.shared_tiles) == (528, 48)
+    assert (waves.whole_tiles, waves.shared_tiles) == (396, 180)
     # a full last wave leaves nothing to share: as the plain kernel
     full = Problem.from_layout(128 * 12, 128 * 11, 4096, "nt", dtype="bfloat16")
     assert fill(config_from_name(STREAM), full, H200).shared_tiles == 0

@@ -18,9 +18,9 @@ the two consumers do not share a tile but take turns on wm x bn tiles, one's epi
 other's wgmmas. With `split_k` > 1 each tile's K slices are dealt out to that many work units (for few
 tiles and a long K: decode); each leaves FP32 partial sums in a workspace, and the one that counts
 last on the tile's counter adds them up in split order and writes C (`split_workspace`). With
-`stream_k` the grid's blocks (one per SM) share out all tiles' K slices in equal runs instead, so that a
-last wave of tiles that would leave SMs idle does not: a tile that two runs share is added up as split-K's
-are, from a slot per block and end of its run.
+`stream_k` the grid's blocks (one per SM) take whole waves of tiles, then share out the K slices of the
+tiles that a last wave would leave partly empty in equal runs (families/stream_k.py says how): a tile
+that several runs share is added up as split-K's are, from a slot per run.
 
 TF32: the operands' tensor maps are of TMA's TFLOAT32 type, which rounds FP32 to TF32 as it copies
 (to nearest: cuBLAS's accuracy, where wgmma reading raw FP32 bits would truncate them). wgmma reads
@@ -49,6 +49,7 @@ from .base import INT32_MAX, GemmConfig, VectorizedLoads, VectorWidths, cxx_bool
 from .knobs import Knob
 from .hopper_rules import MAX_BLOCK_SCALED_VALUES, MAX_GROUPS, TMA_ALIGN_BYTES
 from .launch_kind import LaunchKind
+from .stream_k import PREFIX_TAILS_PER_BLOCK, share_out
 
 ARCH = wgmma.ARCH  # TMA, mbarrier transactions and wgmma: compute capability 9.0, compiled for sm_90a
 WARPGROUP = wgmma.WARPGROUP
@@ -247,16 +248,20 @@ class HopperConfig(VectorizedLoads, GemmConfig):
     def split_workspace(self, problem: Problem, blocks: int | None = None) -> tuple[int, int]:
         """Bytes of the split-K workspace (`problem` the kernel's, `blocks` the launch's, which stream-K
         needs): per work tile (of tile_rows x bn) a slot of FP32 partial sums per split, or with
-        `stream_k` two per block (the tiles its run begins and ends in), and per consumer's share of a
-        work tile an int counter (zero at launch, and left zero by the unit that counts last). (0, 0)
-        where nothing is added up."""
+        `stream_k` per shared tile one per run its slices may lie in (stream_k.ShareOut.most_shares),
+        and per consumer's share of a work tile an int counter (zero at launch, and left zero by the
+        unit that counts last). (0, 0) where nothing is added up."""
         if not self.reduces_partial_sums:
             return 0, 0
         if self.stream_k and blocks is None:
             raise ValueError(f"{self.name}: a stream-K workspace is sized by the launch's blocks")
         work_tiles = self._tile_columns(problem) * self.cluster
         shares = 1 if self.pingpong else self.consumers
-        slots = 2 * blocks if self.stream_k else work_tiles * self.split_k
+        if self.stream_k:
+            plan = share_out(self.work_units(problem), -(-problem.k // self.bk), blocks)
+            slots = max(1, plan.tiles * plan.most_shares)  # (at least one: a launch that shares nothing)
+        else:
+            slots = work_tiles * self.split_k
         return slots * self.tile_rows * self.bn * ACCUMULATOR_BYTES, work_tiles * shares * COUNTER_BYTES
 
     def grid_blocks(self, problem: Problem, device: Device, resident_clusters: int | None = None) -> int:
@@ -390,7 +395,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             swizzle_bytes=SWIZZLE_BYTES, swizzle_period=SWIZZLE_PERIOD_BYTES, smem_bytes=self.smem_bytes(problem),
             producer_registers=producer, consumer_registers=consumer, cluster=self.cluster,
             tma_store=cxx_bool(self.tma_store), pingpong=cxx_bool(self.pingpong), split_k=self.split_k,
-            stream_k=self.stream_k,
+            stream_k=self.stream_k, prefix_tails_per_block=PREFIX_TAILS_PER_BLOCK,
             grouped=problem.grouped, max_groups=MAX_GROUPS,
             **self.even_flags(problem),
         )

@@ -20,6 +20,7 @@ from typing import Any
 
 from .. import dtypes
 from ..problem import Device, Problem
+from .stream_k import ShareOut, share_out
 
 # Tensor-core flops an SM issues per byte it reads from L2 (dense 16-bit: ~4096 flops a clock, against
 # the ~64 bytes a clock per SM that L2 sustains to all SMs at once): a tile whose flops per loaded byte
@@ -60,13 +61,16 @@ class Waves:
         return self.k_slices > 0
 
     @property
+    def share_out(self) -> ShareOut | None:
+        """With stream-K, how the SMs share the tiles out (families/stream_k.py)."""
+        return share_out(self.units, self.k_slices, self.slots) if self.stream_k else None
+
+    @property
     def whole_tiles(self) -> int:
-        """The tiles an SM runs whole: all of them, or with stream-K its whole waves (all where the rest
-        has fewer slices than there are SMs: templates/hopper_gemm.cu.j2, STREAM_K)."""
-        whole = self.units // self.slots * self.slots
-        if not self.stream_k or (self.units - whole) * self.k_slices < self.slots:
-            return self.units
-        return whole
+        """The tiles an SM runs whole: all of them, or with stream-K those of its whole waves but a last
+        wave less than half full takes the one before along (families/stream_k.py)."""
+        plan = self.share_out
+        return plan.whole if plan else self.units
 
     @property
     def waves(self) -> float:
@@ -76,6 +80,15 @@ class Waves:
             return -(-self.units // self.slots)
         shared = (self.units - self.whole_tiles) * self.k_slices
         return self.whole_tiles // self.slots + -(-shared // self.slots) / self.k_slices
+
+    @property
+    def shares_per_tile(self) -> int:
+        """With stream-K, the runs a shared tile's slices lie in, typically: its own K over a run's length
+        and one more (0: none shared)."""
+        plan = self.share_out
+        if not plan or not plan.tiles:
+            return 0
+        return min(plan.most_shares, -(-plan.k_tiles // max(1, plan.slices // plan.blocks)) + 1)
 
     @property
     def shared_tiles(self) -> int:
@@ -144,10 +157,10 @@ def relative_cost(config: Any, problem: Problem, device: Device) -> float:
         unit += 2 * rows * cols * PARTIAL_BYTES * FLOPS_PER_DRAM_BYTE
     if waves.shared_tiles:
         # after the whole waves, an SM's run of shared slices: its share of the main loops, up to two
-        # segments' start, and the two partial sums its run begins and ends in, written and read back
-        # by the SMs that finish those tiles (which store them)
+        # segments' start, the two partial sums its run begins and ends in written, and the slots of a
+        # tile read back by the SM that finishes it (one SM's loads one after the other: at memory's rate)
         shared_run = waves.waves - waves.whole_tiles // waves.slots
-        partials = 2 * 2 * rows * cols * PARTIAL_BYTES * FLOPS_PER_DRAM_BYTE
+        partials = (2 + waves.shares_per_tile) * rows * cols * PARTIAL_BYTES * FLOPS_PER_DRAM_BYTE
         return (waves.whole_tiles // waves.slots * unit + (shared_run * main_loop + 2 * UNIT_OVERHEAD_FLOPS) / rate
                 + store + partials)
     return waves.waves * unit
