@@ -376,7 +376,7 @@ def _tile_cases():
 
 
 def _stream_k_case():
-    """Hopper's stream-K (which its shipped space does not offer yet, so the sample has none): its finisher
+    """Hopper's stream-K (which its shipped space does not offer, so the sample has none): its finisher
     adds a shared tile's slots up before the epilogue; 1000 x 3000 in 128 x 128 tiles is 8 x 24 = 192 tiles
     on the H200's 132 SMs, a whole wave and 60 shared."""
     from autogemm.families import config_from_name
@@ -386,7 +386,20 @@ def _stream_k_case():
             Problem.from_layout(1000, 3000, 200, "nt", dtype="bfloat16", epilogue=Epilogue("n", "gelu_tanh", True)))
 
 
-TILE_CASES = [*_tile_cases(), _stream_k_case()]
+def _stmatrix_cases():
+    """Hopper's TMA store written by stmatrix (not in the shipped space yet): the epilogue's values packed in
+    pairs, transposed (swap) and not, with a bias along N, GELU and a residual."""
+    from autogemm.families import config_from_name
+    from autogemm.problem import Problem
+
+    epilogue = Epilogue("n", "gelu", True)
+    return [(config_from_name("hopper_128x128x64_w64x128_s5_g8_k1_o1_p_ts_sw_stm"),
+             Problem.from_layout(333, 1000, 256, "nn", dtype="bfloat16", epilogue=epilogue)),
+            (config_from_name("hopper_128x256x64_w64x256_s3_g8_k1_o1_p_ts_stm"),
+             Problem.from_layout(300, 1000, 256, "nt", dtype="float16", epilogue=epilogue))]
+
+
+TILE_CASES = [*_tile_cases(), _stream_k_case(), *_stmatrix_cases()]
 
 
 @pytest.mark.parametrize("config,problem", TILE_CASES, ids=[f"{c.name}-{p.key}" for c, p in TILE_CASES])

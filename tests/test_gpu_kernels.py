@@ -59,6 +59,9 @@ QUICK = (
     ("float16", "fp32", "hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_sw"),
     # K split over three work units per tile, the last to count adding them up: clusters of two, TMA store
     ("bfloat16", "fp32", "hopper_128x128x64_w64x128_s4_g8_k3_o1_p_c2_ts"),
+    # the TMA store's chunks written by stmatrix: transposed (swap) and not, two m64 blocks a consumer
+    ("bfloat16", "fp32", "hopper_128x128x64_w64x128_s5_g8_k1_o1_p_ts_sw_stm"),
+    ("float16", "fp32", "hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_stm"),
     # stream-K: the tiles' K slices shared out over one block per SM (every edge shape has fewer tiles than
     # SMs, so that every tile is shared), storing through TMA; one consumer, 192 wide, from registers
     ("float16", "fp32", "hopper_128x128x64_w64x128_s4_g8_k1_o1_p_ts_sk"),

@@ -95,6 +95,8 @@ KNOBS = (
     swap_knob(),  # TF32 with B stored K x N needs it
     Knob("stream_k", bool, False, omitted=False, words={True: "sk"},
          why="the grid's blocks share out all tiles' K slices in equal runs (a last wave partly empty)"),
+    Knob("stmatrix", bool, False, omitted=False, words={True: "stm"},
+         why="the TMA store's chunks written with stmatrix, four 8 x 8 matrices an instruction"),
 )
 
 class HopperConfig(VectorizedLoads, GemmConfig):
@@ -122,6 +124,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         pingpong: bool = False
         swap: bool = False
         stream_k: bool = False
+        stmatrix: bool = False
     template = "hopper_gemm.cu.j2"
     arch_suffix = wgmma.ARCH_SUFFIX
     launch_kind = LaunchKind.TMA
@@ -339,6 +342,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
                         "32-bit count")
         if self.stream_k:
             hopper_rules.stream_k_reasons(self, problem, device, bad)
+        if self.stmatrix:
+            hopper_rules.stmatrix_reasons(self, problem, bad)
         if self.min_blocks != 1:
             bad("occupancy", f"min_blocks={self.min_blocks}: a Hopper block takes a whole SM")
         if self.threads > device.max_threads_per_block:
@@ -395,7 +400,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             swizzle_bytes=SWIZZLE_BYTES, swizzle_period=SWIZZLE_PERIOD_BYTES, smem_bytes=self.smem_bytes(problem),
             producer_registers=producer, consumer_registers=consumer, cluster=self.cluster,
             tma_store=cxx_bool(self.tma_store), pingpong=cxx_bool(self.pingpong), split_k=self.split_k,
-            stream_k=self.stream_k, prefix_tails_per_block=PREFIX_TAILS_PER_BLOCK,
+            stream_k=self.stream_k, prefix_tails_per_block=PREFIX_TAILS_PER_BLOCK, stmatrix=self.stmatrix,
             grouped=problem.grouped, max_groups=MAX_GROUPS,
             **self.even_flags(problem),
         )

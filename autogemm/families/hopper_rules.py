@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import dtypes
 from ..epilogue import BLOCK
 from ..problem import Device, Problem
 
@@ -37,6 +38,16 @@ def stream_k_reasons(config: Any, problem: Problem, device: Device, bad) -> None
     if slices * max(1, device.sm_count) >= 2 ** 63:
         bad("grid", f"stream_k: {slices} K slices of all tiles times {device.sm_count} blocks exceed the kernel's "
                     "63-bit arithmetic")
+
+
+def stmatrix_reasons(config: Any, problem: Problem, bad) -> None:
+    """stmatrix writes the TMA store's chunks: it needs that store, and C of a 16-bit type (the
+    instruction's b16 matrices; FP8 products' D and FP32 C are written element by element)."""
+    if not config.tma_store:
+        bad("choice", "stmatrix writes the TMA store's chunks: it needs tma_store")
+    row = dtypes.lookup(problem.dtype, problem.compute)
+    if row.scaled or row.itemsize != 2:
+        bad("dtype", f"stmatrix stores 16-bit matrices: C of {problem.dtype} products is written element by element")
 
 
 def grouped_reasons(config: Any, problem: Problem, bad) -> None:

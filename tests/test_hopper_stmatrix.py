@@ -1,0 +1,50 @@
+"""The Hopper family's `stmatrix` knob (templates/hopper_gemm.cu.j2): the TMA store's chunks written four
+8 x 8 matrices an instruction (transposed where the roles are swapped) instead of a value or a pair at a
+time. What the config allows, that every other config renders without it, and that its kernels compile
+without spills. CPU only; tests/test_gpu_kernels.py and tests/test_gpu_epilogue.py run them against
+float64."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autogemm.epilogue import Epilogue
+from autogemm.families import config_from_name
+from autogemm.kernels.compile import find_nvcc, nvcc_resources
+from autogemm.kernels.render import render
+from autogemm.problem import Device, Problem
+
+H200 = dataclasses.replace(Device.for_arch("sm_90"), name="NVIDIA H200", sm_count=132)
+GELU = Epilogue("n", "gelu", True)
+VARIANTS = [
+    ("hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts_stm", Problem.from_layout(8192, 8192, 8192, "nt", dtype="bfloat16")),
+    ("hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts_sw_stm", Problem.from_layout(8192, 8192, 8192, "nn", dtype="bfloat16")),
+    ("hopper_128x128x64_w64x128_s5_g8_k1_o1_p_ts_sw_stm", Problem.from_layout(1000, 3001, 520, "nn", dtype="float16", epilogue=GELU)),
+    ("hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_stm", Problem.from_layout(1000, 3001, 520, "tt", dtype="float16", epilogue=GELU)),
+]
+
+
+def test_a_stmatrix_config_names_renders_and_refuses_what_it_does_not_go_with():
+    name, problem = VARIANTS[0]
+    config = config_from_name(name)
+    assert config.stmatrix and config.name == name and config.check(problem, H200) == []
+    assert "stmatrix.sync.aligned.m8n8.x4.shared.b16" in render(config, problem).code
+    plain = config_from_name(name.removesuffix("_stm"))
+    assert not plain.stmatrix and "stmatrix" not in render(plain, problem).code
+    # it writes the TMA store's chunks, of 16-bit values
+    reasons = config_from_name("hopper_128x256x64_w64x256_s4_g8_k1_o1_p_stm").check(problem, H200)
+    assert any("needs tma_store" in r for r in reasons), reasons
+    tf32 = Problem.from_layout(512, 512, 512, "nt", dtype="float32", compute="tf32")
+    reasons = config_from_name("hopper_128x128x32_w64x128_s4_g8_k1_o1_p_ts_stm").check(tf32, H200)
+    assert any(r.startswith("dtype") and "16-bit" in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("name, problem", VARIANTS, ids=[n for n, _ in VARIANTS])
+def test_stmatrix_kernels_compile_without_spills(name, problem):
+    assert find_nvcc(), "nvcc is required for the compile tests: install the CUDA toolkit"
+    config = config_from_name(name)
+    assert config.check(problem, H200) == [], config.check(problem, H200)
+    report = nvcc_resources(render(config, problem), "sm_90")
+    assert all(not use.spills and not use.stack_bytes and not use.wgmma_serialized for use in report.values()), report
