@@ -6,19 +6,22 @@ The launcher sizes the workspace by it (HopperConfig.split_workspace) and the wa
 
 The blocks (G, one per SM) take whole tiles a wave at a time. The tiles of a last, partly empty wave
 are shared: their K slices are laid in one order and cut into G equal runs, one a block. Two choices
-keep that cheap:
+aim to keep that cheap:
 
 - A last wave less than half full takes the whole wave before it along (CUTLASS's "two-tile" stream-K
   rule): each block's run is then more than a tile long, so a shared tile is added up from at most
   three blocks' partial sums, not from as many as G / tiles.
 - Fewer shared tiles than blocks (a single, partly empty wave): the order is "prefixes first".
   Block t < tiles runs the first slices of tile t, the other blocks the tiles' remaining slices one
-  tile after the other. The prefix blocks then step through K side by side, as whole tiles do, so
-  the operands' slices that several tiles read come from L2 once. In tile-after-tile order the
-  blocks would be spread over all of K at once, and a product whose operands exceed L2 would read
-  them from memory once per tile (333 x 4544 x 18176 ran at half speed so). Where the blocks beyond
-  the tiles are too few to take the rest (fewer than one per PREFIX_TAILS_PER_BLOCK tiles), each
-  would write many small partial sums: the tile-after-tile order is kept then.
+  tile after the other. The prefix blocks then step through K side by side, as whole tiles do, and
+  read the operands' slices that several tiles share from L2 once; in tile-after-tile order all the
+  blocks are spread over K at once. Where the blocks beyond the tiles are too few to take the rest
+  (fewer than one per PREFIX_TAILS_PER_BLOCK tiles), each would write many small partial sums: the
+  tile-after-tile order is kept then.
+
+On an H200 this is still slower than the plain tiles (docs/kernels.md has the figures): the blocks that
+run the rests read slices no other SM reads at that time, one SM's loads after the other, and finish
+last. The search space does not offer the knob.
 """
 
 from __future__ import annotations
