@@ -20,9 +20,8 @@ H200 = dataclasses.replace(Device.for_arch("sm_90"), name="NVIDIA H200", sm_coun
 GELU = Epilogue("n", "gelu", True)
 VARIANTS = [
     ("hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts_stm", Problem.from_layout(8192, 8192, 8192, "nt", dtype="bfloat16")),
-    ("hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts_sw_stm", Problem.from_layout(8192, 8192, 8192, "nn", dtype="bfloat16")),
     ("hopper_128x128x64_w64x128_s5_g8_k1_o1_p_ts_sw_stm", Problem.from_layout(1000, 3001, 520, "nn", dtype="float16", epilogue=GELU)),
-    ("hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_stm", Problem.from_layout(1000, 3001, 520, "tt", dtype="float16", epilogue=GELU)),
+    ("hopper_128x128x64_w64x128_s5_g8_k1_o1_p_ts_stm", Problem.from_layout(1000, 3001, 520, "tt", dtype="float16", epilogue=GELU)),
 ]
 
 

@@ -178,7 +178,7 @@ STREAM_VARIANTS = [
     (STREAM, Problem.from_layout(333, 4544, 18176, "nn", dtype="float16")),
     ("hopper_128x256x64_w64x256_s3_g8_k1_o1_p_ts_sw_sk", Problem.from_layout(1000, 3001, 200, "tn", dtype="bfloat16")),
     ("hopper_64x192x64_w64x192_s5_g8_k1_o1_p_sk", Problem.from_layout(100, 700, 5000, "nt", dtype="float16")),
-    ("hopper_128x128x64_w128x128_s4_g8_k1_o1_p_ts_sk",
+    ("hopper_128x128x64_w64x128_s4_g8_k1_o1_p_ts_sk",
      Problem.from_layout(500, 700, 5000, "tt", dtype="bfloat16", epilogue=Epilogue("n", "gelu", True))),
     ("hopper_128x128x32_w64x128_s5_g8_k1_o1_p_sk", Problem.from_layout(300, 500, 700, "tt", dtype="float32", compute="tf32")),
 ]

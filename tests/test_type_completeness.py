@@ -46,12 +46,10 @@ def report(tmp_path_factory):
     return found
 
 
-def test_the_package_is_typed_as_its_users_type_checkers_need(report):
+def test_the_package_is_typed_as_its_users_type_checkers_need_and_its_public_names_without_an_error(report):
+    """(one test: pyright's run is the fixture, which every pytest-xdist worker would run again for a second)"""
     counts = report["exportedSymbolCounts"]
     assert report["completenessScore"] >= SCORE, counts
-
-
-def test_the_public_names_type_check_without_an_error(report):
     public = set(autogemm.__all__) - {"__version__"}
     faults = {}
     for symbol in report["symbols"]:
