@@ -6,17 +6,14 @@ float64."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from autogemm.epilogue import Epilogue
 from autogemm.families import config_from_name
-from autogemm.kernels.compile import find_nvcc, nvcc_resources
 from autogemm.kernels.render import render
-from autogemm.problem import Device, Problem
+from autogemm.problem import Problem
+from test_hopper_stream_k import H200, compiles_without_spills
 
-H200 = dataclasses.replace(Device.for_arch("sm_90"), name="NVIDIA H200", sm_count=132)
 GELU = Epilogue("n", "gelu", True)
 VARIANTS = [
     ("hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts_stm", Problem.from_layout(8192, 8192, 8192, "nt", dtype="bfloat16")),
@@ -42,8 +39,4 @@ def test_a_stmatrix_config_names_renders_and_refuses_what_it_does_not_go_with():
 
 @pytest.mark.parametrize("name, problem", VARIANTS, ids=[n for n, _ in VARIANTS])
 def test_stmatrix_kernels_compile_without_spills(name, problem):
-    assert find_nvcc(), "nvcc is required for the compile tests: install the CUDA toolkit"
-    config = config_from_name(name)
-    assert config.check(problem, H200) == [], config.check(problem, H200)
-    report = nvcc_resources(render(config, problem), "sm_90")
-    assert all(not use.spills and not use.stack_bytes and not use.wgmma_serialized for use in report.values()), report
+    compiles_without_spills(name, problem)
