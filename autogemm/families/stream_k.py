@@ -52,13 +52,18 @@ class ShareOut:
         return self.slices * block // self.blocks
 
     @property
-    def most_shares(self) -> int:
-        """A bound on the blocks whose runs one shared tile's slices lie in (its workspace slots): a run
-        is at least slices // blocks long, the prefix one more."""
+    def typical_shares(self) -> int:
+        """The runs a shared tile's slices typically lie in: its K over the shortest run (slices // blocks,
+        at least one slice) and one more (0: nothing shared)."""
         if not self.tiles:
             return 0
-        shortest = self.slices // self.blocks
-        return 2 + -(-self.k_tiles // shortest)
+        return -(-self.k_tiles // (self.slices // self.blocks)) + 1
+
+    @property
+    def most_shares(self) -> int:
+        """A bound on the blocks whose runs one shared tile's slices lie in (its workspace slots): the
+        typical count, and one more for a prefix's run (the kernel's share_out computes the same)."""
+        return self.typical_shares + 1 if self.tiles else 0
 
 
 def share_out(units: int, k_tiles: int, blocks: int) -> ShareOut:

@@ -83,12 +83,9 @@ class Waves:
 
     @property
     def shares_per_tile(self) -> int:
-        """With stream-K, the runs a shared tile's slices lie in, typically: its own K over a run's length
-        and one more (0: none shared)."""
+        """With stream-K, the runs a shared tile's slices typically lie in (0: none shared)."""
         plan = self.share_out
-        if not plan or not plan.tiles:
-            return 0
-        return min(plan.most_shares, -(-plan.k_tiles // max(1, plan.slices // plan.blocks)) + 1)
+        return plan.typical_shares if plan else 0
 
     @property
     def shared_tiles(self) -> int:
