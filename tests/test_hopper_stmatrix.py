@@ -40,3 +40,14 @@ def test_a_stmatrix_config_names_renders_and_refuses_what_it_does_not_go_with():
 @pytest.mark.parametrize("name, problem", VARIANTS, ids=[n for n, _ in VARIANTS])
 def test_stmatrix_kernels_compile_without_spills(name, problem):
     compiles_without_spills(name, problem)
+
+
+def test_nvrtc_compiles_a_stmatrix_kernel(tmp_path, monkeypatch):
+    """What serves compiles with NVRTC, not nvcc: NVRTC has no host compiler behind it, so a builtin that
+    nvcc's host side lends (__builtin_memcpy) is not there. The epilogue variant, by the installed NVRTC."""
+    from autogemm.kernels import compile as kernel_compile
+
+    monkeypatch.setenv("AUTOGEMM_CUBIN_DIR", str(tmp_path))  # compiled here and now, none reused
+    name, problem = VARIANTS[1]
+    cubin = kernel_compile.compile_to_cubin(render(config_from_name(name), problem), "sm_90")
+    assert cubin.read_bytes()[:4] == b"\x7fELF"
