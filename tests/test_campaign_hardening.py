@@ -168,6 +168,22 @@ def test_a_cache_dir_outside_the_campaign_folder_is_refused_unless_trusted(tmp_p
     assert code == 0, err
 
 
+def test_the_files_storage_is_placed_beside_it_also_where_the_command_line_names_the_cache_dir(tmp_path):
+    """--cache-dir replaces the file's cache_dir only: its storage's path is still the file's neighbour
+    and still refused outside its folder (not left relative to wherever the command runs)."""
+    folder = tmp_path / "campaigns"
+    folder.mkdir()
+    path = folder / "c.toml"
+    for storage in ("sqlite:///board/studies.db", "journal:///board/studies.log"):
+        path.write_text(f'[campaign]\nname = "c"\nstorage = "{storage}"\n[[problems]]\nM = 64\n')
+        for cache_dir in (None, tmp_path / "mine"):
+            campaign = load_campaign(path, cache_dir=cache_dir)
+            assert campaign.storage == storage.split("///")[0] + "///" + str(folder.resolve() / storage.split("///")[1])
+    path.write_text('[campaign]\nname = "c"\nstorage = "sqlite:///../studies.db"\n[[problems]]\nM = 64\n')
+    with pytest.raises(CampaignFileError, match="campaign.storage"):
+        load_campaign(path, cache_dir=tmp_path / "mine")
+
+
 # ---- the claim board -------------------------------------------------------------------------
 def test_a_claim_of_another_pid_namespace_on_the_same_host_is_left_to_its_heartbeat(tmp_path, monkeypatch):
     # a live worker in another container with the same host name: its PID means nothing here

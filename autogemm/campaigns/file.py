@@ -326,10 +326,10 @@ def load_campaign(path: str | Path, *, trust_cache_dir: bool = False, cache_dir:
         raise CampaignFileError(f"{path} is not valid TOML here: its arrays or tables are nested too deeply") from None
     try:
         campaign = parse_campaign(data, str(path))
+        if campaign.storage:  # (also where --cache-dir is given: that replaces the cache_dir only)
+            campaign = dataclasses.replace(campaign, storage=_storage_in(path, campaign.storage, trust_cache_dir))
         if cache_dir is not None:
             return dataclasses.replace(campaign, cache_dir=str(Path(cache_dir).expanduser().resolve()))
-        if campaign.storage:
-            campaign = dataclasses.replace(campaign, storage=_storage_in(path, campaign.storage, trust_cache_dir))
         if campaign.cache_dir:
             campaign = dataclasses.replace(campaign, cache_dir=str(_path_in(path, campaign.cache_dir, trust_cache_dir,
                                                                                 "cache_dir")))
