@@ -39,9 +39,7 @@ def gpu_available() -> tuple[bool, str]:
     return True, ""
 
 
-@pytest.hookimpl(trylast=True)  # (after -m has deselected: the spacing below counts the tests that run)
 def pytest_collection_modifyitems(config, items):
-    _long_tests_first(config, items)
     if not config.getoption("--exhaustive"):
         skip = pytest.mark.skip(reason="an exhaustive sample: run with --exhaustive")
         for item in items:
@@ -53,21 +51,6 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
-
-
-def _long_tests_first(config, items) -> None:
-    """The tests marked `long` (a whole tune, 20-60 s each) start first, each on a worker of its own:
-    one started last keeps the run going after the other workers have finished. pytest-xdist's load
-    scheduling sends each worker a first run of len(items) // workers // 4 consecutive tests (at
-    least 2), so the long tests are put at the starts of those runs; where that differs, only the
-    run's length suffers."""
-    long = [item for item in items if item.get_closest_marker("long")]
-    ordered = [item for item in items if not item.get_closest_marker("long")]
-    workers = getattr(config, "workerinput", {}).get("workercount", 1)
-    run = max(2, len(items) // workers // 4) if workers > 1 else 1
-    for index, item in enumerate(long):
-        ordered.insert(min(index * run, len(ordered)), item)
-    items[:] = ordered
 
 
 @pytest.fixture(scope="session", autouse=True)

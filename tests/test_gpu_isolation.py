@@ -24,7 +24,6 @@ def _cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:
                           env=env, timeout=timeout)
 
 
-@pytest.mark.long
 def test_broken_variants_fail_with_their_kind_and_the_tune_survives(tmp_path):
     # 8 s a candidate: the GPU tier runs under pytest-xdist, where other workers share the GPU and the
     # cores, and a valid candidate measured at 4 s came out as a timeout there
