@@ -1,8 +1,8 @@
 """Test setup: GPU tests (marked `gpu`) are skipped automatically where no CUDA GPU is usable; the
 exhaustive GPU samples (marked `exhaustive`) run only with `--exhaustive`. Every test keeps tuned
 results and studies in a cache directory of its own; compiled kernels, which are keyed by their
-source digest, are shared by the whole session (so that kernels compiled ahead in parallel serve
-every test)."""
+source digest, are shared by the whole run, all pytest-xdist workers (so that kernels compiled ahead
+in parallel serve every test)."""
 
 from __future__ import annotations
 
@@ -55,8 +55,16 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session", autouse=True)
 def _shared_cubins(tmp_path_factory):
+    """One cubin directory for the run, shared by pytest-xdist's workers too (the parent of a worker's
+    base temporary directory is the run's): a kernel one worker compiled is found by the others. Cubins
+    are stored atomically with their digests (kernels/compile.py), so concurrent compilers are safe."""
     before = os.environ.get("AUTOGEMM_CUBIN_DIR")
-    os.environ["AUTOGEMM_CUBIN_DIR"] = str(tmp_path_factory.mktemp("cubin"))
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # (not under pytest-xdist)
+        shared = tmp_path_factory.mktemp("cubin")
+    else:
+        shared = tmp_path_factory.getbasetemp().parent / "cubin"
+        shared.mkdir(exist_ok=True)
+    os.environ["AUTOGEMM_CUBIN_DIR"] = str(shared)
     yield
     if before is None:
         os.environ.pop("AUTOGEMM_CUBIN_DIR", None)

@@ -130,8 +130,13 @@ def operands(run: Run, seed: int, fill: bool = True):
 
 def precompile(runs: list[Run], device: Device) -> int:
     """Compiles the kernel of every run in worker processes (cubins land in the shared cubin
-    directory, where the runs' own compilation finds them); returns how many distinct kernels."""
-    from autogemm.kernels.compile import compile_many
+    directory, where the runs' own compilation finds them); returns how many distinct kernels.
+    pytest-xdist's workers each run a module's fixture: one of them compiles under a lock in that
+    directory while the others wait, then find the cubins stored (each worker compiling them all at
+    once put six times the work on the cores)."""
+    from filelock import FileLock
+
+    from autogemm.kernels import compile as kernel_compile
     from autogemm.gpu.launch import resolve
     from autogemm.kernels.render import render
 
@@ -144,7 +149,11 @@ def precompile(runs: list[Run], device: Device) -> int:
         if call.problem is not None:
             source = render(config, call.problem, call.widths)
             sources[source.kernel] = source
-    compile_many(list(sources.values()), device.arch, jobs=max(1, (os.cpu_count() or 2) - 1))
+    with FileLock(os.path.join(os.environ["AUTOGEMM_CUBIN_DIR"], "precompile.lock")):
+        missing = [source for source in sources.values()
+                   if not kernel_compile.stored_cubin_intact(kernel_compile._cubin_path(source, source.target(device.arch)))]
+        if missing:
+            kernel_compile.compile_many(missing, device.arch, jobs=max(1, (os.cpu_count() or 2) - 1))
     return len(sources)
 
 
