@@ -61,3 +61,85 @@ def make_operands(spec, seed: int = 0):
     if problem.trans_b:
         b = cupy.swapaxes(b, -1, -2)
     return problem, a, b
+
+
+# ---- results files of a row a problem (bench_tuned_half, bench_unseen_epilogues) --------------------------
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a JSON lines results file; a last line cut short (a run killed while writing) is left out."""
+    import json
+
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+def device_of(slug: str | None) -> tuple[str, str]:
+    """(slug, name) of the device a results file is for: the one given (--device-slug), else the current GPU's."""
+    if slug:
+        return slug, slug
+    from autogemm.gpu.launch import current_device
+
+    device = current_device()
+    return device.slug, device.name
+
+
+def write_report(path: Path, report) -> int:
+    """The Markdown table `report(rows)` (its lines) of the results file `path`, written beside it (same
+    stem) and printed; SystemExit where the file has no rows."""
+    rows = read_rows(path)
+    if not rows:
+        raise SystemExit(f"no rows in {path}")
+    text = "\n".join(report(rows)) + "\n"
+    path.with_suffix(".md").write_text(text)
+    print(text)
+    return 0
+
+
+def run_rows(path: Path, items, key, measure, deadline_s: float, said) -> None:
+    """Measures each (index, spec) of `items` whose `key(spec)` has no row in `path` yet, appending its row
+    (`measure(spec, index)`) at once and printing `said(row)`; starts none after `deadline_s` seconds (0: no
+    limit), so that a run cut short or spread over several loses nothing."""
+    import json
+    import time
+
+    done = {row["problem"] for row in read_rows(path)}
+    started = time.perf_counter()
+    for index, spec in items:
+        if key(spec) in done:
+            continue
+        if deadline_s and time.perf_counter() - started > deadline_s:
+            print(f"deadline: stopping before #{index}", flush=True)
+            break
+        row = measure(spec, index)
+        with path.open("a") as out:
+            out.write(json.dumps(row) + "\n")
+        print(said(row), flush=True)
+
+
+def results_arguments(parser, seed: int, count: int, per_problem: str) -> None:
+    """The options of a benchmark that writes a row a problem (run_rows): the draw's --seed and --count,
+    --out, --deadline-s (`per_problem`: what a problem takes, for its help), --list, --report and
+    --device-slug."""
+    parser.add_argument("--seed", type=int, default=seed,
+                        help=f"seed of the problem generator (default {seed}: the published table; develop with another)")
+    parser.add_argument("--count", type=int, default=count, help=f"problems drawn (default {count})")
+    parser.add_argument("--out", help="the JSON lines file rows are appended to (default under benchmarks/results/)")
+    parser.add_argument("--deadline-s", type=float, default=0.0,
+                        help=f"start no problem after this many seconds (0: no limit; {per_problem}): a run fits a "
+                             "time slot, the rest left for the next run")
+    parser.add_argument("--list", action="store_true", help="print the problems and exit (no GPU needed)")
+    parser.add_argument("--report", action="store_true", help="write the Markdown table from the results file and exit")
+    parser.add_argument("--device-slug", help="with --report: the device's slug (default: the current GPU's)")
+
+
+def mixed_codes(rows) -> list[str]:
+    """A report's warning where its rows were measured with different codes (their `source_digest`s): no lines
+    where they were all measured with one."""
+    digests = sorted({r.get("source_digest", "none") for r in rows})
+    return ([f"**The rows were measured with {len(digests)} different codes** (source digests {', '.join(digests)}): "
+             "they do not make one table.", ""] if len(digests) > 1 else [])

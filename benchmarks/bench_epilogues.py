@@ -123,10 +123,10 @@ def relative_error(result, expected) -> float:
 
 
 class CublasLtLayer:
-    """cuBLASLt with its own epilogue through nvmath-python's stateful Matmul, planned once: GELU_BIAS
-    for bias + GELU (its bias runs along the result's rows, so the product is computed transposed,
-    yᵀ = w xᵀ, as torch's own fused linear does), the residual as C with beta = 1. `None` where
-    cuBLASLt has no epilogue for the case."""
+    """cuBLASLt with its own epilogue through nvmath-python's stateful Matmul, planned once: BIAS for a
+    bias alone and GELU_BIAS for bias + GELU (its bias runs along the result's rows, so the product is
+    computed transposed, yᵀ = w xᵀ, as torch's own fused linear does), the residual as C with beta = 1.
+    `None` where cuBLASLt has no epilogue for the case."""
 
     @staticmethod
     def make(case: str, x, w, bias, residual):
@@ -134,9 +134,10 @@ class CublasLtLayer:
         from nvmath.linalg.advanced import Matmul, MatmulEpilog
 
         stream = torch.cuda.current_stream()
-        if case == "bias+gelu":
+        if case in ("bias", "bias+gelu"):
             mm = Matmul(w, x.T, stream=stream)
-            mm.plan(epilog=MatmulEpilog.GELU_BIAS, epilog_inputs={"bias": bias}, stream=stream)
+            epilog = MatmulEpilog.BIAS if case == "bias" else MatmulEpilog.GELU_BIAS
+            mm.plan(epilog=epilog, epilog_inputs={"bias": bias}, stream=stream)
             return (lambda: mm.execute(stream=stream)), mm, True
         if case == "residual":
             mm = Matmul(x, w.T, c=residual, beta=1.0, stream=stream)

@@ -40,7 +40,6 @@ problems it holds: a run cut short, or spread over several commands (`--shard I/
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import random
@@ -54,7 +53,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import geomean, make_operands, problem_label, results_path  # noqa: E402
+from bench_common import (device_of, geomean, make_operands, mixed_codes, problem_label,  # noqa: E402
+                          results_arguments, results_path, run_rows, write_report)
 
 SEED, COUNT = 2027, 40
 AUTOGEMM, TORCH = "autogemm.matmul", "torch.matmul"
@@ -329,10 +329,7 @@ def report(rows, device_name: str, seed: int) -> list[str]:
     power = [r["power_w"] for r in rows if r.get("power_w")]
     seen = (f" SM clock during the timings: median {statistics.median(clocks):.0f} MHz, board power median "
             f"{statistics.median(power):.0f} W." if clocks else "")
-    digests = sorted({r.get("source_digest", "none") for r in rows})
-    mixed = ([f"**The rows were measured with {len(digests)} different codes** (source digests {', '.join(digests)}): "
-              "they do not make one table.", ""] if len(digests) > 1 else [])
-    lines = [f"# Tuned half precision: {device_name}", "", *mixed,
+    lines = [f"# Tuned half precision: {device_name}", "", *mixed_codes(rows),
              f"{len(rows)} BF16 and FP16 problems drawn by benchmarks/bench_tuned_half.py (seed {seed}), none of "
              "them in campaigns/, cache/ or another benchmark. Each tuned with the default budget "
              "(`autogemm.tune(problem)`) in a user cache of its own, the shipped results on; then autogemm.matmul and "
@@ -376,39 +373,18 @@ def _out_path(args, device_slug: str) -> Path:
     return results_path(f"tuned-half-{device_slug}{suffix}").with_suffix(".jsonl")
 
 
-def _read_rows(path: Path) -> list[dict]:
-    """The rows of a results file; a last line cut short (a run killed while writing) is left out."""
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return rows
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seed", type=int, default=SEED,
-                        help=f"seed of the problem generator (default {SEED}: the published table; develop with another)")
-    parser.add_argument("--count", type=int, default=COUNT, help=f"problems drawn (default {COUNT})")
+    results_arguments(parser, SEED, COUNT, "a problem takes about 46 s on an H200")
     parser.add_argument("--shard", default="1/1", help="I/N: only every N-th problem, starting with the I-th (default 1/1)")
     parser.add_argument("--only", help="only problems whose label contains one of these comma-separated texts")
-    parser.add_argument("--out", help="the JSON lines file rows are appended to (default under benchmarks/results/)")
-    parser.add_argument("--deadline-s", type=float, default=0.0,
-                        help="start no problem after this many seconds (0: no limit): a run fits a time slot, "
-                             "the rest left for the next run")
     parser.add_argument("--problem", action="append", metavar="DTYPE,LAYOUT,M,N,K",
                         help="run this problem instead of the draw (repeatable; rows go to tuned-half-<device>-given.jsonl "
                              "unless --out), e.g. bfloat16,nt,8192,8192,8192")
     parser.add_argument("--inductor", type=int, default=0, metavar="N",
                         help="for the first N problems run, also a @ b under torch.compile(mode='max-autotune-no-cudagraphs') "
                              "without and with autogemm.torch.enable_inductor(), timed sustained (default 0: none)")
-    parser.add_argument("--list", action="store_true", help="print the problems and exit (no GPU needed)")
-    parser.add_argument("--report", action="store_true", help="write the Markdown table from the results file and exit")
-    parser.add_argument("--device-slug", help="with --report or --list: the device's slug (default: the current GPU's)")
     args = parser.parse_args(argv)
     try:
         shard, shards = (int(x) for x in args.shard.split("/"))
@@ -424,38 +400,22 @@ def main(argv=None) -> int:
         for index, spec in specs:
             print(f"#{index:<4d}{problem_label(_problem(spec)):<36} {_problem(spec).key}")
         return 0
-    if args.report and args.device_slug:
-        slug, name = args.device_slug, args.device_slug
-    else:
-        from autogemm.gpu.launch import current_device
-
-        device = current_device()
-        slug, name = device.slug, device.name
+    slug, name = device_of(args.device_slug if args.report else None)
     path = _out_path(args, slug)
     if args.report:
-        rows = _read_rows(path)
-        if not rows:
-            raise SystemExit(f"no rows in {path}")
-        text = "\n".join(report(rows, name, args.seed)) + "\n"
-        path.with_suffix(".md").write_text(text)
-        print(text)
-        return 0
-    done = {row["problem"] for row in _read_rows(path)}
-    started, ran = time.perf_counter(), 0
-    for index, spec in specs:
-        if _problem(spec).key in done:
-            continue
-        if args.deadline_s and time.perf_counter() - started > args.deadline_s:
-            print(f"deadline: stopping before #{index}", flush=True)
-            break
-        row = measure(spec, index, inductor=ran < args.inductor)
-        ran += 1
-        with path.open("a") as out:
-            out.write(json.dumps(row) + "\n")
-        print(f"#{index:<4d}{row['label']:<34} ratio {row['ratio']:.3f}  eager {row['eager_ratio']:.3f}  latency {row['latency_ratio']:.3f}  "
-              f"tune {row['tune_s']:.0f} s  {'cuBLAS kept' if row['kept_cublas'] else 'kernel'} "
-              f"({row['tune_ratio']:.3f}x)  {row['waves'] or row['tuned_waves']}", flush=True)
+        return write_report(path, lambda rows: report(rows, name, args.seed))
+    ran = []
+
+    def measured(spec, index):
+        row = measure(spec, index, inductor=len(ran) < args.inductor)
+        ran.append(index)
         _release()
+        return row
+
+    run_rows(path, specs, lambda spec: _problem(spec).key, measured, args.deadline_s, lambda row: (
+        f"#{row['index']:<4d}{row['label']:<34} ratio {row['ratio']:.3f}  eager {row['eager_ratio']:.3f}  "
+        f"latency {row['latency_ratio']:.3f}  tune {row['tune_s']:.0f} s  {'cuBLAS kept' if row['kept_cublas'] else 'kernel'} "
+        f"({row['tune_ratio']:.3f}x)  {row['waves'] or row['tuned_waves']}"))
     return 0
 
 

@@ -15,6 +15,7 @@ from script_modules import load_script
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "bench_tuned_half.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import bench_common  # noqa: E402
 
 
 bench = load_script(SCRIPT)
@@ -76,7 +77,7 @@ def test_a_cut_short_results_file_keeps_its_whole_rows_and_the_table_has_every_c
     path = tmp_path / "rows.jsonl"
     rows = [_row(256, 1.02, True, eager=0.9), _row(1024, 0.99, False), _row(4096, 1.05, True, "float16")]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"spec": ["bfloat16", "nt", 5')
-    assert bench._read_rows(path) == rows
+    assert bench_common.read_rows(path) == rows
     table = bench.report(rows, "NVIDIA H200", 7)
     # (GPU time geomean and min, eager geomean and min, latency geomean, generated kernels)
     assert "| M <= 640 | 1 | 1.020 | 1.020 | 0.900 | 0.900 | 1.000 | 1 |" in table

@@ -1,0 +1,355 @@
+"""Epilogue layers nobody tuned: `autogemm.linear` with a bias, GELU, SiLU or a residual, untuned and then
+tuned with the default budget, against eager PyTorch, torch.compile and cuBLASLt's own epilogue.
+
+The problems come from a seeded generator (`epilogue_problems`): a layer of a model family that none of
+campaigns/ names (bench_tuned_half.FAMILIES; a draw with a width a campaign names is drawn again), M tokens
+from 1 to 8192, one epilogue of bias, bias + GELU, bias + SiLU and residual, BF16 and FP16 in turn; none
+whose key something shipped was tuned or benchmarked on (bench_unseen.known_keys). The layer is
+y = act(x wᵀ + bias) or x wᵀ + residual: x M × K, w N × K (NT), as `torch.nn.Linear` holds them.
+
+The competitors, on the same tensors:
+- autogemm: `autogemm.linear(x, w, bias, activation=..., residual=...)`;
+- eager: `F.linear(x, w, bias)` (cuBLASLt adds the bias inside its GEMM, as a PyTorch layer does), then
+  `F.gelu` or `F.silu`; `F.linear(x, w) + residual`;
+- torch.compile (default mode) of the eager layer, compiled for the problem's shapes (`dynamic=False`);
+- cuBLASLt's own epilogue through nvmath-python where it has one (BIAS, GELU_BIAS, the residual as C with
+  beta = 1). Its GELU is the tanh form: where it is, autogemm is also timed with "gelu_tanh", and the
+  ratio to cuBLASLt compares the two on the same function;
+- the GEMM alone, `F.linear(x, w)`: not a competitor but the ceiling. Eager's time over it is the ratio an
+  epilogue that costs nothing on cuBLAS's GEMM would reach; the share of that gain autogemm captures is
+  (eager - autogemm) / (eager - GEMM alone).
+
+Each problem twice, in a user cache of its own with the shipped results on: untuned (what a new user
+meets), then after `autogemm.tune(problem)` with the default budget. Each time, every competitor is
+checked against float64, warmed up, and timed two ways: sustained (timing.sustained_times: back-to-back
+calls from Python in 20 rounds of about 50 ms per competitor, random order, the GPU never idle; means),
+where a product shorter than a call's host time measures the host, as an eager loop meets it; and one call
+at a time on an idle GPU, host time included (medians of 25). Ratio = the competitor's time / autogemm's
+(> 1: autogemm is faster).
+
+Every finished problem is appended to a JSON lines file at once (`--out`, default
+benchmarks/results/unseen-epilogues-<device>[-seed<S>-<count>].jsonl) with a digest of autogemm's sources; a
+rerun skips the problems it holds, so a run cut short or spread over sessions (`--deadline-s`) loses
+nothing. `--report` writes the Markdown table beside it.
+
+    python benchmarks/bench_unseen_epilogues.py --list              # the problems (no GPU needed)
+    python benchmarks/bench_unseen_epilogues.py --seed 7 --count 6  # development: another draw
+    python benchmarks/bench_unseen_epilogues.py --deadline-s 500    # the published draw, a slot at a time
+    python benchmarks/bench_unseen_epilogues.py --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_common import (device_of, geomean, mixed_codes, results_arguments, results_path, run_rows,  # noqa: E402
+                          write_report)
+from bench_epilogues import TOLERANCE, CublasLtLayer, relative_error  # noqa: E402
+from bench_tuned_half import FAMILIES, _campaign_widths, source_digest  # noqa: E402
+
+SEED, COUNT = 2028, 24
+CASES = ("bias", "bias+gelu", "bias+silu", "residual")
+TOKENS = [1, 2, 4, 8, 16, 32, 77, 128, 200, 256, 333, 512, 640, 1000, 1024, 1536, 2048, 3072, 4096, 6144, 8192]
+MAX_FLOPS = 4e12  # one call: a few ms at most on an H200
+CAPTURE_FROM_M = 1024  # the share of the ceiling captured is judged from this M up
+AUTOGEMM, EAGER, COMPILED, CUBLASLT = "autogemm", "eager", "torch.compile", "cuBLASLt epilogue"
+AUTOGEMM_TANH = "autogemm (gelu_tanh)"  # timed beside cuBLASLt's tanh GELU
+GEMM_ALONE = "GEMM alone"
+COMPETITORS = (EAGER, COMPILED, CUBLASLT)
+
+
+def epilogue_problems(seed: int = SEED, count: int = COUNT) -> list[tuple]:
+    """`count` spec tuples (dtype, case, M, N, K), the same for a seed: BF16 and FP16 in turn, the cases in
+    turn (so that each has count // 4), none known, none twice, each within MAX_FLOPS."""
+    from bench_unseen import known_keys
+
+    rng = random.Random(seed)
+    seen, tuned_widths, out = known_keys(), _campaign_widths(), []
+    while len(out) < count:
+        dtype, case = ("bfloat16", "float16")[len(out) % 2], CASES[(len(out) // 2) % len(CASES)]
+        hidden, qkv, inter = FAMILIES[rng.choice(sorted(FAMILIES))]
+        # a residual follows the layers that write the hidden state (attention's output, the MLP's down
+        # projection); a bias and an activation the ones that widen it (qkv, the MLP's up projection)
+        choices = [(hidden, hidden), (hidden, inter)] if case == "residual" else \
+            [(qkv, hidden)] if case == "bias" else [(inter, hidden)]
+        n, k = rng.choice(choices)
+        m = rng.choice(TOKENS)
+        if n in tuned_widths or k in tuned_widths or 2 * m * n * k > MAX_FLOPS:
+            continue
+        key = _problem((dtype, case, m, n, k)).key
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append((dtype, case, m, n, k))
+    return out
+
+
+def _epilogue(case: str):
+    from autogemm.epilogue import Epilogue
+
+    if case == "residual":
+        return Epilogue(residual=True)
+    return Epilogue(bias="n", activation=case.partition("+")[2])
+
+
+def _problem(spec):
+    from autogemm.problem import Problem
+
+    dtype, case, m, n, k = spec
+    return Problem.from_layout(m, n, k, "nt", dtype=dtype, epilogue=_epilogue(case))
+
+
+def label(spec) -> str:
+    dtype, case, m, n, k = spec
+    return f"{dtype} {case} {m}x{n}x{k}"
+
+
+def eager_layer(case: str):
+    """The layer as eager PyTorch runs it."""
+    import torch.nn.functional as F
+
+    if case == "residual":
+        return lambda x, w, bias, residual: F.linear(x, w) + residual
+    activation = {"bias": None, "bias+gelu": F.gelu, "bias+silu": F.silu}[case]
+    if activation is None:
+        return lambda x, w, bias, residual: F.linear(x, w, bias)
+    return lambda x, w, bias, residual: activation(F.linear(x, w, bias))
+
+
+def autogemm_layer(case: str, gelu: str = "gelu"):
+    import autogemm
+
+    if case == "residual":
+        return lambda x, w, bias, residual: autogemm.linear(x, w, residual=residual)
+    activation = {"bias": None, "bias+gelu": gelu, "bias+silu": "silu"}[case]
+    return lambda x, w, bias, residual: autogemm.linear(x, w, bias, activation=activation)
+
+
+def reference(case: str, x, w, bias, residual, gelu: str = "gelu"):
+    """The layer in float64."""
+    import torch.nn.functional as F
+
+    y = x.double() @ w.double().T
+    if case == "residual":
+        return y + residual.double()
+    y = y + bias.double()
+    if case == "bias+silu":
+        return F.silu(y)
+    if case == "bias+gelu":
+        return F.gelu(y, approximate="tanh" if gelu == "gelu_tanh" else "none")
+    return y
+
+
+def _tensors(spec, seed: int):
+    import torch
+
+    dtype, case, m, n, k = spec
+    torch_dtype = getattr(torch, dtype)
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(m, k, device="cuda", dtype=torch_dtype, generator=generator)
+    w = (torch.randn(n, k, device="cuda", dtype=torch_dtype, generator=generator) / k ** 0.5).to(torch_dtype)
+    bias = torch.randn(n, device="cuda", dtype=torch_dtype, generator=generator)
+    residual = torch.randn(m, n, device="cuda", dtype=torch_dtype, generator=generator)
+    return x, w, bias, residual
+
+
+def _checked(name: str, call, expected, dtype: str, what: str):
+    """`call`, after its result was checked against `expected` (a wrong result ends the run)."""
+    error = relative_error(call(), expected)
+    if not error <= TOLERANCE[dtype]:
+        raise SystemExit(f"{what}: {name} differs from float64 by {error:.3g} (limit {TOLERANCE[dtype]:g})")
+    return call
+
+
+def compiled_layer(case: str, args):
+    """torch.compile (default mode) of the eager layer for these shapes, compiled now; None (and why) where
+    it fails, which is reported, not fatal."""
+    import torch
+
+    torch._dynamo.reset()
+    function = torch.compile(eager_layer(case), dynamic=False)
+    try:
+        function(*args)
+    except Exception as exc:  # (an Inductor failure on one problem: the row says so)
+        return None, f"{type(exc).__name__}: {exc}"[:300]
+    return function, ""
+
+
+def timings(calls: dict) -> dict:
+    """Sustained means and single-call medians, in us, of zero-argument calls (module docstring)."""
+    import torch
+
+    from autogemm.measure import timing
+
+    for call in calls.values():  # warm-up, as a loop would (plans settle within their first calls)
+        for _ in range(8):
+            call()
+    torch.cuda.synchronize()
+    rounds = timing.sustained_times({name: (lambda i, call=call: call()) for name, call in calls.items()})
+    latency = timing.latencies(calls, rounds=25)
+    return {"sustained_us": {name: statistics.fmean(t) * 1e3 for name, t in rounds.items()},
+            "latency_us": {name: statistics.median(t) * 1e3 for name, t in latency.items()}}
+
+
+def measure(spec, index: int) -> dict:
+    """One problem: untuned, tuned, each timed (module docstring)."""
+    import torch
+
+    import autogemm
+
+    dtype, case, m, n, k = spec
+    what = label(spec)
+    os.environ["AUTOGEMM_CACHE_DIR"] = tempfile.mkdtemp(prefix="autogemm-unseen-epilogues-")
+    autogemm.reset()
+    args = _tensors(spec, seed=2 * index + 1)
+    expected = reference(case, *args)
+    calls = {EAGER: _checked(EAGER, lambda: eager_layer(case)(*args), expected, dtype, what),
+             GEMM_ALONE: lambda: torch.nn.functional.linear(args[0], args[1])}
+    row = {"index": index, "spec": list(spec), "problem": _problem(spec).key, "label": what,
+           "source_digest": source_digest()}
+    function, row["compile_error"] = compiled_layer(case, args)
+    if function is not None:
+        calls[COMPILED] = _checked(COMPILED, lambda: function(*args), expected, dtype, what)
+    lt_handle = None
+    try:
+        lt_call, lt_handle, transposed = CublasLtLayer.make(case, *args)
+    except Exception as exc:  # (nvmath missing or refusing: reported in the row, the run goes on)
+        lt_call, transposed, row["cublaslt_error"] = None, False, f"{type(exc).__name__}: {exc}"[:300]
+    if lt_call is not None:
+        gelu = "gelu_tanh" if case == "bias+gelu" else "gelu"  # (cuBLASLt's GELU is the tanh form)
+        lt_expected = reference(case, *args, gelu=gelu) if gelu == "gelu_tanh" else expected
+        calls[CUBLASLT] = _checked(CUBLASLT, lambda: lt_call().T if transposed else lt_call(), lt_expected, dtype, what)
+    for phase in ("untuned", "tuned"):
+        if phase == "tuned":
+            started = time.perf_counter()
+            result = autogemm.tune(_problem(spec))
+            row["tune"] = {"s": time.perf_counter() - started, "kept_cublas": result.kept_cublas,
+                           "config": result.config.name, "ratio": result.ratio}
+            autogemm.reset()
+        ours = {AUTOGEMM: _checked(AUTOGEMM, lambda: autogemm_layer(case)(*args), expected, dtype, what)}
+        if CUBLASLT in calls and case == "bias+gelu":
+            ours[AUTOGEMM_TANH] = _checked(AUTOGEMM_TANH, lambda: autogemm_layer(case, "gelu_tanh")(*args),
+                                           lt_expected, dtype, what)
+        row[phase] = {**timings({**ours, **calls}), "served": served(case, *args)}
+    if lt_handle is not None:
+        lt_handle.free()
+    return row
+
+
+def served(case: str, x, w, bias, residual) -> str:
+    """What serves autogemm's GEMM (explain's source) and how its epilogue runs."""
+    import autogemm
+
+    keywords = {"residual": dict(residual=residual)}.get(case) or dict(
+        bias=bias, activation={"bias": None, "bias+gelu": "gelu", "bias+silu": "silu"}[case])
+    said = autogemm.explain(x, w.T, **keywords)
+    route = said.get("epilogue", {}).get("route", "pass")
+    return f"{said['source']}{': ' + said['config'] if said.get('config') else ''}" + \
+        (" + epilogue pass" if route == "pass" else f" with {route}")
+
+
+def ratio(figures: dict, name: str) -> float | None:
+    """The competitor's time over autogemm's (against cuBLASLt: autogemm with cuBLASLt's GELU form)."""
+    if name not in figures:
+        return None
+    ours = figures.get(AUTOGEMM_TANH, figures[AUTOGEMM]) if name == CUBLASLT else figures[AUTOGEMM]
+    return figures[name] / ours
+
+
+def ceiling(figures: dict) -> tuple[float, float | None]:
+    """(eager over the GEMM alone, the share of that gain autogemm captures; None where eager's epilogue
+    costs nothing measurable)."""
+    eager, alone, ours = figures[EAGER], figures[GEMM_ALONE], figures[AUTOGEMM]
+    return eager / alone, ((eager - ours) / (eager - alone) if eager > alone else None)
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """The figures the epilogue issue judges, each over the rows that have it."""
+    lines = ["| phase | figure | against | problems | geomean | min |", "| --- | --- | --- | ---: | ---: | ---: |"]
+    for phase in ("untuned", "tuned"):
+        for figure in ("sustained_us", "latency_us"):
+            for name in COMPETITORS:
+                values = [v for r in rows if (v := ratio(r[phase][figure], name)) is not None]
+                if values:
+                    lines.append(f"| {phase} | {figure.removesuffix('_us')} | {name} | {len(values)} | "
+                                 f"{geomean(values):.3f} | {min(values):.3f} |")
+    shares = [(r["spec"][2], ceiling(r["tuned"]["sustained_us"])[1]) for r in rows]
+    judged = [share for m, share in shares if m >= CAPTURE_FROM_M and share is not None]
+    if judged:
+        lines += ["", f"Tuned, sustained, at M >= {CAPTURE_FROM_M}: the share of eager's gain over the GEMM alone "
+                      f"captured is at least 60% on {sum(s >= 0.6 for s in judged)} of {len(judged)} problems "
+                      f"(median {statistics.median(judged):.0%}, min {min(judged):.0%})."]
+    return lines
+
+
+def report(rows: list[dict], device_name: str, seed: int) -> list[str]:
+    lines = [f"# Unseen epilogue layers: {device_name}", "", *mixed_codes(rows),
+             f"{len(rows)} layers drawn by benchmarks/bench_unseen_epilogues.py (seed {seed}): BF16 and FP16, "
+             "bias, bias + GELU, bias + SiLU and residual, widths of model families no campaign names, M from 1 to "
+             "8192. Each untuned (a fresh user cache, the shipped results on), then tuned with the default budget. "
+             "Ratios are the competitor's time over autogemm.linear's (> 1: autogemm is faster): sustained, back-to-"
+             "back calls in 20 rounds of about 50 ms each (means); latency, one call at a time on an idle GPU (medians "
+             "of 25). Ceiling: eager over the GEMM alone (`F.linear(x, w)`); captured: (eager - autogemm) / (eager - "
+             "GEMM alone), sustained.", "", *summary(rows), "",
+             "| layer | untuned eager | untuned latency | tuned eager | tuned compile | tuned cuBLASLt | tuned latency | "
+             "ceiling | captured | tune | served (tuned) |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+    for row in sorted(rows, key=lambda r: (r["spec"][1], r["spec"][2])):
+        untuned, tuned = row["untuned"], row["tuned"]
+        top, share = ceiling(tuned["sustained_us"])
+        tune = "cuBLAS kept" if row["tune"]["kept_cublas"] else f"kernel {row['tune']['ratio']:.3f}x"
+        lines.append(f"| {row['label']} | {_cell(ratio(untuned['sustained_us'], EAGER))} | "
+                     f"{_cell(ratio(untuned['latency_us'], EAGER))} | {_cell(ratio(tuned['sustained_us'], EAGER))} | "
+                     f"{_cell(ratio(tuned['sustained_us'], COMPILED))} | {_cell(ratio(tuned['sustained_us'], CUBLASLT))} | "
+                     f"{_cell(ratio(tuned['latency_us'], EAGER))} | {top:.3f} | "
+                     f"{f'{share:.0%}' if share is not None else '-'} | {tune} | {tuned['served']} |")
+    return lines
+
+
+def _out_path(args, device_slug: str) -> Path:
+    if args.out:
+        return Path(args.out)
+    suffix = "" if args.seed == SEED and args.count == COUNT else f"-seed{args.seed}-{args.count}"
+    return results_path(f"unseen-epilogues-{device_slug}{suffix}").with_suffix(".jsonl")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    results_arguments(parser, SEED, COUNT, "allow about a minute a problem: its tune, four timings and a compile")
+    args = parser.parse_args(argv)
+    if args.count < 1:
+        parser.error(f"--count must be at least 1, got {args.count}")
+    specs = epilogue_problems(args.seed, args.count)
+    if args.list:
+        for index, spec in enumerate(specs):
+            print(f"#{index:<4d}{label(spec):<40} {_problem(spec).key}")
+        return 0
+    slug, name = device_of(args.device_slug if args.report else None)
+    path = _out_path(args, slug)
+    if args.report:
+        return write_report(path, lambda rows: report(rows, name, args.seed))
+    run_rows(path, list(enumerate(specs)), lambda spec: _problem(spec).key, measure, args.deadline_s, lambda row: (
+        f"#{row['index']:<4d}{row['label']:<40} untuned {_cell(ratio(row['untuned']['sustained_us'], EAGER))}x eager  "
+        f"tuned {_cell(ratio(row['tuned']['sustained_us'], EAGER))}x eager, "
+        f"{_cell(ratio(row['tuned']['sustained_us'], COMPILED))}x compile  tune {row['tune']['s']:.0f} s "
+        f"{'cuBLAS kept' if row['tune']['kept_cublas'] else 'kernel'}"))
+    return 0
+
+
+def _cell(value: float | None) -> str:
+    return f"{value:.3f}" if value is not None else "-"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

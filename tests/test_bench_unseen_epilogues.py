@@ -1,0 +1,98 @@
+"""benchmarks/bench_unseen_epilogues.py without a GPU: the seeded draw (what the epilogue issue asks of it),
+--list, and the figures its table judges (the ratios, the ceiling and the share captured)."""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from script_modules import load_script
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "bench_unseen_epilogues.py"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+bench = load_script(SCRIPT)
+
+
+@pytest.fixture(scope="module", params=[bench.SEED, 7])
+def problems(request):
+    return bench.epilogue_problems(request.param)
+
+
+def test_the_draw_is_24_unseen_layers_the_same_for_a_seed(problems):
+    from bench_unseen import known_keys
+
+    assert len(problems) == bench.COUNT >= 24
+    keys = [bench._problem(spec).key for spec in problems]
+    assert len(set(keys)) == len(keys) and not set(keys) & known_keys()
+    assert bench.epilogue_problems(bench.SEED) == bench.epilogue_problems(bench.SEED)
+    assert bench.epilogue_problems(bench.SEED) != bench.epilogue_problems(7)
+
+
+def test_the_mix_is_the_one_asked_for(problems):
+    assert collections.Counter(spec[0] for spec in problems) == {"bfloat16": 12, "float16": 12}
+    assert collections.Counter(spec[1] for spec in problems) == {case: 6 for case in bench.CASES}
+    ms = [spec[2] for spec in problems]
+    assert min(ms) < 16 and max(ms) >= 4096 and sum(m >= bench.CAPTURE_FROM_M for m in ms) >= 4
+    tuned = bench._campaign_widths()
+    assert not any(spec[3] in tuned or spec[4] in tuned for spec in problems)
+    assert all(2 * m * n * k <= bench.MAX_FLOPS for _, _, m, n, k in problems)
+    # the problem's key names its epilogue (a bias along N, the activation, a residual)
+    assert {bench._problem(spec).key.rsplit("/", 1)[1] for spec in problems} == {"bias_n", "bias_n+gelu", "bias_n+silu", "res"}
+
+
+def test_list_runs_without_a_gpu():
+    listed = subprocess.run([sys.executable, str(SCRIPT), "--list", "--count", "8"], capture_output=True, text=True,
+                            check=True)
+    assert len(listed.stdout.splitlines()) == 8 and "/bias_n" in listed.stdout
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--list", "--count", "0"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--count" in bad.stderr
+
+
+def _figures(ours, eager, alone, compiled=None, lt=None, ours_tanh=None):
+    figures = {bench.AUTOGEMM: ours, bench.EAGER: eager, bench.GEMM_ALONE: alone}
+    if compiled is not None:
+        figures[bench.COMPILED] = compiled
+    if lt is not None:
+        figures[bench.CUBLASLT] = lt
+    if ours_tanh is not None:
+        figures[bench.AUTOGEMM_TANH] = ours_tanh
+    return figures
+
+
+def test_the_ratios_ceiling_and_share_captured():
+    figures = _figures(ours=110.0, eager=120.0, alone=100.0, compiled=99.0, lt=105.0, ours_tanh=100.0)
+    assert bench.ratio(figures, bench.EAGER) == pytest.approx(120 / 110)
+    assert bench.ratio(figures, bench.COMPILED) == pytest.approx(99 / 110)
+    assert bench.ratio(figures, bench.CUBLASLT) == pytest.approx(105 / 100)  # against the same GELU form
+    assert bench.ratio(_figures(110.0, 120.0, 100.0), bench.CUBLASLT) is None
+    top, share = bench.ceiling(figures)
+    assert top == pytest.approx(1.2) and share == pytest.approx(0.5)  # 10 of eager's 20 us over the GEMM
+    assert bench.ceiling(_figures(ours=101.0, eager=99.0, alone=100.0))[1] is None  # eager's epilogue free
+
+
+def _row(index, spec, untuned, tuned, kept=True):
+    return {"index": index, "spec": list(spec), "problem": bench._problem(spec).key, "label": bench.label(spec),
+            "source_digest": "d", "untuned": {"sustained_us": untuned, "latency_us": untuned, "served": "cuBLAS"},
+            "tuned": {"sustained_us": tuned, "latency_us": tuned, "served": "cuBLAS"},
+            "tune": {"s": 30.0, "kept_cublas": kept, "config": "x", "ratio": 0.9}}
+
+
+def test_the_report_judges_what_the_issue_asks():
+    rows = [_row(0, ("bfloat16", "bias+silu", 2048, 9216, 2304), _figures(100.0, 98.0, 90.0), _figures(93.0, 98.0, 90.0, 95.0)),
+            _row(1, ("float16", "bias", 8, 9216, 2304), _figures(20.0, 21.0, 20.0), _figures(20.0, 21.0, 20.0, 30.0),
+                 kept=False)]
+    text = "\n".join(bench.report(rows, "GPU", bench.SEED))
+    assert "| untuned | sustained | eager | 2 | " in text
+    untuned_min = min(98 / 100, 21 / 20)
+    assert f"| untuned | sustained | eager | 2 | {(98 / 100 * 21 / 20) ** 0.5:.3f} | {untuned_min:.3f} |" in text
+    assert "| tuned | sustained | torch.compile | 2 |" in text
+    # one problem at M >= 1024: (98 - 93) / (98 - 90) captured
+    assert "at least 60% on 1 of 1 problems (median 62%" in text
+    assert "different codes" not in text
+    rows[1]["source_digest"] = "e"
+    assert "measured with 2 different codes" in "\n".join(bench.report(rows, "GPU", bench.SEED))
