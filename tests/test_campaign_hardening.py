@@ -184,6 +184,18 @@ def test_the_files_storage_is_placed_beside_it_also_where_the_command_line_names
         load_campaign(path, cache_dir=tmp_path / "mine")
 
 
+def test_a_file_storage_in_a_folder_not_made_yet_is_made_by_the_board(tmp_path):
+    """A campaign file's storage may name a folder beside it that does not exist yet (the module says
+    so): SQLite makes no folders, and the worker died on "unable to open database file"."""
+    from autogemm.campaigns.claims import ClaimBoard
+
+    for storage in (f"sqlite:///{tmp_path / 'board' / 'studies.db'}", f"journal:///{tmp_path / 'log' / 'studies.log'}"):
+        board = ClaimBoard(storage)
+        board.register("c", "gpu", ["k"])
+        assert [claim.problem for claim in board.claims("c")] == ["k"]
+    assert (tmp_path / "board" / "studies.db").is_file() and (tmp_path / "log" / "studies.log.claims.db").is_file()
+
+
 # ---- the claim board -------------------------------------------------------------------------
 def test_a_claim_of_another_pid_namespace_on_the_same_host_is_left_to_its_heartbeat(tmp_path, monkeypatch):
     # a live worker in another container with the same host name: its PID means nothing here

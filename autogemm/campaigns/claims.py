@@ -138,6 +138,9 @@ class ClaimBoard:
 
     def __init__(self, storage_url: str):
         url = claims_url(storage_url)
+        given = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
+        if given and not given.startswith("file:") and "?" not in given:  # (a plain path: SQLite makes no folders)
+            Path(given).parent.mkdir(parents=True, exist_ok=True)
         self.engine = sa.create_engine(url, **_engine_kwargs(url))
         for attempt in range(4):
             try:
