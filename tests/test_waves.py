@@ -127,12 +127,13 @@ def test_a_new_study_enqueues_the_wave_seeds_after_what_is_known(tmp_path):
     loop = SearchLoop.__new__(SearchLoop)
     loop.problem, loop.device, loop.space = problem, H200, SearchSpace.load("hopper")
     loop.cache, loop.study = TuningCache(tmp_path / "cache", shipped=False), Study()
-    loop.counters = type("Counters", (), {"seeded": 0})()
+    loop.counters, loop.seed_names = type("Counters", (), {"seeded": 0})(), set()
     loop._enqueue_known_configs()
     seeds = wave_ranked(loop.space, problem, H200)
     names = [loop.space.evaluate(values)[0].name for values in enqueued]
     assert names[:len(seeds)] == [seed.name for seed in seeds]
     assert loop.counters.seeded == len(enqueued) > len(seeds)
+    assert loop.seed_names >= {seed.name for seed in seeds}  # (measured even past the deadline)
 
 
 # ---- the keep rule ------------------------------------------------------------------------------------

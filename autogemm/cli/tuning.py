@@ -205,7 +205,8 @@ def add_tune_parser(sub: Any) -> None:
     search.add_argument("--trials", type=positive_int, default=DEFAULTS.trials,
                         help=f"measured (valid) candidates to try in this run (default {DEFAULTS.trials})")
     search.add_argument("--timeout", type=float, default=DEFAULTS.timeout,
-                        help=f"seconds of search before the final re-timing (default {DEFAULTS.timeout:g})")
+                        help=f"seconds of search before the final re-timing; the seeds compiling then are still "
+                             f"measured (default {DEFAULTS.timeout:g})")
     search.add_argument("--patience", type=non_negative_int, default=DEFAULTS.patience, metavar="TRIALS",
                         help=f"stop once this many measured trials in a row gain less than {100 * CONVERGED_GAIN:g}%% "
                              f"on the best (default {DEFAULTS.patience}; 0: never stop early)")

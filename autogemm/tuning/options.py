@@ -30,7 +30,8 @@ class TuneOptions:
     """A tune's options (see `tuner.tune`); ValueError where one is out of its range."""
 
     trials: int = DEFAULT_TRIALS  # measured candidates of this run, at most
-    timeout: float | None = DEFAULT_TIMEOUT_S  # seconds of search (the final re-timing comes on top); None: no limit
+    # seconds of search (the seeds in flight then, and the final re-timing, come on top); None: no limit
+    timeout: float | None = DEFAULT_TIMEOUT_S
     patience: int = DEFAULT_PATIENCE  # see DEFAULT_PATIENCE
     seed: int | None = 0  # the sampler's (and the inputs')
     sampler: str = "tpe"  # one of SAMPLERS

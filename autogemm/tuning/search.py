@@ -110,6 +110,7 @@ class SearchLoop:
         self.failed_before: dict[str, Measurement] = {}  # a failed config is not measured twice
         self.pending: deque[InFlight] = deque()
         self.rescued: set[str] = set()  # configurations enqueued by `_rescue`
+        self.seed_names: set[str] = set()  # configurations enqueued before the search (measured past the deadline)
         self.best_ms: float | None = None
         self.interrupted = False  # Ctrl-C or a lost GPU: the best so far is kept without re-timing
         self.stopped = ""  # why the search stopped before its budget, if it did
@@ -202,6 +203,7 @@ class SearchLoop:
                     space.evaluate(values, problem, device)[0] is not None:
                 self.study.enqueue_trial(values, skip_if_exists=True)
                 self.counters.seeded += 1
+                self.seed_names.add(config.name)
 
     # ---- the search --------------------------------------------------------------------------------
     def _search(self) -> None:
@@ -214,7 +216,7 @@ class SearchLoop:
         self.offered = self.space.knob_choices(self.problem, self.device)
         self.rescue_rng = random.Random(self.seed)
         try:
-            while (counters.measured < self.options.trials and not self._out_of_time()
+            while (counters.measured < self.options.trials and not (self._out_of_time() and not self._seed_next())
                    and counters.consecutive_failures < MAX_CONSECUTIVE_FAILURES):
                 interrupts.check()  # a Ctrl-C whose KeyboardInterrupt was dropped (interrupts.py)
                 if self.exchange is not None and self.exchange.due():
@@ -225,10 +227,11 @@ class SearchLoop:
                 self._propose_candidates()
                 if not self.pending:
                     break  # the sampler proposes nothing new
-                if self.deadline is not None and counters.valid and not self.evaluator.ready_within(
-                        self.pending[0].handle, self.deadline - time.perf_counter()):
+                if self.deadline is not None and counters.valid and not self._seed_next() and \
+                        not self.evaluator.ready_within(self.pending[0].handle, self.deadline - time.perf_counter()):
                     # out of time before the next candidate compiled: it is not waited for (once one
-                    # candidate is measured: a budget shorter than a compile still measures the first)
+                    # candidate is measured: a budget shorter than a compile still measures the first;
+                    # and the seeds in flight, see _seed_next)
                     break
                 measurement = self._measure_next()
                 if measurement.ok and converged(counters.history, self.options.patience):
@@ -248,6 +251,13 @@ class SearchLoop:
 
     def _out_of_time(self) -> bool:
         return self.deadline is not None and time.perf_counter() > self.deadline
+
+    def _seed_next(self) -> bool:
+        """Whether the next candidate in flight is a seed (what serves now, the nearest winners, the wave
+        model's best): the seeds compiling when the deadline comes are still measured. On a cold cubin
+        cache they all compile at once in the first seconds, and a short budget (a campaign's 10 s) used to
+        end with one of them measured and the rest cancelled; waiting costs at most that one compile."""
+        return bool(self.pending) and self.pending[0].config.name in self.seed_names
 
     def _propose_candidates(self) -> None:
         """Asks the sampler for trials until `lookahead` candidates are in flight (or the budget,
