@@ -143,3 +143,22 @@ def mixed_codes(rows) -> list[str]:
     digests = sorted({r.get("source_digest", "none") for r in rows})
     return ([f"**The rows were measured with {len(digests)} different codes** (source digests {', '.join(digests)}): "
              "they do not make one table.", ""] if len(digests) > 1 else [])
+
+
+def keep_compiled_kernels(prefix: str) -> None:
+    """One cubin directory for the whole run (AUTOGEMM_CUBIN_DIR, unless already set): each problem is tuned
+    in a results cache of its own, but finds the kernels the problems before it compiled, as a user's next
+    tune does. (Only a first tune on a fresh install compiles every candidate it measures.)"""
+    import os
+    import tempfile
+
+    os.environ.setdefault("AUTOGEMM_CUBIN_DIR", tempfile.mkdtemp(prefix=prefix))
+
+
+def kernels_kept(rows) -> str:
+    """What a report says of its rows' compiled kernels (their `kernels_kept`, keep_compiled_kernels)."""
+    kept = {bool(r.get("kernels_kept")) for r in rows}
+    if kept == {True}:
+        return " (compiled kernels kept for the run)"
+    return " (each problem's kernels compiled afresh)" if kept == {False} else \
+        " (compiled kernels kept for the run in some rows, compiled afresh in others)"

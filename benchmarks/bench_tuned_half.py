@@ -9,7 +9,8 @@ and near-squares; odd sizes; K from 1024 to 32768. None of them is a problem of 
 the other benchmarks (bench_unseen.known_keys), and no width of a campaign is a model width here.
 
 Each problem: `autogemm.tune` with the default options in a user cache of its own (the shipped results
-on, as a new user has them), then autogemm.matmul and torch.matmul on the same tensors, checked against
+on, as a new user has them; the compiled kernels are kept for the run, as a user's are after a first
+tune: bench_common.keep_compiled_kernels), then autogemm.matmul and torch.matmul on the same tensors, checked against
 float64 and timed three ways (autogemm/measure/timing.py):
 - GPU time sustained, the headline ratio: GRAPH_CALLS back-to-back calls of each captured in a CUDA graph
   (as a compiled or graphed training step runs them), the graphs replayed in `sustained_times`' rounds
@@ -53,8 +54,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import (device_of, geomean, make_operands, mixed_codes, problem_label,  # noqa: E402
-                          results_arguments, results_path, run_rows, write_report)
+from bench_common import (device_of, geomean, kernels_kept, make_operands, mixed_codes, problem_label,  # noqa: E402
+                          keep_compiled_kernels, results_arguments, results_path, run_rows,
+                          write_report)
 
 SEED, COUNT = 2027, 40
 AUTOGEMM, TORCH = "autogemm.matmul", "torch.matmul"
@@ -199,7 +201,7 @@ def measure(spec, index: int, inductor: bool = False) -> dict:
     waves = fill(config_from_name(config), problem, device).describe() if config else ""
     compiled = inductor_figures(a, b) if inductor else {}
     return {"index": index, "spec": list(spec), "problem": problem.key, "label": problem_label(problem),
-            "source_digest": source_digest(),
+            "source_digest": source_digest(), "kernels_kept": "AUTOGEMM_CUBIN_DIR" in os.environ,
             "source": served["source"], "config": config, "generated": config is not None, "waves": waves,
             "kept_cublas": result.kept_cublas, "tuned_config": result.config.name,
             "tuned_waves": fill(result.config, problem, device).describe(), "tune_ratio": result.ratio,
@@ -332,7 +334,8 @@ def report(rows, device_name: str, seed: int) -> list[str]:
     lines = [f"# Tuned half precision: {device_name}", "", *mixed_codes(rows),
              f"{len(rows)} BF16 and FP16 problems drawn by benchmarks/bench_tuned_half.py (seed {seed}), none of "
              "them in campaigns/, cache/ or another benchmark. Each tuned with the default budget "
-             "(`autogemm.tune(problem)`) in a user cache of its own, the shipped results on; then autogemm.matmul and "
+             "(`autogemm.tune(problem)`) in a user cache of its own, the shipped results on"
+             f"{kernels_kept(rows)}; then autogemm.matmul and "
              "torch.matmul on the same PyTorch tensors. Ratios are torch.matmul's time over autogemm.matmul's (> 1: "
              "autogemm is faster). GPU time: "
              f"{GRAPH_CALLS} calls captured in a CUDA graph, the graphs replayed back to back in 20 rounds of about 50 ms "
@@ -412,6 +415,7 @@ def main(argv=None) -> int:
         _release()
         return row
 
+    keep_compiled_kernels("autogemm-tuned-half-cubins-")
     run_rows(path, specs, lambda spec: _problem(spec).key, measured, args.deadline_s, lambda row: (
         f"#{row['index']:<4d}{row['label']:<34} ratio {row['ratio']:.3f}  eager {row['eager_ratio']:.3f}  "
         f"latency {row['latency_ratio']:.3f}  tune {row['tune_s']:.0f} s  {'cuBLAS kept' if row['kept_cublas'] else 'kernel'} "

@@ -19,13 +19,13 @@ The competitors, on the same tensors:
   epilogue that costs nothing on cuBLAS's GEMM would reach; the share of that gain autogemm captures is
   (eager - autogemm) / (eager - GEMM alone).
 
-Each problem twice, in a user cache of its own with the shipped results on: untuned (what a new user
-meets), then after `autogemm.tune(problem)` with the default budget. Each time, every competitor is
-checked against float64, warmed up, and timed two ways: sustained (timing.sustained_times: back-to-back
-calls from Python in 20 rounds of about 50 ms per competitor, random order, the GPU never idle; means),
-where a product shorter than a call's host time measures the host, as an eager loop meets it; and one call
-at a time on an idle GPU, host time included (medians of 25). Ratio = the competitor's time / autogemm's
-(> 1: autogemm is faster).
+Each problem twice, in a user cache of its own with the shipped results on (the compiled kernels kept for
+the run, as a user's are after a first tune): untuned (what a new user meets), then after
+`autogemm.tune(problem)` with the default budget. Each time, every competitor is checked against float64,
+warmed up, and timed two ways: sustained (timing.sustained_times: back-to-back calls from Python in 20
+rounds of about 50 ms per competitor, random order, the GPU never idle; means), where a product shorter than
+a call's host time measures the host, as an eager loop meets it; and one call at a time on an idle GPU, host
+time included (medians of 25). Ratio = the competitor's time / autogemm's (> 1: autogemm is faster).
 
 Every finished problem is appended to a JSON lines file at once (`--out`, default
 benchmarks/results/unseen-epilogues-<device>[-seed<S>-<count>].jsonl) with a digest of autogemm's sources; a
@@ -52,8 +52,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import (device_of, geomean, mixed_codes, results_arguments, results_path, run_rows,  # noqa: E402
-                          write_report)
+from bench_common import (device_of, geomean, keep_compiled_kernels, kernels_kept, mixed_codes,  # noqa: E402
+                          results_arguments, results_path, run_rows, write_report)
 from bench_epilogues import TOLERANCE, CublasLtLayer, relative_error  # noqa: E402
 from bench_tuned_half import FAMILIES, _campaign_widths, source_digest  # noqa: E402
 
@@ -218,7 +218,7 @@ def measure(spec, index: int) -> dict:
     calls = {EAGER: _checked(EAGER, lambda: eager(*args), expected, dtype, what),
              GEMM_ALONE: lambda: torch.nn.functional.linear(args[0], args[1])}
     row = {"index": index, "spec": list(spec), "problem": _problem(spec).key, "label": what,
-           "source_digest": source_digest()}
+           "source_digest": source_digest(), "kernels_kept": "AUTOGEMM_CUBIN_DIR" in os.environ}
     function, row["compile_error"] = compiled_layer(case, args)
     if function is not None:
         calls[COMPILED] = _checked(COMPILED, lambda: function(*args), expected, dtype, what)
@@ -299,7 +299,8 @@ def report(rows: list[dict], device_name: str, seed: int) -> list[str]:
     lines = [f"# Unseen epilogue layers: {device_name}", "", *mixed_codes(rows),
              f"{len(rows)} layers drawn by benchmarks/bench_unseen_epilogues.py (seed {seed}): BF16 and FP16, "
              "bias, bias + GELU, bias + SiLU and residual, widths of model families no campaign names, M from 1 to "
-             "8192. Each untuned (a fresh user cache, the shipped results on), then tuned with the default budget. "
+             f"8192. Each untuned (a fresh user cache, the shipped results on{kernels_kept(rows)}), then tuned with the "
+             "default budget. "
              "Ratios are the competitor's time over autogemm.linear's (> 1: autogemm is faster): sustained, back-to-"
              "back calls in 20 rounds of about 50 ms each (means); latency, one call at a time on an idle GPU (medians "
              "of 25). Ceiling: eager over the GEMM alone (`F.linear(x, w)`); captured: (eager - autogemm) / (eager - "
@@ -342,6 +343,7 @@ def main(argv=None) -> int:
     path = _out_path(args, slug)
     if args.report:
         return write_report(path, lambda rows: report(rows, name, args.seed))
+    keep_compiled_kernels("autogemm-unseen-epilogues-cubins-")
     run_rows(path, list(enumerate(specs)), lambda spec: _problem(spec).key, measure, args.deadline_s, lambda row: (
         f"#{row['index']:<4d}{row['label']:<40} untuned {_cell(ratio(row['untuned']['sustained_us'], EAGER))}x eager  "
         f"tuned {_cell(ratio(row['tuned']['sustained_us'], EAGER))}x eager, "

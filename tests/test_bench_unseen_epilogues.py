@@ -77,7 +77,7 @@ def test_the_ratios_ceiling_and_share_captured():
 
 def _row(index, spec, untuned, tuned, kept=True):
     return {"index": index, "spec": list(spec), "problem": bench._problem(spec).key, "label": bench.label(spec),
-            "source_digest": "d", "untuned": {"sustained_us": untuned, "latency_us": untuned, "served": "cuBLAS"},
+            "source_digest": "d", "kernels_kept": True, "untuned": {"sustained_us": untuned, "latency_us": untuned, "served": "cuBLAS"},
             "tuned": {"sustained_us": tuned, "latency_us": tuned, "served": "cuBLAS"},
             "tune": {"s": 30.0, "kept_cublas": kept, "config": "x", "ratio": 0.9}}
 
@@ -93,6 +93,7 @@ def test_the_report_judges_what_the_issue_asks():
     assert "| tuned | sustained | torch.compile | 2 |" in text
     # one problem at M >= 1024: (98 - 93) / (98 - 90) captured
     assert "at least 60% on 1 of 1 problems (median 62%" in text
-    assert "different codes" not in text
-    rows[1]["source_digest"] = "e"
-    assert "measured with 2 different codes" in "\n".join(bench.report(rows, "GPU", bench.SEED))
+    assert "different codes" not in text and "(compiled kernels kept for the run)" in text
+    rows[1]["source_digest"], rows[1]["kernels_kept"] = "e", False
+    text = "\n".join(bench.report(rows, "GPU", bench.SEED))
+    assert "measured with 2 different codes" in text and "kept for the run in some rows, compiled afresh in others" in text
