@@ -54,8 +54,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import (device_of, geomean, kernels_kept, make_operands, mixed_codes, problem_label,  # noqa: E402
-                          keep_compiled_kernels, results_arguments, results_path, run_rows,
+from bench_common import (device_of, geomean, keep_compiled_kernels, kernels_kept, make_operands,  # noqa: E402
+                          mixed_codes, problem_label, results_arguments, results_path, run_rows, source_digest,
                           write_report)
 
 SEED, COUNT = 2027, 40
@@ -233,18 +233,6 @@ def _graphed(torch, call, expected_of):
     if not error <= 2e-2:
         raise SystemExit(f"a CUDA graph of the call differs from torch.matmul by {error:.3g}")
     return graph, outputs
-
-
-def source_digest() -> str:
-    """16 hex digits of autogemm's Python sources, kernel templates and search spaces: rows measured with
-    one code share it."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for path in sorted([*(ROOT / "autogemm").rglob("*.py"), *(ROOT / "templates").glob("*.j2"),
-                        *(ROOT / "search_spaces").glob("*.toml")]):
-        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def inductor_figures(a, b) -> dict:

@@ -27,6 +27,9 @@ results of cache/ on: what a new user meets. Writes benchmarks/results/unseen-<d
 
     python benchmarks/bench_unseen.py                  # the published table (seed 2026)
     python benchmarks/bench_unseen.py --seed 7         # development: another draw
+    python benchmarks/bench_unseen.py --sustained --rows unseen.jsonl --deadline-s 500
+                                                       # the published table over several commands: each
+                                                       # appends its rows; the last writes the tables
     python benchmarks/bench_unseen.py --list --only tf32
 """
 
@@ -41,13 +44,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import geomean, make_operands, percentile, problem_label, results_path  # noqa: E402
+from bench_common import (geomean, make_operands, mixed_codes, percentile, problem_label, read_rows,  # noqa: E402
+                          results_path, source_digest)
 
 SEED, COUNT, ROUNDS = 2026, 240, 25
 AUTOGEMM, TORCH, CUPY = "autogemm.matmul", "torch.matmul", "cupy.matmul"
@@ -275,11 +280,25 @@ def _progress(index: int, row: dict) -> str:
             f"  [{row['source']}{': ' + row['config'] if row['config'] else ''}]")
 
 
-def measure_all(indexed, rounds: int, gpu_time_ms: float, out=sys.stdout, sustained: bool = False) -> list[dict]:
+def measure_all(indexed, rounds: int, gpu_time_ms: float, out=sys.stdout, sustained: bool = False,
+                rows_file: Path | None = None, deadline: float = 0.0) -> list[dict]:
+    """The rows of the problems `indexed` ((index, spec) pairs). With `rows_file` (JSON lines), each row is
+    appended to it at once and problems it holds already are skipped; none is started after `deadline`
+    (time.time(); 0: no limit). Only the rows measured here are returned."""
+    done = {row["index"] for row in read_rows(rows_file)} if rows_file is not None else set()
     rows = []
     for index, spec in indexed:
-        row = measure(tuple(spec), rounds, gpu_time_ms, seed=2 * index, sustained=sustained)
-        rows.append({"index": index, **row})
+        if index in done:
+            continue
+        if deadline and time.time() > deadline:
+            print(f"deadline: stopping before #{index}", file=out, flush=True)
+            break
+        row = {"index": index, "source_digest": source_digest(),
+               **measure(tuple(spec), rounds, gpu_time_ms, seed=2 * index, sustained=sustained)}
+        rows.append(row)
+        if rows_file is not None:
+            with rows_file.open("a") as file:
+                file.write(json.dumps(row) + "\n")
         print(_progress(index, row), file=out, flush=True)
         _release()
     return rows
@@ -317,7 +336,7 @@ def sustained_summary(rows) -> list[str]:
 
 def report(rows, device, args) -> list[str]:
     gpu = args.gpu_time_ms > 0
-    lines = [f"# autogemm.matmul on unseen shapes: {device.name}", "",
+    lines = [f"# autogemm.matmul on unseen shapes: {device.name}", "", *mixed_codes(rows),
              f"{len(rows)} problems drawn by benchmarks/bench_unseen.py (seed {args.seed}, count {args.count}"
              f"{', only ' + args.only if args.only else ''}), none of them tuned or benchmarked before (cache/, "
              f"campaigns/, shapes.toml, bench_baselines). An empty user cache, the shipped results of cache/ on. "
@@ -354,12 +373,23 @@ def main(argv=None) -> int:
     parser.add_argument("--only", help="only problems whose label contains one of these comma-separated texts")
     parser.add_argument("--list", action="store_true", help="print the problems and exit (no GPU needed)")
     parser.add_argument("--cache-dir", help="the user cache to use (default: a fresh, empty temporary directory)")
+    parser.add_argument("--rows", type=Path,
+                        help="a JSON lines file each problem's row is appended to as it is measured; problems it holds "
+                             "are skipped, and the tables are written once it holds every problem of the draw (a run "
+                             "spread over several commands with --deadline-s)")
+    parser.add_argument("--deadline-s", type=float, default=0.0,
+                        help="with --rows: start no problem after this many seconds (0: no limit)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # TF32 problems, specs on stdin
+    parser.add_argument("--deadline-at", type=float, default=0.0, help=argparse.SUPPRESS)  # the child's (time.time())
     args = parser.parse_args(argv)
+    if args.deadline_s and args.rows is None:
+        parser.error("--deadline-s needs --rows (the file the problems measured so far are kept in)")
     if args.child:
-        rows = measure_all(json.load(sys.stdin), args.rounds, args.gpu_time_ms, out=sys.stderr, sustained=args.sustained)
+        rows = measure_all(json.load(sys.stdin), args.rounds, args.gpu_time_ms, out=sys.stderr, sustained=args.sustained,
+                           rows_file=args.rows, deadline=args.deadline_at)
         print(json.dumps(rows))
         return 0
+    deadline = time.time() + args.deadline_s if args.deadline_s else 0.0
     if not args.list:  # before anything of autogemm is imported: an empty user cache, the shipped results on
         os.environ["AUTOGEMM_CACHE_DIR"] = args.cache_dir or tempfile.mkdtemp(prefix="autogemm-unseen-")
     wanted = args.only.split(",") if args.only else None
@@ -374,16 +404,24 @@ def main(argv=None) -> int:
     from autogemm.gpu.launch import current_device
 
     rows = measure_all([(i, s) for i, s in indexed if s[1] != "tf32"], args.rounds, args.gpu_time_ms,
-                       sustained=args.sustained)
+                       sustained=args.sustained, rows_file=args.rows, deadline=deadline)
     tf32 = [(i, s) for i, s in indexed if s[1] == "tf32"]
-    if tf32:
+    if tf32 and not (deadline and time.time() > deadline):
         command = [sys.executable, __file__, "--child", "--rounds", str(args.rounds),
-                   "--gpu-time-ms", str(args.gpu_time_ms), *(["--sustained"] if args.sustained else [])]
+                   "--gpu-time-ms", str(args.gpu_time_ms), *(["--sustained"] if args.sustained else []),
+                   *(["--rows", str(args.rows), "--deadline-at", repr(deadline)] if args.rows is not None else [])]
         child = subprocess.run(command, input=json.dumps(tf32), stdout=subprocess.PIPE, text=True,
                                env={**os.environ, **baselines.tf32_environment()})
         if child.returncode:
             raise SystemExit(f"the TF32 process failed (exit status {child.returncode}; its messages above)")
         rows += json.loads(child.stdout.strip().splitlines()[-1])
+    if args.rows is not None:  # the tables are of every problem of the draw, from the file
+        wanted_indices = {i for i, _ in indexed}
+        rows = [r for r in read_rows(args.rows) if r["index"] in wanted_indices]
+        if {r["index"] for r in rows} != wanted_indices:
+            print(f"{len(rows)} of {len(wanted_indices)} problems measured in {args.rows}: run the same command again "
+                  "to go on (the tables are written once every problem is in)")
+            return 0
     rows.sort(key=lambda r: r["index"])
     device = current_device()
     published = (args.seed, args.count, args.only) == (SEED, COUNT, None)

@@ -53,9 +53,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_common import (device_of, geomean, keep_compiled_kernels, kernels_kept, mixed_codes,  # noqa: E402
-                          results_arguments, results_path, run_rows, write_report)
+                          results_arguments, results_path, run_rows, source_digest, write_report)
 from bench_epilogues import TOLERANCE, CublasLtLayer, relative_error  # noqa: E402
-from bench_tuned_half import FAMILIES, _campaign_widths, source_digest  # noqa: E402
+from bench_tuned_half import FAMILIES, _campaign_widths  # noqa: E402
 
 SEED, COUNT = 2028, 24
 CASES = ("bias", "bias+gelu", "bias+silu", "residual")

@@ -92,15 +92,15 @@ def test_rows_of_two_codes_are_named_in_the_table():
     assert any("2 different codes" in line and "d1, d2" in line for line in table)
 
 
-def test_the_source_digest_follows_the_sources(tmp_path, monkeypatch):
+def test_the_source_digest_follows_the_sources(tmp_path):
     for folder in ("autogemm", "templates", "search_spaces"):
         (tmp_path / folder).mkdir()
     (tmp_path / "autogemm" / "a.py").write_text("x = 1\n")
-    monkeypatch.setattr(bench, "ROOT", tmp_path)
-    first = bench.source_digest()
-    assert first == bench.source_digest() and len(first) == 16
+    first = bench_common.source_digest(tmp_path)
+    assert first == bench_common.source_digest(tmp_path) and len(first) == 16
+    assert first != bench_common.source_digest()  # (this checkout's)
     (tmp_path / "templates" / "k.cu.j2").write_text("// kernel\n")
-    assert bench.source_digest() != first
+    assert bench_common.source_digest(tmp_path) != first
 
 
 def test_the_max_autotune_rows_are_tabled_where_they_were_run():

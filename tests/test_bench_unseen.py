@@ -122,3 +122,27 @@ def test_the_sustained_table_has_each_path_against_its_baseline():
     assert "| CuPy arrays | 2 | 1.000 | 0.980 |" in lines  # (sqrt(1.02 x 0.98))
     assert "| PyTorch tensors | 1 | 0.990 | 0.990 |" in lines
     assert bench.sustained_summary([{"ratio": 1.0}]) == []
+
+
+def test_rows_are_kept_as_they_are_measured_and_a_rerun_goes_on_from_them(tmp_path, monkeypatch):
+    """--rows: each problem's row is appended at once; a rerun skips what the file holds; past the deadline
+    no problem is started (a published run spread over several device calls loses nothing)."""
+    measured = []
+
+    def fake_measure(spec, rounds, gpu_time_ms, seed, sustained):
+        measured.append(seed)
+        return {"ratio": 1.0}
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    monkeypatch.setattr(bench, "_progress", lambda index, row: f"#{index}")
+    monkeypatch.setattr(bench, "_release", lambda: None)
+    path = tmp_path / "rows.jsonl"
+    indexed = [(i, ("float16", "fp32", "nn", 1, 8, 8, 8)) for i in range(4)]
+    assert [r["index"] for r in bench.measure_all(indexed[:2], 1, 0.0, rows_file=path)] == [0, 1]
+    assert [r["index"] for r in bench.measure_all(indexed, 1, 0.0, rows_file=path)] == [2, 3]
+    assert measured == [0, 2, 4, 6]  # (each problem once, with its own seed)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["index"] for r in rows] == [0, 1, 2, 3] and all(len(r["source_digest"]) == 16 for r in rows)
+    assert bench.measure_all([(9, indexed[0][1])], 1, 0.0, rows_file=path, deadline=1.0) == []  # (1970: past)
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--deadline-s", "60"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--rows" in bad.stderr
