@@ -55,6 +55,31 @@ def test_the_unfused_epilogue_kernel_compiles_for_every_dtype_and_part():
         assert parameters[-4:] == ("bias", "residual", "ldr", "stride_r")
 
 
+def test_the_pass_of_several_rows_a_thread_compiles_without_spills_and_renders_only_where_it_applies(tmp_path,
+                                                                                                      monkeypatch):
+    """render_epilogue's `rows` (rows a thread at a time, their loads all in flight): with packs, every
+    epilogue but the gate, up to 8 rows; without spills (nvcc) and by the installed NVRTC; the default
+    renders the one-row kernel."""
+    from autogemm.kernels import compile as kernel_compile
+
+    assert find_nvcc(), "nvcc is required for the compile tests: install the CUDA toolkit"
+    cases = [("bfloat16", Epilogue("n", "gelu", True), 4), ("float16", Epilogue("m", "silu", False), 8),
+             ("float32", Epilogue("", "", True, "bfloat16"), 2)]
+    sources = [render_epilogue(dtype, epilogue, _widest_vector(dtype, epilogue), rows) for dtype, epilogue, rows in cases]
+    assert [s.kernel.rsplit("_", 1)[1] for s in sources] == ["r4", "r8", "r2"]
+    for source in sources:
+        usage = nvcc_resources(source, "sm_90")[source.kernel]
+        assert usage.spill_store_bytes == 0 and usage.stack_bytes == 0, (source.kernel, usage)
+    monkeypatch.setenv("AUTOGEMM_CUBIN_DIR", str(tmp_path))
+    assert kernel_compile.compile_to_cubin(sources[0], "sm_90").read_bytes()[:4] == b"\x7fELF"
+    one = render_epilogue("bfloat16", Epilogue("n", "gelu", True), 8)
+    assert render_epilogue("bfloat16", Epilogue("n", "gelu", True), 8, 1).code == one.code and "row0" not in one.code
+    for vector, rows, epilogue in ((1, 4, Epilogue("n", "gelu")), (8, 9, Epilogue("n", "gelu")),
+                                   (8, 4, Epilogue("n", "silu", gated=True)), (8, 0, Epilogue("n", "gelu"))):
+        with pytest.raises(ValueError, match="rows a thread"):
+            render_epilogue("bfloat16", epilogue, vector, rows)
+
+
 def test_the_unfused_kernel_is_refused_for_packs_wider_than_16_bytes():
     with pytest.raises(ValueError, match="takes 1 to 4 columns a thread"):
         render_epilogue("float32", Epilogue(activation="relu"), 8)

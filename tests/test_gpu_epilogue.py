@@ -257,6 +257,38 @@ def test_the_packed_pass_and_the_element_wise_pass_write_the_same_d():
     assert {1, 8} <= loaded
 
 
+@pytest.mark.parametrize("epilogue", [Epilogue("n", "gelu", True), Epilogue("m", "silu", False)],
+                         ids=["bias_n+gelu+res", "bias_m+silu"])
+def test_a_pass_of_several_rows_a_thread_writes_the_same_d(epilogue):
+    """The pass with 4 rows a thread at a time (render_epilogue's `rows`) against one row at a time, bit for
+    bit: batches, more rows than the grid has blocks down (each thread takes two or three), a last group
+    of rows partly past the end."""
+    import cupy
+
+    from autogemm.gpu.epilogue_pass import pass_kernel
+    from autogemm.serving import epilogue_step
+
+    batch, m, n = 2, 1501, 96
+    product, residual = _random((batch, m, n), "bfloat16", 21), _random((batch, m, n), "bfloat16", 22)
+    bias = _random((n if epilogue.bias == "n" else m,), "bfloat16", 23)
+    written = []
+    for rows in (1, 4):
+        d = cupy.full((batch, m, n), 7, dtype=product.dtype)
+        packed = pass_kernel("bfloat16", epilogue, product.device.id, batch, m, n, n, m * n,
+                             n if epilogue.residual else 0, m * n if epilogue.residual else 0, 8, rows)
+        pointers, places = packed.slots("P", "D", "C", "bias", "residual")
+        for place, value in zip(places, (product.data.ptr, d.data.ptr, d.data.ptr, bias.data.ptr,
+                                         residual.data.ptr if epilogue.residual else 0)):
+            pointers[place] = value
+        packed.launch(cupy.cuda.get_current_stream().ptr)
+        written.append(d)
+    # the general path's pass (epilogue_step.apply, checked against float64 by the tests above) as the reference
+    expected = epilogue_step.apply(product, epilogue, bias=bias, residual=residual if epilogue.residual else None)
+    cupy.cuda.get_current_stream().synchronize()
+    for d in written:
+        assert bool((d.view(np.uint16) == expected.view(np.uint16)).all())
+
+
 def test_the_fast_path_hands_a_bias_its_packs_cannot_read_to_the_general_path():
     torch = pytest.importorskip("torch")
 
