@@ -233,7 +233,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
 
     def stream_slices(self, problem: Problem) -> int:
         """With `stream_k`, the K slices of all tiles that the blocks share out (`problem` the kernel's)."""
-        return self.work_units(problem) * -(-problem.k // self.bk)
+        return self.work_units(problem) * self.tiles_k(problem)
 
     @property
     def reduces_partial_sums(self) -> bool:
@@ -261,7 +261,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         work_tiles = self._tile_columns(problem) * self.cluster
         shares = 1 if self.pingpong else self.consumers
         if self.stream_k:
-            plan = share_out(self.work_units(problem), -(-problem.k // self.bk), blocks)
+            plan = share_out(self.work_units(problem), self.tiles_k(problem), blocks)
             slots = max(1, plan.tiles * plan.most_shares)  # (at least one: a launch that shares nothing)
         else:
             slots = work_tiles * self.split_k

@@ -126,7 +126,7 @@ def fill(config: Any, problem: Problem, device: Device) -> Waves:
     units = -(-kernel.m // rows // cluster) * cluster * -(-kernel.n // cols) * kernel.batch * split
     # (ping-pong: the two consumers of an SM take wm-row tiles in turns, one's main loop at a time, so an SM
     # is still one place; what it gains is its store under the other's main loop)
-    k_slices = -(-kernel.k // config.bk) if getattr(config, "stream_k", False) else 0
+    k_slices = config.tiles_k(kernel) if getattr(config, "stream_k", False) else 0
     return Waves(units=units, slots=max(1, device.sm_count), tile=(rows, cols), split_k=split, k_slices=k_slices)
 
 
