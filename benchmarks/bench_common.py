@@ -100,25 +100,39 @@ def write_report(path: Path, report) -> int:
     return 0
 
 
-def run_rows(path: Path, items, key, measure, deadline_s: float, said) -> None:
-    """Measures each (index, spec) of `items` whose `key(spec)` has no row in `path` yet, appending its row
-    (`measure(spec, index)`) at once and printing `said(row)`; starts none after `deadline_s` seconds (0: no
-    limit), so that a run cut short or spread over several loses nothing."""
-    import json
+def deadline_after(seconds: float) -> float:
+    """The time.time() `seconds` from now (0: no deadline), as run_rows takes it."""
     import time
 
-    done = {row["problem"] for row in read_rows(path)}
-    started = time.perf_counter()
+    return time.time() + seconds if seconds else 0.0
+
+
+def run_rows(path: Path | None, items, key, measure, deadline: float, said, out=None) -> list[dict]:
+    """Measures each (index, spec) of `items` whose `key(spec)` has no row in `path` yet (a JSON lines file;
+    None: nothing kept), appending its row (`measure(spec, index)`, its "problem" the key) at once and
+    printing `said(row)` to `out` (stdout); starts none after `deadline` (a time.time(), deadline_after; 0: no
+    limit), so that a run cut short or spread over several commands loses nothing. The rows measured here."""
+    import json
+    import sys
+    import time
+
+    out = out or sys.stdout
+    done = {row["problem"] for row in read_rows(path)} if path is not None else set()
+    rows = []
     for index, spec in items:
         if key(spec) in done:
             continue
-        if deadline_s and time.perf_counter() - started > deadline_s:
-            print(f"deadline: stopping before #{index}", flush=True)
+        if deadline and time.time() > deadline:
+            print(f"deadline: stopping before #{index}", file=out, flush=True)
             break
         row = measure(spec, index)
-        with path.open("a") as out:
-            out.write(json.dumps(row) + "\n")
-        print(said(row), flush=True)
+        row.setdefault("problem", key(spec))
+        rows.append(row)
+        if path is not None:
+            with path.open("a") as file:
+                file.write(json.dumps(row) + "\n")
+        print(said(row), file=out, flush=True)
+    return rows
 
 
 def results_arguments(parser, seed: int, count: int, per_problem: str) -> None:

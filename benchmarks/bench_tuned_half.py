@@ -54,9 +54,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import (device_of, geomean, keep_compiled_kernels, kernels_kept, make_operands,  # noqa: E402
-                          mixed_codes, problem_label, results_arguments, results_path, run_rows, source_digest,
-                          write_report)
+from bench_common import (deadline_after, device_of, geomean, keep_compiled_kernels, kernels_kept,  # noqa: E402
+                          make_operands, mixed_codes, problem_label, results_arguments, results_path, run_rows,
+                          source_digest, write_report)
 
 SEED, COUNT = 2027, 40
 AUTOGEMM, TORCH = "autogemm.matmul", "torch.matmul"
@@ -404,7 +404,7 @@ def main(argv=None) -> int:
         return row
 
     keep_compiled_kernels("autogemm-tuned-half-cubins-")
-    run_rows(path, specs, lambda spec: _problem(spec).key, measured, args.deadline_s, lambda row: (
+    run_rows(path, specs, lambda spec: _problem(spec).key, measured, deadline_after(args.deadline_s), lambda row: (
         f"#{row['index']:<4d}{row['label']:<34} ratio {row['ratio']:.3f}  eager {row['eager_ratio']:.3f}  "
         f"latency {row['latency_ratio']:.3f}  tune {row['tune_s']:.0f} s  {'cuBLAS kept' if row['kept_cublas'] else 'kernel'} "
         f"({row['tune_ratio']:.3f}x)  {row['waves'] or row['tuned_waves']}"))

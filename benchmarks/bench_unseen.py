@@ -51,8 +51,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import (geomean, make_operands, mixed_codes, percentile, problem_label, read_rows,  # noqa: E402
-                          results_path, source_digest)
+from bench_common import (deadline_after, geomean, make_operands, mixed_codes, percentile,  # noqa: E402
+                          problem_label, read_rows, results_path, run_rows, source_digest)
 
 SEED, COUNT, ROUNDS = 2026, 240, 25
 AUTOGEMM, TORCH, CUPY = "autogemm.matmul", "torch.matmul", "cupy.matmul"
@@ -282,26 +282,17 @@ def _progress(index: int, row: dict) -> str:
 
 def measure_all(indexed, rounds: int, gpu_time_ms: float, out=sys.stdout, sustained: bool = False,
                 rows_file: Path | None = None, deadline: float = 0.0) -> list[dict]:
-    """The rows of the problems `indexed` ((index, spec) pairs). With `rows_file` (JSON lines), each row is
-    appended to it at once and problems it holds already are skipped; none is started after `deadline`
-    (time.time(); 0: no limit). Only the rows measured here are returned."""
-    done = {row["index"] for row in read_rows(rows_file)} if rows_file is not None else set()
-    rows = []
-    for index, spec in indexed:
-        if index in done:
-            continue
-        if deadline and time.time() > deadline:
-            print(f"deadline: stopping before #{index}", file=out, flush=True)
-            break
+    """The rows of the problems `indexed` ((index, spec) pairs), through bench_common.run_rows: with
+    `rows_file` (JSON lines) each row is appended to it at once and problems it holds already are skipped;
+    none is started after `deadline` (time.time(); 0: no limit). Only the rows measured here are returned."""
+    def measured(spec, index):
         row = {"index": index, "source_digest": source_digest(),
                **measure(tuple(spec), rounds, gpu_time_ms, seed=2 * index, sustained=sustained)}
-        rows.append(row)
-        if rows_file is not None:
-            with rows_file.open("a") as file:
-                file.write(json.dumps(row) + "\n")
-        print(_progress(index, row), file=out, flush=True)
         _release()
-    return rows
+        return row
+
+    return run_rows(rows_file, indexed, lambda spec: _problem(tuple(spec)).key, measured, deadline,
+                    lambda row: _progress(row["index"], row), out=out)
 
 
 def summary(rows) -> list[str]:
@@ -389,7 +380,7 @@ def main(argv=None) -> int:
                            rows_file=args.rows, deadline=args.deadline_at)
         print(json.dumps(rows))
         return 0
-    deadline = time.time() + args.deadline_s if args.deadline_s else 0.0
+    deadline = deadline_after(args.deadline_s)
     if not args.list:  # before anything of autogemm is imported: an empty user cache, the shipped results on
         os.environ["AUTOGEMM_CACHE_DIR"] = args.cache_dir or tempfile.mkdtemp(prefix="autogemm-unseen-")
     wanted = args.only.split(",") if args.only else None

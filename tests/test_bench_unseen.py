@@ -137,12 +137,13 @@ def test_rows_are_kept_as_they_are_measured_and_a_rerun_goes_on_from_them(tmp_pa
     monkeypatch.setattr(bench, "_progress", lambda index, row: f"#{index}")
     monkeypatch.setattr(bench, "_release", lambda: None)
     path = tmp_path / "rows.jsonl"
-    indexed = [(i, ("float16", "fp32", "nn", 1, 8, 8, 8)) for i in range(4)]
+    indexed = [(i, ("float16", "fp32", "nn", 1, 8 + i, 8, 8)) for i in range(4)]  # (four problems: rows are kept by key)
     assert [r["index"] for r in bench.measure_all(indexed[:2], 1, 0.0, rows_file=path)] == [0, 1]
     assert [r["index"] for r in bench.measure_all(indexed, 1, 0.0, rows_file=path)] == [2, 3]
     assert measured == [0, 2, 4, 6]  # (each problem once, with its own seed)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["index"] for r in rows] == [0, 1, 2, 3] and all(len(r["source_digest"]) == 16 for r in rows)
-    assert bench.measure_all([(9, indexed[0][1])], 1, 0.0, rows_file=path, deadline=1.0) == []  # (1970: past)
+    assert bench.measure_all([(9, ("float16", "fp32", "nn", 1, 20, 8, 8))], 1, 0.0, rows_file=path,
+                             deadline=1.0) == [] and len(measured) == 4  # (1970: past; a problem not in the file)
     bad = subprocess.run([sys.executable, str(SCRIPT), "--deadline-s", "60"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--rows" in bad.stderr
