@@ -189,3 +189,15 @@ def source_digest(root: Path | None = None) -> str:
                         *(root / "search_spaces").glob("*.toml")]):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def release_memory() -> None:
+    """Gives back what the last problem's operands and results held (sizes vary a lot): CuPy's pool, and
+    PyTorch's cache where PyTorch is loaded."""
+    import sys
+
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
+    if "torch" in sys.modules:
+        sys.modules["torch"].cuda.empty_cache()

@@ -33,8 +33,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import geomean, make_operands, percentile, problem_label, results_path  # noqa: E402
-from bench_unseen import COUNT, SEED, _release, mode_name, unseen_problems  # noqa: E402
+from bench_common import geomean, make_operands, percentile, problem_label, release_memory, results_path  # noqa: E402
+from bench_unseen import COUNT, SEED, mode_name, unseen_problems  # noqa: E402
 from host_time import per_call_us  # noqa: E402
 
 AUTOGEMM, TORCH = "autogemm.matmul", "torch.matmul"
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
             print(f"#{index:<4d}{row['label']:<36} ratio {row['ratio']:.3f}  autogemm {us[AUTOGEMM]:.1f}  "
                   f"torch {us[TORCH]:.1f} us  [{row['source']}{': ' + row['config'] if row['config'] else ''}]",
                   flush=True)
-            _release()  # (sizes vary a lot)
+            release_memory()  # (sizes vary a lot)
         suites[name] = rows
         print("\n".join(summary(rows, name)), flush=True)
     # host time last, in a process long warmed up (the first pieces timed in a fresh one ran up to 1.3x slower)

@@ -55,8 +55,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bench_common import (deadline_after, device_of, geomean, keep_compiled_kernels, kernels_kept,  # noqa: E402
-                          make_operands, mixed_codes, problem_label, results_arguments, results_path, run_rows,
-                          source_digest, write_report)
+                          make_operands, mixed_codes, problem_label, release_memory, results_arguments,
+                          results_path, run_rows, source_digest, write_report)
 
 SEED, COUNT = 2027, 40
 AUTOGEMM, TORCH = "autogemm.matmul", "torch.matmul"
@@ -266,14 +266,6 @@ def inductor_figures(a, b) -> dict:
     return {"inductor_us": us, "inductor_ratio": us["max-autotune"] / us["max-autotune + autogemm"]}
 
 
-def _release() -> None:
-    import cupy
-    import torch
-
-    cupy.get_default_memory_pool().free_all_blocks()
-    torch.cuda.empty_cache()
-
-
 def summary(rows) -> list[str]:
     lines = ["| class | problems | GPU time geomean | min | eager geomean | eager min | latency geomean | generated kernel |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -400,7 +392,7 @@ def main(argv=None) -> int:
     def measured(spec, index):
         row = measure(spec, index, inductor=len(ran) < args.inductor)
         ran.append(index)
-        _release()
+        release_memory()
         return row
 
     keep_compiled_kernels("autogemm-tuned-half-cubins-")

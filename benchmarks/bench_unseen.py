@@ -52,7 +52,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bench_common import (deadline_after, geomean, make_operands, mixed_codes, percentile,  # noqa: E402
-                          problem_label, read_rows, results_path, run_rows, source_digest)
+                          problem_label, read_rows, release_memory, results_path, run_rows, source_digest)
 
 SEED, COUNT, ROUNDS = 2026, 240, 25
 AUTOGEMM, TORCH, CUPY = "autogemm.matmul", "torch.matmul", "cupy.matmul"
@@ -260,15 +260,6 @@ def measure(spec, rounds: int = ROUNDS, gpu_time_ms: float = 0.0, seed: int = 0,
     return row
 
 
-def _release() -> None:
-    """Gives back what the last problem's operands and results held (sizes vary a lot)."""
-    import cupy
-
-    cupy.get_default_memory_pool().free_all_blocks()
-    if "torch" in sys.modules:
-        sys.modules["torch"].cuda.empty_cache()
-
-
 def _progress(index: int, row: dict) -> str:
     us = row["latency_us"]
     theirs = "  ".join(f"{name.split('.')[0]} {us[name]:.1f}" for name in (TORCH, CUPY) if name in us)
@@ -288,7 +279,7 @@ def measure_all(indexed, rounds: int, gpu_time_ms: float, out=sys.stdout, sustai
     def measured(spec, index):
         row = {"index": index, "source_digest": source_digest(),
                **measure(tuple(spec), rounds, gpu_time_ms, seed=2 * index, sustained=sustained)}
-        _release()
+        release_memory()
         return row
 
     return run_rows(rows_file, indexed, lambda spec: _problem(tuple(spec)).key, measured, deadline,

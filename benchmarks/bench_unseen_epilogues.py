@@ -53,7 +53,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_common import (deadline_after, device_of, geomean, keep_compiled_kernels, kernels_kept,  # noqa: E402
-                          mixed_codes, results_arguments, results_path, run_rows, source_digest, write_report)
+                          mixed_codes, release_memory, results_arguments, results_path, run_rows, source_digest,
+                          write_report)
 from bench_epilogues import TOLERANCE, CublasLtLayer, relative_error  # noqa: E402
 from bench_tuned_half import FAMILIES, _campaign_widths  # noqa: E402
 
@@ -253,6 +254,13 @@ def measure(spec, index: int) -> dict:
     return row
 
 
+def measure_and_release(spec, index: int) -> dict:
+    """`measure`, then what the problem's tensors held given back (sizes vary a lot)."""
+    row = measure(spec, index)
+    release_memory()
+    return row
+
+
 def served(case: str, x, w, bias, residual) -> str:
     """What serves autogemm's GEMM (explain's source) and how its epilogue runs."""
     import autogemm
@@ -349,7 +357,8 @@ def main(argv=None) -> int:
     if args.report:
         return write_report(path, lambda rows: report(rows, name, args.seed))
     keep_compiled_kernels("autogemm-unseen-epilogues-cubins-")
-    run_rows(path, list(enumerate(specs)), lambda spec: _problem(spec).key, measure, deadline_after(args.deadline_s), lambda row: (
+    run_rows(path, list(enumerate(specs)), lambda spec: _problem(spec).key, measure_and_release,
+             deadline_after(args.deadline_s), lambda row: (
         f"#{row['index']:<4d}{row['label']:<40} untuned {_cell(ratio(row['untuned']['sustained_us'], EAGER))}x eager  "
         f"tuned {_cell(ratio(row['tuned']['sustained_us'], EAGER))}x eager, "
         f"{_cell(ratio(row['tuned']['sustained_us'], COMPILED))}x compile  tune {row['tune']['s']:.0f} s "

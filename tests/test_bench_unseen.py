@@ -135,7 +135,7 @@ def test_rows_are_kept_as_they_are_measured_and_a_rerun_goes_on_from_them(tmp_pa
 
     monkeypatch.setattr(bench, "measure", fake_measure)
     monkeypatch.setattr(bench, "_progress", lambda index, row: f"#{index}")
-    monkeypatch.setattr(bench, "_release", lambda: None)
+    monkeypatch.setattr(bench, "release_memory", lambda: None)
     path = tmp_path / "rows.jsonl"
     indexed = [(i, ("float16", "fp32", "nn", 1, 8 + i, 8, 8)) for i in range(4)]  # (four problems: rows are kept by key)
     assert [r["index"] for r in bench.measure_all(indexed[:2], 1, 0.0, rows_file=path)] == [0, 1]
