@@ -35,8 +35,6 @@ SHAPES = ((2048, 14336), (4096, 13824), (1024, 18944), (8192, 5120), (512, 28672
 CASES = ("bias+silu", "bias+gelu", "residual")
 DTYPES = ("bfloat16", "float16")
 AUTOGEMM, EAGER, COPY = "autogemm pass", "eager (PyTorch)", "copy"
-ROWS = 4  # the pass's other variant: rows a thread at a time (render_epilogue's `rows`), its loads all in flight
-AUTOGEMM_ROWS = f"autogemm pass, {ROWS} rows a thread"
 PASS_TARGET = 0.85  # of the copy's rate
 ITEMSIZE = 2  # bytes of a BF16 or FP16 value
 
@@ -74,10 +72,10 @@ def calls(case: str, dtype: str, m: int, n: int) -> dict:
     expected = {"bias+silu": F.silu, "bias+gelu": F.gelu}.get(case, lambda y: y)(expected)
     stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
 
-    def packed_pass(rows: int):
-        """autogemm's pass, `rows` rows a thread at a time, checked against float64."""
+    def packed_pass():
+        """autogemm's pass, checked against float64."""
         packed = pass_kernel(dtype, epilogue, device, 1, m, n, n, m * n, n if epilogue.residual else 0,
-                             m * n if epilogue.residual else 0, vector, rows)
+                             m * n if epilogue.residual else 0, vector)
         pointers, places = packed.slots("P", "D", "C", "bias", "residual")
         for place, value in zip(places, (p.data_ptr(), d.data_ptr(), d.data_ptr(), bias.data_ptr() if epilogue.bias else 0,
                                          residual.data_ptr() if epilogue.residual else 0)):
@@ -87,15 +85,12 @@ def calls(case: str, dtype: str, m: int, n: int) -> dict:
         torch.cuda.synchronize()
         error = float(torch.linalg.norm(d.double() - expected) / torch.linalg.norm(expected))
         if not error <= 1e-2:
-            raise SystemExit(f"{case} {dtype} {m}x{n}: autogemm's pass ({rows} rows a thread) differs from float64 "
+            raise SystemExit(f"{case} {dtype} {m}x{n}: autogemm's pass differs from float64 "
                              f"by {error:.3g}")
         return lambda: packed.launch(stream())
 
     eager = {"bias+silu": lambda: F.silu(p), "bias+gelu": lambda: F.gelu(p), "residual": lambda: p + residual}[case]
-    competitors = {AUTOGEMM: packed_pass(1)}
-    if vector > 1:
-        competitors[AUTOGEMM_ROWS] = packed_pass(ROWS)
-    return {**competitors, EAGER: eager, COPY: lambda: copied.copy_(p)}
+    return {AUTOGEMM: packed_pass(), EAGER: eager, COPY: lambda: copied.copy_(p)}
 
 
 def measure(case: str, dtype: str, m: int, n: int) -> dict:
@@ -112,10 +107,10 @@ def measure(case: str, dtype: str, m: int, n: int) -> dict:
 
 
 def report(rows: list[dict], device_name: str) -> list[str]:
-    passes = [name for name in (AUTOGEMM, AUTOGEMM_ROWS) if any(name in r["us"] for r in rows)]
+    passes = [AUTOGEMM]
     lines = [f"# The epilogue's pass: {device_name}", "",
              "benchmarks/bench_epilogue_pass.py: autogemm's elementwise epilogue kernel (packed, as the torch fast path "
-             f"launches it after a cuBLAS GEMM; and its variant of {ROWS} rows a thread at a time) against PyTorch's "
+             "launches it after a cuBLAS GEMM) against PyTorch's "
              "kernel for the step eager code runs after `F.linear` and a device copy of the same bytes, sustained "
              "(back-to-back launches, 20 rounds of about 50 ms, means). Rates are the bytes each must move (P read, "
              "D written, and the residual) over its time; of copy: over the copy's rate.", ""]

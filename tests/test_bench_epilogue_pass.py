@@ -36,16 +36,3 @@ def test_options_that_name_nothing_are_refused():
     for argv in (["--shapes", "2048"], ["--shapes", "0x5"], ["--cases", "bias+relu"], ["--dtypes", "float32"]):
         run = subprocess.run([sys.executable, str(SCRIPT), *argv], capture_output=True, text=True)
         assert run.returncode == 2 and "error:" in run.stderr, (argv, run.stderr)
-
-
-def test_the_report_has_the_variant_of_several_rows_where_it_ran():
-    rows = [{"case": "bias+gelu", "dtype": "bfloat16", "m": 4096, "n": 4096,
-             "us": {bench.AUTOGEMM: 40.0, bench.AUTOGEMM_ROWS: 34.0, bench.EAGER: 36.0, bench.COPY: 30.0},
-             "of_copy": {bench.AUTOGEMM: 0.75, bench.AUTOGEMM_ROWS: 0.88, bench.EAGER: 0.83}},
-            {"case": "bias+gelu", "dtype": "bfloat16", "m": 7, "n": 33,  # (no packs: no variant)
-             "us": {bench.AUTOGEMM: 5.0, bench.EAGER: 5.0, bench.COPY: 4.0},
-             "of_copy": {bench.AUTOGEMM: 0.8, bench.EAGER: 0.8}}]
-    text = "\n".join(bench.report(rows, "GPU"))
-    assert f"- {bench.AUTOGEMM_ROWS}: geomean **88%** of the copy's rate (min 88%); at least 85% on 1 of 1" in text
-    assert "| bias+gelu | bfloat16 | 4096x4096 | 40.0 | 34.0 | 36.0 | 30.0 | 75% | 88% | 83% |" in text
-    assert "| bias+gelu | bfloat16 | 7x33 | 5.0 | - | 5.0 | 4.0 | 80% | - | 80% |" in text

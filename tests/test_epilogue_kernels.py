@@ -55,31 +55,6 @@ def test_the_unfused_epilogue_kernel_compiles_for_every_dtype_and_part():
         assert parameters[-4:] == ("bias", "residual", "ldr", "stride_r")
 
 
-def test_the_pass_of_several_rows_a_thread_compiles_without_spills_and_renders_only_where_it_applies(tmp_path,
-                                                                                                      monkeypatch):
-    """render_epilogue's `rows` (rows a thread at a time, their loads all in flight): with packs, every
-    epilogue but the gate, up to 8 rows; without spills (nvcc) and by the installed NVRTC; the default
-    renders the one-row kernel."""
-    from autogemm.kernels import compile as kernel_compile
-
-    assert find_nvcc(), "nvcc is required for the compile tests: install the CUDA toolkit"
-    cases = [("bfloat16", Epilogue("n", "gelu", True), 4), ("float16", Epilogue("m", "silu", False), 8),
-             ("float32", Epilogue("", "", True, "bfloat16"), 2)]
-    sources = [render_epilogue(dtype, epilogue, _widest_vector(dtype, epilogue), rows) for dtype, epilogue, rows in cases]
-    assert [s.kernel.rsplit("_", 1)[1] for s in sources] == ["r4", "r8", "r2"]
-    for source in sources:
-        usage = nvcc_resources(source, "sm_90")[source.kernel]
-        assert usage.spill_store_bytes == 0 and usage.stack_bytes == 0, (source.kernel, usage)
-    monkeypatch.setenv("AUTOGEMM_CUBIN_DIR", str(tmp_path))
-    assert kernel_compile.compile_to_cubin(sources[0], "sm_90").read_bytes()[:4] == b"\x7fELF"
-    one = render_epilogue("bfloat16", Epilogue("n", "gelu", True), 8)
-    assert render_epilogue("bfloat16", Epilogue("n", "gelu", True), 8, 1).code == one.code and "row0" not in one.code
-    for vector, rows, epilogue in ((1, 4, Epilogue("n", "gelu")), (8, 9, Epilogue("n", "gelu")),
-                                   (8, 4, Epilogue("n", "silu", gated=True)), (8, 0, Epilogue("n", "gelu"))):
-        with pytest.raises(ValueError, match="rows a thread"):
-            render_epilogue("bfloat16", epilogue, vector, rows)
-
-
 def test_the_unfused_kernel_is_refused_for_packs_wider_than_16_bytes():
     with pytest.raises(ValueError, match="takes 1 to 4 columns a thread"):
         render_epilogue("float32", Epilogue(activation="relu"), 8)
@@ -150,7 +125,7 @@ HOST_PROGRAM = """{% import "common.cuh.j2" as common %}
 {% for case in cases %}
 namespace case{{ loop.index0 }} {
 typedef {{ case.accumulator }} Acc;
-{{ common.epilogue_functions(case.e) }}
+{{ common.epilogue_functions(case.e, fast=case.fast) }}
 void run() {
     const double y[] = { {{ y }} }, u[] = { {{ u }} }, bias[] = { {{ bias }} }, residual[] = { {{ residual }} };
     EpOut b[{{ 2 * count }}], r[{{ count }}];
@@ -187,6 +162,10 @@ HOST_CASES = [("float32", Epilogue("n", "gelu", True)), ("float32", Epilogue("m"
               ("float64", Epilogue("m", "silu", True, "float32")), ("bfloat16", Epilogue("", "gelu_tanh", True))]
 assert {e.activation for _, e in HOST_CASES} == set(ACTIVATIONS)
 WRONG_GELU = ("float32", Epilogue("n", "gelu_tanh", True))  # (computed where the erf form is asked for)
+# the pass's form of silu (epilogue_functions(fast=True)), on the host with the accurate exp and quotient
+# (the hardware's are the GPU tests'): every accumulator type, a residual, an FP16 D with subnormals
+FAST_CASES = [("float16", Epilogue("n", "silu", True)), ("float32", Epilogue("", "silu", False, "bfloat16")),
+              ("bfloat16", Epilogue("n", "silu", False)), ("float64", Epilogue("n", "silu", True))]
 GATED_CASES = [("bfloat16", Epilogue("n", "silu", True, "float32", gated=True)),
                ("float32", Epilogue("n", "gelu", False, gated=True))]
 
@@ -195,10 +174,11 @@ GATED_CASES = [("bfloat16", Epilogue("n", "silu", True, "float32", gated=True)),
 def on_host(tmp_path_factory) -> dict:
     """(dtype, epilogue) -> the host program's rows for it: D, the gate's bias, the up half's bias and
     the residual, each as the kernel holds them (rounded to D's type)."""
-    cases = HOST_CASES + [WRONG_GELU] + GATED_CASES
+    cases = [(dtype, epilogue, False) for dtype, epilogue in HOST_CASES + [WRONG_GELU] + GATED_CASES] \
+        + [(dtype, epilogue, True) for dtype, epilogue in FAST_CASES]
     code = environment().from_string(HOST_PROGRAM).render(
-        cases=[{"accumulator": dtypes.lookup(dtype).accumulator, "e": epilogue.template_context(dtype)}
-               for dtype, epilogue in cases], count=Y.size, y=", ".join(repr(float(v)) for v in Y),
+        cases=[{"accumulator": dtypes.lookup(dtype).accumulator, "e": epilogue.template_context(dtype), "fast": fast}
+               for dtype, epilogue, fast in cases], count=Y.size, y=", ".join(repr(float(v)) for v in Y),
         u=", ".join(repr(float(v)) for v in UP), bias=", ".join(repr(float(v)) for v in np.concatenate([BIAS, UP_BIAS])),
         residual=", ".join(repr(float(v)) for v in RESIDUAL))
     folder = tmp_path_factory.mktemp("epilogue-host")
@@ -208,14 +188,15 @@ def on_host(tmp_path_factory) -> dict:
     assert built.returncode == 0, built.stderr[-3000:]
     ran = subprocess.run([str(program)], capture_output=True, text=True, check=True)
     rows = np.array([[float(v) for v in line.split()] for line in ran.stdout.splitlines()])
-    return {case: rows[rows[:, 0] == index, 1:] for index, case in enumerate(cases)}
+    return {(case[:2] if not case[2] else ("fast", *case[:2])): rows[rows[:, 0] == index, 1:] for index, case in enumerate(cases)}
 
 
-@pytest.mark.parametrize("dtype,epilogue", HOST_CASES, ids=[f"{d}-{e}" for d, e in HOST_CASES])
-def test_the_epilogue_arithmetic_stays_within_its_bound_of_the_float64_reference(dtype, epilogue, on_host):
+@pytest.mark.parametrize("fast,dtype,epilogue", [(False, *case) for case in HOST_CASES] + [(True, *case) for case in FAST_CASES],
+                         ids=[f"{d}-{e}" for d, e in HOST_CASES] + [f"pass-{d}-{e}" for d, e in FAST_CASES])
+def test_the_epilogue_arithmetic_stays_within_its_bound_of_the_float64_reference(fast, dtype, epilogue, on_host):
     out = dtypes.lookup(epilogue.output_dtype(dtype))
     acc_roundoff = dtypes.lookup(dtype).accumulator_roundoff
-    d, bias, _, residual = on_host[(dtype, epilogue)].T
+    d, bias, _, residual = on_host[("fast", dtype, epilogue) if fast else (dtype, epilogue)].T
     assert d.size == Y.size
     # bias and residual as the kernel holds them: rounded to D's type
     assert np.all(np.abs(bias - BIAS) <= out.element_roundoff * np.abs(BIAS) + out.smallest_normal)
@@ -230,6 +211,22 @@ def test_the_epilogue_arithmetic_stays_within_its_bound_of_the_float64_reference
     worst = int(np.argmax(error / np.maximum(bound, math.ulp(0.0))))
     assert np.all(error <= bound), (f"y={Y[worst]}: D={d[worst]!r}, reference {expected[worst]!r}, "
                                     f"error {error[worst]:.3g} > bound {bound[worst]:.3g}")
+
+
+def test_only_the_pass_takes_the_hardware_exponential_and_quotient_and_only_for_silu():
+    # the tile families' stores keep the accurate forms (the shipped records' sources hold them byte for
+    # byte); FP64 accumulators and the other activations keep them in the pass too
+    from autogemm.families import config_from_name
+    from autogemm.kernels.render import render
+    from autogemm.problem import Problem
+
+    assert "__fdividef" in render_epilogue("bfloat16", Epilogue("n", "silu"), 8).code
+    assert "__fdividef" in render_epilogue("float32", Epilogue("", "silu", gated=True), 4).code
+    for dtype, epilogue in (("float64", Epilogue("n", "silu")), ("bfloat16", Epilogue("n", "gelu"))):
+        assert "__fdividef" not in render_epilogue(dtype, epilogue, 2).code
+    fused = render(config_from_name("64x64x16_w32x32_t4x8_v44_s3_pad_g8_k1_o2"),
+                   Problem(64, 64, 64, epilogue=Epilogue("n", "silu"))).code
+    assert "expf(-x)" in fused and "__fdividef" not in fused
 
 
 def test_the_host_check_catches_a_wrong_activation(on_host):

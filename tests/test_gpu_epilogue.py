@@ -257,36 +257,29 @@ def test_the_packed_pass_and_the_element_wise_pass_write_the_same_d():
     assert {1, 8} <= loaded
 
 
-@pytest.mark.parametrize("epilogue", [Epilogue("n", "gelu", True), Epilogue("m", "silu", False)],
-                         ids=["bias_n+gelu+res", "bias_m+silu"])
-def test_a_pass_of_several_rows_a_thread_writes_the_same_d(epilogue):
-    """The pass with 4 rows a thread at a time (render_epilogue's `rows`) against one row at a time, bit for
-    bit: batches, more rows than the grid has blocks down (each thread takes two or three), a last group
-    of rows partly past the end."""
+@pytest.mark.parametrize("dtype,out_dtype", [("float32", "float32"), ("bfloat16", "float32")])
+def test_the_pass_form_of_silu_stays_within_its_bound_on_a_dense_sweep(dtype, out_dtype):
+    """The pass's silu with the hardware's exponential and quotient (__expf, __fdividef), over 2^20 points of
+    [-100, 100] (FP32 products) or every BF16 value in it: within the evaluation's bound of float64 (at FP32
+    out, where D's rounding hides nothing) everywhere."""
     import cupy
 
-    from autogemm.gpu.epilogue_pass import pass_kernel
     from autogemm.serving import epilogue_step
 
-    batch, m, n = 2, 1501, 96
-    product, residual = _random((batch, m, n), "bfloat16", 21), _random((batch, m, n), "bfloat16", 22)
-    bias = _random((n if epilogue.bias == "n" else m,), "bfloat16", 23)
-    written = []
-    for rows in (1, 4):
-        d = cupy.full((batch, m, n), 7, dtype=product.dtype)
-        packed = pass_kernel("bfloat16", epilogue, product.device.id, batch, m, n, n, m * n,
-                             n if epilogue.residual else 0, m * n if epilogue.residual else 0, 8, rows)
-        pointers, places = packed.slots("P", "D", "C", "bias", "residual")
-        for place, value in zip(places, (product.data.ptr, d.data.ptr, d.data.ptr, bias.data.ptr,
-                                         residual.data.ptr if epilogue.residual else 0)):
-            pointers[place] = value
-        packed.launch(cupy.cuda.get_current_stream().ptr)
-        written.append(d)
-    # the general path's pass (epilogue_step.apply, checked against float64 by the tests above) as the reference
-    expected = epilogue_step.apply(product, epilogue, bias=bias, residual=residual if epilogue.residual else None)
-    cupy.cuda.get_current_stream().synchronize()
-    for d in written:
-        assert bool((d.view(np.uint16) == expected.view(np.uint16)).all())
+    if dtype == "float32":
+        x = cupy.linspace(-100, 100, 1 << 20, dtype=np.float32).reshape(1024, 1024)
+    else:
+        every = (cupy.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32)  # each BF16 bit pattern, as FP32
+        x = every[cupy.isfinite(every) & (cupy.abs(every) <= 100)].astype(_cupy_dtype("bfloat16")).reshape(1, -1)
+    epilogue = Epilogue(activation="silu", out_dtype=out_dtype)
+    d = epilogue_step.apply(x, epilogue)
+    host = x.astype(np.float32).get().astype(np.float64)
+    expected = reference(host, epilogue)
+    u = 2.0 ** -24
+    bound = error_bound(0.0, epilogue, np.abs(expected), u, pre_activation_magnitude=np.abs(host), accumulator_unit_roundoff=u)
+    error = np.abs(d.get().astype(np.float64) - expected)
+    worst = np.unravel_index(int(np.argmax(error / np.maximum(bound, 1e-300))), error.shape)
+    assert bool(np.all(error <= bound)), f"silu({host[worst]}) = {d.get()[worst]!r}, reference {expected[worst]!r}"
 
 
 def test_the_fast_path_hands_a_bias_its_packs_cannot_read_to_the_general_path():

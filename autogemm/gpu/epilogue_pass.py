@@ -50,11 +50,11 @@ _kernels: dict[tuple[str, str, int, int], object] = {}  # (dtype, epilogue key, 
 _kernels_lock = threading.Lock()
 
 
-def compiled(dtype: str, epilogue: Epilogue, device: int, vector: int = 1, rows: int = 1) -> Any:
-    """The epilogue kernel for products of `dtype` (`vector` columns a thread, `rows` rows at a time),
-    compiled and loaded on GPU `device` once per process (a CompiledKernel). Under a CUDA graph capture
-    only one loaded before serves (compiling inside one is refused)."""
-    key = (dtype, epilogue.key, device, vector, rows)
+def compiled(dtype: str, epilogue: Epilogue, device: int, vector: int = 1) -> Any:
+    """The epilogue kernel for products of `dtype` (`vector` columns a thread), compiled and loaded on
+    GPU `device` once per process (a CompiledKernel). Under a CUDA graph capture only one loaded
+    before serves (compiling inside one is refused)."""
+    key = (dtype, epilogue.key, device, vector)
     with _kernels_lock:
         found = _kernels.get(key)
     if found is not None:
@@ -62,7 +62,7 @@ def compiled(dtype: str, epilogue: Epilogue, device: int, vector: int = 1, rows:
     cupy = runtime.cupy()
     if capture.capturing(cupy.cuda.get_current_stream().ptr):
         raise capture.require_plan(f"the epilogue {epilogue} of {dtype} products")
-    loaded = compile_source(render_epilogue(dtype, epilogue, vector, rows), device_info(device).arch, 0)
+    loaded = compile_source(render_epilogue(dtype, epilogue, vector), device_info(device).arch, 0)
     with _kernels_lock:
         return _kernels.setdefault(key, loaded)
 
@@ -79,11 +79,11 @@ def pass_arguments(dtype: str, batch: int, m: int, n: int, ldp: int, stride_p: i
 
 
 def pass_kernel(dtype: str, epilogue: Epilogue, device: int, batch: int, m: int, n: int, ldp: int, stride_p: int,
-                ldr: int, stride_r: int, vector: int, rows: int = 1) -> Any:
+                ldr: int, stride_r: int, vector: int) -> Any:
     """The pass packed once (`packed_launch.PackedKernel`, its pointers P, D, C, bias and residual set
     per launch) for `batch` products of m × n (pitch `ldp`, batch stride `stride_p`) written to a
     C-contiguous D of the same shape (C is D, beta 0), the residual of pitch `ldr` and batch stride
-    `stride_r`; `rows` rows a thread at a time (render_epilogue)."""
-    return compiled_kernel(compiled(dtype, epilogue, device, vector, rows), "gemm",
+    `stride_r`."""
+    return compiled_kernel(compiled(dtype, epilogue, device, vector), "gemm",
                            grid(batch * m, n, device_info(device).sm_count, vector), (THREADS, 1, 1), 0,
                            pass_arguments(dtype, batch, m, n, ldp, stride_p, n, m * n, 0.0, ldr, stride_r))

@@ -240,13 +240,12 @@ def render(config: GemmConfig, problem: Problem, widths: VectorWidths | None = N
                   repack_kernel=config.repack_kernel(name))
 
 
-def render_epilogue(dtype: str, epilogue: Epilogue, vector: int = 1, rows: int = 1) -> Source:
+def render_epilogue(dtype: str, epilogue: Epilogue, vector: int = 1) -> Source:
     """The unfused epilogue kernel (templates/epilogue.cu.j2) for products of `dtype`: what follows a
     GEMM that cannot apply `epilogue` itself (cuBLAS), in one pass over the output, each thread taking
     `vector` neighbouring columns (1, or a power of two up to 16 bytes of the product's and D's wider
-    type), of `rows` rows at a time (1, or 2 to 8 with packs: more loads in flight; not gated). ValueError
-    for the identity epilogue (there is nothing to apply), for an output dtype the kernels do not write and
-    for a vector width or a row count the types and the epilogue do not allow."""
+    type). ValueError for the identity epilogue (there is nothing to apply), for an output dtype the
+    kernels do not write and for a vector width the types do not allow."""
     if epilogue.is_identity:
         raise ValueError("the identity epilogue has no kernel: the GEMM's output is D")
     row = dtypes.lookup(dtype)
@@ -255,14 +254,10 @@ def render_epilogue(dtype: str, epilogue: Epilogue, vector: int = 1, rows: int =
     if vector not in (1, 2, 4, 8) or vector * widest > 16:
         raise ValueError(f"an epilogue kernel of {dtype} products writing {epilogue.output_dtype(dtype)} takes 1 to "
                          f"{16 // widest} columns a thread (a power of two), not {vector!r}")
-    if rows != 1 and (rows not in range(2, 9) or vector == 1 or epilogue.gated):
-        raise ValueError(f"an epilogue kernel takes 2 to 8 rows a thread only with packs (vector > 1) and not gated, "
-                         f"not {rows!r} rows with vector {vector}{' gated' if epilogue.gated else ''}")
-    name = f"autogemm_epilogue_{dtype}_{epilogue.identifier}" + (f"_v{vector}" if vector > 1 else "") + \
-        (f"_r{rows}" if rows > 1 else "")
+    name = f"autogemm_epilogue_{dtype}_{epilogue.identifier}" + (f"_v{vector}" if vector > 1 else "")
     code = environment().get_template("epilogue.cu.j2").render(
         kernel=name, dtype=dtype, element=row.element, accumulator=row.accumulator, element_bytes=row.itemsize,
-        to_acc=row.to_acc, epilogue=context, vector=vector, rows=rows)
+        to_acc=row.to_acc, epilogue=context, vector=vector)
     return Source(kernel=name, reduce_kernel=None, code=code)
 
 
