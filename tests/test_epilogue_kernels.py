@@ -213,14 +213,18 @@ def test_the_epilogue_arithmetic_stays_within_its_bound_of_the_float64_reference
                                     f"error {error[worst]:.3g} > bound {bound[worst]:.3g}")
 
 
-def test_only_the_pass_takes_the_hardware_exponential_and_quotient_and_only_for_silu():
+def test_only_the_pass_takes_the_hardware_exponential_and_quotient_and_only_for_silu(tmp_path, monkeypatch):
     # the tile families' stores keep the accurate forms (the shipped records' sources hold them byte for
     # byte); FP64 accumulators and the other activations keep them in the pass too
     from autogemm.families import config_from_name
+    from autogemm.kernels import compile as kernel_compile
     from autogemm.kernels.render import render
     from autogemm.problem import Problem
 
-    assert "__fdividef" in render_epilogue("bfloat16", Epilogue("n", "silu"), 8).code
+    silu_pass = render_epilogue("bfloat16", Epilogue("n", "silu"), 8)
+    assert "__fdividef" in silu_pass.code
+    monkeypatch.setenv("AUTOGEMM_CUBIN_DIR", str(tmp_path))  # (the installed NVRTC takes it, as nvcc does)
+    assert kernel_compile.compile_to_cubin(silu_pass, "sm_90").read_bytes()[:4] == b"\x7fELF"
     assert "__fdividef" in render_epilogue("float32", Epilogue("", "silu", gated=True), 4).code
     for dtype, epilogue in (("float64", Epilogue("n", "silu")), ("bfloat16", Epilogue("n", "gelu"))):
         assert "__fdividef" not in render_epilogue(dtype, epilogue, 2).code
