@@ -150,10 +150,8 @@ def precompile(runs: list[Run], device: Device) -> int:
             source = render(config, call.problem, call.widths)
             sources[source.kernel] = source
     with FileLock(os.path.join(os.environ["AUTOGEMM_CUBIN_DIR"], "precompile.lock")):
-        missing = [source for source in sources.values()
-                   if not kernel_compile.stored_cubin_intact(kernel_compile._cubin_path(source, source.target(device.arch)))]
-        if missing:
-            kernel_compile.compile_many(missing, device.arch, jobs=max(1, (os.cpu_count() or 2) - 1))
+        # (compile_many starts no pool where every cubin is stored: the workers after the first find them)
+        kernel_compile.compile_many(list(sources.values()), device.arch, jobs=max(1, (os.cpu_count() or 2) - 1))
     return len(sources)
 
 

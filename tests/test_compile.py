@@ -22,6 +22,7 @@ CI has nvcc; if it is missing the compile tests fail (they do not skip) and say 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from concurrent.futures import ThreadPoolExecutor
@@ -459,6 +460,35 @@ def test_a_cubin_on_disk_that_is_not_what_was_compiled_is_compiled_again(tmp_pat
         assert compile_to_cubin(source, "sm_80") == path
         assert len(calls) == before + 1 and path.read_bytes() == b"\x7fELF good"
     assert not [p.name for p in path.parent.iterdir() if ".tmp" in p.name]
+
+
+def test_compile_many_starts_no_pool_for_kernels_already_stored(tmp_path, monkeypatch):
+    """A batch whose cubins are all stored (another pytest-xdist worker, an earlier tune) is answered from
+    the disk without starting the pool's processes; a batch with one missing compiles only that one."""
+    from autogemm.kernels import nvrtc
+    from autogemm.kernels.compile import compile_many, compile_to_cubin
+
+    calls = []
+    monkeypatch.setattr(nvrtc, "compile_cubin", lambda code, name, arch, options: calls.append(name) or b"\x7fELF")
+    monkeypatch.setattr(nvrtc, "version", lambda: (13, 0))
+    monkeypatch.setenv("AUTOGEMM_CUBIN_DIR", str(tmp_path / "cubins"))
+    # (two kernel names: a batch is keyed by name)
+    stored, missing = render(SimtConfig(), Problem(80, 128, 128)), render(SimtConfig(), Problem(128, 128, 128, trans_b=True))
+    assert stored.kernel != missing.kernel
+    path = compile_to_cubin(stored, "sm_80")
+    pools = []
+
+    @contextlib.contextmanager
+    def inline_pool(jobs):
+        pools.append(jobs)
+        with ThreadPoolExecutor(1) as pool:
+            yield pool
+
+    monkeypatch.setattr(compile_module, "compile_pool", inline_pool)
+    assert compile_many([stored, stored], "sm_80", jobs=4) == {stored.kernel: path} and pools == []
+    both = compile_many([stored, missing], "sm_80", jobs=4)
+    assert both[stored.kernel] == path and both[missing.kernel].read_bytes() == b"\x7fELF" and pools == [4]
+    assert calls == [f"{stored.kernel}.cu", f"{missing.kernel}.cu"]
 
 
 def test_nvrtc_compiles_through_the_public_bindings_with_cupys_options(monkeypatch):

@@ -310,11 +310,21 @@ def compile_pool(jobs: int) -> ProcessPoolExecutor:
 
 
 def compile_many(sources: list[Source], arch: str, jobs: int) -> dict[str, Path | CompileError]:
-    """Compiles many sources in parallel; maps each kernel name to its cubin or its CompileError."""
+    """Compiles many sources in parallel; maps each kernel name to its cubin or its CompileError. Those
+    whose cubin is stored already are not handed to the pool, which is not started when none is left
+    (its worker processes cost more than finding every cubin)."""
     results: dict[str, Path | CompileError] = {}
-    unique = {s.kernel: s for s in sources}
+    to_compile = {}
+    for source in {s.kernel: s for s in sources}.values():
+        stored = _cubin_path(source, source.target(arch))
+        if stored_cubin_intact(stored):
+            results[source.kernel] = stored
+        else:
+            to_compile[source.kernel] = source
+    if not to_compile:
+        return results
     with compile_pool(jobs) as pool:
-        futures = {name: pool.submit(compile_to_cubin, source, arch) for name, source in unique.items()}
+        futures = {name: pool.submit(compile_to_cubin, source, arch) for name, source in to_compile.items()}
         for name, future in futures.items():
             try:
                 results[name] = future.result()
