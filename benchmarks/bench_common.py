@@ -63,6 +63,14 @@ def make_operands(spec, seed: int = 0):
     return problem, a, b
 
 
+def case_epilogue(case: str):
+    """The Epilogue of an epilogue benchmark's case name: "residual", "bias", or "bias+<activation>" (the bias
+    along N, as F.linear adds it)."""
+    from autogemm.epilogue import Epilogue
+
+    return Epilogue(residual=True) if case == "residual" else Epilogue(bias="n", activation=case.partition("+")[2])
+
+
 # ---- results files of a row a problem (bench_tuned_half, bench_unseen_epilogues) --------------------------
 def read_rows(path: Path) -> list[dict]:
     """The rows of a JSON lines results file; a last line cut short (a run killed while writing) is left out."""

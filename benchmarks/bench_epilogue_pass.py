@@ -28,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import geomean, results_path  # noqa: E402
+from bench_common import case_epilogue, geomean, results_path  # noqa: E402
 
 # (M, N) of LLM layers' outputs: the MLP's up projection, the attention's output, at prefill token counts
 SHAPES = ((2048, 14336), (4096, 13824), (1024, 18944), (8192, 5120), (512, 28672), (4096, 4096))
@@ -43,12 +43,6 @@ def moved_bytes(case: str, m: int, n: int, itemsize: int) -> int:
     """What the step must move: P read and D written, and the residual read (the bias's N values aside); a
     copy moves P and D."""
     return (3 if case == "residual" else 2) * m * n * itemsize
-
-
-def _epilogue(case: str):
-    from autogemm.epilogue import Epilogue
-
-    return Epilogue(residual=True) if case == "residual" else Epilogue(bias="n", activation=case.partition("+")[2])
 
 
 def calls(case: str, dtype: str, m: int, n: int) -> dict:
@@ -66,7 +60,7 @@ def calls(case: str, dtype: str, m: int, n: int) -> dict:
     bias = torch.randn(n, device="cuda", dtype=torch_dtype, generator=generator)
     residual = torch.randn(m, n, device="cuda", dtype=torch_dtype, generator=generator)
     d, copied = torch.empty_like(p), torch.empty_like(p)
-    epilogue = _epilogue(case)
+    epilogue = case_epilogue(case)
     vector = vector_width(dtype, epilogue, n, (n, m * n, n, m * n), [(x.data_ptr(), ITEMSIZE) for x in (p, d, bias, residual)])
     expected = p.double() + (residual.double() if epilogue.residual else bias.double())
     expected = {"bias+silu": F.silu, "bias+gelu": F.gelu}.get(case, lambda y: y)(expected)

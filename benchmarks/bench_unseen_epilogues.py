@@ -52,9 +52,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import (deadline_after, device_of, geomean, keep_compiled_kernels, kernels_kept,  # noqa: E402
-                          mixed_codes, release_memory, results_arguments, results_path, run_rows, source_digest,
-                          write_report)
+from bench_common import (case_epilogue, deadline_after, device_of, geomean, keep_compiled_kernels,  # noqa: E402
+                          kernels_kept, mixed_codes, release_memory, results_arguments, results_path, run_rows,
+                          source_digest, write_report)
 from bench_epilogues import TOLERANCE, CublasLtLayer, relative_error  # noqa: E402
 from bench_tuned_half import FAMILIES, _campaign_widths  # noqa: E402
 
@@ -95,19 +95,11 @@ def epilogue_problems(seed: int = SEED, count: int = COUNT) -> list[tuple]:
     return out
 
 
-def _epilogue(case: str):
-    from autogemm.epilogue import Epilogue
-
-    if case == "residual":
-        return Epilogue(residual=True)
-    return Epilogue(bias="n", activation=case.partition("+")[2])
-
-
 def _problem(spec):
     from autogemm.problem import Problem
 
     dtype, case, m, n, k = spec
-    return Problem.from_layout(m, n, k, "nt", dtype=dtype, epilogue=_epilogue(case))
+    return Problem.from_layout(m, n, k, "nt", dtype=dtype, epilogue=case_epilogue(case))
 
 
 def label(spec) -> str:
