@@ -162,10 +162,12 @@ HOST_CASES = [("float32", Epilogue("n", "gelu", True)), ("float32", Epilogue("m"
               ("float64", Epilogue("m", "silu", True, "float32")), ("bfloat16", Epilogue("", "gelu_tanh", True))]
 assert {e.activation for _, e in HOST_CASES} == set(ACTIVATIONS)
 WRONG_GELU = ("float32", Epilogue("n", "gelu_tanh", True))  # (computed where the erf form is asked for)
-# the pass's form of silu (epilogue_functions(fast=True)), on the host with the accurate exp and quotient
+# the pass's forms of silu and GELU (epilogue_functions(fast=True)), on the host with the accurate exp and quotient
 # (the hardware's are the GPU tests'): every accumulator type, a residual, an FP16 D with subnormals
 FAST_CASES = [("float16", Epilogue("n", "silu", True)), ("float32", Epilogue("", "silu", False, "bfloat16")),
-              ("bfloat16", Epilogue("n", "silu", False)), ("float64", Epilogue("n", "silu", True))]
+              ("bfloat16", Epilogue("n", "silu", False)), ("float64", Epilogue("n", "silu", True)),
+              ("float16", Epilogue("n", "gelu", True)), ("float32", Epilogue("", "gelu", False)),
+              ("bfloat16", Epilogue("n", "gelu", False, "float32")), ("float64", Epilogue("n", "gelu", False))]
 GATED_CASES = [("bfloat16", Epilogue("n", "silu", True, "float32", gated=True)),
                ("float32", Epilogue("n", "gelu", False, gated=True))]
 
@@ -213,7 +215,7 @@ def test_the_epilogue_arithmetic_stays_within_its_bound_of_the_float64_reference
                                     f"error {error[worst]:.3g} > bound {bound[worst]:.3g}")
 
 
-def test_only_the_pass_takes_the_hardware_exponential_and_quotient_and_only_for_silu(tmp_path, monkeypatch):
+def test_only_the_pass_takes_the_hardware_exponential_and_quotient_and_only_for_silu_and_gelu(tmp_path, monkeypatch):
     # the tile families' stores keep the accurate forms (the shipped records' sources hold them byte for
     # byte); FP64 accumulators and the other activations keep them in the pass too
     from autogemm.families import config_from_name
@@ -221,16 +223,18 @@ def test_only_the_pass_takes_the_hardware_exponential_and_quotient_and_only_for_
     from autogemm.kernels.render import render
     from autogemm.problem import Problem
 
-    silu_pass = render_epilogue("bfloat16", Epilogue("n", "silu"), 8)
-    assert "__fdividef" in silu_pass.code
     monkeypatch.setenv("AUTOGEMM_CUBIN_DIR", str(tmp_path))  # (the installed NVRTC takes it, as nvcc does)
-    assert kernel_compile.compile_to_cubin(silu_pass, "sm_90").read_bytes()[:4] == b"\x7fELF"
-    assert "__fdividef" in render_epilogue("float32", Epilogue("", "silu", gated=True), 4).code
-    for dtype, epilogue in (("float64", Epilogue("n", "silu")), ("bfloat16", Epilogue("n", "gelu"))):
-        assert "__fdividef" not in render_epilogue(dtype, epilogue, 2).code
-    fused = render(config_from_name("64x64x16_w32x32_t4x8_v44_s3_pad_g8_k1_o2"),
-                   Problem(64, 64, 64, epilogue=Epilogue("n", "silu"))).code
-    assert "expf(-x)" in fused and "__fdividef" not in fused
+    for activation, accurate in (("silu", "expf(-x)"), ("gelu", "erff(")):
+        in_pass = render_epilogue("bfloat16", Epilogue("n", activation), 8)
+        assert "__fdividef" in in_pass.code and accurate not in in_pass.code
+        assert kernel_compile.compile_to_cubin(in_pass, "sm_90").read_bytes()[:4] == b"\x7fELF"
+        assert "__fdividef" in render_epilogue("float32", Epilogue("", activation, gated=True), 4).code
+        assert "__fdividef" not in render_epilogue("float64", Epilogue("n", activation), 2).code
+        fused = render(config_from_name("64x64x16_w32x32_t4x8_v44_s3_pad_g8_k1_o2"),
+                       Problem(64, 64, 64, epilogue=Epilogue("n", activation))).code
+        assert accurate in fused and "__fdividef" not in fused
+    for activation in ("gelu_tanh", "relu"):
+        assert "__fdividef" not in render_epilogue("bfloat16", Epilogue("n", activation), 2).code
 
 
 def test_the_host_check_catches_a_wrong_activation(on_host):
@@ -406,11 +410,53 @@ def test_the_gated_arithmetic_stays_within_its_bound_of_the_float64_reference(dt
     assert np.any(np.abs(swapped - expected) > bound)
 
 
-def test_the_unfused_kernels_grid_covers_a_row_and_stays_within_the_limits():
-    from autogemm.gpu.epilogue_pass import BLOCKS_PER_SM, MAX_GRID_Y, THREADS, grid
+def _pass_coverage(rows: int, m: int, n: int, vector: int, sms: int = 132) -> np.ndarray:
+    """How often the pass's loops (templates/epilogue.cu.j2, replayed) visit each pack of each of `rows`
+    rows (matrices of `m` rows) of `n` columns, on the grid and blocks epilogue_pass gives them."""
+    from autogemm.gpu.epilogue_pass import block_width, grid
 
-    assert grid(1, 14336, 132) == (56, 1, 1)  # one row: blocks along it only
-    across, down, _ = grid(4096, 14336, 132)
-    assert across * THREADS >= 14336 and across * down <= 132 * BLOCKS_PER_SM and down >= 1
-    assert grid(10 ** 7, 8, 132)[1] <= MAX_GRID_Y and grid(3, 1, 132) == (1, 3, 1)
-    assert grid(5, 10 ** 6, 132)[1] == 1  # a row longer than the budget: one row of blocks, each looping down
+    across, down, _ = grid(rows, n, sms, vector)
+    threads, packs = block_width(n, vector), -(-n // vector)
+    seen = np.zeros((rows, packs), dtype=np.int64)
+    batch = rows // m
+    step_b, step_m = down // m, down - (down // m) * m
+    for y in range(down):
+        b, row = y // m, y - (y // m) * m
+        while b < batch:
+            for start in range(0, across * threads):
+                seen[b * m + row, start:packs:across * threads] += 1
+            row += step_m
+            b += step_b
+            if row >= m:
+                row -= m
+                b += 1
+    return seen
+
+
+@pytest.mark.parametrize("rows,m,n,vector", [(1, 1, 14336, 8), (4096, 4096, 14336, 8), (8192, 8192, 5120, 8),
+                                             (512, 512, 28672, 8), (3, 1, 1, 1), (24, 8, 1000, 2), (5, 5, 10 ** 5, 1)])
+def test_the_pass_grid_visits_every_column_of_every_row_once(rows, m, n, vector):
+    assert np.all(_pass_coverage(rows, m, n, vector) == 1)
+
+
+def test_the_pass_steps_matrices_and_rows_past_grid_ys_limit(monkeypatch):
+    # rows beyond grid y: each block's next row is gridDim.y rows on, across the matrices' boundaries
+    from autogemm.gpu import epilogue_pass
+
+    monkeypatch.setattr(epilogue_pass, "MAX_GRID_Y", 7)
+    assert epilogue_pass.grid(3 * 5, 64, 132, 8)[1] == 7
+    assert np.all(_pass_coverage(3 * 5, 5, 64, 8) == 1) and np.all(_pass_coverage(4 * 3, 3, 64, 8) == 1)
+    assert np.all(_pass_coverage(2 * 11, 11, 64, 8) == 1)
+
+
+def test_the_pass_grid_gives_a_block_a_row_where_the_rows_fill_the_gpu_and_spreads_short_ones():
+    from autogemm.gpu.epilogue_pass import MAX_GRID_Y, THREADS_PER_SM, block_width, grid
+
+    assert grid(4096, 14336, 132, 8) == (1, 4096, 1)  # a block sweeps a row, 7 packs a thread
+    assert grid(1, 14336, 132, 8) == (7, 1, 1)  # one row: blocks along it, a pack a thread
+    across, down, _ = grid(512, 28672, 132, 8)  # 512 rows: blocks along a row for two rounds of every SM
+    assert down == 512 and across * down >= 2 * 132 * THREADS_PER_SM // 256 and across < 28672 // 8 // 256
+    assert grid(10 ** 7, 8, 132)[1] == MAX_GRID_Y and grid(3, 1, 132) == (1, 3, 1)
+    # block widths that leave no thread idle at a row's end where a wide block would leave many
+    assert block_width(14336, 8) == 256 and block_width(5120, 8) == 128 and block_width(8, 8) == 32
+    assert block_width(13824, 8) == 256  # a 28th of the slots idle: within IDLE_SHARE

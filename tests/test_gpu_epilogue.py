@@ -257,11 +257,13 @@ def test_the_packed_pass_and_the_element_wise_pass_write_the_same_d():
     assert {1, 8} <= loaded
 
 
+@pytest.mark.parametrize("activation", ["silu", "gelu"])
 @pytest.mark.parametrize("dtype,out_dtype", [("float32", "float32"), ("bfloat16", "float32")])
-def test_the_pass_form_of_silu_stays_within_its_bound_on_a_dense_sweep(dtype, out_dtype):
-    """The pass's silu with the hardware's exponential and quotient (__expf, __fdividef), over 2^20 points of
-    [-100, 100] (FP32 products) or every BF16 value in it: within the evaluation's bound of float64 (at FP32
-    out, where D's rounding hides nothing) everywhere."""
+def test_the_pass_forms_of_silu_and_gelu_stay_within_their_bound_on_a_dense_sweep(dtype, out_dtype, activation):
+    """The pass's silu and GELU with the hardware's exponential and quotient (__expf, __fdividef; GELU's erf
+    by Abramowitz and Stegun's form), over 2^20 points of [-100, 100] (FP32 products) or every BF16 value
+    in it: within the evaluation's bound of float64 (at FP32 out, where D's rounding hides nothing)
+    everywhere."""
     import cupy
 
     from autogemm.serving import epilogue_step
@@ -271,7 +273,7 @@ def test_the_pass_form_of_silu_stays_within_its_bound_on_a_dense_sweep(dtype, ou
     else:
         every = (cupy.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32)  # each BF16 bit pattern, as FP32
         x = every[cupy.isfinite(every) & (cupy.abs(every) <= 100)].astype(_cupy_dtype("bfloat16")).reshape(1, -1)
-    epilogue = Epilogue(activation="silu", out_dtype=out_dtype)
+    epilogue = Epilogue(activation=activation, out_dtype=out_dtype)
     d = epilogue_step.apply(x, epilogue)
     host = x.astype(np.float32).get().astype(np.float64)
     expected = reference(host, epilogue)
@@ -279,7 +281,21 @@ def test_the_pass_form_of_silu_stays_within_its_bound_on_a_dense_sweep(dtype, ou
     bound = error_bound(0.0, epilogue, np.abs(expected), u, pre_activation_magnitude=np.abs(host), accumulator_unit_roundoff=u)
     error = np.abs(d.get().astype(np.float64) - expected)
     worst = np.unravel_index(int(np.argmax(error / np.maximum(bound, 1e-300))), error.shape)
-    assert bool(np.all(error <= bound)), f"silu({host[worst]}) = {d.get()[worst]!r}, reference {expected[worst]!r}"
+    assert bool(np.all(error <= bound)), f"{activation}({host[worst]}) = {d.get()[worst]!r}, reference {expected[worst]!r}"
+
+
+def test_the_pass_steps_across_matrices_past_grid_ys_limit():
+    """More rows than grid y takes (3 matrices of 30001 rows, 90003 > 65535): each block's next row is
+    65535 rows on, in the next matrix, every element written once and right."""
+    import cupy
+
+    from autogemm.serving import epilogue_step
+
+    x = cupy.random.default_rng(3).standard_normal((3, 30001, 16), dtype=np.float32)
+    bias = cupy.random.default_rng(4).standard_normal(16, dtype=np.float32)
+    epilogue = Epilogue(bias="n", activation="relu")
+    d = epilogue_step.apply(x, epilogue, bias=bias)
+    assert bool(cupy.all(d == cupy.maximum(x + bias, 0)))
 
 
 def test_the_fast_path_hands_a_bias_its_packs_cannot_read_to_the_general_path():
