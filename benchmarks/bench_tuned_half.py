@@ -306,12 +306,15 @@ def _summary_row(name, group) -> str:
             f"{min(eager):.3f} | {geomean(r['latency_ratio'] for r in group):.3f} | {sum(r['generated'] for r in group)} |")
 
 
-def report(rows, device_name: str, seed: int) -> list[str]:
+def report(rows, device_name: str, seed: int, drawn: int | None = None) -> list[str]:
+    """The Markdown table of `rows`; `drawn`: the problems of the draw, said beside those run where fewer ran."""
     clocks = [r["sm_clock_mhz"] for r in rows if r.get("sm_clock_mhz")]
     power = [r["power_w"] for r in rows if r.get("power_w")]
     seen = (f" SM clock during the timings: median {statistics.median(clocks):.0f} MHz, board power median "
             f"{statistics.median(power):.0f} W." if clocks else "")
     lines = [f"# Tuned half precision: {device_name}", "", *mixed_codes(rows),
+             *([f"**{len(rows)} of the {drawn} problems drawn have run; the other {drawn - len(rows)} have not yet.**", ""]
+               if drawn and len(rows) < drawn else []),
              f"{len(rows)} BF16 and FP16 problems drawn by benchmarks/bench_tuned_half.py (seed {seed}), none of "
              "them in campaigns/, cache/ or another benchmark. Each tuned with the default budget "
              "(`autogemm.tune(problem)`) in a user cache of its own, the shipped results on"
@@ -386,7 +389,7 @@ def main(argv=None) -> int:
     slug, name = device_of(args.device_slug if args.report else None)
     path = _out_path(args, slug)
     if args.report:
-        return write_report(path, lambda rows: report(rows, name, args.seed))
+        return write_report(path, lambda rows: report(rows, name, args.seed, len(specs)))
     ran = []
 
     def measured(spec, index):

@@ -85,6 +85,9 @@ def test_a_cut_short_results_file_keeps_its_whole_rows_and_the_table_has_every_c
     assert "| M > 2048 | 1 | 1.050 | 1.050 | 1.050 | 1.050 | 1.000 | 1 |" in table
     assert any(line.startswith("| all | 3 |") for line in table)
     assert not any("different codes" in line for line in table)
+    assert not any("have not yet" in line for line in table)  # (no count of the draw given)
+    assert "**3 of the 40 problems drawn have run; the other 37 have not yet.**" in bench.report(rows, "NVIDIA H200", 7, 40)
+    assert not any("have not yet" in line for line in bench.report(rows, "NVIDIA H200", 7, 3))
 
 
 def test_rows_of_two_codes_are_named_in_the_table():
