@@ -419,9 +419,9 @@ def _pass_coverage(rows: int, m: int, n: int, vector: int, sms: int = 132) -> np
     threads, packs = block_width(n, vector), -(-n // vector)
     seen = np.zeros((rows, packs), dtype=np.int64)
     batch = rows // m
-    step_b, step_m = down // m, down - (down // m) * m
+    step_b, step_m = divmod(down, m)
     for y in range(down):
-        b, row = y // m, y - (y // m) * m
+        b, row = divmod(y, m)
         while b < batch:
             for start in range(0, across * threads):
                 seen[b * m + row, start:packs:across * threads] += 1
