@@ -413,10 +413,10 @@ def test_the_gated_arithmetic_stays_within_its_bound_of_the_float64_reference(dt
 def _pass_coverage(rows: int, m: int, n: int, vector: int, sms: int = 132) -> np.ndarray:
     """How often the pass's loops (templates/epilogue.cu.j2, replayed) visit each pack of each of `rows`
     rows (matrices of `m` rows) of `n` columns, on the grid and blocks epilogue_pass gives them."""
-    from autogemm.gpu.epilogue_pass import block_width, grid
+    from autogemm.gpu.epilogue_pass import launch_shape
 
-    across, down, _ = grid(rows, n, sms, vector)
-    threads, packs = block_width(n, vector), -(-n // vector)
+    (across, down, _), (threads, _, _) = launch_shape(rows, n, sms, vector)
+    packs = -(-n // vector)
     seen = np.zeros((rows, packs), dtype=np.int64)
     batch = rows // m
     step_b, step_m = divmod(down, m)
@@ -444,13 +444,18 @@ def test_the_pass_steps_matrices_and_rows_past_grid_ys_limit(monkeypatch):
     from autogemm.gpu import epilogue_pass
 
     monkeypatch.setattr(epilogue_pass, "MAX_GRID_Y", 7)
-    assert epilogue_pass.grid(3 * 5, 64, 132, 8)[1] == 7
+    assert epilogue_pass.launch_shape(3 * 5, 64, 132, 8)[0][1] == 7
     assert np.all(_pass_coverage(3 * 5, 5, 64, 8) == 1) and np.all(_pass_coverage(4 * 3, 3, 64, 8) == 1)
     assert np.all(_pass_coverage(2 * 11, 11, 64, 8) == 1)
 
 
 def test_the_pass_grid_gives_a_block_a_row_where_the_rows_fill_the_gpu_and_spreads_short_ones():
-    from autogemm.gpu.epilogue_pass import MAX_GRID_Y, THREADS_PER_SM, block_width, grid
+    from autogemm.gpu.epilogue_pass import MAX_GRID_Y, THREADS_PER_SM, block_width, launch_shape
+
+    def grid(rows, n, sms, vector=1):
+        grid, block = launch_shape(rows, n, sms, vector)
+        assert block == (block_width(n, vector), 1, 1)
+        return grid
 
     assert grid(4096, 14336, 132, 8) == (1, 4096, 1)  # a block sweeps a row, 7 packs a thread
     assert grid(1, 14336, 132, 8) == (7, 1, 1)  # one row: blocks along it, a pack a thread

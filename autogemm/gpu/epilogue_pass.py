@@ -42,19 +42,20 @@ def block_width(n: int, vector: int = 1) -> int:
                 min(BLOCK_WIDTHS, key=lambda threads: (idle(threads), -threads)))
 
 
-def grid(rows: int, n: int, sms: int, vector: int = 1) -> tuple[int, int, int]:
-    """The pass's grid for `rows` rows (batch × M) of `n` columns, `vector` a thread, in blocks of
-    `block_width(n, vector)` threads: a block a row, each thread taking a pack of columns after another
+def launch_shape(rows: int, n: int, sms: int, vector: int = 1) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """The pass's grid and block for `rows` rows (batch × M) of `n` columns, `vector` a thread: blocks of
+    `block_width(n, vector)` threads, a block a row, each thread taking a pack of columns after another
     (a row's setup paid once for them all), and more blocks along a row only where the rows are too few
     for WAVES rounds of blocks on every SM (prefill products of a few hundred tokens, decode ones),
-    as many as each thread's packs then allow. Beyond grid y's limit the blocks loop over the rows."""
+    as many as each thread's packs then allow. Beyond grid y's limit the blocks loop over the rows.
+    One function gives both, so that the grid is always worked out for the block the pass runs."""
     threads = block_width(n, vector)
     along = -(-n // (threads * vector))  # blocks that would take a row one pack a thread
     fill = sms * THREADS_PER_SM // threads  # blocks on every SM at once (for 32 threads, more than
     # an SM holds, but such blocks come only with rows short enough for one block)
     across = max(1, min(along, -(-WAVES * fill // rows)))
     packs = -(-along // across)  # a thread's packs of a row
-    return -(-along // packs), min(rows, MAX_GRID_Y), 1
+    return (-(-along // packs), min(rows, MAX_GRID_Y), 1), (threads, 1, 1)
 
 
 def vector_width(dtype: str, epilogue: Epilogue, n: int, pitches: Any, pointers: Any) -> int:
@@ -108,6 +109,6 @@ def pass_kernel(dtype: str, epilogue: Epilogue, device: int, batch: int, m: int,
     per launch) for `batch` products of m × n (pitch `ldp`, batch stride `stride_p`) written to a
     C-contiguous D of the same shape (C is D, beta 0), the residual of pitch `ldr` and batch stride
     `stride_r`."""
-    return compiled_kernel(compiled(dtype, epilogue, device, vector), "gemm",
-                           grid(batch * m, n, device_info(device).sm_count, vector), (block_width(n, vector), 1, 1), 0,
+    grid, block = launch_shape(batch * m, n, device_info(device).sm_count, vector)
+    return compiled_kernel(compiled(dtype, epilogue, device, vector), "gemm", grid, block, 0,
                            pass_arguments(dtype, batch, m, n, ldp, stride_p, n, m * n, 0.0, ldr, stride_r))

@@ -26,7 +26,7 @@ from ..gpu.cublas_epilogue import cublas_epilogue_launcher, lt_epilogue
 from ..gpu.cublas_gemm import alignment_of
 from ..gpu.launch import device_info
 from ..gpu.operands import ArrayInfo, KernelOperand
-from ..gpu.epilogue_pass import block_width, compiled, grid, pass_arguments, pass_kernel, vector_width
+from ..gpu.epilogue_pass import compiled, launch_shape, pass_arguments, pass_kernel, vector_width
 from . import plan as plan_module
 from .fused_epilogue import fused_plan
 from .torch_fast_path import TorchOutputs
@@ -126,8 +126,8 @@ def apply(product: Any, epilogue: Epilogue, *, bias: Any = None, residual: Any =
                           [(x.data.ptr, x.dtype.itemsize) for x in (p, d, arguments["bias"], r) if isinstance(x, cupy.ndarray)])
     source = compiled(dtype, epilogue, product.device.id, vector)
     # (passed in the order the kernel declares its parameters, as every launcher passes them)
-    source.gemm(grid(batch * m, n, device_info(product.device.id).sm_count, vector), (block_width(n, vector),),
-                tuple(arguments[name] for name in source.source.parameters(source.source.kernel)))
+    grid, block = launch_shape(batch * m, n, device_info(product.device.id).sm_count, vector)
+    source.gemm(grid, block, tuple(arguments[name] for name in source.source.parameters(source.source.kernel)))
     if d.data.ptr != target.data.ptr:  # out's strides needed a copy: D goes back into out
         target[...] = d.reshape(target.shape)
     return target
