@@ -312,7 +312,8 @@ def test_the_fast_path_hands_a_bias_its_packs_cannot_read_to_the_general_path():
 
 
 LT_CASES = {"bias+gelu_tanh": dict(activation="gelu_tanh", bias=True), "bias+relu": dict(activation="relu", bias=True),
-            "bias": dict(bias=True), "residual": dict(residual=True), "bias+residual": dict(bias=True, residual=True)}
+            "residual": dict(residual=True), "bias+residual": dict(bias=True, residual=True)}
+# (a bias alone on 16-bit tensors is F.linear's own call: eager_epilogue, test_an_untuned_layer_...)
 
 
 @pytest.mark.parametrize("case", list(LT_CASES))
@@ -362,6 +363,38 @@ def test_epilogues_cublaslt_has_run_inside_its_gemm_from_the_second_call(dtype, 
         monkeypatch.setattr(dispatch, "_with_epilogue", general)
         shifted = stored[1:].view(24, 192)
         assert torch.allclose(call(x, shifted).double(), expected(x, shifted), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("case", ["bias", "bias+silu", "bias+gelu+residual", "silu"])
+def test_an_untuned_layer_on_16_bit_tensors_is_served_by_eagers_own_calls_from_the_second_call(case, monkeypatch):
+    # the isolated cache has no records: cuBLAS serves the GEMM, and eager PyTorch's calls serve the layer
+    # (F.linear with the bias, the activation and the residual in place), with eager's own result
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    from autogemm.serving import dispatch
+
+    autogemm.reset()
+    x = torch.randn(24, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(192, 256, device="cuda", dtype=torch.bfloat16) / 16
+    bias = torch.randn(192, device="cuda", dtype=torch.bfloat16) if "bias" in case else None
+    residual = torch.randn(24, 192, device="cuda", dtype=torch.bfloat16) if "residual" in case else None
+    activation = next((a for a in ("silu", "gelu") if a in case), None)
+
+    def eager():
+        y = F.linear(x, w, bias)
+        y = {"silu": F.silu, "gelu": F.gelu, None: lambda v: v}[activation](y)
+        return y + residual if residual is not None else y
+
+    autogemm.linear(x, w, bias, activation=activation, residual=residual)  # the general path files the plan
+    plans = list(dispatch._DISPATCHER.torch_epilogue.values())
+    assert plans and {type(p).__name__ for p in plans} == {"TorchEagerEpiloguePlan"}, plans
+    said = autogemm.explain(x, w.T, bias=bias, activation=activation, residual=residual)
+    assert said["config"] is None and said["epilogue"]["route"] == "eager"
+    monkeypatch.setattr(dispatch, "_with_epilogue", lambda *args, **kwargs: pytest.fail("took the general path"))
+    x.copy_(torch.randn_like(x))
+    for result in (autogemm.linear(x, w, bias, activation=activation, residual=residual),
+                   autogemm.matmul(x, w.T, bias=bias, activation=activation, residual=residual)):
+        assert result.dtype == torch.bfloat16 and torch.equal(result, eager()), case
 
 
 def test_a_cuda_graph_captures_cublaslts_epilogue():

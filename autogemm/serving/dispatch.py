@@ -23,6 +23,7 @@ from ..epilogue import Epilogue
 from ..gpu import capture, runtime
 from ..gpu.operands import check_scalars, common_device, contiguous_strides, describe, real_scalar, validate
 from . import epilogue_step, numpy_semantics, torch_fast_path, torch_tensors
+from .eager_epilogue import TorchEagerEpiloguePlan
 from .numpy_semantics import as_cupy
 from .plan import bind_cupy_names, bind_torch_names, make_plan
 from .planning import Dispatcher, fast_key
@@ -237,6 +238,8 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
         try:
             plan = _DISPATCHER.torch_epilogue.get(epilogue_step.torch_epilogue_key(
                 x, transposed, None, bias, residual, activation, out_dtype, gated))
+            if isinstance(plan, TorchEagerEpiloguePlan):  # (its b is the weight itself under linear's key)
+                plan = plan.as_linear()
             if plan is not None:
                 epilogue_step.file_plan(_DISPATCHER, epilogue_step.torch_linear_key(
                     x, weight, bias, residual, activation, out_dtype, gated), plan)

@@ -28,6 +28,7 @@ from ..gpu.launch import device_info
 from ..gpu.operands import ArrayInfo, KernelOperand
 from ..gpu.epilogue_pass import compiled, launch_shape, pass_arguments, pass_kernel, vector_width
 from . import plan as plan_module
+from .eager_epilogue import eager_plan
 from .fused_epilogue import fused_plan
 from .torch_fast_path import TorchOutputs
 
@@ -279,7 +280,9 @@ def register_torch(dispatcher: Any, key: str, gemm_key: Any, epilogue: Epilogue,
     and D; a residual with unit column stride): the chosen kernel with the epilogue in its store where
     a generated kernel serves the GEMM for good and its config applies it (fused_epilogue), cuBLASLt's
     own epilogue where cuBLAS serves the GEMM and cuBLASLt has one (TorchLtEpiloguePlan), else the
-    GEMM's plan and the pass (TorchEpiloguePlan). Whether it was filed."""
+    GEMM's plan and the pass (TorchEpiloguePlan). Where cuBLAS serves the GEMM of 16-bit tensors and eager
+    PyTorch's calls compute the epilogue, those calls serve (eager_epilogue), before cuBLASLt's epilogue
+    and the pass. Whether it was filed."""
     gemm_plan = dispatcher.torch_fast.get(gemm_key)
     if gemm_plan is None or not product.is_contiguous() or not result.is_contiguous() or product.dim() not in (2, 3):
         return False
@@ -296,6 +299,10 @@ def register_torch(dispatcher: Any, key: str, gemm_key: Any, epilogue: Epilogue,
     fused = fused_plan(dispatcher, gemm_key, gemm_plan, epilogue, product, result, residual, ldr, stride_r)
     if fused is not None:
         file_plan(dispatcher, key, fused)
+        return True
+    eager = eager_plan(dispatcher, gemm_key, gemm_plan, epilogue, dtype, operands, result, bias, residual)
+    if eager is not None:
+        file_plan(dispatcher, key, eager)
         return True
     lt = _lt_plan(dispatcher, gemm_key, gemm_plan, epilogue, dtype, operands, product, result, bias, residual, ldr,
                   stride_r)
@@ -327,5 +334,5 @@ def file_plan(dispatcher: Any, key: str, plan: Any) -> None:
         memo[key] = plan
         kept = set(map(id, memo.values()))
     for old in dropped:
-        if id(old) not in kept:  # (linear files matmul's plan under a second key)
+        if id(old) not in kept and old.outputs is not None:  # (linear files matmul's plan under a second key)
             old.outputs.release(dispatcher)

@@ -13,6 +13,7 @@ from ..gpu import launch, runtime
 from .numpy_semantics import KERNELS
 from ..gpu.operands import check_scalars, describe, real_scalar, validate
 from ..problem import Problem
+from .eager_epilogue import eager_computes
 from .fused_epilogue import tuned_kernel
 from .race import race_choice
 from .select import ChoiceSource
@@ -151,6 +152,12 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
         applied += (f"; from the second such call on PyTorch tensors, in the store of the kernel that serves the GEMM "
                     f"({config.name})")
         route = f"fused {config.name}"
+    elif tensors and config is None and a.ndim >= 2 and a.dtype == b.dtype \
+            and all(x is None or x.dtype == a.dtype for x in (bias, residual)) \
+            and eager_computes(epilogue, gemm["dtype"], b.ndim, None if bias is None else bias.ndim):
+        applied += ("; from the second such call on PyTorch tensors, by eager PyTorch's own calls (F.linear with "
+                    "the bias, then the activation and the residual in place)")
+        route = "eager"
     elif lt is not None and tensors and config is None and len(gemm.get("shape") or ()) == 2:
         applied += f"; from the second such call on PyTorch tensors, inside cuBLAS's GEMM (cuBLASLt's {lt} epilogue)"
         route = f"cuBLASLt {lt}"
