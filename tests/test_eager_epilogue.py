@@ -29,6 +29,9 @@ from autogemm.serving.eager_epilogue import TorchEagerEpiloguePlan, eager_comput
 def test_eager_takes_the_layers_its_own_calls_compute_and_cublaslt_does_not_fuse(epilogue, dtype, weight_dims, bias_dims,
                                                                               expected):
     assert eager_computes(epilogue, dtype, weight_dims, bias_dims) is expected
+    # a vector x (matmul's semantics, not a layer's) and a bias or residual of another dtype go elsewhere too
+    assert not eager_computes(epilogue, dtype, weight_dims, bias_dims, x_dims=1)
+    assert not eager_computes(epilogue, dtype, weight_dims, bias_dims, one_dtype=False)
 
 
 def _dispatcher_with(gemm_plan, key="gemm"):

@@ -26,14 +26,15 @@ from ..gpu.cublas_epilogue import lt_epilogue
 EAGER_DTYPES = ("float16", "bfloat16")  # as torch_matmul_for: float32 is computed as float32, not in TF32
 
 
-def eager_computes(epilogue: Epilogue, dtype: str, weight_dims: int, bias_dims: int | None) -> bool:
-    """Whether eager PyTorch's calls serve `epilogue` on a product of `dtype` (its operands', bias's and
-    residual's dtype alike) against a weight of `weight_dims` axes and a bias of `bias_dims` (None: no
-    bias): F.linear with the bias, then the activation and the residual in place. Not where cuBLASLt
-    computes more of the epilogue inside its GEMM than the bias (RELU, GELU's tanh form, a residual as
-    C): that saves a pass over the product, which eager makes."""
-    if dtype not in EAGER_DTYPES or epilogue.gated or epilogue.out_dtype or epilogue.scale \
-            or epilogue.bias not in ("", "n") or weight_dims != 2 or bias_dims not in (None, 1):
+def eager_computes(epilogue: Epilogue, dtype: str, weight_dims: int, bias_dims: int | None, x_dims: int = 2,
+                   one_dtype: bool = True) -> bool:
+    """Whether eager PyTorch's calls serve `epilogue` on a product of `dtype` against a weight of
+    `weight_dims` axes, a bias of `bias_dims` (None: no bias) and an x of `x_dims`, `one_dtype` where
+    the operands, bias and residual all have `dtype`: F.linear with the bias, then the activation and the
+    residual in place. Not where cuBLASLt computes more of the epilogue inside its GEMM than the bias
+    (RELU, GELU's tanh form, a residual as C): that saves a pass over the product, which eager makes."""
+    if dtype not in EAGER_DTYPES or not one_dtype or epilogue.gated or epilogue.out_dtype or epilogue.scale \
+            or epilogue.bias not in ("", "n") or weight_dims != 2 or bias_dims not in (None, 1) or x_dims < 2:
         return False
     lt = lt_epilogue(epilogue, dtype)
     return lt is None or (lt == "BIAS" and not epilogue.residual)
@@ -57,7 +58,6 @@ class TorchEagerEpiloguePlan:
     another device than the plan's (the general path names it)."""
 
     outputs = None  # (no spare outputs: PyTorch allocates)
-    route = "eager"
 
     def __init__(self, dispatcher: Any, gemm_key: Any, gemm_plan: Any, activation: str, device: int, transposed: bool = True):
         import torch.nn.functional as F  # (a tensor was given)
@@ -90,9 +90,8 @@ def eager_plan(dispatcher: Any, gemm_key: Any, gemm_plan: Any, epilogue: Epilogu
     dtype, torch_fast_path.torch_matmul_for) and eager's calls compute `epilogue` (eager_computes) into a
     result of `result`'s shape and dtype; else None."""
     a, b = operands
-    if gemm_plan.torch_matmul is None or a.dim() < 2 or result.dtype != a.dtype \
-            or any(x is not None and x.dtype != a.dtype for x in (bias, residual)) \
-            or (residual is not None and residual.shape != result.shape) \
-            or not eager_computes(epilogue, dtype, b.dim(), None if bias is None else bias.dim()):
+    one_dtype = all(x is None or x.dtype == a.dtype for x in (b, bias, residual, result))
+    if gemm_plan.torch_matmul is None or (residual is not None and residual.shape != result.shape) \
+            or not eager_computes(epilogue, dtype, b.dim(), None if bias is None else bias.dim(), a.dim(), one_dtype):
         return None
     return TorchEagerEpiloguePlan(dispatcher, gemm_key, gemm_plan, epilogue.activation, gemm_plan.device)

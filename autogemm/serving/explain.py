@@ -152,9 +152,9 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
         applied += (f"; from the second such call on PyTorch tensors, in the store of the kernel that serves the GEMM "
                     f"({config.name})")
         route = f"fused {config.name}"
-    elif tensors and config is None and a.ndim >= 2 and a.dtype == b.dtype \
-            and all(x is None or x.dtype == a.dtype for x in (bias, residual)) \
-            and eager_computes(epilogue, gemm["dtype"], b.ndim, None if bias is None else bias.ndim):
+    elif tensors and config is None and eager_computes(
+            epilogue, gemm["dtype"], b.ndim, None if bias is None else bias.ndim, a.ndim,
+            all(x is None or x.dtype == a.dtype for x in (b, bias, residual))):
         applied += ("; from the second such call on PyTorch tensors, by eager PyTorch's own calls (F.linear with "
                     "the bias, then the activation and the residual in place)")
         route = "eager"
