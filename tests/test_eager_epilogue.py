@@ -1,5 +1,6 @@
-"""The eager handover of untuned layers (serving/eager_epilogue.py), on the CPU: which epilogues it takes,
-and that its plan computes what eager PyTorch computes, refusing the calls the general path must serve."""
+"""The handover of untuned layers to PyTorch's GEMM call and the pass in place (serving/eager_epilogue.py), on
+the CPU: which epilogues it takes, what its plan runs and what it refuses to the general path, and how the
+pass in place is pointed."""
 
 from __future__ import annotations
 
@@ -38,9 +39,27 @@ def _dispatcher_with(gemm_plan, key="gemm"):
     return SimpleNamespace(torch_fast={key: gemm_plan})
 
 
+class _TorchFinish:
+    """A stand-in for EpiloguePassInPlace on the CPU: the epilogue after F.linear by PyTorch's calls, in place."""
+
+    def __init__(self, activation, accepted=True):
+        self.activation, self.accepted, self.calls = activation, accepted, 0
+
+    def accepts(self, bias, residual):
+        return self.accepted
+
+    def __call__(self, y, bias, residual):
+        import torch
+
+        self.calls += 1
+        y.add_(bias) if bias is not None else None
+        y.copy_({"": lambda v: v, "silu": torch.nn.functional.silu, "gelu": torch.nn.functional.gelu}[self.activation](y))
+        y.add_(residual) if residual is not None else None
+
+
 @pytest.mark.parametrize("activation,with_residual", [("", False), ("silu", False), ("gelu", False), ("silu", True),
-                                                     ("gelu", True)])  # (a bias and a residual: cuBLASLt's)
-def test_the_eager_plan_computes_eagers_layer_under_both_keys(activation, with_residual):
+                                                     ("gelu", True)])
+def test_the_plan_runs_f_linear_then_its_finish_under_both_keys(activation, with_residual):
     torch = pytest.importorskip("torch")
     F = torch.nn.functional
     torch.manual_seed(3)
@@ -50,29 +69,100 @@ def test_the_eager_plan_computes_eagers_layer_under_both_keys(activation, with_r
     residual = torch.randn(5, 7, 48, dtype=torch.bfloat16) if with_residual else None
     gemm = SimpleNamespace(torch_matmul=torch.matmul, device=-1)
     dispatcher = _dispatcher_with(gemm)
-    epilogue = Epilogue("n", activation, with_residual)
-    product = torch.matmul(x, w.mT)
-    plan = eager_plan(dispatcher, "gemm", gemm, epilogue, "bfloat16", (x, w.mT), product, bias, residual)
-    assert isinstance(plan, TorchEagerEpiloguePlan)
-    y = F.linear(x, w, bias)
-    y = {"": lambda v: v, "silu": F.silu, "gelu": F.gelu}[activation](y)
-    expected = y + residual if with_residual else y
+    whole = not activation and not with_residual  # (the bias alone: F.linear's own, no finish)
+    finish = None if whole else _TorchFinish(activation)
+    plan = TorchEagerEpiloguePlan(dispatcher, "gemm", gemm, finish, -1)
+    if whole:
+        expected = F.linear(x, w, bias)
+    else:
+        y = F.linear(x, w)
+        finish(y, bias, residual)
+        expected = y
     assert torch.equal(plan.call(x, w.mT, bias, residual, 1.0), expected)  # matmul's key: b is weight's view
     assert torch.equal(plan.as_linear().call(x, w, bias, residual, 1.0), expected)  # linear's: b is the weight
-    # and what the general path must serve: another alpha, a GEMM plan replaced since, another device
+    assert whole or finish.calls == 3
+    # and what the general path must serve: another alpha, a GEMM plan replaced since, a bias or residual
+    # that does not suit (another device; the finish's alignment)
     assert plan.call(x, w.mT, bias, residual, 0.5) is None
+    if whole:
+        assert TorchEagerEpiloguePlan(dispatcher, "gemm", gemm, None, 0).call(x, w.mT, bias, residual, 1.0) is None
+    else:
+        assert TorchEagerEpiloguePlan(dispatcher, "gemm", gemm, _TorchFinish(activation, False), -1).call(
+            x, w.mT, bias, residual, 1.0) is None
     dispatcher.torch_fast["gemm"] = SimpleNamespace(torch_matmul=torch.matmul, device=-1)
     assert plan.call(x, w.mT, bias, residual, 1.0) is None
-    elsewhere = eager_plan(_dispatcher_with(gemm), "gemm", SimpleNamespace(torch_matmul=torch.matmul, device=0),
-                           epilogue, "bfloat16", (x, w.mT), product, bias, residual)
-    assert elsewhere.call(x, w.mT, bias, residual, 1.0) is None
+
+
+class _Packed:
+    """A stand-in for a PackedKernel: its pointer slots, and the launches asked of it."""
+
+    def __init__(self):
+        import numpy as np
+
+        self.pointers, self.launches = np.zeros(5, dtype=np.uint64), []
+
+    def slots(self, *names):
+        return self.pointers, tuple(range(len(names)))
+
+    def launch(self, stream):
+        self.launches.append(tuple(int(p) for p in self.pointers))
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+def test_the_pass_in_place_points_every_operand_at_the_output_or_computes_with_pytorch_where_it_cannot(aligned, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from autogemm.serving import eager_epilogue, plan as plan_module
+
+    monkeypatch.setattr(plan_module, "torch_raw_stream", lambda device: 7)
+    monkeypatch.setattr(plan_module, "current_device", lambda: -1)
+    torch.manual_seed(5)
+    y = torch.randn(6, 16, dtype=torch.bfloat16)
+    bias, residual = torch.randn(16, dtype=torch.bfloat16), torch.randn(6, 16, dtype=torch.bfloat16)
+    # the alignment the packs need: y's own address's, or one more byte than any address keeps
+    alignment = 1 if aligned else 1 << 40
+    packed = _Packed()
+    finish = eager_epilogue.EpiloguePassInPlace(packed, Epilogue("n", "silu", True), -1, alignment)
+    assert finish.accepts(bias, residual) is aligned
+    assert finish.accepts(None, None) is True
+    expected = torch.nn.functional.silu(y + bias) + residual
+    before = y.clone()
+    finish(y, bias, residual)
+    if aligned:  # P, D and C are the output itself; the bias and residual their own addresses; nothing computed here
+        assert packed.launches == [(y.data_ptr(),) * 3 + (bias.data_ptr(), residual.data_ptr())]
+        assert torch.equal(y, before)
+    else:  # (an allocator whose blocks are less aligned than the packs: PyTorch's calls, the same layer)
+        assert packed.launches == []
+        assert torch.allclose(y.double(), expected.double(), rtol=2e-2, atol=2e-2)
+
+
+def test_the_plan_of_a_bias_alone_has_no_finish_and_of_more_a_pass_built_for_its_shapes(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from autogemm.serving import eager_epilogue
+
+    built = []
+    monkeypatch.setattr(eager_epilogue, "pass_kernel", lambda *args: built.append(args) or _Packed())
+    x, w = torch.randn(2, 4, 16, dtype=torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16)
+    product = torch.matmul(x, w.mT)
+    bias, residual = torch.randn(8, dtype=torch.bfloat16), torch.randn(2, 4, 8, dtype=torch.bfloat16)
+    cublas = SimpleNamespace(torch_matmul=torch.matmul, device=-1)
+    alone = eager_plan(_dispatcher_with(cublas), "gemm", cublas, Epilogue("n"), "bfloat16", (x, w.mT), product, bias, None)
+    assert alone.finish is None and built == []
+    more = eager_plan(_dispatcher_with(cublas), "gemm", cublas, Epilogue("n", "gelu", True), "bfloat16", (x, w.mT),
+                      product, bias, residual, 8, 32)
+    assert isinstance(more.finish, eager_epilogue.EpiloguePassInPlace)
+    # (dtype, epilogue, device, batch, m, n, ldp, stride_p, ldr, stride_r, vector): a residual's batches apart
+    assert built[0][:10] == ("bfloat16", Epilogue("n", "gelu", True), -1, 2, 4, 8, 8, 32, 8, 32)
+    plain = eager_plan(_dispatcher_with(cublas), "gemm", cublas, Epilogue("n", "silu"), "bfloat16", (x, w.mT),
+                       product, bias, None)
+    assert built[1][3:6] == (1, 8, 8)  # (no residual: every row as one matrix)
+    assert plain.finish.alignment == 2 * built[1][10]
 
 
 def test_no_eager_plan_where_a_kernel_serves_or_the_dtypes_differ():
     torch = pytest.importorskip("torch")
     x, w = torch.randn(4, 16, dtype=torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16)
     product = torch.matmul(x, w.mT)
-    epilogue = Epilogue("n", "silu")
+    epilogue = Epilogue("n")
     cublas = SimpleNamespace(torch_matmul=torch.matmul, device=-1)
     kernel = SimpleNamespace(torch_matmul=None, device=-1)  # (a generated kernel serves the GEMM)
     bias = torch.randn(8, dtype=torch.bfloat16)

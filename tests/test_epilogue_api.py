@@ -203,3 +203,16 @@ def test_bind_checks_an_epilogues_operands_before_compiling(epilogue, keywords, 
     c = Crafted((64, 48), pointer=1 << 48)
     with pytest.raises(error, match=message):
         launch.bind(config, A, B, c, epilogue=epilogue, **keywords)
+
+
+@pytest.mark.parametrize("with_bias,with_residual", [(False, False), (True, False), (True, True), (False, True)])
+def test_linears_key_holds_the_same_epilogue_part_as_matmuls(with_bias, with_residual):
+    # (linear's key writes the epilogue's part out for speed: it must say what matmul's key says)
+    torch = pytest.importorskip("torch")
+    x, w = torch.randn(3, 8), torch.randn(5, 8)
+    bias = torch.randn(5) if with_bias else None
+    residual = torch.randn(3, 5)[:, :5] if with_residual else None
+    linear = epilogue_step.torch_linear_key(x, w, bias, residual, "silu", "float32", False)
+    matmul = epilogue_step.torch_epilogue_key(x, w.mT, "", bias, residual, "silu", "float32", False)
+    assert linear[8:] == matmul[8:] == epilogue_step._epilogue_key(bias, residual, "silu", "float32", False)
+    assert linear[:8] == ("linear", x.shape, w.shape, x.stride(), w.stride(), x.dtype, w.dtype, x.get_device())

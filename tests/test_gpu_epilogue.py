@@ -227,8 +227,8 @@ def test_a_repeated_call_on_tensors_takes_the_fast_path_with_the_same_result(gat
     second = autogemm.linear(x, w, bias, activation="silu", residual=residual, gated=gated)
     torch.cuda.synchronize()
     assert second.shape == first.shape == (24, 192)
-    # (gated: the GEMM and the pass again, bit for bit; else eager's own calls serve the fast path, rounded as
-    # eager rounds: eager_epilogue)
+    # (gated: the GEMM and the pass again, bit for bit; else PyTorch's GEMM call and the pass in place serve the
+    # fast path, the bias added after the product's rounding: eager_epilogue)
     assert torch.equal(first, second) if gated else torch.allclose(first.double(), second.double(), rtol=2e-2, atol=2e-2)
     # new values in the same tensors: the fast path reads them
     x.copy_(torch.randn_like(x))
@@ -368,36 +368,76 @@ def test_epilogues_cublaslt_has_run_inside_its_gemm_from_the_second_call(dtype, 
         assert torch.allclose(call(x, shifted).double(), expected(x, shifted), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("case", ["bias", "bias+silu", "bias+gelu+residual", "silu"])
-def test_an_untuned_layer_on_16_bit_tensors_is_served_by_eagers_own_calls_from_the_second_call(case, monkeypatch):
-    # the isolated cache has no records: cuBLAS serves the GEMM, and eager PyTorch's calls serve the layer
-    # (F.linear with the bias, the activation and the residual in place), with eager's own result
+@pytest.mark.parametrize("case", ["bias", "bias+silu", "bias+gelu+residual", "silu", "gelu+pitched residual",
+                                  "batched bias+silu+residual"])
+def test_an_untuned_layer_on_16_bit_tensors_is_served_by_pytorchs_gemm_call_from_the_second_call(case, monkeypatch):
+    # the isolated cache has no records: cuBLAS serves the GEMM through PyTorch's own call, F.linear (with the
+    # bias where it is the whole epilogue: eager's own result, bit for bit), and the pass after it in place
     torch = pytest.importorskip("torch")
     F = torch.nn.functional
     from autogemm.serving import dispatch
 
     autogemm.reset()
-    x = torch.randn(24, 256, device="cuda", dtype=torch.bfloat16)
+    rows = (2, 12) if "batched" in case else (24,)
+    x = torch.randn(*rows, 256, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(192, 256, device="cuda", dtype=torch.bfloat16) / 16
     bias = torch.randn(192, device="cuda", dtype=torch.bfloat16) if "bias" in case else None
-    residual = torch.randn(24, 192, device="cuda", dtype=torch.bfloat16) if "residual" in case else None
+    residual = None
+    if "pitched" in case:  # (a residual with a pitch of its own: the first 192 columns of 200)
+        residual = torch.randn(*rows, 200, device="cuda", dtype=torch.bfloat16)[..., :192]
+    elif "residual" in case:
+        residual = torch.randn(*rows, 192, device="cuda", dtype=torch.bfloat16)
     activation = next((a for a in ("silu", "gelu") if a in case), None)
 
-    def eager():
-        y = F.linear(x, w, bias)
+    def expected():
+        y = x.double() @ w.double().T + (bias.double() if bias is not None else 0)
         y = {"silu": F.silu, "gelu": F.gelu, None: lambda v: v}[activation](y)
-        return y + residual if residual is not None else y
+        return y + residual.double() if residual is not None else y
 
     autogemm.linear(x, w, bias, activation=activation, residual=residual)  # the general path files the plan
     plans = list(dispatch._DISPATCHER.torch_epilogue.values())
     assert plans and {type(p).__name__ for p in plans} == {"TorchEagerEpiloguePlan"}, plans
     said = autogemm.explain(x, w.T, bias=bias, activation=activation, residual=residual)
-    assert said["config"] is None and said["epilogue"]["route"] == "eager"
+    assert said["config"] is None and said["epilogue"]["route"] == ("F.linear" if case == "bias" else "F.linear + pass")
     monkeypatch.setattr(dispatch, "_with_epilogue", lambda *args, **kwargs: pytest.fail("took the general path"))
-    x.copy_(torch.randn_like(x))
-    for result in (autogemm.linear(x, w, bias, activation=activation, residual=residual),
-                   autogemm.matmul(x, w.T, bias=bias, activation=activation, residual=residual)):
-        assert result.dtype == torch.bfloat16 and torch.equal(result, eager()), case
+    for _ in range(2):  # new values in the same tensors: the fast path reads them
+        x.copy_(torch.randn_like(x))
+        if residual is not None:
+            residual.copy_(torch.randn_like(residual))
+        for result in (autogemm.linear(x, w, bias, activation=activation, residual=residual),
+                       autogemm.matmul(x, w.T, bias=bias, activation=activation, residual=residual)):
+            assert result.dtype == torch.bfloat16 and result.shape == (*rows, 192), case
+            if case == "bias":
+                assert torch.equal(result, F.linear(x, w, bias))
+            # (BF16 roundings of the product and of the result, bounded by the terms' size)
+            scale = (x.double().abs() @ w.double().abs().T) + 1
+            assert ((result.double() - expected()).abs() <= 2e-2 * scale).all(), case
+
+
+def test_a_cuda_graph_captures_pytorchs_gemm_call_and_the_pass_in_place():
+    torch = pytest.importorskip("torch")
+    from autogemm.serving import dispatch
+
+    autogemm.reset()
+    x = torch.randn(16, 128, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16) / 16
+    bias = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # the warm-up plans the call (the general path, then the plan)
+        for _ in range(2):
+            autogemm.linear(x, w, bias, activation="silu")
+    torch.cuda.current_stream().wait_stream(side)
+    assert {type(p).__name__ for p in dispatch._DISPATCHER.torch_epilogue.values()} == {"TorchEagerEpiloguePlan"}
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = autogemm.linear(x, w, bias, activation="silu")
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = torch.nn.functional.silu(x.double() @ w.double().T + bias.double())
+        assert ((y.double() - expected).abs() <= 2e-2 * (x.double().abs() @ w.double().abs().T + 1)).all()
 
 
 def test_a_cuda_graph_captures_cublaslts_epilogue():

@@ -1,14 +1,19 @@
-"""A layer that nothing generated serves, handed to the calls eager PyTorch makes for it.
+"""A layer that nothing generated serves, handed to PyTorch's own GEMM call and, after it, the pass in place.
 
 Where cuBLAS serves the GEMM of a call on 16-bit CUDA tensors (no record, or a tune that kept cuBLAS), the
-fastest thing autogemm could run is what the user would have called instead: `F.linear(x, weight, bias)`
-(the bias inside cuBLASLt's GEMM, from C++), then the activation and the residual. The matmul fast path
-already hands such bare products to torch.matmul (torch_fast_path.torch_matmul_for); this does the same
-for the epilogue's layer. On an H200 the other routes lost to eager on layers of a few tens of
-microseconds, where the host's time per call sets the pace: cuBLASLt's BIAS epilogue called from Python
-ran 0.89-0.97x eager sustained and cost 7 us more latency a call; cuBLAS and the pass ran 0.85-0.88x at
-77-128 tokens. The activation and the residual run in place on the GEMM's fresh output, so that the layer
-makes one allocation, not eager's two or three.
+GEMM runs as the user would have called it: `F.linear` from C++, which allocates its output without a
+Python call (the matmul fast path hands such bare products to torch.matmul the same way,
+torch_fast_path.torch_matmul_for). A bias alone goes inside that call, in cuBLASLt's GEMM, as
+`F.linear(x, weight, bias)` adds it. An activation or a residual follows as the epilogue's pass over the
+fresh output in place (P = D: each thread reads its elements before it writes them), launched packed
+(`EpiloguePassInPlace`), the bias with it.
+
+Measured on an H200's host (16-bit layers of 1-128 tokens, where the host sets the pace): `F.linear` cost
+23-29 us a call, PyTorch's in-place GELU or SiLU after it 10-12 us more, the packed pass 5.4 us; so
+F.linear then the pass took 31-38 us where F.gelu(F.linear(...)) took 36-42. The plan's lookup in
+`linear`'s fast path adds about 5 us to that (its key reads a dozen tensor attributes). The routes this
+replaced lost to eager: cuBLASLt's BIAS called from Python ran 0.89-0.97x eager sustained and cost 7 us
+more latency a call; cuBLAS and the pass into a second output ran 0.85-0.88x at 77-128 tokens.
 
 Only where eager's calls compute the layer as asked: products of float16 or bfloat16 with a bias,
 residual and output of the same dtype, a 2-D weight, no gate (eager's gate is two GEMMs) and no other
@@ -18,21 +23,24 @@ erf GELU have none). Elsewhere cuBLASLt's epilogue or the pass serves (epilogue_
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from ..epilogue import Epilogue
+from ..gpu.capture import CaptureError
 from ..gpu.cublas_epilogue import lt_epilogue
+from ..gpu.epilogue_pass import pass_kernel, vector_width
+from . import plan as plan_module
 
 EAGER_DTYPES = ("float16", "bfloat16")  # as torch_matmul_for: float32 is computed as float32, not in TF32
 
 
 def eager_computes(epilogue: Epilogue, dtype: str, weight_dims: int, bias_dims: int | None, x_dims: int = 2,
                    one_dtype: bool = True) -> bool:
-    """Whether eager PyTorch's calls serve `epilogue` on a product of `dtype` against a weight of
-    `weight_dims` axes, a bias of `bias_dims` (None: no bias) and an x of `x_dims`, `one_dtype` where
-    the operands, bias and residual all have `dtype`: F.linear with the bias, then the activation and the
-    residual in place. Not where cuBLASLt computes more of the epilogue inside its GEMM than the bias
-    (RELU, GELU's tanh form, a residual as C): that saves a pass over the product, which eager makes."""
+    """Whether PyTorch's GEMM call (then the pass in place) serves `epilogue` on a product of `dtype` against
+    a weight of `weight_dims` axes, a bias of `bias_dims` (None: no bias) and an x of `x_dims`, `one_dtype`
+    where the operands, bias and residual all have `dtype`. Not where cuBLASLt computes more of the epilogue
+    inside its GEMM than the bias (RELU, GELU's tanh form, a residual as C): that saves the pass."""
     if dtype not in EAGER_DTYPES or not one_dtype or epilogue.gated or epilogue.out_dtype or epilogue.scale \
             or epilogue.bias not in ("", "n") or weight_dims != 2 or bias_dims not in (None, 1) or x_dims < 2:
         return False
@@ -49,49 +57,109 @@ def _activation(name: str) -> Any:
             "gelu_tanh": lambda y: nn.gelu_(y, approximate="tanh")}[name]
 
 
+class EpiloguePassInPlace:
+    """The epilogue's pass (gpu/epilogue_pass.py) over a fresh product in place, packed once for the plan's
+    shapes: a call rewrites the pointers and launches on PyTorch's current stream (a CUDA graph captures it).
+    `accepts` says whether a call's bias and residual suit it: the plan's device (current too) and the pack
+    width's alignment (the fast paths send PyTorch's lazily negated views to the general path before)."""
+
+    def __init__(self, packed: Any, epilogue: Epilogue, device: int, alignment: int):
+        self.packed, self.device, self.alignment = packed, device, alignment
+        self.pointers, (self.p_at, self.d_at, self.c_at, self.bias_at, self.residual_at) = packed.slots(
+            "P", "D", "C", "bias", "residual")
+        self._fallback = _activation(epilogue.activation)  # (PyTorch's, for an output less aligned than the packs)
+        self.lock = threading.Lock()
+
+    def accepts(self, bias: Any, residual: Any) -> bool:
+        device, alignment = self.device, self.alignment
+        return plan_module.current_device() == device and all(
+            x is None or (x.get_device() == device and not x.data_ptr() % alignment)
+            for x in (bias, residual))
+
+    def __call__(self, y: Any, bias: Any, residual: Any) -> None:
+        address = y.data_ptr()
+        if address % self.alignment:  # (PyTorch's blocks are 512-byte aligned: only another allocator's are not)
+            if bias is not None:
+                y.add_(bias)
+            if self._fallback is not None:
+                self._fallback(y)
+            if residual is not None:
+                y.add_(residual)
+            return
+        stream = plan_module.torch_raw_stream(self.device)
+        with self.lock:
+            pointers = self.pointers
+            pointers[self.p_at] = pointers[self.d_at] = pointers[self.c_at] = address
+            pointers[self.bias_at] = 0 if bias is None else bias.data_ptr()
+            pointers[self.residual_at] = 0 if residual is None else residual.data_ptr()
+            self.packed.launch(stream)
+
+
 class TorchEagerEpiloguePlan:
-    """A call on tensors with an epilogue, served by eager PyTorch's own calls: F.linear(a, weight, bias),
-    then the activation and `+ residual` in place, on PyTorch's current stream and its allocator (a CUDA
-    graph captures them as it captures eager code). `transposed`: the call's b is the weight's transposed
-    view (matmul's key), else the weight itself (linear's). `call` gives None where the GEMM's torch fast-path
-    plan changed (a tune, a reset: the general path files another plan), alpha is not 1, or a tensor is on
-    another device than the plan's (the general path names it)."""
+    """A call on tensors with an epilogue served by PyTorch's GEMM call: `F.linear(a, weight, bias)` where the
+    bias is the whole epilogue, else `F.linear(a, weight)` and then `finish` (EpiloguePassInPlace) over its
+    output, on PyTorch's current stream and its allocator. `transposed`: the call's b is the weight's
+    transposed view (matmul's key), else the weight itself (linear's). `call` gives None where the GEMM's
+    torch fast-path plan changed (a tune, a reset: the general path files another plan), alpha is not 1, or
+    the bias or residual does not suit (the general path serves or names it). An x or weight on another
+    device F.linear itself refuses (x's device is in the plan's key)."""
 
     outputs = None  # (no spare outputs: PyTorch allocates)
 
-    def __init__(self, dispatcher: Any, gemm_key: Any, gemm_plan: Any, activation: str, device: int, transposed: bool = True):
+    def __init__(self, dispatcher: Any, gemm_key: Any, gemm_plan: Any, finish: EpiloguePassInPlace | None, device: int,
+                 transposed: bool = True):
         import torch.nn.functional as F  # (a tensor was given)
 
-        self.dispatcher, self.gemm_key, self.gemm, self.device = dispatcher, gemm_key, gemm_plan, device
-        self.activation, self.transposed = activation, transposed
-        self._linear, self._activate = F.linear, _activation(activation)
+        self.dispatcher, self.gemm_key, self.gemm = dispatcher, gemm_key, gemm_plan
+        self.finish, self.device, self.transposed, self._linear = finish, device, transposed, F.linear
 
     def as_linear(self) -> TorchEagerEpiloguePlan:
         """The same plan for `linear(x, weight, ...)`, whose b is the weight itself."""
-        return TorchEagerEpiloguePlan(self.dispatcher, self.gemm_key, self.gemm, self.activation, self.device, False)
+        return TorchEagerEpiloguePlan(self.dispatcher, self.gemm_key, self.gemm, self.finish, self.device, False)
 
     def call(self, a: Any, b: Any, bias: Any, residual: Any, alpha: float) -> Any:
-        device = self.device
-        if alpha != 1 or self.dispatcher.torch_fast.get(self.gemm_key) is not self.gemm or a.get_device() != device \
-                or b.get_device() != device or (bias is not None and bias.get_device() != device) \
-                or (residual is not None and residual.get_device() != device):
+        if alpha != 1 or self.dispatcher.torch_fast.get(self.gemm_key) is not self.gemm:
             return None
-        y = self._linear(a, b.mT if self.transposed else b, bias)
-        if self._activate is not None:
-            self._activate(y)
-        if residual is not None:
-            y.add_(residual)
+        weight = b.mT if self.transposed else b
+        finish = self.finish
+        if finish is None:  # the bias alone, inside cuBLASLt's GEMM as F.linear adds it
+            if bias is not None and bias.get_device() != self.device:
+                return None
+            return self._linear(a, weight, bias)
+        if not finish.accepts(bias, residual):
+            return None
+        y = self._linear(a, weight)
+        finish(y, bias, residual)
         return y
 
 
 def eager_plan(dispatcher: Any, gemm_key: Any, gemm_plan: Any, epilogue: Epilogue, dtype: str, operands: Any,
-               result: Any, bias: Any, residual: Any) -> TorchEagerEpiloguePlan | None:
+               result: Any, bias: Any, residual: Any, ldr: int = 0, stride_r: int = 0) -> TorchEagerEpiloguePlan | None:
     """A TorchEagerEpiloguePlan where cuBLAS serves the GEMM of `operands` (a, b: two tensors of one 16-bit
     dtype, torch_fast_path.torch_matmul_for) and eager's calls compute `epilogue` (eager_computes) into a
-    result of `result`'s shape and dtype; else None."""
+    result of `result`'s shape and dtype (C-contiguous, a residual of pitch `ldr` and batch stride
+    `stride_r`, as register_torch reads them); else None, also for an empty result and where the pass would
+    have to be compiled inside a CUDA graph capture."""
     a, b = operands
     one_dtype = all(x is None or x.dtype == a.dtype for x in (b, bias, residual, result))
-    if gemm_plan.torch_matmul is None or (residual is not None and residual.shape != result.shape) \
+    if gemm_plan.torch_matmul is None or not result.numel() \
+            or (residual is not None and residual.shape != result.shape) \
             or not eager_computes(epilogue, dtype, b.dim(), None if bias is None else bias.dim(), a.dim(), one_dtype):
         return None
-    return TorchEagerEpiloguePlan(dispatcher, gemm_key, gemm_plan, epilogue.activation, gemm_plan.device)
+    device = gemm_plan.device
+    finish = None
+    if epilogue.activation or epilogue.residual:
+        n = result.shape[-1]
+        rows = result.numel() // n
+        # (F.linear's output is C-contiguous; one matrix of every row but where a residual's batch stride differs)
+        batched = residual is not None and result.dim() == 3
+        batch, m = (result.shape[0], rows // result.shape[0]) if batched else (1, rows)
+        size = result.element_size()
+        addresses = [(x.data_ptr(), size) for x in (result, bias, residual) if x is not None]
+        vector = vector_width(dtype, epilogue, n, (n, m * n, ldr, stride_r), addresses)
+        try:
+            packed = pass_kernel(dtype, epilogue, device, batch, m, n, n, m * n, ldr, stride_r, vector)
+        except CaptureError:  # (not compiled before this capture: a call after it files the plan)
+            return None
+        finish = EpiloguePassInPlace(packed, epilogue, device, vector * size)
+    return TorchEagerEpiloguePlan(dispatcher, gemm_key, gemm_plan, finish, device)

@@ -155,17 +155,19 @@ def _epilogue_key(bias, residual, activation, out_dtype, gated) -> tuple[Any, ..
 def torch_linear_key(x: Any, weight: Any, bias: Any, residual: Any, activation: Any, out_dtype: Any, gated: Any) -> tuple[Any, ...]:
     """The memo key of `linear(x, weight, ...)` on CUDA tensors (its plan is the one matmul made for
     x @ weight.mT): x's and weight's metadata, the epilogue's keywords, the bias's and residual's."""
+    # (_epilogue_key's part written out: a repeated call pays this on the host each time)
     return ("linear", x.shape, weight.shape, x.stride(), weight.stride(), x.dtype, weight.dtype, x.get_device(),
-            *_epilogue_key(bias, residual, activation, out_dtype, gated))
+            activation, out_dtype, gated, None if bias is None else (bias.shape, bias.stride(), bias.dtype),
+            None if residual is None else (residual.shape, residual.stride(), residual.dtype))
 
 
 def needs_general_path(a: Any, b: Any, bias: Any, residual: Any) -> bool:
     """Whether a tensor of the call records a gradient or is one of PyTorch's lazily negated views: the
     general path refuses the first and resolves the second, which a plan (reading addresses) cannot."""
-    for x in (a, b, bias, residual):
-        if x is not None and (x.requires_grad or x.is_neg()):
-            return True
-    return False
+    # (unrolled: a repeated call pays this on the host each time)
+    return a.requires_grad or b.requires_grad or a.is_neg() or b.is_neg() \
+        or (bias is not None and (bias.requires_grad or bias.is_neg())) \
+        or (residual is not None and (residual.requires_grad or residual.is_neg()))
 
 
 class TorchEpiloguePlan:
@@ -280,9 +282,9 @@ def register_torch(dispatcher: Any, key: str, gemm_key: Any, epilogue: Epilogue,
     and D; a residual with unit column stride): the chosen kernel with the epilogue in its store where
     a generated kernel serves the GEMM for good and its config applies it (fused_epilogue), cuBLASLt's
     own epilogue where cuBLAS serves the GEMM and cuBLASLt has one (TorchLtEpiloguePlan), else the
-    GEMM's plan and the pass (TorchEpiloguePlan). Where cuBLAS serves the GEMM of 16-bit tensors and eager
-    PyTorch's calls compute the epilogue, those calls serve (eager_epilogue), before cuBLASLt's epilogue
-    and the pass. Whether it was filed."""
+    GEMM's plan and the pass (TorchEpiloguePlan). Where cuBLAS serves the GEMM of 16-bit tensors and
+    cuBLASLt fuses no more than the bias, PyTorch's own GEMM call serves and the pass follows in place
+    (eager_epilogue), before cuBLASLt's epilogue and the pass into a second output. Whether it was filed."""
     gemm_plan = dispatcher.torch_fast.get(gemm_key)
     if gemm_plan is None or not product.is_contiguous() or not result.is_contiguous() or product.dim() not in (2, 3):
         return False
@@ -300,7 +302,7 @@ def register_torch(dispatcher: Any, key: str, gemm_key: Any, epilogue: Epilogue,
     if fused is not None:
         file_plan(dispatcher, key, fused)
         return True
-    eager = eager_plan(dispatcher, gemm_key, gemm_plan, epilogue, dtype, operands, result, bias, residual)
+    eager = eager_plan(dispatcher, gemm_key, gemm_plan, epilogue, dtype, operands, result, bias, residual, ldr, stride_r)
     if eager is not None:
         file_plan(dispatcher, key, eager)
         return True

@@ -155,9 +155,10 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
     elif tensors and config is None and eager_computes(
             epilogue, gemm["dtype"], b.ndim, None if bias is None else bias.ndim, a.ndim,
             all(x is None or x.dtype == a.dtype for x in (b, bias, residual))):
-        applied += ("; from the second such call on PyTorch tensors, by eager PyTorch's own calls (F.linear with "
-                    "the bias, then the activation and the residual in place)")
-        route = "eager"
+        whole = not epilogue.activation and not epilogue.residual  # (the bias alone: F.linear's own)
+        applied += ("; from the second such call on PyTorch tensors, by PyTorch's own GEMM call (F.linear" +
+                    (" with the bias)" if whole else ", then the pass over its output in place)"))
+        route = "F.linear" if whole else "F.linear + pass"
     elif lt is not None and tensors and config is None and len(gemm.get("shape") or ()) == 2:
         applied += f"; from the second such call on PyTorch tensors, inside cuBLAS's GEMM (cuBLASLt's {lt} epilogue)"
         route = f"cuBLASLt {lt}"
