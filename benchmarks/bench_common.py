@@ -87,13 +87,30 @@ def read_rows(path: Path) -> list[dict]:
 
 
 def device_of(slug: str | None) -> tuple[str, str]:
-    """(slug, name) of the device a results file is for: the one given (--device-slug), else the current GPU's."""
+    """(slug, name) of the device a results file is for: the one given (--device-slug), named as the shipped
+    results document of that slug names its GPU (the slug itself where none does), else the current GPU's."""
     if slug:
-        return slug, slug
+        return slug, _shipped_device_name(slug) or slug
     from autogemm.gpu.launch import current_device
 
     device = current_device()
     return device.slug, device.name
+
+
+def _shipped_device_name(slug: str) -> str | None:
+    """The GPU's name in the shipped results document cache/<slug>.json (its first entry's), if there is one."""
+    import json
+
+    document = HERE.parent / "cache" / f"{slug}.json"
+    if "/" in slug or not document.is_file():
+        return None
+    try:
+        entries = json.loads(document.read_text()).get("entries") or {}
+    except (OSError, ValueError):
+        return None
+    first = next(iter(entries.values()), None) if isinstance(entries, dict) else (entries[0] if entries else None)
+    name = first.get("device") if isinstance(first, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def write_report(path: Path, report) -> int:
@@ -165,6 +182,13 @@ def mixed_codes(rows) -> list[str]:
     digests = sorted({r.get("source_digest", "none") for r in rows})
     return ([f"**The rows were measured with {len(digests)} different codes** (source digests {', '.join(digests)}): "
              "they do not make one table.", ""] if len(digests) > 1 else [])
+
+
+def partial_draw(rows, drawn: int | None, what: str = "problems") -> list[str]:
+    """A report's warning where fewer of the draw's `drawn` problems have run than it holds: no lines where all
+    have (or `drawn` is not known)."""
+    return ([f"**{len(rows)} of the {drawn} {what} drawn have run; the other {drawn - len(rows)} have not yet.**", ""]
+            if drawn and len(rows) < drawn else [])
 
 
 def keep_compiled_kernels(prefix: str) -> None:

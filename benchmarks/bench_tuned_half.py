@@ -55,7 +55,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bench_common import (deadline_after, device_of, geomean, keep_compiled_kernels, kernels_kept,  # noqa: E402
-                          make_operands, mixed_codes, problem_label, release_memory, results_arguments,
+                          make_operands, mixed_codes, partial_draw, problem_label, release_memory, results_arguments,
                           results_path, run_rows, source_digest, write_report)
 
 SEED, COUNT = 2027, 40
@@ -313,8 +313,7 @@ def report(rows, device_name: str, seed: int, drawn: int | None = None) -> list[
     seen = (f" SM clock during the timings: median {statistics.median(clocks):.0f} MHz, board power median "
             f"{statistics.median(power):.0f} W." if clocks else "")
     lines = [f"# Tuned half precision: {device_name}", "", *mixed_codes(rows),
-             *([f"**{len(rows)} of the {drawn} problems drawn have run; the other {drawn - len(rows)} have not yet.**", ""]
-               if drawn and len(rows) < drawn else []),
+             *partial_draw(rows, drawn),
              f"{len(rows)} BF16 and FP16 problems drawn by benchmarks/bench_tuned_half.py (seed {seed}), none of "
              "them in campaigns/, cache/ or another benchmark. Each tuned with the default budget "
              "(`autogemm.tune(problem)`) in a user cache of its own, the shipped results on"

@@ -53,8 +53,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bench_common import (case_epilogue, deadline_after, device_of, geomean, keep_compiled_kernels,  # noqa: E402
-                          kernels_kept, mixed_codes, release_memory, results_arguments, results_path, run_rows,
-                          source_digest, write_report)
+                          kernels_kept, mixed_codes, partial_draw, release_memory, results_arguments, results_path,
+                          run_rows, source_digest, write_report)
 from bench_epilogues import TOLERANCE, CublasLtLayer, relative_error  # noqa: E402
 from bench_tuned_half import FAMILIES, _campaign_widths  # noqa: E402
 
@@ -299,8 +299,9 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
-def report(rows: list[dict], device_name: str, seed: int) -> list[str]:
-    lines = [f"# Unseen epilogue layers: {device_name}", "", *mixed_codes(rows),
+def report(rows: list[dict], device_name: str, seed: int, drawn: int | None = None) -> list[str]:
+    """The Markdown table of `rows`; `drawn`: the layers of the draw, said beside those run where fewer ran."""
+    lines = [f"# Unseen epilogue layers: {device_name}", "", *mixed_codes(rows), *partial_draw(rows, drawn, "layers"),
              f"{len(rows)} layers drawn by benchmarks/bench_unseen_epilogues.py (seed {seed}): BF16 and FP16, "
              "bias, bias + GELU, bias + SiLU and residual, widths of model families no campaign names, M from 1 to "
              f"8192. Each untuned (a fresh user cache, the shipped results on{kernels_kept(rows)}), then tuned with the "
@@ -347,7 +348,7 @@ def main(argv=None) -> int:
     slug, name = device_of(args.device_slug if args.report else None)
     path = _out_path(args, slug)
     if args.report:
-        return write_report(path, lambda rows: report(rows, name, args.seed))
+        return write_report(path, lambda rows: report(rows, name, args.seed, len(specs)))
     keep_compiled_kernels("autogemm-unseen-epilogues-cubins-")
     run_rows(path, list(enumerate(specs)), lambda spec: _problem(spec).key, measure_and_release,
              deadline_after(args.deadline_s), lambda row: (

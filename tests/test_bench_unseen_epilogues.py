@@ -97,3 +97,14 @@ def test_the_report_judges_what_the_issue_asks():
     rows[1]["source_digest"], rows[1]["kernels_kept"] = "e", False
     text = "\n".join(bench.report(rows, "GPU", bench.SEED))
     assert "measured with 2 different codes" in text and "kept for the run in some rows, compiled afresh in others" in text
+    assert "have not yet" not in text  # (no count of the draw given)
+    assert "**2 of the 24 layers drawn have run; the other 22 have not yet.**" in bench.report(rows, "GPU", bench.SEED, 24)
+
+
+def test_a_report_made_away_from_the_gpu_names_it_as_its_shipped_document_does():
+    import bench_common
+
+    assert bench_common.device_of("nvidia-h200-sm90") == ("nvidia-h200-sm90", "NVIDIA H200")
+    assert bench_common.device_of("nvidia-h100-80gb-hbm3-sm90")[1] == "NVIDIA H100 80GB HBM3"
+    assert bench_common.device_of("no-such-gpu") == ("no-such-gpu", "no-such-gpu")
+    assert bench_common.device_of("../cache/nvidia-h200-sm90")[1] == "../cache/nvidia-h200-sm90"  # (no path read)
