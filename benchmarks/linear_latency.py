@@ -1,0 +1,102 @@
+"""Where an untuned layer's call goes (issue 63): `autogemm.linear` with a bias or an activation on 16-bit
+tensors, against eager PyTorch on the same tensors, split into its pieces. cuBLAS serves the GEMM (an
+empty cache), so that autogemm and eager run the same GEMM: what separates them is the host's work a call.
+
+The competitors of each layer:
+- autogemm.linear: the fast path (its plan found by linear's key), as a user calls it;
+- the plan's call alone: the plan linear's fast path finds, called directly (no key, no checks);
+- eager: `F.linear(x, w, bias)`, then `F.gelu` or `F.silu`;
+- eager behind linear's lookup: the same key built and looked up and the same checks made, then eager's
+  calls, so that a difference from eager that this shares is the lookup's cost and one it does not share
+  is the plan's.
+
+Host time: wall-clock time of many calls in a row (synchronized every 100 calls) over their number.
+Latency: each call on an idle GPU between CUDA events (autogemm.measure.timing.latencies), the competitors
+rotating within a round, and again each competitor alone (a call after another's may pay for it).
+
+    python benchmarks/linear_latency.py [--rounds 200] [--calls 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+
+# (benchmarks/ is the script's folder, first on sys.path)
+from host_time import per_call_us
+
+# (dtype, activation or None, M, N, K): the first layers of bench_unseen_epilogues' published draw
+LAYERS = (("bfloat16", None, 1, 7168, 5120), ("float16", None, 200, 7168, 5120),
+          ("bfloat16", "gelu", 77, 9216, 2304), ("float16", "gelu", 2048, 13824, 5120),
+          ("bfloat16", "silu", 8, 9216, 3072))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=200, help="latency calls of each competitor (default 200)")
+    parser.add_argument("--calls", type=int, default=2000, help="calls a host-time run makes (default 2000)")
+    args = parser.parse_args()
+    if args.rounds < 1 or args.calls < 100:
+        parser.error("--rounds must be at least 1 and --calls at least 100")
+    os.environ.setdefault("AUTOGEMM_CACHE_DIR", tempfile.mkdtemp(prefix="autogemm-linear-latency-"))
+    import torch
+    import torch.nn.functional as F
+
+    import autogemm
+    import autogemm.results.cache
+    from autogemm.measure.timing import latencies
+    from autogemm.serving import dispatch, epilogue_step
+
+    autogemm.results.cache.shipped_cache_dir = lambda: None  # untuned: cuBLAS serves the GEMM
+    sync = torch.cuda.synchronize
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
+    memo = dispatch._DISPATCHER.torch_epilogue
+
+    for dtype_name, activation, m, n, k in LAYERS:
+        dtype = getattr(torch, dtype_name)
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        w = torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5
+        bias = torch.randn(n, device="cuda", dtype=dtype)
+        for _ in range(3):
+            autogemm.linear(x, w, bias, activation=activation)
+        key = epilogue_step.torch_linear_key(x, w, bias, None, activation, None, False)
+        plan = memo.get(key)
+        assert plan is not None, "linear's fast path has no plan"
+        act = {None: None, "gelu": F.gelu, "silu": F.silu}[activation]
+
+        def eager():
+            y = F.linear(x, w, bias)
+            return y if act is None else act(y)
+
+        def eager_behind_the_lookup():
+            found = memo.get(epilogue_step.torch_linear_key(x, w, bias, None, activation, None, False))
+            if found is None or epilogue_step.needs_general_path(x, w, bias, None):
+                raise AssertionError("the plan went missing")
+            return eager()
+
+        calls = {"autogemm.linear": lambda: autogemm.linear(x, w, bias, activation=activation),
+                 "the plan's call alone": lambda: plan.call(x, w, bias, None, 1.0),
+                 "eager": eager, "eager behind linear's lookup": eager_behind_the_lookup}
+        expected = eager().double()
+        for name, call in calls.items():
+            error = float((call().double() - expected).abs().max() / expected.abs().max())
+            assert error < 2e-2, f"{name}: relative error {error:.3g} against eager"
+        label = f"{dtype_name} {activation or 'bias'} {m}x{n}x{k} ({type(plan).__name__})"
+        print(f"-- {label}", flush=True)
+        for name, call in calls.items():
+            print(f"host {name:<30} {per_call_us(call, args.calls, sync):8.2f} us", flush=True)
+        rotating = latencies(calls, rounds=args.rounds)
+        reference = statistics.median(rotating["eager"])
+        for name, call in calls.items():
+            rotated = statistics.median(rotating[name])
+            alone = statistics.median(latencies({name: call}, rounds=args.rounds)[name])
+            print(f"latency {name:<30} rotating {rotated * 1e3:8.2f} us ({(rotated - reference) * 1e3:+6.2f} vs eager)"
+                  f"  alone {alone * 1e3:8.2f} us", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
