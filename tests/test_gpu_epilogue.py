@@ -414,34 +414,11 @@ def test_an_untuned_layer_on_16_bit_tensors_is_served_by_pytorchs_gemm_call_from
             assert ((result.double() - expected()).abs() <= 2e-2 * scale).all(), case
 
 
-def test_a_cuda_graph_captures_pytorchs_gemm_call_and_the_pass_in_place():
+@pytest.mark.parametrize("activation,plan", [("silu", "TorchEagerEpiloguePlan"), ("gelu_tanh", "TorchLtEpiloguePlan")])
+def test_a_cuda_graph_captures_the_untuned_layers_plan(activation, plan):
+    # PyTorch's GEMM call and the pass in place (SiLU), cuBLASLt's own epilogue (the tanh GELU)
     torch = pytest.importorskip("torch")
-    from autogemm.serving import dispatch
-
-    autogemm.reset()
-    x = torch.randn(16, 128, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16) / 16
-    bias = torch.randn(256, device="cuda", dtype=torch.bfloat16)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # the warm-up plans the call (the general path, then the plan)
-        for _ in range(2):
-            autogemm.linear(x, w, bias, activation="silu")
-    torch.cuda.current_stream().wait_stream(side)
-    assert {type(p).__name__ for p in dispatch._DISPATCHER.torch_epilogue.values()} == {"TorchEagerEpiloguePlan"}
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = autogemm.linear(x, w, bias, activation="silu")
-    for _ in range(2):
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        torch.cuda.synchronize()
-        expected = torch.nn.functional.silu(x.double() @ w.double().T + bias.double())
-        assert ((y.double() - expected).abs() <= 2e-2 * (x.double().abs() @ w.double().abs().T + 1)).all()
-
-
-def test_a_cuda_graph_captures_cublaslts_epilogue():
-    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
     from autogemm.serving import dispatch
 
     autogemm.reset()  # (this process's plans: only this test's below)
@@ -450,20 +427,21 @@ def test_a_cuda_graph_captures_cublaslts_epilogue():
     bias = torch.randn(256, device="cuda", dtype=torch.bfloat16)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # the warm-up plans the call (the general path, then cuBLASLt's plan)
+    with torch.cuda.stream(side):  # the warm-up plans the call (the general path, then the plan)
         for _ in range(2):
-            autogemm.linear(x, w, bias, activation="gelu_tanh")
+            autogemm.linear(x, w, bias, activation=activation)
     torch.cuda.current_stream().wait_stream(side)
-    assert {type(p).__name__ for p in dispatch._DISPATCHER.torch_epilogue.values()} == {"TorchLtEpiloguePlan"}
+    assert {type(p).__name__ for p in dispatch._DISPATCHER.torch_epilogue.values()} == {plan}
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y = autogemm.linear(x, w, bias, activation="gelu_tanh")
+        y = autogemm.linear(x, w, bias, activation=activation)
+    act = {"silu": F.silu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh")}[activation]
     for seed in range(3):
         torch.manual_seed(seed)
         x.copy_(torch.randn_like(x))
         graph.replay()
         torch.cuda.synchronize()
-        expected = torch.nn.functional.gelu(x.double() @ w.double().T + bias.double(), approximate="tanh")
+        expected = act(x.double() @ w.double().T + bias.double())
         assert torch.allclose(y.double(), expected, rtol=2e-2, atol=2e-2), seed
 
 
