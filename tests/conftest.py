@@ -1,8 +1,8 @@
 """Test setup: GPU tests (marked `gpu`) are skipped automatically where no CUDA GPU is usable; the
-exhaustive GPU samples (marked `exhaustive`) run only with `--exhaustive`. Every test keeps tuned
-results and studies in a cache directory of its own; compiled kernels, which are keyed by their
-source digest, are shared by the whole run, all pytest-xdist workers (so that kernels compiled ahead
-in parallel serve every test)."""
+exhaustive GPU samples (marked `exhaustive`) run only with `--exhaustive`; the long tests (marked
+`long`) are started first. Every test keeps tuned results and studies in a cache directory of its own;
+compiled kernels, which are keyed by their source digest, are shared by the whole run, all pytest-xdist
+workers (so that kernels compiled ahead in parallel serve every test)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,38 @@ def gpu_available() -> tuple[bool, str]:
     return True, ""
 
 
+# pytest-xdist's load scheduling (its default) first sends each worker a chunk of this many consecutive tests
+# of the queue (xdist.scheduler.load.LoadScheduling.schedule), then the rest as workers free up
+def _first_chunk(tests: int, workers: int) -> int:
+    return max(tests // workers // 4, 2)
+
+
+def _long_first(items: list, workers: int) -> list:
+    """`items` reordered so that each worker's first chunk begins with its share of the long tests (marked
+    `long`, their seconds given), the longest first to the least loaded (so that no worker ends the run on
+    several), the other tests in their order after them; as they are where one process runs them all."""
+    marked = [item for item in items if item.get_closest_marker("long") is not None]
+    if workers < 2 or not marked:
+        return items
+    lanes: list[list] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    for item in sorted(marked, key=lambda item: -item.get_closest_marker("long").kwargs.get("seconds", 0)):
+        lane = loads.index(min(loads))
+        lanes[lane].append(item)
+        loads[lane] += item.get_closest_marker("long").kwargs.get("seconds", 0)
+    rest = [item for item in items if item.get_closest_marker("long") is None]
+    chunk, ordered = _first_chunk(len(items), workers), []
+    for lane in lanes:
+        fill = max(chunk - len(lane), 0)
+        ordered += lane + rest[:fill]
+        rest = rest[fill:]
+    return ordered + rest
+
+
+@pytest.hookimpl(trylast=True)  # (after `-m` has deselected: the chunks are of the tests that run)
 def pytest_collection_modifyitems(config, items):
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)  # (each worker orders its own collection)
+    items[:] = _long_first(items, workers)
     if not config.getoption("--exhaustive"):
         skip = pytest.mark.skip(reason="an exhaustive sample: run with --exhaustive")
         for item in items:

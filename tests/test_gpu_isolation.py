@@ -35,6 +35,7 @@ FAULTS = {"small": ([1, 3, 5, 6, 7, 9], {"crash": 1, "timeout": 1, "wrong": 1, "
           "big": ([1, 9], {"launch": 1}, 1, None)}
 
 
+@pytest.mark.long(seconds=41)
 @pytest.mark.parametrize("shape", sorted(FAULTS))
 def test_broken_variants_fail_with_their_kind_and_the_tune_survives(tmp_path, shape):
     group_m, failures, valid, restarts = FAULTS[shape]

@@ -20,6 +20,7 @@ def _tune(*args: str) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.long(seconds=49)
 def test_tune_caches_a_verified_kernel_and_resumes():
     import cupy
 
@@ -53,6 +54,7 @@ def test_tune_caches_a_verified_kernel_and_resumes():
     assert second["study"] == first["study"]
 
 
+@pytest.mark.long(seconds=19)
 def test_tune_odd_shape_and_layout():
     out = _tune("--M", "127", "--N", "257", "--K", "65", "--layout", "tn", "--trials", "5", "--timeout", "300")
     assert out["problem"] == "float32/fp32/tn/b1/127x257x65"
@@ -147,6 +149,7 @@ def test_a_kept_measuring_process_measures_each_next_problem_on_its_own_inputs()
     assert not prestarted.is_alive() and not _kept
 
 
+@pytest.mark.long(seconds=41)
 def test_a_campaign_on_this_gpu_tunes_each_problem_once_and_caches_its_record(tmp_path):
     """`autogemm campaign run` end to end on the real GPU: a worker process, its kept measuring
     process and the shared compile pool; every problem done on the board with a record in the
