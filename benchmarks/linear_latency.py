@@ -10,6 +10,9 @@ The competitors of each layer:
   calls, so that a difference from eager that this shares is the lookup's cost and one it does not share
   is the plan's.
 
+And for the bare product of each layer (no bias): `autogemm.matmul(x, w.T)` against `torch.matmul(x, w.T)`,
+which its torch fast path hands the call to (tuned_half measured 0.93-0.99x torch.matmul's latency there).
+
 Host time: wall-clock time of many calls in a row (synchronized every 100 calls) over their number.
 Latency: each call on an idle GPU between CUDA events (autogemm.measure.timing.latencies), the competitors
 rotating within a round, and again each competitor alone (a call after another's may pay for it).
@@ -77,6 +80,11 @@ def main() -> int:
                 raise AssertionError("the plan went missing")
             return eager()
 
+        wt = w.T
+        bare = {"autogemm.matmul (no bias)": lambda: autogemm.matmul(x, wt),
+                "torch.matmul (no bias)": lambda: torch.matmul(x, wt)}
+        for _ in range(3):
+            autogemm.matmul(x, wt)
         calls = {"autogemm.linear": lambda: autogemm.linear(x, w, bias, activation=activation),
                  "the plan's call alone": lambda: plan.call(x, w, bias, None, 1.0),
                  "eager": eager, "eager behind linear's lookup": eager_behind_the_lookup}
@@ -86,15 +94,16 @@ def main() -> int:
             assert error < 2e-2, f"{name}: relative error {error:.3g} against eager"
         label = f"{dtype_name} {activation or 'bias'} {m}x{n}x{k} ({type(plan).__name__})"
         print(f"-- {label}", flush=True)
-        for name, call in calls.items():
-            print(f"host {name:<30} {per_call_us(call, args.calls, sync):8.2f} us", flush=True)
-        rotating = latencies(calls, rounds=args.rounds)
-        reference = statistics.median(rotating["eager"])
-        for name, call in calls.items():
-            rotated = statistics.median(rotating[name])
-            alone = statistics.median(latencies({name: call}, rounds=args.rounds)[name])
-            print(f"latency {name:<30} rotating {rotated * 1e3:8.2f} us ({(rotated - reference) * 1e3:+6.2f} vs eager)"
-                  f"  alone {alone * 1e3:8.2f} us", flush=True)
+        for group, reference_name in ((calls, "eager"), (bare, "torch.matmul (no bias)")):
+            for name, call in group.items():
+                print(f"host {name:<30} {per_call_us(call, args.calls, sync):8.2f} us", flush=True)
+            rotating = latencies(group, rounds=args.rounds)
+            reference = statistics.median(rotating[reference_name])
+            for name, call in group.items():
+                rotated = statistics.median(rotating[name])
+                alone = statistics.median(latencies({name: call}, rounds=args.rounds)[name])
+                print(f"latency {name:<30} rotating {rotated * 1e3:8.2f} us ({(rotated - reference) * 1e3:+6.2f} vs "
+                      f"{reference_name})  alone {alone * 1e3:8.2f} us", flush=True)
     return 0
 
 
