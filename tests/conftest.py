@@ -49,16 +49,17 @@ def _long_first(items: list, workers: int) -> list:
     """`items` reordered so that each worker's first chunk begins with its share of the long tests (marked
     `long`, their seconds given), the longest first to the least loaded (so that no worker ends the run on
     several), the other tests in their order after them; as they are where one process runs them all."""
-    marked = [item for item in items if item.get_closest_marker("long") is not None]
-    if workers < 2 or not marked:
+    seconds = {id(item): marker.kwargs.get("seconds", 0) for item in items
+               if (marker := item.get_closest_marker("long")) is not None}
+    if workers < 2 or not seconds:
         return items
     lanes: list[list] = [[] for _ in range(workers)]
     loads = [0.0] * workers
-    for item in sorted(marked, key=lambda item: -item.get_closest_marker("long").kwargs.get("seconds", 0)):
+    for item in sorted((item for item in items if id(item) in seconds), key=lambda item: -seconds[id(item)]):
         lane = loads.index(min(loads))
         lanes[lane].append(item)
-        loads[lane] += item.get_closest_marker("long").kwargs.get("seconds", 0)
-    rest = [item for item in items if item.get_closest_marker("long") is None]
+        loads[lane] += seconds[id(item)]
+    rest = [item for item in items if id(item) not in seconds]
     chunk, ordered = _first_chunk(len(items), workers), []
     for lane in lanes:
         fill = max(chunk - len(lane), 0)
