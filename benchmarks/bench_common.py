@@ -98,18 +98,13 @@ def device_of(slug: str | None) -> tuple[str, str]:
 
 
 def _shipped_device_name(slug: str) -> str | None:
-    """The GPU's name in the shipped results document cache/<slug>.json (its first entry's), if there is one."""
-    import json
+    """The GPU's name in the shipped results document of `slug` (its first entry's), if there is one."""
+    from autogemm.results.cache import TuningCache, is_slug
 
-    document = HERE.parent / "cache" / f"{slug}.json"
-    if "/" in slug or not document.is_file():
+    if not is_slug(slug):  # (no file name made of anything else)
         return None
-    try:
-        entries = json.loads(document.read_text()).get("entries") or {}
-    except (OSError, ValueError):
-        return None
-    first = next(iter(entries.values()), None) if isinstance(entries, dict) else (entries[0] if entries else None)
-    name = first.get("device") if isinstance(first, dict) else None
+    entries = TuningCache().shipped_document(slug)["entries"]  # (empty where none is shipped)
+    name = next(iter(entries.values()), {}).get("device")
     return name if isinstance(name, str) else None
 
 

@@ -101,6 +101,7 @@ def test_the_report_judges_what_the_issue_asks():
     assert "**2 of the 24 layers drawn have run; the other 22 have not yet.**" in bench.report(rows, "GPU", bench.SEED, 24)
 
 
+@pytest.mark.shipped_results
 def test_a_report_made_away_from_the_gpu_names_it_as_its_shipped_document_does():
     import bench_common
 
