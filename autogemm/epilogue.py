@@ -35,6 +35,10 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
 # "block", one per row of A and 128 of K (1 x 128: M x ceil(K/128) values) and one per 128 x 128 block of B
 # (ceil(K/128) x ceil(N/128)), applied to each 128 of K's partial sums (DeepSeek-V3's recipe)
 SCALES = ("tensor", "row", "block")
+# the activations with a cheaper form than the accurate math functions' (templates/common.cuh.j2,
+# epilogue_functions' `fast`: GELU's erf by Abramowitz and Stegun, the hardware's exponential and quotient),
+# within the same EVALUATION_ROUNDINGS: the epilogue pass computes them so, a Hopper kernel where asked
+FAST_FORM_ACTIVATIONS = ("gelu", "silu")
 BLOCK = 128  # the K (and B's N) extent of one block scale
 BIAS_AXES = ("n", "m")  # "n": one value per column (along N); "m": one per row (along M)
 # The largest |act'(x)| over all x: how much an activation may grow an error of its input

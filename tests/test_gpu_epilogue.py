@@ -494,7 +494,19 @@ def _stmatrix_cases():
              Problem.from_layout(300, 1000, 256, "nt", dtype="float16", epilogue=epilogue))]
 
 
-TILE_CASES = [*_tile_cases(), _stream_k_case(), *_stmatrix_cases()]
+def _fast_activation_cases():
+    """Hopper's fast_activation (GELU and SiLU by the epilogue pass's forms, in the store): GELU through the TMA
+    store of a cluster pair, SiLU with a residual from registers, C written transposed (swap), on tails."""
+    from autogemm.families import config_from_name
+    from autogemm.problem import Problem
+
+    return [(config_from_name("hopper_128x192x64_w64x192_s4_g16_k1_o1_p_c2_ts_fa"),
+             Problem.from_layout(333, 1000, 256, "nt", dtype="float16", epilogue=Epilogue("n", "gelu"))),
+            (config_from_name("hopper_128x128x64_w64x128_s5_g8_k1_o1_p_sw_fa"),
+             Problem.from_layout(300, 1000, 256, "tn", dtype="bfloat16", epilogue=Epilogue("n", "silu", True)))]
+
+
+TILE_CASES = [*_tile_cases(), _stream_k_case(), *_stmatrix_cases(), *_fast_activation_cases()]
 
 
 @pytest.mark.parametrize("config,problem", TILE_CASES, ids=[f"{c.name}-{p.key}" for c, p in TILE_CASES])

@@ -20,7 +20,8 @@ tiles and a long K: decode); each leaves FP32 partial sums in a workspace, and t
 last on the tile's counter adds them up in split order and writes C (`split_workspace`). With
 `stream_k` the grid's blocks (one per SM) take whole waves of tiles, then share out the K slices of the
 tiles that a last wave would leave partly empty in equal runs (families/stream_k.py says how): a tile
-that several runs share is added up as split-K's are, from a slot per run.
+that several runs share is added up as split-K's are, from a slot per run. With `fast_activation` a GELU or
+SiLU epilogue takes the epilogue pass's cheaper forms (hopper_rules.fast_activation_reasons says why).
 
 TF32: the operands' tensor maps are of TMA's TFLOAT32 type, which rounds FP32 to TF32 as it copies
 (to nearest: cuBLAS's accuracy, where wgmma reading raw FP32 bits would truncate them). wgmma reads
@@ -97,6 +98,8 @@ KNOBS = (
          why="the grid's blocks share out all tiles' K slices in equal runs (a last wave partly empty)"),
     Knob("stmatrix", bool, False, omitted=False, words={True: "stm"},
          why="the TMA store's chunks written with stmatrix, four 8 x 8 matrices an instruction"),
+    Knob("fast_activation", bool, False, omitted=False, words={True: "fa"},
+         why="a GELU or SiLU epilogue by the epilogue pass's forms (hopper_rules.fast_activation_reasons)"),
 )
 
 class HopperConfig(VectorizedLoads, GemmConfig):
@@ -125,6 +128,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         swap: bool = False
         stream_k: bool = False
         stmatrix: bool = False
+        fast_activation: bool = False
     template = "hopper_gemm.cu.j2"
     arch_suffix = wgmma.ARCH_SUFFIX
     launch_kind = LaunchKind.TMA
@@ -344,6 +348,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             hopper_rules.stream_k_reasons(self, problem, device, bad)
         if self.stmatrix:
             hopper_rules.stmatrix_reasons(self, problem, bad)
+        if self.fast_activation:
+            hopper_rules.fast_activation_reasons(problem, bad)
         if self.min_blocks != 1:
             bad("occupancy", f"min_blocks={self.min_blocks}: a Hopper block takes a whole SM")
         if self.threads > device.max_threads_per_block:
@@ -401,6 +407,6 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             producer_registers=producer, consumer_registers=consumer, cluster=self.cluster,
             tma_store=cxx_bool(self.tma_store), pingpong=cxx_bool(self.pingpong), split_k=self.split_k,
             stream_k=self.stream_k, prefix_tails_per_block=PREFIX_TAILS_PER_BLOCK, stmatrix=self.stmatrix,
-            grouped=problem.grouped, max_groups=MAX_GROUPS,
+            fast_activation=self.fast_activation, grouped=problem.grouped, max_groups=MAX_GROUPS,
             **self.even_flags(problem),
         )

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from .. import dtypes, families
+from ..epilogue import FAST_FORM_ACTIVATIONS
 from ..families.base import GemmConfig, packed_leading_dimensions
 from ..paths import search_spaces_dir
 from ..problem import Device, Problem
@@ -46,13 +47,16 @@ def candidate_space_names(problem: Problem, device: Device | None = None) -> tup
 # Names a constraint may read from the problem and the device: a rule that uses any of them is a
 # problem rule, applied where a problem is given (the tuner's draws, sampling for a problem) and
 # not in enumerating the space itself, which stays the same for every problem.
-# LDA and LDB are A's and B's row pitches when stored densely (K or M, N or K by the layout).
-PROBLEM_NAMES = ("M", "N", "K", "BATCH", "SMS", "LDA", "LDB")
+# LDA and LDB are A's and B's row pitches when stored densely (K or M, N or K by the layout); GELU_OR_SILU
+# is 1 where the problem's epilogue applies one of those (epilogue.FAST_FORM_ACTIVATIONS: a knob may choose their
+# cheaper forms), else 0.
+PROBLEM_NAMES = ("M", "N", "K", "BATCH", "SMS", "LDA", "LDB", "GELU_OR_SILU")
 
 
 def problem_values(problem: Problem, device: Device) -> dict[str, Any]:
     lda, ldb = packed_leading_dimensions(problem)
-    values = {"M": problem.m, "N": problem.n, "K": problem.k, "BATCH": problem.batch, "LDA": lda, "LDB": ldb}
+    values = {"M": problem.m, "N": problem.n, "K": problem.k, "BATCH": problem.batch, "LDA": lda, "LDB": ldb,
+              "GELU_OR_SILU": int(problem.epilogue.activation in FAST_FORM_ACTIVATIONS)}
     if device.sm_count > 1:  # a generic device (compiling without a GPU) has no SM count: its rules are skipped
         values["SMS"] = device.sm_count
     return values

@@ -4,8 +4,8 @@ well its work fills the GPU (families/waves.py). A blind sampler finds a tile th
 640 x 4096 by luck; the ranking puts it first.
 
 A tile shape is completed with the knobs that cost nothing to guess: slices of K one swizzled row wide,
-the most stages that fit (up to PREFERRED_STAGES), group_m 8, a persistent grid, the TMA store, a cluster
-of two where the row tiles pair up; then, where `check` refuses that, with those knobs relaxed one by one.
+the most stages that fit (up to PREFERRED_STAGES), group_m 8, a persistent grid, the TMA store, a GELU or
+SiLU epilogue's fast forms, a cluster of two where the row tiles pair up; then, where `check` refuses that, with those knobs relaxed one by one.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ WAVE_SEEDS = 6  # configurations enqueued, best first
 # the knobs that decide a work tile's shape and how the work is dealt out (searched in every combination)
 SHAPE_KNOBS = ("consumers", "wm", "bn", "split_k", "stream_k", "pingpong", "swap")
 PREFERRED_STAGES = 5
-PREFERRED = {"group_m": 8, "persistent": True, "tma_store": True}
+# (fast_activation: offered only to GELU and SiLU epilogues, whose cheaper forms cost the store less)
+PREFERRED = {"group_m": 8, "persistent": True, "tma_store": True, "fast_activation": True}
 # relaxed in this order where `check` refuses a completion (each to the space's other choices)
 RELAXED = ("cluster", "tma_store", "persistent", "group_m", "bk")
 
