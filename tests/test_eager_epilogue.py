@@ -94,7 +94,7 @@ def test_the_plan_runs_f_linear_then_its_finish_under_both_keys(activation, with
 
 
 class _Packed:
-    """A stand-in for a PackedKernel: its pointer slots, and the launches asked of it."""
+    """A stand-in for a PackedKernel (inside the pass's PointedPass): its pointer slots, and the launches asked of it."""
 
     def __init__(self):
         import numpy as np
@@ -111,6 +111,7 @@ class _Packed:
 @pytest.mark.parametrize("aligned", [True, False])
 def test_the_pass_in_place_points_every_operand_at_the_output_or_computes_with_pytorch_where_it_cannot(aligned, monkeypatch):
     torch = pytest.importorskip("torch")
+    from autogemm.gpu.epilogue_pass import PointedPass
     from autogemm.serving import eager_epilogue, plan as plan_module
 
     monkeypatch.setattr(plan_module, "torch_raw_stream", lambda device: 7)
@@ -121,7 +122,7 @@ def test_the_pass_in_place_points_every_operand_at_the_output_or_computes_with_p
     # the alignment the packs need: y's own address's, or one more byte than any address keeps
     alignment = 1 if aligned else 1 << 40
     packed = _Packed()
-    finish = eager_epilogue.EpiloguePassInPlace(packed, Epilogue("n", "silu", True), -1, alignment)
+    finish = eager_epilogue.EpiloguePassInPlace(PointedPass(packed), Epilogue("n", "silu", True), -1, alignment)
     assert finish.accepts(bias, residual) is aligned
     assert finish.accepts(None, None) is True
     expected = torch.nn.functional.silu(y + bias) + residual

@@ -103,12 +103,30 @@ def pass_arguments(dtype: str, batch: int, m: int, n: int, ldp: int, stride_p: i
                 beta=acc(beta), bias=ptr(0), residual=ptr(0), ldr=i32(ldr), stride_r=i64(stride_r))
 
 
+class PointedPass:
+    """The pass packed once (`packed_launch.PackedKernel`) and launched on the pointers of a call: the
+    product P, D (C is D: beta 0), the bias and the residual (0: none). The packed arguments are one block
+    that every thread's call rewrites, so setting them and launching is done under a lock."""
+
+    def __init__(self, packed: Any):
+        self.packed = packed
+        self.pointers, (self.p_at, self.d_at, self.c_at, self.bias_at, self.residual_at) = packed.slots(
+            "P", "D", "C", "bias", "residual")
+        self.lock = threading.Lock()
+
+    def launch(self, stream: int, product: int, d: int, bias: int, residual: int) -> None:
+        with self.lock:
+            pointers = self.pointers
+            pointers[self.p_at], pointers[self.d_at], pointers[self.c_at] = product, d, d
+            pointers[self.bias_at], pointers[self.residual_at] = bias, residual
+            self.packed.launch(stream)
+
+
 def pass_kernel(dtype: str, epilogue: Epilogue, device: int, batch: int, m: int, n: int, ldp: int, stride_p: int,
-                ldr: int, stride_r: int, vector: int) -> Any:
-    """The pass packed once (`packed_launch.PackedKernel`, its pointers P, D, C, bias and residual set
-    per launch) for `batch` products of m × n (pitch `ldp`, batch stride `stride_p`) written to a
+                ldr: int, stride_r: int, vector: int) -> PointedPass:
+    """The pass packed once for `batch` products of m × n (pitch `ldp`, batch stride `stride_p`) written to a
     C-contiguous D of the same shape (C is D, beta 0), the residual of pitch `ldr` and batch stride
-    `stride_r`."""
+    `stride_r`; a call's pointers are given at its launch."""
     grid, block = launch_shape(batch * m, n, device_info(device).sm_count, vector)
-    return compiled_kernel(compiled(dtype, epilogue, device, vector), "gemm", grid, block, 0,
-                           pass_arguments(dtype, batch, m, n, ldp, stride_p, n, m * n, 0.0, ldr, stride_r))
+    return PointedPass(compiled_kernel(compiled(dtype, epilogue, device, vector), "gemm", grid, block, 0,
+                                       pass_arguments(dtype, batch, m, n, ldp, stride_p, n, m * n, 0.0, ldr, stride_r)))

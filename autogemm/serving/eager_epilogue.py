@@ -23,13 +23,12 @@ erf GELU have none). Elsewhere cuBLASLt's epilogue or the pass serves (epilogue_
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from ..epilogue import Epilogue
 from ..gpu.capture import CaptureError
 from ..gpu.cublas_epilogue import lt_epilogue
-from ..gpu.epilogue_pass import pass_kernel, vector_width
+from ..gpu.epilogue_pass import PointedPass, pass_kernel, vector_width
 from . import plan as plan_module
 
 EAGER_DTYPES = ("float16", "bfloat16")  # as torch_matmul_for: float32 is computed as float32, not in TF32
@@ -48,6 +47,12 @@ def eager_computes(epilogue: Epilogue, dtype: str, weight_dims: int, bias_dims: 
     return lt is None or (lt == "BIAS" and not epilogue.residual)
 
 
+def pass_follows(epilogue: Epilogue) -> bool:
+    """Whether the pass follows PyTorch's GEMM call on this route (an activation or a residual): a bias alone
+    is the whole epilogue, inside `F.linear`."""
+    return bool(epilogue.activation or epilogue.residual)
+
+
 def _activation(name: str) -> Any:
     """The in-place PyTorch function of activation `name` ('' : none), as F.relu, F.gelu and F.silu compute it."""
     import torch  # (a tensor was given)
@@ -63,12 +68,9 @@ class EpiloguePassInPlace:
     `accepts` says whether a call's bias and residual suit it: the plan's device (current too) and the pack
     width's alignment (the fast paths send PyTorch's lazily negated views to the general path before)."""
 
-    def __init__(self, packed: Any, epilogue: Epilogue, device: int, alignment: int):
+    def __init__(self, packed: PointedPass, epilogue: Epilogue, device: int, alignment: int):
         self.packed, self.device, self.alignment = packed, device, alignment
-        self.pointers, (self.p_at, self.d_at, self.c_at, self.bias_at, self.residual_at) = packed.slots(
-            "P", "D", "C", "bias", "residual")
         self._fallback = _activation(epilogue.activation)  # (PyTorch's, for an output less aligned than the packs)
-        self.lock = threading.Lock()
 
     def accepts(self, bias: Any, residual: Any) -> bool:
         device, alignment = self.device, self.alignment
@@ -86,13 +88,8 @@ class EpiloguePassInPlace:
             if residual is not None:
                 y.add_(residual)
             return
-        stream = plan_module.torch_raw_stream(self.device)
-        with self.lock:
-            pointers = self.pointers
-            pointers[self.p_at] = pointers[self.d_at] = pointers[self.c_at] = address
-            pointers[self.bias_at] = 0 if bias is None else bias.data_ptr()
-            pointers[self.residual_at] = 0 if residual is None else residual.data_ptr()
-            self.packed.launch(stream)
+        self.packed.launch(plan_module.torch_raw_stream(self.device), address, address,
+                           0 if bias is None else bias.data_ptr(), 0 if residual is None else residual.data_ptr())
 
 
 class TorchEagerEpiloguePlan:
@@ -148,7 +145,7 @@ def eager_plan(dispatcher: Any, gemm_key: Any, gemm_plan: Any, epilogue: Epilogu
         return None
     device = gemm_plan.device
     finish = None
-    if epilogue.activation or epilogue.residual:
+    if pass_follows(epilogue):
         n = result.shape[-1]
         rows = result.numel() // n
         # (F.linear's output is C-contiguous; one matrix of every row but where a residual's batch stride differs)

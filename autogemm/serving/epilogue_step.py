@@ -14,7 +14,6 @@ all on the operands' GPU. Nothing is launched for a call that fails it.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
@@ -186,9 +185,6 @@ class TorchEpiloguePlan:
         # the GEMM's launcher when this plan was filed: once the guard settles (the kernel or cuBLAS
         # serves for good), the general path files the plan again (the kernel may take the epilogue)
         self.gemm_launch = gemm_plan.launch
-        self.pointers, (self.p_at, self.d_at, self.c_at, self.bias_at, self.residual_at) = packed.slots(
-            "P", "D", "C", "bias", "residual")
-        self.lock = threading.Lock()
 
     def call(self, a: Any, b: Any, bias: Any, residual: Any, alpha: float) -> Any:
         if self.dispatcher.torch_fast.get(self.gemm_key) is not self.gemm or self.gemm.launch is not self.gemm_launch:
@@ -204,12 +200,8 @@ class TorchEpiloguePlan:
         d, keep = self.outputs.take(stream)
         if (product.data_ptr() | d.data_ptr()) % alignment:  # (PyTorch's blocks are 512-byte aligned: a safeguard)
             return None
-        with self.lock:
-            pointers = self.pointers
-            pointers[self.p_at], pointers[self.d_at], pointers[self.c_at] = product.data_ptr(), d.data_ptr(), d.data_ptr()
-            pointers[self.bias_at] = 0 if bias is None else bias.data_ptr()
-            pointers[self.residual_at] = 0 if residual is None else residual.data_ptr()
-            self.packed.launch(stream)
+        self.packed.launch(stream, product.data_ptr(), d.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                           0 if residual is None else residual.data_ptr())
         if keep:
             self.outputs.after_launch(stream)
         return d

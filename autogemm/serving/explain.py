@@ -13,7 +13,7 @@ from ..gpu import launch, runtime
 from .numpy_semantics import KERNELS
 from ..gpu.operands import check_scalars, describe, real_scalar, validate
 from ..problem import Problem
-from .eager_epilogue import eager_computes
+from .eager_epilogue import eager_computes, pass_follows
 from .fused_epilogue import tuned_kernel
 from .race import race_choice
 from .select import ChoiceSource
@@ -155,7 +155,7 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
     elif tensors and config is None and eager_computes(
             epilogue, gemm["dtype"], b.ndim, None if bias is None else bias.ndim, a.ndim,
             all(x is None or x.dtype == a.dtype for x in (b, bias, residual))):
-        whole = not epilogue.activation and not epilogue.residual  # (the bias alone: F.linear's own)
+        whole = not pass_follows(epilogue)  # (the bias alone: F.linear's own)
         applied += ("; from the second such call on PyTorch tensors, by PyTorch's own GEMM call (F.linear" +
                     (" with the bias)" if whole else ", then the pass over its output in place)"))
         route = "F.linear" if whole else "F.linear + pass"
