@@ -136,6 +136,27 @@ def test_the_pass_in_place_points_every_operand_at_the_output_or_computes_with_p
         assert torch.allclose(y.double(), expected.double(), rtol=2e-2, atol=2e-2)
 
 
+def test_the_epilogue_plan_points_the_pass_at_the_gemms_product_and_a_fresh_output(monkeypatch):
+    """serving/epilogue_step.TorchEpiloguePlan (cuBLAS's product into a second output): the pass reads P from
+    the GEMM's product and writes D (and reads C) at the output it takes, with the call's bias and residual."""
+    torch = pytest.importorskip("torch")
+    from autogemm.gpu.epilogue_pass import PointedPass
+    from autogemm.serving import plan as plan_module
+    from autogemm.serving.epilogue_step import TorchEpiloguePlan
+
+    monkeypatch.setattr(plan_module, "torch_raw_stream", lambda device: 7)
+    product, d = torch.randn(4, 8, dtype=torch.bfloat16), torch.empty(4, 8, dtype=torch.bfloat16)
+    bias, residual = torch.randn(8, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16)
+    gemm = SimpleNamespace(launch=object(), call_torch=lambda a, b, alpha: product)
+    outputs = SimpleNamespace(take=lambda stream: (d, False))
+    packed = _Packed()
+    plan = TorchEpiloguePlan(_dispatcher_with(gemm), "gemm", gemm, PointedPass(packed), outputs, -1, 1)
+    assert plan.call(None, None, bias, residual, 1.0) is d
+    assert plan.call(None, None, None, None, 1.0) is d
+    assert packed.launches == [(product.data_ptr(), d.data_ptr(), d.data_ptr(), bias.data_ptr(), residual.data_ptr()),
+                               (product.data_ptr(), d.data_ptr(), d.data_ptr(), 0, 0)]
+
+
 def test_the_plan_of_a_bias_alone_has_no_finish_and_of_more_a_pass_built_for_its_shapes(monkeypatch):
     torch = pytest.importorskip("torch")
     from autogemm.serving import eager_epilogue
