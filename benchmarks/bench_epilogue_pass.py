@@ -69,7 +69,7 @@ def calls(case: str, dtype: str, m: int, n: int) -> dict:
     def packed_pass():
         """autogemm's pass, checked against float64."""
         packed = pass_kernel(dtype, epilogue, device, 1, m, n, n, m * n, n if epilogue.residual else 0,
-                             m * n if epilogue.residual else 0, vector)
+                             m * n if epilogue.residual else 0, vector).packed  # (its pointers set once, here)
         pointers, places = packed.slots("P", "D", "C", "bias", "residual")
         for place, value in zip(places, (p.data_ptr(), d.data_ptr(), d.data_ptr(), bias.data_ptr() if epilogue.bias else 0,
                                          residual.data_ptr() if epilogue.residual else 0)):

@@ -190,15 +190,13 @@ class GpuMeasurer:
         ldr, stride_r = (n, m * n) if residual is not None else (0, 0)
         vector = vector_width(problem.dtype, self.epilogue, n, (n, m * n, ldr, stride_r),
                               [(x.data.ptr, x.dtype.itemsize) for x in (product, d, bias, residual) if x is not None])
-        packed = pass_kernel(problem.dtype, self.epilogue, self.device_ordinal(), problem.batch, m, n, n, m * n, ldr,
-                             stride_r, vector)
-        pointers, slots = packed.slots("P", "D", "C", "bias", "residual")
-        for at, x in zip(slots, (product, d, d, bias, residual)):
-            pointers[at] = 0 if x is None else x.data.ptr
+        pointed = pass_kernel(problem.dtype, self.epilogue, self.device_ordinal(), problem.batch, m, n, n, m * n, ldr,
+                              stride_r, vector)
+        addresses = [0 if x is None else x.data.ptr for x in (product, d, bias, residual)]
 
         def run():
             gemm()
-            packed.launch(cupy.cuda.get_current_stream().ptr)
+            pointed.launch(cupy.cuda.get_current_stream().ptr, *addresses)
 
         run.output = d  # (kept alive with the call)
         return run
