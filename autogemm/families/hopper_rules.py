@@ -53,10 +53,10 @@ def stmatrix_reasons(config: Any, problem: Problem, bad) -> None:
 def fast_activation_reasons(problem: Problem, bad) -> None:
     """fast_activation computes a GELU or SiLU epilogue by the epilogue pass's forms: GELU's erf by Abramowitz
     and Stegun's 7.1.26, the exponential and quotient by the hardware's (a few ulps of FP32, within the
-    verification's bound). With two consumers sharing a tile, no wgmma runs while they apply the epilogue:
-    erff's two polynomials, evaluated and selected between, made a 128 x 192 tile's epilogue about a tenth of
-    its main loop. A problem with another activation or none renders the same kernel with it as without: a
-    duplicate the search need not measure."""
+    verification's bound). With two consumers sharing a tile, no wgmma runs while they apply the epilogue: on an
+    H200 (FP16 1536 x 18176 x 4544) bias + SiLU made a 128 x 192 tile 29% slower than bare, 16% with these forms.
+    A problem with another activation or none renders the same kernel with it as without: a duplicate the
+    search need not measure."""
     if problem.epilogue.activation not in FAST_FORM_ACTIVATIONS:
         bad("choice", f"fast_activation changes only a {' or '.join(a.upper() for a in FAST_FORM_ACTIVATIONS)} epilogue; "
                       f"this problem's activation is {problem.epilogue.activation or 'none'}")
