@@ -36,12 +36,22 @@ UNIT_OVERHEAD_FLOPS = 8e6
 # the output's store and split-K's FP32 partial sums are counted at this rate
 FLOPS_PER_DRAM_BYTE = 200.0
 # a single consumer warpgroup issues wgmmas with no other to cover its waits and its epilogue (so do
-# ping-pong consumers, one main loop at a time: on an H200 at 640 x 4096 x 4096 ping-pong 64 x 160 tiles ran
-# at 0.65x cuBLAS where 128 x 160 ran at 0.87x)
+# ping-pong consumers of 64-row tiles, one main loop at a time: on an H200 at 640 x 4096 x 4096 ping-pong
+# 64 x 160 tiles ran at 0.65x cuBLAS where 128 x 160 ran at 0.87x). Ping-pong consumers of 128-row tiles
+# issue two wgmma row blocks a slice and keep the rate: on an H200 at 1536 x 18176 x 4544 FP16 ping-pong
+# 128 x 128 tiles ran 404 us where cooperative 128 x 192 ones ran 418.
 ONE_CONSUMER_RATE = 0.85
 # the share of a unit's store that its SM waits for where the TMA store or the other ping-pong consumer
 # hides it under the next tile's main loop
 HIDDEN_STORE = 0.3
+# What a fused epilogue costs a unit's store, per output element, in flops of the SM's time: the consumers
+# compute it in registers before the store, and no TMA store hides that; the other ping-pong consumer's
+# main loop hides about half of it. Measured on an H200 at 1536 x 18176 x 4544 FP16 (session 46, sustained):
+# cooperative 128 x 192 tiles paid 32 us for a bias, 67 with a fast-form SiLU, 100 with a fast-form GELU and
+# 115-122 with the accurate forms, over 418; ping-pong 128 x 128 ones 17, 25, 47 and 55-58 over 404.
+EPILOGUE_FLOPS = {"bias": 700.0, "residual": 700.0, "activation": 1900.0}
+FAST_ACTIVATION_FLOPS = {"silu": 750.0, "gelu": 1500.0}  # with the Hopper family's fast_activation
+PINGPONG_HIDDEN_EPILOGUE = 0.5  # the share of that a ping-pong SM does not wait for
 PARTIAL_BYTES = 4  # a split-K partial sum (FP32)
 
 
@@ -144,11 +154,13 @@ def relative_cost(config: Any, problem: Problem, device: Device) -> float:
     cluster = getattr(config, "cluster", 1)  # (the Hopper family's pairs)
     loaded = (rows + cols / cluster) * k_share * itemsize
     main_loop = max(compute, loaded * FLOPS_PER_L2_BYTE)
-    one_consumer = getattr(config, "consumers", 2) == 1 or getattr(config, "pingpong", False)
+    pingpong = getattr(config, "pingpong", False)
+    one_consumer = getattr(config, "consumers", 2) == 1 or (pingpong and rows < 128)
     rate = ONE_CONSUMER_RATE if one_consumer else 1.0  # (one warpgroup's wgmmas at a time)
     out_itemsize = 4 if itemsize == 4 else 2
-    hidden = getattr(config, "tma_store", False) or getattr(config, "pingpong", False)
+    hidden = getattr(config, "tma_store", False) or pingpong
     store = rows * cols * out_itemsize * FLOPS_PER_DRAM_BYTE * (HIDDEN_STORE if hidden else 1.0)
+    store += rows * cols * epilogue_flops(config, problem) * (PINGPONG_HIDDEN_EPILOGUE if pingpong else 1.0)
     unit = (main_loop + UNIT_OVERHEAD_FLOPS) / rate + store
     if waves.split_k > 1:  # each unit writes its partial sums; the last reads every split's back
         unit += 2 * rows * cols * PARTIAL_BYTES * FLOPS_PER_DRAM_BYTE
@@ -161,3 +173,16 @@ def relative_cost(config: Any, problem: Problem, device: Device) -> float:
         return (waves.whole_tiles // waves.slots * unit + (shared_run * main_loop + 2 * UNIT_OVERHEAD_FLOPS) / rate
                 + store + partials)
     return waves.waves * unit
+
+
+def epilogue_flops(config: Any, problem: Problem) -> float:
+    """What `problem`'s fused epilogue costs `config`'s store per output element, in flops of an SM's time
+    (EPILOGUE_FLOPS; 0 without one; an FP8 product's scaling is not counted: every
+    config pays it alike). A gated epilogue's two halves are counted as one element's."""
+    epilogue = problem.epilogue
+    cost = EPILOGUE_FLOPS["bias"] if epilogue.bias else 0.0
+    cost += EPILOGUE_FLOPS["residual"] if epilogue.residual else 0.0
+    if epilogue.activation:
+        fast = getattr(config, "fast_activation", False) and epilogue.activation in FAST_ACTIVATION_FLOPS
+        cost += FAST_ACTIVATION_FLOPS[epilogue.activation] if fast else EPILOGUE_FLOPS["activation"]
+    return cost
