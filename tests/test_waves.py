@@ -107,6 +107,15 @@ def test_an_activation_epilogue_ranks_the_ping_pong_tile_that_hides_it_first():
     assert 0 < extra[pingpong.name] < extra[cooperative.name]
 
 
+def test_every_activation_with_a_fast_form_has_its_cost_in_the_model():
+    """waves.FAST_ACTIVATION_FLOPS prices the activations epilogue.FAST_FORM_ACTIVATIONS names: one given a fast
+    form without a price would be ranked at the accurate forms' cost."""
+    from autogemm.epilogue import FAST_FORM_ACTIVATIONS
+    from autogemm.families.waves import FAST_ACTIVATION_FLOPS
+
+    assert set(FAST_ACTIVATION_FLOPS) == set(FAST_FORM_ACTIVATIONS)
+
+
 @pytest.mark.parametrize("problem", [
     Problem(256, 512, 1024, dtype="float8_e4m3fn", trans_b=True, epilogue=Epilogue(scale="row", out_dtype="bfloat16")),
     Problem(1000, 256, 128, batch=8, dtype="bfloat16", trans_b=True, grouped=True),
