@@ -238,7 +238,10 @@ def median_latency(calls: dict[str, Any], **kwargs: Any) -> dict[str, float]:
 # random, after SUSTAINED_WARMUP_MS of the competitors in turn to bring the GPU to its steady state. At its
 # power limit an H200's clocks swing over a few hundred ms: with rounds of 200 ms in an order that
 # alternated (A B, B A, ...), two identical torch.matmul calls measured 3% apart, each always in the same
-# phase of the swing. Short rounds in random order sample every phase for every competitor.
+# phase of the swing. Short rounds in random order sample every phase for every competitor. The order is
+# drawn afresh for each comparison: one seed for all made the same order every time, and a second torch.matmul
+# under another name then measured 1.006x the first over eight problems (0.6% that each comparison of that many
+# competitors inherits), against 1.001x with an order of its own for each problem.
 SUSTAINED_ROUNDS = 20
 SUSTAINED_ROUND_MS = 50.0
 SUSTAINED_WARMUP_MS = 300.0
@@ -251,13 +254,14 @@ SUSTAINED_AHEAD = 4
 
 
 def sustained_times(calls: dict[str, Any], *, rounds: int = SUSTAINED_ROUNDS, round_ms: float = SUSTAINED_ROUND_MS,
-                    warmup_ms: float = SUSTAINED_WARMUP_MS, stream: Any = None, seed: int = 0) -> dict[str, list[float]]:
+                    warmup_ms: float = SUSTAINED_WARMUP_MS, stream: Any = None,
+                    seed: int | None = None) -> dict[str, list[float]]:
     """Milliseconds a call of each competitor (name -> `call(i)`, enqueuing one call on `stream`, CuPy's
     current stream when None), one figure a round: back-to-back calls with no synchronization between
     competitors or rounds, so that the GPU runs them as a loop of work does, never idle. Each round gives
     every competitor a segment of about `round_ms` of GPU time (calls counted from a first estimate),
-    between two events, in an order drawn at random (`seed`), so that no competitor is always measured in
-    one phase of the clocks' swings. For calls of at least SUSTAINED_FROM_MS, whose host time does not set
+    between two events, in an order drawn at random (from `seed`; None: a fresh draw), so that no competitor
+    is always measured in one phase of the clocks' swings, nor always after the same others. For calls of at least SUSTAINED_FROM_MS, whose host time does not set
     the pace."""
     import cupy  # (lazy: CuPy)
 
