@@ -22,7 +22,7 @@ from .. import dtypes
 from ..epilogue import Epilogue
 from ..gpu import capture, runtime
 from ..gpu.operands import check_scalars, common_device, contiguous_strides, describe, real_scalar, validate
-from . import epilogue_step, numpy_semantics, torch_fast_path, torch_tensors
+from . import epilogue_step, linear_memo, numpy_semantics, torch_fast_path, torch_tensors
 from .eager_epilogue import TorchEagerEpiloguePlan
 from .numpy_semantics import as_cupy
 from .plan import bind_cupy_names, bind_torch_names, make_plan
@@ -209,6 +209,20 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
     # and weight's own metadata (no transposed view made, no keyword call: on an H100 the way through
     # matmul cost 19 us of latency a call)
     if type(x) is _TENSOR and type(weight) is _TENSOR and out is None and _DISPATCHER.torch_epilogue:
+        # first by the weight's and bias's identity, where F.linear serves the layer whole (linear_memo)
+        if residual is None and _DISPATCHER.linear_by_weight:
+            try:
+                entry = _DISPATCHER.linear_by_weight.get((id(weight), id(bias), x.shape, x.stride(), x.dtype,
+                                                          x.get_device(), activation, out_dtype, gated))
+            except RuntimeError:  # (no strides: the general path names it)
+                entry = None
+            # (autograd the general path refuses; F.linear reads a lazily negated view itself)
+            if entry is not None and entry.matches(weight, bias) and not (
+                    x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+                result = entry.plan.call(x, weight, bias, None, 1.0)
+                if result is not None:
+                    return result
+                linear_memo.forget(_DISPATCHER, x, weight, bias, activation, out_dtype, gated)
         try:
             plan = _DISPATCHER.torch_epilogue.get(epilogue_step.torch_linear_key(x, weight, bias, residual, activation,
                                                                                  out_dtype, gated))
@@ -217,6 +231,8 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
         if plan is not None and not epilogue_step.needs_general_path(x, weight, bias, residual):
             result = plan.call(x, weight, bias, residual, 1.0)  # (the plan reads weight's address and device)
             if result is not None:
+                if residual is None:
+                    linear_memo.file(_DISPATCHER, x, weight, bias, activation, out_dtype, gated, plan)
                 return result
     shape = getattr(weight, "shape", None)
     if shape is None or len(shape) != 2:

@@ -52,6 +52,8 @@ class Dispatcher:
         self.torch_fast: dict[str, Any] = {}
         # key of a call on tensors with an epilogue (epilogue_step.torch_epilogue_key) -> TorchEpiloguePlan
         self.torch_epilogue: dict[str, Any] = {}
+        # linear's first memo: (weight's and bias's ids, x's metadata, keywords) -> linear_memo.Entry
+        self.linear_by_weight: dict[tuple, Any] = {}
         # scaled_matmul's calls (scaled.ScaledCall) -> the tuned kernel's plan, or None (torch._scaled_mm serves)
         self.scaled: dict[str, Any] = {}
         self.grouped: dict[str, Any] = {}  # serving/grouped_plan.py's kernel plans
@@ -80,6 +82,7 @@ class Dispatcher:
             self.fast.clear()
             self.torch_fast.clear()
             self.torch_epilogue.clear()
+            self.linear_by_weight.clear()
             self.scaled.clear()
             self.grouped.clear()
             self.spare_bytes = 0
