@@ -129,3 +129,29 @@ def test_a_plan_that_no_longer_serves_leaves_the_memo_and_clear_empties_it(monke
     assert layer.dispatcher.linear_by_weight
     layer.dispatcher.clear()
     assert not layer.dispatcher.linear_by_weight
+
+
+class _CountingDict(dict):
+    """A dict that counts its lookups."""
+
+    lookups = 0
+
+    def get(self, *args):
+        self.lookups += 1
+        return super().get(*args)
+
+
+@pytest.mark.parametrize("keywords", [{"activation": "gelu"}, {"residual": "x"}, {"gated": True}])
+def test_a_layer_that_f_linear_cannot_serve_whole_never_looks_in_the_memo(monkeypatch, keywords):
+    # (a GELU layer among bias layers that filled the memo would build the key and miss on every call)
+    x, w, bias = _tensors()
+    layer = Layer(monkeypatch, x, w, bias)
+    dispatch.linear(x, w, bias)  # files the bias layer's entry
+    memo = _CountingDict(layer.dispatcher.linear_by_weight)
+    layer.dispatcher.linear_by_weight = memo
+    assert layer.first_memo_serves(x, w, bias) and memo.lookups == 1
+    if keywords.get("residual") == "x":
+        keywords = {"residual": torch.randn(4, 8, dtype=torch.bfloat16)}
+    with pytest.raises(Exception):  # (the general path on CPU tensors)
+        dispatch.linear(x, w, bias, **keywords)
+    assert memo.lookups == 1

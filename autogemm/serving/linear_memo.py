@@ -23,9 +23,11 @@ from .eager_epilogue import TorchEagerEpiloguePlan
 MAX_ENTRIES = 1024  # emptied when full (a process's layers times its distinct token counts)
 
 
-def key(x: Any, weight: Any, bias: Any, activation: Any, out_dtype: Any, gated: Any) -> tuple[Any, ...]:
-    """The memo key of `linear(x, weight, bias, ...)` without a residual (dispatch.linear builds it inline)."""
-    return (id(weight), id(bias), x.shape, x.stride(), x.dtype, x.get_device(), activation, out_dtype, gated)
+def key(x: Any, weight: Any, bias: Any, out_dtype: Any) -> tuple[Any, ...]:
+    """The memo key of `linear(x, weight, bias, out_dtype=...)`, a call without an activation, a residual or
+    a gate: the only calls F.linear can serve whole, and so the only ones that look here (dispatch.linear
+    builds the key inline)."""
+    return (id(weight), id(bias), x.shape, x.stride(), x.dtype, x.get_device(), out_dtype)
 
 
 class Entry:
@@ -49,8 +51,7 @@ def serves_whole(plan: Any) -> bool:
     return isinstance(plan, TorchEagerEpiloguePlan) and plan.finish is None and not plan.transposed
 
 
-def file(dispatcher: Any, x: Any, weight: Any, bias: Any, activation: Any, out_dtype: Any, gated: Any,
-         plan: Any) -> None:
+def file(dispatcher: Any, x: Any, weight: Any, bias: Any, out_dtype: Any, plan: Any) -> None:
     """Files `plan` for these operands where F.linear serves it whole (`serves_whole`); else nothing."""
     if not serves_whole(plan):
         return
@@ -59,10 +60,10 @@ def file(dispatcher: Any, x: Any, weight: Any, bias: Any, activation: Any, out_d
     with dispatcher.lock:
         if len(memo) >= MAX_ENTRIES:
             memo.clear()
-        memo[key(x, weight, bias, activation, out_dtype, gated)] = entry
+        memo[key(x, weight, bias, out_dtype)] = entry
 
 
-def forget(dispatcher: Any, x: Any, weight: Any, bias: Any, activation: Any, out_dtype: Any, gated: Any) -> None:
+def forget(dispatcher: Any, x: Any, weight: Any, bias: Any, out_dtype: Any) -> None:
     """Drops the entry of these operands (its plan no longer serves: the full path files another)."""
     with dispatcher.lock:
-        dispatcher.linear_by_weight.pop(key(x, weight, bias, activation, out_dtype, gated), None)
+        dispatcher.linear_by_weight.pop(key(x, weight, bias, out_dtype), None)
