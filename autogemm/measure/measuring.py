@@ -40,8 +40,11 @@ SINGLE_CALL_PAIRS = 40
 # and cupy.matmul; the faster of the two in GPU time is the one to beat
 SERVED, CUPY = "cublaslt", "cupy.matmul"
 # with an epilogue, what matmul serves without a fused kernel: cuBLASLt's GEMM then the epilogue's pass
-# (gpu/epilogue_pass.py), and cuBLASLt's own epilogue where it has this one (gpu/cublas_epilogue.py)
-SERVED_PASS, SERVED_LT = "cublaslt + pass", "cublaslt epilogue"
+# (gpu/epilogue_pass.py), and cuBLASLt's own epilogue where it has this one (gpu/cublas_epilogue.py);
+# for a bias with an activation or a residual, eager PyTorch's route too (F.linear adds the bias inside
+# cuBLASLt's GEMM, then F.gelu and the like make a pass): a fused kernel is kept only where it beats every
+# route a user's call could take (session 47 kept a kernel at 1.024x cuBLAS + pass that ran 0.987x eager)
+SERVED_PASS, SERVED_LT, SERVED_LT_BIAS = "cublaslt + pass", "cublaslt epilogue", "cublaslt bias + pass"
 
 
 @dataclass
@@ -119,7 +122,8 @@ class GpuMeasurer:
         # each set's bias and residual (None where the epilogue adds none)
         self._extras = [self._epilogue_inputs(seed + 100 * i + 50) for i in range(len(self._sets))]
         self._served_calls: list[Any] | None = None
-        self._lt_calls: list[Any] | None = None
+        self._lt_calls: dict[str, list[Any] | None] = {}  # by cuBLASLt's epilogue name
+        self._lt_bias_calls: list[Any] | None = None
         self._cupy_computes: bool | None = None  # whether cupy.matmul computes this type in this form
         self.baselines: dict[str, float] = {}  # ms of each baseline, from the last timing
         warm_up(self._served()[0])
@@ -178,19 +182,21 @@ class GpuMeasurer:
                 layouts = self._layouts(a, b, c)
                 served = cublas_launcher(bare, *layouts, self.device.compute_capability)
                 gemm = functools.partial(served, *(layout.pointer for layout in layouts), 1.0, 0.0)
-                calls.append(gemm if self.epilogue.is_identity else self._then_pass(gemm, c, bias, residual))
+                calls.append(gemm if self.epilogue.is_identity else
+                             self._then_pass(gemm, c, bias, residual, self.epilogue))
             self._served_calls = calls
         return self._served_calls
 
-    def _then_pass(self, gemm, product, bias, residual):
-        """`gemm()` followed by the epilogue's pass (packed once) from `product` into a D of its own."""
+    def _then_pass(self, gemm, product, bias, residual, epilogue: Epilogue):
+        """`gemm()` followed by `epilogue`'s pass (packed once) from `product` into a D of its own (`bias`
+        None where `epilogue` adds none)."""
         problem, cupy = self.problem, self._cupy
         d = cupy.empty_like(product)
         m, n = problem.m, problem.n
         ldr, stride_r = (n, m * n) if residual is not None else (0, 0)
-        vector = vector_width(problem.dtype, self.epilogue, n, (n, m * n, ldr, stride_r),
+        vector = vector_width(problem.dtype, epilogue, n, (n, m * n, ldr, stride_r),
                               [(x.data.ptr, x.dtype.itemsize) for x in (product, d, bias, residual) if x is not None])
-        pointed = pass_kernel(problem.dtype, self.epilogue, self.device_ordinal(), problem.batch, m, n, n, m * n, ldr,
+        pointed = pass_kernel(problem.dtype, epilogue, self.device_ordinal(), problem.batch, m, n, n, m * n, ldr,
                               stride_r, vector)
         addresses = [0 if x is None else x.data.ptr for x in (product, d, bias, residual)]
 
@@ -204,49 +210,76 @@ class GpuMeasurer:
     def device_ordinal(self) -> int:
         return self._cupy.cuda.Device().id
 
-    def _lt(self) -> list[Any] | None:
-        """cuBLASLt's own epilogue (the GEMM and the epilogue in one call), bound to each input set;
-        None where cuBLASLt has no epilogue that computes this one, or no algorithm for it."""
-        name = lt_epilogue(self.epilogue, self.problem.dtype) if not self.epilogue.is_identity else None
+    def _lt(self, epilogue: Epilogue | None = None) -> list[Any] | None:
+        """cuBLASLt's own epilogue computing `epilogue` (default: the problem's) in the GEMM, bound to each
+        input set, D written to the set's C; None where cuBLASLt has no epilogue that computes it, or no
+        algorithm for it."""
+        epilogue = self.epilogue if epilogue is None else epilogue
+        name = lt_epilogue(epilogue, self.problem.dtype) if not epilogue.is_identity else None
         if name is None or self.problem.batch > 1:
             return None
-        if self._lt_calls is None:
-            calls, bare = [], dataclasses.replace(self.problem, epilogue=Epilogue())
-            for (a, b, c), (bias, residual) in zip(self._sets, self._extras):
-                layout_a, layout_b, layout_c = self._layouts(a, b, c)
-                residual_layout = describe(residual, "residual", bfloat16_bits=True).storage(False) \
-                    if residual is not None else None
-                pointers = [x for x in (layout_a.pointer, layout_b.pointer, layout_c.pointer) if x] + \
-                    [x.data.ptr for x in (bias, residual) if x is not None]
-                launch = cublas_epilogue_launcher(bare, layout_a, layout_b, layout_c, name, residual_layout,
-                                                  bias.data.ptr if bias is not None else 0,
-                                                  min(alignment_of(p) for p in pointers), self.device_ordinal())
-                if launch is None:
-                    return None
-                calls.append(functools.partial(
-                    lambda launch, pa, pb, pc, pbias, presidual: launch(
-                        pa, pb, pc, 1.0, self._cupy.cuda.get_current_stream().ptr, pbias, presidual),
-                    launch, layout_a.pointer, layout_b.pointer, layout_c.pointer,
-                    bias.data.ptr if bias is not None else 0, residual.data.ptr if residual is not None else 0))
-            self._lt_calls = calls
-        return self._lt_calls
+        if name not in self._lt_calls:
+            self._lt_calls[name] = self._bind_lt(name, epilogue)
+        return self._lt_calls[name]
+
+    def _bind_lt(self, name: str, epilogue: Epilogue) -> list[Any] | None:
+        """cuBLASLt's epilogue `name` bound to each input set (the set's bias and residual where `epilogue`
+        adds them); None where cuBLASLt has no algorithm for it."""
+        calls, bare = [], dataclasses.replace(self.problem, epilogue=Epilogue())
+        for (a, b, c), (bias, residual) in zip(self._sets, self._extras):
+            bias = bias if epilogue.bias else None
+            residual = residual if epilogue.residual else None
+            layout_a, layout_b, layout_c = self._layouts(a, b, c)
+            residual_layout = describe(residual, "residual", bfloat16_bits=True).storage(False) \
+                if residual is not None else None
+            pointers = [x for x in (layout_a.pointer, layout_b.pointer, layout_c.pointer) if x] + \
+                [x.data.ptr for x in (bias, residual) if x is not None]
+            launch = cublas_epilogue_launcher(bare, layout_a, layout_b, layout_c, name, residual_layout,
+                                              bias.data.ptr if bias is not None else 0,
+                                              min(alignment_of(p) for p in pointers), self.device_ordinal())
+            if launch is None:
+                return None
+            calls.append(functools.partial(
+                lambda launch, pa, pb, pc, pbias, presidual: launch(
+                    pa, pb, pc, 1.0, self._cupy.cuda.get_current_stream().ptr, pbias, presidual),
+                launch, layout_a.pointer, layout_b.pointer, layout_c.pointer,
+                bias.data.ptr if bias is not None else 0, residual.data.ptr if residual is not None else 0))
+        return calls
+
+    def _lt_bias_then_pass(self) -> list[Any] | None:
+        """Eager PyTorch's route for a bias with an activation or a residual, bound to each input set:
+        cuBLASLt's BIAS epilogue (F.linear's bias inside the GEMM) into the set's C, then the rest of the
+        epilogue as a pass into a D of its own; None where the epilogue has no more than a bias, or
+        cuBLASLt cannot add it."""
+        epilogue = self.epilogue
+        if epilogue.bias != "n" or not (epilogue.activation or epilogue.residual):
+            return None
+        if self._lt_bias_calls is None:
+            bias_only = self._lt(Epilogue(bias="n"))
+            if bias_only is None:
+                return None
+            rest = dataclasses.replace(epilogue, bias="")
+            self._lt_bias_calls = [self._then_pass(gemm, c, None, residual, rest)
+                                   for gemm, (_, _, c), (_, residual) in zip(bias_only, self._sets, self._extras)]
+        return self._lt_bias_calls
 
     def _fallback(self) -> list[Any]:
-        """The served fallback's calls: the faster baseline matmul serves in GPU time at the last timing
-        (cuBLASLt, or with an epilogue cuBLASLt and the pass or cuBLASLt's own epilogue)."""
-        lt = self._lt()
-        if lt is not None and self.baselines.get(SERVED_LT, float("inf")) < self.baselines.get(SERVED_PASS, float("inf")):
-            return lt
-        return self._served()
+        """The served fallback's calls: with an epilogue, the route (`baseline_calls`) fastest in GPU time at
+        the last timing, cuBLASLt and the pass before any timing; without one, cuBLASLt as served."""
+        if self.epilogue.is_identity:
+            return self._served()
+        routes = self.baseline_calls()
+        return routes[min(routes, key=lambda name: self.baselines.get(name, float("inf")))]
 
     def baseline_calls(self) -> dict[str, Any]:
         """Each baseline's runners (one per input set): cuBLASLt as served and cupy.matmul where CuPy
-        computes this type in this form; with an epilogue, what matmul serves without a fused kernel
-        (SERVED_PASS, and SERVED_LT where cuBLASLt has the epilogue)."""
+        computes this type in this form; with an epilogue, the routes matmul serves without a fused kernel
+        (SERVED_PASS first; SERVED_LT where cuBLASLt has the epilogue, SERVED_LT_BIAS where it adds the bias
+        and a pass the rest)."""
         served = self._served()
         if not self.epilogue.is_identity:
-            lt = self._lt()
-            return {SERVED_PASS: served, **({SERVED_LT: lt} if lt is not None else {})}
+            routes = {SERVED_PASS: served, SERVED_LT: self._lt(), SERVED_LT_BIAS: self._lt_bias_then_pass()}
+            return {name: calls for name, calls in routes.items() if calls is not None}
         calls = {SERVED: served}
         if self._cupy_computes is None:
             try:

@@ -1,0 +1,50 @@
+"""An epilogue tune's baselines (measure/measuring.py `baseline_calls`): every route a call could take without a
+fused kernel computes the epilogue: cuBLASLt's GEMM and the pass, cuBLASLt's own epilogue, and eager's route
+(cuBLASLt's BIAS epilogue, then the rest as a pass). Each route's output is poisoned with NaN, the route run
+once, and D checked against the epilogue's float64 reference within its bound (bench.check_epilogue_result): a
+route that skipped a part of the epilogue, or wrote nothing, fails. A baseline that computed less than the
+kernel it is compared with would make the kernel look slow."""
+
+from __future__ import annotations
+
+import pytest
+
+from autogemm.epilogue import Epilogue
+from autogemm.problem import Problem
+
+pytestmark = pytest.mark.gpu
+
+PASS, LT, LT_BIAS = "cublaslt + pass", "cublaslt epilogue", "cublaslt bias + pass"
+CASES = [  # (dtype, epilogue, the routes expected)
+    ("float16", Epilogue("n", "gelu"), {PASS, LT_BIAS}),  # (no erf GELU in cuBLASLt)
+    ("bfloat16", Epilogue("n", "silu", True), {PASS, LT_BIAS}),
+    ("float16", Epilogue("n", "relu"), {PASS, LT, LT_BIAS}),
+    ("bfloat16", Epilogue("n", "", True), {PASS, LT, LT_BIAS}),  # (the residual as cuBLASLt's C)
+    ("float16", Epilogue("", "gelu_tanh"), {PASS, LT}),  # (no bias: eager's route is the pass's)
+]
+
+
+@pytest.mark.parametrize("dtype,epilogue,routes", CASES,
+                         ids=[f"{dtype}-{epilogue.key or 'none'}" for dtype, epilogue, _ in CASES])
+@pytest.mark.parametrize("shape", [(256, 384, 512), (96, 136, 200)])
+def test_every_epilogue_baseline_computes_the_epilogue(dtype, epilogue, routes, shape):
+    import cupy
+
+    from autogemm.gpu.launch import current_device
+    from autogemm.measure.bench import check_epilogue_result, poison
+    from autogemm.measure.evaluate import GpuMeasurer
+
+    m, n, k = shape
+    problem = Problem(m, n, k, dtype=dtype, trans_b=True, epilogue=epilogue)
+    measurer = GpuMeasurer(problem, current_device())
+    calls = measurer.baseline_calls()
+    assert set(calls) == routes
+    (a, b, c), (bias, residual) = measurer._sets[0], measurer._extras[0]
+    for name, runners in calls.items():
+        output = getattr(runners[0], "output", c)  # (the pass writes a D of its own; cuBLASLt's epilogue C)
+        poison(output)
+        poison(c)
+        runners[0]()
+        cupy.cuda.get_current_stream().synchronize()
+        verdict = check_epilogue_result(output, a, b, problem, bias=bias, residual=residual)
+        assert verdict.ok, (name, verdict)
