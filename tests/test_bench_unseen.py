@@ -124,6 +124,30 @@ def test_the_sustained_table_has_each_path_against_its_baseline():
     assert bench.sustained_summary([{"ratio": 1.0}]) == []
 
 
+def _noisy_rounds(rng, means, rounds=20, spread=0.015):
+    return {name: [mean * (1 + rng.gauss(0, spread)) for _ in range(rounds)] for name, mean in means.items()}
+
+
+def test_the_faster_baseline_is_picked_on_other_rounds_than_the_ratio_is_taken_on():
+    """Three competitors that run one kernel: the cross-fitted ratio is 1 on average, where the faster of the two
+    baselines' means over the same rounds measures below 1 (the bias that made the CuPy path's geomean 0.997)."""
+    import random
+    import statistics
+
+    rng = random.Random(3)
+    same = {"autogemm.matmul": 1.0, "torch.matmul": 1.0, "cupy.matmul": 1.0}
+    draws = [_noisy_rounds(rng, same) for _ in range(400)]
+    crossfit = statistics.fmean(bench.faster_baseline_ratio(r, ["torch.matmul", "cupy.matmul"], "autogemm.matmul")
+                                for r in draws)
+    naive = statistics.fmean(min(statistics.fmean(r["torch.matmul"]), statistics.fmean(r["cupy.matmul"]))
+                             / statistics.fmean(r["autogemm.matmul"]) for r in draws)
+    assert abs(crossfit - 1) < 0.001 and naive < 0.9985
+    # a baseline clearly faster is the one every half picks: the ratio is the means'
+    apart = _noisy_rounds(rng, {"autogemm.matmul": 1.0, "torch.matmul": 0.9, "cupy.matmul": 1.1})
+    assert bench.faster_baseline_ratio(apart, ["torch.matmul", "cupy.matmul"], "autogemm.matmul") == pytest.approx(
+        statistics.fmean(apart["torch.matmul"]) / statistics.fmean(apart["autogemm.matmul"]), rel=0.003)
+
+
 def test_rows_are_kept_as_they_are_measured_and_a_rerun_goes_on_from_them(tmp_path, monkeypatch):
     """--rows: each problem's row is appended at once; a rerun skips what the file holds; past the deadline
     no problem is started (a published run spread over several device calls loses nothing)."""
