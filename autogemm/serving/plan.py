@@ -284,9 +284,13 @@ def make_plan(dispatcher: Any, a: Any, ia: Any, b: Any, ib: Any, out_arr: Any, s
             # calls, as a predicted kernel's place is (guard.py). cuBLASLt's heuristic and
             # cublasGemmEx (torch.matmul's call) may pick kernels apart by several percent on large
             # products (on an H100, BF16 8192^3: 1.41 ms through cublasGemmEx, 1.59 ms through
-            # cuBLASLt's first choice) and by several microseconds on small ones.
+            # cuBLASLt's first choice) and by several microseconds on small ones. No margin: the margin
+            # guards against a kernel predicted to win that does not, and both sides here are cuBLAS's own
+            # (on an H200, FP64 333x1536x6144 NN ran 2.3% faster sustained through cublasDgemm, cupy.matmul's
+            # call, than through cuBLASLt: a gap a 2% margin would mostly keep cuBLASLt on)
             gemmex = cublas_launcher(problem, layout_a, layout_b, layout_c, device.compute_capability, api="gemmex")
-            plan.launch = Guard(gemmex, cublas_launch, lambda winner, verdict: setattr(plan, "launch", winner))
+            plan.launch = Guard(gemmex, cublas_launch, lambda winner, verdict: setattr(plan, "launch", winner),
+                                margin=0.0)
         return plan
     plan.launch, prepared = kernel_launch(choice.config)
     plan.alignment = (a_arr.data.ptr % 16, b_arr.data.ptr % 16)
