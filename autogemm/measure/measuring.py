@@ -122,7 +122,8 @@ class GpuMeasurer:
         # each set's bias and residual (None where the epilogue adds none)
         self._extras = [self._epilogue_inputs(seed + 100 * i + 50) for i in range(len(self._sets))]
         self._served_calls: list[Any] | None = None
-        self._lt_calls: dict[str, list[Any] | None] = {}  # by cuBLASLt's epilogue name
+        # by the epilogue computed (not by cuBLASLt's name: BIAS adds a residual too where one is read as C)
+        self._lt_calls: dict[Epilogue, list[Any] | None] = {}
         self._lt_bias_calls: list[Any] | None = None
         self._cupy_computes: bool | None = None  # whether cupy.matmul computes this type in this form
         self.baselines: dict[str, float] = {}  # ms of each baseline, from the last timing
@@ -218,9 +219,9 @@ class GpuMeasurer:
         name = lt_epilogue(epilogue, self.problem.dtype) if not epilogue.is_identity else None
         if name is None or self.problem.batch > 1:
             return None
-        if name not in self._lt_calls:
-            self._lt_calls[name] = self._bind_lt(name, epilogue)
-        return self._lt_calls[name]
+        if epilogue not in self._lt_calls:
+            self._lt_calls[epilogue] = self._bind_lt(name, epilogue)
+        return self._lt_calls[epilogue]
 
     def _bind_lt(self, name: str, epilogue: Epilogue) -> list[Any] | None:
         """cuBLASLt's epilogue `name` bound to each input set (the set's bias and residual where `epilogue`
