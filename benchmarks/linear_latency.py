@@ -6,6 +6,7 @@ The competitors of each layer:
 - autogemm.linear: the fast path (its plan found by linear's key), as a user calls it;
 - the plan's call alone: the plan linear's fast path finds, called directly (no key, no checks);
 - eager: `F.linear(x, w, bias)`, then `F.gelu` or `F.silu`;
+- eager as bench_epilogues writes it: `torch.matmul(x, w.T) + bias`, then the activation (one more kernel);
 - eager behind linear's lookup: the same key built and looked up and the same checks made, then eager's
   calls, so that a difference from eager that this shares is the lookup's cost and one it does not share
   is the plan's.
@@ -18,6 +19,7 @@ Latency: each call on an idle GPU between CUDA events (autogemm.measure.timing.l
 rotating within a round, and again each competitor alone (a call after another's may pay for it).
 
     python benchmarks/linear_latency.py [--rounds 200] [--calls 2000]
+    python benchmarks/linear_latency.py --layers float16:silu:1x14336x4096,bfloat16:gelu:128x14336x4096
 """
 
 from __future__ import annotations
@@ -34,16 +36,38 @@ from host_time import per_call_us
 LAYERS = (("bfloat16", None, 1, 7168, 5120), ("float16", None, 200, 7168, 5120),
           ("bfloat16", "gelu", 77, 9216, 2304), ("float16", "gelu", 2048, 13824, 5120),
           ("bfloat16", "silu", 8, 9216, 3072))
+ACTIVATIONS = ("bias", "gelu", "silu")  # "bias": the bias alone
 
 
-def main() -> int:
+def parse_layers(text: str) -> tuple[tuple, ...]:
+    """Layers given as `dtype:activation:MxNxK` (activation bias, gelu or silu), comma-separated
+    (ValueError naming the item that does not read so)."""
+    layers = []
+    for item in text.split(","):
+        parts = item.strip().split(":")
+        sizes = parts[2].split("x") if len(parts) == 3 else []
+        if len(parts) != 3 or parts[0] not in ("float16", "bfloat16") or parts[1] not in ACTIVATIONS \
+                or len(sizes) != 3 or not all(size.isdigit() and 0 < int(size) <= 1 << 20 for size in sizes):
+            raise ValueError(f"{item!r} is not a layer: float16 or bfloat16, then bias, gelu or silu, then MxNxK "
+                             f"(each from 1 to {1 << 20}), e.g. float16:silu:1x14336x4096")
+        layers.append((parts[0], None if parts[1] == "bias" else parts[1], *map(int, sizes)))
+    return tuple(layers)
+
+
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=200, help="latency calls of each competitor (default 200)")
     parser.add_argument("--calls", type=int, default=2000, help="calls a host-time run makes (default 2000)")
-    args = parser.parse_args()
+    parser.add_argument("--layers", help="dtype:activation:MxNxK, comma-separated (activation bias, gelu or silu; "
+                                         "default: the first layers of bench_unseen_epilogues' published draw)")
+    args = parser.parse_args(argv)
     if args.rounds < 1 or args.calls < 100:
         parser.error("--rounds must be at least 1 and --calls at least 100")
+    try:
+        layers = parse_layers(args.layers) if args.layers else LAYERS
+    except ValueError as exc:
+        parser.error(str(exc))
     os.environ.setdefault("AUTOGEMM_CACHE_DIR", tempfile.mkdtemp(prefix="autogemm-linear-latency-"))
     import torch
     import torch.nn.functional as F
@@ -58,7 +82,7 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
     memo = dispatch._DISPATCHER.torch_epilogue
 
-    for dtype_name, activation, m, n, k in LAYERS:
+    for dtype_name, activation, m, n, k in layers:
         dtype = getattr(torch, dtype_name)
         x = torch.randn(m, k, device="cuda", dtype=dtype)
         w = torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5
@@ -85,9 +109,15 @@ def main() -> int:
                 "torch.matmul (no bias)": lambda: torch.matmul(x, wt)}
         for _ in range(3):
             autogemm.matmul(x, wt)
+
+        def eager_matmul_then_bias():
+            y = torch.matmul(x, wt) + bias
+            return y if act is None else act(y)
+
         calls = {"autogemm.linear": lambda: autogemm.linear(x, w, bias, activation=activation),
                  "the plan's call alone": lambda: plan.call(x, w, bias, None, 1.0),
-                 "eager": eager, "eager behind linear's lookup": eager_behind_the_lookup}
+                 "eager": eager, "eager behind linear's lookup": eager_behind_the_lookup,
+                 "eager, matmul then + bias": eager_matmul_then_bias}
         expected = eager().double()
         for name, call in calls.items():
             error = float((call().double() - expected).abs().max() / expected.abs().max())
