@@ -16,8 +16,9 @@ synchronization, 4 more: the kernel served to an untuned problem may be settled 
 calls) and checked again, `autogemm.explain` says what serves it, and the competitors are timed by
 latency (autogemm/measure/timing.py: each call on an idle GPU, host time included, competitors in rotating
 order; medians). Ratio = faster baseline latency / autogemm latency (> 1: autogemm is faster).
---gpu-time-ms adds GPU time in steady state (timing.gpu_time); --sustained adds sustained GPU time
-(timing.sustained_times) of the problems whose faster baseline takes 50 us or more, on the CuPy arrays and
+--gpu-time-ms adds GPU time in steady state (timing.gpu_time); --sustained [ROUNDS] adds sustained GPU time
+(timing.sustained_times, ROUNDS rounds: 20 unless given) of the problems whose faster baseline takes 50 us or
+more, on the CuPy arrays and
 on torch views of them (the tensor path against torch.matmul). TF32 problems run in one child
 process started with CUPY_TF32=1 (baselines.tf32_environment), where torch and cupy compute in TF32.
 
@@ -59,6 +60,7 @@ AUTOGEMM, TORCH, CUPY = "autogemm.matmul", "torch.matmul", "cupy.matmul"
 AUTOGEMM_TENSORS = "autogemm.matmul (tensors)"  # the same product on torch views of the same memory
 # --sustained times the problems whose faster baseline takes at least this much GPU time a call
 SUSTAINED_FROM_US = 50.0
+SUSTAINED_ROUNDS = 20  # (timing.SUSTAINED_ROUNDS: what a tune's final comparison takes)
 # (dtype, compute) modes with their share of the problems
 MODES = {("float16", "fp32"): 0.28, ("bfloat16", "fp32"): 0.28, ("float32", "fp32"): 0.15,
          ("float32", "tf32"): 0.15, ("float64", "fp64"): 0.14}
@@ -204,7 +206,7 @@ def faster_baseline_ratio(rounds: dict[str, list[float]], baselines, subject: st
     return math.sqrt(ratios[0] * ratios[1])
 
 
-def sustained_figures(calls: dict, a, b, compute) -> dict:
+def sustained_figures(calls: dict, a, b, compute, rounds: int = SUSTAINED_ROUNDS) -> dict:
     """Sustained GPU time (autogemm/measure/timing.py `sustained_times`: back to back, random-order rounds, the
     GPU never idle) of autogemm.matmul on the CuPy arrays and on torch views of them, torch.matmul and
     cupy.matmul; the ratio of each path to its baseline: the CuPy path against the faster of torch.matmul and
@@ -216,17 +218,17 @@ def sustained_figures(calls: dict, a, b, compute) -> dict:
     if TORCH in calls:
         ta, tb = baselines.as_torch(a), baselines.as_torch(b)
         timed[AUTOGEMM_TENSORS] = lambda i: autogemm.matmul(ta, tb, compute=compute)
-    rounds = timing.sustained_times(timed)
-    means = {name: statistics.fmean(times) * 1e3 for name, times in rounds.items()}
-    out = {"sustained_us": means,
-           "sustained_ratio": faster_baseline_ratio(rounds, [n for n in (TORCH, CUPY) if n in rounds], AUTOGEMM)}
+    times = timing.sustained_times(timed, rounds=rounds)
+    means = {name: statistics.fmean(per_round) * 1e3 for name, per_round in times.items()}
+    out = {"sustained_us": means, "sustained_rounds": rounds,
+           "sustained_ratio": faster_baseline_ratio(times, [n for n in (TORCH, CUPY) if n in times], AUTOGEMM)}
     if AUTOGEMM_TENSORS in means:
         out["sustained_tensor_ratio"] = means[TORCH] / means[AUTOGEMM_TENSORS]
     return out
 
 
-def measure(spec, rounds: int = ROUNDS, gpu_time_ms: float = 0.0, seed: int = 0, sustained: bool = False) -> dict:
-    """One problem: checked, warmed up, explained, timed (module docstring)."""
+def measure(spec, rounds: int = ROUNDS, gpu_time_ms: float = 0.0, seed: int = 0, sustained: int = 0) -> dict:
+    """One problem: checked, warmed up, explained, timed (module docstring; `sustained`: its rounds, 0 for none)."""
     import cupy
 
     import autogemm
@@ -270,7 +272,7 @@ def measure(spec, rounds: int = ROUNDS, gpu_time_ms: float = 0.0, seed: int = 0,
         baseline_us = [timing.gpu_time(lambda i, call=calls[n]: call(), target_ms=10.0).us for n in (TORCH, CUPY)
                        if n in calls]
         if min(baseline_us) >= SUSTAINED_FROM_US:
-            row.update(sustained_figures(calls, a, b, compute))
+            row.update(sustained_figures(calls, a, b, compute, rounds=sustained))
     return row
 
 
@@ -285,7 +287,7 @@ def _progress(index: int, row: dict) -> str:
             f"  [{row['source']}{': ' + row['config'] if row['config'] else ''}]")
 
 
-def measure_all(indexed, rounds: int, gpu_time_ms: float, out=sys.stdout, sustained: bool = False,
+def measure_all(indexed, rounds: int, gpu_time_ms: float, out=sys.stdout, sustained: int = 0,
                 rows_file: Path | None = None, deadline: float = 0.0) -> list[dict]:
     """The rows of the problems `indexed` ((index, spec) pairs), through bench_common.run_rows: with
     `rows_file` (JSON lines) each row is appended to it at once and problems it holds already are skipped;
@@ -319,8 +321,10 @@ def sustained_summary(rows) -> list[str]:
     if not timed:
         return []
     tensors = [r["sustained_tensor_ratio"] for r in timed if "sustained_tensor_ratio" in r]
+    rounds = sorted({r.get("sustained_rounds", SUSTAINED_ROUNDS) for r in timed})
     lines = [f"Sustained GPU time ({len(timed)} problems whose faster baseline takes {SUSTAINED_FROM_US:g} us of GPU time or more "
-             "a call; back to back in random-order rounds, the GPU never idle): the CuPy path against the faster of "
+             f"a call; back to back in {'/'.join(map(str, rounds))} random-order rounds, the GPU never idle): the CuPy "
+             "path against the faster of "
              "torch.matmul and cupy.matmul (picked on half the rounds, the ratio taken on the other half, both ways), "
              "the tensor path against torch.matmul.", "",
              "| path | problems | geomean | min |", "| --- | ---: | ---: | ---: |",
@@ -364,9 +368,11 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"latency calls per competitor (default {ROUNDS})")
     parser.add_argument("--gpu-time-ms", type=float, default=0.0,
                         help="also GPU time in steady state, this many ms per competitor and problem (default 0: off)")
-    parser.add_argument("--sustained", action="store_true",
+    parser.add_argument("--sustained", type=int, nargs="?", const=SUSTAINED_ROUNDS, default=0, metavar="ROUNDS",
                         help=f"also sustained GPU time, on CuPy arrays and on tensors, for problems whose faster "
-                             f"baseline takes {SUSTAINED_FROM_US:g} us of GPU time or more a call (about 5 s a problem)")
+                             f"baseline takes {SUSTAINED_FROM_US:g} us of GPU time or more a call: ROUNDS rounds "
+                             f"(default {SUSTAINED_ROUNDS}, about 5 s a problem; the spread of a mean falls as "
+                             "their square root)")
     parser.add_argument("--only", help="only problems whose label contains one of these comma-separated texts")
     parser.add_argument("--list", action="store_true", help="print the problems and exit (no GPU needed)")
     parser.add_argument("--cache-dir", help="the user cache to use (default: a fresh, empty temporary directory)")
@@ -379,6 +385,8 @@ def main(argv=None) -> int:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # TF32 problems, specs on stdin
     parser.add_argument("--deadline-at", type=float, default=0.0, help=argparse.SUPPRESS)  # the child's (time.time())
     args = parser.parse_args(argv)
+    if not 0 <= args.sustained <= 1000:
+        parser.error(f"--sustained takes 1 to 1000 rounds (0: none), got {args.sustained}")
     if args.deadline_s and args.rows is None:
         parser.error("--deadline-s needs --rows (the file the problems measured so far are kept in)")
     if args.child:
@@ -405,7 +413,7 @@ def main(argv=None) -> int:
     tf32 = [(i, s) for i, s in indexed if s[1] == "tf32"]
     if tf32 and not (deadline and time.time() > deadline):
         command = [sys.executable, __file__, "--child", "--rounds", str(args.rounds),
-                   "--gpu-time-ms", str(args.gpu_time_ms), *(["--sustained"] if args.sustained else []),
+                   "--gpu-time-ms", str(args.gpu_time_ms), *(["--sustained", str(args.sustained)] if args.sustained else []),
                    *(["--rows", str(args.rows), "--deadline-at", repr(deadline)] if args.rows is not None else [])]
         child = subprocess.run(command, input=json.dumps(tf32), stdout=subprocess.PIPE, text=True,
                                env={**os.environ, **baselines.tf32_environment()})

@@ -119,9 +119,25 @@ def test_the_sustained_table_has_each_path_against_its_baseline():
     rows = [{"sustained_ratio": 1.02, "sustained_tensor_ratio": 0.99}, {"sustained_ratio": 0.98},
             {"ratio": 1.0}]  # (the last was not timed sustained: under 50 us)
     lines = bench.sustained_summary(rows)
+    assert "back to back in 20 random-order rounds" in lines[0]  # (rows of before the rounds were recorded: 20)
     assert "| CuPy arrays | 2 | 1.000 | 0.980 |" in lines  # (sqrt(1.02 x 0.98))
     assert "| PyTorch tensors | 1 | 0.990 | 0.990 |" in lines
     assert bench.sustained_summary([{"ratio": 1.0}]) == []
+
+
+def test_sustained_rounds_default_to_the_tunes_and_are_said_in_the_table():
+    from autogemm.measure import timing
+
+    assert bench.SUSTAINED_ROUNDS == timing.SUSTAINED_ROUNDS
+    lines = bench.sustained_summary([{"sustained_ratio": 1.0, "sustained_rounds": 40}])
+    assert "back to back in 40 random-order rounds" in lines[0]
+
+
+@pytest.mark.parametrize("value", ["-1", "1001", "many"])
+def test_a_number_of_sustained_rounds_out_of_range_is_refused(value):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--list", "--sustained", value], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "--sustained" in done.stderr
 
 
 def _noisy_rounds(rng, means, rounds=20, spread=0.015):
