@@ -34,12 +34,14 @@ END_FIGURES = "<!-- end figures -->"
 
 @dataclass(frozen=True)
 class Headline:
-    """A figure the README quotes: the `all` row of the `table`-th table (counting only the tables that
-    have such a row) of a results file, under a label that says what was measured."""
+    """A figure the README quotes: the row named `row` (`all` unless given) of the `table`-th table
+    (counting only the tables that have such a row) of a results file, under a label that says what was
+    measured."""
 
     file: str
     table: int
     label: str
+    row: str = "all"
 
 
 HEADLINES = (
@@ -51,6 +53,14 @@ HEADLINES = (
              "faster of torch.matmul and cupy.matmul"),
     Headline("shapes-nvidia-h200-sm90-shipped.md", 0,
              "H200, the public shape suite with the shipped results: against cupy.matmul"),
+    Headline("unseen-nvidia-h200-sm90.md", 0,
+             "H200, 240 shapes nobody tuned (seed 2026): latency of `matmul` against the faster of "
+             "torch.matmul and cupy.matmul"),
+    Headline("unseen-nvidia-h200-sm90.md", 0,
+             "H200, the unseen shapes of 50 us or more: sustained GPU time of `matmul` on CuPy arrays against "
+             "the faster of torch.matmul and cupy.matmul", row="CuPy arrays"),
+    Headline("unseen-nvidia-h200-sm90.md", 0,
+             "H200, the same on PyTorch tensors: against torch.matmul", row="PyTorch tensors"),
     Headline("torch-nvidia-h100-80gb-hbm3-sm90.md", 0,
              "H100, PyTorch tensors, the 240 unseen shapes: against torch.matmul"),
     Headline("torch-nvidia-h100-80gb-hbm3-sm90.md", 1,
@@ -224,12 +234,12 @@ def readme_figures(results: list[tuple[str, ResultsFile]]) -> str:
         if headline.file not in by_name:
             raise ValueError(f"the README quotes {RESULTS / headline.file}, which does not exist")
         date, results_file = by_name[headline.file]
-        summaries = [table for table in results_file.tables() if any(row[0] == "all" for row in table.rows)]
+        summaries = [table for table in results_file.tables() if any(row[0] == headline.row for row in table.rows)]
         if headline.table >= len(summaries):
-            raise ValueError(f"{headline.file} has {len(summaries)} tables with an `all` row; the README quotes "
-                             f"table {headline.table}")
+            raise ValueError(f"{headline.file} has {len(summaries)} tables with a `{headline.row}` row; the README "
+                             f"quotes table {headline.table}")
         table = summaries[headline.table]
-        row = next(row for row in table.rows if row[0] == "all")
+        row = next(row for row in table.rows if row[0] == headline.row)
         figures = ", ".join(f"{name} {value}" for name, value in zip(table.header[1:], row[1:]))
         link = f"[{headline.file}]({RESULTS.as_posix()}/{headline.file})"
         out.append(f"| {headline.label} | {figures} | {link}, {date} |")

@@ -76,6 +76,17 @@ def test_the_readme_quotes_the_all_rows_with_file_and_date(tmp_path):
     assert unseen.endswith("2026-01-02 |")
 
 
+def test_the_readme_quotes_a_named_row_where_a_headline_names_one(tmp_path):
+    block = page.generated(_copy(tmp_path), _dated)[page.README]
+    results = (ROOT / page.RESULTS / "unseen-nvidia-h200-sm90.md").read_text(encoding="utf-8")
+    labels = {headline.row: headline.label for headline in page.HEADLINES if headline.row != "all"}
+    assert set(labels) == {"CuPy arrays", "PyTorch tensors"}
+    for name, label in labels.items():
+        row = page.table_cells(next(line for line in results.splitlines() if line.startswith(f"| {name} |")))
+        quoted = next(line for line in block.splitlines() if line.startswith(f"| {label} |"))
+        assert f"problems {row[1]}, geomean {row[2]}, min {row[3]}" in quoted
+
+
 def test_a_results_file_the_readme_quotes_must_exist(tmp_path):
     root = _copy(tmp_path)
     (root / page.RESULTS / "unseen-nvidia-h100-80gb-hbm3-sm90.md").unlink()
