@@ -18,9 +18,9 @@ latency (autogemm/measure/timing.py: each call on an idle GPU, host time include
 order; medians). Ratio = faster baseline latency / autogemm latency (> 1: autogemm is faster).
 --gpu-time-ms adds GPU time in steady state (timing.gpu_time); --sustained [ROUNDS] adds sustained GPU time
 (timing.sustained_times, ROUNDS rounds: 20 unless given) of the problems whose faster baseline takes 50 us or
-more, on the CuPy arrays and
-on torch views of them (the tensor path against torch.matmul). TF32 problems run in one child
-process started with CUPY_TF32=1 (baselines.tf32_environment), where torch and cupy compute in TF32.
+more, on the CuPy arrays and on torch views of them (the tensor path against torch.matmul). TF32 problems run
+in one child process started with CUPY_TF32=1 (baselines.tf32_environment), where torch and cupy compute in
+TF32.
 
 The run uses an empty user cache (a fresh AUTOGEMM_CACHE_DIR unless --cache-dir) with the shipped
 results of cache/ on: what a new user meets. Writes benchmarks/results/unseen-<device>.md (and
@@ -324,9 +324,8 @@ def sustained_summary(rows) -> list[str]:
     rounds = sorted({r.get("sustained_rounds", SUSTAINED_ROUNDS) for r in timed})
     lines = [f"Sustained GPU time ({len(timed)} problems whose faster baseline takes {SUSTAINED_FROM_US:g} us of GPU time or more "
              f"a call; back to back in {'/'.join(map(str, rounds))} random-order rounds, the GPU never idle): the CuPy "
-             "path against the faster of "
-             "torch.matmul and cupy.matmul (picked on half the rounds, the ratio taken on the other half, both ways), "
-             "the tensor path against torch.matmul.", "",
+             "path against the faster of torch.matmul and cupy.matmul (picked on half the rounds, the ratio taken on "
+             "the other half, both ways), the tensor path against torch.matmul.", "",
              "| path | problems | geomean | min |", "| --- | ---: | ---: | ---: |",
              f"| CuPy arrays | {len(timed)} | {geomean(r['sustained_ratio'] for r in timed):.3f} | "
              f"{min(r['sustained_ratio'] for r in timed):.3f} |"]
