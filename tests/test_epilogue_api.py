@@ -14,7 +14,7 @@ import autogemm
 from autogemm.epilogue import Epilogue
 from autogemm.gpu import launch
 from autogemm.problem import Device
-from autogemm.serving import dispatch, epilogue_step
+from autogemm.serving import call_context, dispatch, epilogue_step
 
 
 class Crafted:
@@ -38,9 +38,9 @@ def stand_ins(monkeypatch):
     """The GEMM and the epilogue's pass recorded instead of run; device look-ups answered without a
     driver."""
     calls = []
-    monkeypatch.setattr(dispatch, "_device_of", lambda info: 0)
-    monkeypatch.setattr(dispatch, "_capture_allocations", lambda: contextlib.nullcontext(False))
-    monkeypatch.setattr(dispatch, "_on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(call_context, "device_of", lambda info: 0)
+    monkeypatch.setattr(call_context, "capture_allocations", lambda: contextlib.nullcontext(False))
+    monkeypatch.setattr(call_context, "on_device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(launch, "device_info", lambda device: Device.for_arch("sm_90"))
     monkeypatch.setattr(dispatch, "as_cupy", lambda x: x)
 

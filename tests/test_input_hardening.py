@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 import autogemm
-from autogemm.serving import dispatch, numpy_semantics
+from autogemm.serving import call_context, dispatch, numpy_semantics
 from autogemm.gpu import launch
 from autogemm.families import SimtConfig, config_from_dict
 from autogemm.gpu.operands import describe, real_scalar
@@ -190,7 +190,7 @@ def test_crafted_interfaces_are_refused_before_the_driver_is_asked(monkeypatch, 
     def no_driver(*args, **kwargs):
         raise AssertionError("the driver was asked about an operand before it was checked")
 
-    monkeypatch.setattr(dispatch, "_device_of", no_driver)
+    monkeypatch.setattr(call_context, "device_of", no_driver)
     operands = {"a": Crafted(interface()), "b": Crafted(interface(pointer=1 << 36)),
                 "out": Crafted(interface(pointer=1 << 40))}
     operands[role] = Crafted(crafted)
@@ -231,8 +231,8 @@ def no_gpu_needed(monkeypatch):
     stream not captured into a CUDA graph)."""
     import contextlib
 
-    monkeypatch.setattr(dispatch, "_device_of", lambda info: 0)
-    monkeypatch.setattr(dispatch, "_capture_allocations", lambda: contextlib.nullcontext(False))
+    monkeypatch.setattr(call_context, "device_of", lambda info: 0)
+    monkeypatch.setattr(call_context, "capture_allocations", lambda: contextlib.nullcontext(False))
     monkeypatch.setattr(launch, "device_info", lambda device: Device.for_arch("sm_90"))
 
 

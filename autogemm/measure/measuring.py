@@ -18,12 +18,10 @@ from .bench import (Verdict, check_epilogue_result, check_result, cublas_runner,
                     warm_up)
 from ..kernels.compile import CompileError, unloaded_after
 from ..epilogue import Epilogue
-from ..gpu.cublas_epilogue import cublas_epilogue_launcher, lt_epilogue
-from ..gpu.cublas_gemm import alignment_of, cublas_launcher
-from ..gpu.epilogue_pass import pass_kernel, vector_width
-from ..gpu.operands import describe
+from ..gpu.cublas_gemm import cublas_launcher
 from ..problem import Device, Problem
 from .clocks import ClockMonitor
+from .epilogue_routes import bias_then_pass, eager_route_applies, lt_calls, storage_layouts, then_pass
 from .timing import TARGET_MS, Sustained, gpu_time, latencies, sustained_times
 
 # GPU time (timing.gpu_time) of a candidate during the search: a short steady run; the finalists and
@@ -168,11 +166,6 @@ class GpuMeasurer:
         a, b, c = self._sets[i]
         return cublas_runner(self.problem, a, b, c)
 
-    def _layouts(self, a, b, c) -> list[Any]:
-        problem = self.problem
-        return [describe(x, name, bfloat16_bits=True).storage(trans) for x, name, trans in
-                ((a, "a", problem.trans_a), (b, "b", problem.trans_b), (c, "c", False))]
-
     def _served(self) -> list[Any]:
         """cuBLASLt as matmul serves it (cublas_gemm's launcher), bound to each input set; with an
         epilogue, followed by the epilogue's pass from C (the product) into a D of the set's own."""
@@ -180,88 +173,37 @@ class GpuMeasurer:
             problem, calls = self.problem, []
             bare = dataclasses.replace(problem, epilogue=Epilogue())
             for (a, b, c), (bias, residual) in zip(self._sets, self._extras):
-                layouts = self._layouts(a, b, c)
+                layouts = storage_layouts(problem, a, b, c)
                 served = cublas_launcher(bare, *layouts, self.device.compute_capability)
                 gemm = functools.partial(served, *(layout.pointer for layout in layouts), 1.0, 0.0)
                 calls.append(gemm if self.epilogue.is_identity else
-                             self._then_pass(gemm, c, bias, residual, self.epilogue))
+                             then_pass(problem, self.device_ordinal(), gemm, c, bias, residual, self.epilogue))
             self._served_calls = calls
         return self._served_calls
-
-    def _then_pass(self, gemm, product, bias, residual, epilogue: Epilogue):
-        """`gemm()` followed by `epilogue`'s pass (packed once) from `product` into a D of its own (`bias`
-        None where `epilogue` adds none)."""
-        problem, cupy = self.problem, self._cupy
-        d = cupy.empty_like(product)
-        m, n = problem.m, problem.n
-        ldr, stride_r = (n, m * n) if residual is not None else (0, 0)
-        vector = vector_width(problem.dtype, epilogue, n, (n, m * n, ldr, stride_r),
-                              [(x.data.ptr, x.dtype.itemsize) for x in (product, d, bias, residual) if x is not None])
-        pointed = pass_kernel(problem.dtype, epilogue, self.device_ordinal(), problem.batch, m, n, n, m * n, ldr,
-                              stride_r, vector)
-        addresses = [0 if x is None else x.data.ptr for x in (product, d, bias, residual)]
-
-        def run():
-            gemm()
-            pointed.launch(cupy.cuda.get_current_stream().ptr, *addresses)
-
-        run.output = d  # (kept alive with the call)
-        return run
 
     def device_ordinal(self) -> int:
         return self._cupy.cuda.Device().id
 
     def _lt(self, epilogue: Epilogue | None = None) -> list[Any] | None:
-        """cuBLASLt's own epilogue computing `epilogue` (default: the problem's) in the GEMM, bound to each
-        input set, D written to the set's C; None where cuBLASLt has no epilogue that computes it, or no
-        algorithm for it."""
+        """cuBLASLt's own epilogue computing `epilogue` (default: the problem's), bound to each input set
+        (epilogue_routes.lt_calls), made once per epilogue; None where cuBLASLt cannot compute it."""
         epilogue = self.epilogue if epilogue is None else epilogue
-        name = lt_epilogue(epilogue, self.problem.dtype) if not epilogue.is_identity else None
-        if name is None or self.problem.batch > 1:
-            return None
         if epilogue not in self._lt_calls:
-            self._lt_calls[epilogue] = self._bind_lt(name, epilogue)
+            self._lt_calls[epilogue] = lt_calls(self.problem, self.device_ordinal(), self._sets, self._extras,
+                                                epilogue)
         return self._lt_calls[epilogue]
 
-    def _bind_lt(self, name: str, epilogue: Epilogue) -> list[Any] | None:
-        """cuBLASLt's epilogue `name` bound to each input set (the set's bias and residual where `epilogue`
-        adds them); None where cuBLASLt has no algorithm for it."""
-        calls, bare = [], dataclasses.replace(self.problem, epilogue=Epilogue())
-        for (a, b, c), (bias, residual) in zip(self._sets, self._extras):
-            bias = bias if epilogue.bias else None
-            residual = residual if epilogue.residual else None
-            layout_a, layout_b, layout_c = self._layouts(a, b, c)
-            residual_layout = describe(residual, "residual", bfloat16_bits=True).storage(False) \
-                if residual is not None else None
-            pointers = [x for x in (layout_a.pointer, layout_b.pointer, layout_c.pointer) if x] + \
-                [x.data.ptr for x in (bias, residual) if x is not None]
-            launch = cublas_epilogue_launcher(bare, layout_a, layout_b, layout_c, name, residual_layout,
-                                              bias.data.ptr if bias is not None else 0,
-                                              min(alignment_of(p) for p in pointers), self.device_ordinal())
-            if launch is None:
-                return None
-            calls.append(functools.partial(
-                lambda launch, pa, pb, pc, pbias, presidual: launch(
-                    pa, pb, pc, 1.0, self._cupy.cuda.get_current_stream().ptr, pbias, presidual),
-                launch, layout_a.pointer, layout_b.pointer, layout_c.pointer,
-                bias.data.ptr if bias is not None else 0, residual.data.ptr if residual is not None else 0))
-        return calls
-
     def _lt_bias_then_pass(self) -> list[Any] | None:
-        """Eager PyTorch's route for a bias with an activation or a residual, bound to each input set:
-        cuBLASLt's BIAS epilogue (F.linear's bias inside the GEMM) into the set's C, then the rest of the
-        epilogue as a pass into a D of its own; None where the epilogue has no more than a bias, or
-        cuBLASLt cannot add it."""
-        epilogue = self.epilogue
-        if epilogue.bias != "n" or not (epilogue.activation or epilogue.residual):
+        """Eager PyTorch's route for a bias with an activation or a residual (epilogue_routes.bias_then_pass),
+        made once; None where the epilogue has no more than a bias, or cuBLASLt cannot add it."""
+        if not eager_route_applies(self.epilogue):
             return None
         if self._lt_bias_calls is None:
             bias_only = self._lt(Epilogue(bias="n"))
             if bias_only is None:
                 return None
-            rest = dataclasses.replace(epilogue, bias="")
-            self._lt_bias_calls = [self._then_pass(gemm, c, None, residual, rest)
-                                   for gemm, (_, _, c), (_, residual) in zip(bias_only, self._sets, self._extras)]
+            self._lt_bias_calls = bias_then_pass(self.problem, self.device_ordinal(), bias_only, self._sets,
+                                                 self._extras, self.epilogue)
         return self._lt_bias_calls
 
     def _fallback(self) -> list[Any]:

@@ -11,9 +11,7 @@ arrays; PyTorch tensors, registered by `torch_fast_path`) run before anything el
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 from typing import Any
 
 import numpy as np
@@ -22,7 +20,7 @@ from .. import dtypes
 from ..epilogue import Epilogue
 from ..gpu import capture, runtime
 from ..gpu.operands import check_scalars, common_device, contiguous_strides, describe, real_scalar, validate
-from . import epilogue_step, linear_memo, numpy_semantics, torch_fast_path, torch_tensors
+from . import call_context, epilogue_step, linear_memo, numpy_semantics, torch_fast_path, torch_tensors
 from .eager_epilogue import TorchEagerEpiloguePlan
 from .numpy_semantics import as_cupy
 from .plan import bind_cupy_names, bind_torch_names, make_plan
@@ -67,28 +65,12 @@ def dispatcher() -> Dispatcher:
     return _DISPATCHER
 
 
-def _device_of(info) -> int:
-    """The GPU of an ArrayInfo or numpy_semantics.Operand (the driver asked where unknown)."""
-    if info.device is not None:
-        return info.device
-    import cupy  # (lazy: CuPy)
-
-    return cupy.cuda.runtime.pointerGetAttributes(info.pointer).device
-
-
 def remember_torch(a: Any, b: Any, a_arr: Any, b_arr: Any, result_arr: Any, result: Any, compute: Any, device: int) -> bool:
     """torch_tensors.call's `remember`: registers the plan of a call on two CUDA tensors for the torch
     fast path (torch_fast_path.register), PyTorch's names bound first."""
     if _TENSOR is None:
         _bind_torch()
     return torch_fast_path.register(_DISPATCHER, a, b, a_arr, b_arr, result_arr, result, compute, device)
-
-
-def _flag(value: bool | None, variable: str) -> bool:
-    """An on/off argument, or when it is None the environment variable (set and not "0": on)."""
-    if value is None:
-        return os.environ.get(variable, "") not in ("", "0")
-    return bool(value)
 
 
 def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float = 0.0, compute: str | None = None,
@@ -189,9 +171,9 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
     if not apart and call.takes_as_given(operand_a, operand_b, operand_out):
         return _gemm(a, b, out, alpha, beta, compute, tune, race)
     check_scalars(alpha, beta, out is not None)
-    device = common_device(_device_of(operand_a), _device_of(operand_b),
-                           None if operand_out is None else _device_of(operand_out))
-    with _capture_allocations():
+    device = common_device(call_context.device_of(operand_a), call_context.device_of(operand_b),
+                           None if operand_out is None else call_context.device_of(operand_out))
+    with call_context.capture_allocations():
         return numpy_semantics.run(call, a, b, out, alpha, beta, compute, device,
                                    lambda *args: _gemm(*args, compute, tune, race), apart=apart)
 
@@ -284,10 +266,10 @@ def check_epilogue_call(a: Any, b: Any, out: Any, alpha: float, beta: float, bia
              for name, x in (("bias", bias), ("residual", residual), ("out", out))}
     epilogue = epilogue.for_products(product_dtype)
     epilogue_step.check(call.shape, product_dtype, epilogue, infos["bias"], infos["residual"], infos["out"])
-    device = _device_of(operand_a)
+    device = call_context.device_of(operand_a)
     for name, info in infos.items():
-        if info is not None and _device_of(info) != device:
-            raise ValueError(f"{name} is on GPU {_device_of(info)} and the operands on GPU {device}")
+        if info is not None and call_context.device_of(info) != device:
+            raise ValueError(f"{name} is on GPU {call_context.device_of(info)} and the operands on GPU {device}")
     return epilogue, device
 
 
@@ -321,7 +303,7 @@ def _with_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activation
     out_arr = as_cupy(out) if out is not None else None
     product = gemm() if gemm is not None else matmul(a, b, alpha=alpha, compute=compute, tune=tune, race=race)
     product = torch_tensors.to_cupy(product, "product") if is_tensor(product) else as_cupy(product)
-    with _on_device(device), _capture_allocations():
+    with call_context.on_device(device), call_context.capture_allocations():
         if residual_arr is not None and out_arr is not None and residual_arr.data.ptr != out_arr.data.ptr \
                 and numpy_semantics.overlapping(numpy_semantics.read(out_arr, "out"),
                                                 numpy_semantics.read(residual_arr, "residual")):
@@ -351,25 +333,6 @@ def _remember_torch_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, 
                                         (a, b), product, result, bias, residual)
 
 
-def _on_device(device: int):
-    """CuPy's context of GPU `device` (where a call's arrays are made and its kernels loaded)."""
-    return runtime.cupy().cuda.Device(device)
-
-
-@contextlib.contextmanager
-def _capture_allocations():
-    """Within the block, after validation: whether CuPy's current stream is being captured into a
-    CUDA graph, and if it is, every array CuPy makes in this thread has memory that lives as long
-    as the graph (capture.allocator)."""
-    cupy = runtime.cupy()
-    stream_pointer = cupy.cuda.get_current_stream().ptr
-    if not capture.capturing(stream_pointer):
-        yield False
-        return
-    with cupy.cuda.using_allocator(capture.allocator(cupy.cuda.Device().id, stream_pointer)):
-        yield True
-
-
 def _gemm(a, b, out, alpha: float, beta: float, compute, tune, race):
     """The GEMM of 2-D or 3-D operands of one dtype (3-D ones of one batch extent) and an `out` of
     that dtype: validation, the plan (memoized), the launch."""
@@ -378,15 +341,16 @@ def _gemm(a, b, out, alpha: float, beta: float, compute, tune, race):
     ia, ib = describe(a, "a"), describe(b, "b")
     io = describe(out, "out", output=True) if out is not None else None
     shape, compute = validate(ia, ib, io, alpha, beta, compute)
-    device_a = common_device(_device_of(ia), _device_of(ib), None if io is None else _device_of(io))
+    device_a = common_device(call_context.device_of(ia), call_context.device_of(ib),
+                             None if io is None else call_context.device_of(io))
     fast_memo = tune is None and race is None  # a plan the fast path may serve (it reads neither)
-    tune, race = _flag(tune, "AUTOGEMM_TUNE"), _flag(race, "AUTOGEMM_RACE")
+    tune, race = call_context.env_flag(tune, "AUTOGEMM_TUNE"), call_context.env_flag(race, "AUTOGEMM_RACE")
 
-    with cupy.cuda.Device(device_a), _capture_allocations() as captured:
+    with cupy.cuda.Device(device_a), call_context.capture_allocations() as captured:
         m, n = shape[-2:]
         k = ia.shape[-1]
         if out is None and (math.prod(shape) == 0 or k == 0):
-            out = cupy.empty(shape, dtype=_cupy_dtype(ia.dtype))
+            out = cupy.empty(shape, dtype=call_context.cupy_dtype(ia.dtype))
         out_arr = as_cupy(out) if out is not None else None  # None: the plan makes a fresh one
         if out_arr is not None and out_arr.size == 0:
             return out_arr
@@ -406,7 +370,7 @@ def _gemm(a, b, out, alpha: float, beta: float, compute, tune, race):
             memo_key = fast_key(a, b, requested_compute, device_a)
 
         def build():
-            target = out_arr if out_arr is not None else cupy.empty(shape, dtype=_cupy_dtype(ia.dtype))
+            target = out_arr if out_arr is not None else cupy.empty(shape, dtype=call_context.cupy_dtype(ia.dtype))
             return make_plan(_DISPATCHER, a, ia, b, ib, target, shape, compute, device_a, tune, race)
 
         if captured:  # only a plan made before the capture serves inside it
@@ -417,15 +381,3 @@ def _gemm(a, b, out, alpha: float, beta: float, compute, tune, race):
         else:
             plan = _DISPATCHER.plan_for(key, build, memo_key)
         return plan.call(a, b, out_arr, alpha, beta)
-
-
-def _cupy_dtype(name: str):
-    import cupy  # (lazy: CuPy)
-
-    if name == "bfloat16":
-        try:
-            import ml_dtypes  # CuPy's bfloat16 is ml_dtypes'
-        except ImportError:
-            raise TypeError("bfloat16 arrays need the ml_dtypes package") from None
-        return cupy.dtype(ml_dtypes.bfloat16)
-    return cupy.dtype(name)

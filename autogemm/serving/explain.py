@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import dispatch, epilogue_step, numpy_semantics
+from . import call_context, dispatch, epilogue_step, numpy_semantics
 from ..families import config_from_name
 from ..gpu import launch, runtime
 from .numpy_semantics import KERNELS
@@ -48,7 +48,7 @@ def explain(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float 
     call = numpy_semantics.plan(*operands, operand_out)
     check_scalars(alpha, beta, out is not None)
     overlapped = numpy_semantics.overlapping(operand_out, *operands) if out is not None else []
-    device_id = dispatch._device_of(operands[0])
+    device_id = call_context.device_of(operands[0])
     device = launch.device_info(device_id)
     shown = {"shape": call.shape, "dtype": None if call.dtype is None else call.dtype.name,
              "out": _writing_out(call, operand_out, overlapped)}
@@ -71,7 +71,7 @@ def explain(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float 
     problem = Problem(max(m, 1), max(n, 1), max(ia.shape[-1], 1), batch=max(shape[0], 1) if len(shape) == 3 else 1,
                       dtype=ia.dtype, compute=compute, trans_a=trans_a, trans_b=trans_b)
     choice = dispatch._DISPATCHER.select(problem, device, bool(tune))
-    racing = dispatch._flag(race, "AUTOGEMM_RACE")
+    racing = call_context.env_flag(race, "AUTOGEMM_RACE")
     raced = dispatch._DISPATCHER.races.get((device.slug, problem.key)) if racing else None
     if raced is not None and choice.record is None:
         choice = race_choice(choice, raced)

@@ -1,0 +1,93 @@
+"""The routes that serve a problem with an epilogue when no fused kernel does, bound to a measurer's input
+sets (measuring.GpuMeasurer keeps them): a GEMM followed by the epilogue's pass (gpu/epilogue_pass.py),
+cuBLASLt's own epilogue where it has one (gpu/cublas_epilogue.py), and eager PyTorch's route for a bias
+with more after it: cuBLASLt's BIAS epilogue, then the rest as a pass (`F.gelu(F.linear(x, w, b))`).
+A fused kernel is kept only where it beats each of them."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from ..epilogue import Epilogue
+from ..gpu.cublas_epilogue import cublas_epilogue_launcher, lt_epilogue
+from ..gpu.cublas_gemm import alignment_of
+from ..gpu.epilogue_pass import pass_kernel, vector_width
+from ..gpu.operands import describe
+from ..problem import Problem
+
+
+def storage_layouts(problem: Problem, a: Any, b: Any, c: Any) -> list[Any]:
+    """The kernel operands (gpu/operands.py) of one input set: A and B in the problem's layouts, C row-major."""
+    return [describe(x, name, bfloat16_bits=True).storage(trans) for x, name, trans in
+            ((a, "a", problem.trans_a), (b, "b", problem.trans_b), (c, "c", False))]
+
+
+def then_pass(problem: Problem, device_ordinal: int, gemm: Any, product: Any, bias: Any, residual: Any,
+              epilogue: Epilogue) -> Any:
+    """`gemm()` followed by `epilogue`'s pass (packed once) from `product` into a D of its own (`bias`
+    None where `epilogue` adds none)."""
+    import cupy  # (lazy: CuPy)
+
+    d = cupy.empty_like(product)
+    m, n = problem.m, problem.n
+    ldr, stride_r = (n, m * n) if residual is not None else (0, 0)
+    vector = vector_width(problem.dtype, epilogue, n, (n, m * n, ldr, stride_r),
+                          [(x.data.ptr, x.dtype.itemsize) for x in (product, d, bias, residual) if x is not None])
+    pointed = pass_kernel(problem.dtype, epilogue, device_ordinal, problem.batch, m, n, n, m * n, ldr, stride_r,
+                          vector)
+    addresses = [0 if x is None else x.data.ptr for x in (product, d, bias, residual)]
+
+    def run():
+        gemm()
+        pointed.launch(cupy.cuda.get_current_stream().ptr, *addresses)
+
+    run.output = d  # (kept alive with the call)
+    return run
+
+
+def lt_calls(problem: Problem, device_ordinal: int, sets: Any, extras: Any, epilogue: Epilogue) -> list[Any] | None:
+    """cuBLASLt's own epilogue computing `epilogue` in the GEMM, one call per input set (`sets` of (a, b, c),
+    `extras` of (bias, residual)), D written to the set's C; None where cuBLASLt has no epilogue that
+    computes it, none for batches, or no algorithm for it."""
+    import cupy  # (lazy: CuPy)
+
+    name = lt_epilogue(epilogue, problem.dtype) if not epilogue.is_identity else None
+    if name is None or problem.batch > 1:
+        return None
+    calls, bare = [], dataclasses.replace(problem, epilogue=Epilogue())
+    for (a, b, c), (bias, residual) in zip(sets, extras):
+        bias = bias if epilogue.bias else None
+        residual = residual if epilogue.residual else None
+        layout_a, layout_b, layout_c = storage_layouts(problem, a, b, c)
+        residual_layout = describe(residual, "residual", bfloat16_bits=True).storage(False) \
+            if residual is not None else None
+        pointers = [x for x in (layout_a.pointer, layout_b.pointer, layout_c.pointer) if x] + \
+            [x.data.ptr for x in (bias, residual) if x is not None]
+        launch = cublas_epilogue_launcher(bare, layout_a, layout_b, layout_c, name, residual_layout,
+                                          bias.data.ptr if bias is not None else 0,
+                                          min(alignment_of(p) for p in pointers), device_ordinal)
+        if launch is None:
+            return None
+        calls.append(functools.partial(
+            lambda launch, pa, pb, pc, pbias, presidual: launch(
+                pa, pb, pc, 1.0, cupy.cuda.get_current_stream().ptr, pbias, presidual),
+            launch, layout_a.pointer, layout_b.pointer, layout_c.pointer,
+            bias.data.ptr if bias is not None else 0, residual.data.ptr if residual is not None else 0))
+    return calls
+
+
+def eager_route_applies(epilogue: Epilogue) -> bool:
+    """Whether eager PyTorch's route (a bias inside cuBLASLt's GEMM, the rest as a pass) differs from the
+    others for `epilogue`: a bias along N with an activation or a residual after it."""
+    return epilogue.bias == "n" and bool(epilogue.activation or epilogue.residual)
+
+
+def bias_then_pass(problem: Problem, device_ordinal: int, bias_calls: list[Any], sets: Any, extras: Any,
+                   epilogue: Epilogue) -> list[Any]:
+    """Eager PyTorch's route, one call per input set: `bias_calls` (cuBLASLt's BIAS epilogue into the set's
+    C, from `lt_calls`), then the rest of `epilogue` as a pass into a D of its own."""
+    rest = dataclasses.replace(epilogue, bias="")
+    return [then_pass(problem, device_ordinal, gemm, c, None, residual, rest)
+            for gemm, (_, _, c), (_, residual) in zip(bias_calls, sets, extras)]
