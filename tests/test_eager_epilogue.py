@@ -151,8 +151,9 @@ def test_the_epilogue_plan_points_the_pass_at_the_gemms_product_and_a_fresh_outp
     outputs = SimpleNamespace(take=lambda stream: (d, False))
     packed = _Packed()
     plan = TorchEpiloguePlan(_dispatcher_with(gemm), "gemm", gemm, PointedPass(packed), outputs, -1, 1)
-    assert plan.call(None, None, bias, residual, 1.0) is d
-    assert plan.call(None, None, None, None, 1.0) is d
+    a, b = torch.randn(4, 2, dtype=torch.bfloat16), torch.randn(2, 8, dtype=torch.bfloat16)
+    assert plan.call(a, b, bias, residual, 1.0) is d
+    assert plan.call(a, b, None, None, 1.0) is d
     assert packed.launches == [(product.data_ptr(), d.data_ptr(), d.data_ptr(), bias.data_ptr(), residual.data_ptr()),
                                (product.data_ptr(), d.data_ptr(), d.data_ptr(), 0, 0)]
 
@@ -193,3 +194,92 @@ def test_no_eager_plan_where_a_kernel_serves_or_the_dtypes_differ():
                       None) is None
     assert eager_plan(_dispatcher_with(cublas), "gemm", cublas, epilogue, "bfloat16", (x, w.mT), product,
                       bias.float(), None) is None  # (F.linear would refuse a bias of another dtype)
+
+
+class _SpiedLinear:
+    """F.linear recorded: the plan's launch, in the order of the checks around it."""
+
+    def __init__(self, events):
+        self.events = events
+
+    def __call__(self, a, weight, bias=None):
+        import torch
+
+        self.events.append("F.linear")
+        return torch.nn.functional.linear(a, weight, bias)
+
+
+class _RecordingFinish(_TorchFinish):
+    def __init__(self, events, accepted=True):
+        super().__init__("silu", accepted)
+        self.events = events
+
+    def accepts(self, bias, residual):
+        self.events.append("accepts")
+        return self.accepted
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_the_eager_plan_launches_f_linear_before_it_checks_the_call(whole):
+    # (on an idle GPU a small layer's latency is the host's time to the GEMM's launch plus the GPU's)
+    torch = pytest.importorskip("torch")
+    x, w, bias = torch.randn(3, 8), torch.randn(4, 8), torch.randn(4)
+    gemm = SimpleNamespace(torch_matmul=torch.matmul, device=-1)
+    events = []
+    plan = TorchEagerEpiloguePlan(_dispatcher_with(gemm), "gemm", gemm, None if whole else _RecordingFinish(events),
+                                  -1, transposed=False)
+    plan._linear = _SpiedLinear(events)
+    assert plan.call(x, w, bias, None, 1.0) is not None
+    assert events == (["F.linear"] if whole else ["F.linear", "accepts"])
+
+
+@pytest.mark.parametrize("which", ["x", "weight", "bias", "residual", "negated bias", "negated residual"])
+@pytest.mark.parametrize("whole", [True, False])
+def test_the_eager_plan_gives_autograd_and_negated_views_it_cannot_read_to_the_general_path(which, whole):
+    # (the fast paths of dispatch no longer check these before a plan's call: each plan does)
+    torch = pytest.importorskip("torch")
+    if whole and which in ("residual", "negated residual"):
+        pytest.skip("a plan without a finish takes no residual")
+    x, w, bias, residual = torch.randn(3, 8), torch.randn(4, 8), torch.randn(4), torch.randn(3, 4)
+    tensors = {"x": x, "weight": w, "bias": bias, "residual": None if whole else residual}
+    if which.startswith("negated"):
+        name = which.split()[1]
+        tensors[name] = torch._neg_view(tensors[name])
+    else:
+        tensors[which].requires_grad_()
+    gemm = SimpleNamespace(torch_matmul=torch.matmul, device=-1)
+    finish = None if whole else _TorchFinish("silu")
+    plan = TorchEagerEpiloguePlan(_dispatcher_with(gemm), "gemm", gemm, finish, -1, transposed=False)
+    if whole and which == "negated bias":  # F.linear reads a negated view itself: the plan serves it
+        got = plan.call(tensors["x"], tensors["weight"], tensors["bias"], None, 1.0)
+        assert torch.equal(got, torch.nn.functional.linear(x, w, -bias))
+        return
+    assert plan.call(tensors["x"], tensors["weight"], tensors["bias"], tensors["residual"], 1.0) is None
+    assert whole or finish.calls == 0  # (the pass never ran over the product)
+
+
+def test_every_plan_of_an_epilogue_checks_for_autograd_itself(monkeypatch):
+    # dispatch's fast paths hand the call to the plan unchecked: each plan class must refuse a tensor that records
+    # a gradient (before it launches anything that reads addresses)
+    torch = pytest.importorskip("torch")
+    from autogemm.serving import plan as plan_module
+    from autogemm.serving.epilogue_step import TorchEpiloguePlan, TorchLtEpiloguePlan
+    from autogemm.serving.fused_epilogue import TorchFusedEpiloguePlan
+
+    monkeypatch.setattr(plan_module, "current_device", lambda: -1)
+    monkeypatch.setattr(plan_module, "torch_raw_stream", lambda device: 7)
+    launches = []
+    gemm = SimpleNamespace(launch="launch", call_torch=lambda a, b, alpha: launches.append("gemm"), torch_matmul=None)
+    outputs = SimpleNamespace(take=lambda stream: (torch.empty(3, 4), False))
+    plans = []
+    for cls in (TorchEpiloguePlan, TorchLtEpiloguePlan, TorchFusedEpiloguePlan):
+        plan = cls.__new__(cls)
+        plan.__dict__.update(dispatcher=_dispatcher_with(gemm), gemm_key="gemm", gemm=gemm, gemm_launch="launch",
+                             device=-1, alignment=(0, 0) if cls is TorchFusedEpiloguePlan else 1, outputs=outputs,
+                             launch=lambda *args: launches.append("kernel"), streams={}, packed=None)
+        plans.append(plan)
+    x, w, bias = torch.randn(3, 8), torch.randn(8, 4), torch.randn(4)
+    bias.requires_grad_()
+    for plan in plans:
+        assert plan.call(x, w, bias, None, 1.0) is None, type(plan).__name__
+    assert launches == []

@@ -151,8 +151,8 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
                     a, b, compute, bias, residual, activation, out_dtype, gated))
             except (RuntimeError, AttributeError, TypeError):  # (no strides, not a tensor: the general path names it)
                 plan = None
-            # (autograd and PyTorch's lazy negation the general path refuses or resolves; the plan would not see them)
-            if plan is not None and not epilogue_step.needs_general_path(a, b, bias, residual):
+            # (autograd and PyTorch's lazy negation, which the general path refuses or resolves: the plan checks)
+            if plan is not None:
                 result = plan.call(a, b, bias, residual, alpha)
                 if result is not None:
                     return result
@@ -200,19 +200,18 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
                                                           x.get_device(), out_dtype))
             except RuntimeError:  # (no strides: the general path names it)
                 entry = None
-            # (autograd the general path refuses; F.linear reads a lazily negated view itself)
-            if entry is not None and entry.matches(weight, bias) and not (
-                    x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
-                result = entry.plan.call(x, weight, bias, None, 1.0)
+            if entry is not None and entry.matches(weight, bias):
+                result = entry.plan.call(x, weight, bias, None, 1.0)  # (it checks for autograd after its launch)
                 if result is not None:
                     return result
-                linear_memo.forget(_DISPATCHER, x, weight, bias, out_dtype)
+                if not entry.plan.current():
+                    linear_memo.forget(_DISPATCHER, x, weight, bias, out_dtype)
         try:
             plan = _DISPATCHER.torch_epilogue.get(epilogue_step.torch_linear_key(x, weight, bias, residual, activation,
                                                                                  out_dtype, gated))
         except (RuntimeError, AttributeError, TypeError):  # (not tensors: the general path names it)
             plan = None
-        if plan is not None and not epilogue_step.needs_general_path(x, weight, bias, residual):
+        if plan is not None:  # (the plan checks for autograd and lazily negated views: needs_general_path)
             result = plan.call(x, weight, bias, residual, 1.0)  # (the plan reads weight's address and device)
             if result is not None:
                 if whole:

@@ -73,10 +73,10 @@ class EpiloguePassInPlace:
         self._fallback = _activation(epilogue.activation)  # (PyTorch's, for an output less aligned than the packs)
 
     def accepts(self, bias: Any, residual: Any) -> bool:
-        device, alignment = self.device, self.alignment
-        return plan_module.current_device() == device and all(
-            x is None or (x.get_device() == device and not x.data_ptr() % alignment)
-            for x in (bias, residual))
+        device, alignment = self.device, self.alignment  # (unrolled: a generator cost 0.3 us a call)
+        return plan_module.current_device() == device \
+            and (bias is None or (bias.get_device() == device and not bias.data_ptr() % alignment)) \
+            and (residual is None or (residual.get_device() == device and not residual.data_ptr() % alignment))
 
     def __call__(self, y: Any, bias: Any, residual: Any) -> None:
         address = y.data_ptr()
@@ -97,9 +97,10 @@ class TorchEagerEpiloguePlan:
     bias is the whole epilogue, else `F.linear(a, weight)` and then `finish` (EpiloguePassInPlace) over its
     output, on PyTorch's current stream and its allocator. `transposed`: the call's b is the weight's
     transposed view (matmul's key), else the weight itself (linear's). `call` gives None where the GEMM's
-    torch fast-path plan changed (a tune, a reset: the general path files another plan), alpha is not 1, or
-    the bias or residual does not suit (the general path serves or names it). An x or weight on another
-    device F.linear itself refuses (x's device is in the plan's key)."""
+    torch fast-path plan changed (a tune, a reset: the general path files another plan), alpha is not 1, a
+    tensor records a gradient, or the bias or residual does not suit (the general path serves or names it);
+    the plan makes those checks itself (dispatch's fast paths do not). An x or weight on another device
+    F.linear itself refuses (x's device is in the plan's key)."""
 
     outputs = None  # (no spare outputs: PyTorch allocates)
 
@@ -114,18 +115,33 @@ class TorchEagerEpiloguePlan:
         """The same plan for `linear(x, weight, ...)`, whose b is the weight itself."""
         return TorchEagerEpiloguePlan(self.dispatcher, self.gemm_key, self.gemm, self.finish, self.device, False)
 
+    def current(self) -> bool:
+        """Whether the GEMM's torch fast-path plan is still the one this plan was made beside."""
+        return self.dispatcher.torch_fast.get(self.gemm_key) is self.gemm
+
     def call(self, a: Any, b: Any, bias: Any, residual: Any, alpha: float) -> Any:
+        # The GEMM is launched first and the call's tensors checked while it runs: on an idle GPU a layer's
+        # latency is the host's time to the GEMM's launch plus the GPU's, and a call that fails a check gives
+        # None after the launch (its product unused: the general path computes the call, or names the fault).
+        # F.linear reads the operands as they are (lazily negated views too); only autograd, which the
+        # general path refuses, and what the pass reads by address (bias, residual) are checked.
         if alpha != 1 or self.dispatcher.torch_fast.get(self.gemm_key) is not self.gemm:
             return None
         weight = b.mT if self.transposed else b
         finish = self.finish
         if finish is None:  # the bias alone, inside cuBLASLt's GEMM as F.linear adds it
-            if bias is not None and bias.get_device() != self.device:
+            if bias is not None and bias.get_device() != self.device:  # (F.linear's error would not name it)
                 return None
-            return self._linear(a, weight, bias)
-        if not finish.accepts(bias, residual):
-            return None
+            y = self._linear(a, weight, bias)
+            if a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad):
+                return None
+            return y
         y = self._linear(a, weight)
+        if a.requires_grad or b.requires_grad \
+                or (bias is not None and (bias.requires_grad or bias.is_neg())) \
+                or (residual is not None and (residual.requires_grad or residual.is_neg())) \
+                or not finish.accepts(bias, residual):
+            return None
         finish(y, bias, residual)
         return y
 

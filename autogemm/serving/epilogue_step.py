@@ -29,7 +29,7 @@ from ..gpu.epilogue_pass import compiled, launch_shape, pass_arguments, pass_ker
 from . import plan as plan_module
 from .eager_epilogue import eager_plan
 from .fused_epilogue import fused_plan
-from .torch_fast_path import TorchOutputs
+from .torch_fast_path import TorchOutputs, needs_general_path
 
 def dtype_name(value: Any, what: str) -> str:
     """A dtype given as a name, a NumPy or CuPy dtype or a PyTorch dtype, as autogemm names it."""
@@ -160,15 +160,6 @@ def torch_linear_key(x: Any, weight: Any, bias: Any, residual: Any, activation: 
             None if residual is None else (residual.shape, residual.stride(), residual.dtype))
 
 
-def needs_general_path(a: Any, b: Any, bias: Any, residual: Any) -> bool:
-    """Whether a tensor of the call records a gradient or is one of PyTorch's lazily negated views: the
-    general path refuses the first and resolves the second, which a plan (reading addresses) cannot."""
-    # (unrolled: a repeated call pays this on the host each time)
-    return a.requires_grad or b.requires_grad or a.is_neg() or b.is_neg() \
-        or (bias is not None and (bias.requires_grad or bias.is_neg())) \
-        or (residual is not None and (residual.requires_grad or residual.is_neg()))
-
-
 class TorchEpiloguePlan:
     """A call on CUDA tensors with an epilogue, planned: the bare GEMM's torch fast-path plan (on
     PyTorch's current stream, its output from PyTorch's allocator), then the epilogue kernel packed
@@ -187,7 +178,8 @@ class TorchEpiloguePlan:
         self.gemm_launch = gemm_plan.launch
 
     def call(self, a: Any, b: Any, bias: Any, residual: Any, alpha: float) -> Any:
-        if self.dispatcher.torch_fast.get(self.gemm_key) is not self.gemm or self.gemm.launch is not self.gemm_launch:
+        if self.dispatcher.torch_fast.get(self.gemm_key) is not self.gemm or self.gemm.launch is not self.gemm_launch \
+                or needs_general_path(a, b, bias, residual):
             return None
         alignment = self.alignment
         if (bias is not None and (bias.get_device() != self.device or bias.data_ptr() % alignment)) or \
@@ -222,7 +214,7 @@ class TorchLtEpiloguePlan:
     def call(self, a: Any, b: Any, bias: Any, residual: Any, alpha: float) -> Any:
         device = self.device
         if self.dispatcher.torch_fast.get(self.gemm_key) is not self.gemm or plan_module.current_device() != device \
-                or b.get_device() != device:
+                or b.get_device() != device or needs_general_path(a, b, bias, residual):
             return None
         pa, pb = a.data_ptr(), b.data_ptr()
         pbias, presidual = (0 if bias is None else bias.data_ptr()), (0 if residual is None else residual.data_ptr())

@@ -22,7 +22,7 @@ from ..gpu import launch as gpu_launch
 from ..gpu.operands import KernelOperand
 from . import plan as plan_module
 from .guard import Guard
-from .torch_fast_path import TorchOutputs, torch_stream
+from .torch_fast_path import TorchOutputs, needs_general_path, torch_stream
 
 
 def tuned_kernel(dispatcher: Any, problem: Any, device: Any) -> Any:
@@ -71,7 +71,8 @@ class TorchFusedEpiloguePlan:
     def call(self, a: Any, b: Any, bias: Any, residual: Any, alpha: float) -> Any:
         gemm, device = self.gemm, self.device
         if self.dispatcher.torch_fast.get(self.gemm_key) is not gemm or gemm.launch is not self.gemm_launch \
-                or plan_module.current_device() != device or b.get_device() != device:
+                or plan_module.current_device() != device or b.get_device() != device \
+                or needs_general_path(a, b, bias, residual):
             return None
         pa, pb = a.data_ptr(), b.data_ptr()
         if (pa % 16, pb % 16) != self.alignment:

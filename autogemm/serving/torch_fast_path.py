@@ -125,3 +125,13 @@ class TorchOutputs:
             dispatcher.spare_bytes -= self.spare_bytes
         self.spare_bytes, self.spares = 0, None
 
+
+def needs_general_path(a: Any, b: Any, bias: Any, residual: Any) -> bool:
+    """Whether a tensor of an epilogue's call records a gradient or is one of PyTorch's lazily negated views:
+    the general path refuses the first and resolves the second, which a plan reading addresses cannot. Each
+    plan of `Dispatcher.torch_epilogue` asks this itself, where its launch allows (eager_epilogue's after
+    F.linear's launch)."""
+    # (unrolled: a repeated call pays this on the host each time)
+    return a.requires_grad or b.requires_grad or a.is_neg() or b.is_neg() \
+        or (bias is not None and (bias.requires_grad or bias.is_neg())) \
+        or (residual is not None and (residual.requires_grad or residual.is_neg()))
