@@ -35,7 +35,7 @@ FAULTS = {"small": ([1, 3, 5, 6, 7, 9], {"crash": 1, "timeout": 1, "wrong": 1, "
           "big": ([1, 9], {"launch": 1}, 1, None)}
 
 
-@pytest.mark.long(seconds=41)
+@pytest.mark.long(seconds=49)
 @pytest.mark.parametrize("shape", sorted(FAULTS))
 def test_broken_variants_fail_with_their_kind_and_the_tune_survives(tmp_path, shape):
     group_m, failures, valid, restarts = FAULTS[shape]
@@ -44,10 +44,11 @@ def test_broken_variants_fail_with_their_kind_and_the_tune_survives(tmp_path, sh
     assert 'shape = ["small", "big"]' in text and "group_m = [1, 3, 5, 6, 7, 9]" in text
     space.write_text(text.replace('shape = ["small", "big"]', f'shape = ["{shape}"]')
                      .replace("group_m = [1, 3, 5, 6, 7, 9]", f"group_m = {group_m}"))
-    # 12 s a candidate: the GPU tier runs under pytest-xdist, where other workers share the GPU and the
-    # cores; a valid candidate measured at 4 s came out as a timeout there, and once more at 8 s
+    # 20 s a candidate: the GPU tier runs under pytest-xdist, where other workers share the GPU and the
+    # cores; a valid candidate measured at 4 s came out as a timeout there, once more at 8 s, and at 12 s on a
+    # freshly started machine (the tier took 180 s there against 138 warm)
     tune = _cli("tune", "--M", "512", "--space", str(space), "--sampler", "grid",
-                "--trials", str(len(group_m)), "--timeout", "600", "--candidate-timeout", "12", "--storage",
+                "--trials", str(len(group_m)), "--timeout", "600", "--candidate-timeout", "20", "--storage",
                 f"sqlite:///{tmp_path / 'studies.db'}", "--json")
     assert tune.returncode == 0, tune.stderr[-3000:]
     result = json.loads(tune.stdout)
