@@ -25,7 +25,7 @@ the run, as a user's are after a first tune): untuned (what a new user meets), t
 warmed up, and timed two ways: sustained (timing.sustained_times: back-to-back calls from Python in 20
 rounds of about 50 ms per competitor, random order, the GPU never idle; means), where a product shorter than
 a call's host time measures the host, as an eager loop meets it; and one call at a time on an idle GPU, host
-time included (medians of 25). Ratio = the competitor's time / autogemm's (> 1: autogemm is faster).
+time included (medians of LATENCY_ROUNDS, 200). Ratio = the competitor's time / autogemm's (> 1: autogemm is faster).
 
 Every finished problem is appended to a JSON lines file at once (`--out`, default
 benchmarks/results/unseen-epilogues-<device>[-seed<S>-<count>].jsonl) with a digest of autogemm's sources; a
@@ -63,6 +63,7 @@ CASES = ("bias", "bias+gelu", "bias+silu", "residual")
 TOKENS = [1, 2, 4, 8, 16, 32, 77, 128, 200, 256, 333, 512, 640, 1000, 1024, 1536, 2048, 3072, 4096, 6144, 8192]
 MAX_FLOPS = 4e12  # one call: a few ms at most on an H200
 CAPTURE_FROM_M = 1024  # the share of the ceiling captured is judged from this M up
+LATENCY_ROUNDS = 200  # single calls a competitor (cheap; bench_epilogues' ROUNDS says why not 25)
 AUTOGEMM, EAGER, COMPILED, CUBLASLT = "autogemm", "eager", "torch.compile", "cuBLASLt epilogue"
 AUTOGEMM_TANH = "autogemm (gelu_tanh)"  # timed beside cuBLASLt's tanh GELU
 GEMM_ALONE = "GEMM alone"
@@ -189,9 +190,10 @@ def timings(calls: dict) -> dict:
             call()
     torch.cuda.synchronize()
     rounds = timing.sustained_times({name: (lambda i, call=call: call()) for name, call in calls.items()})
-    latency = timing.latencies(calls, rounds=25)
+    latency = timing.latencies(calls, rounds=LATENCY_ROUNDS)
     return {"sustained_us": {name: statistics.fmean(t) * 1e3 for name, t in rounds.items()},
-            "latency_us": {name: statistics.median(t) * 1e3 for name, t in latency.items()}}
+            "latency_us": {name: statistics.median(t) * 1e3 for name, t in latency.items()},
+            "latency_rounds": LATENCY_ROUNDS}
 
 
 def measure(spec, index: int) -> dict:
@@ -280,6 +282,12 @@ def ceiling(figures: dict) -> tuple[float, float | None]:
     return eager / alone, ((eager - ours) / (eager - alone) if eager > alone else None)
 
 
+def latency_rounds(rows: list[dict]) -> str:
+    """The single calls each latency is the median of, as the rows say (rows of before it was recorded: 25)."""
+    counts = sorted({r[phase].get("latency_rounds", 25) for r in rows for phase in ("untuned", "tuned") if phase in r})
+    return " or ".join(map(str, counts)) or str(LATENCY_ROUNDS)
+
+
 def summary(rows: list[dict]) -> list[str]:
     """The figures the epilogue issue judges, each over the rows that have it."""
     lines = ["| phase | figure | against | problems | geomean | min |", "| --- | --- | --- | ---: | ---: | ---: |"]
@@ -308,7 +316,7 @@ def report(rows: list[dict], device_name: str, seed: int, drawn: int | None = No
              "default budget. "
              "Ratios are the competitor's time over autogemm.linear's (> 1: autogemm is faster): sustained, back-to-"
              "back calls in 20 rounds of about 50 ms each (means); latency, one call at a time on an idle GPU (medians "
-             "of 25). Ceiling: eager over the GEMM alone (`F.linear(x, w)`); captured: (eager - autogemm) / (eager - "
+             f"of {latency_rounds(rows)}). Ceiling: eager over the GEMM alone (`F.linear(x, w)`); captured: (eager - autogemm) / (eager - "
              "GEMM alone), sustained.", "", *summary(rows), "",
              "| layer | untuned eager | untuned latency | tuned eager | tuned compile | tuned cuBLASLt | tuned latency | "
              "ceiling | captured | tune | served (tuned) |",
