@@ -1,0 +1,122 @@
+"""Named configurations of a generated kernel against cuBLAS on one product, sustained, with what each runs:
+where a kernel whose tiles fill the SMs still trails cuBLAS (issue 62: 1-1.5% at the power limit on BF16
+products of 97-100% full waves), to see the cost per tile beside cuBLAS's own choice before any template work.
+
+For each problem (bench_unseen's labels with colons, as served_routes.py reads them) and each configuration:
+the kernel bound to the operands as stored (gpu/launch.py `bind`), its result checked against cuBLAS's, and
+its tiles and waves on this GPU (families/waves.py); then every kernel, torch.matmul and cupy.matmul in the
+same sustained rounds (autogemm/measure/timing.py `sustained_times`), the SM clock and power seen meanwhile
+(NVML), and the kernels cuBLAS launches for torch.matmul (torch.profiler: the `nvjet_*` names give its tile,
+stages and cluster, in column-major terms).
+
+    python benchmarks/config_vs_cublas.py bfloat16:nt:6144x18944x3584 \\
+        hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts hopper_128x192x64_w64x192_s4_g8_k1_o1_p_c2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from served_routes import TORCH, kernels, parse_problem  # noqa: E402
+
+ROUNDS = 20
+TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 1e-2, "float64": 1e-12}  # against cuBLAS's result
+
+
+def configs_from(names: list[str]) -> list:
+    """The configurations of `names` (ValueError naming one that is no configuration)."""
+    from autogemm.families import config_from_name
+
+    configs = []
+    for name in names:
+        try:
+            configs.append(config_from_name(name))
+        except (ValueError, KeyError) as exc:
+            raise ValueError(f"{name!r} is not a configuration name ({exc})") from None
+    return configs
+
+
+def examine(spec, configs: list, rounds: int) -> list[str]:
+    """One problem's lines: each configuration's and each baseline's sustained time, the fill of each kernel's
+    tiles, the clocks, and cuBLAS's kernels."""
+    import cupy
+    import numpy as np
+
+    from autogemm.families import waves
+    from autogemm.gpu.launch import bind, current_device
+    from autogemm.measure import baselines, timing
+    from autogemm.measure.bench import relative_error, to_float64
+    from autogemm.measure.clocks import ClockMonitor
+    from bench_common import make_operands, problem_label
+
+    problem, a, b = make_operands(spec)
+    device = current_device()
+    stored_a = cupy.swapaxes(a, -1, -2) if problem.trans_a else a  # (make_operands' transposed operands are views)
+    stored_b = cupy.swapaxes(b, -1, -2) if problem.trans_b else b
+    calls = {name: (lambda i, call=call: call()) for name, call in baselines.user_calls(a, b).items()}
+
+    def bits(x):  # (bfloat16 as its bits, which to_float64 reads)
+        return x.view(np.uint16) if problem.dtype == "bfloat16" else x
+
+    reference = to_float64(bits(cupy.matmul(a, b)))
+    lines = [f"## {problem_label(problem)} on {device.name} ({device.sm_count} SMs)", ""]
+    fills = {}
+    for config in configs:
+        faults = config.check(problem, device)
+        if faults:
+            lines.append(f"- {config.name}: cannot run this problem ({'; '.join(faults)})")
+            continue
+        run, c = bind(config, stored_a, stored_b, trans_a=problem.trans_a, trans_b=problem.trans_b)
+        run()
+        error = relative_error(bits(c), reference)
+        if not error <= TOLERANCE[problem.dtype]:
+            lines.append(f"- {config.name}: off by {error:.3g} against cuBLAS (limit {TOLERANCE[problem.dtype]:g}): "
+                         "not timed")
+            continue
+        calls[config.name] = lambda i, run=run: run()
+        fills[config.name] = waves.fill(config, problem, device).describe()
+    with ClockMonitor() as clocks:
+        times = timing.sustained_times(calls, rounds=rounds)
+    figures = clocks.figures()
+    means = {name: statistics.fmean(values) * 1e3 for name, values in times.items()}
+    spread = {name: statistics.pstdev(values) / statistics.fmean(values) for name, values in times.items()}
+    lines += ["", f"sustained, {rounds} rounds; SM clock {figures.get('sm_clock_mhz', float('nan')):.0f} MHz, "
+                  f"power {figures.get('power_w', float('nan')):.0f} W (medians over the rounds)", "",
+              "| route | us | TFLOP/s | torch.matmul / route | spread | tiles |", "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for name, us in sorted(means.items(), key=lambda item: item[1]):
+        ratio = f"{means[TORCH] / us:.3f}" if TORCH in means else "-"
+        lines.append(f"| {name} | {us:.1f} | {problem.flops / us / 1e6:.0f} | {ratio} | {spread[name]:.2%} | "
+                     f"{fills.get(name, '')} |")
+    if TORCH in calls:
+        cublas = "; ".join(f"{kernel} ({us:.1f} us)" for kernel, us in kernels(lambda: calls[TORCH](0)))
+        lines += ["", f"torch.matmul launches: {cublas or '-'}"]
+    return lines + [""]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("problem", help="dtype:layout:MxNxK or dtype:layout:BATCHxMxNxK (float16, bfloat16, "
+                                        "float32, float64)")
+    parser.add_argument("configs", nargs="+", help="configuration names (as `autogemm tune` prints them)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"sustained rounds (default {ROUNDS})")
+    args = parser.parse_args(argv)
+    if not 1 <= args.rounds <= 1000:
+        parser.error("--rounds must be from 1 to 1000")
+    try:
+        spec = parse_problem(args.problem)
+        configs = configs_from(args.configs)
+    except ValueError as exc:
+        parser.error(str(exc))
+    print("\n".join(examine(spec, configs, args.rounds)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
