@@ -14,8 +14,8 @@ Each problem: autogemm's result is checked against cupy.matmul's (a wrong result
 timing of a wrong result), then autogemm.matmul is warmed up as a user's loop would (16 calls, a
 synchronization, 4 more: the kernel served to an untuned problem may be settled within its first
 calls) and checked again, `autogemm.explain` says what serves it, and the competitors are timed by
-latency (autogemm/measure/timing.py: each call on an idle GPU, host time included, competitors in rotating
-order; medians). Ratio = faster baseline latency / autogemm latency (> 1: autogemm is faster).
+latency (autogemm/measure/timing.py: each call on an idle GPU, host time included, competitors in an order
+drawn afresh each round; medians). Ratio = faster baseline latency / autogemm latency (> 1: autogemm is faster).
 --gpu-time-ms adds GPU time in steady state (timing.gpu_time); --sustained [ROUNDS] adds sustained GPU time
 (timing.sustained_times, ROUNDS rounds: 20 unless given) of the problems whose faster baseline takes 50 us or
 more, on the CuPy arrays and on torch views of them (the tensor path against torch.matmul). TF32 problems run
@@ -341,7 +341,7 @@ def report(rows, device, args) -> list[str]:
              f"{', only ' + args.only if args.only else ''}), none of them tuned or benchmarked before (cache/, "
              f"campaigns/, shapes.toml, bench_baselines). An empty user cache, the shipped results of cache/ on. "
              f"Latency: median of {args.rounds} single calls, each on an idle GPU, host time included, the "
-             "competitors in rotating order, after 20 warm-up calls of autogemm.matmul. Ratio = latency of the "
+             "competitors in an order drawn afresh each round, after 20 warm-up calls of autogemm.matmul. Ratio = latency of the "
              "faster of torch.matmul and cupy.matmul / latency of autogemm.matmul (> 1: autogemm is faster)"
              + (f"; GPU ratio likewise in GPU time (steady state, {args.gpu_time_ms:g} ms)." if gpu else "."), "",
              *summary(rows), "", *sustained_summary(rows),

@@ -15,7 +15,7 @@ which its torch fast path hands the call to (tuned_half measured 0.93-0.99x torc
 
 Host time: wall-clock time of many calls in a row (synchronized every 100 calls) over their number.
 Latency: each call on an idle GPU between CUDA events (autogemm.measure.timing.latencies), the competitors
-rotating within a round, and again each competitor alone (a call after another's may pay for it).
+in an order drawn afresh each round (`mixed` below), and again each competitor alone (a call after another's may pay for it).
 
     python benchmarks/linear_latency.py [--rounds 200] [--calls 2000]
     python benchmarks/linear_latency.py --layers float16:silu:1x14336x4096,bfloat16:gelu:128x14336x4096
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
             for name, call in group.items():
                 rotated = statistics.median(rotating[name])
                 alone = statistics.median(latencies({name: call}, rounds=args.rounds)[name])
-                print(f"latency {name:<30} rotating {rotated * 1e3:8.2f} us ({(rotated - reference) * 1e3:+6.2f} vs "
+                print(f"latency {name:<30} mixed    {rotated * 1e3:8.2f} us ({(rotated - reference) * 1e3:+6.2f} vs "
                       f"{reference_name})  alone {alone * 1e3:8.2f} us", flush=True)
     return 0
 

@@ -14,7 +14,7 @@ Two figures:
   have settled; a tiny product stops at MAX_CALLS calls, where clocks do not matter). Unlike a CUDA
   graph, the gate times any library call, also the ones that refuse stream capture.
 - **Latency** (`latencies`): what a user waits for, one call at a time, each starting on an idle GPU,
-  its host time included; the competitors take turns in rotating order.
+  its host time included; the competitors take turns in an order drawn afresh each round.
 
 Both report medians. PROTOCOL is the version stored with every cached record: records of an older
 protocol (host-bound baseline timings) are not evidence for the predictor.
@@ -200,12 +200,25 @@ def _gated_batch(call, first: int, batch: int, gate, hold_s: float, stream) -> t
     return start, stop, time.perf_counter() - began
 
 
-def latencies(calls: dict[str, Any], *, rounds: int = LATENCY_CALLS, warmup: int = 3) -> dict[str, list[float]]:
+def latency_orders(names: list[str], rounds: int, seed: int | None = None) -> list[list[str]]:
+    """The order of the competitors `names` in each of `rounds` latency rounds: a permutation drawn at
+    random for each round (from `seed`; None: a fresh draw), so that every competitor follows every other
+    about equally often. A rotating order (round r from the r-th name on) put each competitor after the
+    same one in all but one round of every len(names), and a call's time can depend on what ran before it
+    (a GEMM whose weight is larger than L2 finds part of it there or not): in bench_epilogues on an H200,
+    eager's 70B layer of one token (cuBLAS's GEMM, then two small kernels) measured 133 us a call where
+    the same GEMM alone measured 139."""
+    draw = random.Random(seed)
+    return [draw.sample(names, len(names)) for _ in range(rounds)]
+
+
+def latencies(calls: dict[str, Any], *, rounds: int = LATENCY_CALLS, warmup: int = 3,
+              seed: int | None = None) -> dict[str, list[float]]:
     """Milliseconds of single calls of each zero-argument function in `calls` (name -> call), each
     call on an idle GPU: CUDA events around it on the current stream, the host waiting for it before
-    the next. Within a round the competitors go in rotating order, so that none always follows the
-    same one. The call's own host time (allocation, argument packing, the launch) is in its figure,
-    as it is in a user's wait."""
+    the next. Within a round the competitors go in an order drawn at random (`latency_orders`, from
+    `seed`), so that none is timed mostly after the same other one. The call's own host time
+    (allocation, argument packing, the launch) is in its figure, as it is in a user's wait."""
     import cupy  # (lazy: CuPy)
 
     names = list(calls)
@@ -216,9 +229,8 @@ def latencies(calls: dict[str, Any], *, rounds: int = LATENCY_CALLS, warmup: int
     stream.synchronize()
     start, stop = cupy.cuda.Event(), cupy.cuda.Event()
     out: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for j in range(len(names)):
-            name = names[(r + j) % len(names)]
+    for order in latency_orders(names, rounds, seed):
+        for name in order:
             start.record(stream)
             calls[name]()
             stop.record(stream)
