@@ -22,10 +22,10 @@ M (tokens) in 1, 16, 128, 1024, 4096, in FP16 and BF16. The competitors, on the 
 
 Each problem: results checked first against float64 (torch eager in float64; a wrong result ends the
 run), every competitor warmed up, then timed by latency (autogemm/measure/timing.py: each call on an
-idle GPU, host time included, in an order drawn afresh each round; medians), which the acceptance judges, and by GPU
-time (timing.gpu_time: back-to-back calls behind a gate, no host limit on anyone). Ratio = the competitor's time /
-autogemm's (> 1: autogemm is faster). An empty user cache with the shipped results on: what a new
-user meets. Writes benchmarks/results/epilogues-<device>.md (and .json).
+idle GPU, host time included, in an order drawn afresh each round; medians), which the acceptance
+judges, and by GPU time (timing.gpu_time: back-to-back calls behind a gate, no host limit on anyone).
+Ratio = the competitor's time / autogemm's (> 1: autogemm is faster). An empty user cache with the
+shipped results on: what a new user meets. Writes benchmarks/results/epilogues-<device>.md (and .json).
 
     python benchmarks/bench_epilogues.py
     python benchmarks/bench_epilogues.py --models Llama-3-8B --ms 1,128 --rounds 10   # a quick look

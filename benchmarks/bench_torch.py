@@ -8,8 +8,8 @@ Each problem: the operands are made as a user holds them (transposed views, batc
 shared with PyTorch without a copy; autogemm's result on the tensors is checked against torch.matmul's
 (a wrong result ends the run), autogemm is warmed up as a loop would (16 calls, a synchronization,
 4 more: a plan settles within its first calls), then both are timed by latency (autogemm/measure/timing.py:
-each call on an idle GPU, host time included, in an order drawn afresh each round; medians). Ratio = torch.matmul's
-latency / autogemm's (> 1: autogemm is faster). TF32 problems run with
+each call on an idle GPU, host time included, in an order drawn afresh each round; medians). Ratio =
+torch.matmul's latency / autogemm's (> 1: autogemm is faster). TF32 problems run with
 torch.backends.cuda.matmul.allow_tf32 on and autogemm's compute="tf32". Host time: calls back to back,
 synchronized every 100 (host_time.per_call_us), best of three runs.
 
@@ -137,8 +137,8 @@ def report(suites: dict, hosts: list[dict], device, args) -> list[str]:
     lines = [f"# autogemm.matmul on PyTorch tensors against torch.matmul: {device.name}", "",
              f"torch {torch.__version__}. Written by benchmarks/bench_torch.py. An empty user cache, the shipped "
              f"results of cache/ on. Latency: median of {args.rounds} single calls, each on an idle GPU, host time "
-             "included, the two in an order drawn afresh each round, after 20 warm-up calls of autogemm.matmul. Ratio = torch.matmul's "
-             "latency / autogemm's on the same tensors (> 1: autogemm is faster).", ""]
+             "included, the two in an order drawn afresh each round, after 20 warm-up calls of autogemm.matmul. "
+             "Ratio = torch.matmul's latency / autogemm's on the same tensors (> 1: autogemm is faster).", ""]
     for name, rows in suites.items():
         lines += summary(rows, name) + [""]
     if hosts:

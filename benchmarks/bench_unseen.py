@@ -341,8 +341,8 @@ def report(rows, device, args) -> list[str]:
              f"{', only ' + args.only if args.only else ''}), none of them tuned or benchmarked before (cache/, "
              f"campaigns/, shapes.toml, bench_baselines). An empty user cache, the shipped results of cache/ on. "
              f"Latency: median of {args.rounds} single calls, each on an idle GPU, host time included, the "
-             "competitors in an order drawn afresh each round, after 20 warm-up calls of autogemm.matmul. Ratio = latency of the "
-             "faster of torch.matmul and cupy.matmul / latency of autogemm.matmul (> 1: autogemm is faster)"
+             "competitors in an order drawn afresh each round, after 20 warm-up calls of autogemm.matmul. "
+             "Ratio = latency of the faster of torch.matmul and cupy.matmul / latency of autogemm.matmul (> 1: autogemm is faster)"
              + (f"; GPU ratio likewise in GPU time (steady state, {args.gpu_time_ms:g} ms)." if gpu else "."), "",
              *summary(rows), "", *sustained_summary(rows),
              "| problem | autogemm us | torch us | cupy us | ratio |" + (" GPU ratio |" if gpu else "")

@@ -15,7 +15,8 @@ which its torch fast path hands the call to (tuned_half measured 0.93-0.99x torc
 
 Host time: wall-clock time of many calls in a row (synchronized every 100 calls) over their number.
 Latency: each call on an idle GPU between CUDA events (autogemm.measure.timing.latencies), the competitors
-in an order drawn afresh each round (`mixed` below), and again each competitor alone (a call after another's may pay for it).
+in an order drawn afresh each round (`mixed` below), and again each competitor alone (a call after
+another's may pay for it).
 
     python benchmarks/linear_latency.py [--rounds 200] [--calls 2000]
     python benchmarks/linear_latency.py --layers float16:silu:1x14336x4096,bfloat16:gelu:128x14336x4096
@@ -126,12 +127,12 @@ def main(argv=None) -> int:
         for group, reference_name in ((calls, "eager"), (bare, "torch.matmul (no bias)")):
             for name, call in group.items():
                 print(f"host {name:<30} {per_call_us(call, args.calls, sync):8.2f} us", flush=True)
-            rotating = latencies(group, rounds=args.rounds)
-            reference = statistics.median(rotating[reference_name])
+            mixed = latencies(group, rounds=args.rounds)
+            reference = statistics.median(mixed[reference_name])
             for name, call in group.items():
-                rotated = statistics.median(rotating[name])
+                in_mix = statistics.median(mixed[name])
                 alone = statistics.median(latencies({name: call}, rounds=args.rounds)[name])
-                print(f"latency {name:<30} mixed    {rotated * 1e3:8.2f} us ({(rotated - reference) * 1e3:+6.2f} vs "
+                print(f"latency {name:<30} mixed    {in_mix * 1e3:8.2f} us ({(in_mix - reference) * 1e3:+6.2f} vs "
                       f"{reference_name})  alone {alone * 1e3:8.2f} us", flush=True)
     return 0
 
