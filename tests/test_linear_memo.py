@@ -117,18 +117,39 @@ def test_only_plans_f_linear_serves_whole_are_filed(monkeypatch):
                                                                      transposed=False))
 
 
-def test_a_plan_that_no_longer_serves_leaves_the_memo_and_clear_empties_it(monkeypatch):
+def test_the_memo_is_emptied_when_a_torch_fast_plan_is_replaced_or_retired_and_on_clear(monkeypatch):
+    # (its entries are served without looking the GEMM's plan up: the dispatcher keeps them current)
+    x, w, bias = _tensors()
+    layer = Layer(monkeypatch, x, w, bias)
+    dispatcher = layer.dispatcher
+    dispatch.linear(x, w, bias)
+    newcomer = SimpleNamespace(fast_key="another", torch_keys=None)
+    dispatcher.fast["another"] = newcomer
+    assert dispatcher.keep_torch("another key", newcomer)  # a plan for another key: the memo stays
+    assert dispatcher.linear_by_weight
+    assert dispatcher.keep_torch("gemm", newcomer)  # the GEMM's plan replaced
+    assert not dispatcher.linear_by_weight
+    assert not layer.first_memo_serves(x, w, bias)  # (the full key's plan gives None: not current)
+    dispatcher.torch_fast["gemm"] = layer.gemm
+    dispatch.linear(x, w, bias)
+    assert dispatcher.linear_by_weight
+    layer.gemm.torch_keys, layer.gemm.fast_key = ["gemm"], None
+    dispatcher._retire(layer.gemm)  # evicted or replaced in the plan memo
+    assert "gemm" not in dispatcher.torch_fast and not dispatcher.linear_by_weight
+    dispatcher.torch_fast["gemm"] = layer.gemm
+    dispatch.linear(x, w, bias)
+    assert dispatcher.linear_by_weight
+    dispatcher.clear()
+    assert not dispatcher.linear_by_weight
+
+
+def test_a_call_the_memo_serves_looks_nothing_else_up(monkeypatch):
     x, w, bias = _tensors()
     layer = Layer(monkeypatch, x, w, bias)
     dispatch.linear(x, w, bias)
-    layer.dispatcher.torch_fast["gemm"] = SimpleNamespace()  # the GEMM's plan replaced: the plan gives None
-    assert not layer.first_memo_serves(x, w, bias)
-    assert not layer.dispatcher.linear_by_weight
-    layer.dispatcher.torch_fast["gemm"] = layer.gemm
-    dispatch.linear(x, w, bias)
-    assert layer.dispatcher.linear_by_weight
-    layer.dispatcher.clear()
-    assert not layer.dispatcher.linear_by_weight
+    layer.dispatcher.torch_fast = fast = _CountingDict(layer.dispatcher.torch_fast)
+    assert layer.first_memo_serves(x, w, bias)
+    assert fast.lookups == 0
 
 
 class _CountingDict(dict):

@@ -201,11 +201,9 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
             except RuntimeError:  # (no strides: the general path names it)
                 entry = None
             if entry is not None and entry.matches(weight, bias):
-                result = entry.plan.call(x, weight, bias, None, 1.0)  # (it checks for autograd after its launch)
+                result = entry.plan.call_whole(x, weight, bias)  # (it checks for autograd after its launch)
                 if result is not None:
                     return result
-                if not entry.plan.current():
-                    linear_memo.forget(_DISPATCHER, x, weight, bias, out_dtype)
         try:
             plan = _DISPATCHER.torch_epilogue.get(epilogue_step.torch_linear_key(x, weight, bias, residual, activation,
                                                                                  out_dtype, gated))

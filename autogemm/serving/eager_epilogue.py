@@ -115,9 +115,17 @@ class TorchEagerEpiloguePlan:
         """The same plan for `linear(x, weight, ...)`, whose b is the weight itself."""
         return TorchEagerEpiloguePlan(self.dispatcher, self.gemm_key, self.gemm, self.finish, self.device, False)
 
-    def current(self) -> bool:
-        """Whether the GEMM's torch fast-path plan is still the one this plan was made beside."""
-        return self.dispatcher.torch_fast.get(self.gemm_key) is self.gemm
+    def call_whole(self, x: Any, weight: Any, bias: Any) -> Any:
+        """`call` of `linear(x, weight, bias)` where F.linear serves the layer whole, for linear_memo's entries:
+        without `call`'s check that the GEMM's plan is current, which the dispatcher keeps for them (it
+        empties that memo whenever a torch fast-path plan is retired or replaced). Its key hashed on every
+        call cost more host time than F.linear's own argument checks."""
+        if bias is not None and bias.get_device() != self.device:  # (F.linear's error would not name it)
+            return None
+        y = self._linear(x, weight, bias)
+        if x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad):
+            return None
+        return y
 
     def call(self, a: Any, b: Any, bias: Any, residual: Any, alpha: float) -> Any:
         # The GEMM is launched first and the call's tensors checked while it runs: on an idle GPU a layer's

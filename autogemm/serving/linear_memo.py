@@ -8,8 +8,10 @@ less than 20 us.
 Why identity suffices for these plans and for no other: F.linear reads its operands as they are (shape,
 strides, dtype, device, autograd, lazily negated views) and refuses what it cannot compute, as a user's own
 call would. A weight whose metadata changed in place (`.data =`, `set_`) is still multiplied right; only the
-choice of F.linear might be stale, and `Dispatcher.clear` (every tune) empties this memo. A plan that reads
-addresses (a kernel, a pass) is filed by the full key alone. An entry holds weak references: an id whose
+choice of F.linear might be stale, and `Dispatcher.clear` (every tune) empties this memo. So does the
+dispatcher whenever a torch fast-path plan is retired or replaced, so that an entry's plan is served
+(`call_whole`) without looking its GEMM's plan up each call. A plan that reads addresses (a kernel, a pass)
+is filed by the full key alone. An entry holds weak references: an id whose
 object died and was reused by another tensor finds no entry (`entry.matches`).
 """
 
@@ -62,8 +64,3 @@ def file(dispatcher: Any, x: Any, weight: Any, bias: Any, out_dtype: Any, plan: 
             memo.clear()
         memo[key(x, weight, bias, out_dtype)] = entry
 
-
-def forget(dispatcher: Any, x: Any, weight: Any, bias: Any, out_dtype: Any) -> None:
-    """Drops the entry of these operands (its plan no longer serves: the full path files another)."""
-    with dispatcher.lock:
-        dispatcher.linear_by_weight.pop(key(x, weight, bias, out_dtype), None)

@@ -52,7 +52,8 @@ class Dispatcher:
         self.torch_fast: dict[str, Any] = {}
         # key of a call on tensors with an epilogue (epilogue_step.torch_epilogue_key) -> TorchEpiloguePlan
         self.torch_epilogue: dict[str, Any] = {}
-        # linear's first memo: (weight's and bias's ids, x's metadata, keywords) -> linear_memo.Entry
+        # linear's first memo: (weight's and bias's ids, x's metadata, keywords) -> linear_memo.Entry; emptied
+        # whenever a torch_fast entry is retired or replaced, so that its plans' GEMMs are always current
         self.linear_by_weight: dict[tuple, Any] = {}
         # scaled_matmul's calls (scaled.ScaledCall) -> the tuned kernel's plan, or None (torch._scaled_mm serves)
         self.scaled: dict[str, Any] = {}
@@ -136,6 +137,8 @@ class Dispatcher:
         with self.lock:
             if plan.fast_key is None or self.fast.get(plan.fast_key) is not plan:  # retired meanwhile
                 return False
+            if self.torch_fast.get(key, plan) is not plan:  # another plan replaced: linear's memo may hold it
+                self.linear_by_weight.clear()
             self.torch_fast[key] = plan
             if plan.torch_keys is None:
                 plan.torch_keys = []
@@ -160,6 +163,7 @@ class Dispatcher:
         for key in getattr(plan, "torch_keys", None) or ():
             if self.torch_fast.get(key) is plan:
                 del self.torch_fast[key]
+                self.linear_by_weight.clear()  # (its entries are served without looking at torch_fast)
 
     def with_verdict(self, choice: Choice, device: Any, problem: Problem) -> tuple[Choice, dict[str, Any] | None]:
         """A guarded choice as the online guard left it in this process, with its verdict (None: not
