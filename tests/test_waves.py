@@ -17,7 +17,7 @@ from autogemm.kernels.space import SearchSpace
 from autogemm.measure.evaluate import Evaluator, Latency, Measurement, Sustained
 from autogemm.problem import Device, Problem
 from autogemm.tuning import outcome
-from autogemm.tuning.outcome import fallback_passes, keeps_cublas
+from autogemm.tuning.outcome import keeps_cublas
 from autogemm.tuning.wave_seeds import wave_ranked
 
 H200 = dataclasses.replace(Device.for_arch("sm_90"), name="NVIDIA H200", sm_count=132)
@@ -172,30 +172,6 @@ def test_a_gpu_bound_kernel_that_wins_sustained_is_kept_unless_it_loses_latency_
     assert keeps_cublas(1.04, 0.01, Latency(kernel_us=100.0, baseline_us=97.0), gpu_bound=True)
     assert keeps_cublas(1.009, 0.01, Latency(kernel_us=90.0, baseline_us=100.0), gpu_bound=True)
     assert not keeps_cublas(1.02, 0.01, None, gpu_bound=True)
-
-
-def test_a_short_fused_epilogue_that_saves_the_fallbacks_pass_is_kept_on_latency_without_losing_gpu_time():
-    faster_call = Latency(kernel_us=30.0, baseline_us=36.0)  # one launch where the fallback makes two
-    assert not keeps_cublas(0.995, 0.01, faster_call, gpu_bound=False, saves_a_launch=True)
-    assert keeps_cublas(0.995, 0.01, faster_call, gpu_bound=False)  # (without a pass saved: GPU time first)
-    assert keeps_cublas(0.985, 0.01, faster_call, gpu_bound=False, saves_a_launch=True)  # loses GPU time
-    assert keeps_cublas(0.995, 0.01, Latency(kernel_us=30.0, baseline_us=30.2), gpu_bound=False,
-                        saves_a_launch=True)  # one call within the noise
-    assert keeps_cublas(0.995, 0.01, faster_call, gpu_bound=True, saves_a_launch=True)  # timed sustained: GPU time
-    assert keeps_cublas(0.995, 0.01, None, gpu_bound=False, saves_a_launch=True)
-
-
-@pytest.mark.parametrize("dtype, epilogue, passes", [
-    ("bfloat16", Epilogue(bias="n", activation="silu"), True),
-    ("float16", Epilogue(bias="n", activation="gelu"), True),  # (the erf GELU: cuBLASLt's is the tanh form)
-    ("bfloat16", Epilogue(bias="n", activation="gelu_tanh"), False),  # GELU_BIAS
-    ("bfloat16", Epilogue(bias="n"), False),  # BIAS
-    ("bfloat16", Epilogue(residual=True), False),  # the residual as C
-    ("bfloat16", Epilogue(), False),
-])
-def test_the_fallback_passes_where_no_cublaslt_epilogue_computes_the_epilogue(dtype, epilogue, passes):
-    problem = Problem.from_layout(77, 9216, 2304, "nt", dtype=dtype, epilogue=epilogue)
-    assert fallback_passes(problem) is passes
 
 
 class _Evaluator(Evaluator):

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..gpu.cublas_epilogue import lt_epilogue
 from ..results.cache import Record, TuningCache
 from ..measure.evaluate import LATENCY_MARGIN, MIN_NOISE, Evaluator, Latency, Measurement, Sustained
 from ..measure.timing import SUSTAINED_FROM_MS
@@ -88,21 +87,12 @@ def _sustained_winner(finalists, remeasured, contenders: list[int], sustained: S
                   baselines=dict(sustained.baselines))
 
 
-def keeps_cublas(ratio: float, noise: float, latency: Any, gpu_bound: bool, saves_a_launch: bool = False) -> bool:
+def keeps_cublas(ratio: float, noise: float, latency: Any, gpu_bound: bool) -> bool:
     """Whether cuBLAS is kept over the best generated kernel: it beats cuBLAS's GPU time (`ratio`, the
     baseline's time over the kernel's) by no more than `noise`, or loses in single-call latency. A
     GPU-bound product (timed sustained) may not lose latency beyond the noise, since its latency is
     mostly that same GPU time; a shorter one must win latency by LATENCY_MARGIN, since there host
-    time decides what a user waits for.
-
-    `saves_a_launch`: the fallback finishes the epilogue in a pass of its own after cuBLAS's GEMM, which the
-    kernel fuses (`fallback_passes`). On a short product the host's launches then pace a loop of calls as
-    well as one call (an eager layer of 1-333 tokens on an H200 took 20-35 us a call back to back, its GEMM
-    14-21), so one launch instead of two is what the user gains: the kernel is kept where it wins one call
-    by more than the noise and LATENCY_MARGIN, and loses no GPU time beyond the noise."""
-    if saves_a_launch and not gpu_bound and latency is not None and ratio >= 1 - noise \
-            and latency.ratio > 1 + max(noise, LATENCY_MARGIN):
-        return False
+    time decides what a user waits for."""
     if ratio <= 1 + noise:
         return True
     if latency is None:
@@ -110,12 +100,6 @@ def keeps_cublas(ratio: float, noise: float, latency: Any, gpu_bound: bool, save
     if gpu_bound:
         return latency.ratio < 1 - max(noise, LATENCY_MARGIN)
     return latency.ratio <= 1 + LATENCY_MARGIN
-
-
-def fallback_passes(problem: Problem) -> bool:
-    """Whether what serves `problem` without a generated kernel finishes its epilogue in a pass of its own
-    after cuBLAS's GEMM: an epilogue that no cuBLASLt epilogue computes (SiLU, the erf GELU, a gate, ...)."""
-    return not problem.epilogue.is_identity and lt_epilogue(problem.epilogue, problem.dtype) is None
 
 
 def best_so_far(finalists: list[Any], known: dict[str, float], problem: Problem, evaluator: Evaluator) -> Winner:

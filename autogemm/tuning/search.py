@@ -29,7 +29,7 @@ from ..problem import Device, Problem
 from ..results.predict import known_configs
 from ..kernels.space import SearchSpace
 from .options import CONVERGED_GAIN, TuneOptions
-from .outcome import RecordKeeper, Winner, best_so_far, fallback_passes, keeps_cublas, retimed_best
+from .outcome import RecordKeeper, Winner, best_so_far, keeps_cublas, retimed_best
 from .study import (Sharing, StudyStorageError, StudyWriter, TrialExchange, ask_params, best_configs, default_storage,
                     make_sampler, open_study, optuna_quiet, remember_trials, tell_trials)
 from .progress import TuneProgress
@@ -388,7 +388,7 @@ class SearchLoop:
                                      provisional=self.interrupted, latency=latency, sustained=winner.sustained,
                                      baselines=winner.baselines)
         rel_error = record.rel_error  # the best generated kernel's, whichever is kept
-        kept_cublas = keeps_cublas(record.ratio, winner.noise, latency, winner.gpu_bound, fallback_passes(self.problem))
+        kept_cublas = keeps_cublas(record.ratio, winner.noise, latency, winner.gpu_bound)
         if kept_cublas:  # within the noise of cuBLAS or slower: cuBLAS is the winner, with its figures
             record = cublas_record(record, latency.ratio if latency else None)
         record.trials["in_study"] = study_trials
