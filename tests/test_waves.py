@@ -297,6 +297,35 @@ def test_a_cublas_plan_of_16_bit_tensors_hands_them_to_torch_matmul():
     assert torch_matmul_for(plan(config_from_name(WIDE)), half, half) is None
 
 
+def test_a_plan_whose_guard_settled_on_cublas_hands_its_tensors_to_torch_matmul():
+    """A predicted kernel under the guard is registered without torch.matmul; once the guard settles on
+    cuBLAS, the plan's tensors go to torch.matmul as a plan that chose cuBLAS from the start does, and a
+    later registration finds it so too. A kernel that won keeps serving them."""
+    torch = pytest.importorskip("torch")
+    from autogemm.serving.plan import Plan
+    from autogemm.serving.select import Choice
+    from autogemm.serving.torch_fast_path import settled_on_cublas, torch_matmul_for
+
+    def guarded(verdict):
+        plan = Plan(choice=Choice("predicted", config_from_name(WIDE), "test", guarded=True), problem=bf16(64, 64, 64),
+                    shape=(64, 64), dtype=None, device=0)
+        plan.torch_template = torch.empty((), dtype=torch.bfloat16).expand(64, 64)
+        if verdict is not None:
+            plan.choice.details["guard"] = {"kernel_won": verdict, "ratio": 1.2 if verdict else 0.8}
+        return plan
+
+    half = torch.ones(2, 2, dtype=torch.bfloat16)
+    assert torch_matmul_for(guarded(None), half, half) is None  # (still deciding: the kernel may win)
+    assert torch_matmul_for(guarded(True), half, half) is None
+    assert torch_matmul_for(guarded(False), half, half) is torch.matmul
+    lost, won, unregistered = guarded(False), guarded(True), guarded(False)
+    unregistered.torch_template = None
+    for plan in (lost, won, unregistered):
+        settled_on_cublas(plan)
+    assert lost.torch_matmul is torch.matmul
+    assert won.torch_matmul is None and unregistered.torch_matmul is None
+
+
 # ---- sustained_times, on a simulated GPU whose clocks swing -------------------------------------------------
 class _SwingingGpu:
     """A GPU clock (ms) that work advances, 6% slower in two of every four 50-call stretches (a power limit's

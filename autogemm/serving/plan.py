@@ -34,7 +34,7 @@ from .numpy_semantics import as_cupy, contiguous_copy, copy_into
 from .planning import PROVISIONAL_PLAN_S
 from .race import CUBLAS, RACE_CONFIGS
 from .select import Choice
-from .torch_fast_path import MAX_TORCH_SPARES, SPARE_OUTPUT_BYTES, torch_stream
+from .torch_fast_path import MAX_TORCH_SPARES, SPARE_OUTPUT_BYTES, settled_on_cublas, torch_stream
 
 _capturing = capture.capturing
 # CuPy's and PyTorch's names the fast paths read, bound once (module globals: the cheapest lookup)
@@ -331,7 +331,14 @@ def make_plan(dispatcher: Any, a: Any, ia: Any, b: Any, ib: Any, out_arr: Any, s
     plan.alignment = (a_arr.data.ptr % 16, b_arr.data.ptr % 16)
     choice.details.update(kernel=prepared.kernel.source.kernel, registers=prepared.kernel.registers)
     if choice.guarded and verdict is None:
-        plan.launch = Guard(plan.launch, cublas_launch, dispatcher.settle_guard(plan, device, problem))
+        settle = dispatcher.settle_guard(plan, device, problem)
+
+        def settle_tensors_too(winner, verdict):
+            settle(winner, verdict)
+            if not verdict["kernel_won"]:
+                settled_on_cublas(plan)
+
+        plan.launch = Guard(plan.launch, cublas_launch, settle_tensors_too)
     return plan
 
 

@@ -57,15 +57,32 @@ def register(dispatcher: Any, a: Any, b: Any, a_arr: Any, b_arr: Any, result_arr
 
 
 def torch_matmul_for(plan: Any, a: Any, b: Any) -> Any:
-    """torch.matmul where `plan` serves cuBLAS (nothing generated chosen) on two tensors of one 16-bit
+    """torch.matmul where `plan` serves cuBLAS (`serves_cublas`) on two tensors of one 16-bit
     dtype, so that the torch fast path calls it (Plan.torch_matmul): for tensors, cuBLAS as torch calls
     it is what a user would call instead. None elsewhere: float32 is not handed over, since torch.matmul
     computes it in TF32 where the user allowed that, and autogemm computes float32 as float32."""
     import torch  # (a tensor was given)
 
-    if plan.choice.config is not None or a.dtype != b.dtype or a.dtype not in (torch.float16, torch.bfloat16):
+    if not serves_cublas(plan) or a.dtype != b.dtype or a.dtype not in (torch.float16, torch.bfloat16):
         return None
     return torch.matmul
+
+
+def serves_cublas(plan: Any) -> bool:
+    """Whether cuBLAS serves `plan` for good: nothing generated was chosen, or the guard that compared the
+    predicted kernel with cuBLAS on the first calls settled on cuBLAS (guard.py)."""
+    verdict = plan.choice.details.get("guard")
+    return plan.choice.config is None or (verdict is not None and not verdict["kernel_won"])
+
+
+def settled_on_cublas(plan: Any) -> None:
+    """After `plan`'s guard settled on cuBLAS: where the torch fast path serves the plan, its tensors go to
+    torch.matmul from the next call, as a plan that chose cuBLAS from the start hands them (`register`), and
+    not to the plan's launcher from Python. (A registered plan copies no operand, so both of its operands have
+    its output's dtype.)"""
+    template = plan.torch_template
+    if template is not None:
+        plan.torch_matmul = torch_matmul_for(plan, template, template)
 
 
 def torch_stream(streams: dict[str, Any], pointer: int, device: int) -> Any:
