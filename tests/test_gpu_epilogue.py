@@ -414,9 +414,38 @@ def test_an_untuned_layer_on_16_bit_tensors_is_served_by_pytorchs_gemm_call_from
             assert ((result.double() - expected()).abs() <= 2e-2 * scale).all(), case
 
 
-@pytest.mark.parametrize("activation,plan", [("silu", "TorchEagerEpiloguePlan"), ("gelu_tanh", "TorchLtEpiloguePlan")])
+def test_a_bias_layer_runs_f_linears_kernel_prepared_once_and_f_linear_where_that_does_not_suit():
+    # lt_linear: F.linear's cuBLASLt call (its kernel, PyTorch's workspace size) made once, eager's result bit
+    # for bit; a weight whose memory moved in place (`.data =`: the memo finds the same tensor) is read where
+    # it now is, and a lazily negated x goes to F.linear itself
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    from autogemm.serving import dispatch
+
+    autogemm.reset()
+    x = torch.randn(24, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(192, 256, device="cuda", dtype=torch.bfloat16) / 16
+    bias = torch.randn(192, device="cuda", dtype=torch.bfloat16)
+    autogemm.linear(x, w, bias)  # (the general path files the plans)
+    plan = next(p for key, p in dispatch._DISPATCHER.torch_epilogue.items() if key[0] == "linear")
+    assert plan.prepared is not None
+    f_linear = plan._linear
+    plan._linear = lambda *args: pytest.fail("F.linear served a call the prepared cuBLASLt call suits")
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        assert torch.equal(autogemm.linear(x, w, bias), F.linear(x, w, bias))
+    w.data = w.data.flip(0).contiguous()  # (the same shape and strides, other memory)
+    assert torch.equal(autogemm.linear(x, w, bias), F.linear(x, w, bias))
+    plan._linear = f_linear
+    negated = torch._neg_view(x)
+    assert torch.equal(autogemm.linear(negated, w, bias), F.linear(negated, w, bias))
+
+
+@pytest.mark.parametrize("activation,plan", [("silu", "TorchEagerEpiloguePlan"), ("gelu_tanh", "TorchLtEpiloguePlan"),
+                                             (None, "TorchEagerEpiloguePlan")])
 def test_a_cuda_graph_captures_the_untuned_layers_plan(activation, plan):
-    # PyTorch's GEMM call and the pass in place (SiLU), cuBLASLt's own epilogue (the tanh GELU)
+    # PyTorch's GEMM call and the pass in place (SiLU), cuBLASLt's own epilogue (the tanh GELU), F.linear with
+    # the bias (its prepared cuBLASLt call outside a capture)
     torch = pytest.importorskip("torch")
     F = torch.nn.functional
     from autogemm.serving import dispatch
@@ -435,7 +464,7 @@ def test_a_cuda_graph_captures_the_untuned_layers_plan(activation, plan):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         y = autogemm.linear(x, w, bias, activation=activation)
-    act = {"silu": F.silu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh")}[activation]
+    act = {"silu": F.silu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"), None: lambda v: v}[activation]
     for seed in range(3):
         torch.manual_seed(seed)
         x.copy_(torch.randn_like(x))

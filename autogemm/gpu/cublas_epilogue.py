@@ -87,3 +87,43 @@ def cublas_epilogue_launcher(problem: Problem, a: KernelOperand, b: KernelOperan
 
     launch.plan, launch.algorithm = plan, found  # (kept alive with the launcher)
     return launch
+
+
+def prepared_bias_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, d: KernelOperand, bias_pointer: int,
+                           alignment: int, ordinal: int, workspace_bytes: int) -> Any:
+    """`launch(pa, pb, pd, stream, pbias)`: D = op(A)·op(B) + bias through cuBLASLt's BIAS epilogue, its
+    descriptors and algorithm made once for operands of these layouts, every address a multiple of
+    `alignment` bytes, with a workspace of `workspace_bytes` (the heuristic picks by it: PyTorch's size picks
+    PyTorch's kernel). For a caller that has checked each call's addresses, that the current device is
+    `ordinal` and that `stream` (a CUDA stream's handle) is not capturing a graph, and holds a lock around
+    the call (the bias's address is set in the descriptor). None where cuBLASLt has no algorithm for it."""
+    if workspace_bytes > WORKSPACE_BYTES:
+        raise ValueError(f"a workspace of {workspace_bytes} bytes exceeds the {WORKSPACE_BYTES} autogemm allocates")
+    lt, _ = bindings()
+    state = device_state(ordinal)
+    plan = LtPlan(problem, a, b, d, state, "BIAS", bias_pointer=bias_pointer, workspace_bytes=workspace_bytes)
+    found = plan.algorithm(min(256, alignment))
+    if found is None:
+        return None
+    algorithm = found.ctypes.data
+    scalar = scalar_type(problem)
+    scalars = _SCALARS.get((scalar, False))
+    scalars = scalars if scalars is not None else np.array([1, 0], dtype=scalar)  # alpha 1, beta 0
+    alpha_pointer, beta_pointer = scalars.ctypes.data, scalars.ctypes.data + scalars.itemsize
+    matmul, handle, workspaces, workspace = lt.matmul, state.lt, state.workspaces, state.workspace
+    desc, a_desc, b_desc, c_desc = plan.desc, plan.a_desc, plan.b_desc, plan.c_desc
+    set_bias, bias_attribute = lt.matmul_desc_set_attribute, lt.MatmulDescAttribute.BIAS_POINTER
+    current = np.array([bias_pointer], dtype=np.uint64)
+    current_pointer = current.ctypes.data
+    last_bias = [bias_pointer]  # (a Python int: comparing with NumPy's scalar cost more)
+
+    def launch(pa, pb, pd, stream, pbias):
+        if pbias != last_bias[0]:
+            current[0] = last_bias[0] = pbias
+            set_bias(desc, bias_attribute, current_pointer, 8)
+        memory = workspaces.get(stream)
+        matmul(handle, desc, alpha_pointer, pb, a_desc, pa, b_desc, beta_pointer, pd, c_desc, pd, c_desc, algorithm,
+               memory.ptr if memory is not None else workspace(stream), workspace_bytes, stream)
+
+    launch.plan, launch.algorithm = plan, found  # (kept alive with the launcher)
+    return launch

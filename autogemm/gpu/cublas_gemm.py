@@ -139,12 +139,15 @@ def set_attribute(setter: Any, handle: Any, attribute: Any, value: Any, dtype: A
 class LtPlan:
     """Descriptors of one problem and layout, and the algorithm the heuristic picks per alignment.
     `epilogue`: the name of a cuBLASLt epilogue (cublas_epilogue.py) set on the descriptor, with the
-    bias's address where it reads one; `d`: D's layout where D is not C (C then is read, D written)."""
+    bias's address where it reads one; `d`: D's layout where D is not C (C then is read, D written);
+    `workspace_bytes`: the most workspace the algorithm may use (each call passes that much)."""
 
     def __init__(self, problem: Problem, a: KernelOperand, b: KernelOperand, c: KernelOperand, state: _DeviceState,
-                 epilogue: str = "", d: KernelOperand | None = None, bias_pointer: int = 0):
+                 epilogue: str = "", d: KernelOperand | None = None, bias_pointer: int = 0,
+                 workspace_bytes: int = WORKSPACE_BYTES):
         lt, _ = bindings()
         self._lt, self._state = lt, state
+        self.workspace_bytes = workspace_bytes  # (the heuristic picks by it: the calls must pass no less)
         row = dtypes.lookup(problem.dtype, problem.compute)
         data_type = row.cuda_data_type
         m, n, k, batch = problem.m, problem.n, problem.k, problem.batch
@@ -183,7 +186,7 @@ class LtPlan:
         preference = lt.matmul_preference_create()
         try:
             set_attribute(lt.matmul_preference_set_attribute, preference, lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES,
-                 WORKSPACE_BYTES, np.uint64)
+                 self.workspace_bytes, np.uint64)
             for attribute in (lt.MatmulPreferenceAttribute.MIN_ALIGNMENT_A_BYTES,
                               lt.MatmulPreferenceAttribute.MIN_ALIGNMENT_B_BYTES,
                               lt.MatmulPreferenceAttribute.MIN_ALIGNMENT_C_BYTES,

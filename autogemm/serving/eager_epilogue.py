@@ -29,7 +29,9 @@ from ..epilogue import Epilogue
 from ..gpu.capture import CaptureError
 from ..gpu.cublas_epilogue import lt_epilogue
 from ..gpu.epilogue_pass import PointedPass, pass_kernel, vector_width
+from . import lt_linear
 from . import plan as plan_module
+from .lt_linear import PreparedBiasLinear
 
 EAGER_DTYPES = ("float16", "bfloat16")  # as torch_matmul_for: float32 is computed as float32, not in TF32
 
@@ -102,27 +104,33 @@ class TorchEagerEpiloguePlan:
     the plan makes those checks itself (dispatch's fast paths do not). An x or weight on another device
     F.linear itself refuses (x's device is in the plan's key)."""
 
-    outputs = None  # (no spare outputs: PyTorch allocates)
-
     def __init__(self, dispatcher: Any, gemm_key: Any, gemm_plan: Any, finish: EpiloguePassInPlace | None, device: int,
-                 transposed: bool = True):
+                 transposed: bool = True, prepared: PreparedBiasLinear | None = None):
         import torch.nn.functional as F  # (a tensor was given)
 
         self.dispatcher, self.gemm_key, self.gemm = dispatcher, gemm_key, gemm_plan
         self.finish, self.device, self.transposed, self._linear = finish, device, transposed, F.linear
+        # where the bias is the whole epilogue: F.linear's cuBLASLt call prepared once (lt_linear), with its
+        # spare outputs (None: F.linear serves every call, PyTorch allocates)
+        self.prepared = prepared
+        self.outputs = None if prepared is None else prepared.outputs
 
     def as_linear(self) -> TorchEagerEpiloguePlan:
         """The same plan for `linear(x, weight, ...)`, whose b is the weight itself."""
-        return TorchEagerEpiloguePlan(self.dispatcher, self.gemm_key, self.gemm, self.finish, self.device, False)
+        return TorchEagerEpiloguePlan(self.dispatcher, self.gemm_key, self.gemm, self.finish, self.device, False,
+                                      self.prepared)
 
     def call_whole(self, x: Any, weight: Any, bias: Any) -> Any:
         """F.linear(x, weight, bias) where it serves the layer whole (no pass), None where a check fails. Also
         linear_memo's entries' call: without `call`'s check that the GEMM's plan is current, which the
         dispatcher keeps for them (it empties that memo whenever a torch fast-path plan is retired or
         replaced); that lookup was a sixth of linear's Python around F.linear (190 of 1150 ns on a desktop CPU)."""
-        if bias is not None and bias.get_device() != self.device:  # (F.linear's error would not name it)
-            return None
-        y = self._linear(x, weight, bias)
+        prepared = self.prepared
+        y = None if prepared is None or bias is None else prepared(x, weight, bias)  # (it checks bias's device)
+        if y is None:
+            if bias is not None and bias.get_device() != self.device:  # (F.linear's error would not name it)
+                return None
+            y = self._linear(x, weight, bias)
         if x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad):
             return None
         return y
@@ -178,4 +186,5 @@ def eager_plan(dispatcher: Any, gemm_key: Any, gemm_plan: Any, epilogue: Epilogu
         except CaptureError:  # (not compiled before this capture: a call after it files the plan)
             return None
         finish = EpiloguePassInPlace(packed, epilogue, device, vector * size)
-    return TorchEagerEpiloguePlan(dispatcher, gemm_key, gemm_plan, finish, device)
+    prepared = None if finish is not None else lt_linear.prepare(dispatcher, a, b.mT, bias, result, device)
+    return TorchEagerEpiloguePlan(dispatcher, gemm_key, gemm_plan, finish, device, prepared=prepared)
