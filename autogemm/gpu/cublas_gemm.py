@@ -30,7 +30,8 @@ from ..problem import Problem
 from .runtime import cupy_stream
 
 INT32_MAX = 2**31 - 1  # cuBLAS takes sizes and pitches as 32-bit ints
-# the workspace of each (GPU, stream): what torch gives cuBLAS(Lt) on Hopper
+# the workspace of each (GPU, stream): what torch gives cuBLAS on Hopper (its cuBLASLt calls get
+# CUBLASLT_WORKSPACE_SIZE, 1 MiB by default, which serving/lt_linear.py asks the heuristic with)
 WORKSPACE_BYTES = 32 * 1024 * 1024
 _OP_N, _OP_T = 0, 1
 _GEMM_DEFAULT_TENSOR_OP = 99
