@@ -16,8 +16,10 @@ changes it), runs a 144x64 one.
 
 A call is refused (None: F.linear serves it) where anything differs from what the layer was prepared for:
 the weight's or the bias's shape, strides, dtype or device (a `.data =` may change them on the same
-tensor), a lazily negated view (cuBLASLt reads the memory as it is), the current device, an address less aligned than 256 bytes, or a CUDA graph capture (PyTorch's
-own call captures with the graph's workspace).
+tensor), a lazily negated view (cuBLASLt reads the memory as it is), the current device, an address less
+aligned than 256 bytes, or a CUDA graph capture (PyTorch's own call captures with the graph's workspace).
+The spare outputs are shared by the plan's two forms (matmul's key and linear's): where one leaves the memo,
+its budget goes back and the other allocates at each call, as F.linear does.
 """
 
 from __future__ import annotations
