@@ -31,7 +31,6 @@ from ..gpu.cublas_epilogue import lt_epilogue
 from ..gpu.epilogue_pass import PointedPass, pass_kernel, vector_width
 from . import lt_linear
 from . import plan as plan_module
-from .lt_linear import PreparedBiasLinear
 
 EAGER_DTYPES = ("float16", "bfloat16")  # as torch_matmul_for: float32 is computed as float32, not in TF32
 
@@ -105,7 +104,7 @@ class TorchEagerEpiloguePlan:
     F.linear itself refuses (x's device is in the plan's key)."""
 
     def __init__(self, dispatcher: Any, gemm_key: Any, gemm_plan: Any, finish: EpiloguePassInPlace | None, device: int,
-                 transposed: bool = True, prepared: PreparedBiasLinear | None = None):
+                 transposed: bool = True, prepared: lt_linear.PreparedBiasLinear | None = None):
         import torch.nn.functional as F  # (a tensor was given)
 
         self.dispatcher, self.gemm_key, self.gemm = dispatcher, gemm_key, gemm_plan

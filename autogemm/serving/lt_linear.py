@@ -114,6 +114,8 @@ def prepare(dispatcher: Any, x: Any, weight: Any, bias: Any, result: Any, device
             or not weight.is_contiguous() or not bias.is_contiguous() or not result.is_contiguous() \
             or len({x.dtype, weight.dtype, bias.dtype, result.dtype}) != 1 or not result.numel():
         return None
+    # (the heuristic is told the addresses' alignment alone, as F.linear tells it, so that it picks F.linear's
+    # kernel; cublas_epilogue_launcher also lowers it to what the pitches keep, which could pick another)
     if any(t.data_ptr() % ALIGNMENT for t in (x, weight, bias, result)):
         return None
     n, k = weight.shape
