@@ -7,6 +7,7 @@ the pipeline, such as WARP or FIRST_ASYNC_STAGE), so that no such number is writ
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import random
 import time
@@ -349,6 +350,21 @@ class SearchSpace:
         offered = self.knob_choices(problem, device)
         for _ in range(attempts):
             values = {knob: rng.choice(choices) for knob, choices in offered.items()}
+            config, _ = self.evaluate(values, problem, device)
+            if config is not None and not config.check(problem, device):
+                yield config, values
+
+    def shuffled_draws(self, problem: Problem, device: Device, rng: random.Random, attempts: int) -> Iterator[tuple[Any, ...]]:
+        """As `uniform_draws`, but where the knobs offer no more than `attempts` combinations, every one of
+        them once, in an order `rng` shuffles: a small space is searched completely, and no draw repeats."""
+        offered = self.knob_choices(problem, device)
+        if math.prod(len(choices) for choices in offered.values()) > attempts:
+            yield from self.uniform_draws(problem, device, rng, attempts)
+            return
+        combinations = list(itertools.product(*offered.values()))
+        rng.shuffle(combinations)
+        for combination in combinations:
+            values = dict(zip(offered, combination))
             config, _ = self.evaluate(values, problem, device)
             if config is not None and not config.check(problem, device):
                 yield config, values

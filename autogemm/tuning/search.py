@@ -43,7 +43,12 @@ MAX_IDLE_PROPOSALS = 300
 # The sampler can fix on a corner of a heavily constrained space where nearly every draw breaks a
 # rule (TPE after a failed first candidate, with several in flight). After this many idle proposals
 # in a row, RESCUE_CONFIGS valid configurations drawn uniformly (not yet measured) are enqueued;
-# RESCUE_DRAWS uniform draws at most are spent finding them.
+# RESCUE_DRAWS uniform draws at most are spent finding them (a space of fewer knob combinations is gone
+# through whole). A rescue that finds none is the last: the space has no more to give (a small one was
+# gone through; a large one, the draws found none). Each cost about 5 s of host time: seven of them, at
+# every RESCUE_AFTER of the 300 idle proposals, ended a 6-candidate tune whose failures left its trial
+# count unreached (`trials` counts valid measurements) and took 37 s of its 75. After it the search
+# proposes nothing more.
 RESCUE_AFTER = 40
 RESCUE_CONFIGS = 4
 RESCUE_DRAWS = 20_000
@@ -110,6 +115,7 @@ class SearchLoop:
         self.failed_before: dict[str, Measurement] = {}  # a failed config is not measured twice
         self.pending: deque[InFlight] = deque()
         self.rescued: set[str] = set()  # configurations enqueued by `_rescue`
+        self.rescues_left = True  # until a rescue finds nothing
         self.seed_names: set[str] = set()  # configurations enqueued before the search (measured past the deadline)
         self.best_ms: float | None = None
         self.interrupted = False  # Ctrl-C or a lost GPU: the best so far is kept without re-timing
@@ -266,13 +272,13 @@ class SearchLoop:
         counters, problem, device = self.counters, self.problem, self.device
         while (len(self.pending) < self.lookahead and counters.measured + len(self.pending) < self.options.trials
                and not self._out_of_time() and counters.idle_proposals < MAX_IDLE_PROPOSALS):
+            if counters.idle_proposals and counters.idle_proposals % RESCUE_AFTER == 0 and not self._rescue():
+                break  # nothing left to propose
             trial = self.study.ask()
             if self.exchange is not None:
                 self.exchange.tag(trial)
             config, broken = self.space.evaluate(ask_params(trial, self.space, self.offered), problem, device)
             reasons = [f"space: {rule}" for rule in broken] if config is None else config.check(problem, device)
-            if counters.idle_proposals and counters.idle_proposals % RESCUE_AFTER == 0:
-                self._rescue()
             if reasons:
                 trial.set_user_attr("rejected", reasons)
                 self.writer.put(self.study.tell(trial, state=optuna.trial.TrialState.PRUNED))
@@ -332,10 +338,13 @@ class SearchLoop:
         self.progress_bar.update(measurement.ok, self.best_ms, counters.rejected, counters.failed)
         return measurement
 
-    def _rescue(self) -> None:
-        """Enqueues a few valid, unmeasured configurations drawn uniformly (see RESCUE_AFTER)."""
+    def _rescue(self) -> bool:
+        """Enqueues a few valid, unmeasured configurations drawn uniformly (see RESCUE_AFTER); whether it
+        found any. After one that found none, it draws nothing and says so (the search is then done)."""
+        if not self.rescues_left:
+            return False
         found = 0
-        for config, values in self.space.uniform_draws(self.problem, self.device, self.rescue_rng, RESCUE_DRAWS):
+        for config, values in self.space.shuffled_draws(self.problem, self.device, self.rescue_rng, RESCUE_DRAWS):
             name = config.name
             if name in self.known or name in self.failed_before or name in self.rescued \
                     or any(candidate.config.name == name for candidate in self.pending):
@@ -345,6 +354,11 @@ class SearchLoop:
             found += 1
             if found == RESCUE_CONFIGS:
                 break
+        self.rescues_left = found > 0
+        if not found and not self.stopped:
+            self.stopped = (f"no valid configuration of {self.space.path.name} left to measure (every one measured, "
+                            f"failed or in flight, or none in {RESCUE_DRAWS} uniform draws)")
+        return found > 0
 
     def _take_in(self, trials_elsewhere) -> None:
         """Other workers' trials of this study: measured there, never measured here again, and
