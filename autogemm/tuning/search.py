@@ -44,11 +44,8 @@ MAX_IDLE_PROPOSALS = 300
 # rule (TPE after a failed first candidate, with several in flight). After this many idle proposals
 # in a row, RESCUE_CONFIGS valid configurations drawn uniformly (not yet measured) are enqueued;
 # RESCUE_DRAWS uniform draws at most are spent finding them (a space of fewer knob combinations is gone
-# through whole). A rescue that finds none is the last: the space has no more to give (a small one was
-# gone through; a large one, the draws found none). Each cost about 5 s of host time: seven of them, at
-# every RESCUE_AFTER of the 300 idle proposals, ended a 6-candidate tune whose failures left its trial
-# count unreached (`trials` counts valid measurements) and took 37 s of its 75. After it the search
-# proposes nothing more.
+# through whole). A rescue that finds none ends the proposals: repeating it (about 5 s of host time each)
+# took 37 s of a 75 s tune whose failures left its trials unreached (docs/tuning.md).
 RESCUE_AFTER = 40
 RESCUE_CONFIGS = 4
 RESCUE_DRAWS = 20_000
