@@ -94,6 +94,12 @@ class _Deadline:
                              "draws out as soon as their knobs are set")
 
 
+def _uniform(offered: dict[str, list[Any]], rng: random.Random, attempts: int) -> Iterator[dict[str, Any]]:
+    """`attempts` draws of every knob of `offered` (knob -> its choices), each uniformly."""
+    for _ in range(attempts):
+        yield {knob: rng.choice(choices) for knob, choices in offered.items()}
+
+
 class SearchSpace:
     """A search space file as the tuner uses it: the knobs and their choices, the derived values and
     the constraints (problem rules among them) of one family, the configurations to try first; it
@@ -347,24 +353,21 @@ class SearchSpace:
     def uniform_draws(self, problem: Problem, device: Device, rng: random.Random, attempts: int) -> Iterator[tuple[Any, ...]]:
         """(config, knob values) of the valid ones among `attempts` uniform draws of every knob (the
         same config may come twice), lazily: for a caller that needs a few."""
-        offered = self.knob_choices(problem, device)
-        for _ in range(attempts):
-            values = {knob: rng.choice(choices) for knob, choices in offered.items()}
-            config, _ = self.evaluate(values, problem, device)
-            if config is not None and not config.check(problem, device):
-                yield config, values
+        return self._valid(_uniform(self.knob_choices(problem, device), rng, attempts), problem, device)
 
     def shuffled_draws(self, problem: Problem, device: Device, rng: random.Random, attempts: int) -> Iterator[tuple[Any, ...]]:
         """As `uniform_draws`, but where the knobs offer no more than `attempts` combinations, every one of
         them once, in an order `rng` shuffles: a small space is searched completely, and no draw repeats."""
         offered = self.knob_choices(problem, device)
         if math.prod(len(choices) for choices in offered.values()) > attempts:
-            yield from self.uniform_draws(problem, device, rng, attempts)
-            return
+            return self._valid(_uniform(offered, rng, attempts), problem, device)
         combinations = list(itertools.product(*offered.values()))
         rng.shuffle(combinations)
-        for combination in combinations:
-            values = dict(zip(offered, combination))
+        return self._valid((dict(zip(offered, combination)) for combination in combinations), problem, device)
+
+    def _valid(self, draws: Iterable[dict[str, Any]], problem: Problem, device: Device) -> Iterator[tuple[Any, ...]]:
+        """(config, knob values) of the draws that satisfy the space's rules and the config's `check`, lazily."""
+        for values in draws:
             config, _ = self.evaluate(values, problem, device)
             if config is not None and not config.check(problem, device):
                 yield config, values
