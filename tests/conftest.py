@@ -104,6 +104,22 @@ def _shared_cubins(tmp_path_factory):
         os.environ["AUTOGEMM_CUBIN_DIR"] = before
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _shared_native_build(tmp_path_factory):
+    """One build directory of linear's C++ memo for the run (serving/native_linear.py), shared by
+    pytest-xdist's workers as the cubins are, unless AUTOGEMM_NATIVE_DIR names one (a build kept between
+    runs): the tests never build into the user's cache."""
+    before = os.environ.get("AUTOGEMM_NATIVE_DIR")
+    if before is None:
+        base = tmp_path_factory.getbasetemp()
+        shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "native"
+        shared.mkdir(exist_ok=True)
+        os.environ["AUTOGEMM_NATIVE_DIR"] = str(shared)
+    yield
+    if before is None:
+        os.environ.pop("AUTOGEMM_NATIVE_DIR", None)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch, request):
     """Every test reads and writes tuned results and studies in a cache directory of its own,
@@ -111,5 +127,7 @@ def _isolated_cache(tmp_path_factory, monkeypatch, request):
     run on, which would answer problems a test means to be untuned) unless it is marked
     `shipped_results`."""
     monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    if "native" not in request.keywords:  # (no test but those marked builds linear's C++ memo or meets it)
+        monkeypatch.setenv("AUTOGEMM_NATIVE", "0")
     if "shipped_results" not in request.keywords:
         monkeypatch.setattr("autogemm.results.cache.shipped_cache_dir", lambda: None)

@@ -20,7 +20,7 @@ from .. import dtypes
 from ..epilogue import Epilogue
 from ..gpu import capture, runtime
 from ..gpu.operands import check_scalars, common_device, contiguous_strides, describe, real_scalar, validate
-from . import call_context, epilogue_step, linear_memo, numpy_semantics, torch_fast_path, torch_tensors
+from . import call_context, epilogue_step, linear_memo, native_linear, numpy_semantics, torch_fast_path, torch_tensors
 from .eager_epilogue import TorchEagerEpiloguePlan
 from .numpy_semantics import as_cupy
 from .plan import bind_cupy_names, bind_torch_names, make_plan
@@ -128,6 +128,11 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
     if type(a) is _TENSOR and type(b) is _TENSOR and out is None and tune is None and race is None and beta == 0 \
             and bias is None and activation is None and residual is None and out_dtype is None and not gated \
             and type(alpha) in _PLAIN_SCALARS and (alpha == 1 or -_FLOAT_MAX <= alpha <= _FLOAT_MAX):
+        native = _DISPATCHER.native_memo  # (a product handed to torch.matmul, repeated: the C++ memo calls it)
+        if native is not None and alpha == 1 and compute is None:
+            result = native.matmul(a, b)
+            if result is not None:
+                return result
         try:
             plan = _DISPATCHER.torch_fast.get((a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, compute,
                                                a.get_device()))
@@ -136,7 +141,10 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
         if plan is not None and not (a.requires_grad or b.requires_grad):
             matmul_itself = plan.torch_matmul  # (cuBLAS on 16-bit tensors: torch's own call, Plan.torch_matmul)
             if matmul_itself is not None and alpha == 1 and b.get_device() == plan.device:
-                return matmul_itself(a, b)  # (which reads a lazily negated view itself)
+                result = matmul_itself(a, b)  # (which reads a lazily negated view itself)
+                if compute is None:
+                    _file_native(a, b)
+                return result
             if not (a.is_neg() or b.is_neg()):
                 result = plan.call_torch(a, b, alpha)
                 if result is not None:
@@ -187,6 +195,12 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
     projection's (2N × K, as a fused gate_up projection holds them) and y = act(x @ W_gate^T) *
     (x @ W_up^T): `linear(x, w_gate_up, activation="silu", gated=True)` is a SwiGLU MLP's first half,
     one GEMM that reads x once."""
+    # A layer that eager's calls serve, repeated: linear's memo in C++ makes those calls (native_linear)
+    native = _DISPATCHER.native_memo
+    if native is not None and out is None and out_dtype is None and not gated:
+        result = native.linear(x, weight, bias, activation, residual)
+        if result is not None:
+            return result
     # Fast path of a repeated call on tensors with an epilogue: the plan matmul made for it, found by x's
     # and weight's own metadata (no transposed view made, no keyword call: on an H100 the way through
     # matmul cost 19 us of latency a call)
@@ -203,6 +217,8 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
             if entry is not None and entry.matches(weight, bias):
                 result = entry.plan.call_whole(x, weight, bias)  # (it checks for autograd after its launch)
                 if result is not None:
+                    if out_dtype is None:
+                        _file_native(x, weight, bias, None, None)
                     return result
         try:
             plan = _DISPATCHER.torch_epilogue.get(epilogue_step.torch_linear_key(x, weight, bias, residual, activation,
@@ -214,6 +230,8 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
             if result is not None:
                 if whole:
                     linear_memo.file(_DISPATCHER, x, weight, bias, out_dtype, plan)
+                if out_dtype is None and not gated and native_linear.suits(plan, x, weight, activation, residual):
+                    _file_native(x, weight, bias, activation, residual)
                 return result
     shape = getattr(weight, "shape", None)
     if shape is None or len(shape) != 2:
@@ -231,18 +249,37 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
                         f"{type(weight).__name__}")
     result = matmul(x, transposed, out=out, bias=bias, activation=activation, residual=residual, out_dtype=out_dtype,
                     gated=gated)
-    if type(x) is _TENSOR and type(weight) is _TENSOR and out is None:  # the plan matmul filed serves linear's next call
+    if out is None and is_tensor(x) and is_tensor(weight):  # the plan matmul filed serves linear's next call
         try:
             plan = _DISPATCHER.torch_epilogue.get(epilogue_step.torch_epilogue_key(
                 x, transposed, None, bias, residual, activation, out_dtype, gated))
             if isinstance(plan, TorchEagerEpiloguePlan):  # (its b is the weight itself under linear's key)
                 plan = plan.as_linear()
-            if plan is not None:
+            # (an nn.Parameter weight too, which the fast paths do not take)
+            if plan is not None and out_dtype is None and not gated \
+                    and native_linear.suits(plan, x, weight, activation, residual):
+                _file_native(x, weight, bias, activation, residual)
+            if plan is not None and type(x) is _TENSOR and type(weight) is _TENSOR:
                 epilogue_step.file_plan(_DISPATCHER, epilogue_step.torch_linear_key(
                     x, weight, bias, residual, activation, out_dtype, gated), plan)
         except (RuntimeError, AttributeError, TypeError):  # (a bias or residual that is no tensor: no plan)
             pass
     return result
+
+
+def _file_native(x: Any, weight: Any, *epilogue: Any) -> None:
+    """Files a call that PyTorch's own calls served in the C++ memo: linear's (x, weight, bias, activation,
+    residual), or matmul's (a, b) handed to torch.matmul. The first such call asks for the memo
+    (native_linear builds it in the background, once, and hands it to the dispatcher)."""
+    native = _DISPATCHER.native_memo
+    if native is not None:
+        if epilogue:
+            native.file(x, weight, *epilogue)
+        else:
+            native.file_matmul(x, weight)
+    elif not _DISPATCHER.native_asked:
+        _DISPATCHER.native_asked = True
+        native_linear.attach(_DISPATCHER)
 
 
 def check_epilogue_call(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, activation: Any, residual: Any, out_dtype: Any,

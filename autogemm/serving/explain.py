@@ -158,7 +158,8 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
         whole = not pass_follows(epilogue)  # (the bias alone: F.linear's own)
         applied += ("; from the second such call on PyTorch tensors, by PyTorch's own GEMM call (F.linear" +
                     (" with the bias, its cuBLASLt call prepared once where the operands suit: lt_linear)" if whole
-                     else ", then the pass over its output in place)"))
+                     else ", then the pass over its output in place)") +
+                    "; `linear`'s repeated calls make eager's own calls from C++ where its memo is built (native_linear)")
         route = "F.linear" if whole else "F.linear + pass"
     elif lt is not None and tensors and config is None and len(gemm.get("shape") or ()) == 2:
         applied += f"; from the second such call on PyTorch tensors, inside cuBLAS's GEMM (cuBLASLt's {lt} epilogue)"

@@ -55,6 +55,10 @@ class Dispatcher:
         # linear's first memo: (weight's and bias's ids, x's metadata, keywords) -> linear_memo.Entry; emptied
         # whenever a torch_fast entry is retired or replaced, so that its plans' GEMMs are always current
         self.linear_by_weight: dict[tuple, Any] = {}
+        # linear's memo in C++ of the layers eager's calls serve (native_linear.Memo, once built; None before):
+        # emptied with linear_by_weight
+        self.native_memo: Any = None
+        self.native_asked = False  # whether native_linear was asked for the memo (once a process)
         # scaled_matmul's calls (scaled.ScaledCall) -> the tuned kernel's plan, or None (torch._scaled_mm serves)
         self.scaled: dict[str, Any] = {}
         self.grouped: dict[str, Any] = {}  # serving/grouped_plan.py's kernel plans
@@ -83,7 +87,8 @@ class Dispatcher:
             self.fast.clear()
             self.torch_fast.clear()
             self.torch_epilogue.clear()
-            self.linear_by_weight.clear()
+            self._forget_linear_memos()
+            self.native_asked = False  # (a memo not given yet is asked for again)
             self.scaled.clear()
             self.grouped.clear()
             self.spare_bytes = 0
@@ -137,14 +142,21 @@ class Dispatcher:
         with self.lock:
             if plan.fast_key is None or self.fast.get(plan.fast_key) is not plan:  # retired meanwhile
                 return False
-            if self.torch_fast.get(key, plan) is not plan:  # another plan replaced: linear's memo may hold it
-                self.linear_by_weight.clear()
+            if self.torch_fast.get(key, plan) is not plan:  # another plan replaced: linear's memos may hold it
+                self._forget_linear_memos()
             self.torch_fast[key] = plan
             if plan.torch_keys is None:
                 plan.torch_keys = []
             if key not in plan.torch_keys:
                 plan.torch_keys.append(key)
             return True
+
+    def _forget_linear_memos(self) -> None:
+        """Empties linear's memos (by the weight's identity, and the C++ one), whose entries are served
+        without looking their GEMM's plan up."""
+        self.linear_by_weight.clear()
+        if self.native_memo is not None:
+            self.native_memo.clear()
 
     def reserve_spare(self, nbytes: int) -> bool:
         """Whether a new plan may keep a spare output of `nbytes` (within the budget of all plans)."""
@@ -163,7 +175,7 @@ class Dispatcher:
         for key in getattr(plan, "torch_keys", None) or ():
             if self.torch_fast.get(key) is plan:
                 del self.torch_fast[key]
-                self.linear_by_weight.clear()  # (its entries are served without looking at torch_fast)
+                self._forget_linear_memos()  # (their entries are served without looking at torch_fast)
 
     def with_verdict(self, choice: Choice, device: Any, problem: Problem) -> tuple[Choice, dict[str, Any] | None]:
         """A guarded choice as the online guard left it in this process, with its verdict (None: not

@@ -1,0 +1,227 @@
+// linear's memo in C++ (serving/native_linear.py builds and loads it): for a layer that PyTorch's own
+// calls serve (serving/eager_epilogue.py), a repeated `autogemm.linear` call runs eager's ATen calls,
+// F.linear and then the activation and the residual in place, with no Python between them.
+//
+// Why C++: on an H200's host such a layer's GEMM can take less time than the Python around it. Eager's
+// F.gelu(F.linear(x, w, b)) is two calls from Python; the same two from Python behind linear's key and
+// lookup cost 2-4 us more a call. Here the key is the operands' metadata read in C++, and the ATen calls
+// are made without Python's argument parsing.
+//
+// The memo holds keys only: the operands' shapes, strides, dtypes and devices, whether there is a bias
+// and a residual (and theirs), and the activation. Python files a key after its own route served the call
+// (Memo.file); what runs for a key is what eager runs, and ATen checks and computes any operands as eager
+// would, so a key decides only the route, never the arithmetic. A call the memo does not hold, or one
+// with a tensor that requires grad, a __torch_function__ subclass or mode, or an activation it does not know, gets None: the
+// Python path serves it (or names its fault).
+#include <torch/extension.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <ATen/PythonTorchFunctionTLS.h>
+
+#include <cstdint>
+#include <mutex>
+#include <unordered_set>
+
+namespace {
+
+// the activations of autogemm.epilogue.ACTIVATIONS, as eager computes them (F.relu, F.gelu, F.silu)
+enum Activation : int64_t { kNone = 0, kRelu = 1, kGelu = 2, kGeluTanh = 3, kSilu = 4, kUnknown = -1 };
+
+Activation activation_of(PyObject* name) {
+  if (name == Py_None) return kNone;
+  if (!PyUnicode_Check(name)) return kUnknown;
+  if (PyUnicode_CompareWithASCIIString(name, "gelu") == 0) return kGelu;
+  if (PyUnicode_CompareWithASCIIString(name, "silu") == 0) return kSilu;
+  if (PyUnicode_CompareWithASCIIString(name, "gelu_tanh") == 0) return kGeluTanh;
+  if (PyUnicode_CompareWithASCIIString(name, "relu") == 0) return kRelu;
+  return kUnknown;
+}
+
+using Words = c10::SmallVector<int64_t, 48>;
+
+struct WordsHash {
+  size_t operator()(const Words& words) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
+    for (int64_t w : words) {
+      h ^= static_cast<uint64_t>(w);
+      h *= 1099511628211ull;
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+struct WordsEqual {
+  bool operator()(const Words& a, const Words& b) const { return a == b; }
+};
+
+// A tensor's part of the key; false where the object is none the memo serves (not a torch.Tensor or
+// nn.Parameter: a subclass may compute otherwise; not strided: no strides to key on).
+bool add_tensor(Words& words, PyObject* object) {
+  if (!THPVariable_CheckExact(object)) return false;
+  const at::Tensor& t = THPVariable_Unpack(object);
+  if (t.layout() != at::kStrided || t.is_nested()) return false;
+  words.push_back(t.dim());
+  for (int64_t s : t.sizes()) words.push_back(s);
+  for (int64_t s : t.strides()) words.push_back(s);
+  words.push_back(static_cast<int64_t>(t.scalar_type()));
+  words.push_back(static_cast<int64_t>(t.device().type()));
+  words.push_back(t.device().index());
+  return true;
+}
+
+// what a key is of: a call of linear, or of matmul handed to torch.matmul
+enum Call : int64_t { kLinear = 1, kMatmul = 2 };
+
+// The key of a linear call (false: the memo cannot serve it). A missing bias or residual is a word of its own.
+bool key_of(Words& words, PyObject* x, PyObject* weight, PyObject* bias, PyObject* activation,
+            PyObject* residual, Activation& act) {
+  act = activation_of(activation);
+  if (act == kUnknown) return false;
+  words.push_back(kLinear);
+  words.push_back(act);
+  if (!add_tensor(words, x) || !add_tensor(words, weight)) return false;
+  for (PyObject* optional : {bias, residual}) {
+    if (optional == Py_None) {
+      words.push_back(-1);
+    } else if (!add_tensor(words, optional)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// A tensor that requires grad is refused by the Python path (autogemm records no autograd graph), grad mode
+// on or off: the memo leaves it to that refusal.
+bool requires_grad(PyObject* x, PyObject* weight, PyObject* bias, PyObject* residual) {
+  for (PyObject* object : {x, weight, bias, residual}) {
+    if (object != Py_None && THPVariable_Unpack(object).requires_grad()) return true;
+  }
+  return false;
+}
+
+// The key of a matmul call (false: the memo cannot serve it).
+bool matmul_key_of(Words& words, PyObject* a, PyObject* b) {
+  words.push_back(kMatmul);
+  return add_tensor(words, a) && add_tensor(words, b);
+}
+
+class Memo {
+ public:
+  Memo(size_t max_entries, bool release_gil) : max_entries_(max_entries), release_gil_(release_gil) {}
+
+  // torch.matmul(a, b) where the memo holds the call's key, else None
+  py::object matmul(py::handle a, py::handle b) {
+    if (at::impl::torch_function_mode_enabled()) return py::none();
+    Words words;
+    if (!matmul_key_of(words, a.ptr(), b.ptr()) || !holds(words)) return py::none();
+    if (requires_grad(a.ptr(), b.ptr(), Py_None, Py_None)) return py::none();
+    const at::Tensor& at_ = THPVariable_Unpack(a.ptr());
+    const at::Tensor& bt = THPVariable_Unpack(b.ptr());
+    at::Tensor y;
+    if (release_gil_) {
+      py::gil_scoped_release unlocked;
+      y = at::matmul(at_, bt);
+    } else {
+      y = at::matmul(at_, bt);
+    }
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(y)));
+  }
+
+  bool file_matmul(py::handle a, py::handle b) {
+    Words words;
+    if (!matmul_key_of(words, a.ptr(), b.ptr())) return false;
+    insert(std::move(words));
+    return true;
+  }
+
+  // eager's result of linear(x, weight, bias, activation, residual) where the memo holds the call's key,
+  // else None
+  py::object linear(py::handle x, py::handle weight, py::handle bias, py::handle activation,
+                    py::handle residual) {
+    if (at::impl::torch_function_mode_enabled()) return py::none();  // (a mode would see eager's calls)
+    Words words;
+    Activation act;
+    if (!key_of(words, x.ptr(), weight.ptr(), bias.ptr(), activation.ptr(), residual.ptr(), act)) {
+      return py::none();
+    }
+    if (!holds(words)) return py::none();
+    if (requires_grad(x.ptr(), weight.ptr(), bias.ptr(), residual.ptr())) return py::none();
+    const at::Tensor& xt = THPVariable_Unpack(x.ptr());
+    const at::Tensor& wt = THPVariable_Unpack(weight.ptr());
+    c10::optional<at::Tensor> bt;
+    if (!bias.is_none()) bt = THPVariable_Unpack(bias.ptr());
+    const at::Tensor* rt = residual.is_none() ? nullptr : &THPVariable_Unpack(residual.ptr());
+    at::Tensor y;
+    if (release_gil_) {
+      py::gil_scoped_release unlocked;  // (as PyTorch's own bindings release it around their calls)
+      y = eager(xt, wt, bt, act, rt);
+    } else {
+      y = eager(xt, wt, bt, act, rt);
+    }
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(y)));
+  }
+
+  // Files the call's key (emptying the memo when it is full); false where the memo cannot serve such a call.
+  bool file(py::handle x, py::handle weight, py::handle bias, py::handle activation, py::handle residual) {
+    Words words;
+    Activation act;
+    if (!key_of(words, x.ptr(), weight.ptr(), bias.ptr(), activation.ptr(), residual.ptr(), act)) return false;
+    insert(std::move(words));
+    return true;
+  }
+
+  void clear() {
+    std::lock_guard<std::mutex> hold(mutex_);
+    keys_.clear();
+  }
+
+  size_t size() {
+    std::lock_guard<std::mutex> hold(mutex_);
+    return keys_.size();
+  }
+
+ private:
+  // eager's calls: F.linear, then the activation and the residual in place
+  static at::Tensor eager(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b,
+                          Activation act, const at::Tensor* residual) {
+    at::Tensor y = at::linear(x, w, b);
+    switch (act) {
+      case kRelu: at::relu_(y); break;
+      case kGelu: at::gelu_(y); break;
+      case kGeluTanh: at::gelu_(y, "tanh"); break;
+      case kSilu: at::silu_(y); break;
+      default: break;
+    }
+    if (residual != nullptr) y.add_(*residual);
+    return y;
+  }
+
+  bool holds(const Words& words) {
+    std::lock_guard<std::mutex> hold(mutex_);
+    return keys_.find(words) != keys_.end();
+  }
+
+  void insert(Words&& words) {
+    std::lock_guard<std::mutex> hold(mutex_);
+    if (keys_.size() >= max_entries_) keys_.clear();
+    keys_.insert(std::move(words));
+  }
+
+  size_t max_entries_;
+  bool release_gil_;
+  std::mutex mutex_;
+  std::unordered_set<Words, WordsHash, WordsEqual> keys_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "autogemm.linear's memo of layers that eager's ATen calls serve (serving/native_linear.py)";
+  py::class_<Memo>(m, "Memo")
+      .def(py::init<size_t, bool>(), py::arg("max_entries"), py::arg("release_gil") = true)
+      .def("linear", &Memo::linear, "eager's result where the call's key is filed, else None")
+      .def("file", &Memo::file, "files the call's key; False where the memo cannot serve it")
+      .def("matmul", &Memo::matmul, "torch.matmul(a, b) where the call's key is filed, else None")
+      .def("file_matmul", &Memo::file_matmul, "files a matmul call's key; False where the memo cannot serve it")
+      .def("clear", &Memo::clear)
+      .def("__len__", &Memo::size);
+}

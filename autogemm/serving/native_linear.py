@@ -1,0 +1,192 @@
+"""linear's memo in C++ for the layers PyTorch's own calls serve: built once per machine, loaded lazily.
+
+Where cuBLAS serves a layer's GEMM and eager's calls compute its epilogue (eager_epilogue.py: F.linear with
+the bias, then the activation and residual in place), the Python around those calls is what separates
+`autogemm.linear` from eager on short layers. On an H200's host, linear's key and lookup cost 2-4 us a call,
+where the whole layer's GEMM may take 20 (docs/serving.md, "Layers PyTorch serves"). Python cannot make that
+up: eager's `F.gelu(F.linear(x, w, b))` is two calls with nothing between them.
+
+`native_linear.cpp` holds those layers' keys (the operands' metadata, the activation) in a C++ set and, for
+a call it holds, makes eager's ATen calls itself: `Memo.linear` is one call from Python, no slower than
+F.linear alone. Python files a key (`file`) after its own route served the call; the dispatcher empties the
+memo whenever it empties linear's other memos (a tune, a plan retired or replaced). The route never
+changes the arithmetic: what runs is what eager runs, on any operands the key admits.
+
+It is a PyTorch C++ extension, compiled with the machine's C++ compiler the first time a process needs it
+(`torch.utils.cpp_extension`, which needs `ninja`; about a minute), in a subprocess, in the background: until
+it is ready, and where it cannot be built, the Python route serves (a failure is logged once). The build is
+kept in `native_dir()` under a name of its source's and PyTorch's digest, so each PyTorch version and each
+change of the source builds once; a file lock lets one process build while the others wait.
+
+`AUTOGEMM_NATIVE=0` turns it off; `build(wait=True)` builds now (benchmarks time layers with it ready).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from ..paths import user_cache_dir
+from .eager_epilogue import TorchEagerEpiloguePlan
+from .epilogue_step import TorchLtEpiloguePlan
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("native_linear.cpp")
+MAX_ENTRIES = 1024  # keys held (a process's layers times its distinct token counts): emptied when full
+# Where a pass follows the GEMM (an activation, a residual) or cuBLASLt adds the residual as C, the Python route
+# computes the epilogue faster on the GPU than eager's calls: by about 0.3-0.8 us per million output elements
+# on an H200 (F.linear then the pass against F.linear then PyTorch's own kernels), where the memo saves 1-3 us
+# of host time a call. Up to this many output elements the memo takes such a layer; a larger one keeps the
+# Python route (journal, session 56: 16 layers of a dev draw timed both ways).
+MAX_OUTPUT_WITH_PASS = 1 << 22
+# The memo's calls keep the GIL: they only launch, and on an H200's host releasing it around them cost about
+# 1 us of a call's latency (probe13 in the journal, session 56)
+RELEASE_GIL = False
+BUILD_TIMEOUT_S = 900.0  # a compilation that takes longer has gone wrong
+SWITCH = "AUTOGEMM_NATIVE"
+# the subprocess that compiles: torch.utils.cpp_extension, kept out of the serving process (its build lock
+# outlives a process killed while it builds; a subprocess finishes its build and removes it)
+_BUILD = """
+import sys
+from torch.utils.cpp_extension import load
+load(name=sys.argv[1], sources=[sys.argv[2]], build_directory=sys.argv[3], extra_cflags=["-O2"], verbose=False)
+"""
+
+_lock = threading.Lock()
+_state = {"status": "idle", "module": None, "thread": None, "why": ""}
+_waiting: list[Any] = []  # dispatchers to hand a Memo once the module is loaded
+
+
+def suits(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> bool:
+    """Whether the memo should take `linear`'s calls like this one, which `plan` served (on tensors, with no
+    out, out_dtype or gate): the layers eager's calls serve (eager_epilogue), where F.linear serves them whole
+    or their output has at most MAX_OUTPUT_WITH_PASS elements; and, within that size, 16-bit layers whose only
+    epilogue is a residual that cuBLASLt adds as C (epilogue_step.TorchLtEpiloguePlan: eager's calls compute
+    it, F.linear and then the sum)."""
+    if isinstance(plan, TorchEagerEpiloguePlan):
+        if plan.finish is None:
+            return True
+    elif not (isinstance(plan, TorchLtEpiloguePlan) and activation is None and residual is not None
+              and x.dtype == weight.dtype == residual.dtype and x.element_size() == 2):
+        return False
+    return x.numel() // max(1, x.shape[-1]) * weight.shape[0] <= MAX_OUTPUT_WITH_PASS
+
+
+def enabled() -> bool:
+    """Whether `AUTOGEMM_NATIVE` allows the C++ memo ("1" or unset; "0" turns it off; anything else is an
+    error, logged once, and counts as off)."""
+    value = os.environ.get(SWITCH, "1")
+    if value in ("0", "1"):
+        return value == "1"
+    if _state["status"] != "refused":
+        log.error("%s=%r: expected 0 or 1; the C++ memo of linear stays off", SWITCH, value)
+        _state["status"] = "refused"
+    return False
+
+
+def native_dir() -> Path:
+    """Where the extension is built: ``$AUTOGEMM_NATIVE_DIR`` if set, else ``native/`` in the user cache
+    directory (beside, not inside, a tune's results)."""
+    override = os.environ.get("AUTOGEMM_NATIVE_DIR")
+    return Path(override).expanduser() if override else user_cache_dir() / "native"
+
+
+def module_name() -> str:
+    """The extension's name: its source's digest with PyTorch's version and the interpreter's (a build of
+    another source, or for another PyTorch, is another module)."""
+    import torch  # (lazy: autogemm imports without PyTorch)
+
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(f"{torch.__version__} {sys.implementation.cache_tag} {torch._C._GLIBCXX_USE_CXX11_ABI}".encode())
+    return f"autogemm_native_{digest.hexdigest()[:16]}"
+
+
+def status() -> str:
+    """'idle' (not asked for yet), 'building', 'ready', 'failed' or 'off' (AUTOGEMM_NATIVE=0)."""
+    return _state["status"] if enabled() else "off"
+
+
+def attach(dispatcher: Any) -> None:
+    """Gives `dispatcher` a Memo (its `native_memo`) now if the module is loaded, else once it is, starting
+    the build if nobody has. Called where the Python route has served a layer the memo could take."""
+    with _lock:
+        if _state["status"] == "ready":
+            _give_memo(dispatcher)
+            return
+        if not enabled() or _state["status"] == "failed":
+            return
+        if dispatcher not in _waiting:
+            _waiting.append(dispatcher)
+        _start_locked()
+
+
+def build(wait: bool = True, timeout: float | None = None) -> bool:
+    """Starts the build (unless it is done or running) and, with `wait`, waits for it: whether the module is
+    loaded."""
+    with _lock:
+        if enabled() and _state["status"] not in ("ready", "failed"):
+            _start_locked()
+        thread = _state["thread"]
+    if wait and thread is not None:
+        thread.join(timeout)
+    return _state["status"] == "ready"
+
+
+def _start_locked() -> None:
+    if _state["status"] == "building":
+        return
+    _state["status"] = "building"
+    thread = threading.Thread(target=_build_and_load, name="autogemm-native-build", daemon=True)
+    _state["thread"] = thread
+    thread.start()
+
+
+def _give_memo(dispatcher: Any) -> None:
+    if getattr(dispatcher, "native_memo", None) is None:
+        dispatcher.native_memo = _state["module"].Memo(MAX_ENTRIES, RELEASE_GIL)
+
+
+def _build_and_load() -> None:
+    try:
+        module = load()
+    except Exception as exc:  # (a missing compiler or ninja, a failed compilation: the Python route serves)
+        log.warning("autogemm.linear's C++ memo could not be built, the Python route serves instead: %s", exc)
+        with _lock:
+            _state.update(status="failed", why=str(exc))
+            _waiting.clear()
+        return
+    with _lock:
+        _state.update(status="ready", module=module)
+        for dispatcher in _waiting:
+            _give_memo(dispatcher)
+        _waiting.clear()
+
+
+def load() -> Any:
+    """The extension module, compiled first where no build of this name is kept (under a file lock)."""
+    from filelock import FileLock  # (lazy: only a build takes the lock)
+
+    name = module_name()
+    directory = native_dir() / name
+    directory.mkdir(parents=True, exist_ok=True)
+    library = directory / f"{name}.so"
+    with FileLock(str(directory) + ".lock", timeout=BUILD_TIMEOUT_S):
+        if not library.is_file():
+            log.info("compiling autogemm.linear's C++ memo into %s (once per PyTorch version)", directory)
+            done = subprocess.run([sys.executable, "-c", _BUILD, name, str(SOURCE), str(directory)],
+                                  capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+            if done.returncode != 0 or not library.is_file():
+                tail = (done.stderr or done.stdout).strip().splitlines()[-12:]
+                raise RuntimeError(f"the compilation exited with {done.returncode}: " + " | ".join(tail))
+    spec = importlib.util.spec_from_file_location(name, library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,136 @@
+"""linear's C++ memo on the GPU (serving/native_linear.py): an untuned layer that eager's calls serve (or a
+small residual layer cuBLASLt would serve) is, from its third call, served by the memo alone, with eager's
+result bit for bit, in a CUDA graph too; a layer another route serves, or a large one with a pass, is never
+filed; a reset empties it; a product handed to torch.matmul is served the same way. Built with the machine's compiler (about half a
+minute, once per run: AUTOGEMM_NATIVE_DIR keeps a build between runs)."""
+
+from __future__ import annotations
+
+import pytest
+
+import autogemm
+from autogemm.serving import dispatch, native_linear
+
+pytestmark = [pytest.mark.gpu, pytest.mark.native]
+
+
+@pytest.fixture(scope="module")
+def torch():
+    torch = pytest.importorskip("torch")
+    from torch.utils.cpp_extension import is_ninja_available
+
+    if not is_ninja_available():
+        pytest.skip("linear's C++ memo needs ninja")
+    if not native_linear.build(wait=True, timeout=900):
+        pytest.fail(f"linear's C++ memo was not built: {native_linear.status()} {native_linear._state['why']}")
+    return torch
+
+
+def _layer(torch, case):
+    rows = (2, 12) if "batched" in case else (24,)
+    x = torch.randn(*rows, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(192, 256, device="cuda", dtype=torch.bfloat16) / 16
+    bias = torch.randn(192, device="cuda", dtype=torch.bfloat16) if "bias" in case else None
+    residual = torch.randn(*rows, 192, device="cuda", dtype=torch.bfloat16) if "residual" in case else None
+    activation = next((a for a in ("silu", "gelu") if a in case), None)
+    return x, w, bias, activation, residual
+
+
+def _eager(torch, x, w, bias, activation, residual):
+    F = torch.nn.functional
+    y = F.linear(x, w, bias)
+    y = {"silu": F.silu, "gelu": F.gelu, None: lambda v: v}[activation](y)
+    return y + residual if residual is not None else y
+
+
+def _python_route_fails(monkeypatch):
+    from autogemm.serving.eager_epilogue import TorchEagerEpiloguePlan
+    from autogemm.serving.epilogue_step import TorchLtEpiloguePlan
+
+    monkeypatch.setattr(dispatch, "_with_epilogue", lambda *args, **kwargs: pytest.fail("took the general path"))
+    monkeypatch.setattr(TorchLtEpiloguePlan, "call", lambda *args: pytest.fail("took cuBLASLt's Python route"))
+    monkeypatch.setattr(TorchEagerEpiloguePlan, "call", lambda *args: pytest.fail("took the Python route"))
+    monkeypatch.setattr(TorchEagerEpiloguePlan, "call_whole", lambda *args: pytest.fail("took the Python route"))
+
+
+@pytest.mark.parametrize("case", ["bias", "bias+gelu", "bias+silu+residual", "silu", "batched bias+gelu+residual",
+                                  "residual"])
+def test_an_untuned_layer_is_served_by_the_memo_from_its_third_call_with_eagers_result(torch, case, monkeypatch):
+    autogemm.reset()
+    x, w, bias, activation, residual = _layer(torch, case)
+    for _ in range(3):  # the general path files the plan, and (the memo built) the layer's key
+        autogemm.linear(x, w, bias, activation=activation, residual=residual)
+    memo = dispatch._DISPATCHER.native_memo
+    assert memo is not None and memo.linear(x, w, bias, activation, residual) is not None  # (filed)
+    _python_route_fails(monkeypatch)
+    for _ in range(2):  # new values in the same tensors
+        x.copy_(torch.randn_like(x))
+        if residual is not None:
+            residual.copy_(torch.randn_like(residual))
+        y = autogemm.linear(x, w, bias, activation=activation, residual=residual)
+        assert torch.equal(y, _eager(torch, x, w, bias, activation, residual)), case
+    autogemm.reset()
+    assert len(memo) == 0
+
+
+def test_a_cuda_graph_captures_the_memos_calls(torch, monkeypatch):
+    autogemm.reset()
+    x, w, bias, activation, residual = _layer(torch, "bias+silu+residual")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            autogemm.linear(x, w, bias, activation=activation, residual=residual)
+    torch.cuda.current_stream().wait_stream(side)
+    assert dispatch._DISPATCHER.native_memo.linear(x, w, bias, activation, residual) is not None
+    _python_route_fails(monkeypatch)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = autogemm.linear(x, w, bias, activation=activation, residual=residual)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        x.copy_(torch.randn_like(x))
+        residual.copy_(torch.randn_like(residual))
+        graph.replay()
+        assert torch.equal(y, _eager(torch, x, w, bias, activation, residual))
+
+
+def test_a_layer_that_cublaslt_or_a_gradient_serves_otherwise_is_not_taken(torch):
+    autogemm.reset()
+    x, w, bias, _, _ = _layer(torch, "bias")
+    for _ in range(3):  # (cuBLASLt's own epilogue serves the tanh GELU: not eager's calls)
+        autogemm.linear(x, w, bias, activation="gelu_tanh")
+    for _ in range(3):
+        autogemm.linear(x, w, bias, activation="silu")
+    memo = dispatch._DISPATCHER.native_memo  # (given by the SiLU layer's calls, or already by the bare GEMM's)
+    assert memo.linear(x, w, bias, "silu", None) is not None
+    assert memo.linear(x, w, bias, "gelu_tanh", None) is None
+    with pytest.raises(TypeError, match="requires grad"):  # (the Python path names what it refuses)
+        autogemm.linear(x.clone().requires_grad_(), w, bias, activation="silu")
+    # a layer whose output is larger than MAX_OUTPUT_WITH_PASS keeps the Python route (its pass is faster)
+    wide = torch.randn(native_linear.MAX_OUTPUT_WITH_PASS // 2048 + 8, 256, device="cuda", dtype=torch.bfloat16)
+    x_long = torch.randn(2048, 256, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        autogemm.linear(x_long, wide, None, activation="silu")
+    assert memo.linear(x_long, wide, None, "silu", None) is None
+
+
+class _NoLookups(dict):
+    def get(self, *args):
+        pytest.fail("the Python fast path looked the plan up")
+
+
+def test_a_product_handed_to_torch_matmul_is_served_by_the_memo_from_its_third_call(torch, monkeypatch):
+    autogemm.reset()
+    a = torch.randn(24, 256, device="cuda", dtype=torch.float16)
+    b = torch.randn(192, 256, device="cuda", dtype=torch.float16).T  # (a transposed view: the NT product)
+    for _ in range(3):
+        autogemm.matmul(a, b)
+    memo = dispatch._DISPATCHER.native_memo
+    assert memo is not None and len(memo) == 1 and memo.matmul(a, b) is not None
+    monkeypatch.setattr(dispatch._DISPATCHER, "torch_fast", _NoLookups())
+    a.copy_(torch.randn_like(a))
+    assert torch.equal(autogemm.matmul(a, b), torch.matmul(a, b))
+    monkeypatch.undo()
+    with pytest.raises(TypeError, match="requires grad"):
+        autogemm.matmul(a.clone().requires_grad_(), b)
