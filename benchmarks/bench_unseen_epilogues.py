@@ -358,6 +358,10 @@ def main(argv=None) -> int:
     if args.report:
         return write_report(path, lambda rows: report(rows, name, args.seed, len(specs)))
     keep_compiled_kernels("autogemm-unseen-epilogues-cubins-")
+    from autogemm.serving import native_linear
+
+    if not native_linear.build(wait=True):  # (layers timed as a process meets them once it is built)
+        print(f"linear's C++ memo: {native_linear.status()} (the Python route serves)", flush=True)
     run_rows(path, list(enumerate(specs)), lambda spec: _problem(spec).key, measure_and_release,
              deadline_after(args.deadline_s), lambda row: (
         f"#{row['index']:<4d}{row['label']:<40} untuned {_cell(ratio(row['untuned']['sustained_us'], EAGER))}x eager  "

@@ -3,7 +3,9 @@ tensors, against eager PyTorch on the same tensors, split into its pieces. cuBLA
 empty cache), so that autogemm and eager run the same GEMM: what separates them is the host's work a call.
 
 The competitors of each layer:
-- autogemm.linear: the fast path (its plan found by linear's key), as a user calls it;
+- autogemm.linear, as a user calls it: its C++ memo where it is built (serving/native_linear.py), else
+  the fast path (its plan found by linear's key);
+- autogemm.linear, Python route: the same without the C++ memo;
 - the plan's call alone: the plan linear's fast path finds, called directly (no key, no checks);
 - the plan by identity: found by the weight's and bias's ids and x's metadata (the key linear_memo uses for
   the layers F.linear serves whole), then called: what a cheaper key would leave of the lookup's cost;
@@ -81,8 +83,12 @@ def main(argv=None) -> int:
     from autogemm.serving import dispatch, epilogue_step
 
     autogemm.results.cache.shipped_cache_dir = lambda: None  # untuned: cuBLAS serves the GEMM
+    from autogemm.serving import native_linear
+
+    native_linear.build(wait=True)  # (its status is printed below)
     sync = torch.cuda.synchronize
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  linear's C++ memo: {native_linear.status()}",
+          flush=True)
     memo = dispatch._DISPATCHER.torch_epilogue
 
     for dtype_name, activation, m, n, k in layers:
@@ -126,7 +132,15 @@ def main(argv=None) -> int:
             found = by_identity.get((id(w), id(bias), x.shape, x.stride(), x.dtype, x.get_device(), activation))
             return found.call(x, w, bias, None, 1.0)
 
+        def python_route():  # autogemm.linear without its C++ memo
+            native, dispatch._DISPATCHER.native_memo = dispatch._DISPATCHER.native_memo, None
+            try:
+                return autogemm.linear(x, w, bias, activation=activation)
+            finally:
+                dispatch._DISPATCHER.native_memo = native
+
         calls = {"autogemm.linear": lambda: autogemm.linear(x, w, bias, activation=activation),
+                 "autogemm.linear, Python route": python_route,
                  "the plan's call alone": lambda: plan.call(x, w, bias, None, 1.0),
                  "the plan by identity": plan_by_identity,
                  "eager": eager, "eager behind linear's lookup": eager_behind_the_lookup,
