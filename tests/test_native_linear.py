@@ -288,3 +288,27 @@ def test_the_memo_takes_eager_layers_whole_or_small_and_small_16_bit_residuals_c
     assert not suits(lt, small, w, "gelu_tanh", None)  # (cuBLASLt's own GELU: not eager's calls)
     assert not suits(lt, small.float(), w.float(), None, r_small.float())  # (eager's float32 may be TF32)
     assert not suits(object(), small, w, None, None)
+
+
+def test_the_native_command_builds_the_memo_and_says_where(memo_type, capsys):
+    from autogemm.cli import main
+
+    assert main(["native"]) == 0
+    assert native_linear.module_name() in capsys.readouterr().out
+    assert main(["native", "--json"]) == 0
+    assert '"status": "ready"' in capsys.readouterr().out
+
+
+def test_the_native_command_says_why_it_cannot_build(monkeypatch, capsys):
+    from autogemm.cli import main
+
+    monkeypatch.setenv(native_linear.SWITCH, "0")
+    assert main(["native"]) == 3
+    assert "turned off (AUTOGEMM_NATIVE='0'" in capsys.readouterr().err
+    monkeypatch.setenv(native_linear.SWITCH, "1")
+    monkeypatch.setitem(native_linear._state, "status", "failed")
+    monkeypatch.setitem(native_linear._state, "why", "no compiler here")
+    assert main(["native", "--json"]) == 3
+    captured = capsys.readouterr()
+    assert "could not be built" in captured.err and "no compiler here" in captured.err
+    assert '"exit_code": 3' in captured.out

@@ -1,5 +1,5 @@
 """The `autogemm` command: a thin argparse layer over the library. One module per group of
-commands (`kernels`: render, check; `tuning`: tune, bench; `cache`; `campaign`; `report`); this one builds
+commands (`kernels`: render, check; `tuning`: tune, bench; `cache`; `campaign`; `report`; `native`); this one builds
 the parser."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from .arguments import EXIT_CANNOT_RUN, EXIT_USAGE, CliError, CliFailure, add_pr
 from .cache import add_cache_parser
 from .campaign import add_campaign_parser
 from .kernels import cmd_check, cmd_render
+from .native import add_native_parser
 from .report import add_report_parser
 from .tuning import add_bench_parser, add_tune_parser
 from .output import print_json
@@ -88,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_report_parser(sub)
 
     add_cache_parser(sub)
+    add_native_parser(sub)
     return parser
 
 

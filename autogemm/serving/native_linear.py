@@ -114,6 +114,11 @@ def status() -> str:
     return _state["status"] if enabled() else "off"
 
 
+def failure() -> str:
+    """Why the build failed ('' where it did not)."""
+    return _state["why"] if _state["status"] == "failed" else ""
+
+
 def attach(dispatcher: Any) -> None:
     """Gives `dispatcher` a Memo (its `native_memo`) now if the module is loaded, else once it is, starting
     the build if nobody has. Called where the Python route has served a layer the memo could take."""
