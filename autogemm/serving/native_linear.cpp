@@ -1,6 +1,7 @@
-// linear's memo in C++ (serving/native_linear.py builds and loads it): for a layer that PyTorch's own
-// calls serve (serving/eager_epilogue.py), a repeated `autogemm.linear` call runs eager's ATen calls,
-// F.linear and then the activation and the residual in place, with no Python between them.
+// The memo in C++ of the calls PyTorch's own calls serve (serving/native_linear.py builds and loads it): for
+// a layer that eager's calls serve (serving/eager_epilogue.py), a repeated `autogemm.linear` call runs those
+// ATen calls, F.linear and then the activation and the residual in place, with no Python between them; a
+// repeated `autogemm.matmul` of a product handed to torch.matmul runs at::matmul.
 //
 // Why C++: on an H200's host such a layer's GEMM can take less time than the Python around it. Eager's
 // F.gelu(F.linear(x, w, b)) is two calls from Python; the same two from Python behind linear's key and
@@ -9,10 +10,10 @@
 //
 // The memo holds keys only: the operands' shapes, strides, dtypes and devices, whether there is a bias
 // and a residual (and theirs), and the activation. Python files a key after its own route served the call
-// (Memo.file); what runs for a key is what eager runs, and ATen checks and computes any operands as eager
-// would, so a key decides only the route, never the arithmetic. A call the memo does not hold, or one
-// with a tensor that requires grad, a __torch_function__ subclass or mode, or an activation it does not know, gets None: the
-// Python path serves it (or names its fault).
+// (Memo.file, Memo.file_matmul); what runs for a key is what eager runs, and ATen checks and computes any
+// operands as eager would, so a key decides only the route, never the arithmetic. A call the memo does not
+// hold, or one with a tensor that requires grad, a __torch_function__ subclass or mode, or an activation it
+// does not know, gets None: the Python path serves it (or names its fault).
 #include <torch/extension.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/PythonTorchFunctionTLS.h>

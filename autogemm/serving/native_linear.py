@@ -1,24 +1,25 @@
-"""linear's memo in C++ for the layers PyTorch's own calls serve: built once per machine, loaded lazily.
+"""A memo in C++ of the calls PyTorch's own calls serve: built once per machine and PyTorch, loaded lazily.
 
 Where cuBLAS serves a layer's GEMM and eager's calls compute its epilogue (eager_epilogue.py: F.linear with
 the bias, then the activation and residual in place), the Python around those calls is what separates
-`autogemm.linear` from eager on short layers. On an H200's host, linear's key and lookup cost 2-4 us a call,
-where the whole layer's GEMM may take 20 (docs/serving.md, "Layers PyTorch serves"). Python cannot make that
-up: eager's `F.gelu(F.linear(x, w, b))` is two calls with nothing between them.
+`autogemm.linear` from eager on short layers: on an H200's host, linear's key and lookup cost 2-4 us a call,
+where the whole layer's GEMM may take 20. Python cannot make that up: eager's `F.gelu(F.linear(x, w, b))` is
+two calls with nothing between them. The same holds for `matmul`'s 16-bit products handed to torch.matmul.
 
-`native_linear.cpp` holds those layers' keys (the operands' metadata, the activation) in a C++ set and, for
-a call it holds, makes eager's ATen calls itself: `Memo.linear` is one call from Python, no slower than
-F.linear alone. Python files a key (`file`) after its own route served the call; the dispatcher empties the
-memo whenever it empties linear's other memos (a tune, a plan retired or replaced). The route never
-changes the arithmetic: what runs is what eager runs, on any operands the key admits.
+`native_linear.cpp` holds such calls' keys (the operands' metadata, the activation) in a C++ set and, for a
+call it holds, makes eager's ATen calls itself, one call from Python. Python files a key after its own route
+served the call (`suits` says which layers); the dispatcher empties the memo whenever it empties linear's other
+memos (a tune, a plan retired or replaced). The route never changes the arithmetic: what runs is what eager
+runs, on any operands the key admits. docs/serving.md ("The C++ memo") and docs/decisions/native-memo.md have
+the figures.
 
 It is a PyTorch C++ extension, compiled with the machine's C++ compiler the first time a process needs it
-(`torch.utils.cpp_extension`, which needs `ninja`; about a minute), in a subprocess, in the background: until
-it is ready, and where it cannot be built, the Python route serves (a failure is logged once). The build is
-kept in `native_dir()` under a name of its source's and PyTorch's digest, so each PyTorch version and each
+(`torch.utils.cpp_extension`, which needs `ninja`; about half a minute), in a subprocess, in the background:
+until it is ready, and where it cannot be built, the Python route serves (a failure is logged once). The build
+is kept in `native_dir()` under a name of its source's and PyTorch's digest, so each PyTorch version and each
 change of the source builds once; a file lock lets one process build while the others wait.
 
-`AUTOGEMM_NATIVE=0` turns it off; `build(wait=True)` builds now (benchmarks time layers with it ready).
+`AUTOGEMM_NATIVE=0` turns it off; `build(wait=True)` (or `autogemm native`) builds it now.
 """
 
 from __future__ import annotations
