@@ -85,18 +85,23 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+def _run_directory(tmp_path_factory, name: str):
+    """A directory `name` of the whole run, shared by pytest-xdist's workers too (the parent of a worker's
+    base temporary directory is the run's)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # (not under pytest-xdist)
+        return tmp_path_factory.mktemp(name)
+    shared = tmp_path_factory.getbasetemp().parent / name
+    shared.mkdir(exist_ok=True)
+    return shared
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _shared_cubins(tmp_path_factory):
-    """One cubin directory for the run, shared by pytest-xdist's workers too (the parent of a worker's
-    base temporary directory is the run's): a kernel one worker compiled is found by the others. Cubins
-    are stored atomically with their digests (kernels/compile.py), so concurrent compilers are safe."""
+    """One cubin directory for the run (`_run_directory`): a kernel one worker compiled is found by the
+    others. Cubins are stored atomically with their digests (kernels/compile.py), so concurrent compilers
+    are safe."""
     before = os.environ.get("AUTOGEMM_CUBIN_DIR")
-    if not os.environ.get("PYTEST_XDIST_WORKER"):  # (not under pytest-xdist)
-        shared = tmp_path_factory.mktemp("cubin")
-    else:
-        shared = tmp_path_factory.getbasetemp().parent / "cubin"
-        shared.mkdir(exist_ok=True)
-    os.environ["AUTOGEMM_CUBIN_DIR"] = str(shared)
+    os.environ["AUTOGEMM_CUBIN_DIR"] = str(_run_directory(tmp_path_factory, "cubin"))
     yield
     if before is None:
         os.environ.pop("AUTOGEMM_CUBIN_DIR", None)
@@ -106,15 +111,12 @@ def _shared_cubins(tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def _shared_native_build(tmp_path_factory):
-    """One build directory of linear's C++ memo for the run (serving/native_linear.py), shared by
-    pytest-xdist's workers as the cubins are, unless AUTOGEMM_NATIVE_DIR names one (a build kept between
-    runs): the tests never build into the user's cache."""
+    """One build directory of linear's C++ memo for the run (serving/native_linear.py; `_run_directory`),
+    unless AUTOGEMM_NATIVE_DIR names one (a build kept between runs): the tests never build into the
+    user's cache."""
     before = os.environ.get("AUTOGEMM_NATIVE_DIR")
     if before is None:
-        base = tmp_path_factory.getbasetemp()
-        shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "native"
-        shared.mkdir(exist_ok=True)
-        os.environ["AUTOGEMM_NATIVE_DIR"] = str(shared)
+        os.environ["AUTOGEMM_NATIVE_DIR"] = str(_run_directory(tmp_path_factory, "native"))
     yield
     if before is None:
         os.environ.pop("AUTOGEMM_NATIVE_DIR", None)

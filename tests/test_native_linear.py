@@ -49,14 +49,13 @@ EAGER = {None: lambda y: y, "relu": F.relu, "gelu": F.gelu, "silu": F.silu,
          "gelu_tanh": lambda y: F.gelu(y, approximate="tanh")}
 
 
-@pytest.mark.parametrize("release_gil", [True, False])
 @pytest.mark.parametrize("activation", list(EAGER))
 @pytest.mark.parametrize("with_bias,with_residual", [(True, False), (False, True), (True, True), (False, False)])
-def test_a_filed_call_gives_eagers_result_bit_for_bit(memo_type, activation, with_bias, with_residual, release_gil):
+def test_a_filed_call_gives_eagers_result_bit_for_bit(memo_type, activation, with_bias, with_residual):
     x, w, bias, residual = _layer()
     bias = bias if with_bias else None
     residual = residual if with_residual else None
-    memo = memo_type(8, release_gil)
+    memo = memo_type(8)
     assert memo.linear(x, w, bias, activation, residual) is None  # (not filed)
     assert memo.file(x, w, bias, activation, residual)
     y = memo.linear(x, w, bias, activation, residual)
@@ -312,3 +311,4 @@ def test_the_native_command_says_why_it_cannot_build(monkeypatch, capsys):
     captured = capsys.readouterr()
     assert "could not be built" in captured.err and "no compiler here" in captured.err
     assert '"exit_code": 3' in captured.out
+

@@ -48,9 +48,6 @@ MAX_ENTRIES = 1024  # keys held (a process's layers times its distinct token cou
 # of host time a call. Up to this many output elements the memo takes such a layer; a larger one keeps the
 # Python route (journal, session 56: 16 layers of a dev draw timed both ways).
 MAX_OUTPUT_WITH_PASS = 1 << 22
-# The memo's calls keep the GIL: they only launch, and on an H200's host releasing it around them cost about
-# 1 us of a call's latency (probe13 in the journal, session 56)
-RELEASE_GIL = False
 BUILD_TIMEOUT_S = 900.0  # a compilation that takes longer has gone wrong
 SWITCH = "AUTOGEMM_NATIVE"
 # the subprocess that compiles: torch.utils.cpp_extension, kept out of the serving process (its build lock
@@ -157,7 +154,7 @@ def _start_locked() -> None:
 
 def _give_memo(dispatcher: Any) -> None:
     if getattr(dispatcher, "native_memo", None) is None:
-        dispatcher.native_memo = _state["module"].Memo(MAX_ENTRIES, RELEASE_GIL)
+        dispatcher.native_memo = _state["module"].Memo(MAX_ENTRIES)
 
 
 def _build_and_load() -> None:
