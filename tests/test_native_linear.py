@@ -312,3 +312,11 @@ def test_the_native_command_says_why_it_cannot_build(monkeypatch, capsys):
     assert "could not be built" in captured.err and "no compiler here" in captured.err
     assert '"exit_code": 3' in captured.out
 
+
+def test_a_memo_built_earlier_in_the_process_is_not_given_once_the_switch_is_off(memo_type, monkeypatch):
+    # (AUTOGEMM_NATIVE=0 after a build in the same process: the Python route serves, as the switch says)
+    assert native_linear.build(wait=True)
+    monkeypatch.setenv(native_linear.SWITCH, "0")
+    dispatcher = Dispatcher()
+    native_linear.attach(dispatcher)
+    assert dispatcher.native_memo is None

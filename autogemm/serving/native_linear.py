@@ -120,11 +120,13 @@ def failure() -> str:
 def attach(dispatcher: Any) -> None:
     """Gives `dispatcher` a Memo (its `native_memo`) now if the module is loaded, else once it is, starting
     the build if nobody has. Called where the Python route has served a layer the memo could take."""
+    if not enabled():  # (also where an earlier build in this process is loaded: the switch is read each time)
+        return
     with _lock:
         if _state["status"] == "ready":
             _give_memo(dispatcher)
             return
-        if not enabled() or _state["status"] == "failed":
+        if _state["status"] == "failed":
             return
         if dispatcher not in _waiting:
             _waiting.append(dispatcher)
