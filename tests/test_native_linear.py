@@ -320,3 +320,34 @@ def test_a_memo_built_earlier_in_the_process_is_not_given_once_the_switch_is_off
     dispatcher = Dispatcher()
     native_linear.attach(dispatcher)
     assert dispatcher.native_memo is None
+
+
+def test_filing_takes_what_suits_and_asks_for_the_memo_once(monkeypatch):
+    from autogemm.serving.eager_epilogue import TorchEagerEpiloguePlan
+
+    x, w, bias, _ = _layer(dtype=torch.bfloat16)
+    whole = object.__new__(TorchEagerEpiloguePlan)
+    whole.finish = None
+    asked = []
+    monkeypatch.setattr(native_linear, "attach", asked.append)
+    dispatcher = Dispatcher()
+    native_linear.file_linear(dispatcher, whole, x, w, bias, None, None)
+    native_linear.file_matmul(dispatcher, x, w.T)
+    assert asked == [dispatcher]  # (no memo yet: asked for, once)
+
+    class Recording:
+        def __init__(self):
+            self.filed = []
+
+        def file(self, *args):
+            self.filed.append(("linear", *args))
+
+        def file_matmul(self, *args):
+            self.filed.append(("matmul", *args))
+
+    dispatcher.native_memo = memo = Recording()
+    native_linear.file_linear(dispatcher, whole, x, w, bias, None, None)
+    native_linear.file_linear(dispatcher, object(), x, w, bias, None, None)  # (no plan the memo takes)
+    native_linear.file_matmul(dispatcher, x, w)
+    assert [entry[0] for entry in memo.filed] == ["linear", "matmul"]
+    assert memo.filed[0][1:] == (x, w, bias, None, None) and asked == [dispatcher]

@@ -143,7 +143,7 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
             if matmul_itself is not None and alpha == 1 and b.get_device() == plan.device:
                 result = matmul_itself(a, b)  # (which reads a lazily negated view itself)
                 if compute is None:
-                    _file_native(a, b)
+                    native_linear.file_matmul(_DISPATCHER, a, b)
                 return result
             if not (a.is_neg() or b.is_neg()):
                 result = plan.call_torch(a, b, alpha)
@@ -218,7 +218,7 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
                 result = entry.plan.call_whole(x, weight, bias)  # (it checks for autograd after its launch)
                 if result is not None:
                     if out_dtype is None:
-                        _file_native(x, weight, bias, None, None)
+                        native_linear.file_linear(_DISPATCHER, entry.plan, x, weight, bias, None, None)
                     return result
         try:
             plan = _DISPATCHER.torch_epilogue.get(epilogue_step.torch_linear_key(x, weight, bias, residual, activation,
@@ -230,8 +230,8 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
             if result is not None:
                 if whole:
                     linear_memo.file(_DISPATCHER, x, weight, bias, out_dtype, plan)
-                if out_dtype is None and not gated and native_linear.suits(plan, x, weight, activation, residual):
-                    _file_native(x, weight, bias, activation, residual)
+                if out_dtype is None and not gated:
+                    native_linear.file_linear(_DISPATCHER, plan, x, weight, bias, activation, residual)
                 return result
     shape = getattr(weight, "shape", None)
     if shape is None or len(shape) != 2:
@@ -256,30 +256,14 @@ def linear(x: Any, weight: Any, bias: Any = None, activation: str | None = None,
             if isinstance(plan, TorchEagerEpiloguePlan):  # (its b is the weight itself under linear's key)
                 plan = plan.as_linear()
             # (an nn.Parameter weight too, which the fast paths do not take)
-            if plan is not None and out_dtype is None and not gated \
-                    and native_linear.suits(plan, x, weight, activation, residual):
-                _file_native(x, weight, bias, activation, residual)
+            if plan is not None and out_dtype is None and not gated:
+                native_linear.file_linear(_DISPATCHER, plan, x, weight, bias, activation, residual)
             if plan is not None and type(x) is _TENSOR and type(weight) is _TENSOR:
                 epilogue_step.file_plan(_DISPATCHER, epilogue_step.torch_linear_key(
                     x, weight, bias, residual, activation, out_dtype, gated), plan)
         except (RuntimeError, AttributeError, TypeError):  # (a bias or residual that is no tensor: no plan)
             pass
     return result
-
-
-def _file_native(x: Any, weight: Any, *epilogue: Any) -> None:
-    """Files a call that PyTorch's own calls served in the C++ memo: linear's (x, weight, bias, activation,
-    residual), or matmul's (a, b) handed to torch.matmul. The first such call asks for the memo
-    (native_linear builds it in the background, once, and hands it to the dispatcher)."""
-    native = _DISPATCHER.native_memo
-    if native is not None:
-        if epilogue:
-            native.file(x, weight, *epilogue)
-        else:
-            native.file_matmul(x, weight)
-    elif not _DISPATCHER.native_asked:
-        _DISPATCHER.native_asked = True
-        native_linear.attach(_DISPATCHER)
 
 
 def check_epilogue_call(a: Any, b: Any, out: Any, alpha: float, beta: float, bias: Any, activation: Any, residual: Any, out_dtype: Any,

@@ -78,6 +78,33 @@ def suits(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> boo
     return x.numel() // max(1, x.shape[-1]) * weight.shape[0] <= MAX_OUTPUT_WITH_PASS
 
 
+def file_linear(dispatcher: Any, plan: Any, x: Any, weight: Any, bias: Any, activation: Any, residual: Any) -> None:
+    """Files `linear`'s call (on tensors, with no out, out_dtype or gate), which `plan` served, in the
+    dispatcher's memo where the memo should take it (`suits`); as linear_memo.file files its own."""
+    if suits(plan, x, weight, activation, residual):
+        memo = dispatcher.native_memo
+        if memo is not None:
+            memo.file(x, weight, bias, activation, residual)
+        else:
+            _ask(dispatcher)
+
+
+def file_matmul(dispatcher: Any, a: Any, b: Any) -> None:
+    """Files `matmul`'s call on tensors (no keywords) that torch.matmul served, in the dispatcher's memo."""
+    memo = dispatcher.native_memo
+    if memo is not None:
+        memo.file_matmul(a, b)
+    else:
+        _ask(dispatcher)
+
+
+def _ask(dispatcher: Any) -> None:
+    """The first call the memo could take asks for it (built in the background, once; `attach`)."""
+    if not dispatcher.native_asked:
+        dispatcher.native_asked = True
+        attach(dispatcher)
+
+
 def enabled() -> bool:
     """Whether `AUTOGEMM_NATIVE` allows the C++ memo ("1" or unset; "0" turns it off; anything else is an
     error, logged once, and counts as off)."""
