@@ -1,6 +1,7 @@
 """linear's C++ memo on the GPU (serving/native_linear.py): an untuned layer that eager's calls serve (or a
 small residual layer cuBLASLt would serve) is, from its third call, served by the memo alone, with eager's
-result bit for bit, in a CUDA graph too; a layer another route serves, or a large one with a pass, is never
+result bit for bit, in a CUDA graph too (a layer with a bias by F.linear's cuBLASLt call prepared, as F.linear
+would make it, but for one token); a layer another route serves, or a large one with a pass, is never
 filed; a reset empties it; a product handed to torch.matmul is served the same way. Built with the machine's compiler (about half a
 minute, once per run: AUTOGEMM_NATIVE_DIR keeps a build between runs)."""
 
@@ -62,6 +63,8 @@ def test_an_untuned_layer_is_served_by_the_memo_from_its_third_call_with_eagers_
         autogemm.linear(x, w, bias, activation=activation, residual=residual)
     memo = dispatch._DISPATCHER.native_memo
     assert memo is not None and memo.linear(x, w, bias, activation, residual) is not None  # (filed)
+    # a layer with a bias holds F.linear's cuBLASLt call prepared (the same kernel: eager's bits below)
+    assert memo.prepared() == (1 if bias is not None else 0), memo.unprepared_why()
     _python_route_fails(monkeypatch)
     for _ in range(2):  # new values in the same tensors
         x.copy_(torch.randn_like(x))
@@ -134,3 +137,19 @@ def test_a_product_handed_to_torch_matmul_is_served_by_the_memo_from_its_third_c
     monkeypatch.undo()
     with pytest.raises(TypeError, match="requires grad"):
         autogemm.matmul(a.clone().requires_grad_(), b)
+
+
+def test_a_one_token_bias_layer_runs_at_linear_as_f_linear_runs_it_without_cublaslt(torch, monkeypatch):
+    """F.linear gives cuBLASLt's BIAS epilogue no product with one row (it copies the bias and runs a GEMM): the
+    memo prepares no call for it, and gives eager's bits."""
+    autogemm.reset()
+    x = torch.randn(1, 256, device="cuda", dtype=torch.float16)
+    w = torch.randn(192, 256, device="cuda", dtype=torch.float16) / 16
+    bias = torch.randn(192, device="cuda", dtype=torch.float16)
+    for _ in range(3):
+        autogemm.linear(x, w, bias)
+    memo = dispatch._DISPATCHER.native_memo
+    assert memo.linear(x, w, bias, None, None) is not None and memo.prepared() == 0
+    assert "a size F.linear does not give cuBLASLt" in memo.unprepared_why()
+    _python_route_fails(monkeypatch)
+    assert torch.equal(autogemm.linear(x, w, bias), torch.nn.functional.linear(x, w, bias))

@@ -351,3 +351,50 @@ def test_filing_takes_what_suits_and_asks_for_the_memo_once(monkeypatch):
     native_linear.file_matmul(dispatcher, x, w)
     assert [entry[0] for entry in memo.filed] == ["linear", "matmul"]
     assert memo.filed[0][1:] == (x, w, bias, None, None) and asked == [dispatcher]
+
+
+def test_a_bias_key_off_the_gpu_holds_no_prepared_cublaslt_call_and_says_why(memo_type):
+    """F.linear's cuBLASLt call is prepared for 16-bit operands on the GPU only; here the key runs at::linear."""
+    x, w, bias, _ = _layer(dtype=torch.bfloat16)
+    memo = memo_type(8)
+    assert memo.file(x, w, bias, "gelu", None) and memo.file(x, w, None, None, None)
+    assert len(memo) == 2 and memo.prepared() == 0
+    assert "not F.linear's cuBLASLt call" in memo.unprepared_why()
+    assert torch.equal(memo.linear(x, w, bias, "gelu", None), F.gelu(F.linear(x, w, bias)))
+
+
+def _cublaslt_headers():
+    """cublasLt.h and the headers it takes its values from, where a CUDA package of pip installed them."""
+    import sys
+    from pathlib import Path
+
+    for entry in map(Path, sys.path):
+        for include in sorted(entry.glob("nvidia/*/include")):
+            found = [include / name for name in ("cublasLt.h", "cublas_api.h", "library_types.h")]
+            if all(path.is_file() for path in found):
+                return found
+    return None
+
+
+def test_the_cublaslt_values_the_memo_declares_are_the_headers():
+    """native_linear.cpp declares the part of cuBLASLt's C API it calls instead of including cublasLt.h (its
+    build then needs PyTorch's headers alone): each value, and the heuristic result's layout, as the installed
+    header has it."""
+    import re
+
+    headers = _cublaslt_headers()
+    if headers is None:
+        pytest.skip("no cublasLt.h installed (pip's nvidia-cublas has it)")
+    text = "\n".join(path.read_text(errors="replace") for path in headers)
+    source = native_linear.SOURCE.read_text()
+    declared = dict(re.findall(r"constexpr int (\w+) = (\d+);", source[source.index("namespace lt {"):]))
+    assert len(declared) >= 17 and declared.pop("CUBLAS_VER_MAJOR") == "13"
+    for name, value in declared.items():
+        found = re.search(rf"\b{name}\s*=\s*(\d+)\b", text)
+        assert found is not None and found.group(1) == value, (name, value, found and found.group(0))
+    end = text.index("} cublasLtMatmulHeuristicResult_t;")
+    result = text[text.rindex("typedef struct {", 0, end) + len("typedef struct {"):end]
+    fields = [line.strip() for line in result.splitlines() if line.strip() and not line.strip().startswith(("/*", "*"))]
+    assert fields == ["cublasLtMatmulAlgo_t algo;", "size_t workspaceSize;", "cublasStatus_t state;",
+                      "float wavesCount;", "int reserved[4];"]
+    assert re.search(r"typedef struct \{\s*uint64_t data\[8\];\s*\} cublasLtMatmulAlgo_t;", text)

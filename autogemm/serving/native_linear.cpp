@@ -8,19 +8,34 @@
 // lookup cost 2-4 us more a call. Here the key is the operands' metadata read in C++, and the ATen calls
 // are made without Python's argument parsing.
 //
-// The memo holds keys only: the operands' shapes, strides, dtypes and devices, whether there is a bias
+// The memo holds keys: the operands' shapes, strides, dtypes and devices, whether there is a bias
 // and a residual (and theirs), and the activation. Python files a key after its own route served the call
 // (Memo.file, Memo.file_matmul); what runs for a key is what eager runs, and ATen checks and computes any
 // operands as eager would, so a key decides only the route, never the arithmetic. A call the memo does not
 // hold, or one with a tensor that requires grad, a __torch_function__ subclass or mode, or an activation it
 // does not know, gets None: the Python path serves it (or names its fault).
+//
+// F.linear's own cuBLASLt call, prepared (PreparedLinear): where F.linear runs cuBLASLt's BIAS epilogue (16-bit,
+// M, N and K above 1, the operands contiguous), it builds cuBLASLt's descriptors and asks its heuristic on
+// every call. For such a key the memo builds them once, when the key is filed, with what F.linear gives the
+// heuristic (PyTorch's workspace size, 256-byte alignment, its compute and scale types), so that the same
+// kernel runs; a call then allocates the output and launches. A call whose addresses, current device, stream
+// capture or PyTorch settings (autocast, deterministic algorithms, reduced-precision reductions, FP16
+// accumulation, an SM carveout) differ from what it was prepared for runs at::linear, as do the other keys.
 #include <torch/extension.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/PythonTorchFunctionTLS.h>
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
-#include <unordered_set>
+#include <string>
+#include <unordered_map>
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <dlfcn.h>
 
 namespace {
 
@@ -105,17 +120,328 @@ bool matmul_key_of(Words& words, PyObject* a, PyObject* b) {
   return add_tensor(words, a) && add_tensor(words, b);
 }
 
+// The part of cuBLASLt's C API the prepared call uses, declared here rather than from cublasLt.h: the
+// extension then builds from PyTorch's headers alone, and finds the functions at run time (LtLibrary). The
+// values are cuBLASLt's (cublasLt.h, cublas_api.h, library_types.h; unchanged since CUDA 11): a test compares
+// them with the header where one is installed.
+namespace lt {
+using Handle = void*;
+using MatmulDesc = void*;
+using Layout = void*;
+using Preference = void*;
+using Status = int;
+struct Algorithm {  // cublasLtMatmulAlgo_t
+  uint64_t data[8];
+};
+struct HeuristicResult {  // cublasLtMatmulHeuristicResult_t
+  Algorithm algo;
+  size_t workspaceSize;
+  Status state;
+  float wavesCount;
+  int reserved[4];
+};
+constexpr int CUBLAS_STATUS_SUCCESS = 0;
+constexpr int CUBLAS_COMPUTE_32F = 68;
+constexpr int CUDA_R_32F = 0;
+constexpr int CUDA_R_16F = 2;
+constexpr int CUDA_R_16BF = 14;
+constexpr int CUBLAS_OP_N = 0;
+constexpr int CUBLAS_OP_T = 1;
+constexpr int CUBLASLT_MATMUL_DESC_TRANSA = 3;
+constexpr int CUBLASLT_MATMUL_DESC_TRANSB = 4;
+constexpr int CUBLASLT_MATMUL_DESC_EPILOGUE = 7;
+constexpr int CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8;
+constexpr int CUBLASLT_EPILOGUE_BIAS = 4;
+constexpr int CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1;
+constexpr int CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5;
+constexpr int CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6;
+constexpr int CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7;
+constexpr int CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8;
+constexpr int CUBLAS_VER_MAJOR = 13;  // the soname PyTorch's CUDA 13 builds load; LtLibrary tries 12 too
+}  // namespace lt
+
+// cuBLASLt's entry points and the driver's stream-capture query, found in the libraries this process has
+// loaded (PyTorch loads cuBLASLt; CUDA's driver is loaded once a tensor is on the GPU). The extension links
+// neither, so that it loads wherever PyTorch does; without them the memo runs at::linear.
+struct LtLibrary {
+  lt::Status (*create)(lt::Handle*) = nullptr;
+  lt::Status (*desc_create)(lt::MatmulDesc*, int compute_type, int scale_type) = nullptr;
+  lt::Status (*desc_destroy)(lt::MatmulDesc) = nullptr;
+  lt::Status (*desc_set)(lt::MatmulDesc, int attribute, const void* value, size_t size) = nullptr;
+  lt::Status (*layout_create)(lt::Layout*, int type, uint64_t rows, uint64_t cols, int64_t ld) = nullptr;
+  lt::Status (*layout_destroy)(lt::Layout) = nullptr;
+  lt::Status (*preference_create)(lt::Preference*) = nullptr;
+  lt::Status (*preference_destroy)(lt::Preference) = nullptr;
+  lt::Status (*preference_set)(lt::Preference, int attribute, const void* value, size_t size) = nullptr;
+  lt::Status (*heuristic)(lt::Handle, lt::MatmulDesc, lt::Layout a, lt::Layout b, lt::Layout c, lt::Layout d,
+                          lt::Preference, int requested, lt::HeuristicResult* results, int* returned) = nullptr;
+  lt::Status (*matmul)(lt::Handle, lt::MatmulDesc, const void* alpha, const void* a, lt::Layout a_layout,
+                       const void* b, lt::Layout b_layout, const void* beta, const void* c, lt::Layout c_layout,
+                       void* d, lt::Layout d_layout, const lt::Algorithm* algo, void* workspace,
+                       size_t workspace_bytes, void* stream) = nullptr;
+  int (*stream_is_capturing)(void* stream, int* status) = nullptr;  // cuStreamIsCapturing (CUresult, enum)
+  lt::Handle handle = nullptr;
+  std::string why;  // why the library is not usable ("" where it is)
+};
+
+template <typename F>
+bool find_symbol(void* library, const char* name, F& slot, std::string& why) {
+  slot = reinterpret_cast<F>(dlsym(library, name));
+  if (slot == nullptr) why = std::string("no ") + name;
+  return slot != nullptr;
+}
+
+const LtLibrary& lt_library() {
+  static const LtLibrary library = [] {
+    LtLibrary l;
+    void* lt = nullptr;
+    for (int major : {lt::CUBLAS_VER_MAJOR, lt::CUBLAS_VER_MAJOR - 1}) {  // (PyTorch's CUDA 13 or 12 builds)
+      if (lt == nullptr) lt = dlopen(("libcublasLt.so." + std::to_string(major)).c_str(), RTLD_NOW | RTLD_NOLOAD);
+    }
+    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lt == nullptr || driver == nullptr) {
+      l.why = std::string(lt == nullptr ? "cuBLASLt" : "CUDA's driver") + " is not loaded in this process";
+      return l;
+    }
+    if (!find_symbol(lt, "cublasLtCreate", l.create, l.why) ||
+        !find_symbol(lt, "cublasLtMatmulDescCreate", l.desc_create, l.why) ||
+        !find_symbol(lt, "cublasLtMatmulDescDestroy", l.desc_destroy, l.why) ||
+        !find_symbol(lt, "cublasLtMatmulDescSetAttribute", l.desc_set, l.why) ||
+        !find_symbol(lt, "cublasLtMatrixLayoutCreate", l.layout_create, l.why) ||
+        !find_symbol(lt, "cublasLtMatrixLayoutDestroy", l.layout_destroy, l.why) ||
+        !find_symbol(lt, "cublasLtMatmulPreferenceCreate", l.preference_create, l.why) ||
+        !find_symbol(lt, "cublasLtMatmulPreferenceDestroy", l.preference_destroy, l.why) ||
+        !find_symbol(lt, "cublasLtMatmulPreferenceSetAttribute", l.preference_set, l.why) ||
+        !find_symbol(lt, "cublasLtMatmulAlgoGetHeuristic", l.heuristic, l.why) ||
+        !find_symbol(lt, "cublasLtMatmul", l.matmul, l.why) ||
+        !find_symbol(driver, "cuStreamIsCapturing", l.stream_is_capturing, l.why)) {
+      return l;
+    }
+    if (l.create(&l.handle) != lt::CUBLAS_STATUS_SUCCESS) {  // (a handle serves every device: not freed, as PyTorch's)
+      l.handle = nullptr;
+      l.why = "cublasLtCreate failed";
+    }
+    return l;
+  }();
+  return library;
+}
+
+// PyTorch's settings that change what F.linear asks cuBLASLt for, read where the API has them (their
+// signatures changed between PyTorch versions): the prepared call holds only while they are the defaults.
+template <typename C>
+auto reduction_is_default(const C& context, int) -> decltype(context.allowFP16ReductionCuBLAS(), bool()) {
+  using Option = decltype(context.allowFP16ReductionCuBLAS());
+  if constexpr (std::is_same_v<Option, bool>) {
+    return context.allowFP16ReductionCuBLAS() && context.allowBF16ReductionCuBLAS();
+  } else {
+    return context.allowFP16ReductionCuBLAS() == Option::AllowReducedPrecisionWithSplitK &&
+           context.allowBF16ReductionCuBLAS() == Option::AllowReducedPrecisionWithSplitK;
+  }
+}
+template <typename C>
+bool reduction_is_default(const C&, long) { return false; }
+
+template <typename C>
+auto fp16_accumulation(const C& context, int) -> decltype(context.allowFP16AccumulationCuBLAS(), bool()) {
+  return context.allowFP16AccumulationCuBLAS();
+}
+template <typename C>
+bool fp16_accumulation(const C&, long) { return false; }
+
+template <typename C>
+auto sm_carveout(const C& context, int) -> decltype(context._SMCarveout_EXPERIMENTAL().has_value(), bool()) {
+  return context._SMCarveout_EXPERIMENTAL().has_value();
+}
+template <typename C>
+bool sm_carveout(const C&, long) { return false; }
+
+bool settings_are_linears_defaults() {
+  const at::Context& context = at::globalContext();
+  return !at::autocast::is_autocast_enabled(at::kCUDA) && !context.deterministicAlgorithms() &&
+         reduction_is_default(context, 0) && !fp16_accumulation(context, 0) && !sm_carveout(context, 0);
+}
+
+constexpr uintptr_t kAlignment = 256;  // bytes every address keeps (PyTorch's blocks do): the heuristic is told
+
+// F.linear's cuBLASLt call (addmm with a 1-D bias: cuBLASLt's BIAS epilogue) for one key, its descriptors and
+// algorithm made once. Column-major, as cuBLASLt reads the row-major operands: D (N x M) = op(W) (N x K) . X
+// (K x M) + bias, W's rows read as K x N with op T, X as K x M: the layouts and order F.linear gives it.
+class PreparedLinear {
+ public:
+  // The prepared call of F.linear(x, w, b), or null where F.linear would not run cuBLASLt's BIAS epilogue on
+  // such operands, or the library or an algorithm is missing (`why` says which).
+  static std::unique_ptr<PreparedLinear> prepare(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                                                 size_t workspace_bytes, std::string& why) {
+    const at::ScalarType type = x.scalar_type();
+    if (!x.is_cuda() || (type != at::kHalf && type != at::kBFloat16) || w.scalar_type() != type ||
+        b.scalar_type() != type || w.dim() != 2 || b.dim() != 1 || x.dim() < 2 || x.dim() > 3 || !x.is_contiguous() ||
+        !w.is_contiguous() || !b.is_contiguous() || w.device() != x.device() || b.device() != x.device()) {
+      why = "not F.linear's cuBLASLt call (16-bit, contiguous, 2-D or 3-D x, one device)";
+      return nullptr;
+    }
+    const int64_t n = w.size(0), k = w.size(1), m = x.numel() / std::max<int64_t>(k, 1);
+    constexpr int64_t kMax = 2147483647;
+    if (m <= 1 || n <= 1 || k <= 1 || m > kMax || n > kMax || k > kMax || b.size(0) != n) {
+      why = "a size F.linear does not give cuBLASLt (1, or past 32 bits)";
+      return nullptr;
+    }
+    if (!settings_are_linears_defaults()) {
+      why = "PyTorch's settings are not the defaults";
+      return nullptr;
+    }
+    const LtLibrary& lt = lt_library();  // (after the checks: a tensor on the GPU has loaded CUDA's driver)
+    if (lt.handle == nullptr) {
+      why = lt.why;
+      return nullptr;
+    }
+    c10::DeviceGuard guard(x.device());
+    try {  // (the current stream's handle, as each call reads it: a PyTorch without it throws)
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(x.device()).native_handle();
+    } catch (const std::exception& error) {
+      why = std::string("no handle of PyTorch's current stream: ") + error.what();
+      return nullptr;
+    }
+    std::unique_ptr<PreparedLinear> p(new PreparedLinear());
+    p->device_ = x.device();
+    p->workspace_bytes_ = workspace_bytes;
+    const int data = type == at::kHalf ? lt::CUDA_R_16F : lt::CUDA_R_16BF;
+    if (lt.desc_create(&p->desc_, lt::CUBLAS_COMPUTE_32F, lt::CUDA_R_32F) != lt::CUBLAS_STATUS_SUCCESS) {
+      p->desc_ = nullptr;
+      why = "cublasLtMatmulDescCreate failed";
+      return nullptr;
+    }
+    const int32_t op_w = lt::CUBLAS_OP_T, op_x = lt::CUBLAS_OP_N;  // (cublasOperation_t)
+    const uint32_t epilogue = lt::CUBLASLT_EPILOGUE_BIAS;          // (cublasLtEpilogue_t)
+    const void* bias = b.data_ptr();
+    p->bias_ = bias;
+    bool ok = p->set(lt::CUBLASLT_MATMUL_DESC_TRANSA, &op_w, sizeof(op_w)) &&
+              p->set(lt::CUBLASLT_MATMUL_DESC_TRANSB, &op_x, sizeof(op_x)) &&
+              p->set(lt::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)) &&
+              p->set(lt::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+    ok = ok && lt.layout_create(&p->w_layout_, data, k, n, k) == lt::CUBLAS_STATUS_SUCCESS;
+    ok = ok && lt.layout_create(&p->x_layout_, data, k, m, k) == lt::CUBLAS_STATUS_SUCCESS;
+    ok = ok && lt.layout_create(&p->y_layout_, data, n, m, n) == lt::CUBLAS_STATUS_SUCCESS;
+    if (!ok) {
+      why = "cuBLASLt refused the descriptors";
+      return nullptr;
+    }
+    lt::Preference preference = nullptr;
+    if (lt.preference_create(&preference) != lt::CUBLAS_STATUS_SUCCESS) {
+      why = "cublasLtMatmulPreferenceCreate failed";
+      return nullptr;
+    }
+    const uint64_t workspace = workspace_bytes;
+    const uint32_t alignment = kAlignment;
+    ok = lt.preference_set(preference, lt::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)) ==
+         lt::CUBLAS_STATUS_SUCCESS;
+    for (int attribute : {lt::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, lt::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                          lt::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, lt::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      ok = ok && lt.preference_set(preference, attribute, &alignment, sizeof(alignment)) == lt::CUBLAS_STATUS_SUCCESS;
+    }
+    lt::HeuristicResult result = {};
+    int found = 0;
+    ok = ok && lt.heuristic(lt.handle, p->desc_, p->w_layout_, p->x_layout_, p->y_layout_, p->y_layout_, preference,
+                            1, &result, &found) == lt::CUBLAS_STATUS_SUCCESS;
+    lt.preference_destroy(preference);
+    if (!ok || found == 0) {
+      why = "cuBLASLt's heuristic has no algorithm for it";
+      return nullptr;
+    }
+    p->algorithm_ = result.algo;
+    return p;
+  }
+
+  PreparedLinear(const PreparedLinear&) = delete;
+  PreparedLinear& operator=(const PreparedLinear&) = delete;
+
+  ~PreparedLinear() {
+    const LtLibrary& lt = lt_library();
+    for (lt::Layout layout : {w_layout_, x_layout_, y_layout_}) {
+      if (layout != nullptr) lt.layout_destroy(layout);
+    }
+    if (desc_ != nullptr) lt.desc_destroy(desc_);
+  }
+
+  // y = x @ w^T + b by the prepared call, or an undefined tensor where this call must go F.linear's own way
+  at::Tensor operator()(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    const LtLibrary& lt = lt_library();
+    const c10::impl::DeviceGuardImplInterface* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    if (cuda->getDevice() != device_ || x.is_neg() || w.is_neg() || b.is_neg() || !settings_are_linears_defaults()) {
+      return at::Tensor();
+    }
+    void* stream = cuda->getStream(device_).native_handle();  // (the current stream: a cudaStream_t)
+    int capturing = 0;  // (PyTorch's own call captures with the graph's workspace)
+    if (lt.stream_is_capturing(stream, &capturing) != 0 || capturing != 0) return at::Tensor();
+    const void* px = x.data_ptr();
+    const void* pw = w.data_ptr();
+    const void* pb = b.data_ptr();
+    if ((reinterpret_cast<uintptr_t>(px) | reinterpret_cast<uintptr_t>(pw) | reinterpret_cast<uintptr_t>(pb)) %
+        kAlignment) {
+      return at::Tensor();
+    }
+    c10::SmallVector<int64_t, 8> sizes(x.sizes().begin(), x.sizes().end());
+    sizes.back() = w.size(0);
+    at::Tensor y = at::empty(sizes, x.options());
+    void* py = y.data_ptr();
+    if (reinterpret_cast<uintptr_t>(py) % kAlignment) return at::Tensor();
+    const float one = 1.0f, zero = 0.0f;  // (beta 0: the bias comes in the epilogue)
+    std::lock_guard<std::mutex> hold(mutex_);  // (the bias's address lives in the descriptor)
+    if (pb != bias_) {
+      if (!set(lt::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &pb, sizeof(pb))) return at::Tensor();
+      bias_ = pb;
+    }
+    void* workspace = workspace_bytes_ ? workspace_for(stream) : nullptr;
+    if (lt.matmul(lt.handle, desc_, &one, pw, w_layout_, px, x_layout_, &zero, py, y_layout_, py, y_layout_,
+                  &algorithm_, workspace, workspace_bytes_, stream) != lt::CUBLAS_STATUS_SUCCESS) {
+      return at::Tensor();
+    }
+    return y;
+  }
+
+ private:
+  PreparedLinear() = default;
+
+  bool set(int attribute, const void* value, size_t size) {
+    return lt_library().desc_set(desc_, attribute, value, size) == lt::CUBLAS_STATUS_SUCCESS;
+  }
+
+  // This call's workspace on `stream` (allocated while it is current: the caching allocator keeps the memory
+  // to that stream's order). A few streams' are kept; another one empties the map first.
+  void* workspace_for(void* stream) {
+    auto found = workspaces_.find(stream);
+    if (found != workspaces_.end()) return found->second.data_ptr();
+    if (workspaces_.size() >= 8) workspaces_.clear();
+    at::Tensor memory = at::empty({static_cast<int64_t>(workspace_bytes_)},
+                                  at::TensorOptions().dtype(at::kByte).device(device_));
+    void* pointer = memory.data_ptr();
+    workspaces_.emplace(stream, std::move(memory));
+    return pointer;
+  }
+
+  c10::Device device_ = c10::Device(c10::DeviceType::CUDA);
+  size_t workspace_bytes_ = 0;
+  lt::MatmulDesc desc_ = nullptr;
+  lt::Layout w_layout_ = nullptr, x_layout_ = nullptr, y_layout_ = nullptr;
+  lt::Algorithm algorithm_ = {};
+  const void* bias_ = nullptr;
+  std::mutex mutex_;
+  std::unordered_map<void*, at::Tensor> workspaces_;
+};
+
 class Memo {
  public:
   // The calls keep the GIL: they only launch, and on an H200's host releasing it around them cost about 1 us
   // of a call's latency (journal, session 56: probe13)
-  explicit Memo(size_t max_entries) : max_entries_(max_entries) {}
+  // `lt_workspace_bytes`: the cuBLASLt workspace F.linear's calls get (PyTorch's; the heuristic picks by it);
+  // `prepare`: whether keys of F.linear's cuBLASLt call get it prepared (where the build has cuBLASLt)
+  Memo(size_t max_entries, size_t lt_workspace_bytes, bool prepare)
+      : max_entries_(max_entries), lt_workspace_bytes_(lt_workspace_bytes), prepare_(prepare) {}
 
   // torch.matmul(a, b) where the memo holds the call's key, else None
   py::object matmul(py::handle a, py::handle b) {
     if (at::impl::torch_function_mode_enabled()) return py::none();
     Words words;
-    if (!matmul_key_of(words, a.ptr(), b.ptr()) || !holds(words)) return py::none();
+    if (!matmul_key_of(words, a.ptr(), b.ptr()) || !find(words)) return py::none();
     if (requires_grad(a.ptr(), b.ptr(), Py_None, Py_None)) return py::none();
     const at::Tensor& at_ = THPVariable_Unpack(a.ptr());
     const at::Tensor& bt = THPVariable_Unpack(b.ptr());
@@ -125,7 +451,7 @@ class Memo {
   bool file_matmul(py::handle a, py::handle b) {
     Words words;
     if (!matmul_key_of(words, a.ptr(), b.ptr())) return false;
-    insert(std::move(words));
+    insert(std::move(words), nullptr);
     return true;
   }
 
@@ -139,14 +465,24 @@ class Memo {
     if (!key_of(words, x.ptr(), weight.ptr(), bias.ptr(), activation.ptr(), residual.ptr(), act)) {
       return py::none();
     }
-    if (!holds(words)) return py::none();
+    Entry entry;
+    if (!find(words, &entry)) return py::none();
     if (requires_grad(x.ptr(), weight.ptr(), bias.ptr(), residual.ptr())) return py::none();
     const at::Tensor& xt = THPVariable_Unpack(x.ptr());
     const at::Tensor& wt = THPVariable_Unpack(weight.ptr());
     c10::optional<at::Tensor> bt;
     if (!bias.is_none()) bt = THPVariable_Unpack(bias.ptr());
     const at::Tensor* rt = residual.is_none() ? nullptr : &THPVariable_Unpack(residual.ptr());
-    return py::reinterpret_steal<py::object>(THPVariable_Wrap(eager(xt, wt, bt, act, rt)));
+    at::Tensor y;
+    if (entry) {
+      try {
+        y = (*entry)(xt, wt, *bt);  // (undefined where this call must go F.linear's own way)
+      } catch (const std::exception&) {  // (an allocation that failed: F.linear's own call meets it too)
+        y = at::Tensor();
+      }
+    }
+    if (!y.defined()) y = at::linear(xt, wt, bt);
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(finish(std::move(y), act, rt)));
   }
 
   // Files the call's key (emptying the memo when it is full); false where the memo cannot serve such a call.
@@ -154,8 +490,30 @@ class Memo {
     Words words;
     Activation act;
     if (!key_of(words, x.ptr(), weight.ptr(), bias.ptr(), activation.ptr(), residual.ptr(), act)) return false;
-    insert(std::move(words));
+    Entry prepared;
+    if (prepare_ && !bias.is_none()) {
+      std::string why;
+      prepared = PreparedLinear::prepare(THPVariable_Unpack(x.ptr()), THPVariable_Unpack(weight.ptr()),
+                                         THPVariable_Unpack(bias.ptr()), lt_workspace_bytes_, why);
+      std::lock_guard<std::mutex> hold(mutex_);
+      last_unprepared_ = prepared ? "" : why;
+    }
+    insert(std::move(words), std::move(prepared));
     return true;
+  }
+
+  // How many keys hold a prepared cuBLASLt call, and why the last key filed with a bias got none ("" where it
+  // did): what tests and benchmarks read
+  size_t prepared() {
+    std::lock_guard<std::mutex> hold(mutex_);
+    size_t count = 0;
+    for (const auto& key_entry : keys_) count += key_entry.second ? 1 : 0;
+    return count;
+  }
+
+  std::string unprepared_why() {
+    std::lock_guard<std::mutex> hold(mutex_);
+    return last_unprepared_;
   }
 
   void clear() {
@@ -169,10 +527,12 @@ class Memo {
   }
 
  private:
-  // eager's calls: F.linear, then the activation and the residual in place
-  static at::Tensor eager(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b,
-                          Activation act, const at::Tensor* residual) {
-    at::Tensor y = at::linear(x, w, b);
+  // A key's entry: its prepared cuBLASLt call, or null where at::linear serves it (shared: a call holds it
+  // while another files or clears)
+  using Entry = std::shared_ptr<PreparedLinear>;
+
+  // eager's calls after F.linear's: the activation and the residual in place
+  static at::Tensor finish(at::Tensor y, Activation act, const at::Tensor* residual) {
     switch (act) {
       case kRelu: at::relu_(y); break;
       case kGelu: at::gelu_(y); break;
@@ -184,20 +544,27 @@ class Memo {
     return y;
   }
 
-  bool holds(const Words& words) {
+  // Whether the memo holds the key; its entry in `entry` (a copy: filing or clearing may replace it meanwhile)
+  bool find(const Words& words, Entry* entry = nullptr) {
     std::lock_guard<std::mutex> hold(mutex_);
-    return keys_.find(words) != keys_.end();
+    auto found = keys_.find(words);
+    if (found == keys_.end()) return false;
+    if (entry != nullptr) *entry = found->second;
+    return true;
   }
 
-  void insert(Words&& words) {
+  void insert(Words&& words, Entry&& entry) {
     std::lock_guard<std::mutex> hold(mutex_);
     if (keys_.size() >= max_entries_) keys_.clear();
-    keys_.insert(std::move(words));
+    keys_[std::move(words)] = std::move(entry);
   }
 
   size_t max_entries_;
+  size_t lt_workspace_bytes_;
+  bool prepare_;
   std::mutex mutex_;
-  std::unordered_set<Words, WordsHash, WordsEqual> keys_;
+  std::unordered_map<Words, Entry, WordsHash, WordsEqual> keys_;
+  std::string last_unprepared_;
 };
 
 }  // namespace
@@ -205,11 +572,14 @@ class Memo {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "autogemm.linear's memo of layers that eager's ATen calls serve (serving/native_linear.py)";
   py::class_<Memo>(m, "Memo")
-      .def(py::init<size_t>(), py::arg("max_entries"))
+      .def(py::init<size_t, size_t, bool>(), py::arg("max_entries"), py::arg("lt_workspace_bytes") = 1 << 20,
+           py::arg("prepare") = true)
       .def("linear", &Memo::linear, "eager's result where the call's key is filed, else None")
       .def("file", &Memo::file, "files the call's key; False where the memo cannot serve it")
       .def("matmul", &Memo::matmul, "torch.matmul(a, b) where the call's key is filed, else None")
       .def("file_matmul", &Memo::file_matmul, "files a matmul call's key; False where the memo cannot serve it")
+      .def("prepared", &Memo::prepared, "how many keys hold a prepared cuBLASLt call")
+      .def("unprepared_why", &Memo::unprepared_why, "why the last key filed with a bias got no prepared call")
       .def("clear", &Memo::clear)
       .def("__len__", &Memo::size);
 }

@@ -6,12 +6,15 @@ the bias, then the activation and residual in place), the Python around those ca
 where the whole layer's GEMM may take 20. Python cannot make that up: eager's `F.gelu(F.linear(x, w, b))` is
 two calls with nothing between them. The same holds for `matmul`'s 16-bit products handed to torch.matmul.
 
-`native_linear.cpp` holds such calls' keys (the operands' metadata, the activation) in a C++ set and, for a
+`native_linear.cpp` holds such calls' keys (the operands' metadata, the activation) in a C++ map and, for a
 call it holds, makes eager's ATen calls itself, one call from Python. Python files a key after its own route
 served the call (`suits` says which layers); the dispatcher empties the memo whenever it empties linear's other
 memos (a tune, a plan retired or replaced). The route never changes the arithmetic: what runs is what eager
-runs, on any operands the key admits. docs/serving.md ("The C++ memo") and docs/decisions/native-memo.md have
-the figures.
+runs, on any operands the key admits. Where F.linear would run cuBLASLt's BIAS epilogue, the key holds that
+call prepared (its descriptors and algorithm made once, with PyTorch's workspace size and alignment, so that
+the heuristic picks F.linear's kernel): F.linear builds them and asks the heuristic on every call. The
+extension finds cuBLASLt in the libraries PyTorch has loaded and needs no CUDA headers. docs/serving.md ("The
+C++ memo") and docs/decisions/native-memo.md have the figures.
 
 It is a PyTorch C++ extension, compiled with the machine's C++ compiler the first time a process needs it
 (`torch.utils.cpp_extension`, which needs `ninja`; about half a minute), in a subprocess, in the background:
@@ -183,7 +186,9 @@ def _start_locked() -> None:
 
 def _give_memo(dispatcher: Any) -> None:
     if getattr(dispatcher, "native_memo", None) is None:
-        dispatcher.native_memo = _state["module"].Memo(MAX_ENTRIES)
+        from .lt_linear import torch_workspace_bytes  # (the heuristic picks F.linear's kernel by PyTorch's size)
+
+        dispatcher.native_memo = _state["module"].Memo(MAX_ENTRIES, torch_workspace_bytes())
 
 
 def _build_and_load() -> None:
