@@ -48,7 +48,7 @@ def _reference(a, b, alpha=1.0, beta=0.0, c=None):
 
 
 # examples: 20 in the quick tier, 80 with --exhaustive (hypothesis profiles, tests/conftest.py)
-@pytest.mark.long(seconds=22)
+@pytest.mark.long(seconds=33)
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     m=st.integers(1, 700), n=st.integers(1, 700), k=st.integers(1, 700),

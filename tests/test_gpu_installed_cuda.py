@@ -57,7 +57,7 @@ def _without_toolkit() -> dict:
     return env
 
 
-@pytest.mark.long(seconds=22)
+@pytest.mark.long(seconds=16)
 def test_matmul_and_a_tune_with_only_the_installed_packages(tmp_path):
     env = _without_toolkit()
     env["AUTOGEMM_CACHE_DIR"] = str(tmp_path)

@@ -232,6 +232,7 @@ def _chosen(log: str, header: str) -> str | None:
     return None
 
 
+@pytest.mark.long(seconds=24)
 @pytest.mark.shipped_results
 def test_max_autotune_chooses_autogemm_where_its_tuned_record_wins(capfd):
     """The shipped H200 record of FP32 4096 x 4096 x 128 NN beats cuBLAS (1.11x in its tune): in a

@@ -20,7 +20,7 @@ def _tune(*args: str) -> dict:
     return json.loads(result.stdout)
 
 
-@pytest.mark.long(seconds=49)
+@pytest.mark.long(seconds=40)
 def test_tune_caches_a_verified_kernel_and_resumes():
     """An odd shape in layout TN (K rows of A and B, sizes that fill no tile): the tune verifies and caches
     a kernel that is right on fresh inputs, and a second run resumes its study."""
@@ -146,7 +146,7 @@ def test_a_kept_measuring_process_measures_each_next_problem_on_its_own_inputs()
     assert not prestarted.is_alive() and not _kept
 
 
-@pytest.mark.long(seconds=41)
+@pytest.mark.long(seconds=44)
 def test_a_campaign_on_this_gpu_tunes_each_problem_once_and_caches_its_record(tmp_path):
     """`autogemm campaign run` end to end on the real GPU: a worker process, its kept measuring
     process and the shared compile pool; every problem done on the board with a record in the
