@@ -27,6 +27,7 @@
 #include <ATen/PythonTorchFunctionTLS.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -263,6 +264,25 @@ bool settings_are_linears_defaults() {
 
 constexpr uintptr_t kAlignment = 256;  // bytes every address keeps (PyTorch's blocks do): the heuristic is told
 
+// The prepared calls' workspace on `stream` of `device`, shared by every key (as PyTorch keeps one a stream):
+// allocated while that stream is current, so that the caching allocator keeps the memory to its order. A few
+// streams' are kept; another one empties the map first. (Never freed at exit: CUDA may be gone by then.)
+void* shared_workspace(c10::Device device, void* stream, size_t bytes) {
+  static std::mutex mutex;
+  static auto* workspaces = new std::map<std::pair<int, void*>, at::Tensor>();
+  std::lock_guard<std::mutex> hold(mutex);
+  const std::pair<int, void*> key(device.index(), stream);
+  auto found = workspaces->find(key);
+  if (found != workspaces->end() && static_cast<size_t>(found->second.numel()) >= bytes) {
+    return found->second.data_ptr();
+  }
+  if (workspaces->size() >= 8) workspaces->clear();
+  at::Tensor memory = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
+  void* pointer = memory.data_ptr();
+  (*workspaces)[key] = std::move(memory);
+  return pointer;
+}
+
 // F.linear's cuBLASLt call (addmm with a 1-D bias: cuBLASLt's BIAS epilogue) for one key, its descriptors and
 // algorithm made once. Column-major, as cuBLASLt reads the row-major operands: D (N x M) = op(W) (N x K) . X
 // (K x M) + bias, W's rows read as K x N with op T, X as K x M: the layouts and order F.linear gives it.
@@ -390,7 +410,7 @@ class PreparedLinear {
       if (!set(lt::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &pb, sizeof(pb))) return at::Tensor();
       bias_ = pb;
     }
-    void* workspace = workspace_bytes_ ? workspace_for(stream) : nullptr;
+    void* workspace = workspace_bytes_ ? shared_workspace(device_, stream, workspace_bytes_) : nullptr;
     if (lt.matmul(lt.handle, desc_, &one, pw, w_layout_, px, x_layout_, &zero, py, y_layout_, py, y_layout_,
                   &algorithm_, workspace, workspace_bytes_, stream) != lt::CUBLAS_STATUS_SUCCESS) {
       return at::Tensor();
@@ -405,19 +425,6 @@ class PreparedLinear {
     return lt_library().desc_set(desc_, attribute, value, size) == lt::CUBLAS_STATUS_SUCCESS;
   }
 
-  // This call's workspace on `stream` (allocated while it is current: the caching allocator keeps the memory
-  // to that stream's order). A few streams' are kept; another one empties the map first.
-  void* workspace_for(void* stream) {
-    auto found = workspaces_.find(stream);
-    if (found != workspaces_.end()) return found->second.data_ptr();
-    if (workspaces_.size() >= 8) workspaces_.clear();
-    at::Tensor memory = at::empty({static_cast<int64_t>(workspace_bytes_)},
-                                  at::TensorOptions().dtype(at::kByte).device(device_));
-    void* pointer = memory.data_ptr();
-    workspaces_.emplace(stream, std::move(memory));
-    return pointer;
-  }
-
   c10::Device device_ = c10::Device(c10::DeviceType::CUDA);
   size_t workspace_bytes_ = 0;
   lt::MatmulDesc desc_ = nullptr;
@@ -425,7 +432,6 @@ class PreparedLinear {
   lt::Algorithm algorithm_ = {};
   const void* bias_ = nullptr;
   std::mutex mutex_;
-  std::unordered_map<void*, at::Tensor> workspaces_;
 };
 
 class Memo {
