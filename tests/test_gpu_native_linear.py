@@ -1,7 +1,8 @@
 """linear's C++ memo on the GPU (serving/native_linear.py): an untuned layer that eager's calls serve (or a
 small residual layer cuBLASLt would serve) is, from its third call, served by the memo alone, with eager's
 result bit for bit, in a CUDA graph too (a layer with a bias by F.linear's cuBLASLt call prepared, as F.linear
-would make it, but for one token); a layer another route serves, or a large one with a pass, is never
+would make it, but for one token; a residual alone by the Python route's cuBLASLt call, with that route's
+bits); a layer another route serves, or a large one with a pass, is never
 filed; a reset empties it; a product handed to torch.matmul is served the same way. Built with the machine's compiler (about half a
 minute, once per run: AUTOGEMM_NATIVE_DIR keeps a build between runs)."""
 
@@ -63,17 +64,31 @@ def test_an_untuned_layer_is_served_by_the_memo_from_its_third_call_with_eagers_
         autogemm.linear(x, w, bias, activation=activation, residual=residual)
     memo = dispatch._DISPATCHER.native_memo
     assert memo is not None and memo.linear(x, w, bias, activation, residual) is not None  # (filed)
-    # a layer with a bias holds F.linear's cuBLASLt call prepared (the same kernel: eager's bits below)
-    assert memo.prepared() == (1 if bias is not None else 0), memo.unprepared_why()
-    _python_route_fails(monkeypatch)
+    # a layer with a bias holds F.linear's cuBLASLt call prepared (the same kernel: eager's bits below); the
+    # residual alone, the Python route's cuBLASLt call that reads it as C (that route's bits)
+    assert memo.prepared() == (1 if bias is not None or case == "residual" else 0), memo.unprepared_why()
     for _ in range(2):  # new values in the same tensors
         x.copy_(torch.randn_like(x))
         if residual is not None:
             residual.copy_(torch.randn_like(residual))
+        if case == "residual":
+            expected = _without_the_memo(lambda: autogemm.linear(x, w, bias, activation=activation, residual=residual))
+        else:
+            expected = _eager(torch, x, w, bias, activation, residual)
+        _python_route_fails(monkeypatch)
         y = autogemm.linear(x, w, bias, activation=activation, residual=residual)
-        assert torch.equal(y, _eager(torch, x, w, bias, activation, residual)), case
+        monkeypatch.undo()
+        assert torch.equal(y, expected), case
     autogemm.reset()
     assert len(memo) == 0
+
+
+def _without_the_memo(call):
+    memo, dispatch._DISPATCHER.native_memo = dispatch._DISPATCHER.native_memo, None
+    try:
+        return call()
+    finally:
+        dispatch._DISPATCHER.native_memo = memo
 
 
 def test_a_cuda_graph_captures_the_memos_calls(torch, monkeypatch):

@@ -268,8 +268,9 @@ def test_matmul_on_tensors_asks_the_memo_first_and_only_for_a_plain_product(monk
         assert spy.asked == []
 
 
-def test_the_memo_takes_eager_layers_whole_or_small_and_small_16_bit_residuals_cublaslt_adds():
-    # (where a pass follows, the Python route's pass is faster on the GPU: it keeps the large layers)
+def test_the_memo_takes_eager_layers_whole_or_small_and_16_bit_residuals_cublaslt_adds():
+    # (where a pass follows, the Python route's pass is faster on the GPU: it keeps the large layers; a residual
+    # that cuBLASLt reads as C is the memo's at any size, as the same cuBLASLt call)
     from autogemm.serving.eager_epilogue import TorchEagerEpiloguePlan
     from autogemm.serving.epilogue_step import TorchLtEpiloguePlan
 
@@ -283,7 +284,9 @@ def test_the_memo_takes_eager_layers_whole_or_small_and_small_16_bit_residuals_c
     suits = native_linear.suits
     assert suits(whole, large, w, None, None)
     assert suits(with_pass, small, w, "silu", None) and not suits(with_pass, large, w, "silu", None)
-    assert suits(lt, small, w, None, r_small) and not suits(lt, large, w, None, r_large)
+    assert suits(lt, small, w, None, r_small) and suits(lt, large, w, None, r_large)
+    assert native_linear.residual_as_c(lt, large, w, None, r_large)
+    assert not native_linear.residual_as_c(with_pass, small, w, None, r_small)
     assert not suits(lt, small, w, "gelu_tanh", None)  # (cuBLASLt's own GELU: not eager's calls)
     assert not suits(lt, small.float(), w.float(), None, r_small.float())  # (eager's float32 may be TF32)
     assert not suits(object(), small, w, None, None)
@@ -350,7 +353,12 @@ def test_filing_takes_what_suits_and_asks_for_the_memo_once(monkeypatch):
     native_linear.file_linear(dispatcher, object(), x, w, bias, None, None)  # (no plan the memo takes)
     native_linear.file_matmul(dispatcher, x, w)
     assert [entry[0] for entry in memo.filed] == ["linear", "matmul"]
-    assert memo.filed[0][1:] == (x, w, bias, None, None) and asked == [dispatcher]
+    assert memo.filed[0][1:] == (x, w, bias, None, None, False) and asked == [dispatcher]
+    from autogemm.serving.epilogue_step import TorchLtEpiloguePlan
+
+    residual = torch.randn(*x.shape[:-1], w.shape[0], dtype=torch.bfloat16)
+    native_linear.file_linear(dispatcher, object.__new__(TorchLtEpiloguePlan), x, w, None, None, residual)
+    assert memo.filed[-1][1:] == (x, w, None, None, residual, True)  # (cuBLASLt's call, the residual as C)
 
 
 def test_a_bias_key_off_the_gpu_holds_no_prepared_cublaslt_call_and_says_why(memo_type):
@@ -359,8 +367,21 @@ def test_a_bias_key_off_the_gpu_holds_no_prepared_cublaslt_call_and_says_why(mem
     memo = memo_type(8)
     assert memo.file(x, w, bias, "gelu", None) and memo.file(x, w, None, None, None)
     assert len(memo) == 2 and memo.prepared() == 0
-    assert "not F.linear's cuBLASLt call" in memo.unprepared_why()
+    assert "not a cuBLASLt call the memo prepares" in memo.unprepared_why()
     assert torch.equal(memo.linear(x, w, bias, "gelu", None), F.gelu(F.linear(x, w, bias)))
+
+
+def test_a_residual_read_as_c_is_filed_only_with_its_cublaslt_call(memo_type):
+    """A layer the Python route's cuBLASLt plan serves (the residual as C) has that call's arithmetic: the memo
+    holds it only prepared, and no key stands in for it here, off the GPU; other keys are filed as before."""
+    x, w, bias, residual = _layer(dtype=torch.bfloat16)
+    memo = memo_type(8)
+    assert not memo.file(x, w, None, None, residual, True) and len(memo) == 0
+    assert "not a cuBLASLt call the memo prepares" in memo.unprepared_why()
+    assert memo.linear(x, w, None, None, residual) is None
+    assert not memo_type(8, prepare=False).file(x, w, bias, None, residual, residual_as_c=True)
+    assert memo.file(x, w, None, None, residual)  # (eager's calls: at::linear, then the sum)
+    assert torch.equal(memo.linear(x, w, None, None, residual), F.linear(x, w) + residual)
 
 
 def _cublaslt_headers():

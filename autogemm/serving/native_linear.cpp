@@ -283,25 +283,47 @@ void* shared_workspace(c10::Device device, void* stream, size_t bytes) {
   return pointer;
 }
 
-// F.linear's cuBLASLt call (addmm with a 1-D bias: cuBLASLt's BIAS epilogue) for one key, its descriptors and
-// algorithm made once. Column-major, as cuBLASLt reads the row-major operands: D (N x M) = op(W) (N x K) . X
-// (K x M) + bias, W's rows read as K x N with op T, X as K x M: the layouts and order F.linear gives it.
+// Which cuBLASLt call a key holds prepared: F.linear's own (a 1-D bias through cuBLASLt's BIAS epilogue, as
+// addmm makes it; the activation and residual follow in place, as eager's), or the one the Python route's
+// cuBLASLt plan makes for a layer whose epilogue is a residual and perhaps a bias (epilogue_step.
+// TorchLtEpiloguePlan: the residual read as C, beta 1, autogemm's workspace; one call, no pass).
+enum class Route : int64_t { kLinear = 0, kResidualAsC = 1 };
+
+// A cuBLASLt call prepared for one key: its descriptors and algorithm made once. Column-major, as cuBLASLt reads
+// the row-major operands: D (N x M) = op(W) (N x K) . X (K x M) [+ C] [+ bias], W's rows read as K x N with op T,
+// X as K x M, C and D as N x M: the layouts and order F.linear gives it.
 class PreparedLinear {
  public:
-  // The prepared call of F.linear(x, w, b), or null where F.linear would not run cuBLASLt's BIAS epilogue on
-  // such operands, or the library or an algorithm is missing (`why` says which).
-  static std::unique_ptr<PreparedLinear> prepare(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
-                                                 size_t workspace_bytes, std::string& why) {
+  // The prepared call for a key of x, w, b (undefined: none) and r (the residual, for kResidualAsC), or null
+  // where the route would not run cuBLASLt on such operands, or the library or an algorithm is missing (`why`
+  // says which).
+  static std::unique_ptr<PreparedLinear> prepare(Route route, const at::Tensor& x, const at::Tensor& w,
+                                                 const at::Tensor& b, const at::Tensor& r, size_t workspace_bytes,
+                                                 std::string& why) {
     const at::ScalarType type = x.scalar_type();
-    if (!x.is_cuda() || (type != at::kHalf && type != at::kBFloat16) || w.scalar_type() != type ||
-        b.scalar_type() != type || w.dim() != 2 || b.dim() != 1 || x.dim() < 2 || x.dim() > 3 || !x.is_contiguous() ||
-        !w.is_contiguous() || !b.is_contiguous() || w.device() != x.device() || b.device() != x.device()) {
-      why = "not F.linear's cuBLASLt call (16-bit, contiguous, 2-D or 3-D x, one device)";
+    const bool with_c = route == Route::kResidualAsC;
+    const bool with_bias = b.defined();
+    if (!x.is_cuda() || (type != at::kHalf && type != at::kBFloat16) || w.scalar_type() != type || w.dim() != 2 ||
+        x.dim() < 2 || x.dim() > 3 || !x.is_contiguous() || !w.is_contiguous() || w.device() != x.device() ||
+        (with_bias && (b.scalar_type() != type || b.dim() != 1 || !b.is_contiguous() || b.device() != x.device())) ||
+        (!with_c && !with_bias)) {
+      why = "not a cuBLASLt call the memo prepares (16-bit, contiguous, 2-D or 3-D x, one device, a bias or C)";
       return nullptr;
     }
     const int64_t n = w.size(0), k = w.size(1), m = x.numel() / std::max<int64_t>(k, 1);
+    if (with_c) {
+      c10::SmallVector<int64_t, 8> sizes(x.sizes().begin(), x.sizes().end());
+      sizes.back() = n;
+      if (!r.defined() || r.scalar_type() != type || !r.is_contiguous() || r.device() != x.device() ||
+          r.sizes() != c10::IntArrayRef(sizes)) {
+        why = "a residual that is not the output's shape, contiguous, in its dtype and on its device";
+        return nullptr;
+      }
+    }
     constexpr int64_t kMax = 2147483647;
-    if (m <= 1 || n <= 1 || k <= 1 || m > kMax || n > kMax || k > kMax || b.size(0) != n) {
+    // (F.linear gives cuBLASLt no size of 1; the Python route's plan takes any)
+    const int64_t least = with_c ? 1 : 2;
+    if (m < least || n < least || k < least || m > kMax || n > kMax || k > kMax || (with_bias && b.size(0) != n)) {
       why = "a size F.linear does not give cuBLASLt (1, or past 32 bits)";
       return nullptr;
     }
@@ -322,8 +344,18 @@ class PreparedLinear {
       return nullptr;
     }
     std::unique_ptr<PreparedLinear> p(new PreparedLinear());
+    p->route_ = route;
     p->device_ = x.device();
     p->workspace_bytes_ = workspace_bytes;
+    // F.linear tells the heuristic its addresses' alignment (256 here: every call's are checked); the Python
+    // route's plan lowers that to what the rows' pitches and D's size keep (cublas_epilogue_launcher)
+    uint32_t alignment = kAlignment;
+    if (with_c) {
+      const int64_t item = x.element_size();
+      while (alignment > 1 && ((k * item) % alignment || (n * item) % alignment || (m * n * item) % alignment)) {
+        alignment /= 2;
+      }
+    }
     const int data = type == at::kHalf ? lt::CUDA_R_16F : lt::CUDA_R_16BF;
     if (lt.desc_create(&p->desc_, lt::CUBLAS_COMPUTE_32F, lt::CUDA_R_32F) != lt::CUBLAS_STATUS_SUCCESS) {
       p->desc_ = nullptr;
@@ -331,13 +363,15 @@ class PreparedLinear {
       return nullptr;
     }
     const int32_t op_w = lt::CUBLAS_OP_T, op_x = lt::CUBLAS_OP_N;  // (cublasOperation_t)
-    const uint32_t epilogue = lt::CUBLASLT_EPILOGUE_BIAS;          // (cublasLtEpilogue_t)
-    const void* bias = b.data_ptr();
-    p->bias_ = bias;
     bool ok = p->set(lt::CUBLASLT_MATMUL_DESC_TRANSA, &op_w, sizeof(op_w)) &&
-              p->set(lt::CUBLASLT_MATMUL_DESC_TRANSB, &op_x, sizeof(op_x)) &&
-              p->set(lt::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)) &&
-              p->set(lt::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+              p->set(lt::CUBLASLT_MATMUL_DESC_TRANSB, &op_x, sizeof(op_x));
+    if (with_bias) {
+      const uint32_t epilogue = lt::CUBLASLT_EPILOGUE_BIAS;  // (cublasLtEpilogue_t)
+      const void* bias = b.data_ptr();
+      p->bias_ = bias;
+      ok = ok && p->set(lt::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)) &&
+           p->set(lt::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+    }
     ok = ok && lt.layout_create(&p->w_layout_, data, k, n, k) == lt::CUBLAS_STATUS_SUCCESS;
     ok = ok && lt.layout_create(&p->x_layout_, data, k, m, k) == lt::CUBLAS_STATUS_SUCCESS;
     ok = ok && lt.layout_create(&p->y_layout_, data, n, m, n) == lt::CUBLAS_STATUS_SUCCESS;
@@ -351,7 +385,6 @@ class PreparedLinear {
       return nullptr;
     }
     const uint64_t workspace = workspace_bytes;
-    const uint32_t alignment = kAlignment;
     ok = lt.preference_set(preference, lt::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)) ==
          lt::CUBLAS_STATUS_SUCCESS;
     for (int attribute : {lt::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, lt::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -382,11 +415,15 @@ class PreparedLinear {
     if (desc_ != nullptr) lt.desc_destroy(desc_);
   }
 
-  // y = x @ w^T + b by the prepared call, or an undefined tensor where this call must go F.linear's own way
-  at::Tensor operator()(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  Route route() const { return route_; }
+
+  // The prepared call's D: x @ w^T (+ b) for kLinear, and + r as C for kResidualAsC; or an undefined tensor
+  // where this call must go at::linear's way (b, r: undefined where the key has none)
+  at::Tensor operator()(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& r) {
     const LtLibrary& lt = lt_library();
     const c10::impl::DeviceGuardImplInterface* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
-    if (cuda->getDevice() != device_ || x.is_neg() || w.is_neg() || b.is_neg() || !settings_are_linears_defaults()) {
+    if (cuda->getDevice() != device_ || x.is_neg() || w.is_neg() || (b.defined() && b.is_neg()) ||
+        (r.defined() && r.is_neg()) || !settings_are_linears_defaults()) {
       return at::Tensor();
     }
     void* stream = cuda->getStream(device_).native_handle();  // (the current stream: a cudaStream_t)
@@ -394,9 +431,10 @@ class PreparedLinear {
     if (lt.stream_is_capturing(stream, &capturing) != 0 || capturing != 0) return at::Tensor();
     const void* px = x.data_ptr();
     const void* pw = w.data_ptr();
-    const void* pb = b.data_ptr();
-    if ((reinterpret_cast<uintptr_t>(px) | reinterpret_cast<uintptr_t>(pw) | reinterpret_cast<uintptr_t>(pb)) %
-        kAlignment) {
+    const void* pb = b.defined() ? b.data_ptr() : nullptr;
+    const void* pr = route_ == Route::kResidualAsC ? r.data_ptr() : nullptr;
+    if ((reinterpret_cast<uintptr_t>(px) | reinterpret_cast<uintptr_t>(pw) | reinterpret_cast<uintptr_t>(pb) |
+         reinterpret_cast<uintptr_t>(pr)) % kAlignment) {
       return at::Tensor();
     }
     c10::SmallVector<int64_t, 8> sizes(x.sizes().begin(), x.sizes().end());
@@ -404,15 +442,16 @@ class PreparedLinear {
     at::Tensor y = at::empty(sizes, x.options());
     void* py = y.data_ptr();
     if (reinterpret_cast<uintptr_t>(py) % kAlignment) return at::Tensor();
-    const float one = 1.0f, zero = 0.0f;  // (beta 0: the bias comes in the epilogue)
+    // alpha 1; beta 0, or 1 where the residual is C (the bias comes in the epilogue)
+    const float alpha = 1.0f, beta = route_ == Route::kResidualAsC ? 1.0f : 0.0f;
     std::lock_guard<std::mutex> hold(mutex_);  // (the bias's address lives in the descriptor)
     if (pb != bias_) {
       if (!set(lt::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &pb, sizeof(pb))) return at::Tensor();
       bias_ = pb;
     }
     void* workspace = workspace_bytes_ ? shared_workspace(device_, stream, workspace_bytes_) : nullptr;
-    if (lt.matmul(lt.handle, desc_, &one, pw, w_layout_, px, x_layout_, &zero, py, y_layout_, py, y_layout_,
-                  &algorithm_, workspace, workspace_bytes_, stream) != lt::CUBLAS_STATUS_SUCCESS) {
+    if (lt.matmul(lt.handle, desc_, &alpha, pw, w_layout_, px, x_layout_, &beta, pr != nullptr ? pr : py, y_layout_,
+                  py, y_layout_, &algorithm_, workspace, workspace_bytes_, stream) != lt::CUBLAS_STATUS_SUCCESS) {
       return at::Tensor();
     }
     return y;
@@ -425,6 +464,7 @@ class PreparedLinear {
     return lt_library().desc_set(desc_, attribute, value, size) == lt::CUBLAS_STATUS_SUCCESS;
   }
 
+  Route route_ = Route::kLinear;
   c10::Device device_ = c10::Device(c10::DeviceType::CUDA);
   size_t workspace_bytes_ = 0;
   lt::MatmulDesc desc_ = nullptr;
@@ -438,10 +478,14 @@ class Memo {
  public:
   // The calls keep the GIL: they only launch, and on an H200's host releasing it around them cost about 1 us
   // of a call's latency (journal, session 56: probe13)
-  // `lt_workspace_bytes`: the cuBLASLt workspace F.linear's calls get (PyTorch's; the heuristic picks by it);
-  // `prepare`: whether keys of F.linear's cuBLASLt call get it prepared (where the build has cuBLASLt)
-  Memo(size_t max_entries, size_t lt_workspace_bytes, bool prepare)
-      : max_entries_(max_entries), lt_workspace_bytes_(lt_workspace_bytes), prepare_(prepare) {}
+  // The cuBLASLt workspace each route's calls get, as the heuristic picks by it: `linear_workspace_bytes`
+  // F.linear's (PyTorch's), `residual_workspace_bytes` the Python route's cuBLASLt plan's (autogemm's);
+  // `prepare`: whether keys get their cuBLASLt call prepared (False: at::linear serves every key)
+  Memo(size_t max_entries, size_t linear_workspace_bytes, size_t residual_workspace_bytes, bool prepare)
+      : max_entries_(max_entries),
+        linear_workspace_bytes_(linear_workspace_bytes),
+        residual_workspace_bytes_(residual_workspace_bytes),
+        prepare_(prepare) {}
 
   // torch.matmul(a, b) where the memo holds the call's key, else None
   py::object matmul(py::handle a, py::handle b) {
@@ -481,10 +525,14 @@ class Memo {
     const at::Tensor* rt = residual.is_none() ? nullptr : &THPVariable_Unpack(residual.ptr());
     at::Tensor y;
     if (entry) {
-      try {
-        y = (*entry)(xt, wt, *bt);  // (undefined where this call must go F.linear's own way)
-      } catch (const std::exception&) {  // (an allocation that failed: F.linear's own call meets it too)
+      try {  // (undefined where this call must go another way)
+        y = (*entry)(xt, wt, bt ? *bt : at::Tensor(), rt != nullptr ? *rt : at::Tensor());
+      } catch (const std::exception&) {  // (an allocation that failed: the other way meets it too)
         y = at::Tensor();
+      }
+      if (entry->route() == Route::kResidualAsC) {  // (the residual was C, nothing follows; or the Python
+        if (!y.defined()) return py::none();         // route's own plan serves the call: its arithmetic)
+        return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(y)));
       }
     }
     if (!y.defined()) y = at::linear(xt, wt, bt);
@@ -492,23 +540,36 @@ class Memo {
   }
 
   // Files the call's key (emptying the memo when it is full); false where the memo cannot serve such a call.
-  bool file(py::handle x, py::handle weight, py::handle bias, py::handle activation, py::handle residual) {
+  // `residual_as_c`: the Python route served it with its cuBLASLt plan, the residual read as C (a layer without
+  // an activation): the key holds that call prepared, or is not filed; a call the prepared one declines gets
+  // None (the Python route's plan serves it). Otherwise the key holds F.linear's call prepared where it has a
+  // bias and the call suits (else at::linear serves).
+  bool file(py::handle x, py::handle weight, py::handle bias, py::handle activation, py::handle residual,
+            bool residual_as_c) {
     Words words;
     Activation act;
     if (!key_of(words, x.ptr(), weight.ptr(), bias.ptr(), activation.ptr(), residual.ptr(), act)) return false;
+    const bool as_c = residual_as_c && act == kNone && !residual.is_none();
+    if (as_c && !prepare_) return false;  // (that route's arithmetic is cuBLASLt's call: nothing else stands in)
+    if (find(words)) return true;  // (filed already: a call it declined, served by the Python route)
     Entry prepared;
-    if (prepare_ && !bias.is_none()) {
+    if (prepare_ && (as_c || !bias.is_none())) {
       std::string why;
-      prepared = PreparedLinear::prepare(THPVariable_Unpack(x.ptr()), THPVariable_Unpack(weight.ptr()),
-                                         THPVariable_Unpack(bias.ptr()), lt_workspace_bytes_, why);
+      const at::Tensor none;
+      prepared = PreparedLinear::prepare(as_c ? Route::kResidualAsC : Route::kLinear, THPVariable_Unpack(x.ptr()),
+                                         THPVariable_Unpack(weight.ptr()),
+                                         bias.is_none() ? none : THPVariable_Unpack(bias.ptr()),
+                                         residual.is_none() ? none : THPVariable_Unpack(residual.ptr()),
+                                         as_c ? residual_workspace_bytes_ : linear_workspace_bytes_, why);
       std::lock_guard<std::mutex> hold(mutex_);
       last_unprepared_ = prepared ? "" : why;
     }
+    if (as_c && !prepared) return false;
     insert(std::move(words), std::move(prepared));
     return true;
   }
 
-  // How many keys hold a prepared cuBLASLt call, and why the last key filed with a bias got none ("" where it
+  // How many keys hold a prepared cuBLASLt call, and why the last key that could have got none ("" where it
   // did): what tests and benchmarks read
   size_t prepared() {
     std::lock_guard<std::mutex> hold(mutex_);
@@ -566,7 +627,8 @@ class Memo {
   }
 
   size_t max_entries_;
-  size_t lt_workspace_bytes_;
+  size_t linear_workspace_bytes_;
+  size_t residual_workspace_bytes_;
   bool prepare_;
   std::mutex mutex_;
   std::unordered_map<Words, Entry, WordsHash, WordsEqual> keys_;
@@ -578,14 +640,17 @@ class Memo {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "autogemm.linear's memo of layers that eager's ATen calls serve (serving/native_linear.py)";
   py::class_<Memo>(m, "Memo")
-      .def(py::init<size_t, size_t, bool>(), py::arg("max_entries"), py::arg("lt_workspace_bytes") = 1 << 20,
+      .def(py::init<size_t, size_t, size_t, bool>(), py::arg("max_entries"),
+           py::arg("linear_workspace_bytes") = 1 << 20, py::arg("residual_workspace_bytes") = 32 << 20,
            py::arg("prepare") = true)
-      .def("linear", &Memo::linear, "eager's result where the call's key is filed, else None")
-      .def("file", &Memo::file, "files the call's key; False where the memo cannot serve it")
+      .def("linear", &Memo::linear, "the route's result where the call's key is filed, else None")
+      .def("file", &Memo::file, "files the call's key; False where the memo cannot serve it", py::arg("x"),
+           py::arg("weight"), py::arg("bias"), py::arg("activation"), py::arg("residual"),
+           py::arg("residual_as_c") = false)
       .def("matmul", &Memo::matmul, "torch.matmul(a, b) where the call's key is filed, else None")
       .def("file_matmul", &Memo::file_matmul, "files a matmul call's key; False where the memo cannot serve it")
       .def("prepared", &Memo::prepared, "how many keys hold a prepared cuBLASLt call")
-      .def("unprepared_why", &Memo::unprepared_why, "why the last key filed with a bias got no prepared call")
+      .def("unprepared_why", &Memo::unprepared_why, "why the last key that could got no prepared call")
       .def("clear", &Memo::clear)
       .def("__len__", &Memo::size);
 }

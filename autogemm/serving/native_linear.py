@@ -12,8 +12,10 @@ served the call (`suits` says which layers); the dispatcher empties the memo whe
 memos (a tune, a plan retired or replaced). The route never changes the arithmetic: what runs is what eager
 runs, on any operands the key admits. Where F.linear would run cuBLASLt's BIAS epilogue, the key holds that
 call prepared (its descriptors and algorithm made once, with PyTorch's workspace size and alignment, so that
-the heuristic picks F.linear's kernel): F.linear builds them and asks the heuristic on every call. The
-extension finds cuBLASLt in the libraries PyTorch has loaded and needs no CUDA headers. docs/serving.md ("The
+the heuristic picks F.linear's kernel): F.linear builds them and asks the heuristic on every call. A 16-bit
+layer whose epilogue is a residual (and a bias) that the Python route's cuBLASLt plan reads as C holds that
+call prepared instead, or is not filed. The extension finds cuBLASLt in the libraries PyTorch has loaded and
+needs no CUDA headers. docs/serving.md ("The
 C++ memo") and docs/decisions/native-memo.md have the figures.
 
 It is a PyTorch C++ extension, compiled with the machine's C++ compiler the first time a process needs it
@@ -45,11 +47,11 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_linear.cpp")
 MAX_ENTRIES = 1024  # keys held (a process's layers times its distinct token counts): emptied when full
-# Where a pass follows the GEMM (an activation, a residual) or cuBLASLt adds the residual as C, the Python route
-# computes the epilogue faster on the GPU than eager's calls: by about 0.3-0.8 us per million output elements
-# on an H200 (F.linear then the pass against F.linear then PyTorch's own kernels), where the memo saves 1-3 us
-# of host time a call. Up to this many output elements the memo takes such a layer; a larger one keeps the
-# Python route (journal, session 56: 16 layers of a dev draw timed both ways).
+# Where a pass follows the GEMM (an activation, a residual), the Python route computes the epilogue faster on the
+# GPU than eager's calls: by about 0.3-0.8 us per million output elements on an H200 (F.linear then the pass
+# against F.linear then PyTorch's own kernels), where the memo saves 1-3 us of host time a call. Up to this many
+# output elements the memo takes such a layer; a larger one keeps the Python route (journal, session 56: 16
+# layers of a dev draw timed both ways).
 MAX_OUTPUT_WITH_PASS = 1 << 22
 BUILD_TIMEOUT_S = 900.0  # a compilation that takes longer has gone wrong
 SWITCH = "AUTOGEMM_NATIVE"
@@ -69,16 +71,21 @@ _waiting: list[Any] = []  # dispatchers to hand a Memo once the module is loaded
 def suits(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> bool:
     """Whether the memo should take `linear`'s calls like this one, which `plan` served (on tensors, with no
     out, out_dtype or gate): the layers eager's calls serve (eager_epilogue), where F.linear serves them whole
-    or their output has at most MAX_OUTPUT_WITH_PASS elements; and, within that size, 16-bit layers whose only
-    epilogue is a residual that cuBLASLt adds as C (epilogue_step.TorchLtEpiloguePlan: eager's calls compute
-    it, F.linear and then the sum)."""
-    if isinstance(plan, TorchEagerEpiloguePlan):
-        if plan.finish is None:
-            return True
-    elif not (isinstance(plan, TorchLtEpiloguePlan) and activation is None and residual is not None
-              and x.dtype == weight.dtype == residual.dtype and x.element_size() == 2):
+    or their output has at most MAX_OUTPUT_WITH_PASS elements; and 16-bit layers whose epilogue is a residual
+    (and perhaps a bias) that cuBLASLt adds as C (`residual_as_c`: the memo makes the same cuBLASLt call)."""
+    if residual_as_c(plan, x, weight, activation, residual):
+        return True
+    if not isinstance(plan, TorchEagerEpiloguePlan):
         return False
-    return x.numel() // max(1, x.shape[-1]) * weight.shape[0] <= MAX_OUTPUT_WITH_PASS
+    return plan.finish is None or x.numel() // max(1, x.shape[-1]) * weight.shape[0] <= MAX_OUTPUT_WITH_PASS
+
+
+def residual_as_c(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> bool:
+    """Whether `plan` is the Python route's cuBLASLt plan reading a residual as C, on 16-bit tensors
+    (epilogue_step.TorchLtEpiloguePlan): the memo holds that call prepared, with the same workspace size and
+    alignment, so that cuBLASLt's heuristic picks the same kernel (or leaves the layer to the Python route)."""
+    return (isinstance(plan, TorchLtEpiloguePlan) and activation is None and residual is not None
+            and x.dtype == weight.dtype == residual.dtype and x.element_size() == 2)
 
 
 def file_linear(dispatcher: Any, plan: Any, x: Any, weight: Any, bias: Any, activation: Any, residual: Any) -> None:
@@ -87,7 +94,7 @@ def file_linear(dispatcher: Any, plan: Any, x: Any, weight: Any, bias: Any, acti
     if suits(plan, x, weight, activation, residual):
         memo = dispatcher.native_memo
         if memo is not None:
-            memo.file(x, weight, bias, activation, residual)
+            memo.file(x, weight, bias, activation, residual, residual_as_c(plan, x, weight, activation, residual))
         else:
             _ask(dispatcher)
 
@@ -186,9 +193,12 @@ def _start_locked() -> None:
 
 def _give_memo(dispatcher: Any) -> None:
     if getattr(dispatcher, "native_memo", None) is None:
-        from .lt_linear import torch_workspace_bytes  # (the heuristic picks F.linear's kernel by PyTorch's size)
+        # (cuBLASLt's heuristic picks by the workspace size: F.linear's calls get PyTorch's, the Python route's
+        # cuBLASLt plans autogemm's)
+        from ..gpu.cublas_gemm import WORKSPACE_BYTES
+        from .lt_linear import torch_workspace_bytes
 
-        dispatcher.native_memo = _state["module"].Memo(MAX_ENTRIES, torch_workspace_bytes())
+        dispatcher.native_memo = _state["module"].Memo(MAX_ENTRIES, torch_workspace_bytes(), WORKSPACE_BYTES)
 
 
 def _build_and_load() -> None:
