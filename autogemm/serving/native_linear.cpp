@@ -10,8 +10,9 @@
 //
 // The memo holds keys: the operands' shapes, strides, dtypes and devices, whether there is a bias
 // and a residual (and theirs), and the activation. Python files a key after its own route served the call
-// (Memo.file, Memo.file_matmul); what runs for a key is what eager runs, and ATen checks and computes any
-// operands as eager would, so a key decides only the route, never the arithmetic. A call the memo does not
+// (Memo.file, Memo.file_matmul); what runs for a key is what that route runs (eager's calls, or the one
+// cuBLASLt call below), and ATen checks and computes any operands as eager would, so a key decides only the
+// route, never the arithmetic. A call the memo does not
 // hold, or one with a tensor that requires grad, a __torch_function__ subclass or mode, or an activation it
 // does not know, gets None: the Python path serves it (or names its fault).
 //
@@ -22,6 +23,9 @@
 // kernel runs; a call then allocates the output and launches. A call whose addresses, current device, stream
 // capture or PyTorch settings (autocast, deterministic algorithms, reduced-precision reductions, FP16
 // accumulation, an SM carveout) differ from what it was prepared for runs at::linear, as do the other keys.
+// A 16-bit layer whose epilogue is a residual (and perhaps a bias) that the Python route's cuBLASLt plan reads
+// as C holds that call prepared the same way (Route::kResidualAsC), or is not filed: a call it declines gets
+// None, so that the Python route's plan computes it as before.
 #include <torch/extension.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/PythonTorchFunctionTLS.h>
@@ -505,8 +509,8 @@ class Memo {
     return true;
   }
 
-  // eager's result of linear(x, weight, bias, activation, residual) where the memo holds the call's key,
-  // else None
+  // linear(x, weight, bias, activation, residual) where the memo holds the call's key (eager's calls, or the
+  // key's prepared cuBLASLt call), else None
   py::object linear(py::handle x, py::handle weight, py::handle bias, py::handle activation,
                     py::handle residual) {
     if (at::impl::torch_function_mode_enabled()) return py::none();  // (a mode would see eager's calls)

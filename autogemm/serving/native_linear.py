@@ -39,9 +39,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from ..gpu.cublas_gemm import WORKSPACE_BYTES
 from ..paths import user_cache_dir
 from .eager_epilogue import TorchEagerEpiloguePlan
 from .epilogue_step import TorchLtEpiloguePlan
+from .lt_linear import torch_workspace_bytes
 
 log = logging.getLogger(__name__)
 
@@ -195,9 +197,6 @@ def _give_memo(dispatcher: Any) -> None:
     if getattr(dispatcher, "native_memo", None) is None:
         # (cuBLASLt's heuristic picks by the workspace size: F.linear's calls get PyTorch's, the Python route's
         # cuBLASLt plans autogemm's)
-        from ..gpu.cublas_gemm import WORKSPACE_BYTES
-        from .lt_linear import torch_workspace_bytes
-
         dispatcher.native_memo = _state["module"].Memo(MAX_ENTRIES, torch_workspace_bytes(), WORKSPACE_BYTES)
 
 
