@@ -9,14 +9,14 @@ two calls with nothing between them. The same holds for `matmul`'s 16-bit produc
 `native_linear.cpp` holds such calls' keys (the operands' metadata, the activation) in a C++ map and, for a
 call it holds, makes eager's ATen calls itself, one call from Python. Python files a key after its own route
 served the call (`suits` says which layers); the dispatcher empties the memo whenever it empties linear's other
-memos (a tune, a plan retired or replaced). The route never changes the arithmetic: what runs is what eager
-runs, on any operands the key admits. Where F.linear would run cuBLASLt's BIAS epilogue, the key holds that
-call prepared (its descriptors and algorithm made once, with PyTorch's workspace size and alignment, so that
-the heuristic picks F.linear's kernel): F.linear builds them and asks the heuristic on every call. A 16-bit
-layer whose epilogue is a residual (and a bias) that the Python route's cuBLASLt plan reads as C holds that
-call prepared instead, or is not filed. The extension finds cuBLASLt in the libraries PyTorch has loaded and
-needs no CUDA headers. docs/serving.md ("The
-C++ memo") and docs/decisions/native-memo.md have the figures.
+memos (a tune, a plan retired or replaced). The memo never changes the arithmetic: what runs for a key is what
+the Python route ran, on any operands the key admits. Where F.linear would run cuBLASLt's BIAS epilogue, the
+key holds that call prepared (its descriptors and algorithm made once, with PyTorch's workspace size and
+alignment, so that the heuristic picks F.linear's kernel): F.linear builds them and asks the heuristic on every
+call. A 16-bit layer whose epilogue is a residual (and perhaps a bias) that the Python route's cuBLASLt plan
+reads as C holds that call prepared, or is not filed. The extension finds cuBLASLt in the libraries PyTorch
+has loaded and needs no CUDA headers. docs/serving.md ("The C++ memo") and docs/decisions/native-memo.md have
+the figures.
 
 It is a PyTorch C++ extension, compiled with the machine's C++ compiler the first time a process needs it
 (`torch.utils.cpp_extension`, which needs `ninja`; about half a minute), in a subprocess, in the background:
