@@ -110,16 +110,48 @@ def _shared_cubins(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _shared_native_build(tmp_path_factory):
+def _shared_native_build(tmp_path_factory, request):
     """One build directory of linear's C++ memo for the run (serving/native_linear.py; `_run_directory`),
     unless AUTOGEMM_NATIVE_DIR names one (a build kept between runs): the tests never build into the
-    user's cache."""
+    user's cache. Where a test of the run needs the memo, its build starts now, in the background
+    (`_start_native_build`)."""
     before = os.environ.get("AUTOGEMM_NATIVE_DIR")
     if before is None:
         os.environ["AUTOGEMM_NATIVE_DIR"] = str(_run_directory(tmp_path_factory, "native"))
+    _start_native_build(request.session.items)
     yield
     if before is None:
         os.environ.pop("AUTOGEMM_NATIVE_DIR", None)
+
+
+def _start_native_build(items: list) -> bool:
+    """Starts building linear's C++ memo in the background where a test that will run is marked `native`
+    and the build can run here (PyTorch and ninja): its half a minute of one core then overlaps the tests
+    before the first that needs it, which otherwise waits for the whole build. pytest-xdist's workers each
+    start it; the build's file lock lets one compile while the others wait. It only builds and loads the
+    module (`native_linear.load`), leaving native_linear's state to the tests that set it; a failure is
+    theirs to report. Whether it started."""
+    if not any(item.get_closest_marker("native") is not None and item.get_closest_marker("skip") is None
+               for item in items):
+        return False
+    try:
+        from torch.utils.cpp_extension import is_ninja_available
+    except ImportError:  # (no PyTorch: the memo's tests skip)
+        return False
+    if not is_ninja_available():
+        return False
+    import threading
+
+    from autogemm.serving import native_linear
+
+    def build() -> None:
+        try:
+            native_linear.load()
+        except Exception:  # (the tests that need the memo build it again and say why it failed)
+            pass
+
+    threading.Thread(target=build, name="autogemm-test-native-build", daemon=True).start()
+    return True
 
 
 @pytest.fixture(autouse=True)
