@@ -57,7 +57,7 @@ def _python_route_fails(monkeypatch):
 
 @pytest.mark.parametrize("case", ["bias", "bias+gelu", "bias+silu+residual", "silu", "batched bias+gelu+residual",
                                   "residual"])
-def test_an_untuned_layer_is_served_by_the_memo_from_its_third_call_with_eagers_result(torch, case, monkeypatch):
+def test_an_untuned_layer_is_served_by_the_memo_from_its_third_call_with_eagers_result(torch, case):
     autogemm.reset()
     x, w, bias, activation, residual = _layer(torch, case)
     for _ in range(3):  # the general path files the plan, and (the memo built) the layer's key
@@ -75,9 +75,9 @@ def test_an_untuned_layer_is_served_by_the_memo_from_its_third_call_with_eagers_
             expected = _without_the_memo(lambda: autogemm.linear(x, w, bias, activation=activation, residual=residual))
         else:
             expected = _eager(torch, x, w, bias, activation, residual)
-        _python_route_fails(monkeypatch)
-        y = autogemm.linear(x, w, bias, activation=activation, residual=residual)
-        monkeypatch.undo()
+        with pytest.MonkeyPatch.context() as patch:  # (the test's own monkeypatch also holds the cache's setting)
+            _python_route_fails(patch)
+            y = autogemm.linear(x, w, bias, activation=activation, residual=residual)
         assert torch.equal(y, expected), case
     autogemm.reset()
     assert len(memo) == 0
@@ -138,7 +138,7 @@ class _NoLookups(dict):
         pytest.fail("the Python fast path looked the plan up")
 
 
-def test_a_product_handed_to_torch_matmul_is_served_by_the_memo_from_its_third_call(torch, monkeypatch):
+def test_a_product_handed_to_torch_matmul_is_served_by_the_memo_from_its_third_call(torch):
     autogemm.reset()
     a = torch.randn(24, 256, device="cuda", dtype=torch.float16)
     b = torch.randn(192, 256, device="cuda", dtype=torch.float16).T  # (a transposed view: the NT product)
@@ -146,10 +146,10 @@ def test_a_product_handed_to_torch_matmul_is_served_by_the_memo_from_its_third_c
         autogemm.matmul(a, b)
     memo = dispatch._DISPATCHER.native_memo
     assert memo is not None and len(memo) == 1 and memo.matmul(a, b) is not None
-    monkeypatch.setattr(dispatch._DISPATCHER, "torch_fast", _NoLookups())
-    a.copy_(torch.randn_like(a))
-    assert torch.equal(autogemm.matmul(a, b), torch.matmul(a, b))
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as patch:  # (the test's own monkeypatch also holds the cache's setting)
+        patch.setattr(dispatch._DISPATCHER, "torch_fast", _NoLookups())
+        a.copy_(torch.randn_like(a))
+        assert torch.equal(autogemm.matmul(a, b), torch.matmul(a, b))
     with pytest.raises(TypeError, match="requires grad"):
         autogemm.matmul(a.clone().requires_grad_(), b)
 
