@@ -1,10 +1,10 @@
 """linear's C++ memo on the GPU (serving/native_linear.py): an untuned layer that eager's calls serve (or a
-small residual layer cuBLASLt would serve) is, from its third call, served by the memo alone, with eager's
-result bit for bit, in a CUDA graph too (a layer with a bias by F.linear's cuBLASLt call prepared, as F.linear
-would make it, but for one token; a residual alone by the Python route's cuBLASLt call, with that route's
-bits); a layer another route serves, or a large one with a pass, is never
-filed; a reset empties it; a product handed to torch.matmul is served the same way. Built with the machine's compiler (about half a
-minute, once per run: AUTOGEMM_NATIVE_DIR keeps a build between runs)."""
+residual layer cuBLASLt reads as C) is, from its third call, served by the memo alone, with the Python route's
+result bit for bit, in a CUDA graph too: a layer with a bias by F.linear's cuBLASLt call prepared (eager's bits),
+a one-token layer whose epilogue is its bias as the Python route prepares it, a residual alone by the Python
+route's cuBLASLt call. A layer another route serves, or a large one with a pass, is never filed; a reset empties
+the memo; a product handed to torch.matmul is served the same way. Built with the machine's compiler (about half
+a minute, once per run: AUTOGEMM_NATIVE_DIR keeps a build between runs)."""
 
 from __future__ import annotations
 
@@ -154,17 +154,27 @@ def test_a_product_handed_to_torch_matmul_is_served_by_the_memo_from_its_third_c
         autogemm.matmul(a.clone().requires_grad_(), b)
 
 
-def test_a_one_token_bias_layer_runs_at_linear_as_f_linear_runs_it_without_cublaslt(torch, monkeypatch):
-    """F.linear gives cuBLASLt's BIAS epilogue no product with one row (it copies the bias and runs a GEMM): the
-    memo prepares no call for it, and gives eager's bits."""
-    autogemm.reset()
-    x = torch.randn(1, 256, device="cuda", dtype=torch.float16)
-    w = torch.randn(192, 256, device="cuda", dtype=torch.float16) / 16
-    bias = torch.randn(192, device="cuda", dtype=torch.float16)
-    for _ in range(3):
-        autogemm.linear(x, w, bias)
-    memo = dispatch._DISPATCHER.native_memo
-    assert memo.linear(x, w, bias, None, None) is not None and memo.prepared() == 0
-    assert "a size F.linear does not give cuBLASLt" in memo.unprepared_why()
-    _python_route_fails(monkeypatch)
-    assert torch.equal(autogemm.linear(x, w, bias), torch.nn.functional.linear(x, w, bias))
+def test_one_token_layers_run_what_the_python_route_runs(torch):
+    """F.linear gives cuBLASLt's BIAS epilogue no product of one row (it copies the bias, then runs a GEMM), while
+    the Python route serves a layer whose whole epilogue is the bias with F.linear's cuBLASLt call prepared, at
+    any M (lt_linear.PreparedBiasLinear): the memo prepares that call for the bias layer, with the Python route's
+    bits, and none for a one-token layer with an activation, which gets eager's bits."""
+    for activation in (None, "gelu"):
+        autogemm.reset()
+        x = torch.randn(1, 256, device="cuda", dtype=torch.float16)
+        w = torch.randn(192, 256, device="cuda", dtype=torch.float16) / 16
+        bias = torch.randn(192, device="cuda", dtype=torch.float16)
+        for _ in range(3):
+            autogemm.linear(x, w, bias, activation=activation)
+        memo = dispatch._DISPATCHER.native_memo
+        assert memo.linear(x, w, bias, activation, None) is not None
+        if activation is None:
+            assert memo.prepared() == 1, memo.unprepared_why()
+            expected = _without_the_memo(lambda: autogemm.linear(x, w, bias))
+        else:
+            assert memo.prepared() == 0 and "a size F.linear does not give cuBLASLt" in memo.unprepared_why()
+            expected = _eager(torch, x, w, bias, activation, None)
+        with pytest.MonkeyPatch.context() as patch:
+            _python_route_fails(patch)
+            y = autogemm.linear(x, w, bias, activation=activation)
+        assert torch.equal(y, expected), activation

@@ -17,12 +17,14 @@
 // does not know, gets None: the Python path serves it (or names its fault).
 //
 // F.linear's own cuBLASLt call, prepared (PreparedLinear): where F.linear runs cuBLASLt's BIAS epilogue (16-bit,
-// M, N and K above 1, the operands contiguous), it builds cuBLASLt's descriptors and asks its heuristic on
-// every call. For such a key the memo builds them once, when the key is filed, with what F.linear gives the
-// heuristic (PyTorch's workspace size, 256-byte alignment, its compute and scale types), so that the same
-// kernel runs; a call then allocates the output and launches. A call whose addresses, current device, stream
-// capture or PyTorch settings (autocast, deterministic algorithms, reduced-precision reductions, FP16
-// accumulation, an SM carveout) differ from what it was prepared for runs at::linear, as do the other keys.
+// M, N and K above 1, the operands contiguous), it builds cuBLASLt's descriptors and asks its heuristic on every
+// call. For such a key the memo builds them once, when the key is filed, with what F.linear gives the heuristic
+// (PyTorch's workspace size, 256-byte alignment, its compute and scale types), so that the same kernel runs; a
+// call then allocates the output and launches. A layer whose whole epilogue is the bias gets it at one token
+// too, as the Python route's lt_linear.PreparedBiasLinear makes it (F.linear copies the bias, then a GEMM). A
+// call whose addresses, current device, stream capture or PyTorch settings (autocast, deterministic algorithms,
+// reduced-precision reductions, FP16 accumulation, an SM carveout) differ from what it was prepared for runs
+// at::linear, as do the other keys.
 // A 16-bit layer whose epilogue is a residual (and perhaps a bias) that the Python route's cuBLASLt plan reads
 // as C holds that call prepared the same way (Route::kResidualAsC), or is not filed: a call it declines gets
 // None, so that the Python route's plan computes it as before.
@@ -300,10 +302,11 @@ class PreparedLinear {
  public:
   // The prepared call for a key of x, w, b (undefined: none) and r (the residual, for kResidualAsC), or null
   // where the route would not run cuBLASLt on such operands, or the library or an algorithm is missing (`why`
-  // says which).
+  // says which). `whole`: the bias is the key's whole epilogue, a layer the Python route serves with F.linear's
+  // cuBLASLt call prepared at any M (lt_linear.PreparedBiasLinear), one token too.
   static std::unique_ptr<PreparedLinear> prepare(Route route, const at::Tensor& x, const at::Tensor& w,
-                                                 const at::Tensor& b, const at::Tensor& r, size_t workspace_bytes,
-                                                 std::string& why) {
+                                                 const at::Tensor& b, const at::Tensor& r, bool whole,
+                                                 size_t workspace_bytes, std::string& why) {
     const at::ScalarType type = x.scalar_type();
     const bool with_c = route == Route::kResidualAsC;
     const bool with_bias = b.defined();
@@ -325,9 +328,9 @@ class PreparedLinear {
       }
     }
     constexpr int64_t kMax = 2147483647;
-    // (F.linear gives cuBLASLt no size of 1; the Python route's plan takes any)
-    const int64_t least = with_c ? 1 : 2;
-    if (m < least || n < least || k < least || m > kMax || n > kMax || k > kMax || (with_bias && b.size(0) != n)) {
+    // (F.linear gives cuBLASLt no size of 1; the Python route's plans take any M, its residual plan any size)
+    const int64_t least = with_c ? 1 : 2, least_m = with_c || whole ? 1 : 2;
+    if (m < least_m || n < least || k < least || m > kMax || n > kMax || k > kMax || (with_bias && b.size(0) != n)) {
       why = "a size F.linear does not give cuBLASLt (1, or past 32 bits)";
       return nullptr;
     }
@@ -564,6 +567,7 @@ class Memo {
                                          THPVariable_Unpack(weight.ptr()),
                                          bias.is_none() ? none : THPVariable_Unpack(bias.ptr()),
                                          residual.is_none() ? none : THPVariable_Unpack(residual.ptr()),
+                                         act == kNone && residual.is_none(),
                                          as_c ? residual_workspace_bytes_ : linear_workspace_bytes_, why);
       std::lock_guard<std::mutex> hold(mutex_);
       last_unprepared_ = prepared ? "" : why;
