@@ -337,6 +337,10 @@ def test_filing_takes_what_suits_and_asks_for_the_memo_once(monkeypatch):
     native_linear.file_linear(dispatcher, whole, x, w, bias, None, None)
     native_linear.file_matmul(dispatcher, x, w.T)
     assert asked == [dispatcher]  # (no memo yet: asked for, once)
+    # asked, and none given (off, failed or building): a call's filing costs no more than that check
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(native_linear, "residual_as_c", lambda *args: pytest.fail("weighed a call nothing will file"))
+        native_linear.file_linear(dispatcher, whole, x, w, bias, None, None)
 
     class Recording:
         def __init__(self):

@@ -75,8 +75,12 @@ def suits(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> boo
     out, out_dtype or gate): the layers eager's calls serve (eager_epilogue), where F.linear serves them whole
     or their output has at most MAX_OUTPUT_WITH_PASS elements; and 16-bit layers whose epilogue is a residual
     (and perhaps a bias) that cuBLASLt adds as C (`residual_as_c`: the memo makes the same cuBLASLt call)."""
-    if residual_as_c(plan, x, weight, activation, residual):
-        return True
+    return residual_as_c(plan, x, weight, activation, residual) or _eager_layer_suits(plan, x, weight)
+
+
+def _eager_layer_suits(plan: Any, x: Any, weight: Any) -> bool:
+    """Whether `plan` is eager's calls (eager_epilogue) on a layer F.linear serves whole, or with a pass on at
+    most MAX_OUTPUT_WITH_PASS output elements."""
     if not isinstance(plan, TorchEagerEpiloguePlan):
         return False
     return plan.finish is None or x.numel() // max(1, x.shape[-1]) * weight.shape[0] <= MAX_OUTPUT_WITH_PASS
@@ -93,10 +97,13 @@ def residual_as_c(plan: Any, x: Any, weight: Any, activation: Any, residual: Any
 def file_linear(dispatcher: Any, plan: Any, x: Any, weight: Any, bias: Any, activation: Any, residual: Any) -> None:
     """Files `linear`'s call (on tensors, with no out, out_dtype or gate), which `plan` served, in the
     dispatcher's memo where the memo should take it (`suits`); as linear_memo.file files its own."""
-    if suits(plan, x, weight, activation, residual):
-        memo = dispatcher.native_memo
+    memo = dispatcher.native_memo
+    if memo is None and dispatcher.native_asked:  # (asked already, none given: off, failed or building)
+        return
+    as_c = residual_as_c(plan, x, weight, activation, residual)  # (`suits`, with the route asked once)
+    if as_c or _eager_layer_suits(plan, x, weight):
         if memo is not None:
-            memo.file(x, weight, bias, activation, residual, residual_as_c(plan, x, weight, activation, residual))
+            memo.file(x, weight, bias, activation, residual, as_c)
         else:
             _ask(dispatcher)
 
