@@ -319,8 +319,7 @@ class PreparedLinear {
     }
     const int64_t n = w.size(0), k = w.size(1), m = x.numel() / std::max<int64_t>(k, 1);
     if (with_c) {
-      c10::SmallVector<int64_t, 8> sizes(x.sizes().begin(), x.sizes().end());
-      sizes.back() = n;
+      const auto sizes = output_sizes(x, n);
       if (!r.defined() || r.scalar_type() != type || !r.is_contiguous() || r.device() != x.device() ||
           r.sizes() != c10::IntArrayRef(sizes)) {
         why = "a residual that is not the output's shape, contiguous, in its dtype and on its device";
@@ -444,9 +443,7 @@ class PreparedLinear {
          reinterpret_cast<uintptr_t>(pr)) % kAlignment) {
       return at::Tensor();
     }
-    c10::SmallVector<int64_t, 8> sizes(x.sizes().begin(), x.sizes().end());
-    sizes.back() = w.size(0);
-    at::Tensor y = at::empty(sizes, x.options());
+    at::Tensor y = at::empty(output_sizes(x, w.size(0)), x.options());
     void* py = y.data_ptr();
     if (reinterpret_cast<uintptr_t>(py) % kAlignment) return at::Tensor();
     // alpha 1; beta 0, or 1 where the residual is C (the bias comes in the epilogue)
@@ -466,6 +463,13 @@ class PreparedLinear {
 
  private:
   PreparedLinear() = default;
+
+  // D's shape: x's with its last axis n
+  static c10::SmallVector<int64_t, 8> output_sizes(const at::Tensor& x, int64_t n) {
+    c10::SmallVector<int64_t, 8> sizes(x.sizes().begin(), x.sizes().end());
+    sizes.back() = n;
+    return sizes;
+  }
 
   bool set(int attribute, const void* value, size_t size) {
     return lt_library().desc_set(desc_, attribute, value, size) == lt::CUBLAS_STATUS_SUCCESS;
