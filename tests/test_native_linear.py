@@ -386,3 +386,12 @@ def test_a_residual_read_as_c_is_filed_only_with_its_cublaslt_call(memo_type):
     assert not memo_type(8, prepare=False).file(x, w, bias, None, residual, residual_as_c=True)
     assert memo.file(x, w, None, None, residual)  # (eager's calls: at::linear, then the sum)
     assert torch.equal(memo.linear(x, w, None, None, residual), F.linear(x, w) + residual)
+
+
+def test_the_module_name_follows_the_header_the_source_includes(monkeypatch, tmp_path):
+    """A change of native_prepared_linear.h alone is another build (the name keys the kept build)."""
+    name = native_linear.module_name()
+    header = tmp_path / native_linear.HEADERS[0].name
+    header.write_text(native_linear.HEADERS[0].read_text() + "// another line\n")
+    monkeypatch.setattr(native_linear, "HEADERS", (header,))
+    assert native_linear.module_name() != name

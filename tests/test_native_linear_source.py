@@ -1,4 +1,4 @@
-"""linear's C++ memo declares the part of cuBLASLt's C API it calls (serving/native_linear.cpp) instead of
+"""linear's C++ memo declares the part of cuBLASLt's C API it calls (serving/native_prepared_linear.h) instead of
 including cublasLt.h: its values as the installed header has them. Needs no PyTorch and no GPU: pip's CUDA
 packages install the header."""
 
@@ -32,7 +32,7 @@ def test_the_cublaslt_values_the_memo_declares_are_the_headers():
     if headers is None:
         pytest.skip("no cublasLt.h installed (pip's nvidia-cublas has it)")
     text = "\n".join(path.read_text(errors="replace") for path in headers)
-    source = native_linear.SOURCE.read_text()
+    source = "\n".join(path.read_text() for path in native_linear.HEADERS)
     declared = dict(re.findall(r"constexpr int (\w+) = (\d+);", source[source.index("namespace lt {"):]))
     assert len(declared) >= 17 and declared.pop("CUBLAS_VER_MAJOR") == "13"
     for name, value in declared.items():

@@ -48,6 +48,8 @@ from .lt_linear import torch_workspace_bytes
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_linear.cpp")
+# what SOURCE includes: its build, and so the module's name, follows it too
+HEADERS = (Path(__file__).with_name("native_prepared_linear.h"),)
 MAX_ENTRIES = 1024  # keys held (a process's layers times its distinct token counts): emptied when full
 # Where a pass follows the GEMM (an activation, a residual), the Python route computes the epilogue faster on the
 # GPU than eager's calls: by about 0.3-0.8 us per million output elements on an H200 (F.linear then the pass
@@ -144,11 +146,13 @@ def native_dir() -> Path:
 
 
 def module_name() -> str:
-    """The extension's name: its source's digest with PyTorch's version and the interpreter's (a build of
-    another source, or for another PyTorch, is another module)."""
+    """The extension's name: its source's and headers' digest with PyTorch's version and the interpreter's (a
+    build of another source, or for another PyTorch, is another module)."""
     import torch  # (lazy: autogemm imports without PyTorch)
 
     digest = hashlib.sha256(SOURCE.read_bytes())
+    for header in HEADERS:
+        digest.update(header.read_bytes())
     digest.update(f"{torch.__version__} {sys.implementation.cache_tag} {torch._C._GLIBCXX_USE_CXX11_ABI}".encode())
     return f"autogemm_native_{digest.hexdigest()[:16]}"
 

@@ -1,0 +1,389 @@
+// The cuBLASLt calls linear's C++ memo holds prepared (native_linear.cpp includes this: one translation unit).
+//
+// F.linear's own cuBLASLt call, prepared (PreparedLinear): where F.linear runs cuBLASLt's BIAS epilogue (16-bit,
+// M, N and K above 1, the operands contiguous), it builds cuBLASLt's descriptors and asks its heuristic on every
+// call. For such a key the memo builds them once, when the key is filed, with what F.linear gives the heuristic
+// (PyTorch's workspace size, 256-byte alignment, its compute and scale types), so that the same kernel runs; a
+// call then allocates the output and launches. A layer whose whole epilogue is the bias gets it at one token
+// too, as the Python route's lt_linear.PreparedBiasLinear makes it (F.linear copies the bias, then a GEMM). A
+// call whose addresses, current device, stream capture or PyTorch settings (autocast, deterministic algorithms,
+// reduced-precision reductions, FP16 accumulation, an SM carveout) differ from what it was prepared for runs
+// at::linear, as do the other keys.
+// A 16-bit layer whose epilogue is a residual (and perhaps a bias) that the Python route's cuBLASLt plan reads
+// as C holds that call prepared the same way (Route::kResidualAsC), or is not filed: a call it declines gets
+// None, so that the Python route's plan computes it as before.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+namespace {
+
+// The part of cuBLASLt's C API the prepared call uses, declared here rather than from cublasLt.h: the
+// extension then builds from PyTorch's headers alone, and finds the functions at run time (LtLibrary). The
+// values are cuBLASLt's (cublasLt.h, cublas_api.h, library_types.h; unchanged since CUDA 11): a test compares
+// them with the header where one is installed.
+namespace lt {
+using Handle = void*;
+using MatmulDesc = void*;
+using Layout = void*;
+using Preference = void*;
+using Status = int;
+struct Algorithm {  // cublasLtMatmulAlgo_t
+  uint64_t data[8];
+};
+struct HeuristicResult {  // cublasLtMatmulHeuristicResult_t
+  Algorithm algo;
+  size_t workspaceSize;
+  Status state;
+  float wavesCount;
+  int reserved[4];
+};
+constexpr int CUBLAS_STATUS_SUCCESS = 0;
+constexpr int CUBLAS_COMPUTE_32F = 68;
+constexpr int CUDA_R_32F = 0;
+constexpr int CUDA_R_16F = 2;
+constexpr int CUDA_R_16BF = 14;
+constexpr int CUBLAS_OP_N = 0;
+constexpr int CUBLAS_OP_T = 1;
+constexpr int CUBLASLT_MATMUL_DESC_TRANSA = 3;
+constexpr int CUBLASLT_MATMUL_DESC_TRANSB = 4;
+constexpr int CUBLASLT_MATMUL_DESC_EPILOGUE = 7;
+constexpr int CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8;
+constexpr int CUBLASLT_EPILOGUE_BIAS = 4;
+constexpr int CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1;
+constexpr int CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5;
+constexpr int CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6;
+constexpr int CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7;
+constexpr int CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8;
+constexpr int CUBLAS_VER_MAJOR = 13;  // the soname PyTorch's CUDA 13 builds load; LtLibrary tries 12 too
+}  // namespace lt
+
+// cuBLASLt's entry points and the driver's stream-capture query, found in the libraries this process has
+// loaded (PyTorch loads cuBLASLt; CUDA's driver is loaded once a tensor is on the GPU). The extension links
+// neither, so that it loads wherever PyTorch does; without them the memo runs at::linear.
+struct LtLibrary {
+  lt::Status (*create)(lt::Handle*) = nullptr;
+  lt::Status (*desc_create)(lt::MatmulDesc*, int compute_type, int scale_type) = nullptr;
+  lt::Status (*desc_destroy)(lt::MatmulDesc) = nullptr;
+  lt::Status (*desc_set)(lt::MatmulDesc, int attribute, const void* value, size_t size) = nullptr;
+  lt::Status (*layout_create)(lt::Layout*, int type, uint64_t rows, uint64_t cols, int64_t ld) = nullptr;
+  lt::Status (*layout_destroy)(lt::Layout) = nullptr;
+  lt::Status (*preference_create)(lt::Preference*) = nullptr;
+  lt::Status (*preference_destroy)(lt::Preference) = nullptr;
+  lt::Status (*preference_set)(lt::Preference, int attribute, const void* value, size_t size) = nullptr;
+  lt::Status (*heuristic)(lt::Handle, lt::MatmulDesc, lt::Layout a, lt::Layout b, lt::Layout c, lt::Layout d,
+                          lt::Preference, int requested, lt::HeuristicResult* results, int* returned) = nullptr;
+  lt::Status (*matmul)(lt::Handle, lt::MatmulDesc, const void* alpha, const void* a, lt::Layout a_layout,
+                       const void* b, lt::Layout b_layout, const void* beta, const void* c, lt::Layout c_layout,
+                       void* d, lt::Layout d_layout, const lt::Algorithm* algo, void* workspace,
+                       size_t workspace_bytes, void* stream) = nullptr;
+  int (*stream_is_capturing)(void* stream, int* status) = nullptr;  // cuStreamIsCapturing (CUresult, enum)
+  lt::Handle handle = nullptr;
+  std::string why;  // why the library is not usable ("" where it is)
+};
+
+template <typename F>
+bool find_symbol(void* library, const char* name, F& slot, std::string& why) {
+  slot = reinterpret_cast<F>(dlsym(library, name));
+  if (slot == nullptr) why = std::string("no ") + name;
+  return slot != nullptr;
+}
+
+const LtLibrary& lt_library() {
+  static const LtLibrary library = [] {
+    LtLibrary l;
+    void* lt = nullptr;
+    for (int major : {lt::CUBLAS_VER_MAJOR, lt::CUBLAS_VER_MAJOR - 1}) {  // (PyTorch's CUDA 13 or 12 builds)
+      if (lt == nullptr) lt = dlopen(("libcublasLt.so." + std::to_string(major)).c_str(), RTLD_NOW | RTLD_NOLOAD);
+    }
+    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lt == nullptr || driver == nullptr) {
+      l.why = std::string(lt == nullptr ? "cuBLASLt" : "CUDA's driver") + " is not loaded in this process";
+      return l;
+    }
+    if (!find_symbol(lt, "cublasLtCreate", l.create, l.why) ||
+        !find_symbol(lt, "cublasLtMatmulDescCreate", l.desc_create, l.why) ||
+        !find_symbol(lt, "cublasLtMatmulDescDestroy", l.desc_destroy, l.why) ||
+        !find_symbol(lt, "cublasLtMatmulDescSetAttribute", l.desc_set, l.why) ||
+        !find_symbol(lt, "cublasLtMatrixLayoutCreate", l.layout_create, l.why) ||
+        !find_symbol(lt, "cublasLtMatrixLayoutDestroy", l.layout_destroy, l.why) ||
+        !find_symbol(lt, "cublasLtMatmulPreferenceCreate", l.preference_create, l.why) ||
+        !find_symbol(lt, "cublasLtMatmulPreferenceDestroy", l.preference_destroy, l.why) ||
+        !find_symbol(lt, "cublasLtMatmulPreferenceSetAttribute", l.preference_set, l.why) ||
+        !find_symbol(lt, "cublasLtMatmulAlgoGetHeuristic", l.heuristic, l.why) ||
+        !find_symbol(lt, "cublasLtMatmul", l.matmul, l.why) ||
+        !find_symbol(driver, "cuStreamIsCapturing", l.stream_is_capturing, l.why)) {
+      return l;
+    }
+    if (l.create(&l.handle) != lt::CUBLAS_STATUS_SUCCESS) {  // (a handle serves every device: not freed, as PyTorch's)
+      l.handle = nullptr;
+      l.why = "cublasLtCreate failed";
+    }
+    return l;
+  }();
+  return library;
+}
+
+// PyTorch's settings that change what F.linear asks cuBLASLt for, read where the API has them (their
+// signatures changed between PyTorch versions): the prepared call holds only while they are the defaults.
+template <typename C>
+auto reduction_is_default(const C& context, int) -> decltype(context.allowFP16ReductionCuBLAS(), bool()) {
+  using Option = decltype(context.allowFP16ReductionCuBLAS());
+  if constexpr (std::is_same_v<Option, bool>) {
+    return context.allowFP16ReductionCuBLAS() && context.allowBF16ReductionCuBLAS();
+  } else {
+    return context.allowFP16ReductionCuBLAS() == Option::AllowReducedPrecisionWithSplitK &&
+           context.allowBF16ReductionCuBLAS() == Option::AllowReducedPrecisionWithSplitK;
+  }
+}
+template <typename C>
+bool reduction_is_default(const C&, long) { return false; }
+
+template <typename C>
+auto fp16_accumulation(const C& context, int) -> decltype(context.allowFP16AccumulationCuBLAS(), bool()) {
+  return context.allowFP16AccumulationCuBLAS();
+}
+template <typename C>
+bool fp16_accumulation(const C&, long) { return false; }
+
+template <typename C>
+auto sm_carveout(const C& context, int) -> decltype(context._SMCarveout_EXPERIMENTAL().has_value(), bool()) {
+  return context._SMCarveout_EXPERIMENTAL().has_value();
+}
+template <typename C>
+bool sm_carveout(const C&, long) { return false; }
+
+bool settings_are_linears_defaults() {
+  const at::Context& context = at::globalContext();
+  return !at::autocast::is_autocast_enabled(at::kCUDA) && !context.deterministicAlgorithms() &&
+         reduction_is_default(context, 0) && !fp16_accumulation(context, 0) && !sm_carveout(context, 0);
+}
+
+constexpr uintptr_t kAlignment = 256;  // bytes every address keeps (PyTorch's blocks do): the heuristic is told
+
+// The prepared calls' workspace on `stream` of `device`, shared by every key (as PyTorch keeps one a stream):
+// allocated while that stream is current, so that the caching allocator keeps the memory to its order. A few
+// streams' are kept; another one empties the map first. (Never freed at exit: CUDA may be gone by then.)
+void* shared_workspace(c10::Device device, void* stream, size_t bytes) {
+  static std::mutex mutex;
+  static auto* workspaces = new std::map<std::pair<int, void*>, at::Tensor>();
+  std::lock_guard<std::mutex> hold(mutex);
+  const std::pair<int, void*> key(device.index(), stream);
+  auto found = workspaces->find(key);
+  if (found != workspaces->end() && static_cast<size_t>(found->second.numel()) >= bytes) {
+    return found->second.data_ptr();
+  }
+  if (workspaces->size() >= 8) workspaces->clear();
+  at::Tensor memory = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
+  void* pointer = memory.data_ptr();
+  (*workspaces)[key] = std::move(memory);
+  return pointer;
+}
+
+// Which cuBLASLt call a key holds prepared: F.linear's own (a 1-D bias through cuBLASLt's BIAS epilogue, as
+// addmm makes it; the activation and residual follow in place, as eager's), or the one the Python route's
+// cuBLASLt plan makes for a layer whose epilogue is a residual and perhaps a bias (epilogue_step.
+// TorchLtEpiloguePlan: the residual read as C, beta 1, autogemm's workspace; one call, no pass).
+enum class Route : int64_t { kLinear = 0, kResidualAsC = 1 };
+
+// A cuBLASLt call prepared for one key: its descriptors and algorithm made once. Column-major, as cuBLASLt reads
+// the row-major operands: D (N x M) = op(W) (N x K) . X (K x M) [+ C] [+ bias], W's rows read as K x N with op T,
+// X as K x M, C and D as N x M: the layouts and order F.linear gives it.
+class PreparedLinear {
+ public:
+  // The prepared call for a key of x, w, b (undefined: none) and r (the residual, for kResidualAsC), or null
+  // where the route would not run cuBLASLt on such operands, or the library or an algorithm is missing (`why`
+  // says which). `whole`: the bias is the key's whole epilogue, a layer the Python route serves with F.linear's
+  // cuBLASLt call prepared at any M (lt_linear.PreparedBiasLinear), one token too.
+  static std::unique_ptr<PreparedLinear> prepare(Route route, const at::Tensor& x, const at::Tensor& w,
+                                                 const at::Tensor& b, const at::Tensor& r, bool whole,
+                                                 size_t workspace_bytes, std::string& why) {
+    const at::ScalarType type = x.scalar_type();
+    const bool with_c = route == Route::kResidualAsC;
+    const bool with_bias = b.defined();
+    if (!x.is_cuda() || (type != at::kHalf && type != at::kBFloat16) || w.scalar_type() != type || w.dim() != 2 ||
+        x.dim() < 2 || x.dim() > 3 || !x.is_contiguous() || !w.is_contiguous() || w.device() != x.device() ||
+        (with_bias && (b.scalar_type() != type || b.dim() != 1 || !b.is_contiguous() || b.device() != x.device())) ||
+        (!with_c && !with_bias)) {
+      why = "not a cuBLASLt call the memo prepares (16-bit, contiguous, 2-D or 3-D x, one device, a bias or C)";
+      return nullptr;
+    }
+    const int64_t n = w.size(0), k = w.size(1), m = x.numel() / std::max<int64_t>(k, 1);
+    if (with_c) {
+      const auto sizes = output_sizes(x, n);
+      if (!r.defined() || r.scalar_type() != type || !r.is_contiguous() || r.device() != x.device() ||
+          r.sizes() != c10::IntArrayRef(sizes)) {
+        why = "a residual that is not the output's shape, contiguous, in its dtype and on its device";
+        return nullptr;
+      }
+    }
+    constexpr int64_t kMax = 2147483647;
+    // (F.linear gives cuBLASLt no size of 1; the Python route's plans take any M, its residual plan any size)
+    const int64_t least = with_c ? 1 : 2, least_m = with_c || whole ? 1 : 2;
+    if (m < least_m || n < least || k < least || m > kMax || n > kMax || k > kMax || (with_bias && b.size(0) != n)) {
+      why = "a size F.linear does not give cuBLASLt (1, or past 32 bits)";
+      return nullptr;
+    }
+    if (!settings_are_linears_defaults()) {
+      why = "PyTorch's settings are not the defaults";
+      return nullptr;
+    }
+    const LtLibrary& lt = lt_library();  // (after the checks: a tensor on the GPU has loaded CUDA's driver)
+    if (lt.handle == nullptr) {
+      why = lt.why;
+      return nullptr;
+    }
+    c10::DeviceGuard guard(x.device());
+    try {  // (the current stream's handle, as each call reads it: a PyTorch without it throws)
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(x.device()).native_handle();
+    } catch (const std::exception& error) {
+      why = std::string("no handle of PyTorch's current stream: ") + error.what();
+      return nullptr;
+    }
+    std::unique_ptr<PreparedLinear> p(new PreparedLinear());
+    p->route_ = route;
+    p->device_ = x.device();
+    p->workspace_bytes_ = workspace_bytes;
+    // F.linear tells the heuristic its addresses' alignment (256 here: every call's are checked); the Python
+    // route's plan lowers that to what the rows' pitches and D's size keep (cublas_epilogue_launcher)
+    uint32_t alignment = kAlignment;
+    if (with_c) {
+      const int64_t item = x.element_size();
+      while (alignment > 1 && ((k * item) % alignment || (n * item) % alignment || (m * n * item) % alignment)) {
+        alignment /= 2;
+      }
+    }
+    const int data = type == at::kHalf ? lt::CUDA_R_16F : lt::CUDA_R_16BF;
+    if (lt.desc_create(&p->desc_, lt::CUBLAS_COMPUTE_32F, lt::CUDA_R_32F) != lt::CUBLAS_STATUS_SUCCESS) {
+      p->desc_ = nullptr;
+      why = "cublasLtMatmulDescCreate failed";
+      return nullptr;
+    }
+    const int32_t op_w = lt::CUBLAS_OP_T, op_x = lt::CUBLAS_OP_N;  // (cublasOperation_t)
+    bool ok = p->set(lt::CUBLASLT_MATMUL_DESC_TRANSA, &op_w, sizeof(op_w)) &&
+              p->set(lt::CUBLASLT_MATMUL_DESC_TRANSB, &op_x, sizeof(op_x));
+    if (with_bias) {
+      const uint32_t epilogue = lt::CUBLASLT_EPILOGUE_BIAS;  // (cublasLtEpilogue_t)
+      const void* bias = b.data_ptr();
+      p->bias_ = bias;
+      ok = ok && p->set(lt::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)) &&
+           p->set(lt::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+    }
+    ok = ok && lt.layout_create(&p->w_layout_, data, k, n, k) == lt::CUBLAS_STATUS_SUCCESS;
+    ok = ok && lt.layout_create(&p->x_layout_, data, k, m, k) == lt::CUBLAS_STATUS_SUCCESS;
+    ok = ok && lt.layout_create(&p->y_layout_, data, n, m, n) == lt::CUBLAS_STATUS_SUCCESS;
+    if (!ok) {
+      why = "cuBLASLt refused the descriptors";
+      return nullptr;
+    }
+    lt::Preference preference = nullptr;
+    if (lt.preference_create(&preference) != lt::CUBLAS_STATUS_SUCCESS) {
+      why = "cublasLtMatmulPreferenceCreate failed";
+      return nullptr;
+    }
+    const uint64_t workspace = workspace_bytes;
+    ok = lt.preference_set(preference, lt::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)) ==
+         lt::CUBLAS_STATUS_SUCCESS;
+    for (int attribute : {lt::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, lt::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                          lt::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, lt::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+      ok = ok && lt.preference_set(preference, attribute, &alignment, sizeof(alignment)) == lt::CUBLAS_STATUS_SUCCESS;
+    }
+    lt::HeuristicResult result = {};
+    int found = 0;
+    ok = ok && lt.heuristic(lt.handle, p->desc_, p->w_layout_, p->x_layout_, p->y_layout_, p->y_layout_, preference,
+                            1, &result, &found) == lt::CUBLAS_STATUS_SUCCESS;
+    lt.preference_destroy(preference);
+    if (!ok || found == 0) {
+      why = "cuBLASLt's heuristic has no algorithm for it";
+      return nullptr;
+    }
+    p->algorithm_ = result.algo;
+    return p;
+  }
+
+  PreparedLinear(const PreparedLinear&) = delete;
+  PreparedLinear& operator=(const PreparedLinear&) = delete;
+
+  ~PreparedLinear() {
+    const LtLibrary& lt = lt_library();
+    for (lt::Layout layout : {w_layout_, x_layout_, y_layout_}) {
+      if (layout != nullptr) lt.layout_destroy(layout);
+    }
+    if (desc_ != nullptr) lt.desc_destroy(desc_);
+  }
+
+  Route route() const { return route_; }
+
+  // The prepared call's D: x @ w^T (+ b) for kLinear, and + r as C for kResidualAsC; or an undefined tensor
+  // where this call must go at::linear's way (b, r: undefined where the key has none)
+  at::Tensor operator()(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& r) {
+    const LtLibrary& lt = lt_library();
+    const c10::impl::DeviceGuardImplInterface* cuda = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    if (cuda->getDevice() != device_ || x.is_neg() || w.is_neg() || (b.defined() && b.is_neg()) ||
+        (r.defined() && r.is_neg()) || !settings_are_linears_defaults()) {
+      return at::Tensor();
+    }
+    void* stream = cuda->getStream(device_).native_handle();  // (the current stream: a cudaStream_t)
+    int capturing = 0;  // (PyTorch's own call captures with the graph's workspace)
+    if (lt.stream_is_capturing(stream, &capturing) != 0 || capturing != 0) return at::Tensor();
+    const void* px = x.data_ptr();
+    const void* pw = w.data_ptr();
+    const void* pb = b.defined() ? b.data_ptr() : nullptr;
+    const void* pr = route_ == Route::kResidualAsC ? r.data_ptr() : nullptr;
+    if ((reinterpret_cast<uintptr_t>(px) | reinterpret_cast<uintptr_t>(pw) | reinterpret_cast<uintptr_t>(pb) |
+         reinterpret_cast<uintptr_t>(pr)) % kAlignment) {
+      return at::Tensor();
+    }
+    at::Tensor y = at::empty(output_sizes(x, w.size(0)), x.options());
+    void* py = y.data_ptr();
+    if (reinterpret_cast<uintptr_t>(py) % kAlignment) return at::Tensor();
+    // alpha 1; beta 0, or 1 where the residual is C (the bias comes in the epilogue)
+    const float alpha = 1.0f, beta = route_ == Route::kResidualAsC ? 1.0f : 0.0f;
+    std::lock_guard<std::mutex> hold(mutex_);  // (the bias's address lives in the descriptor)
+    if (pb != bias_) {
+      if (!set(lt::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &pb, sizeof(pb))) return at::Tensor();
+      bias_ = pb;
+    }
+    void* workspace = workspace_bytes_ ? shared_workspace(device_, stream, workspace_bytes_) : nullptr;
+    if (lt.matmul(lt.handle, desc_, &alpha, pw, w_layout_, px, x_layout_, &beta, pr != nullptr ? pr : py, y_layout_,
+                  py, y_layout_, &algorithm_, workspace, workspace_bytes_, stream) != lt::CUBLAS_STATUS_SUCCESS) {
+      return at::Tensor();
+    }
+    return y;
+  }
+
+ private:
+  PreparedLinear() = default;
+
+  // D's shape: x's with its last axis n
+  static c10::SmallVector<int64_t, 8> output_sizes(const at::Tensor& x, int64_t n) {
+    c10::SmallVector<int64_t, 8> sizes(x.sizes().begin(), x.sizes().end());
+    sizes.back() = n;
+    return sizes;
+  }
+
+  bool set(int attribute, const void* value, size_t size) {
+    return lt_library().desc_set(desc_, attribute, value, size) == lt::CUBLAS_STATUS_SUCCESS;
+  }
+
+  Route route_ = Route::kLinear;
+  c10::Device device_ = c10::Device(c10::DeviceType::CUDA);
+  size_t workspace_bytes_ = 0;
+  lt::MatmulDesc desc_ = nullptr;
+  lt::Layout w_layout_ = nullptr, x_layout_ = nullptr, y_layout_ = nullptr;
+  lt::Algorithm algorithm_ = {};
+  const void* bias_ = nullptr;
+  std::mutex mutex_;
+};
+
+}  // namespace
