@@ -206,14 +206,15 @@ def kernels_kept(rows) -> str:
 
 
 def source_digest(root: Path | None = None) -> str:
-    """16 hex digits of autogemm's Python sources, kernel templates and search spaces (of the checkout at
-    `root`, this one by default): rows measured with one code share it."""
+    """16 hex digits of autogemm's sources (Python, and the C++ of linear's memo), kernel templates and search
+    spaces (of the checkout at `root`, this one by default): rows measured with one code share it."""
     import hashlib
 
     digest = hashlib.sha256()
     root = root or Path(__file__).resolve().parent.parent
-    for path in sorted([*(root / "autogemm").rglob("*.py"), *(root / "templates").glob("*.j2"),
-                        *(root / "search_spaces").glob("*.toml")]):
+    package = root / "autogemm"
+    for path in sorted([*package.rglob("*.py"), *package.rglob("*.cpp"), *package.rglob("*.h"),
+                        *(root / "templates").glob("*.j2"), *(root / "search_spaces").glob("*.toml")]):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 

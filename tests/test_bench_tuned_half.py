@@ -103,7 +103,10 @@ def test_the_source_digest_follows_the_sources(tmp_path):
     assert first == bench_common.source_digest(tmp_path) and len(first) == 16
     assert first != bench_common.source_digest()  # (this checkout's)
     (tmp_path / "templates" / "k.cu.j2").write_text("// kernel\n")
-    assert bench_common.source_digest(tmp_path) != first
+    second = bench_common.source_digest(tmp_path)
+    assert second != first
+    (tmp_path / "autogemm" / "memo.h").write_text("// linear's memo in C++\n")  # (what serves is in it too)
+    assert bench_common.source_digest(tmp_path) != second
 
 
 def test_the_max_autotune_rows_are_tabled_where_they_were_run():
