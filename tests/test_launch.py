@@ -149,3 +149,29 @@ def test_the_workspace_pool_keeps_one_buffer_per_stream_and_purpose(monkeypatch)
         pool.get(0, stream, "split_k", 8)
         assert pool.get(0, 100, "split_k", 8) == kept  # in use all along: never the one dropped
     assert len(pool) == 3
+
+
+def test_a_packed_launch_describes_itself_to_a_launcher_outside_python():
+    """linear's C++ memo launches the epilogue pass itself from this description: the bytes must hold each
+    argument at its offset as it stands, and a PointedPass must name where its five pointers go."""
+    import numpy as np
+
+    from autogemm.gpu.epilogue_pass import PointedPass
+    from autogemm.gpu.packed_launch import PackedKernel
+
+    parameters = ("P", "n", "D", "C", "beta", "bias", "residual")
+    values = (np.uintp(1), np.int32(-3), np.uintp(2), np.uintp(3), np.float32(0.5), np.uintp(4), np.uintp(5))
+    kernel = PackedKernel(_FakeFunction(), (4, 2, 1), (128, 1, 1), 256, parameters, dict(zip(parameters, values)))
+    array, position = kernel.slot("n")
+    array[position] = 7
+    function, grid, block, smem, raw, offsets = kernel.description()
+    assert (function, grid, block, smem) == (0x1234, (4, 2, 1), (128, 1, 1), 256)
+    stands = dict(zip(parameters, values), n=np.int32(7))
+    for name, offset in zip(parameters, offsets):
+        value = stands[name]
+        assert np.frombuffer(raw[offset:offset + value.dtype.itemsize], value.dtype)[0] == value, name
+    described = PointedPass(kernel).description()
+    assert described[:6] == kernel.description()
+    assert described[6] == tuple(offsets[parameters.index(name)] for name in ("P", "D", "C", "bias", "residual"))
+    kernel.point(kernel.index("beta"), np.zeros(1, np.float32).ctypes.data)  # (read from elsewhere: no description)
+    assert kernel.description() is None and PointedPass(kernel).description() is None

@@ -121,6 +121,16 @@ class PointedPass:
             pointers[self.bias_at], pointers[self.residual_at] = bias, residual
             self.packed.launch(stream)
 
+    def description(self) -> tuple | None:
+        """`PackedKernel.description` and, last, the byte offsets of the pointers P, D, C, bias and residual in
+        its arguments' bytes, which a launch rewrites (None where the kernel cannot be described so)."""
+        described = self.packed.description()
+        if described is None:
+            return None
+        size = self.pointers.dtype.itemsize
+        return (*described, tuple(at * size for at in (self.p_at, self.d_at, self.c_at, self.bias_at,
+                                                        self.residual_at)))
+
 
 def pass_kernel(dtype: str, epilogue: Epilogue, device: int, batch: int, m: int, n: int, ldp: int, stride_p: int,
                 ldr: int, stride_r: int, vector: int) -> PointedPass:

@@ -89,6 +89,7 @@ class PackedKernel:
             raw_bytes[offset:offset + value.dtype.itemsize] = np.frombuffer(value.tobytes(), dtype=np.uint8)
         self._sizes = [value.dtype.itemsize for value in values]
         self._raw_bytes = [value.dtype.kind == "V" for value in values]
+        self._offsets = tuple(offsets)
         self._pointers = np.array([self._raw.ctypes.data + offset for offset in offsets], dtype=np.uintp)
         self._address = self._pointers.ctypes.data
         # one typed view per type, shared by its arguments (so that the pointers, or alpha and beta,
@@ -127,6 +128,19 @@ class PackedKernel:
 
     def launch(self, stream_pointer: int) -> None:
         self._launch_kernel(*self._geometry, stream_pointer, self._address, 0)
+
+    def description(self) -> tuple | None:
+        """What a launcher outside Python needs to make this launch itself with cuLaunchKernel (linear's C++
+        memo, serving/native_linear.cpp): (the CUfunction's address, the grid, the block, the shared memory's
+        bytes, the packed arguments' bytes as they stand, each argument's offset in them). The caller copies the
+        bytes and rewrites what changes in its copy (`slot`'s array and position give an offset). None where an
+        argument is read from elsewhere (`point`). The CUfunction lives as long as this launcher."""
+        base = self._raw.ctypes.data
+        if any(int(pointer) != base + offset for pointer, offset in zip(self._pointers, self._offsets)):
+            return None
+        function, *grid_block, smem = self._geometry
+        return (int(function), tuple(grid_block[:3]), tuple(grid_block[3:]), int(smem), self._raw.tobytes(),
+                self._offsets)
 
     def arguments(self) -> dict[str, Any]:
         """The arguments as they stand, by name in the kernel's order (for tests and debugging;

@@ -72,6 +72,16 @@ class EpiloguePassInPlace:
     def __init__(self, packed: PointedPass, epilogue: Epilogue, device: int, alignment: int):
         self.packed, self.device, self.alignment = packed, device, alignment
         self._fallback = _activation(epilogue.activation)  # (PyTorch's, for an output less aligned than the packs)
+        self._native: tuple | None = None
+
+    def native_launch(self) -> tuple | None:
+        """The pass as linear's C++ memo launches it itself (native_linear.cpp's PreparedPass): the packed
+        pass's `PointedPass.description`, then the alignment its addresses need, its device and the PointedPass
+        (held by the memo, so that its kernel stays loaded); None where it cannot be described. Made once."""
+        if self._native is None:
+            described = self.packed.description()
+            self._native = () if described is None else (*described, self.alignment, self.device, self.packed)
+        return self._native or None
 
     def accepts(self, bias: Any, residual: Any) -> bool:
         device, alignment = self.device, self.alignment  # (unrolled: a generator cost 0.3 us a call)
