@@ -2,8 +2,9 @@
 residual layer cuBLASLt reads as C) is, from its third call, served by the memo alone, with the Python route's
 result bit for bit, in a CUDA graph too: a layer with a bias by F.linear's cuBLASLt call prepared (eager's bits),
 a one-token layer whose epilogue is its bias as the Python route prepares it, a residual alone by the Python
-route's cuBLASLt call. A layer another route serves, or a large one with a pass, is never filed; a reset empties
-the memo; a product handed to torch.matmul is served the same way. Built with the machine's compiler (about half
+route's cuBLASLt call; a large layer with a pass by the Python route's calls (F.linear, then its pass launched from
+C++: that route's bits). A layer another route serves is never filed; a reset empties the memo; a product handed
+to torch.matmul is served the same way. Built with the machine's compiler (about half
 a minute, once per run: AUTOGEMM_NATIVE_DIR keeps a build between runs)."""
 
 from __future__ import annotations
@@ -125,12 +126,58 @@ def test_a_layer_that_cublaslt_or_a_gradient_serves_otherwise_is_not_taken(torch
     assert memo.linear(x, w, bias, "gelu_tanh", None) is None
     with pytest.raises(TypeError, match="requires grad"):  # (the Python path names what it refuses)
         autogemm.linear(x.clone().requires_grad_(), w, bias, activation="silu")
-    # a layer whose output is larger than MAX_OUTPUT_WITH_PASS keeps the Python route (its pass is faster)
-    wide = torch.randn(native_linear.MAX_OUTPUT_WITH_PASS // 2048 + 8, 256, device="cuda", dtype=torch.bfloat16)
-    x_long = torch.randn(2048, 256, device="cuda", dtype=torch.bfloat16)
+
+
+def _large_layer(torch, case):
+    """A layer of more than MAX_OUTPUT_WITH_PASS output elements (192 features)."""
+    rows = native_linear.MAX_OUTPUT_WITH_PASS // 192 + 8
+    x, w, bias, activation, residual = _layer(torch, case)
+    shape = (2, rows // 2) if "batched" in case else (rows,)
+    x = torch.randn(*shape, 256, device="cuda", dtype=torch.bfloat16)
+    residual = None if residual is None else torch.randn(*shape, 192, device="cuda", dtype=torch.bfloat16)
+    return x, w, bias, activation, residual
+
+
+@pytest.mark.parametrize("case", ["bias+silu", "batched bias+gelu+residual", "gelu+residual"])
+def test_a_large_layer_with_a_pass_is_served_by_the_memo_with_the_python_routes_calls(torch, case):
+    """Past MAX_OUTPUT_WITH_PASS output elements the Python route (F.linear, then its pass) is faster on the GPU
+    than eager's calls: the memo makes that route's calls, the pass launched from C++, with its bits; a bias the
+    pass cannot read (misaligned) is left to the Python path."""
+    autogemm.reset()
+    x, w, bias, activation, residual = _large_layer(torch, case)
+    call = lambda: autogemm.linear(x, w, bias, activation=activation, residual=residual)  # noqa: E731
     for _ in range(3):
-        autogemm.linear(x_long, wide, None, activation="silu")
-    assert memo.linear(x_long, wide, None, "silu", None) is None
+        call()
+    memo = dispatch._DISPATCHER.native_memo
+    assert memo.passes() == 1 and memo.prepared() == 0, memo.unprepared_why()
+    for seed in range(2):  # new values in the same tensors
+        torch.manual_seed(seed)
+        x.copy_(torch.randn_like(x))
+        expected = _without_the_memo(call)
+        with pytest.MonkeyPatch.context() as patch:
+            _python_route_fails(patch)
+            y = call()
+        assert torch.equal(y, expected), case
+    assert not torch.equal(expected, _eager(torch, x, w, bias, activation, residual)), "the pass's bits are eager's"
+    if bias is not None:
+        shifted = torch.empty(193, device="cuda", dtype=bias.dtype)[1:]  # (the key's shape and strides, 2 bytes off)
+        shifted.copy_(bias)
+        assert memo.linear(x, w, shifted, activation, residual) is None
+        y = autogemm.linear(x, w, shifted, activation=activation, residual=residual)
+        assert torch.allclose(y.float(), expected.float(), atol=0.05, rtol=0.02)
+    side = torch.cuda.Stream()  # a CUDA graph captures the memo's two calls
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.MonkeyPatch.context() as patch:
+        _python_route_fails(patch)
+        with torch.cuda.graph(graph):
+            y = call()
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert torch.equal(y, _without_the_memo(call))
 
 
 class _NoLookups(dict):

@@ -268,9 +268,9 @@ def test_matmul_on_tensors_asks_the_memo_first_and_only_for_a_plain_product(monk
         assert spy.asked == []
 
 
-def test_the_memo_takes_eager_layers_whole_or_small_and_16_bit_residuals_cublaslt_adds():
-    # (where a pass follows, the Python route's pass is faster on the GPU: it keeps the large layers; a residual
-    # that cuBLASLt reads as C is the memo's at any size, as the same cuBLASLt call)
+def test_the_memo_takes_eager_layers_and_16_bit_residuals_cublaslt_adds_each_its_way():
+    # (where a pass follows, the Python route's pass is faster on the GPU: a large layer gets F.linear and that
+    # pass, a small one eager's calls; a residual that cuBLASLt reads as C, the same cuBLASLt call at any size)
     from autogemm.serving.eager_epilogue import TorchEagerEpiloguePlan
     from autogemm.serving.epilogue_step import TorchLtEpiloguePlan
 
@@ -281,15 +281,16 @@ def test_the_memo_takes_eager_layers_whole_or_small_and_16_bit_residuals_cublasl
     small, large = torch.empty(2, rows // 2, 8, dtype=torch.bfloat16), torch.empty(rows + 1, 8, dtype=torch.bfloat16)
     w = torch.empty(256, 8, dtype=torch.bfloat16)
     r_small, r_large = torch.empty(rows, 256, dtype=torch.bfloat16), torch.empty(rows + 1, 256, dtype=torch.bfloat16)
-    suits = native_linear.suits
-    assert suits(whole, large, w, None, None)
-    assert suits(with_pass, small, w, "silu", None) and not suits(with_pass, large, w, "silu", None)
-    assert suits(lt, small, w, None, r_small) and suits(lt, large, w, None, r_large)
+    route = native_linear.route
+    assert route(whole, large, w, None, None) == native_linear.EAGER_CALLS
+    assert route(with_pass, small, w, "silu", None) == native_linear.EAGER_CALLS
+    assert route(with_pass, large, w, "silu", None) == native_linear.WITH_PASS
+    assert route(lt, small, w, None, r_small) == route(lt, large, w, None, r_large) == native_linear.RESIDUAL_AS_C
     assert native_linear.residual_as_c(lt, large, w, None, r_large)
     assert not native_linear.residual_as_c(with_pass, small, w, None, r_small)
-    assert not suits(lt, small, w, "gelu_tanh", None)  # (cuBLASLt's own GELU: not eager's calls)
-    assert not suits(lt, small.float(), w.float(), None, r_small.float())  # (eager's float32 may be TF32)
-    assert not suits(object(), small, w, None, None)
+    assert route(lt, small, w, "gelu_tanh", None) is None  # (cuBLASLt's own GELU: not eager's calls)
+    assert route(lt, small.float(), w.float(), None, r_small.float()) is None  # (eager's float32 may be TF32)
+    assert route(object(), small, w, None, None) is None
 
 
 def test_the_native_command_builds_the_memo_and_says_where(memo_type, capsys):
@@ -346,8 +347,8 @@ def test_filing_takes_what_suits_and_asks_for_the_memo_once(monkeypatch):
         def __init__(self):
             self.filed = []
 
-        def file(self, *args):
-            self.filed.append(("linear", *args))
+        def file(self, *args, **keywords):
+            self.filed.append(("linear", *args, *keywords.items()))
 
         def file_matmul(self, *args):
             self.filed.append(("matmul", *args))
@@ -363,6 +364,16 @@ def test_filing_takes_what_suits_and_asks_for_the_memo_once(monkeypatch):
     residual = torch.randn(*x.shape[:-1], w.shape[0], dtype=torch.bfloat16)
     native_linear.file_linear(dispatcher, object.__new__(TorchLtEpiloguePlan), x, w, None, None, residual)
     assert memo.filed[-1][1:] == (x, w, None, None, residual, True)  # (cuBLASLt's call, the residual as C)
+    # a layer larger than eager's calls keep up with: the Python route's pass, as it describes itself (or nothing)
+    with_pass = object.__new__(TorchEagerEpiloguePlan)
+    with_pass.finish = SimpleNamespace(native_launch=lambda: ("the pass",))
+    large = torch.empty(native_linear.MAX_OUTPUT_WITH_PASS // w.shape[0] + 1, w.shape[1], dtype=torch.bfloat16)
+    native_linear.file_linear(dispatcher, with_pass, large, w, bias, "silu", None)
+    assert memo.filed[-1][1:] == (large, w, bias, "silu", None, ("pass_launch", ("the pass",)))
+    with_pass.finish = SimpleNamespace(native_launch=lambda: None)
+    filed = len(memo.filed)
+    native_linear.file_linear(dispatcher, with_pass, large, w, bias, "silu", None)
+    assert len(memo.filed) == filed
 
 
 def test_a_bias_key_off_the_gpu_holds_no_prepared_cublaslt_call_and_says_why(memo_type):
@@ -386,6 +397,37 @@ def test_a_residual_read_as_c_is_filed_only_with_its_cublaslt_call(memo_type):
     assert not memo_type(8, prepare=False).file(x, w, bias, None, residual, residual_as_c=True)
     assert memo.file(x, w, None, None, residual)  # (eager's calls: at::linear, then the sum)
     assert torch.equal(memo.linear(x, w, None, None, residual), F.linear(x, w) + residual)
+
+
+def _pass_launch(**changed):
+    """A pass's launch as EpiloguePassInPlace.native_launch describes it (a CUfunction that is never launched)."""
+    parts = dict(function=0x1234, grid=(4, 1, 1), block=(128, 1, 1), shared=0, bytes=bytes(48),
+                 offsets=(0, 8, 16, 24, 32, 40), pointers=(0, 8, 16, 24, 32), alignment=16, device=0, keep=object())
+    parts.update(changed)
+    return tuple(parts.values())
+
+
+@pytest.mark.parametrize("changed,named", [
+    (dict(grid=(0, 1, 1)), "an empty grid or block"),
+    (dict(bytes=bytes(44)), "arguments' bytes"),
+    (dict(offsets=(0, 48)), "an argument's offset past its bytes"),
+    (dict(pointers=(0, 8, 16, 24, 44)), "a pointer's offset not in its bytes"),
+    (dict(pointers=(0, 8, 16, 24)), "the offsets of 5 pointers"),
+    (dict(alignment=24), "no power of 2"),
+    (dict(function=0), "no kernel"),
+    (dict(grid="four"), "not a pass's launch"),
+])
+def test_a_pass_that_does_not_describe_a_launch_is_not_filed_and_says_why(memo_type, changed, named):
+    x, w, bias, _ = _layer(dtype=torch.bfloat16)
+    memo = memo_type(8)
+    assert not memo.file(x, w, bias, "silu", None, pass_launch=_pass_launch(**changed))
+    assert len(memo) == 0 and memo.passes() == 0
+    assert named in memo.unprepared_why() and "not a pass's launch" in memo.unprepared_why()
+    # (one that does is held where CUDA's driver is loaded; here it is not, and nothing is filed either)
+    if not torch.cuda.is_available():
+        assert not memo.file(x, w, bias, "silu", None, pass_launch=_pass_launch())
+        assert "no cuLaunchKernel" in memo.unprepared_why()
+    assert not memo_type(8, prepare=False).file(x, w, bias, "silu", None, pass_launch=_pass_launch())
 
 
 def test_the_module_name_follows_the_header_the_source_includes(monkeypatch, tmp_path):

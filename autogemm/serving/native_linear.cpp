@@ -17,7 +17,8 @@
 // (or names its fault).
 //
 // F.linear's own cuBLASLt call, and the Python route's with the residual as C, prepared once per key:
-// PreparedLinear (native_prepared_linear.h).
+// PreparedLinear (native_prepared_linear.h). The Python route's pass after F.linear, for a layer too large for
+// eager's calls to keep up with it: PreparedPass (native_prepared_pass.h).
 #include <torch/extension.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/PythonTorchFunctionTLS.h>
@@ -29,6 +30,7 @@
 #include <unordered_map>
 
 #include "native_prepared_linear.h"
+#include "native_prepared_pass.h"
 
 namespace {
 
@@ -162,15 +164,28 @@ class Memo {
     c10::optional<at::Tensor> bt;
     if (!bias.is_none()) bt = THPVariable_Unpack(bias.ptr());
     const at::Tensor* rt = residual.is_none() ? nullptr : &THPVariable_Unpack(residual.ptr());
+    const at::Tensor none;
+    const at::Tensor& b = bt ? *bt : none;
+    const at::Tensor& r = rt != nullptr ? *rt : none;
+    if (entry && entry->pass) {  // the Python route's calls: F.linear without the bias, then its pass in place
+      if (!entry->pass->accepts(b, r)) return py::none();  // (that route names or serves it)
+      at::Tensor y = at::linear(xt, wt);
+      (*entry->pass)(y, b, r, [&](at::Tensor& out) {  // (its fallback's calls, for an output less aligned)
+        if (bt) out.add_(*bt);
+        out = finish(std::move(out), act, rt);
+      });
+      return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(y)));
+    }
     at::Tensor y;
-    if (entry) {
+    if (entry && entry->linear) {
+      PreparedLinear& prepared = *entry->linear;
       try {  // (undefined where this call must go another way)
-        y = (*entry)(xt, wt, bt ? *bt : at::Tensor(), rt != nullptr ? *rt : at::Tensor());
+        y = prepared(xt, wt, b, r);
       } catch (const std::exception&) {  // (an allocation that failed: the other way meets it too)
         y = at::Tensor();
       }
-      if (entry->route() == Route::kResidualAsC) {  // (the residual was C, nothing follows; or the Python
-        if (!y.defined()) return py::none();         // route's own plan serves the call: its arithmetic)
+      if (prepared.route() == Route::kResidualAsC) {  // (the residual was C, nothing follows; or the Python
+        if (!y.defined()) return py::none();           // route's own plan serves the call: its arithmetic)
         return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(y)));
       }
     }
@@ -181,42 +196,47 @@ class Memo {
   // Files the call's key (emptying the memo when it is full); false where the memo cannot serve such a call.
   // `residual_as_c`: the Python route served it with its cuBLASLt plan, the residual read as C (a layer without
   // an activation): the key holds that call prepared, or is not filed; a call the prepared one declines gets
-  // None (the Python route's plan serves it). Otherwise the key holds F.linear's call prepared where it has a
-  // bias and the call suits (else at::linear serves).
+  // None (the Python route's plan serves it). `pass_launch`: the Python route served it with F.linear and its
+  // pass (EpiloguePassInPlace.native_launch), which the key holds, or is not filed. Otherwise the key holds
+  // F.linear's call prepared where it has a bias and the call suits (else at::linear serves), and eager's
+  // calls follow it.
   bool file(py::handle x, py::handle weight, py::handle bias, py::handle activation, py::handle residual,
-            bool residual_as_c) {
+            bool residual_as_c, py::handle pass_launch) {
     Words words;
     Activation act;
     if (!key_of(words, x.ptr(), weight.ptr(), bias.ptr(), activation.ptr(), residual.ptr(), act)) return false;
     const bool as_c = residual_as_c && act == kNone && !residual.is_none();
-    if (as_c && !prepare_) return false;  // (that route's arithmetic is cuBLASLt's call: nothing else stands in)
+    const bool with_pass = !as_c && !pass_launch.is_none();
+    // (those routes' arithmetic is cuBLASLt's call, or the pass: nothing else stands in)
+    if ((as_c || with_pass) && !prepare_) return false;
     if (find(words)) return true;  // (filed already: a call it declined, served by the Python route)
-    Entry prepared;
-    if (prepare_ && (as_c || !bias.is_none())) {
+    Entry entry;
+    if (with_pass || (prepare_ && (as_c || !bias.is_none()))) {
       std::string why;
-      const at::Tensor none;
-      prepared = PreparedLinear::prepare(as_c ? Route::kResidualAsC : Route::kLinear, THPVariable_Unpack(x.ptr()),
-                                         THPVariable_Unpack(weight.ptr()),
-                                         bias.is_none() ? none : THPVariable_Unpack(bias.ptr()),
-                                         residual.is_none() ? none : THPVariable_Unpack(residual.ptr()),
-                                         act == kNone && residual.is_none(),
-                                         as_c ? residual_workspace_bytes_ : linear_workspace_bytes_, why);
+      if (with_pass) {
+        auto pass = PreparedPass::prepare(pass_launch, why);
+        if (pass) entry = std::make_shared<Prepared>(Prepared{nullptr, std::move(pass)});
+      } else {
+        const at::Tensor none;
+        auto linear = PreparedLinear::prepare(
+            as_c ? Route::kResidualAsC : Route::kLinear, THPVariable_Unpack(x.ptr()), THPVariable_Unpack(weight.ptr()),
+            bias.is_none() ? none : THPVariable_Unpack(bias.ptr()),
+            residual.is_none() ? none : THPVariable_Unpack(residual.ptr()), act == kNone && residual.is_none(),
+            as_c ? residual_workspace_bytes_ : linear_workspace_bytes_, why);
+        if (linear) entry = std::make_shared<Prepared>(Prepared{std::move(linear), nullptr});
+      }
       std::lock_guard<std::mutex> hold(mutex_);
-      last_unprepared_ = prepared ? "" : why;
+      last_unprepared_ = entry ? "" : why;
     }
-    if (as_c && !prepared) return false;
-    insert(std::move(words), std::move(prepared));
+    if ((as_c || with_pass) && !entry) return false;
+    insert(std::move(words), std::move(entry));
     return true;
   }
 
-  // How many keys hold a prepared cuBLASLt call, and why the last key that could have got none ("" where it
-  // did): what tests and benchmarks read
-  size_t prepared() {
-    std::lock_guard<std::mutex> hold(mutex_);
-    size_t count = 0;
-    for (const auto& key_entry : keys_) count += key_entry.second ? 1 : 0;
-    return count;
-  }
+  // How many keys hold a prepared cuBLASLt call, how many the Python route's pass, and why the last key that
+  // could have got either got none ("" where it did): what tests and benchmarks read
+  size_t prepared() { return count([](const Prepared& p) { return p.linear != nullptr; }); }
+  size_t passes() { return count([](const Prepared& p) { return p.pass != nullptr; }); }
 
   std::string unprepared_why() {
     std::lock_guard<std::mutex> hold(mutex_);
@@ -234,9 +254,22 @@ class Memo {
   }
 
  private:
-  // A key's entry: its prepared cuBLASLt call, or null where at::linear serves it (shared: a call holds it
-  // while another files or clears)
-  using Entry = std::shared_ptr<PreparedLinear>;
+  // What a key holds prepared: a cuBLASLt call, or the Python route's pass
+  struct Prepared {
+    std::unique_ptr<PreparedLinear> linear;
+    std::unique_ptr<PreparedPass> pass;
+  };
+  // A key's entry: null where at::linear and eager's calls serve it (shared: a call holds it while another
+  // files or clears)
+  using Entry = std::shared_ptr<Prepared>;
+
+  template <typename Holds>
+  size_t count(Holds holds) {
+    std::lock_guard<std::mutex> hold(mutex_);
+    size_t n = 0;
+    for (const auto& key_entry : keys_) n += key_entry.second && holds(*key_entry.second) ? 1 : 0;
+    return n;
+  }
 
   // eager's calls after F.linear's: the activation and the residual in place
   static at::Tensor finish(at::Tensor y, Activation act, const at::Tensor* residual) {
@@ -286,10 +319,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("linear", &Memo::linear, "the route's result where the call's key is filed, else None")
       .def("file", &Memo::file, "files the call's key; False where the memo cannot serve it", py::arg("x"),
            py::arg("weight"), py::arg("bias"), py::arg("activation"), py::arg("residual"),
-           py::arg("residual_as_c") = false)
+           py::arg("residual_as_c") = false, py::arg("pass_launch") = py::none())
       .def("matmul", &Memo::matmul, "torch.matmul(a, b) where the call's key is filed, else None")
       .def("file_matmul", &Memo::file_matmul, "files a matmul call's key; False where the memo cannot serve it")
       .def("prepared", &Memo::prepared, "how many keys hold a prepared cuBLASLt call")
+      .def("passes", &Memo::passes, "how many keys hold the Python route's pass")
       .def("unprepared_why", &Memo::unprepared_why, "why the last key that could got no prepared call")
       .def("clear", &Memo::clear)
       .def("__len__", &Memo::size);

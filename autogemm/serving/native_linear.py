@@ -7,16 +7,18 @@ where the whole layer's GEMM may take 20. Python cannot make that up: eager's `F
 two calls with nothing between them. The same holds for `matmul`'s 16-bit products handed to torch.matmul.
 
 `native_linear.cpp` holds such calls' keys (the operands' metadata, the activation) in a C++ map and, for a
-call it holds, makes eager's ATen calls itself, one call from Python. Python files a key after its own route
-served the call (`suits` says which layers); the dispatcher empties the memo whenever it empties linear's other
-memos (a tune, a plan retired or replaced). The memo never changes the arithmetic: what runs for a key is what
-the Python route ran, on any operands the key admits. Where F.linear would run cuBLASLt's BIAS epilogue, the
-key holds that call prepared (its descriptors and algorithm made once, with PyTorch's workspace size and
-alignment, so that the heuristic picks F.linear's kernel): F.linear builds them and asks the heuristic on every
-call. A 16-bit layer whose epilogue is a residual (and perhaps a bias) that the Python route's cuBLASLt plan
-reads as C holds that call prepared, or is not filed. The extension finds cuBLASLt in the libraries PyTorch
-has loaded and needs no CUDA headers. docs/serving.md ("The C++ memo") and docs/decisions/native-memo.md have
-the figures.
+call it holds, makes the ATen calls itself, one call from Python. Python files a key after its own route served
+the call (`route` says which layers, and how the memo serves them); the dispatcher empties the memo whenever it
+empties linear's other memos (a tune, a plan retired or replaced). What runs for a key is eager's calls (F.linear
+with the bias, then the activation and the residual in place: eager's bits), or the Python route's own (its
+cuBLASLt call with the residual as C; for a layer of more than MAX_OUTPUT_WITH_PASS output elements with a pass,
+F.linear and then that pass, launched from C++: that route's bits), on any operands the key admits. Where
+F.linear would run cuBLASLt's BIAS epilogue, the key holds that call prepared (its descriptors and algorithm made
+once, with PyTorch's workspace size and alignment, so that the heuristic picks F.linear's kernel): F.linear
+builds them and asks the heuristic on every call. A key whose route is the Python route's holds that route's
+call prepared, or is not filed. The extension finds cuBLASLt and CUDA's driver in the libraries PyTorch has
+loaded and needs no CUDA headers. docs/serving.md ("The C++ memo") and docs/decisions/native-memo.md have the
+figures.
 
 It is a PyTorch C++ extension, compiled with the machine's C++ compiler the first time a process needs it
 (`torch.utils.cpp_extension`, which needs `ninja`; about half a minute), in a subprocess, in the background:
@@ -49,13 +51,14 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_linear.cpp")
 # what SOURCE includes: its build, and so the module's name, follows it too
-HEADERS = (Path(__file__).with_name("native_prepared_linear.h"),)
+HEADERS = (Path(__file__).with_name("native_prepared_linear.h"), Path(__file__).with_name("native_prepared_pass.h"))
 MAX_ENTRIES = 1024  # keys held (a process's layers times its distinct token counts): emptied when full
 # Where a pass follows the GEMM (an activation, a residual), the Python route computes the epilogue faster on the
 # GPU than eager's calls: by about 0.3-0.8 us per million output elements on an H200 (F.linear then the pass
-# against F.linear then PyTorch's own kernels), where the memo saves 1-3 us of host time a call. Up to this many
-# output elements the memo takes such a layer; a larger one keeps the Python route (journal, session 56: 16
-# layers of a dev draw timed both ways).
+# against F.linear then PyTorch's own kernels), where the memo saves 1-3 us of host time a call (journal, session
+# 56: 16 layers of a dev draw timed both ways). Up to this many output elements the memo makes eager's calls for
+# such a layer; a larger one it serves with the Python route's calls, F.linear and then the pass
+# (native_prepared_pass.h).
 MAX_OUTPUT_WITH_PASS = 1 << 22
 BUILD_TIMEOUT_S = 900.0  # a compilation that takes longer has gone wrong
 SWITCH = "AUTOGEMM_NATIVE"
@@ -72,20 +75,26 @@ _state = {"status": "idle", "module": None, "thread": None, "why": ""}
 _waiting: list[Any] = []  # dispatchers to hand a Memo once the module is loaded
 
 
-def suits(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> bool:
-    """Whether the memo should take `linear`'s calls like this one, which `plan` served (on tensors, with no
-    out, out_dtype or gate): the layers eager's calls serve (eager_epilogue), where F.linear serves them whole
-    or their output has at most MAX_OUTPUT_WITH_PASS elements; and 16-bit layers whose epilogue is a residual
-    (and perhaps a bias) that cuBLASLt adds as C (`residual_as_c`: the memo makes the same cuBLASLt call)."""
-    return residual_as_c(plan, x, weight, activation, residual) or _eager_layer_suits(plan, x, weight)
+# How the memo takes a layer's calls (`route`)
+EAGER_CALLS = "eager's calls"  # F.linear (its cuBLASLt call prepared where it has one), then eager's in place
+RESIDUAL_AS_C = "residual as C"  # the Python route's cuBLASLt call, the residual read as C, prepared
+WITH_PASS = "F.linear and the pass"  # the Python route's calls: F.linear without the bias, then its pass
 
 
-def _eager_layer_suits(plan: Any, x: Any, weight: Any) -> bool:
-    """Whether `plan` is eager's calls (eager_epilogue) on a layer F.linear serves whole, or with a pass on at
-    most MAX_OUTPUT_WITH_PASS output elements."""
+def route(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> str | None:
+    """How the memo takes `linear`'s calls like this one, which `plan` served (on tensors, with no out,
+    out_dtype or gate); None where it does not. A layer eager_epilogue serves, where F.linear serves it whole or
+    its output has at most MAX_OUTPUT_WITH_PASS elements: EAGER_CALLS; a larger one with a pass: WITH_PASS. A
+    16-bit layer whose epilogue is a residual (and perhaps a bias) that cuBLASLt adds as C (`residual_as_c`):
+    RESIDUAL_AS_C."""
+    if residual_as_c(plan, x, weight, activation, residual):
+        return RESIDUAL_AS_C
     if not isinstance(plan, TorchEagerEpiloguePlan):
-        return False
-    return plan.finish is None or x.numel() // max(1, x.shape[-1]) * weight.shape[0] <= MAX_OUTPUT_WITH_PASS
+        return None
+    if plan.finish is None:
+        return EAGER_CALLS
+    rows = x.numel() // max(1, x.shape[-1])
+    return EAGER_CALLS if rows * weight.shape[0] <= MAX_OUTPUT_WITH_PASS else WITH_PASS
 
 
 def residual_as_c(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> bool:
@@ -98,16 +107,21 @@ def residual_as_c(plan: Any, x: Any, weight: Any, activation: Any, residual: Any
 
 def file_linear(dispatcher: Any, plan: Any, x: Any, weight: Any, bias: Any, activation: Any, residual: Any) -> None:
     """Files `linear`'s call (on tensors, with no out, out_dtype or gate), which `plan` served, in the
-    dispatcher's memo where the memo should take it (`suits`); as linear_memo.file files its own."""
+    dispatcher's memo where the memo takes it (`route`); as linear_memo.file files its own."""
     memo = dispatcher.native_memo
     if memo is None and dispatcher.native_asked:  # (asked already, none given: off, failed or building)
         return
-    as_c = residual_as_c(plan, x, weight, activation, residual)  # (`suits`, with the route asked once)
-    if as_c or _eager_layer_suits(plan, x, weight):
-        if memo is not None:
-            memo.file(x, weight, bias, activation, residual, as_c)
-        else:
-            _ask(dispatcher)
+    taken = route(plan, x, weight, activation, residual)
+    if taken is None:
+        return
+    if memo is None:
+        _ask(dispatcher)
+    elif taken is WITH_PASS:
+        launch = plan.finish.native_launch()
+        if launch is not None:
+            memo.file(x, weight, bias, activation, residual, pass_launch=launch)
+    else:
+        memo.file(x, weight, bias, activation, residual, taken is RESIDUAL_AS_C)
 
 
 def file_matmul(dispatcher: Any, a: Any, b: Any) -> None:

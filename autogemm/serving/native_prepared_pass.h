@@ -1,0 +1,163 @@
+// The Python route's epilogue pass, launched by linear's C++ memo (native_linear.cpp includes this: one
+// translation unit).
+//
+// Where eager's calls would compute a layer's epilogue (an activation, a residual) after F.linear, the Python
+// route runs F.linear without the bias and then its own pass over the output in place, the bias with it
+// (serving/eager_epilogue.py: EpiloguePassInPlace): on the GPU the pass is faster than PyTorch's kernels by
+// 0.3-0.8 us per million output elements on an H200. From Python that route costs some microseconds of host
+// time before the GEMM's launch, which a single call on an idle GPU waits through. A key of such a layer holds
+// the pass as Python packed it (PreparedPass: the kernel, its grid and block, its arguments' bytes and where
+// the pointers go in them), and the memo makes the route's two calls itself: at::linear, then cuLaunchKernel on
+// PyTorch's current stream. The arithmetic is the Python route's, bit for bit: the same GEMM, the same kernel.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <dlfcn.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+// cuLaunchKernel (CUresult, CUfunction, grid, block, shared bytes, CUstream, parameters, extra), found in CUDA's
+// driver as this process loaded it: the extension links no CUDA library
+using LaunchKernel = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
+                             void**, void**);
+
+LaunchKernel launch_kernel() {
+  static const LaunchKernel launch = []() -> LaunchKernel {
+    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    return driver == nullptr ? nullptr : reinterpret_cast<LaunchKernel>(dlsym(driver, "cuLaunchKernel"));
+  }();
+  return launch;
+}
+
+// which of the pass's pointer arguments a launch rewrites, in the order the description gives their offsets
+enum PassPointer : size_t { kProduct = 0, kOutput = 1, kSource = 2, kBias = 3, kResidual = 4, kPointers = 5 };
+
+class PreparedPass {
+ public:
+  static constexpr size_t kMaxArgumentBytes = 1024;  // (the pass packs 17 arguments in 104 bytes)
+
+  // The pass of `launch`, eager_epilogue.EpiloguePassInPlace.native_launch's tuple: (the CUfunction's address,
+  // grid, block, shared bytes, the packed arguments' bytes, each argument's offset, the offsets of P, D, C, bias
+  // and residual, the alignment its addresses need, its device, the PointedPass that keeps the kernel loaded);
+  // null where it does not describe a launch this code can make (`why` says so).
+  static std::unique_ptr<PreparedPass> prepare(pybind11::handle launch, std::string& why) {
+    namespace py = pybind11;
+    std::unique_ptr<PreparedPass> p(new PreparedPass());
+    try {
+      const py::tuple t = py::reinterpret_borrow<py::tuple>(launch);
+      if (t.size() != 10) throw std::invalid_argument("a pass's launch has 10 parts");
+      p->function_ = reinterpret_cast<void*>(t[0].cast<uintptr_t>());
+      const py::tuple grid = t[1].cast<py::tuple>(), block = t[2].cast<py::tuple>();
+      if (grid.size() != 3 || block.size() != 3) throw std::invalid_argument("a grid and a block of 3");
+      for (size_t i = 0; i < 3; ++i) {
+        p->grid_[i] = grid[i].cast<unsigned>();
+        p->block_[i] = block[i].cast<unsigned>();
+        if (p->grid_[i] == 0 || p->block_[i] == 0) throw std::invalid_argument("an empty grid or block");
+      }
+      p->shared_ = t[3].cast<unsigned>();
+      const std::string bytes = t[4].cast<std::string>();
+      if (bytes.empty() || bytes.size() > kMaxArgumentBytes || bytes.size() % sizeof(uint64_t)) {
+        throw std::invalid_argument("arguments' bytes past the pass's");
+      }
+      p->arguments_.resize(bytes.size() / sizeof(uint64_t));
+      std::memcpy(p->arguments_.data(), bytes.data(), bytes.size());
+      for (const py::handle offset : t[5].cast<py::tuple>()) {
+        const size_t at = offset.cast<size_t>();
+        if (at >= bytes.size()) throw std::invalid_argument("an argument's offset past its bytes");
+        p->offsets_.push_back(at);
+      }
+      const py::tuple pointers = t[6].cast<py::tuple>();
+      if (pointers.size() != kPointers) throw std::invalid_argument("the offsets of 5 pointers");
+      for (size_t i = 0; i < kPointers; ++i) {
+        p->pointer_at_[i] = pointers[i].cast<size_t>();
+        if (p->pointer_at_[i] % sizeof(uint64_t) || p->pointer_at_[i] + sizeof(uint64_t) > bytes.size()) {
+          throw std::invalid_argument("a pointer's offset not in its bytes");
+        }
+      }
+      p->alignment_ = t[7].cast<uintptr_t>();
+      if (p->alignment_ == 0 || p->alignment_ > 256 || (p->alignment_ & (p->alignment_ - 1))) {
+        throw std::invalid_argument("an alignment that is no power of 2 up to 256");
+      }
+      p->device_ = t[8].cast<int64_t>();
+      p->keep_ = py::reinterpret_borrow<py::object>(t[9]);
+      if (p->function_ == nullptr || p->offsets_.empty() || p->device_ < 0) {
+        throw std::invalid_argument("no kernel, arguments or device");
+      }
+    } catch (const std::exception& error) {  // (py::cast_error too)
+      why = std::string("not a pass's launch: ") + error.what();
+      return nullptr;
+    }
+    if (launch_kernel() == nullptr) {
+      why = "no cuLaunchKernel in this process's CUDA driver";
+      return nullptr;
+    }
+    return p;
+  }
+
+  PreparedPass(const PreparedPass&) = delete;
+  PreparedPass& operator=(const PreparedPass&) = delete;
+
+  // Whether the call's bias and residual (undefined: none) suit the pass, as EpiloguePassInPlace.accepts and
+  // the Python route's plan check them: the pass's device current, theirs, the alignment, no lazy negation.
+  bool accepts(const at::Tensor& b, const at::Tensor& r) const {
+    if (c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index() != device_) return false;
+    for (const at::Tensor* t : {&b, &r}) {
+      if (t->defined() && (!t->is_cuda() || t->get_device() != device_ || t->is_neg() ||
+                           reinterpret_cast<uintptr_t>(t->data_ptr()) % alignment_)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  // The pass over F.linear's fresh output y, in place (P = D = C = y), on PyTorch's current stream. Where y is
+  // less aligned than the pass reads (only another allocator's blocks are), `fallback` computes the epilogue with
+  // PyTorch's calls instead, as the Python route does.
+  template <typename Fallback>
+  void operator()(at::Tensor& y, const at::Tensor& b, const at::Tensor& r, Fallback fallback) const {
+    const uintptr_t output = reinterpret_cast<uintptr_t>(y.data_ptr());
+    if (output % alignment_) {
+      fallback(y);
+      return;
+    }
+    c10::SmallVector<uint64_t, kMaxArgumentBytes / sizeof(uint64_t)> arguments(arguments_.begin(), arguments_.end());
+    char* bytes = reinterpret_cast<char*>(arguments.data());
+    const uint64_t values[kPointers] = {output, output, output,
+                                        b.defined() ? reinterpret_cast<uintptr_t>(b.data_ptr()) : 0,
+                                        r.defined() ? reinterpret_cast<uintptr_t>(r.data_ptr()) : 0};
+    for (size_t i = 0; i < kPointers; ++i) std::memcpy(bytes + pointer_at_[i], &values[i], sizeof(uint64_t));
+    c10::SmallVector<void*, 32> parameters;
+    for (size_t offset : offsets_) parameters.push_back(bytes + offset);
+    const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_));
+    void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle();
+    const int status = launch_kernel()(function_, grid_[0], grid_[1], grid_[2], block_[0], block_[1], block_[2],
+                                       shared_, stream, parameters.data(), nullptr);
+    if (status != 0) {  // (the driver copies the arguments at launch: nothing of ours outlives the call)
+      throw std::runtime_error("autogemm.linear: the epilogue pass's launch failed (CUresult " +
+                               std::to_string(status) + ")");
+    }
+  }
+
+ private:
+  PreparedPass() = default;
+
+  void* function_ = nullptr;
+  unsigned grid_[3] = {1, 1, 1}, block_[3] = {1, 1, 1}, shared_ = 0;
+  std::vector<uint64_t> arguments_;  // (8-byte words: every argument at its natural alignment)
+  std::vector<size_t> offsets_;
+  size_t pointer_at_[kPointers] = {};
+  uintptr_t alignment_ = 1;
+  int64_t device_ = 0;
+  pybind11::object keep_;  // (released with the GIL held: the memo's entries go in its calls from Python)
+};
+
+}  // namespace
