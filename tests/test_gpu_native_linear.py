@@ -204,8 +204,8 @@ def test_a_product_handed_to_torch_matmul_is_served_by_the_memo_from_its_third_c
 def test_one_token_layers_run_what_the_python_route_runs(torch):
     """F.linear gives cuBLASLt's BIAS epilogue no product of one row (it copies the bias, then runs a GEMM), while
     the Python route serves a layer whose whole epilogue is the bias with F.linear's cuBLASLt call prepared, at
-    any M (lt_linear.PreparedBiasLinear): the memo prepares that call for the bias layer, with the Python route's
-    bits, and none for a one-token layer with an activation, which gets eager's bits."""
+    any M (lt_linear.PreparedBiasLinear): the memo prepares that call for the bias layer, and the Python route's
+    calls (F.linear, then its pass) for a one-token layer with an activation; the Python route's bits both."""
     for activation in (None, "gelu"):
         autogemm.reset()
         x = torch.randn(1, 256, device="cuda", dtype=torch.float16)
@@ -215,12 +215,8 @@ def test_one_token_layers_run_what_the_python_route_runs(torch):
             autogemm.linear(x, w, bias, activation=activation)
         memo = dispatch._DISPATCHER.native_memo
         assert memo.linear(x, w, bias, activation, None) is not None
-        if activation is None:
-            assert memo.prepared() == 1, memo.unprepared_why()
-            expected = _without_the_memo(lambda: autogemm.linear(x, w, bias))
-        else:
-            assert memo.prepared() == 0 and "a size F.linear does not give cuBLASLt" in memo.unprepared_why()
-            expected = _eager(torch, x, w, bias, activation, None)
+        assert (memo.prepared(), memo.passes()) == ((1, 0) if activation is None else (0, 1)), memo.unprepared_why()
+        expected = _without_the_memo(lambda: autogemm.linear(x, w, bias, activation=activation))
         with pytest.MonkeyPatch.context() as patch:
             _python_route_fails(patch)
             y = autogemm.linear(x, w, bias, activation=activation)

@@ -285,6 +285,9 @@ def test_the_memo_takes_eager_layers_and_16_bit_residuals_cublaslt_adds_each_its
     assert route(whole, large, w, None, None) == native_linear.EAGER_CALLS
     assert route(with_pass, small, w, "silu", None) == native_linear.EAGER_CALLS
     assert route(with_pass, large, w, "silu", None) == native_linear.WITH_PASS
+    one = torch.empty(1, 1, 8, dtype=torch.bfloat16)  # (one token: F.linear's three launches to the route's two)
+    assert route(with_pass, one, w, "gelu", None) == native_linear.WITH_PASS
+    assert route(whole, one, w, None, None) == native_linear.EAGER_CALLS
     assert route(lt, small, w, None, r_small) == route(lt, large, w, None, r_large) == native_linear.RESIDUAL_AS_C
     assert native_linear.residual_as_c(lt, large, w, None, r_large)
     assert not native_linear.residual_as_c(with_pass, small, w, None, r_small)
