@@ -1,7 +1,7 @@
 // The memo in C++ of the calls PyTorch's own calls serve (serving/native_linear.py builds and loads it): for
 // a layer that eager's calls serve (serving/eager_epilogue.py), a repeated `autogemm.linear` call runs those
-// ATen calls, F.linear and then the activation and the residual in place, with no Python between them; a
-// repeated `autogemm.matmul` of a product handed to torch.matmul runs at::matmul.
+// ATen calls, F.linear and then the activation and the residual in place (or the Python route's own calls),
+// with no Python between them; a repeated `autogemm.matmul` of a product handed to torch.matmul runs at::matmul.
 //
 // Why C++: on an H200's host such a layer's GEMM can take less time than the Python around it. Eager's
 // F.gelu(F.linear(x, w, b)) is two calls from Python; the same two from Python behind linear's key and
@@ -10,15 +10,16 @@
 //
 // The memo holds keys: the operands' shapes, strides, dtypes and devices, whether there is a bias
 // and a residual (and theirs), and the activation. Python files a key after its own route served the call
-// (Memo.file, Memo.file_matmul); what runs for a key is what that route runs (eager's calls, or its one
-// cuBLASLt call prepared), and ATen checks and computes any operands as eager would, so a key decides only the
-// route, never the arithmetic. A call the memo does not hold, or one with a tensor that requires grad, a
-// __torch_function__ subclass or mode, or an activation it does not know, gets None: the Python path serves it
-// (or names its fault).
+// (Memo.file, Memo.file_matmul) and says how the memo serves it (native_linear.route): eager's calls, or the
+// Python route's own (its cuBLASLt call with the residual as C; F.linear and its pass). ATen checks and
+// computes any operands as eager would, so a key decides only the route, never the arithmetic on the operands
+// it admits. A call the memo does not hold, or one with a tensor that requires grad, a __torch_function__
+// subclass or mode, or an activation it does not know, gets None: the Python path serves it (or names its
+// fault).
 //
 // F.linear's own cuBLASLt call, and the Python route's with the residual as C, prepared once per key:
-// PreparedLinear (native_prepared_linear.h). The Python route's pass after F.linear, for a layer too large for
-// eager's calls to keep up with it: PreparedPass (native_prepared_pass.h).
+// PreparedLinear (native_prepared_linear.h). The Python route's pass after F.linear, for a layer with a pass on
+// a large output or on one token: PreparedPass (native_prepared_pass.h).
 #include <torch/extension.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/PythonTorchFunctionTLS.h>

@@ -11,8 +11,9 @@ call it holds, makes the ATen calls itself, one call from Python. Python files a
 the call (`route` says which layers, and how the memo serves them); the dispatcher empties the memo whenever it
 empties linear's other memos (a tune, a plan retired or replaced). What runs for a key is eager's calls (F.linear
 with the bias, then the activation and the residual in place: eager's bits), or the Python route's own (its
-cuBLASLt call with the residual as C; for a layer of more than MAX_OUTPUT_WITH_PASS output elements with a pass,
-F.linear and then that pass, launched from C++: that route's bits), on any operands the key admits. Where
+cuBLASLt call with the residual as C; for a layer with a pass on more than MAX_OUTPUT_WITH_PASS output elements
+or on one token, F.linear and then that pass, launched from C++: that route's bits), on any operands the key
+admits. Where
 F.linear would run cuBLASLt's BIAS epilogue, the key holds that call prepared (its descriptors and algorithm made
 once, with PyTorch's workspace size and alignment, so that the heuristic picks F.linear's kernel): F.linear
 builds them and asks the heuristic on every call. A key whose route is the Python route's holds that route's
@@ -85,9 +86,8 @@ def route(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> str
     """How the memo takes `linear`'s calls like this one, which `plan` served (on tensors, with no out,
     out_dtype or gate); None where it does not. A layer eager_epilogue serves, where F.linear serves it whole or
     its output has at most MAX_OUTPUT_WITH_PASS elements: EAGER_CALLS; a larger one with a pass, or one of a
-    single token: WITH_PASS. A
-    16-bit layer whose epilogue is a residual (and perhaps a bias) that cuBLASLt adds as C (`residual_as_c`):
-    RESIDUAL_AS_C."""
+    single token: WITH_PASS. A 16-bit layer whose epilogue is a residual (and perhaps a bias) that cuBLASLt adds
+    as C (`residual_as_c`): RESIDUAL_AS_C."""
     if residual_as_c(plan, x, weight, activation, residual):
         return RESIDUAL_AS_C
     if not isinstance(plan, TorchEagerEpiloguePlan):
