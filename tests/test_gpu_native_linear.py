@@ -2,8 +2,8 @@
 residual layer cuBLASLt reads as C) is, from its third call, served by the memo alone, with the Python route's
 result bit for bit, in a CUDA graph too: a layer with a bias by F.linear's cuBLASLt call prepared (eager's bits),
 a one-token layer whose epilogue is its bias as the Python route prepares it, a residual alone by the Python
-route's cuBLASLt call; a large layer with a pass by the Python route's calls (F.linear, then its pass launched from
-C++: that route's bits). A layer another route serves is never filed; a reset empties the memo; a product handed
+route's cuBLASLt call; a large layer with a pass, and a one-token layer with an activation, by the Python route's
+calls (F.linear, then its pass launched from C++: that route's bits). A layer another route serves is never filed; a reset empties the memo; a product handed
 to torch.matmul is served the same way. Built with the machine's compiler (about half
 a minute, once per run: AUTOGEMM_NATIVE_DIR keeps a build between runs)."""
 
