@@ -92,6 +92,26 @@ struct LtLibrary {
   std::string why;  // why the library is not usable ("" where it is)
 };
 
+// CUDA's driver as this process loaded it, for its symbols (null before a tensor is on the GPU): the extension
+// links no CUDA library
+void* loaded_cuda_driver() { return dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD); }
+
+// PyTorch's current stream on `device` (a cudaStream_t), where a prepared call launches
+void* current_stream(c10::Device device) {
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle();
+}
+
+// Why `current_stream` cannot serve on this PyTorch ("" where it can: a PyTorch without the handle throws), asked
+// when a call is prepared, so that no prepared call meets it
+std::string no_current_stream(c10::Device device) {
+  try {
+    current_stream(device);
+  } catch (const std::exception& error) {
+    return std::string("no handle of PyTorch's current stream: ") + error.what();
+  }
+  return "";
+}
+
 template <typename F>
 bool find_symbol(void* library, const char* name, F& slot, std::string& why) {
   slot = reinterpret_cast<F>(dlsym(library, name));
@@ -106,7 +126,7 @@ const LtLibrary& lt_library() {
     for (int major : {lt::CUBLAS_VER_MAJOR, lt::CUBLAS_VER_MAJOR - 1}) {  // (PyTorch's CUDA 13 or 12 builds)
       if (lt == nullptr) lt = dlopen(("libcublasLt.so." + std::to_string(major)).c_str(), RTLD_NOW | RTLD_NOLOAD);
     }
-    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    void* driver = loaded_cuda_driver();
     if (lt == nullptr || driver == nullptr) {
       l.why = std::string(lt == nullptr ? "cuBLASLt" : "CUDA's driver") + " is not loaded in this process";
       return l;
@@ -244,12 +264,8 @@ class PreparedLinear {
       return nullptr;
     }
     c10::DeviceGuard guard(x.device());
-    try {  // (the current stream's handle, as each call reads it: a PyTorch without it throws)
-      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(x.device()).native_handle();
-    } catch (const std::exception& error) {
-      why = std::string("no handle of PyTorch's current stream: ") + error.what();
-      return nullptr;
-    }
+    why = no_current_stream(x.device());
+    if (!why.empty()) return nullptr;
     std::unique_ptr<PreparedLinear> p(new PreparedLinear());
     p->route_ = route;
     p->device_ = x.device();
@@ -333,7 +349,7 @@ class PreparedLinear {
         (r.defined() && r.is_neg()) || !settings_are_linears_defaults()) {
       return at::Tensor();
     }
-    void* stream = cuda->getStream(device_).native_handle();  // (the current stream: a cudaStream_t)
+    void* stream = current_stream(device_);
     int capturing = 0;  // (PyTorch's own call captures with the graph's workspace)
     if (lt.stream_is_capturing(stream, &capturing) != 0 || capturing != 0) return at::Tensor();
     const void* px = x.data_ptr();

@@ -16,6 +16,8 @@
 #include <dlfcn.h>
 #include <pybind11/pybind11.h>
 
+#include "native_prepared_linear.h"  // (CUDA's driver and PyTorch's current stream, as the cuBLASLt calls find them)
+
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -26,13 +28,13 @@
 namespace {
 
 // cuLaunchKernel (CUresult, CUfunction, grid, block, shared bytes, CUstream, parameters, extra), found in CUDA's
-// driver as this process loaded it: the extension links no CUDA library
+// driver as this process loaded it
 using LaunchKernel = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*,
                              void**, void**);
 
 LaunchKernel launch_kernel() {
   static const LaunchKernel launch = []() -> LaunchKernel {
-    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    void* driver = loaded_cuda_driver();
     return driver == nullptr ? nullptr : reinterpret_cast<LaunchKernel>(dlsym(driver, "cuLaunchKernel"));
   }();
   return launch;
@@ -100,7 +102,8 @@ class PreparedPass {
       why = "no cuLaunchKernel in this process's CUDA driver";
       return nullptr;
     }
-    return p;
+    why = no_current_stream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(p->device_)));
+    return why.empty() ? std::move(p) : nullptr;
   }
 
   PreparedPass(const PreparedPass&) = delete;
@@ -137,8 +140,7 @@ class PreparedPass {
     for (size_t i = 0; i < kPointers; ++i) std::memcpy(bytes + pointer_at_[i], &values[i], sizeof(uint64_t));
     c10::SmallVector<void*, 32> parameters;
     for (size_t offset : offsets_) parameters.push_back(bytes + offset);
-    const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_));
-    void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device).native_handle();
+    void* stream = current_stream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_)));
     const int status = launch_kernel()(function_, grid_[0], grid_[1], grid_[2], block_[0], block_[1], block_[2],
                                        shared_, stream, parameters.data(), nullptr);
     if (status != 0) {  // (the driver copies the arguments at launch: nothing of ours outlives the call)
