@@ -434,7 +434,7 @@ def test_a_pass_that_does_not_describe_a_launch_is_not_filed_and_says_why(memo_t
 
 
 def test_the_module_name_follows_the_header_the_source_includes(monkeypatch, tmp_path):
-    """A change of native_prepared_linear.h alone is another build (the name keys the kept build)."""
+    """A change of a header the source includes, alone, is another build (the name keys the kept build)."""
     name = native_linear.module_name()
     header = tmp_path / native_linear.HEADERS[0].name
     header.write_text(native_linear.HEADERS[0].read_text() + "// another line\n")

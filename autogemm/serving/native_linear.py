@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_linear.cpp")
 # what SOURCE includes: its build, and so the module's name, follows it too
-HEADERS = (Path(__file__).with_name("native_prepared_linear.h"), Path(__file__).with_name("native_prepared_pass.h"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in
+                ("native_cuda.h", "native_prepared_linear.h", "native_prepared_pass.h"))
 MAX_ENTRIES = 1024  # keys held (a process's layers times its distinct token counts): emptied when full
 # Where a pass follows the GEMM (an activation, a residual), the Python route computes the epilogue faster on the
 # GPU than eager's calls: by about 0.3-0.8 us per million output elements on an H200 (F.linear then the pass

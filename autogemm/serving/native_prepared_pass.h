@@ -16,7 +16,7 @@
 #include <dlfcn.h>
 #include <pybind11/pybind11.h>
 
-#include "native_prepared_linear.h"  // (CUDA's driver and PyTorch's current stream, as the cuBLASLt calls find them)
+#include "native_cuda.h"
 
 #include <cstdint>
 #include <cstring>
