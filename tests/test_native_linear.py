@@ -329,7 +329,7 @@ def test_a_memo_built_earlier_in_the_process_is_not_given_once_the_switch_is_off
     assert dispatcher.native_memo is None
 
 
-def test_filing_takes_what_suits_and_asks_for_the_memo_once(monkeypatch):
+def test_filing_takes_what_the_route_names_and_asks_for_the_memo_once(monkeypatch):
     from autogemm.serving.eager_epilogue import TorchEagerEpiloguePlan
 
     x, w, bias, _ = _layer(dtype=torch.bfloat16)
