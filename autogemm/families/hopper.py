@@ -48,7 +48,7 @@ from ..problem import Device, Problem
 from . import gemv, hopper_rules, wgmma
 from .base import INT32_MAX, GemmConfig, VectorizedLoads, VectorWidths, cxx_bool, grid_knobs, swap_knob, tile_knobs
 from .knobs import Knob
-from .hopper_rules import MAX_BLOCK_SCALED_VALUES, MAX_GROUPS, TMA_ALIGN_BYTES
+from .hopper_rules import MAX_BLOCK_SCALED_VALUES, MAX_GROUPS, NARROW_BN_STEP, TMA_ALIGN_BYTES
 from .launch_kind import LaunchKind
 from .stream_k import PREFIX_TAILS_PER_BLOCK, share_out
 
@@ -58,15 +58,17 @@ ROWS_PER_INSTRUCTION = wgmma.ROWS_PER_INSTRUCTION  # wgmma's M
 SWIZZLE_BYTES = wgmma.SWIZZLE_BYTES  # a shared-memory row of a tile (a TMA box row)
 SWIZZLE_PERIOD_BYTES = wgmma.SWIZZLE_PERIOD_BYTES
 MAX_CONSUMERS = 2
-# bn's step where B is K-major and C is stored from registers (16-bit types): wgmma's N steps by 8, a
-# thread's accumulators by pairs of columns, split-K's slots by float4s
-NARROW_BN_STEP = 16
 CLUSTER_SIZES = (1, 2)
 STORE_BUFFERS = 2  # store chunks per consumer: one filled while TMA reads the other
 MIN_STAGES, MAX_STAGES = 2, 8
 # a consumer's accumulators: beyond 128 floats per thread the registers setmaxnreg gives a
 # consumer (232 with two consumers) no longer hold them with the addresses and loop state
 MAX_ACCUMULATORS = 128
+# ... except where two consumers split the tile's columns (wm = bm, wn = bn / 2): a consumer then holds
+# no row offset of its own and its stores step through fewer columns, and a 192 x 96 share's 3 x 48
+# compile without spills (tests/test_hopper_split_n.py). That is the tile cuBLAS runs as
+# nvjet_sm90_tst_192x192_64x4_1x2_h_bz_coopB on LLM prefill products on an H200.
+MAX_SPLIT_N_ACCUMULATORS = 144
 BARRIER_BYTES = 8  # an mbarrier
 ACCUMULATOR_BYTES, COUNTER_BYTES = 4, 4  # a split-K partial sum (FP32) and a share's counter (int)
 # split-K's "counted last" flag per consumer: a static shared array, which the dynamic block's alignment
@@ -81,10 +83,11 @@ GROUP_TILES_BYTES = -(-(MAX_GROUPS + 1) * 4 // SWIZZLE_PERIOD_BYTES) * SWIZZLE_P
 MAX_ACCUMULATORS_AND_FRAGMENTS = 160
 
 KNOBS = (
-    # wm x wn: one consumer warpgroup's tile (wn = bn: a consumer spans the tile's columns)
+    # wm x wn: one consumer warpgroup's tile (wn = bn: a consumer spans the tile's columns; or wm = bm,
+    # wn = bn / 2: two consumers split them)
     # (bn, wn: any multiple of the kernel's 64-column step, not only powers of two: 192 is the widest
     # block-scaled tile, with one set of partial sums; `check` says which)
-    *(dataclasses.replace(knob, power_of_two=False) if knob.name in ("bn", "wn") else knob
+    *(dataclasses.replace(knob, power_of_two=False) if knob.name in ("bm", "bn", "wm", "wn") else knob
       for knob in tile_knobs(128, 256, 64, 64, 256)),
     Knob("stages", int, 4, code="s", low=MIN_STAGES, high=MAX_STAGES),
     *grid_knobs(),
@@ -195,7 +198,13 @@ class HopperConfig(VectorizedLoads, GemmConfig):
 
     @property
     def consumers(self) -> int:
-        return self.bm // self.wm if self.wm else 0
+        return (self.bm // self.wm) * (self.bn // self.wn) if self.wm and self.wn else 0
+
+    @property
+    def split_n(self) -> bool:
+        """Whether the consumers split the tile's columns (each owns all bm rows and wn of the bn
+        columns) rather than its rows."""
+        return self.wn < self.bn
 
     @property
     def threads(self) -> int:
@@ -226,8 +235,13 @@ class HopperConfig(VectorizedLoads, GemmConfig):
                 + 2 * self.stages * BARRIER_BYTES + SWIZZLE_PERIOD_BYTES)
 
     def accumulators(self) -> int:
-        """Accumulators per consumer thread: wm / 64 wgmma blocks of bn / 2."""
-        return self.wm // ROWS_PER_INSTRUCTION * self.bn // 2
+        """Accumulators per consumer thread: wm / 64 wgmma blocks of wn / 2."""
+        return self.wm // ROWS_PER_INSTRUCTION * self.wn // 2
+
+    def max_accumulators(self) -> int:
+        """The most accumulators a consumer thread may hold (MAX_SPLIT_N_ACCUMULATORS says why split N
+        differs)."""
+        return MAX_SPLIT_N_ACCUMULATORS if self.split_n else MAX_ACCUMULATORS
 
     def work_units(self, problem: Problem) -> int:
         """What the blocks of a cluster take together: `cluster` vertically adjacent tiles (the last
@@ -309,17 +323,22 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             else self.kernel_problem(problem)
         narrow = self.transposes(problem) and kernel.trans_b and not self.tma_store
         bn_step = NARROW_BN_STEP if narrow else 64
-        if self.wn != self.bn or self.bm % self.wm or not 1 <= self.consumers <= MAX_CONSUMERS:
+        spans_columns = self.wn == self.bn and self.bm % self.wm == 0
+        splits_columns = self.wm == self.bm and self.bn == MAX_CONSUMERS * self.wn
+        if not (spans_columns or splits_columns) or not 1 <= self.consumers <= MAX_CONSUMERS:
             bad("warp-tile", f"a consumer's tile {self.wm}x{self.wn} must span the block's {self.bn} columns "
-                             f"and 1 or {MAX_CONSUMERS} of them its {self.bm} rows")
+                             f"and 1 or {MAX_CONSUMERS} of them its {self.bm} rows, or span its rows and "
+                             f"{MAX_CONSUMERS} of them its columns (split N)")
+        elif self.split_n:
+            hopper_rules.split_n_reasons(self, problem, kernel, bad)
         if self.wm % ROWS_PER_INSTRUCTION or self.bn % bn_step or self.bn > wgmma.N_MAX or self.bk % atom:
             bad("fragment", f"wm={self.wm} must be a multiple of {ROWS_PER_INSTRUCTION} (wgmma rows), bn={self.bn} "
                             f"a multiple of {bn_step} up to {wgmma.N_MAX} (wgmma's N, whole swizzled rows"
                             f"{'' if narrow else f'; {NARROW_BN_STEP} for 16-bit types with B K-major and C stored from registers'}) "
                             f"and bk={self.bk} a multiple of {atom} ({SWIZZLE_BYTES}-byte rows)")
-        if self.accumulators() > MAX_ACCUMULATORS:
-            bad("registers", f"{self.accumulators()} accumulators per consumer thread (tile {self.wm}x{self.bn}) "
-                             f"exceed {MAX_ACCUMULATORS}")
+        if self.accumulators() > self.max_accumulators():
+            bad("registers", f"{self.accumulators()} accumulators per consumer thread (tile {self.wm}x{self.wn}) "
+                             f"exceed {self.max_accumulators()}")
         if self.pingpong and self.consumers != MAX_CONSUMERS:
             bad("warp-tile", f"pingpong needs {MAX_CONSUMERS} consumers to take turns, the tile {self.bm}x{self.bn} "
                              f"has {self.consumers}")
@@ -399,7 +418,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             staged_scales=self.stages_block_scales(problem),
             dtype=problem.dtype, compute=problem.compute, layout=problem.layout.upper(), element=row.element,
             to_acc=row.to_acc, from_acc=row.from_acc, mma_input=row.tensor_core.mma_input, fk=row.tensor_core.wgmma_k,
-            bm=self.bm, bn=self.bn, bk=self.bk, consumers=self.consumers, stages=self.stages, group_m=self.group_m,
+            bm=self.bm, bn=self.bn, bk=self.bk, consumers=self.consumers, split_n=self.split_n, cn=self.wn,
+            max_accumulators=self.max_accumulators(), stages=self.stages, group_m=self.group_m,
             trans_a=cxx_bool(problem.trans_a), b_mn_major=cxx_bool(not problem.trans_b),
             transposes=self.transposes(problem), a_in_registers=self.a_in_registers(problem),
             c_transposed=cxx_bool(self.swaps_operands),

@@ -9,8 +9,12 @@ from typing import Any
 from .. import dtypes
 from ..epilogue import BLOCK, FAST_FORM_ACTIVATIONS
 from ..problem import Device, Problem
+from .wgmma import SWIZZLE_BYTES
 
 TMA_ALIGN_BYTES = 16  # address, pitch and batch stride of an operand TMA reads
+# bn's step where B is K-major and C is stored from registers (16-bit types): wgmma's N steps by 8, a
+# thread's accumulators by pairs of columns, split-K's slots by float4s
+NARROW_BN_STEP = 16
 # a grouped product's groups at most: the prefix of their row-tile counts is kept in shared memory, a
 # static array padded (like the split flags) to whole swizzle periods: 2048 bytes, as ptxas reports
 MAX_GROUPS = 256
@@ -38,6 +42,31 @@ def stream_k_reasons(config: Any, problem: Problem, device: Device, bad) -> None
     if slices * max(1, device.sm_count) >= 2 ** 63:
         bad("grid", f"stream_k: {slices} K slices of all tiles times {device.sm_count} blocks exceed the kernel's "
                     "63-bit arithmetic")
+
+
+def split_n_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
+    """Two consumers that split the tile's columns (wm = bm, wn = bn / 2) share each stage's A and read their
+    own half of B; each stores its columns from registers. Written for the plain 16-bit kernel only, so far:
+    no ping-pong (its consumers take whole tiles), no split of K (slots sized by a consumer's rows), no TMA
+    store (chunks of a consumer's rows), no swap, no FP8 or TF32, no grouped product. B stored K x N
+    (MN-major) is read in boxes of 64 columns: a consumer's half starts on one where wn is a multiple of 64.
+    `kernel` is the problem the kernel computes."""
+    for knob, on in (("pingpong", config.pingpong), ("split_k", config.split_k > 1), ("stream_k", config.stream_k),
+                     ("tma_store", config.tma_store), ("swap", config.swap)):
+        if on:
+            bad("split-n", f"consumers that split N ({config.wm}x{config.wn} of {config.bm}x{config.bn}) store "
+                           f"from registers, a tile at a time, unswapped: {knob}={getattr(config, knob)} does not "
+                           "go with them")
+    row = dtypes.lookup(problem.dtype, problem.compute)
+    if row.scaled or not config.transposes(problem):
+        bad("dtype", f"consumers that split N are written for 16-bit products, not {problem.dtype}/{problem.compute}")
+    if problem.grouped:
+        bad("grouped", "consumers that split N: a grouped product's tiles are not written for them")
+    step = NARROW_BN_STEP if kernel.trans_b else SWIZZLE_BYTES // row.itemsize
+    if config.wn % step:
+        bad("fragment", f"a consumer's wn={config.wn} must be a multiple of {step} (split N: "
+                        + ("wgmma's N and the store's pairs of columns)" if kernel.trans_b else
+                           f"B stored K x N is read in boxes of {step} columns, and a consumer's half starts on one)"))
 
 
 def stmatrix_reasons(config: Any, problem: Problem, bad) -> None:

@@ -1,0 +1,70 @@
+"""Two Hopper consumers that split the tile's columns (wm = bm, wn = bn / 2; templates/hopper_gemm.cu.j2
+SPLIT_N): a 192 x 192 tile as two 192 x 96 shares, the tile cuBLAS runs on LLM prefill products. What the
+config allows, that it renders each consumer's half of B and of C, and that its kernels compile without
+spills. CPU only; tests/test_gpu_kernels.py and tests/test_gpu_epilogue.py run them against float64."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autogemm.epilogue import Epilogue
+from autogemm.families import config_from_name
+from autogemm.kernels.render import render
+from autogemm.problem import Problem
+from test_hopper_stream_k import H200, compiles_without_spills
+
+SPLIT = "hopper_192x192x64_w192x96_s4_g8_k1_o1_p"
+PREFILL = Problem.from_layout(6144, 18944, 3584, "nt", dtype="bfloat16")
+VARIANTS = [
+    (SPLIT, PREFILL),
+    (SPLIT + "_c2", Problem.from_layout(1000, 3001, 520, "tt", dtype="float16", epilogue=Epilogue("n", "gelu", True))),
+    ("hopper_128x256x64_w128x128_s4_g8_k1_o1", Problem.from_layout(1000, 3001, 520, "nn", dtype="float16")),
+    ("hopper_128x160x64_w128x80_s5_g8_k1_o1_p", Problem.from_layout(640, 4096, 4096, "nt", dtype="bfloat16")),
+]
+
+
+def test_a_split_n_config_names_two_consumers_of_the_tiles_rows_and_half_its_columns():
+    config = config_from_name(SPLIT)
+    assert config.name == SPLIT and config.split_n and config.consumers == 2 and config.accumulators() == 3 * 48
+    assert config.check(PREFILL, H200) == []
+    code = render(config, PREFILL).code
+    assert "constexpr int CN = BN / CONSUMERS;" in code and "m64n96k16" in code
+    # each consumer reads B from its first column, and its stores start there
+    assert "operand_descriptor<B_MN_MAJOR, BN>(stage + A_STAGE_BYTES, col0, ks)" in code and "n0 += col0;" in code
+    # a consumer spanning the columns renders none of it
+    rows = config_from_name("hopper_128x256x64_w64x256_s4_g8_k1_o1_p")
+    assert not rows.split_n and rows.consumers == 2
+    plain = render(rows, PREFILL).code
+    assert "CN" not in plain and "col0" not in plain and "m64n256k16" in plain
+
+
+@pytest.mark.parametrize("name, problem, reason", [
+    # what split N is written for so far: one tile a block, both consumers on it, stored from registers
+    (SPLIT + "_pp", PREFILL, "split-n: consumers that split N"),
+    ("hopper_192x192x64_w192x96_s4_g8_k2_o1_p", PREFILL, "split-n: consumers that split N"),
+    (SPLIT + "_ts", PREFILL, "split-n: consumers that split N"),
+    (SPLIT + "_sk", PREFILL, "split-n: consumers that split N"),
+    (SPLIT + "_sw", PREFILL, "split-n: consumers that split N"),
+    (SPLIT, dataclasses.replace(PREFILL, dtype="float32", compute="tf32"), "dtype: consumers that split N"),
+    (SPLIT, Problem.from_layout(512, 512, 512, "nt", dtype="float8_e4m3fn", epilogue=Epilogue(scale="tensor", out_dtype="bfloat16")),
+     "dtype: consumers that split N"),
+    # B stored K x N comes in boxes of 64 columns: the second consumer's 96 would start inside one
+    (SPLIT, dataclasses.replace(PREFILL, trans_b=False), "fragment: a consumer's wn=96 must be a multiple of 64"),
+    # the consumers split the columns in two, and then own all the rows
+    ("hopper_192x192x64_w192x64_s4_g8_k1_o1_p", PREFILL, "warp-tile"),
+    ("hopper_128x192x64_w64x96_s4_g8_k1_o1_p", PREFILL, "warp-tile"),
+    # 4 x 64 accumulators a thread: beyond what the consumer's registers hold
+    ("hopper_256x256x64_w256x128_s2_g8_k1_o1_p", PREFILL, "registers"),
+    # five stages of 192 x 64 and 192 x 64 do not fit
+    ("hopper_192x192x64_w192x96_s5_g8_k1_o1_p", PREFILL, "shared-memory"),
+])
+def test_split_n_refuses_what_it_is_not_written_for(name, problem, reason):
+    reasons = config_from_name(name).check(problem, H200)
+    assert any(r.startswith(reason) for r in reasons), reasons
+
+
+@pytest.mark.parametrize("name, problem", VARIANTS, ids=[f"{n}-{p.layout}" for n, p in VARIANTS])
+def test_split_n_kernels_compile_without_spills(name, problem):
+    compiles_without_spills(name, problem)
