@@ -64,9 +64,9 @@ MIN_STAGES, MAX_STAGES = 2, 8
 # a consumer's accumulators: beyond 128 floats per thread the registers setmaxnreg gives a
 # consumer (232 with two consumers) no longer hold them with the addresses and loop state
 MAX_ACCUMULATORS = 128
-# ... except where two consumers split the tile's columns (wm = bm, wn = bn / 2): a consumer then holds
-# no row offset of its own and its stores step through fewer columns, and a 192 x 96 share's 3 x 48
-# compile without spills (tests/test_hopper_split_n.py). That is the tile cuBLAS runs as
+# ... except where two consumers split the tile's columns (wm = bm, wn = bn / 2): a 192 x 96 share's
+# 3 x 48 compile without spills (nvcc 13, sm_90a: tests/test_hopper_split_n.py), in the 168 registers a
+# thread that ptxas reports for 384 threads. 192 x 192 is the tile cuBLAS runs as
 # nvjet_sm90_tst_192x192_64x4_1x2_h_bz_coopB on LLM prefill products on an H200.
 MAX_SPLIT_N_ACCUMULATORS = 144
 BARRIER_BYTES = 8  # an mbarrier
