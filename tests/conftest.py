@@ -124,6 +124,20 @@ def _shared_native_build(tmp_path_factory, request):
         os.environ.pop("AUTOGEMM_NATIVE_DIR", None)
 
 
+@pytest.fixture(scope="module")
+def memo_type():
+    """linear's memo in C++, its type (tests/test_native_linear*.py); the test is skipped where it cannot be
+    built here."""
+    from native_memo_cases import buildable
+
+    why = buildable()
+    if why:
+        pytest.skip(f"linear's C++ memo cannot be built here: {why}")
+    from autogemm.serving import native_linear
+
+    return native_linear.load().Memo
+
+
 def _start_native_build(items: list) -> bool:
     """Starts building linear's C++ memo in the background where a test that will run is marked `native`
     and the build can run here (PyTorch and ninja): its half a minute of one core then overlaps the tests
