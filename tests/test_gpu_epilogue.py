@@ -548,7 +548,23 @@ def _split_n_cases():
              Problem.from_layout(300, 1000, 256, "nn", dtype="float16", epilogue=Epilogue("m", "silu")))]
 
 
-TILE_CASES = [*_tile_cases(), _stream_k_case(), *_stmatrix_cases(), *_fast_activation_cases(), *_split_n_cases()]
+def _preload_cases():
+    """Hopper's TMA store with its epilogue values loaded ahead (`preload`, not in the shipped space yet): a bias
+    along N with GELU and a residual, a bias along M with fast SiLU under ping-pong, a residual alone through a
+    cluster pair, on tails."""
+    from autogemm.families import config_from_name
+    from autogemm.problem import Problem
+
+    return [(config_from_name("hopper_128x256x64_w64x256_s3_g8_k1_o1_p_ts_pl"),
+             Problem.from_layout(333, 1000, 256, "nt", dtype="bfloat16", epilogue=Epilogue("n", "gelu", True))),
+            (config_from_name("hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_pp_fa_pl"),
+             Problem.from_layout(300, 1000, 256, "tt", dtype="float16", epilogue=Epilogue("m", "silu"))),
+            (config_from_name("hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts_pl"),
+             Problem.from_layout(300, 1000, 256, "nn", dtype="bfloat16", epilogue=Epilogue(residual=True)))]
+
+
+TILE_CASES = [*_tile_cases(), _stream_k_case(), *_stmatrix_cases(), *_fast_activation_cases(), *_split_n_cases(),
+              *_preload_cases()]
 
 
 @pytest.mark.parametrize("config,problem", TILE_CASES, ids=[f"{c.name}-{p.key}" for c, p in TILE_CASES])

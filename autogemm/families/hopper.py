@@ -103,6 +103,9 @@ KNOBS = (
          why="the TMA store's chunks written with stmatrix, four 8 x 8 matrices an instruction"),
     Knob("fast_activation", bool, False, omitted=False, words={True: "fa"},
          why="a GELU or SiLU epilogue by the epilogue pass's forms (hopper_rules.fast_activation_reasons)"),
+    Knob("preload", bool, False, omitted=False, words={True: "pl"},
+         why="a TMA-stored epilogue's bias and residual loaded a chunk at a time, before their use "
+             "(hopper_rules.preload_reasons)"),
 )
 
 class HopperConfig(VectorizedLoads, GemmConfig):
@@ -132,6 +135,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         stream_k: bool = False
         stmatrix: bool = False
         fast_activation: bool = False
+        preload: bool = False
     template = "hopper_gemm.cu.j2"
     arch_suffix = wgmma.ARCH_SUFFIX
     launch_kind = LaunchKind.TMA
@@ -369,6 +373,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             hopper_rules.stmatrix_reasons(self, problem, bad)
         if self.fast_activation:
             hopper_rules.fast_activation_reasons(problem, bad)
+        if self.preload:
+            hopper_rules.preload_reasons(self, problem, bad)
         if self.min_blocks != 1:
             bad("occupancy", f"min_blocks={self.min_blocks}: a Hopper block takes a whole SM")
         if self.threads > device.max_threads_per_block:
@@ -427,6 +433,6 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             producer_registers=producer, consumer_registers=consumer, cluster=self.cluster,
             tma_store=cxx_bool(self.tma_store), pingpong=cxx_bool(self.pingpong), split_k=self.split_k,
             stream_k=self.stream_k, prefix_tails_per_block=PREFIX_TAILS_PER_BLOCK, stmatrix=self.stmatrix,
-            fast_activation=self.fast_activation, grouped=problem.grouped, max_groups=MAX_GROUPS,
+            fast_activation=self.fast_activation, preload=self.preload, grouped=problem.grouped, max_groups=MAX_GROUPS,
             **self.even_flags(problem),
         )

@@ -91,6 +91,23 @@ def fast_activation_reasons(problem: Problem, bad) -> None:
                       f"this problem's activation is {problem.epilogue.activation or 'none'}")
 
 
+def preload_reasons(config: Any, problem: Problem, bad) -> None:
+    """preload loads the values a TMA-stored chunk's epilogue reads (the bias along N once a chunk, along M and the
+    residual once a row) before any of them is used, where the store otherwise loads each just ahead of its use and
+    waits out its latency: it needs the TMA store, written untransposed by the consumers' own stores (not swap, not
+    stmatrix), a bias or a residual to load, and a 16-bit product (FP8's scales are read as before). A problem
+    with neither renders the same kernel with it as without: a duplicate the search need not measure."""
+    for knob, off in (("tma_store", not config.tma_store), ("swap", config.swap), ("stmatrix", config.stmatrix)):
+        if off:
+            bad("choice", f"preload loads the epilogue's values for the untransposed TMA store's chunks: "
+                          f"{knob}={getattr(config, knob)} does not go with it")
+    if dtypes.lookup(problem.dtype, problem.compute).scaled:
+        bad("dtype", f"preload is written for 16-bit products' epilogues, not {problem.dtype}'s scales")
+    if not (problem.epilogue.bias or problem.epilogue.residual):
+        bad("choice", f"preload loads a bias or a residual; this problem's epilogue has neither "
+                      f"({problem.epilogue.key or 'none'})")
+
+
 def grouped_reasons(config: Any, problem: Problem, bad) -> None:
     """A grouped product's tiles start at its groups' offsets, read on the GPU: its rows are masked in the
     register store (the TMA store would write into the next group's rows), one block a tile (no cluster),

@@ -1,0 +1,63 @@
+"""The Hopper family's `preload` knob (templates/hopper_gemm.cu.j2): a TMA-stored chunk's epilogue values (the
+bias along N once a chunk, the bias along M and the residual once a row) loaded before any of them is used,
+where the store otherwise loads each just ahead of its use. What the config allows, that it renders only where
+asked, and that its kernels compile without spills. CPU only; tests/test_gpu_epilogue.py runs them against
+float64."""
+
+from __future__ import annotations
+
+import pytest
+
+from autogemm.epilogue import Epilogue
+from autogemm.families import config_from_name
+from autogemm.kernels.render import render
+from autogemm.problem import Problem
+from test_hopper_stream_k import H200, compiles_without_spills
+
+PRELOAD = "hopper_128x256x64_w64x256_s3_g8_k1_o1_p_ts_pl"
+LAYER = Problem.from_layout(6144, 13824, 5120, "nt", dtype="bfloat16", epilogue=Epilogue("n", "gelu", True))
+VARIANTS = [
+    (PRELOAD, LAYER),
+    ("hopper_128x192x64_w64x192_s4_g8_k1_o1_p_ts_fa_pl",
+     Problem.from_layout(1536, 18176, 4544, "nt", dtype="float16", epilogue=Epilogue("n", "silu"))),
+    ("hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_pp_fa_pl",
+     Problem.from_layout(1000, 3001, 520, "tt", dtype="float16", epilogue=Epilogue("m", "silu"))),
+    ("hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts_pl",
+     Problem.from_layout(1000, 3001, 520, "nn", dtype="bfloat16", epilogue=Epilogue(residual=True))),
+]
+
+
+def test_a_preload_config_names_renders_the_loads_ahead_and_nothing_else_changes_without_it():
+    config = config_from_name(PRELOAD)
+    assert config.preload and config.name == PRELOAD and config.check(LAYER, H200) == []
+    code = render(config, LAYER).code
+    assert "Two bias_pairs[" in code and "Two residual_pairs[" in code and "finish_given" in code
+    plain = render(config_from_name(PRELOAD.removesuffix("_pl")), LAYER).code
+    assert "bias_pairs" not in plain and "finish_given" not in plain
+    # a bias along M is loaded once a row, no pairs along N
+    along_m = Problem.from_layout(6144, 13824, 5120, "nt", dtype="bfloat16", epilogue=Epilogue("m", "relu"))
+    code = render(config, along_m).code
+    assert "bias_m = " in code and "bias_pairs" not in code and "residual_pairs" not in code
+
+
+@pytest.mark.parametrize("name, problem, reason", [
+    # it loads for the untransposed TMA store's chunks, which the consumers write themselves
+    ("hopper_128x256x64_w64x256_s3_g8_k1_o1_p_pl", LAYER, "choice: preload loads the epilogue's values"),
+    ("hopper_128x128x64_w64x128_s5_g8_k1_o1_p_ts_sw_pl", LAYER, "choice: preload loads the epilogue's values"),
+    ("hopper_128x256x64_w64x256_s3_g8_k1_o1_p_ts_stm_pl", LAYER, "choice: preload loads the epilogue's values"),
+    # nothing to load: the same kernel as without it
+    (PRELOAD, Problem.from_layout(4096, 4096, 4096, "nt", dtype="bfloat16", epilogue=Epilogue(activation="gelu")),
+     "choice: preload loads a bias or a residual"),
+    (PRELOAD, Problem.from_layout(4096, 4096, 4096, "nt", dtype="bfloat16"), "choice: preload loads a bias or a residual"),
+    ("hopper_128x128x128_w64x128_s4_g8_k1_o1_p_ts_pl",
+     Problem.from_layout(512, 512, 512, "nt", dtype="float8_e4m3fn", epilogue=Epilogue(scale="row", out_dtype="bfloat16")),
+     "dtype: preload is written for 16-bit products"),
+])
+def test_preload_refuses_what_it_is_not_written_for(name, problem, reason):
+    reasons = config_from_name(name).check(problem, H200)
+    assert any(r.startswith(reason) for r in reasons), reasons
+
+
+@pytest.mark.parametrize("name, problem", VARIANTS, ids=[f"{n}-{p.epilogue.key}" for n, p in VARIANTS])
+def test_preload_kernels_compile_without_spills(name, problem):
+    compiles_without_spills(name, problem)
