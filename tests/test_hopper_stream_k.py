@@ -194,6 +194,13 @@ def compiles_without_spills(name: str, problem: Problem) -> None:
     assert all(not use.spills and not use.stack_bytes and not use.wgmma_serialized for use in report.values()), report
 
 
+def refuses_with(name: str, problem: Problem, reason: str) -> None:
+    """Config `name`'s check refuses `problem` on an H200 with a reason that starts with `reason` (also
+    tests/test_hopper_split_n.py's and tests/test_hopper_preload.py's)."""
+    reasons = config_from_name(name).check(problem, H200)
+    assert any(r.startswith(reason) for r in reasons), reasons
+
+
 @pytest.mark.parametrize("name, problem", STREAM_VARIANTS, ids=[n for n, _ in STREAM_VARIANTS])
 def test_stream_k_kernels_compile_without_spills(name, problem):
     compiles_without_spills(name, problem)
