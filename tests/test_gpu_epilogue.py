@@ -537,14 +537,15 @@ def _fast_activation_cases():
 
 def _split_n_cases():
     """Hopper's consumers that split the tile's columns (not in the shipped space yet): each applies the
-    epilogue to its own half, a bias along N and GELU with a residual on a 96-column half, SiLU with a bias
-    along M on a 128-column half of B stored K x N, on tails."""
+    epilogue to its own half, into TMA store chunks the two share (from registers with beta != 0): a bias
+    along N and GELU with a residual on a 96-column half, SiLU with a bias along M on a 128-column half of B
+    stored K x N, on tails."""
     from autogemm.families import config_from_name
     from autogemm.problem import Problem
 
-    return [(config_from_name("hopper_192x192x64_w192x96_s4_g8_k1_o1_p"),
+    return [(config_from_name("hopper_192x192x64_w192x96_s3_g8_k1_o1_p_ts"),
              Problem.from_layout(333, 1000, 256, "nt", dtype="bfloat16", epilogue=Epilogue("n", "gelu", True))),
-            (config_from_name("hopper_128x256x64_w128x128_s4_g8_k1_o1"),
+            (config_from_name("hopper_128x256x64_w128x128_s4_g8_k1_o1_ts"),
              Problem.from_layout(300, 1000, 256, "nn", dtype="float16", epilogue=Epilogue("m", "silu")))]
 
 

@@ -1,7 +1,8 @@
 """Two Hopper consumers that split the tile's columns (wm = bm, wn = bn / 2; templates/hopper_gemm.cu.j2
 SPLIT_N): a 192 x 192 tile as two 192 x 96 shares, the tile cuBLAS runs on LLM prefill products. What the
-config allows, that it renders each consumer's half of B and of C, and that its kernels compile without
-spills. CPU only; tests/test_gpu_kernels.py and tests/test_gpu_epilogue.py run them against float64."""
+config allows, that it renders each consumer's half of B and of C (from registers, or into TMA store chunks
+the two share), and that its kernels compile without spills. CPU only; tests/test_gpu_kernels.py and
+tests/test_gpu_epilogue.py run them against float64."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ PREFILL = Problem.from_layout(6144, 18944, 3584, "nt", dtype="bfloat16")
 VARIANTS = [
     (SPLIT, PREFILL),
     (SPLIT + "_c2", Problem.from_layout(1000, 3001, 520, "tt", dtype="float16", epilogue=Epilogue("n", "gelu", True))),
+    ("hopper_192x192x64_w192x96_s3_g8_k1_o1_p_c2_ts", PREFILL),
+    ("hopper_192x192x64_w192x96_s3_g8_k1_o1_p_ts_fa",
+     Problem.from_layout(1000, 3001, 520, "tt", dtype="float16", epilogue=Epilogue("n", "gelu", True))),
     ("hopper_128x256x64_w128x128_s4_g8_k1_o1", Problem.from_layout(1000, 3001, 520, "nn", dtype="float16")),
     ("hopper_128x160x64_w128x80_s5_g8_k1_o1_p", Problem.from_layout(640, 4096, 4096, "nt", dtype="bfloat16")),
 ]
@@ -38,13 +42,21 @@ def test_a_split_n_config_names_two_consumers_of_the_tiles_rows_and_half_its_col
     assert not rows.split_n and rows.consumers == 2
     plain = render(rows, PREFILL).code
     assert "CN" not in plain and "col0" not in plain and "m64n256k16" in plain
+    # with the TMA store the two consumers share the chunks and meet at a barrier of both before each store
+    stored = config_from_name("hopper_192x192x64_w192x96_s3_g8_k1_o1_p_ts")
+    assert stored.check(PREFILL, H200) == []
+    # three stages of 192 x 64 of A and of B, two chunks of 192 rows x 128 bytes (shared, not two a consumer),
+    # a full and an empty barrier a stage, and a swizzle period of slack (the kernel's static_assert agrees)
+    assert stored.smem_bytes(PREFILL) == 3 * (192 + 192) * 64 * 2 + 2 * 192 * 128 + 2 * 3 * 8 + 1024
+    assert "bar.sync 5, %0" in render(stored, PREFILL).code and "bar.sync 5" not in plain
 
 
 @pytest.mark.parametrize("name, problem, reason", [
     # what split N is written for so far: one tile a block, both consumers on it, stored from registers
     (SPLIT + "_pp", PREFILL, "split-n: consumers that split N"),
     ("hopper_192x192x64_w192x96_s4_g8_k2_o1_p", PREFILL, "split-n: consumers that split N"),
-    (SPLIT + "_ts", PREFILL, "split-n: consumers that split N"),
+    ("hopper_192x192x64_w192x96_s3_g8_k1_o1_p_ts_stm", PREFILL, "split-n: consumers that split N"),
+    ("hopper_192x192x64_w192x96_s3_g8_k1_o1_p_ts_pl", PREFILL, "split-n: consumers that split N"),
     (SPLIT + "_sk", PREFILL, "split-n: consumers that split N"),
     (SPLIT + "_sw", PREFILL, "split-n: consumers that split N"),
     (SPLIT, dataclasses.replace(PREFILL, dtype="float32", compute="tf32"), "dtype: consumers that split N"),
@@ -57,8 +69,9 @@ def test_a_split_n_config_names_two_consumers_of_the_tiles_rows_and_half_its_col
     ("hopper_128x192x64_w64x96_s4_g8_k1_o1_p", PREFILL, "warp-tile"),
     # 4 x 64 accumulators a thread: beyond what the consumer's registers hold
     ("hopper_256x256x64_w256x128_s2_g8_k1_o1_p", PREFILL, "registers"),
-    # five stages of 192 x 64 and 192 x 64 do not fit
+    # five stages of 192 x 64 and 192 x 64 do not fit, nor four beside two shared store chunks of 192 rows
     ("hopper_192x192x64_w192x96_s5_g8_k1_o1_p", PREFILL, "shared-memory"),
+    (SPLIT + "_ts", PREFILL, "shared-memory"),
 ])
 def test_split_n_refuses_what_it_is_not_written_for(name, problem, reason):
     refuses_with(name, problem, reason)

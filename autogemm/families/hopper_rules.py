@@ -46,17 +46,17 @@ def stream_k_reasons(config: Any, problem: Problem, device: Device, bad) -> None
 
 def split_n_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
     """Two consumers that split the tile's columns (wm = bm, wn = bn / 2) share each stage's A and read their
-    own half of B; each stores its columns from registers. Written for the plain 16-bit kernel only, so far:
-    no ping-pong (its consumers take whole tiles), no split of K (slots sized by a consumer's rows), no TMA
-    store (chunks of a consumer's rows), no swap, no FP8 or TF32, no grouped product. B stored K x N
+    own half of B; each stores its columns from registers, or into the TMA store's chunks, which they share
+    (a chunk's 64 columns may straddle the two halves). Written for the plain 16-bit kernel only, so far: no
+    ping-pong (its consumers take whole tiles), no split of K (slots sized by a consumer's rows), no swap, no
+    stmatrix or preload (written for a consumer's own chunks), no FP8 or TF32, no grouped product. B stored K x N
     (MN-major) is read in boxes of 64 columns: a consumer's half starts on one where wn is a multiple of 64.
     `kernel` is the problem the kernel computes."""
     for knob, on in (("pingpong", config.pingpong), ("split_k", config.split_k > 1), ("stream_k", config.stream_k),
-                     ("tma_store", config.tma_store), ("swap", config.swap)):
+                     ("swap", config.swap), ("stmatrix", config.stmatrix), ("preload", config.preload)):
         if on:
-            bad("split-n", f"consumers that split N ({config.wm}x{config.wn} of {config.bm}x{config.bn}) store "
-                           f"from registers, a tile at a time, unswapped: {knob}={getattr(config, knob)} does not "
-                           "go with them")
+            bad("split-n", f"consumers that split N ({config.wm}x{config.wn} of {config.bm}x{config.bn}) share a "
+                           f"tile and its store, unswapped: {knob}={getattr(config, knob)} does not go with them")
     row = dtypes.lookup(problem.dtype, problem.compute)
     if row.scaled or not config.transposes(problem):
         bad("dtype", f"consumers that split N are written for 16-bit products, not {problem.dtype}/{problem.compute}")
