@@ -80,3 +80,12 @@ def test_split_n_refuses_what_it_is_not_written_for(name, problem, reason):
 @pytest.mark.parametrize("name, problem", VARIANTS, ids=[f"{n}-{p.layout}" for n, p in VARIANTS])
 def test_split_n_kernels_compile_without_spills(name, problem):
     compiles_without_spills(name, problem)
+
+
+def test_the_gpu_tests_of_split_n_and_preload_run_on_an_h200():
+    """tests/test_gpu_epilogue.py skips a tile case its GPU's check refuses: on an H200 none of these may be."""
+    import test_gpu_epilogue
+
+    cases = [*test_gpu_epilogue._split_n_cases(), *test_gpu_epilogue._preload_cases()]
+    assert len(cases) == 5
+    assert {config.name: config.check(problem, H200) for config, problem in cases} == {c.name: [] for c, _ in cases}
