@@ -89,3 +89,23 @@ def test_the_gpu_tests_of_split_n_and_preload_run_on_an_h200():
     cases = [*test_gpu_epilogue._split_n_cases(), *test_gpu_epilogue._preload_cases()]
     assert len(cases) == 5
     assert {config.name: config.check(problem, H200) for config, problem in cases} == {c.name: [] for c, _ in cases}
+
+
+@pytest.mark.parametrize("bn", [192, 256, 128])
+def test_the_shared_store_chunks_take_each_column_of_the_tile_once(bn):
+    """The split-N TMA store's arithmetic (templates/hopper_gemm.cu.j2, SPLIT_N), replayed: consumer c's group
+    j of 8 columns (col0 = c * CN) goes to chunk (col0 + 8 j) / 64 at column (col0 + 8 j) % 64, a lane's pair
+    at 2 t and 2 t + 1 of it. Every column of every chunk is written once, by one thread of one consumer."""
+    atom, consumers = 64, 2
+    cn = bn // consumers
+    written: dict[tuple[int, int], int] = {}
+    for consumer in range(consumers):
+        col0 = consumer * cn
+        for j in range(cn // 8):
+            column = col0 + j * 8
+            for t in range(4):
+                for e in range(2):
+                    key = (column // atom, column % atom + 2 * t + e)
+                    written[key] = written.get(key, 0) + 1
+                    assert key[0] * atom + key[1] == col0 + 8 * j + 2 * t + e  # (the accumulator's own column)
+    assert written == {(q, c): 1 for q in range(bn // atom) for c in range(atom)}
