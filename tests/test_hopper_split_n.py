@@ -109,3 +109,15 @@ def test_the_shared_store_chunks_take_each_column_of_the_tile_once(bn):
                     written[key] = written.get(key, 0) + 1
                     assert key[0] * atom + key[1] == col0 + 8 * j + 2 * t + e  # (the accumulator's own column)
     assert written == {(q, c): 1 for q in range(bn // atom) for c in range(atom)}
+
+
+def test_nvrtc_compiles_the_split_n_store_and_preload(tmp_path, monkeypatch):
+    """What serves compiles with NVRTC, not nvcc (no host compiler behind it): split N's shared TMA store chunks
+    with a fused epilogue, and preload's loads ahead, by the installed NVRTC."""
+    from autogemm.kernels import compile as kernel_compile
+
+    monkeypatch.setenv("AUTOGEMM_CUBIN_DIR", str(tmp_path))  # compiled here and now, none reused
+    layer = Problem.from_layout(1000, 3001, 520, "nt", dtype="bfloat16", epilogue=Epilogue("n", "gelu", True))
+    for name in ("hopper_192x192x64_w192x96_s3_g8_k1_o1_p_c2_ts", "hopper_128x256x64_w64x256_s3_g8_k1_o1_p_ts_pl"):
+        cubin = kernel_compile.compile_to_cubin(render(config_from_name(name), layer), "sm_90")
+        assert cubin.read_bytes()[:4] == b"\x7fELF"
