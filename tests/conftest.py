@@ -126,8 +126,8 @@ def _shared_native_build(tmp_path_factory, request):
 
 @pytest.fixture(scope="module")
 def memo_type():
-    """linear's memo in C++, its type (tests/test_native_linear*.py); the test is skipped where it cannot be
-    built here."""
+    """linear's memo in C++ as serving makes it (tests/test_native_linear*.py): `memo_type(max_entries,
+    prepare=True)`, native_linear.new_memo's; the test is skipped where it cannot be built here."""
     from native_memo_cases import buildable
 
     why = buildable()
@@ -135,7 +135,7 @@ def memo_type():
         pytest.skip(f"linear's C++ memo cannot be built here: {why}")
     from autogemm.serving import native_linear
 
-    return native_linear.load().Memo
+    return functools.partial(native_linear.new_memo, native_linear.load())
 
 
 def _start_native_build(items: list) -> bool:

@@ -314,9 +314,8 @@ class Memo {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "autogemm.linear's memo of layers that eager's ATen calls serve (serving/native_linear.py)";
   py::class_<Memo>(m, "Memo")
-      .def(py::init<size_t, size_t, size_t, bool>(), py::arg("max_entries"),
-           py::arg("linear_workspace_bytes") = 1 << 20, py::arg("residual_workspace_bytes") = 32 << 20,
-           py::arg("prepare") = true)
+      .def(py::init<size_t, size_t, size_t, bool>(), py::arg("max_entries"), py::arg("linear_workspace_bytes"),
+           py::arg("residual_workspace_bytes"), py::arg("prepare"))  // (native_linear.new_memo gives them)
       .def("linear", &Memo::linear, "the route's result where the call's key is filed, else None")
       .def("file", &Memo::file, "files the call's key; False where the memo cannot serve it", py::arg("x"),
            py::arg("weight"), py::arg("bias"), py::arg("activation"), py::arg("residual"),

@@ -222,11 +222,16 @@ def _start_locked() -> None:
     thread.start()
 
 
+def new_memo(module: Any, max_entries: int = MAX_ENTRIES, prepare: bool = True) -> Any:
+    """A Memo of the loaded extension `module`, with the cuBLASLt workspace each route's calls get (cuBLASLt's
+    heuristic picks by its size: F.linear's calls get PyTorch's, the Python route's cuBLASLt plans autogemm's).
+    `prepare`: whether keys get their cuBLASLt call prepared (False: at::linear serves every key)."""
+    return module.Memo(max_entries, torch_workspace_bytes(), WORKSPACE_BYTES, prepare)
+
+
 def _give_memo(dispatcher: Any) -> None:
     if getattr(dispatcher, "native_memo", None) is None:
-        # (cuBLASLt's heuristic picks by the workspace size: F.linear's calls get PyTorch's, the Python route's
-        # cuBLASLt plans autogemm's)
-        dispatcher.native_memo = _state["module"].Memo(MAX_ENTRIES, torch_workspace_bytes(), WORKSPACE_BYTES)
+        dispatcher.native_memo = new_memo(_state["module"])
 
 
 def _build_and_load() -> None:
