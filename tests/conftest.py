@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 
 import pytest
 
@@ -128,9 +129,7 @@ def _shared_native_build(tmp_path_factory, request):
 def memo_type():
     """linear's memo in C++ as serving makes it (tests/test_native_linear*.py): `memo_type(max_entries,
     prepare=True)`, native_linear.new_memo's; the test is skipped where it cannot be built here."""
-    from native_memo_cases import buildable
-
-    why = buildable()
+    why = native_unbuildable()
     if why:
         pytest.skip(f"linear's C++ memo cannot be built here: {why}")
     from autogemm.serving import native_linear
@@ -138,9 +137,22 @@ def memo_type():
     return functools.partial(native_linear.new_memo, native_linear.load())
 
 
+def native_unbuildable() -> str:
+    """Why linear's C++ memo cannot be built here ("": it can): it needs PyTorch, ninja and a C++ compiler."""
+    try:
+        from torch.utils.cpp_extension import is_ninja_available
+    except ImportError:
+        return "no PyTorch"
+    if not is_ninja_available():
+        return "no ninja"
+    if shutil.which("c++") is None:
+        return "no C++ compiler"
+    return ""
+
+
 def _start_native_build(items: list) -> bool:
     """Starts building linear's C++ memo in the background where a test that will run is marked `native`
-    and the build can run here (PyTorch and ninja): its half a minute of one core then overlaps the tests
+    and the build can run here (`native_unbuildable`): its half a minute of one core then overlaps the tests
     before the first that needs it, which otherwise waits for the whole build. pytest-xdist's workers each
     start it; the build's file lock lets one compile while the others wait. It only builds and loads the
     module (`native_linear.load`), leaving native_linear's state to the tests that set it; a failure is
@@ -148,11 +160,7 @@ def _start_native_build(items: list) -> bool:
     if not any(item.get_closest_marker("native") is not None and item.get_closest_marker("skip") is None
                for item in items):
         return False
-    try:
-        from torch.utils.cpp_extension import is_ninja_available
-    except ImportError:  # (no PyTorch: the memo's tests skip)
-        return False
-    if not is_ninja_available():
+    if native_unbuildable():  # (the memo's tests skip, saying why)
         return False
     import threading
 

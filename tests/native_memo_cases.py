@@ -1,25 +1,12 @@
 """What the tests of linear's memo in C++ share (tests/test_native_linear.py: the memo itself;
-tests/test_native_linear_serving.py: how serving builds, asks and files it): whether it can be built here
-(conftest's `memo_type` fixture asks), and a small layer of CPU tensors."""
+tests/test_native_linear_serving.py: how serving builds, asks and files it): a small layer of CPU tensors.
+Whether the memo can be built here is conftest's `native_unbuildable`, which its `memo_type` fixture asks."""
 
 from __future__ import annotations
-
-import shutil
 
 import pytest
 
 torch = pytest.importorskip("torch")
-
-
-def buildable() -> str:
-    """Why the memo cannot be built here ("": it can)."""
-    from torch.utils.cpp_extension import is_ninja_available
-
-    if not is_ninja_available():
-        return "no ninja"
-    if shutil.which("c++") is None:
-        return "no C++ compiler"
-    return ""
 
 
 def layer(dtype=torch.float32, m=(3, 5), n=12, k=16):
