@@ -590,7 +590,7 @@ def _check_fused_store(config, problem, beta: float) -> None:
     a_stored = _random((k, m) if problem.trans_a else (m, k), dtype, 31)
     b_stored = _random((n, k) if problem.trans_b else (k, n), dtype, 32)
     a, b = (a_stored.T if problem.trans_a else a_stored), (b_stored.T if problem.trans_b else b_stored)
-    bias = _random((n,), dtype, 33) if epilogue.bias else None
+    bias = _random((m if epilogue.bias == "m" else n,), dtype, 33) if epilogue.bias else None
     residual = _random((m, n), dtype, 34) if epilogue.residual else None
     c_before = _random((m, n), dtype, 35)
     c = c_before.copy()
