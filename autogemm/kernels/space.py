@@ -50,14 +50,16 @@ def candidate_space_names(problem: Problem, device: Device | None = None) -> tup
 # not in enumerating the space itself, which stays the same for every problem.
 # LDA and LDB are A's and B's row pitches when stored densely (K or M, N or K by the layout); GELU_OR_SILU
 # is 1 where the problem's epilogue applies one of those (epilogue.FAST_FORM_ACTIVATIONS: a knob may choose their
-# cheaper forms), else 0.
-PROBLEM_NAMES = ("M", "N", "K", "BATCH", "SMS", "LDA", "LDB", "GELU_OR_SILU")
+# cheaper forms), else 0; EPILOGUE_LOADS is 1 where the epilogue reads a bias or a residual (a knob may load
+# them ahead), else 0.
+PROBLEM_NAMES = ("M", "N", "K", "BATCH", "SMS", "LDA", "LDB", "GELU_OR_SILU", "EPILOGUE_LOADS")
 
 
 def problem_values(problem: Problem, device: Device) -> dict[str, Any]:
     lda, ldb = packed_leading_dimensions(problem)
     values = {"M": problem.m, "N": problem.n, "K": problem.k, "BATCH": problem.batch, "LDA": lda, "LDB": ldb,
-              "GELU_OR_SILU": int(problem.epilogue.activation in FAST_FORM_ACTIVATIONS)}
+              "GELU_OR_SILU": int(problem.epilogue.activation in FAST_FORM_ACTIVATIONS),
+              "EPILOGUE_LOADS": int(bool(problem.epilogue.bias or problem.epilogue.residual))}
     if device.sm_count > 1:  # a generic device (compiling without a GPU) has no SM count: its rules are skipped
         values["SMS"] = device.sm_count
     return values

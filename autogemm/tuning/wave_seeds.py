@@ -5,8 +5,8 @@ well its work fills the GPU (families/waves.py). A blind sampler finds a tile th
 
 A tile shape is completed with the knobs that cost nothing to guess: slices of K one swizzled row wide,
 the most stages that fit (up to PREFERRED_STAGES), group_m 8, a persistent grid, the TMA store, a GELU or
-SiLU epilogue's fast forms, a cluster of two where the row tiles pair up; then, where `check` refuses that,
-with those knobs relaxed one by one.
+SiLU epilogue's fast forms, a bias or residual loaded ahead, a cluster of two where the row tiles pair up;
+then, where `check` refuses that, with those knobs relaxed one by one.
 """
 
 from __future__ import annotations
@@ -23,10 +23,13 @@ WAVE_SEEDS = 6  # configurations enqueued, best first
 # the knobs that decide a work tile's shape and how the work is dealt out (searched in every combination)
 SHAPE_KNOBS = ("consumers", "wm", "bn", "split_k", "stream_k", "pingpong", "swap")
 PREFERRED_STAGES = 5
-# (fast_activation: offered only to GELU and SiLU epilogues, whose cheaper forms cost the store less)
-PREFERRED = {"group_m": 8, "persistent": True, "tma_store": True, "fast_activation": True}
+# (fast_activation: offered only to GELU and SiLU epilogues, whose cheaper forms cost the store less; preload:
+# offered only to epilogues with a bias or a residual, which it loads ahead of the TMA store's chunks)
+PREFERRED = {"group_m": 8, "persistent": True, "tma_store": True, "fast_activation": True, "preload": True}
 # relaxed in this order where `check` refuses a completion (each to the space's other choices)
-RELAXED = ("cluster", "tma_store", "persistent", "group_m", "bk")
+RELAXED = ("preload", "cluster", "tma_store", "persistent", "group_m", "bk")
+# a preferred knob that only works with another: relaxed with it (a tile stored from registers loads nothing ahead)
+RELAXED_WITH = {"tma_store": ("preload",)}
 
 
 def wave_ranked(space: SearchSpace, problem: Problem, device: Device, count: int = WAVE_SEEDS) -> list[Any]:
@@ -78,7 +81,8 @@ def _completed(space: SearchSpace, shape: dict[str, Any], choices: dict[str, tup
     # each knob relaxed alone first (a tile that refuses the TMA store keeps its cluster), then cumulatively
     others = {knob: next(v for v in choices[knob] if v != base.get(knob)) for knob in RELAXED
               if knob in choices and len(choices[knob]) > 1}
-    attempts = [dict(base)] + [{**base, knob: value} for knob, value in others.items()]
+    attempts = [dict(base)] + [{**base, **{tied: others[tied] for tied in RELAXED_WITH.get(knob, ()) if tied in others},
+                                knob: value} for knob, value in others.items()]
     relaxed = list(others.items())
     for count in range(2, len(relaxed) + 1):  # (the first alone is tried above)
         attempts.append({**base, **dict(relaxed[:count])})
