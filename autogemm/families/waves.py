@@ -46,12 +46,16 @@ ONE_CONSUMER_RATE = 0.85
 HIDDEN_STORE = 0.3
 # What a fused epilogue costs a unit's store, per output element, in flops of the SM's time: the consumers
 # compute it in registers before the store, and no TMA store hides that; the other ping-pong consumer's
-# main loop hides about half of it. Measured on an H200 at 1536 x 18176 x 4544 FP16 (session 46, sustained):
+# main loop hides most of it. Measured on an H200 at 1536 x 18176 x 4544 FP16 (session 46, sustained):
 # cooperative 128 x 192 tiles paid 32 us for a bias, 67 with a fast-form SiLU, 100 with a fast-form GELU and
-# 115-122 with the accurate forms, over 418; ping-pong 128 x 128 ones 17, 25, 47 and 55-58 over 404.
+# 115-122 with the accurate forms, over 418; ping-pong 128 x 128 ones 17, 25, 47 and 55-58 over 404. With the
+# bias loaded ahead (session 60, each tile timed as a plain GEMM too): at BF16 4096 x 13824 x 5120 the
+# cooperative 128 x 192 tile paid 43 us for a bias and 115 with fast SiLU over 889, ping-pong 7 and 12 over 899;
+# at FP16 2048 x 13824 x 5120 with fast GELU 71 against 28; at BF16 2048 x 9216 x 2304 (a short main loop to
+# hide it under) 38 against 25. PINGPONG_HIDDEN_EPILOGUE is the share ping-pong pays, from the middle of those.
 EPILOGUE_FLOPS = {"bias": 700.0, "residual": 700.0, "activation": 1900.0}
 FAST_ACTIVATION_FLOPS = {"silu": 750.0, "gelu": 1500.0}  # with the Hopper family's fast_activation
-PINGPONG_HIDDEN_EPILOGUE = 0.5  # the share of that a ping-pong SM does not wait for
+PINGPONG_HIDDEN_EPILOGUE = 0.3  # the share of that a ping-pong SM waits for
 # The share of a bias's and a residual's cost left where the Hopper family's `preload` loads them ahead of the
 # chunk's epilogue. Measured on an H200 (session 60, sustained, BF16): at 6144 x 4672 x 4544 with a bias along N,
 # 128 x 256 tiles ran 452 us without and 433 with, ping-pong 256 x 128 ones 424 and 408 (F.linear alone: 396);
