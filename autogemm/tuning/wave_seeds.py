@@ -70,7 +70,10 @@ def _completed(space: SearchSpace, shape: dict[str, Any], choices: dict[str, tup
     if row_elements in choices.get("bk", ()):
         base["bk"] = row_elements
     base.update(shape)
-    if "cluster" in choices and 2 in choices["cluster"]:  # pairs where the row tiles pair up evenly
+    # pairs where the row tiles pair up evenly; not for ping-pong tiles, which ran slower in pairs on an H200
+    # (BF16 4096 x 13824 x 5120, sustained: 256 x 128 ping-pong with 4 stages 894.5 us alone, 949.8 in pairs;
+    # with 5 stages 899.0 and 903.8, fused with a bias and SiLU 910.6 and 921.4)
+    if "cluster" in choices and 2 in choices["cluster"] and not shape.get("pingpong"):
         probe, _ = space.evaluate({**base, "cluster": 1}, problem, device)
         # (a probe that its check refuses, a swap of a product with no swapped form say, decides nothing)
         if probe is not None and not probe.check(problem, device):
