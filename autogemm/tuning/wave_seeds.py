@@ -5,8 +5,8 @@ well its work fills the GPU (families/waves.py). A blind sampler finds a tile th
 
 A tile shape is completed with the knobs that cost nothing to guess: slices of K one swizzled row wide,
 the most stages that fit (up to PREFERRED_STAGES), group_m 8, a persistent grid, the TMA store, a GELU or
-SiLU epilogue's fast forms, a bias or residual loaded ahead, a cluster of two where the row tiles pair up;
-then, where `check` refuses that, with those knobs relaxed one by one.
+SiLU epilogue's fast forms, a bias or residual loaded ahead, a cluster of two where the row tiles pair up
+(not for ping-pong tiles); then, where `check` refuses that, with those knobs relaxed one by one.
 """
 
 from __future__ import annotations
