@@ -44,3 +44,15 @@ def test_the_cublaslt_values_the_memo_declares_are_the_headers():
     assert fields == ["cublasLtMatmulAlgo_t algo;", "size_t workspaceSize;", "cublasStatus_t state;",
                       "float wavesCount;", "int reserved[4];"]
     assert re.search(r"typedef struct \{\s*uint64_t data\[8\];\s*\} cublasLtMatmulAlgo_t;", text)
+
+
+def test_the_module_name_follows_every_header_the_source_includes():
+    """native_linear.HEADERS is what module_name hashes beside the source: every header the source and its
+    headers include by quoted name must be among them, or a change to it would not rebuild the memo."""
+    import re
+
+    names = {path.name for path in native_linear.HEADERS}
+    for path in (native_linear.SOURCE, *native_linear.HEADERS):
+        included = set(re.findall(r'^#include "([^"]+)"', path.read_text(), re.MULTILINE))
+        assert included <= names, (path.name, included - names)
+    assert {"native_cuda.h", "native_prepared_linear.h", "native_prepared_pass.h"} <= names

@@ -51,9 +51,9 @@ from .lt_linear import torch_workspace_bytes
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_linear.cpp")
-# what SOURCE includes: its build, and so the module's name, follows it too
-HEADERS = tuple(Path(__file__).with_name(name) for name in
-                ("native_cuda.h", "native_prepared_linear.h", "native_prepared_pass.h"))
+# what SOURCE includes (the headers beside it, named native_*.h): its build, and so the module's name, follows
+# them too (a hand-kept list would let a new header change the build without changing the name)
+HEADERS = tuple(sorted(SOURCE.parent.glob("native_*.h")))
 MAX_ENTRIES = 1024  # keys held (a process's layers times its distinct token counts): emptied when full
 # Where a pass follows the GEMM (an activation, a residual), the Python route computes the epilogue faster on the
 # GPU than eager's calls: by about 0.3-0.8 us per million output elements on an H200 (F.linear then the pass
