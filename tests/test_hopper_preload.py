@@ -6,11 +6,14 @@ float64."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autogemm.epilogue import Epilogue
 from autogemm.families import config_from_name
 from autogemm.kernels.render import render
+from autogemm.kernels.space import SearchSpace
 from autogemm.problem import Problem
 from test_hopper_stream_k import H200, compiles_without_spills, refuses_with
 
@@ -63,10 +66,6 @@ def test_preload_kernels_compile_without_spills(name, problem):
 
 
 def test_the_space_offers_it_only_to_epilogues_that_load_a_bias_or_a_residual():
-    import dataclasses
-
-    from autogemm.kernels.space import SearchSpace
-
     space = SearchSpace.load("hopper")
     for epilogue, loads in [(Epilogue(), False), (Epilogue(activation="gelu"), False), (Epilogue("n"), True),
                             (Epilogue("m", "silu"), True), (Epilogue(residual=True), True)]:
@@ -78,9 +77,6 @@ def test_a_new_studys_wave_seeds_load_a_bias_ahead_where_they_store_through_tma(
     """Measured on an H200 (session 60, sustained, BF16, a bias along N at 6144 x 4672 x 4544): 128 x 256 tiles
     ran 452 us without preload and 433 with, ping-pong 256 x 128 ones 424 and 408. waves.PRELOADED_LOADS prices
     that, so the seeds of a bias layer that store through TMA load ahead, and a layer with no bias gets none."""
-    import dataclasses
-
-    from autogemm.kernels.space import SearchSpace
     from autogemm.tuning.wave_seeds import wave_ranked
 
     space = SearchSpace.load("hopper")
