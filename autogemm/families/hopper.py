@@ -60,6 +60,7 @@ SWIZZLE_PERIOD_BYTES = wgmma.SWIZZLE_PERIOD_BYTES
 MAX_CONSUMERS = 2
 CLUSTER_SIZES = (1, 2)
 STORE_BUFFERS = 2  # store chunks per consumer: one filled while TMA reads the other
+SPLIT_N_STORE_BUFFERS = 1  # ... except where two consumers split N: one chunk of all rows they share
 MIN_STAGES, MAX_STAGES = 2, 8
 # a consumer's accumulators: beyond 128 floats per thread the registers setmaxnreg gives a
 # consumer (232 with two consumers) no longer hold them with the addresses and loop state
@@ -233,7 +234,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         tile's rows, B's of two blocks of columns, rounded to 16 bytes), a full and an empty barrier per
         stage, and one swizzle period of slack to align the first stage (the dynamic base is not aligned)."""
         itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
-        store = self.bm * STORE_BUFFERS * SWIZZLE_BYTES if self.tma_store else 0
+        buffers = SPLIT_N_STORE_BUFFERS if self.split_n else STORE_BUFFERS
+        store = self.bm * buffers * SWIZZLE_BYTES if self.tma_store else 0
         scales = self.stages * (self.tile_rows + 4) * 4 if self.stages_block_scales(problem) else 0
         return (self.stages * (self.tile_rows + self.bn) * self.bk * itemsize + store + scales
                 + 2 * self.stages * BARRIER_BYTES + SWIZZLE_PERIOD_BYTES)
