@@ -62,6 +62,11 @@ QUICK = (
     # the TMA store's chunks written by stmatrix: transposed (swap) and not, two m64 blocks a consumer
     ("bfloat16", "fp32", "hopper_128x128x64_w64x128_s5_g8_k1_o1_p_ts_sw_stm"),
     ("float16", "fp32", "hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_stm"),
+    # a slice's descriptors computed once (each wgmma's theirs plus a constant): two consumers in clusters of two
+    # storing through TMA, two taking turns, TF32 with A's fragments from registers (B's descriptor alone)
+    ("float16", "fp32", "hopper_128x128x64_w64x128_s4_g8_k1_o1_p_c2_ts_hd"),
+    ("bfloat16", "fp32", "hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_pp_hd"),
+    ("float32", "tf32", "hopper_128x128x32_w64x128_s4_g1_k1_o1_ts_hd"),
     # stream-K: the tiles' K slices shared out over one block per SM (every edge shape has fewer tiles than
     # SMs, so that every tile is shared), storing through TMA; one consumer, 192 wide, from registers
     ("float16", "fp32", "hopper_128x128x64_w64x128_s4_g8_k1_o1_p_ts_sk"),

@@ -107,6 +107,8 @@ KNOBS = (
     Knob("preload", bool, False, omitted=False, words={True: "pl"},
          why="a TMA-stored epilogue's bias and residual loaded a chunk at a time, before their use "
              "(hopper_rules.preload_reasons)"),
+    Knob("hoisted_descriptors", bool, False, omitted=False, words={True: "hd"},
+         why="a slice's two shared-memory descriptors computed once, each wgmma's theirs plus a constant"),
 )
 
 class HopperConfig(VectorizedLoads, GemmConfig):
@@ -137,6 +139,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         stmatrix: bool = False
         fast_activation: bool = False
         preload: bool = False
+        hoisted_descriptors: bool = False
     template = "hopper_gemm.cu.j2"
     arch_suffix = wgmma.ARCH_SUFFIX
     launch_kind = LaunchKind.TMA
@@ -377,6 +380,9 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             hopper_rules.fast_activation_reasons(problem, bad)
         if self.preload:
             hopper_rules.preload_reasons(self, problem, bad)
+        if self.hoisted_descriptors and problem.epilogue.scale == "block":
+            bad("choice", "hoisted_descriptors is written for the main loop without block scales (FP8's block-scaled "
+                          "loops compute their descriptors as before)")
         if self.min_blocks != 1:
             bad("occupancy", f"min_blocks={self.min_blocks}: a Hopper block takes a whole SM")
         if self.threads > device.max_threads_per_block:
@@ -435,6 +441,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             producer_registers=producer, consumer_registers=consumer, cluster=self.cluster,
             tma_store=cxx_bool(self.tma_store), pingpong=cxx_bool(self.pingpong), split_k=self.split_k,
             stream_k=self.stream_k, prefix_tails_per_block=PREFIX_TAILS_PER_BLOCK, stmatrix=self.stmatrix,
-            fast_activation=self.fast_activation, preload=self.preload, grouped=problem.grouped, max_groups=MAX_GROUPS,
+            fast_activation=self.fast_activation, preload=self.preload, hoisted_descriptors=self.hoisted_descriptors,
+            grouped=problem.grouped, max_groups=MAX_GROUPS,
             **self.even_flags(problem),
         )
