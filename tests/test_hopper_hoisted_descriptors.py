@@ -1,8 +1,8 @@
 """The Hopper family's `hoisted_descriptors` knob (templates/hopper_gemm.cu.j2, HOISTED_DESCRIPTORS): a K slice's
 two shared-memory descriptors computed once, each wgmma's as theirs plus a constant, from a consumer index ptxas
 knows to be warp-uniform. On an H200 the main loop then runs the same cycles with 28% fewer instructions (ncu,
-BF16 4096 x 13824 x 5120, 128 x 192 in pairs: 99.9 M against 139.4 M) and 0.4-2.2% faster sustained at the
-power limit. What the config allows, that it renders only where asked, that the search offers it alone while
+BF16 4096 x 13824 x 5120, 128 x 192 in pairs: 99.9 M against 139.4 M) and 0.7% faster sustained at the power
+limit on average over 9 pairs (docs/kernels.md). What the config allows, that it renders only where asked, that the search offers it alone while
 records tuned without it render as before, and that its kernels compile without spills. CPU only;
 tests/test_gpu_kernels.py runs them against float64."""
 
@@ -64,9 +64,9 @@ def test_hoisted_kernels_compile_without_spills(name, problem):
 
 
 def test_the_search_offers_it_alone_and_its_seeds_take_it():
-    """New tunes measure only kernels with it (0.4-2.2% faster sustained on every product measured, never slower
-    beyond the rounds' spread); a record tuned without it names a config without it, which renders as before
-    (test_waves' digests)."""
+    """New tunes measure only kernels with it (the same cycles, fewer instructions; never slower beyond the
+    rounds' spread where measured); a record tuned without it names a config without it, which renders as
+    before (test_waves' digests)."""
     space = SearchSpace.load("hopper")
     assert tuple(space.knobs["hoisted_descriptors"]) == (True,)
     assert space.seeds and all(seed.hoisted_descriptors for seed in space.seeds)
