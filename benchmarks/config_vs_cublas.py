@@ -11,6 +11,13 @@ stages and cluster, in column-major terms).
 
     python benchmarks/config_vs_cublas.py bfloat16:nt:6144x18944x3584 \\
         hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts hopper_128x192x64_w64x192_s4_g8_k1_o1_p_c2
+
+With --profile-once each is launched once for Nsight Compute instead of timed, e.g. to read every kernel's
+stall samples line by line in its SASS beside cuBLAS's:
+
+    ncu --profile-from-start off --set full --import-source no -o report \\
+        python benchmarks/config_vs_cublas.py bfloat16:nt:4096x13824x5120 CONFIG... --profile-once
+    ncu -i report.ncu-rep --page source --csv --print-source sass
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ sys.path.insert(0, str(HERE))
 from served_routes import TORCH, kernels, parse_problem  # noqa: E402
 
 ROUNDS = 20
+WARM_CALLS = 3  # (--profile-once: launches of each before the profiled one)
 TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 1e-2, "float64": 1e-12}  # against cuBLAS's result
 
 
@@ -42,9 +50,28 @@ def configs_from(names: list[str]) -> list:
     return configs
 
 
-def examine(spec, configs: list, rounds: int) -> list[str]:
+def launched_once(calls: dict) -> list[str]:
+    """Each call warmed up, then launched once inside cudaProfilerStart/Stop, in order (for
+    `ncu --profile-from-start off`); the lines say what was launched."""
+    import cupy
+
+    for _ in range(WARM_CALLS):
+        for call in calls.values():
+            call(0)
+    cupy.cuda.Device().synchronize()
+    cupy.cuda.profiler.start()
+    try:
+        for call in calls.values():
+            call(0)
+            cupy.cuda.Device().synchronize()
+    finally:
+        cupy.cuda.profiler.stop()
+    return [f"launched once each, in this order, between cudaProfilerStart and Stop: {', '.join(calls)}", ""]
+
+
+def examine(spec, configs: list, rounds: int, profile_once: bool = False) -> list[str]:
     """One problem's lines: each configuration's and each baseline's sustained time, the fill of each kernel's
-    tiles, the clocks, and cuBLAS's kernels."""
+    tiles, the clocks, and cuBLAS's kernels (with `profile_once`, each launched once for a profiler instead)."""
     import cupy
     import numpy as np
 
@@ -81,6 +108,8 @@ def examine(spec, configs: list, rounds: int) -> list[str]:
             continue
         calls[config.name] = lambda i, run=run: run()
         fills[config.name] = waves.fill(config, problem, device).describe()
+    if profile_once:
+        return lines + launched_once(calls)
     with ClockMonitor() as clocks:
         times = timing.sustained_times(calls, rounds=rounds)
     figures = clocks.figures()
@@ -106,6 +135,9 @@ def main(argv=None) -> int:
                                         "float32, float64)")
     parser.add_argument("configs", nargs="+", help="configuration names (as `autogemm tune` prints them)")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"sustained rounds (default {ROUNDS})")
+    parser.add_argument("--profile-once", action="store_true",
+                        help="instead of timing, launch each configuration and baseline once (after a warm-up) between "
+                             "cudaProfilerStart and Stop: run under `ncu --profile-from-start off`")
     args = parser.parse_args(argv)
     if not 1 <= args.rounds <= 1000:
         parser.error("--rounds must be from 1 to 1000")
@@ -114,7 +146,7 @@ def main(argv=None) -> int:
         configs = configs_from(args.configs)
     except ValueError as exc:
         parser.error(str(exc))
-    print("\n".join(examine(spec, configs, args.rounds)), flush=True)
+    print("\n".join(examine(spec, configs, args.rounds, args.profile_once)), flush=True)
     return 0
 
 

@@ -26,3 +26,34 @@ def test_what_does_not_read_is_refused_by_name(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_:
         bench.main(argv)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_profile_once_warms_each_call_then_launches_each_once_between_start_and_stop(monkeypatch):
+    """--profile-once: what `ncu --profile-from-start off` profiles is one launch of each competitor, after
+    their warm-ups, and the profiler is stopped even where a launch fails."""
+    import cupy
+
+    events = []
+
+    class Device:
+        def synchronize(self):
+            events.append("sync")
+
+    monkeypatch.setattr(cupy.cuda, "Device", Device)
+    monkeypatch.setattr(cupy.cuda.profiler, "start", lambda: events.append("start"))
+    monkeypatch.setattr(cupy.cuda.profiler, "stop", lambda: events.append("stop"))
+    calls = {name: (lambda i, name=name: events.append(name)) for name in ("torch.matmul", "hopper_x")}
+    lines = bench.launched_once(calls)
+    start, stop = events.index("start"), events.index("stop")
+    assert events[:start].count("torch.matmul") == bench.WARM_CALLS == events[:start].count("hopper_x")
+    assert [e for e in events[start:stop] if e != "sync"] == ["start", "torch.matmul", "hopper_x"]
+    assert stop == len(events) - 1 and "torch.matmul, hopper_x" in lines[0]
+
+    def failing(i):
+        if "start" in events:
+            raise RuntimeError("launch failed")
+
+    events.clear()
+    with pytest.raises(RuntimeError):
+        bench.launched_once({"broken": failing})
+    assert events[-1] == "stop"
