@@ -550,7 +550,7 @@ def _split_n_cases():
 
 
 def _preload_cases():
-    """Hopper's TMA store with its epilogue values loaded ahead (`preload`, not in the shipped space yet): a bias
+    """Hopper's TMA store with its epilogue values loaded ahead (`preload`): a bias
     along N with GELU and a residual, a bias along M with fast SiLU under ping-pong, a residual alone through a
     cluster pair, on tails."""
     from autogemm.families import config_from_name

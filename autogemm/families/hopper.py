@@ -237,11 +237,14 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         tile's rows, B's of two blocks of columns, rounded to 16 bytes), a full and an empty barrier per
         stage, and one swizzle period of slack to align the first stage (the dynamic base is not aligned)."""
         itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
-        buffers = SPLIT_N_STORE_BUFFERS if self.split_n else STORE_BUFFERS
-        store = self.bm * buffers * SWIZZLE_BYTES if self.tma_store else 0
+        store = self.bm * self.store_buffers() * SWIZZLE_BYTES if self.tma_store else 0
         scales = self.stages * (self.tile_rows + 4) * 4 if self.stages_block_scales(problem) else 0
         return (self.stages * (self.tile_rows + self.bn) * self.bk * itemsize + store + scales
                 + 2 * self.stages * BARRIER_BYTES + SWIZZLE_PERIOD_BYTES)
+
+    def store_buffers(self) -> int:
+        """The TMA store's chunk buffers of a consumer (with split N, of both: they share them)."""
+        return SPLIT_N_STORE_BUFFERS if self.split_n else STORE_BUFFERS
 
     def accumulators(self) -> int:
         """Accumulators per consumer thread: wm / 64 wgmma blocks of wn / 2."""
@@ -380,9 +383,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             hopper_rules.fast_activation_reasons(problem, bad)
         if self.preload:
             hopper_rules.preload_reasons(self, problem, bad)
-        if self.hoisted_descriptors and problem.epilogue.scale == "block":
-            bad("choice", "hoisted_descriptors is written for the main loop without block scales (FP8's block-scaled "
-                          "loops compute their descriptors as before)")
+        if self.hoisted_descriptors:
+            hopper_rules.hoisted_descriptors_reasons(problem, bad)
         if self.min_blocks != 1:
             bad("occupancy", f"min_blocks={self.min_blocks}: a Hopper block takes a whole SM")
         if self.threads > device.max_threads_per_block:
@@ -438,6 +440,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             transposes=self.transposes(problem), a_in_registers=self.a_in_registers(problem),
             c_transposed=cxx_bool(self.swaps_operands),
             swizzle_bytes=SWIZZLE_BYTES, swizzle_period=SWIZZLE_PERIOD_BYTES, smem_bytes=self.smem_bytes(problem),
+            store_buffers=self.store_buffers(),
             producer_registers=producer, consumer_registers=consumer, cluster=self.cluster,
             tma_store=cxx_bool(self.tma_store), pingpong=cxx_bool(self.pingpong), split_k=self.split_k,
             stream_k=self.stream_k, prefix_tails_per_block=PREFIX_TAILS_PER_BLOCK, stmatrix=self.stmatrix,

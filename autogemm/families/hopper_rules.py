@@ -108,6 +108,14 @@ def preload_reasons(config: Any, problem: Problem, bad) -> None:
                       f"({problem.epilogue.key or 'none'})")
 
 
+def hoisted_descriptors_reasons(problem: Problem, bad) -> None:
+    """hoisted_descriptors is written for the main loop without block scales: FP8's block-scaled loops compute
+    their descriptors as before, so it would change nothing there."""
+    if problem.epilogue.scale == "block":
+        bad("choice", "hoisted_descriptors is written for the main loop without block scales (FP8's block-scaled "
+                      "loops compute their descriptors as before)")
+
+
 def grouped_reasons(config: Any, problem: Problem, bad) -> None:
     """A grouped product's tiles start at its groups' offsets, read on the GPU: its rows are masked in the
     register store (the TMA store would write into the next group's rows), one block a tile (no cluster),
