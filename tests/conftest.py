@@ -125,6 +125,23 @@ def _shared_native_build(tmp_path_factory, request):
         os.environ.pop("AUTOGEMM_NATIVE_DIR", None)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _compile_ahead_in_background(_shared_cubins, request):
+    """Where a test that will run uses a module's `compiled_ahead` and the module can start it early
+    (`start_compiling_ahead`, test_gpu_kernels.py), it starts now, in the background, into the run's
+    shared cubin directory, so that its compilation overlaps the tests before the module's."""
+    started = set()
+    for item in request.session.items:
+        module = getattr(item, "module", None)
+        if (module is None or module in started or "compiled_ahead" not in getattr(item, "fixturenames", ())
+                or item.get_closest_marker("skip") is not None):
+            continue
+        start = getattr(module, "start_compiling_ahead", None)
+        if start is not None:
+            start()
+            started.add(module)
+
+
 @pytest.fixture(scope="module")
 def memo_type():
     """linear's memo in C++ as serving makes it (tests/test_native_linear*.py): `memo_type(max_entries,

@@ -128,12 +128,12 @@ def operands(run: Run, seed: int, fill: bool = True):
     return a, b, c
 
 
-def precompile(runs: list[Run], device: Device) -> int:
+def precompile(runs: list[Run], device: Device, jobs: int | None = None) -> int:
     """Compiles the kernel of every run in worker processes (cubins land in the shared cubin
     directory, where the runs' own compilation finds them); returns how many distinct kernels.
     pytest-xdist's workers each run a module's fixture: one of them compiles under a lock in that
     directory while the others wait, then find the cubins stored (each worker compiling them all at
-    once put six times the work on the cores)."""
+    once put six times the work on the cores). `jobs`: compiler processes (default: all cores but one)."""
     from filelock import FileLock
 
     from autogemm.kernels import compile as kernel_compile
@@ -151,7 +151,7 @@ def precompile(runs: list[Run], device: Device) -> int:
             sources[source.kernel] = source
     with FileLock(os.path.join(os.environ["AUTOGEMM_CUBIN_DIR"], "precompile.lock")):
         # (compile_many starts no pool where every cubin is stored: the workers after the first find them)
-        kernel_compile.compile_many(list(sources.values()), device.arch, jobs=max(1, (os.cpu_count() or 2) - 1))
+        kernel_compile.compile_many(list(sources.values()), device.arch, jobs=jobs or max(1, (os.cpu_count() or 2) - 1))
     return len(sources)
 
 

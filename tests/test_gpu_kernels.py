@@ -7,6 +7,8 @@ The exhaustive samples are in test_gpu_samples.py (pytest --exhaustive)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from autogemm.families import config_from_name
@@ -85,10 +87,44 @@ def _runs(index: int, device):
     return runs_for(config_from_name(name), dtype, compute, device, offset=index)
 
 
+def _compile_every_run(jobs: int | None = None) -> int:
+    device = _device()
+    return precompile([run for index in range(len(QUICK)) for run in _runs(index, device)], device, jobs)
+
+
+_compiling: list = []  # the background compilation's Future, once started
+
+
+def start_compiling_ahead() -> None:
+    """Starts compiling every QUICK run's kernel in a background thread (conftest calls it as the session
+    starts, where a test of this module will run): the worker that takes the precompile lock compiles while
+    its own tests and the other workers' run, and the others' threads wait for the lock instead of their
+    tests (which cost the tier about 19 s in each of three workers)."""
+    if _compiling:
+        return
+    import threading
+    from concurrent.futures import Future
+
+    compiled: Future = Future()
+    _compiling.append(compiled)
+
+    # a core left to each pytest-xdist worker: the tests it overlaps (tunes, most of them) compile too
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    jobs = max(1, (os.cpu_count() or 2) - workers)
+
+    def compile_all() -> None:
+        try:
+            compiled.set_result(_compile_every_run(jobs))
+        except BaseException as exc:  # (kept for the fixture to raise)
+            compiled.set_exception(exc)
+
+    threading.Thread(target=compile_all, name="autogemm-test-precompile", daemon=True).start()
+
+
 @pytest.fixture(scope="module")
 def compiled_ahead():
-    device = _device()
-    return precompile([run for index in range(len(QUICK)) for run in _runs(index, device)], device)
+    start_compiling_ahead()
+    return _compiling[0].result()  # (a compile error is raised here, in the tests that need the kernels)
 
 
 def test_the_tier_covers_every_path_layout_and_edge_shape():
