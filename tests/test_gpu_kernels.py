@@ -69,6 +69,10 @@ QUICK = (
     ("float16", "fp32", "hopper_128x128x64_w64x128_s4_g8_k1_o1_p_c2_ts_hd"),
     ("bfloat16", "fp32", "hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_pp_hd"),
     ("float32", "tf32", "hopper_128x128x32_w64x128_s4_g1_k1_o1_ts_hd"),
+    # clusters along N, the first block of a row multicasting A: pairs storing through TMA, and 2 x 2 clusters
+    # (B multicast along M too) with K split in two, storing from registers
+    ("bfloat16", "fp32", "hopper_128x128x64_w64x128_s4_g8_k1_o1_p_cn2_ts_hd"),
+    ("float16", "fp32", "hopper_128x128x64_w64x128_s4_g8_k2_o1_p_c2_cn2_hd"),
     # stream-K: the tiles' K slices shared out over one block per SM (every edge shape has fewer tiles than
     # SMs, so that every tile is shared), storing through TMA; one consumer, 192 wide, from registers
     ("float16", "fp32", "hopper_128x128x64_w64x128_s4_g8_k1_o1_p_ts_sk"),

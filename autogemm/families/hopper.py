@@ -11,7 +11,8 @@ filling the ring for the next tile while the consumers write the last one out. E
 read as it is stored: wgmma's transpose bits take MN-major 16-bit operands.
 
 With `cluster` 2, pairs of blocks take vertically adjacent tiles and the first multicasts B's
-slices into both (B crosses from L2 once per pair). With `tma_store`, the consumers stage their
+slices into both (B crosses from L2 once per pair); with `cluster_n` 2, blocks also take horizontally
+adjacent tiles and the first of a row multicasts A's slices (a cluster of up to 2 x 2 tiles). With `tma_store`, the consumers stage their
 results in shared memory in 64-column chunks that TMA writes to C while they start the next tile
 (beta != 0 and a C that TMA cannot address take the direct path from registers). With `pingpong`
 the two consumers do not share a tile but take turns on wm x bn tiles, one's epilogue under the
@@ -95,6 +96,8 @@ KNOBS = (
     Knob("persistent", bool, True, omitted=False, words={True: "p"}),
     Knob("cluster", int, 1, code="c", choices=CLUSTER_SIZES, omitted=1,
          why="blocks of a cluster sharing B's slices by multicast; 1: no cluster"),
+    Knob("cluster_n", int, 1, code="cn", choices=CLUSTER_SIZES, omitted=1,
+         why="blocks of a cluster along N sharing A's slices by multicast; 1: none"),
     Knob("tma_store", bool, False, omitted=False, words={True: "ts"}),
     Knob("pingpong", bool, False, omitted=False, words={True: "pp"}),
     swap_knob(),  # TF32 with B stored K x N needs it
@@ -132,6 +135,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         min_blocks: int = 1
         persistent: bool = True
         cluster: int = 1
+        cluster_n: int = 1
         tma_store: bool = False
         pingpong: bool = False
         swap: bool = False
@@ -255,9 +259,15 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         differs)."""
         return MAX_SPLIT_N_ACCUMULATORS if self.split_n else MAX_ACCUMULATORS
 
+    @property
+    def cluster_blocks(self) -> int:
+        """Blocks per cluster: `cluster` along M times `cluster_n` along N."""
+        return self.cluster * self.cluster_n
+
     def work_units(self, problem: Problem) -> int:
         """What the blocks of a cluster take together: `cluster` vertically adjacent tiles (the last
-        column's may reach past M), per batch and K split. (With `stream_k` a tile, which the blocks'
+        column's may reach past M), times `cluster_n` horizontally adjacent ones (the last row's may
+        reach past N), per batch and K split. (With `stream_k` a tile, which the blocks'
         runs of K slices may share.)"""
         return self._tile_columns(problem) * self.split_k
 
@@ -272,11 +282,11 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         return self.split_k > 1 or self.stream_k
 
     def _tile_columns(self, problem: Problem) -> int:
-        """The columns of `cluster` vertically adjacent tiles over the output, per batch."""
+        """The clusters' tiles over the output (`cluster` x `cluster_n` adjacent tiles), per batch."""
         tiles_m, tiles_n = -(-problem.m // self.tile_rows), -(-problem.n // self.bn)
         if problem.grouped:  # (at most: each group's last row tile may be partial, one more per group)
             return (tiles_m + problem.batch) * tiles_n
-        return -(-tiles_m // self.cluster) * tiles_n * problem.batch
+        return -(-tiles_m // self.cluster) * -(-tiles_n // self.cluster_n) * problem.batch
 
     def split_workspace(self, problem: Problem, blocks: int | None = None) -> tuple[int, int]:
         """Bytes of the split-K workspace (`problem` the kernel's, `blocks` the launch's, which stream-K
@@ -288,7 +298,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             return 0, 0
         if self.stream_k and blocks is None:
             raise ValueError(f"{self.name}: a stream-K workspace is sized by the launch's blocks")
-        work_tiles = self._tile_columns(problem) * self.cluster
+        work_tiles = self._tile_columns(problem) * self.cluster_blocks
         shares = 1 if self.pingpong else self.consumers
         if self.stream_k:
             plan = share_out(self.work_units(problem), self.tiles_k(problem), blocks)
@@ -303,9 +313,9 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         block per SM). A persistent grid larger than that would leave clusters to a second wave."""
         units = self.stream_slices(problem) if self.stream_k else self.work_units(problem)
         if self.persistent:
-            resident = resident_clusters if resident_clusters is not None else device.sm_count // self.cluster
+            resident = resident_clusters if resident_clusters is not None else device.sm_count // self.cluster_blocks
             units = max(1, min(units, resident))
-        return units * self.cluster
+        return units * self.cluster_blocks
 
     def registers(self) -> tuple[int, int]:
         """setmaxnreg's (producer, consumer) registers; (0, 0): none (one consumer has 255)."""
@@ -385,6 +395,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             hopper_rules.preload_reasons(self, problem, bad)
         if self.hoisted_descriptors:
             hopper_rules.hoisted_descriptors_reasons(problem, bad)
+        if self.cluster_n > 1:
+            hopper_rules.cluster_n_reasons(self, problem, bad)
         if self.min_blocks != 1:
             bad("occupancy", f"min_blocks={self.min_blocks}: a Hopper block takes a whole SM")
         if self.threads > device.max_threads_per_block:
@@ -441,7 +453,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             c_transposed=cxx_bool(self.swaps_operands),
             swizzle_bytes=SWIZZLE_BYTES, swizzle_period=SWIZZLE_PERIOD_BYTES, smem_bytes=self.smem_bytes(problem),
             store_buffers=self.store_buffers(),
-            producer_registers=producer, consumer_registers=consumer, cluster=self.cluster,
+            producer_registers=producer, consumer_registers=consumer, cluster=self.cluster, cluster_n=self.cluster_n,
             tma_store=cxx_bool(self.tma_store), pingpong=cxx_bool(self.pingpong), split_k=self.split_k,
             stream_k=self.stream_k, prefix_tails_per_block=PREFIX_TAILS_PER_BLOCK, stmatrix=self.stmatrix,
             fast_activation=self.fast_activation, preload=self.preload, hoisted_descriptors=self.hoisted_descriptors,

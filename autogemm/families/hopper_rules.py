@@ -116,6 +116,18 @@ def hoisted_descriptors_reasons(problem: Problem, bad) -> None:
                       "loops compute their descriptors as before)")
 
 
+def cluster_n_reasons(config: Any, problem: Problem, bad) -> None:
+    """Clusters along N (A's slices multicast to the row's blocks) are written for whole tiles of one block
+    each: not with stream-K (a partner would need the same runs of K), consumers that split N (their columns'
+    origin moves past the cluster's), a grouped product (one block a tile) or FP8 (its scales' copies not
+    written for it)."""
+    for knob, on in (("stream_k", config.stream_k), ("split N", config.split_n), ("grouped", problem.grouped),
+                     ("FP8", dtypes.lookup(problem.dtype, problem.compute).scaled)):
+        if on:
+            bad("cluster", f"cluster_n={config.cluster_n} (A multicast along N) is written for whole tiles of one "
+                           f"block each in 16-bit and TF32 products: not with {knob}")
+
+
 def grouped_reasons(config: Any, problem: Problem, bad) -> None:
     """A grouped product's tiles start at its groups' offsets, read on the GPU: its rows are masked in the
     register store (the TMA store would write into the next group's rows), one block a tile (no cluster),

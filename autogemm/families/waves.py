@@ -140,9 +140,9 @@ def fill(config: Any, problem: Problem, device: Device) -> Waves:
     kernel = config.kernel_problem(problem)
     rows, cols = _tile(config)
     split = config.split_k
-    # a cluster's blocks take vertically adjacent tiles: a partner past the last row tile still runs
-    cluster = getattr(config, "cluster", 1)  # (the Hopper family's pairs)
-    units = -(-kernel.m // rows // cluster) * cluster * -(-kernel.n // cols) * kernel.batch * split
+    # a cluster's blocks take adjacent tiles: a partner past the last row or column tile still runs
+    cluster, cluster_n = getattr(config, "cluster", 1), getattr(config, "cluster_n", 1)  # (the Hopper family's)
+    units = -(-kernel.m // rows // cluster) * cluster * -(-kernel.n // cols // cluster_n) * cluster_n * kernel.batch * split
     # (ping-pong: the two consumers of an SM take wm-row tiles in turns, one's main loop at a time, so an SM
     # is still one place; what it gains is its store under the other's main loop)
     k_slices = config.tiles_k(kernel) if getattr(config, "stream_k", False) else 0
@@ -152,16 +152,16 @@ def fill(config: Any, problem: Problem, device: Device) -> Waves:
 def relative_cost(config: Any, problem: Problem, device: Device) -> float:
     """A rough cost of `config` on `problem` (lower is faster; comparable between the configs of one
     problem only): the waves times what one work unit costs an SM. A unit multiplies its tile over
-    its share of K (padded to whole slices), loading both operands' slices from L2 (B once per pair of
-    a cluster: multicast), then stores its tile, and with split-K writes and reads back FP32 partial
+    its share of K (padded to whole slices), loading both operands' slices from L2 (multicast: B once per
+    column of a cluster's tiles, A once per row), then stores its tile, and with split-K writes and reads back FP32 partial
     sums."""
     waves = fill(config, problem, device)
     rows, cols = waves.tile
     itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
     k_share = -(-math.ceil(problem.k / waves.split_k) // config.bk) * config.bk  # (K is K whichever operand is first)
     compute = 2.0 * rows * cols * k_share
-    cluster = getattr(config, "cluster", 1)  # (the Hopper family's pairs)
-    loaded = (rows + cols / cluster) * k_share * itemsize
+    cluster, cluster_n = getattr(config, "cluster", 1), getattr(config, "cluster_n", 1)  # (the Hopper family's)
+    loaded = (rows / cluster_n + cols / cluster) * k_share * itemsize
     main_loop = max(compute, loaded * FLOPS_PER_L2_BYTE)
     pingpong = getattr(config, "pingpong", False)
     one_consumer = getattr(config, "consumers", 2) == 1 or (pingpong and rows < 128)

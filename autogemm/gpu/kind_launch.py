@@ -201,7 +201,8 @@ def _stream_k_grid(config: GemmConfig, problem: Problem, kernel: CompiledKernel,
 def _tma_grid(config: GemmConfig, problem: Problem, kernel: CompiledKernel, smem: int, device: Device):
     """A cluster per work unit, or a persistent grid of as many clusters as the driver says are
     resident at once (`HopperConfig.grid_blocks`)."""
-    resident = resident_clusters(kernel, config.threads, smem, config.cluster) if config.cluster > 1 else None
+    blocks = getattr(config, "cluster_blocks", config.cluster)
+    resident = resident_clusters(kernel, config.threads, smem, blocks) if blocks > 1 else None
     return (config.grid_blocks(problem, device, resident), 1, 1)
 
 
