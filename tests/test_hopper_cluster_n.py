@@ -16,7 +16,7 @@ from autogemm.families.waves import fill
 from autogemm.kernels.render import render
 from autogemm.kernels.space import SearchSpace
 from autogemm.problem import Problem
-from test_hopper_stream_k import H200, compiles_without_spills, refuses_with
+from test_hopper_stream_k import H200, compiles_without_spills
 
 ROW_PAIRS = "hopper_128x192x64_w64x192_s4_g16_k1_o1_p_cn2_ts_hd"
 SQUARES = "hopper_128x128x64_w64x128_s4_g8_k2_o1_p_c2_cn2_hd"  # 2 x 2 tiles, K split in two, register store
@@ -47,28 +47,32 @@ def test_its_tiles_come_in_whole_clusters():
     assert squares.split_workspace(wider)[1] == 44 * 4 * 2 * 4  # an int counter per consumer of each block's tile
 
 
-REFUSED = [
-    ("hopper_128x128x64_w64x128_s4_g8_k1_o1_p_cn2_ts_sk", PREFILL, "cluster: cluster_n=2"),
-    ("hopper_192x192x64_w192x96_s4_g8_k1_o1_p_cn2_ts", PREFILL, "cluster: cluster_n=2"),
-    ("hopper_128x128x64_w64x128_s4_g8_k1_o1_p_cn2", Problem.from_layout(512, 512, 512, "nt", batch=4, dtype="bfloat16",
-                                                                        grouped=True), "cluster: cluster_n=2"),
-    ("hopper_128x128x128_w64x128_s4_g8_k1_o1_p_cn2_ts",
-     Problem.from_layout(512, 512, 512, "nt", dtype="float8_e4m3fn", epilogue=Epilogue(scale="tensor", out_dtype="bfloat16")),
-     "cluster: cluster_n=2"),
+FP8 = Problem.from_layout(512, 512, 512, "nt", dtype="float8_e4m3fn",
+                          epilogue=Epilogue(scale="tensor", out_dtype="bfloat16"))
+GROUPED = Problem.from_layout(512, 512, 512, "nt", batch=4, dtype="bfloat16", grouped=True)
+REFUSED = [  # (config, problem, what it is refused with)
+    ("hopper_128x128x64_w64x128_s4_g8_k1_o1_p_cn2_ts_sk", PREFILL, "stream_k"),
+    ("hopper_192x192x64_w192x96_s4_g8_k1_o1_p_cn2_ts", PREFILL, "split N"),
+    ("hopper_128x128x64_w64x128_s4_g8_k1_o1_p_cn2", GROUPED, "grouped"),
+    ("hopper_128x128x128_w64x128_s4_g8_k1_o1_p_cn2_ts", FP8, "FP8"),
 ]
 
 
-@pytest.mark.parametrize("name, problem, reason", REFUSED, ids=[f"{n}-{r}" for n, _, r in REFUSED])
-def test_it_refuses_what_it_is_not_written_for(name, problem, reason):
-    refuses_with(name, problem, reason)
+@pytest.mark.parametrize("name, problem, knob", REFUSED, ids=[knob for _, _, knob in REFUSED])
+def test_it_refuses_what_it_is_not_written_for(name, problem, knob):
+    reasons = config_from_name(name).check(problem, H200)
+    assert any(r.startswith("cluster: cluster_n=2") and r.endswith(f"not with {knob}") for r in reasons), reasons
+    assert not any(r.startswith("cluster: ") for r in config_from_name(name.replace("_cn2", "")).check(problem, H200))
 
 
 VARIANTS = [
     (ROW_PAIRS, PREFILL),
     (SQUARES, Problem.from_layout(1000, 3001, 520, "nn", dtype="float16", epilogue=Epilogue("n", "gelu"))),
     # swapped, two consumers taking turns; TF32 with A's fragments from registers
-    ("hopper_256x128x64_w128x128_s5_g8_k1_o1_p_cn2_ts_pp_sw_hd", Problem.from_layout(640, 4096, 4096, "tn", dtype="bfloat16")),
-    ("hopper_128x128x32_w64x128_s4_g1_k1_o1_cn2_ts_hd", Problem.from_layout(1000, 3001, 520, "tt", dtype="float32", compute="tf32")),
+    ("hopper_256x128x64_w128x128_s5_g8_k1_o1_p_cn2_ts_pp_sw_hd",
+     Problem.from_layout(640, 4096, 4096, "tn", dtype="bfloat16")),
+    ("hopper_128x128x32_w64x128_s4_g1_k1_o1_cn2_ts_hd",
+     Problem.from_layout(1000, 3001, 520, "tt", dtype="float32", compute="tf32")),
 ]
 
 
