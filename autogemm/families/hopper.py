@@ -49,7 +49,7 @@ from ..problem import Device, Problem
 from . import gemv, hopper_rules, wgmma
 from .base import INT32_MAX, GemmConfig, VectorizedLoads, VectorWidths, cxx_bool, grid_knobs, swap_knob, tile_knobs
 from .knobs import Knob
-from .hopper_rules import MAX_BLOCK_SCALED_VALUES, MAX_GROUPS, NARROW_BN_STEP, TMA_ALIGN_BYTES
+from .hopper_rules import MAX_BLOCK_SCALED_VALUES, MAX_CONSUMERS, MAX_GROUPS, TMA_ALIGN_BYTES
 from .launch_kind import LaunchKind
 from .stream_k import PREFIX_TAILS_PER_BLOCK, share_out
 
@@ -58,7 +58,6 @@ WARPGROUP = wgmma.WARPGROUP
 ROWS_PER_INSTRUCTION = wgmma.ROWS_PER_INSTRUCTION  # wgmma's M
 SWIZZLE_BYTES = wgmma.SWIZZLE_BYTES  # a shared-memory row of a tile (a TMA box row)
 SWIZZLE_PERIOD_BYTES = wgmma.SWIZZLE_PERIOD_BYTES
-MAX_CONSUMERS = 2
 CLUSTER_SIZES = (1, 2)
 STORE_BUFFERS = 2  # store chunks per consumer: one filled while TMA reads the other
 SPLIT_N_STORE_BUFFERS = 1  # ... except where two consumers split N: one chunk of all rows they share
@@ -80,9 +79,6 @@ SPLIT_FLAGS_BYTES = SWIZZLE_PERIOD_BYTES
 # consumers take (128 x 40 + 256 x 232 = 384 x 168, the block's share under __launch_bounds__)
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
 GROUP_TILES_BYTES = -(-(MAX_GROUPS + 1) * 4 // SWIZZLE_PERIOD_BYTES) * SWIZZLE_PERIOD_BYTES
-# a consumer's A fragments with A from registers: two slices' worth (one in flight, one loading) of
-# 4 registers per m64 block and k-step, on top of the accumulators, within the consumer's registers
-MAX_ACCUMULATORS_AND_FRAGMENTS = 160
 
 KNOBS = (
     # wm x wn: one consumer warpgroup's tile (wn = bn: a consumer spans the tile's columns; or wm = bm,
@@ -333,55 +329,14 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             bad("tensor-core", f"TMA and wgmma need compute capability {ARCH[0]}.{ARCH[1]} (sm_90a), "
                                f"device is {device.arch}")
         row = dtypes.lookup(problem.dtype, problem.compute)
-        atom = SWIZZLE_BYTES // row.itemsize
-        # bn: a multiple of the kernel's 64-column step (its static_assert), which is also a whole number of
-        # swizzled rows where B or C lie along N (64 16-bit or 32 FP32 columns a row; FP8's B is K-major, its
-        # D stored in chunks of 128 bytes of D's type). A 16-bit kernel whose B is K-major and whose C goes
-        # from registers steps by NARROW_BN_STEP (wgmma's N steps by 8; B's boxes are bn rows of K): 640 rows
-        # of 4096 columns fill 130 of 132 SMs with 128 x 160 tiles, where 128 x 192 fill 110
-        # (row and block scales, and grouped products, refuse swap below: the problem is not swapped to find
-        # the layout's reasons; a grouped one has no swapped form)
+        # the problem whose layout the kernel reads (row and block scales, and grouped products, refuse swap in
+        # their rules: the problem is not swapped to find the layout's reasons; a grouped one has no swapped form)
         kernel = problem if self.swap and (problem.grouped or row.scaled and problem.epilogue.scale in ("row", "block")) \
             else self.kernel_problem(problem)
-        narrow = self.transposes(problem) and kernel.trans_b and not self.tma_store
-        bn_step = NARROW_BN_STEP if narrow else 64
-        spans_columns = self.wn == self.bn and self.bm % self.wm == 0
-        splits_columns = self.wm == self.bm and self.bn == MAX_CONSUMERS * self.wn
-        if not (spans_columns or splits_columns) or not 1 <= self.consumers <= MAX_CONSUMERS:
-            bad("warp-tile", f"a consumer's tile {self.wm}x{self.wn} must span the block's {self.bn} columns "
-                             f"and 1 or {MAX_CONSUMERS} of them its {self.bm} rows, or span its rows and "
-                             f"{MAX_CONSUMERS} of them its columns (split N)")
-        elif self.split_n:
-            hopper_rules.split_n_reasons(self, problem, kernel, bad)
-        if self.wm % ROWS_PER_INSTRUCTION or self.bn % bn_step or self.bn > wgmma.N_MAX or self.bk % atom:
-            bad("fragment", f"wm={self.wm} must be a multiple of {ROWS_PER_INSTRUCTION} (wgmma rows), bn={self.bn} "
-                            f"a multiple of {bn_step} up to {wgmma.N_MAX} (wgmma's N, whole swizzled rows"
-                            f"{'' if narrow else f'; {NARROW_BN_STEP} for 16-bit types with B K-major and C stored from registers'}) "
-                            f"and bk={self.bk} a multiple of {atom} ({SWIZZLE_BYTES}-byte rows)")
-        if self.accumulators() > self.max_accumulators():
-            bad("registers", f"{self.accumulators()} accumulators per consumer thread (tile {self.wm}x{self.wn}) "
-                             f"exceed {self.max_accumulators()}")
-        if self.pingpong and self.consumers != MAX_CONSUMERS:
-            bad("warp-tile", f"pingpong needs {MAX_CONSUMERS} consumers to take turns, the tile {self.bm}x{self.bn} "
-                             f"has {self.consumers}")
-        if self.pingpong and not self.persistent:
-            bad("grid", "pingpong needs a persistent grid (with a block per tile the second consumer would idle)")
+        hopper_rules.tile_reasons(self, problem, kernel, bad)
         if row.scaled:
             hopper_rules.fp8_reasons(self, problem, bad)
-        if not self.transposes(problem) and not kernel.trans_b:
-            if problem.layout == "tn":
-                bad("layout", f"wgmma reads {problem.dtype}/{problem.compute} from shared memory K-major only: layout TN "
-                              f"has K contiguous in neither A nor B")
-            else:
-                bad("layout", f"wgmma reads {problem.dtype}/{problem.compute} from shared memory K-major only: layout "
-                              f"{problem.layout.upper()} needs swap={not self.swap} (B's K is "
-                              f"{'contiguous' if problem.trans_b else 'strided'})")
-        elif self.accumulators() + self.fragment_registers(kernel) > MAX_ACCUMULATORS_AND_FRAGMENTS:
-            bad("registers", f"{self.accumulators()} accumulators and {self.fragment_registers(kernel)} registers of A's "
-                             f"fragments per consumer thread exceed {MAX_ACCUMULATORS_AND_FRAGMENTS}")
-        if self.swap and self.tma_store and self.bn % self.wm:
-            bad("choice", f"the transposed TMA store (swap) stages {self.wm} of C's rows at a time: bn={self.bn} "
-                          f"is no multiple of wm={self.wm}")
+        hopper_rules.layout_reasons(self, problem, kernel, bad)
         if self.work_units(problem) > INT32_MAX:
             bad("grid", f"{self.work_units(problem)} work units (tiles x split_k={self.split_k}) exceed the kernel's "
                         "32-bit count")

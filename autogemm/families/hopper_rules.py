@@ -1,6 +1,6 @@
-"""What a Hopper configuration asks of a problem beyond the family's common rules (HopperConfig.check): a
-grouped product's, an FP8 product's and stream-K's. Each function adds its reasons through `bad`, as
-`check` does, for `config`, a HopperConfig."""
+"""What a Hopper configuration asks of a problem beyond the family's common rules (HopperConfig.check): its
+tile's shape, its operands' layout, a grouped product's, an FP8 product's, and each knob's. Each function adds
+its reasons through `bad`, as `check` does, for `config`, a HopperConfig."""
 
 from __future__ import annotations
 
@@ -9,9 +9,14 @@ from typing import Any
 from .. import dtypes
 from ..epilogue import BLOCK, FAST_FORM_ACTIVATIONS
 from ..problem import Device, Problem
-from .wgmma import SWIZZLE_BYTES
+from . import wgmma
+from .wgmma import ROWS_PER_INSTRUCTION, SWIZZLE_BYTES
 
 TMA_ALIGN_BYTES = 16  # address, pitch and batch stride of an operand TMA reads
+MAX_CONSUMERS = 2
+# a consumer's A fragments with A from registers: two slices' worth (one in flight, one loading) of
+# 4 registers per m64 block and k-step, on top of the accumulators, within the consumer's registers
+MAX_ACCUMULATORS_AND_FRAGMENTS = 160
 # bn's step where B is K-major and C is stored from registers (16-bit types): wgmma's N steps by 8, a
 # thread's accumulators by pairs of columns, split-K's slots by float4s
 NARROW_BN_STEP = 16
@@ -25,6 +30,63 @@ MAX_BLOCK_SCALED_BN = 192
 # next one's wgmmas run), or one set on tiles too wide for two, within the consumer's registers: a
 # 64 x 128 tile's 3 x 64 and a 64 x 192 tile's 2 x 96 compile without spills
 MAX_BLOCK_SCALED_VALUES = 192
+
+
+def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
+    """The tile's shape: the consumers' tiles within the block's, wgmma's and the swizzle's steps, the
+    accumulators within a consumer's registers, ping-pong's two consumers on a persistent grid. `kernel` is
+    the problem whose layout the kernel reads."""
+    row = dtypes.lookup(problem.dtype, problem.compute)
+    atom = SWIZZLE_BYTES // row.itemsize
+    # bn: a multiple of the kernel's 64-column step (its static_assert), which is also a whole number of
+    # swizzled rows where B or C lie along N (64 16-bit or 32 FP32 columns a row; FP8's B is K-major, its
+    # D stored in chunks of 128 bytes of D's type). A 16-bit kernel whose B is K-major and whose C goes
+    # from registers steps by NARROW_BN_STEP (wgmma's N steps by 8; B's boxes are bn rows of K): 640 rows
+    # of 4096 columns fill 130 of 132 SMs with 128 x 160 tiles, where 128 x 192 fill 110
+    narrow = config.transposes(problem) and kernel.trans_b and not config.tma_store
+    bn_step = NARROW_BN_STEP if narrow else 64
+    spans_columns = config.wn == config.bn and config.bm % config.wm == 0
+    splits_columns = config.wm == config.bm and config.bn == MAX_CONSUMERS * config.wn
+    if not (spans_columns or splits_columns) or not 1 <= config.consumers <= MAX_CONSUMERS:
+        bad("warp-tile", f"a consumer's tile {config.wm}x{config.wn} must span the block's {config.bn} columns "
+                         f"and 1 or {MAX_CONSUMERS} of them its {config.bm} rows, or span its rows and "
+                         f"{MAX_CONSUMERS} of them its columns (split N)")
+    elif config.split_n:
+        split_n_reasons(config, problem, kernel, bad)
+    if config.wm % ROWS_PER_INSTRUCTION or config.bn % bn_step or config.bn > wgmma.N_MAX or config.bk % atom:
+        bad("fragment", f"wm={config.wm} must be a multiple of {ROWS_PER_INSTRUCTION} (wgmma rows), bn={config.bn} "
+                        f"a multiple of {bn_step} up to {wgmma.N_MAX} (wgmma's N, whole swizzled rows"
+                        f"{'' if narrow else f'; {NARROW_BN_STEP} for 16-bit types with B K-major and C stored from registers'}) "
+                        f"and bk={config.bk} a multiple of {atom} ({SWIZZLE_BYTES}-byte rows)")
+    if config.accumulators() > config.max_accumulators():
+        bad("registers", f"{config.accumulators()} accumulators per consumer thread (tile {config.wm}x{config.wn}) "
+                         f"exceed {config.max_accumulators()}")
+    if config.pingpong and config.consumers != MAX_CONSUMERS:
+        bad("warp-tile", f"pingpong needs {MAX_CONSUMERS} consumers to take turns, the tile {config.bm}x{config.bn} "
+                         f"has {config.consumers}")
+    if config.pingpong and not config.persistent:
+        bad("grid", "pingpong needs a persistent grid (with a block per tile the second consumer would idle)")
+
+
+def layout_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
+    """What the operands' layout asks: wgmma reads 32-bit types from shared memory K-major only (TF32's A
+    stored K x M goes through registers, within the consumer's registers beside the accumulators); the
+    transposed TMA store stages wm of C's rows at a time. `kernel` is the problem whose layout the kernel
+    reads."""
+    if not config.transposes(problem) and not kernel.trans_b:
+        if problem.layout == "tn":
+            bad("layout", f"wgmma reads {problem.dtype}/{problem.compute} from shared memory K-major only: layout TN "
+                          f"has K contiguous in neither A nor B")
+        else:
+            bad("layout", f"wgmma reads {problem.dtype}/{problem.compute} from shared memory K-major only: layout "
+                          f"{problem.layout.upper()} needs swap={not config.swap} (B's K is "
+                          f"{'contiguous' if problem.trans_b else 'strided'})")
+    elif config.accumulators() + config.fragment_registers(kernel) > MAX_ACCUMULATORS_AND_FRAGMENTS:
+        bad("registers", f"{config.accumulators()} accumulators and {config.fragment_registers(kernel)} registers of "
+                         f"A's fragments per consumer thread exceed {MAX_ACCUMULATORS_AND_FRAGMENTS}")
+    if config.swap and config.tma_store and config.bn % config.wm:
+        bad("choice", f"the transposed TMA store (swap) stages {config.wm} of C's rows at a time: bn={config.bn} "
+                      f"is no multiple of wm={config.wm}")
 
 
 def stream_k_reasons(config: Any, problem: Problem, device: Device, bad) -> None:
