@@ -1,10 +1,10 @@
-"""The Hopper family's `hoisted_descriptors` knob (templates/hopper_gemm.cu.j2, HOISTED_DESCRIPTORS): a K slice's
-two shared-memory descriptors computed once, each wgmma's as theirs plus a constant, from a consumer index ptxas
-knows to be warp-uniform. On an H200 the main loop then runs the same cycles with 28% fewer instructions (ncu,
-BF16 4096 x 13824 x 5120, 128 x 192 in pairs: 99.9 M against 139.4 M) and 0.7% faster sustained at the power
-limit on average over 9 pairs (docs/kernels.md). What the config allows, that it renders only where asked, that the search offers it alone while
-records tuned without it render as before, and that its kernels compile without spills. CPU only;
-tests/test_gpu_kernels.py runs them against float64."""
+"""The Hopper family's `hoisted_descriptors` knob (templates/hopper_gemm.cu.j2, HOISTED_DESCRIPTORS): a K slice's two
+shared-memory descriptors computed once, each wgmma's as theirs plus a constant, from a consumer index ptxas knows
+to be warp-uniform. On an H200 the main loop then runs the same cycles with 28% fewer instructions (ncu, BF16
+4096 x 13824 x 5120, 128 x 192 in pairs: 99.9 M against 139.4 M) and 0.7% faster sustained at the power limit on
+average over 9 pairs (docs/kernels.md). What the config allows, that it renders only where asked, that the search
+offers it alone while records tuned without it render as before, and that its kernels compile without spills. CPU
+only; tests/test_gpu_kernels.py runs them against float64."""
 
 from __future__ import annotations
 

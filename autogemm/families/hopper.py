@@ -10,19 +10,20 @@ only accumulators). An mbarrier per stage counts the bytes in, another the consu
 filling the ring for the next tile while the consumers write the last one out. Every layout is
 read as it is stored: wgmma's transpose bits take MN-major 16-bit operands.
 
-With `cluster` 2, pairs of blocks take vertically adjacent tiles and the first multicasts B's
-slices into both (B crosses from L2 once per pair); with `cluster_n` 2, blocks also take horizontally
-adjacent tiles and the first of a row multicasts A's slices (a cluster of up to 2 x 2 tiles). With `tma_store`, the consumers stage their
-results in shared memory in 64-column chunks that TMA writes to C while they start the next tile
-(beta != 0 and a C that TMA cannot address take the direct path from registers). With `pingpong`
-the two consumers do not share a tile but take turns on wm x bn tiles, one's epilogue under the
-other's wgmmas. With `split_k` > 1 each tile's K slices are dealt out to that many work units (for few
-tiles and a long K: decode); each leaves FP32 partial sums in a workspace, and the one that counts
-last on the tile's counter adds them up in split order and writes C (`split_workspace`). With
+With `cluster` 2, pairs of blocks take vertically adjacent tiles and the first multicasts B's slices
+into both (B crosses from L2 once per pair); with `cluster_n` 2, blocks also take horizontally adjacent
+tiles and the first of a row multicasts A's slices (a cluster of up to 2 x 2 tiles). With `tma_store`,
+the consumers stage their results in shared memory in 64-column chunks that TMA writes to C while they
+start the next tile (beta != 0 and a C that TMA cannot address take the direct path from registers).
+With `pingpong` the two consumers do not share a tile but take turns on wm x bn tiles, one's epilogue
+under the other's wgmmas. With `split_k` > 1 each tile's K slices are dealt out to that many work units
+(for few tiles and a long K: decode); each leaves FP32 partial sums in a workspace, and the one that
+counts last on the tile's counter adds them up in split order and writes C (`split_workspace`). With
 `stream_k` the grid's blocks (one per SM) take whole waves of tiles, then share out the K slices of the
 tiles that a last wave would leave partly empty in equal runs (families/stream_k.py says how): a tile
-that several runs share is added up as split-K's are, from a slot per run. With `fast_activation` a GELU or
-SiLU epilogue takes the epilogue pass's cheaper forms (hopper_rules.fast_activation_reasons says why).
+that several runs share is added up as split-K's are, from a slot per run. With `fast_activation` a GELU
+or SiLU epilogue takes the epilogue pass's cheaper forms (hopper_rules.fast_activation_reasons says
+why).
 
 TF32: the operands' tensor maps are of TMA's TFLOAT32 type, which rounds FP32 to TF32 as it copies
 (to nearest: cuBLAS's accuracy, where wgmma reading raw FP32 bits would truncate them). wgmma reads
@@ -263,8 +264,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
     def work_units(self, problem: Problem) -> int:
         """What the blocks of a cluster take together: `cluster` vertically adjacent tiles (the last
         column's may reach past M), times `cluster_n` horizontally adjacent ones (the last row's may
-        reach past N), per batch and K split. (With `stream_k` a tile, which the blocks'
-        runs of K slices may share.)"""
+        reach past N), per batch and K split. (With `stream_k` a tile, which the blocks' runs of K
+        slices may share.)"""
         return self._tile_columns(problem) * self.split_k
 
     def stream_slices(self, problem: Problem) -> int:

@@ -142,7 +142,8 @@ def fill(config: Any, problem: Problem, device: Device) -> Waves:
     split = config.split_k
     # a cluster's blocks take adjacent tiles: a partner past the last row or column tile still runs
     cluster, cluster_n = getattr(config, "cluster", 1), getattr(config, "cluster_n", 1)  # (the Hopper family's)
-    units = -(-kernel.m // rows // cluster) * cluster * -(-kernel.n // cols // cluster_n) * cluster_n * kernel.batch * split
+    units = (-(-kernel.m // rows // cluster) * cluster * -(-kernel.n // cols // cluster_n) * cluster_n
+             * kernel.batch * split)
     # (ping-pong: the two consumers of an SM take wm-row tiles in turns, one's main loop at a time, so an SM
     # is still one place; what it gains is its store under the other's main loop)
     k_slices = config.tiles_k(kernel) if getattr(config, "stream_k", False) else 0
@@ -153,8 +154,8 @@ def relative_cost(config: Any, problem: Problem, device: Device) -> float:
     """A rough cost of `config` on `problem` (lower is faster; comparable between the configs of one
     problem only): the waves times what one work unit costs an SM. A unit multiplies its tile over
     its share of K (padded to whole slices), loading both operands' slices from L2 (multicast: B once per
-    column of a cluster's tiles, A once per row), then stores its tile, and with split-K writes and reads back FP32 partial
-    sums."""
+    column of a cluster's tiles, A once per row), then stores its tile, and with split-K writes and reads
+    back FP32 partial sums."""
     waves = fill(config, problem, device)
     rows, cols = waves.tile
     itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
