@@ -25,6 +25,34 @@ def percentile(values, fraction: float) -> float:
     return values[low] + (values[high] - values[low]) * (position - low)
 
 
+def repository_files(folder: str, pattern: str) -> list[Path]:
+    """The files of the repository's `folder` (cache, campaigns) that `pattern` matches, sorted. SystemExit where
+    there are none: the draws leave out what they hold, so without them a seed would draw other problems, and a
+    run from a partial copy of the repository would measure a draw that `--list` does not give."""
+    files = sorted((HERE.parent / folder).glob(pattern))
+    if not files:
+        raise SystemExit(f"no {folder}/{pattern} in {HERE.parent}: the draws leave out the problems they hold and "
+                         "would draw others without them; run the benchmark from a whole checkout")
+    return files
+
+
+def rows_outside_draw(rows, drawn) -> list[dict]:
+    """The rows of a results file that are not the draw's problem at their index (`drawn`: its spec tuples)."""
+    return [r for r in rows if not (isinstance(r.get("index"), int) and 0 <= r["index"] < len(drawn)
+                                    and tuple(r.get("spec", ())) == tuple(drawn[r["index"]]))]
+
+
+def require_rows_of_draw(path: Path, drawn) -> None:
+    """SystemExit naming the rows of `path` that are not its draw's (rows_outside_draw): a file filled by a run
+    of another draw must be neither reported nor added to as this one."""
+    strays = rows_outside_draw(read_rows(path), drawn) if path.exists() else []
+    if strays:
+        named = ", ".join(f"#{r.get('index')} {r.get('label', r.get('problem', '?'))}" for r in strays[:5])
+        raise SystemExit(f"{path} holds {len(strays)} rows that are not this draw's problem at their index ({named}"
+                         f"{', ...' if len(strays) > 5 else ''}): they were measured for another draw; move them "
+                         "out of the file or choose another --out")
+
+
 def results_path(stem: str) -> Path:
     """benchmarks/results/<stem> (the caller adds .md or .json)."""
     out = HERE / "results" / stem

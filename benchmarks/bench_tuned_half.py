@@ -51,12 +51,12 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bench_common import (deadline_after, device_of, geomean, keep_compiled_kernels, kernels_kept,  # noqa: E402
                           make_operands, mixed_codes, partial_draw, problem_label, release_memory, results_arguments,
-                          results_path, run_rows, source_digest, write_report)
+                          repository_files, require_rows_of_draw, results_path, run_rows, source_digest,
+                          write_report)
 
 SEED, COUNT = 2027, 40
 AUTOGEMM, TORCH = "autogemm.matmul", "torch.matmul"
@@ -81,7 +81,7 @@ def _campaign_widths() -> set[int]:
     from autogemm.campaigns.file import load_campaign
 
     widths = set()
-    for path in sorted((ROOT / "campaigns").glob("*.toml")):
+    for path in repository_files("campaigns", "*.toml"):
         for problem in load_campaign(path).problems:
             widths |= {problem.n, problem.k}
     return widths
@@ -387,6 +387,7 @@ def main(argv=None) -> int:
         return 0
     slug, name = device_of(args.device_slug if args.report else None)
     path = _out_path(args, slug)
+    require_rows_of_draw(path, drawn)
     if args.report:
         return write_report(path, lambda rows: report(rows, name, args.seed, len(specs)))
     ran = []

@@ -49,11 +49,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bench_common import (deadline_after, geomean, make_operands, mixed_codes, percentile,  # noqa: E402
-                          problem_label, read_rows, release_memory, results_path, run_rows, source_digest)
+                          problem_label, read_rows, release_memory, repository_files, results_path, run_rows,
+                          source_digest)
 
 SEED, COUNT, ROUNDS = 2026, 240, 25
 AUTOGEMM, TORCH, CUPY = "autogemm.matmul", "torch.matmul", "cupy.matmul"
@@ -90,9 +90,9 @@ def known_keys() -> set[str]:
     from bench_shapes import load_suite
 
     keys = set()
-    for path in sorted((ROOT / "cache").glob("*.json")):
+    for path in repository_files("cache", "*.json"):
         keys |= set(json.loads(path.read_text()).get("entries", {}))
-    for path in sorted((ROOT / "campaigns").glob("*.toml")):
+    for path in repository_files("campaigns", "*.toml"):
         keys |= {problem.key for problem in load_campaign(path).problems}
     keys |= {problem.key for problem in load_suite(HERE / "shapes.toml")}
     return keys | {_problem(spec).key for spec in SHAPES}

@@ -54,7 +54,7 @@ sys.path.insert(0, str(HERE))
 
 from bench_common import (case_epilogue, deadline_after, device_of, geomean, keep_compiled_kernels,  # noqa: E402
                           kernels_kept, mixed_codes, partial_draw, release_memory, results_arguments, results_path,
-                          run_rows, source_digest, write_report)
+                          require_rows_of_draw, run_rows, source_digest, write_report)
 from bench_epilogues import TOLERANCE, CublasLtLayer, relative_error  # noqa: E402
 from bench_tuned_half import FAMILIES, _campaign_widths  # noqa: E402
 
@@ -355,6 +355,7 @@ def main(argv=None) -> int:
         return 0
     slug, name = device_of(args.device_slug if args.report else None)
     path = _out_path(args, slug)
+    require_rows_of_draw(path, specs)
     if args.report:
         return write_report(path, lambda rows: report(rows, name, args.seed, len(specs)))
     keep_compiled_kernels("autogemm-unseen-epilogues-cubins-")

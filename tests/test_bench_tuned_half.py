@@ -116,3 +116,36 @@ def test_the_max_autotune_rows_are_tabled_where_they_were_run():
     assert "| bfloat16 nt 1024x4096x4096 | 10.5 | 10.0 | 1.050 |" in table
     assert "| geomean (1) | | | 1.050 |" in table
     assert bench.inductor_summary(rows[:1]) == []
+
+
+def test_a_draw_without_the_campaigns_and_cache_it_leaves_out_is_refused(tmp_path):
+    """A copy of benchmarks/ without campaigns/ and cache/ beside it once drew other problems under the
+    published seed (and measured them as that draw); it must stop and say what is missing."""
+    copy = tmp_path / "benchmarks"
+    copy.mkdir()
+    for path in (ROOT / "benchmarks").iterdir():
+        if path.is_file():
+            (copy / path.name).write_bytes(path.read_bytes())
+    listed = subprocess.run([sys.executable, str(copy / "bench_tuned_half.py"), "--list"], capture_output=True, text=True)
+    assert listed.returncode == 1 and "no cache/*.json" in listed.stderr and "whole checkout" in listed.stderr
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "d.json").write_text('{"entries": {}}')
+    listed = subprocess.run([sys.executable, str(copy / "bench_tuned_half.py"), "--list"], capture_output=True, text=True)
+    assert listed.returncode == 1 and "no campaigns/*.toml" in listed.stderr
+
+
+def test_rows_of_another_draw_are_neither_reported_nor_added_to(tmp_path):
+    drawn = bench.half_problems()
+    ours = dict(_row(256, 1.0, False), index=1, spec=list(drawn[1]))
+    stray = dict(_row(512, 1.0, False), index=6, spec=["bfloat16", "nt", 8192, 21888, 2048])
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(ours) + "\n")
+    bench_common.require_rows_of_draw(path, drawn)  # (the draw's own rows pass)
+    assert bench_common.rows_outside_draw([ours, stray, dict(ours, index=40)], drawn) == [stray, dict(ours, index=40)]
+    path.write_text(json.dumps(ours) + "\n" + json.dumps(stray) + "\n")
+    with pytest.raises(SystemExit, match="1 rows that are not this draw's problem at their index"):
+        bench_common.require_rows_of_draw(path, drawn)  # (as a run does before it adds a row)
+    run = subprocess.run([sys.executable, str(SCRIPT), "--out", str(path), "--report", "--device-slug", "nvidia-h200-sm90"],
+                         capture_output=True, text=True)
+    assert run.returncode == 1 and "1 rows that are not this draw's" in run.stderr
+    assert "#6 bfloat16 nt 512x4096x4096" in run.stderr and not path.with_suffix(".md").exists()
