@@ -201,7 +201,7 @@ def _stream_k_grid(config: GemmConfig, problem: Problem, kernel: CompiledKernel,
 def _tma_grid(config: GemmConfig, problem: Problem, kernel: CompiledKernel, smem: int, device: Device):
     """A cluster per work unit, or a persistent grid of as many clusters as the driver says are
     resident at once (`HopperConfig.grid_blocks`)."""
-    blocks = getattr(config, "cluster_blocks", config.cluster)
+    blocks = config.cluster_blocks  # (only the Hopper family launches this kind: HopperConfig.cluster_blocks)
     resident = resident_clusters(kernel, config.threads, smem, blocks) if blocks > 1 else None
     return (config.grid_blocks(problem, device, resident), 1, 1)
 
