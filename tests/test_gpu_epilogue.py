@@ -552,7 +552,7 @@ def _split_n_cases():
 def _preload_cases():
     """Hopper's TMA store with its epilogue values loaded ahead (`preload`): a bias
     along N with GELU and a residual, a bias along M with fast SiLU under ping-pong, a residual alone through a
-    cluster pair, on tails."""
+    cluster pair, on tails; and a narrow tile's TMA store with and without it."""
     from autogemm.families import config_from_name
     from autogemm.problem import Problem
 
@@ -561,7 +561,13 @@ def _preload_cases():
             (config_from_name("hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_pp_fa_pl"),
              Problem.from_layout(300, 1000, 256, "tt", dtype="float16", epilogue=Epilogue("m", "silu"))),
             (config_from_name("hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts_pl"),
-             Problem.from_layout(300, 1000, 256, "nn", dtype="bfloat16", epilogue=Epilogue(residual=True)))]
+             Problem.from_layout(300, 1000, 256, "nn", dtype="bfloat16", epilogue=Epilogue(residual=True))),
+            # a tile 160 wide storing through TMA (its last chunk overlapping the one before), with and without
+            # the values loaded ahead, on a tail of columns
+            (config_from_name("hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_fa_pl"),
+             Problem.from_layout(333, 1000, 256, "nt", dtype="float16", epilogue=Epilogue("n", "gelu"))),
+            (config_from_name("hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts"),
+             Problem.from_layout(300, 1000, 256, "nt", dtype="bfloat16", epilogue=Epilogue("m", "silu")))]
 
 
 TILE_CASES = [*_tile_cases(), _stream_k_case(), *_stmatrix_cases(), *_fast_activation_cases(), *_preload_cases()]

@@ -77,6 +77,10 @@ QUICK = (
     # SMs, so that every tile is shared), storing through TMA; one consumer, 192 wide, from registers
     ("float16", "fp32", "hopper_128x128x64_w64x128_s4_g8_k1_o1_p_ts_sk"),
     ("bfloat16", "fp32", "hopper_64x192x64_w64x192_s5_g8_k1_o1_p_sk"),
+    # tiles no multiple of 64 wide storing through TMA, the last 64-column chunk overlapping the one before:
+    # two consumers of 64 x 160, and two taking turns on 128 x 96
+    ("bfloat16", "fp32", "hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_hd"),
+    ("float16", "fp32", "hopper_256x96x64_w128x96_s4_g8_k1_o1_p_ts_pp_hd"),
 )
 
 

@@ -41,9 +41,14 @@ def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
     # bn: a multiple of the kernel's 64-column step (its static_assert), which is also a whole number of
     # swizzled rows where B or C lie along N (64 16-bit or 32 FP32 columns a row; FP8's B is K-major, its
     # D stored in chunks of 128 bytes of D's type). A 16-bit kernel whose B is K-major and whose C goes
-    # from registers steps by NARROW_BN_STEP (wgmma's N steps by 8; B's boxes are bn rows of K): 640 rows
-    # of 4096 columns fill 130 of 132 SMs with 128 x 160 tiles, where 128 x 192 fill 110
-    narrow = config.transposes(problem) and kernel.trans_b and not config.tma_store
+    # from registers, or through TMA in 64-column chunks the last of which overlaps the one before (not
+    # swapped, split N or by stmatrix, whose chunks are whole; nor with a residual, whose columns in common
+    # would be read again after the chunk before had stored them, were it D itself), steps by NARROW_BN_STEP
+    # (wgmma's N steps by 8; B's boxes are bn rows of K): 640 rows of 4096 columns fill 130 of 132 SMs with
+    # 128 x 160 tiles, where 128 x 192 fill 110
+    narrow_store = not config.tma_store or config.bn > atom and not (
+        config.swap or config.split_n or config.stmatrix or problem.epilogue.residual)
+    narrow = config.transposes(problem) and kernel.trans_b and narrow_store
     bn_step = NARROW_BN_STEP if narrow else 64
     spans_columns = config.wn == config.bn and config.bm % config.wm == 0
     splits_columns = config.wm == config.bm and config.bn == MAX_CONSUMERS * config.wn
@@ -56,7 +61,8 @@ def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
     if config.wm % ROWS_PER_INSTRUCTION or config.bn % bn_step or config.bn > wgmma.N_MAX or config.bk % atom:
         bad("fragment", f"wm={config.wm} must be a multiple of {ROWS_PER_INSTRUCTION} (wgmma rows), bn={config.bn} "
                         f"a multiple of {bn_step} up to {wgmma.N_MAX} (wgmma's N, whole swizzled rows"
-                        f"{'' if narrow else f'; {NARROW_BN_STEP} for 16-bit types with B K-major and C stored from registers'}) "
+                        f"{'' if narrow else f'; {NARROW_BN_STEP} for 16-bit types with B K-major, C stored from '}"
+                        f"{'' if narrow else 'registers or, unswapped and without a residual, through TMA'}) "
                         f"and bk={config.bk} a multiple of {atom} ({SWIZZLE_BYTES}-byte rows)")
     if config.accumulators() > config.max_accumulators():
         bad("registers", f"{config.accumulators()} accumulators per consumer thread (tile {config.wm}x{config.wn}) "

@@ -1,0 +1,90 @@
+"""Tiles whose width is no multiple of 64 (bn 96, 144, 160, ... with B K-major) storing C through TMA
+(templates/hopper_gemm.cu.j2): in 64-column chunks, the last one the tile's last 64 columns, overlapping the one
+before. What the config allows, that only such kernels render it (every other kernel's source is unchanged:
+tests/test_waves.py holds the shipped records' byte for byte), and that they compile without spills. CPU only;
+tests/test_gpu_kernels.py and tests/test_gpu_epilogue.py run them against float64."""
+
+from __future__ import annotations
+
+import pytest
+
+from autogemm.epilogue import Epilogue
+from autogemm.families import config_from_name
+from autogemm.kernels.render import render
+from autogemm.problem import Problem
+from test_hopper_stream_k import H200, compiles_without_spills, refuses_with
+
+NARROW = "hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_hd"
+ONE_WAVE = Problem.from_layout(640, 4096, 4096, "nt", dtype="bfloat16")  # 130 tiles of 128 x 160
+OVERLAP = "(q * ATOM < BN - ATOM ? q * ATOM : BN - ATOM)"
+VARIANTS = [
+    (NARROW, ONE_WAVE),
+    ("hopper_128x144x64_w64x144_s5_g8_k1_o1_p_ts_hd", Problem.from_layout(256, 9216, 3072, "nt", dtype="float16")),
+    ("hopper_128x176x64_w64x176_s5_g8_k1_o1_p_c2_ts_hd", Problem.from_layout(256, 11008, 4096, "nt", dtype="bfloat16")),
+    ("hopper_256x96x64_w128x96_s5_g8_k1_o1_p_ts_pp_hd", Problem.from_layout(1471, 1022, 1418, "nt", dtype="bfloat16")),
+    ("hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_fa_pl",
+     Problem.from_layout(1000, 4096, 4096, "nt", dtype="float16", epilogue=Epilogue("n", "gelu"))),
+]
+
+
+def test_a_narrow_tile_stores_through_tma_with_an_overlapping_last_chunk():
+    config = config_from_name(NARROW)
+    assert config.check(ONE_WAVE, H200) == []
+    code = render(config, ONE_WAVE).code
+    assert f"for (int q = 0; q < (BN + ATOM - 1) / ATOM; ++q)" in code
+    assert f"tma_store(map_c, chunk, n0 + {OVERLAP}, m0 + row0, batch)" in code
+    assert "!C_TRANSPOSED && BN <= 256" in code  # (its own static_assert: TMA store allowed, unswapped)
+    # the same tile from registers, and a 64-column multiple through TMA, render as before
+    for name in (NARROW.replace("_ts", ""), "hopper_128x192x64_w64x192_s4_g8_k1_o1_p_ts_hd"):
+        other = render(config_from_name(name), ONE_WAVE).code
+        assert OVERLAP not in other and "(BN + ATOM - 1) / ATOM" not in other
+
+
+@pytest.mark.parametrize("name, problem, reason", [
+    # the transposed store's pieces, split N's shared chunk and stmatrix's chunks are whole
+    ("hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_sw_hd", ONE_WAVE, "fragment: wm=64 must be"),
+    ("hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_stm_hd", ONE_WAVE, "fragment: wm=64 must be"),
+    ("hopper_128x160x64_w128x80_s4_g8_k1_o1_p_ts_hd", ONE_WAVE, "fragment: wm=128 must be"),
+    # a residual's columns in common would be read again after the chunk before had stored them, were it D
+    (NARROW, Problem.from_layout(640, 4096, 4096, "nt", dtype="bfloat16", epilogue=Epilogue(residual=True)),
+     "fragment: wm=64 must be"),
+    # narrower than one chunk
+    ("hopper_64x48x64_w64x48_s4_g8_k1_o1_p_ts_hd", ONE_WAVE, "fragment: wm=64 must be"),
+    # B stored K x N (MN-major): its boxes are 64-column rows
+    (NARROW, Problem.from_layout(640, 4096, 4096, "nn", dtype="bfloat16"), "fragment: wm=64 must be"),
+])
+def test_the_narrow_tma_store_refuses_what_it_is_not_written_for(name, problem, reason):
+    refuses_with(name, problem, reason)
+
+
+def test_a_residual_layer_keeps_the_narrow_tile_from_registers():
+    layer = Problem.from_layout(640, 4096, 4096, "nt", dtype="bfloat16", epilogue=Epilogue(residual=True))
+    assert config_from_name(NARROW.replace("_ts", "")).check(layer, H200) == []
+
+
+@pytest.mark.parametrize("name, problem", VARIANTS, ids=[f"{n}-{p.epilogue.key}" for n, p in VARIANTS])
+def test_narrow_tma_store_kernels_compile_without_spills(name, problem):
+    compiles_without_spills(name, problem)
+
+
+@pytest.mark.parametrize("bn", range(80, 257, 16))
+def test_the_overlapping_chunks_cover_the_tile_each_column_from_its_own_accumulator(bn):
+    """The narrow store's arithmetic (templates/hopper_gemm.cu.j2: chunk q's first column, its accumulator index
+    a = 4 (origin / 8 + j) + 2 h), replayed: every column of the tile is stored, each from the accumulator that
+    holds it (block j' = a / 4 of 8 columns, the pair's e-th), none past the tile's bn / 2 accumulators a thread
+    holds, and the chunks are whole (64 columns) and inside the tile."""
+    atom = 64
+    chunks = (bn + atom - 1) // atom
+    stored = set()
+    for q in range(chunks):
+        origin = q * atom if q * atom < bn - atom else bn - atom
+        assert 0 <= origin and origin % 8 == 0 and origin + atom <= bn
+        for j in range(atom // 8):
+            for h in (0, 1):
+                for t in range(4):
+                    for e in (0, 1):
+                        a = 4 * (origin // 8 + j) + 2 * h + e
+                        column = origin + j * 8 + 2 * t + e
+                        assert a < bn // 2 and 8 * (a // 4) + 2 * t + a % 2 == column
+                        stored.add(column)
+    assert stored == set(range(bn))
