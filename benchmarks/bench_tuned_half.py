@@ -208,6 +208,9 @@ def measure(spec, index: int, inductor: bool = False) -> dict:
             "tune_noise": result.noise, "tune_sustained": result.sustained, "tune_s": tune_s,
             "gpu_us": gpu_us, "ratio": gpu_us[TORCH] / gpu_us[AUTOGEMM],
             "spread": {name: (max(t) - min(t)) / (2 * statistics.median(t)) for name, t in rounds.items()},
+            # each GPU-time round's us a call, in the order run: a row whose two sides are one kernel (cuBLAS kept)
+            # is an A/A test of the timing, and one slow round shows here, not only in the mean
+            "gpu_rounds_us": {name: [round(ms * 1e3 / GRAPH_CALLS, 3) for ms in t] for name, t in rounds.items()},
             "sustained_us": sustained, "eager_ratio": sustained[TORCH] / sustained[AUTOGEMM],
             "latency_us": latency, "latency_ratio": latency[TORCH] / latency[AUTOGEMM],
             **monitor.figures(), **compiled}
