@@ -149,3 +149,12 @@ def test_rows_of_another_draw_are_neither_reported_nor_added_to(tmp_path):
                          capture_output=True, text=True)
     assert run.returncode == 1 and "1 rows that are not this draw's" in run.stderr
     assert "#6 bfloat16 nt 512x4096x4096" in run.stderr and not path.with_suffix(".md").exists()
+
+
+def test_a_file_of_given_problems_gathers_the_rows_of_several_lists(tmp_path):
+    path = tmp_path / "given.jsonl"
+    path.write_text(json.dumps(dict(_row(256, 1.0, False), index=0)) + "\n")  # (an earlier --problem list's)
+    run = subprocess.run([sys.executable, str(SCRIPT), "--out", str(path), "--report", "--device-slug", "nvidia-h200-sm90",
+                          "--problem", "bfloat16,nt,8192,8192,8192"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "bfloat16 nt 256x4096x4096" in path.with_suffix(".md").read_text()
