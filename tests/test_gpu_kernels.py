@@ -81,6 +81,9 @@ QUICK = (
     # two consumers of 64 x 160, and two taking turns on 128 x 96
     ("bfloat16", "fp32", "hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_hd"),
     ("float16", "fp32", "hopper_256x96x64_w128x96_s4_g8_k1_o1_p_ts_pp_hd"),
+    # programmatic dependent launch: each launch may start while the one before drains, and waits before it
+    # touches memory (the edge cases run back to back on one stream)
+    ("float16", "fp32", "hopper_128x128x64_w64x128_s4_g8_k1_o1_p_c2_ts_hd_dl"),
 )
 
 

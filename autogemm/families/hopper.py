@@ -109,6 +109,9 @@ KNOBS = (
              "(hopper_rules.preload_reasons)"),
     Knob("hoisted_descriptors", bool, False, omitted=False, words={True: "hd"},
          why="a slice's two shared-memory descriptors computed once, each wgmma's theirs plus a constant"),
+    Knob("dependent_launch", bool, False, omitted=False, words={True: "dl"},
+         why="programmatic dependent launch: the next call's blocks start as this call's retire, and wait "
+             "(griddepcontrol.wait) before touching memory"),
 )
 
 class HopperConfig(VectorizedLoads, GemmConfig):
@@ -141,6 +144,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         fast_activation: bool = False
         preload: bool = False
         hoisted_descriptors: bool = False
+        dependent_launch: bool = False
     template = "hopper_gemm.cu.j2"
     arch_suffix = wgmma.ARCH_SUFFIX
     launch_kind = LaunchKind.TMA
@@ -353,6 +357,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             hopper_rules.hoisted_descriptors_reasons(problem, bad)
         if self.cluster_n > 1:
             hopper_rules.cluster_n_reasons(self, problem, bad)
+        if self.dependent_launch:
+            hopper_rules.dependent_launch_reasons(problem, bad)
         if self.min_blocks != 1:
             bad("occupancy", f"min_blocks={self.min_blocks}: a Hopper block takes a whole SM")
         if self.threads > device.max_threads_per_block:
@@ -413,6 +419,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             tma_store=cxx_bool(self.tma_store), pingpong=cxx_bool(self.pingpong), split_k=self.split_k,
             stream_k=self.stream_k, prefix_tails_per_block=PREFIX_TAILS_PER_BLOCK, stmatrix=self.stmatrix,
             fast_activation=self.fast_activation, preload=self.preload, hoisted_descriptors=self.hoisted_descriptors,
+            dependent_launch=self.dependent_launch,
             grouped=problem.grouped, max_groups=MAX_GROUPS,
             **self.even_flags(problem),
         )

@@ -184,6 +184,14 @@ def hoisted_descriptors_reasons(problem: Problem, bad) -> None:
                       "loops compute their descriptors as before)")
 
 
+def dependent_launch_reasons(problem: Problem, bad) -> None:
+    """dependent_launch waits for the grid before it (griddepcontrol.wait) after the barriers' setup: a scaled
+    product's tensor scales are read before that, at the kernel's entry (common.cuh.j2's epilogue_arguments)."""
+    if dtypes.lookup(problem.dtype, problem.compute).scaled:
+        bad("choice", "dependent_launch waits after the kernel's entry, where a scaled (FP8) product already reads "
+                      "its scales: 16-bit and TF32 products only")
+
+
 def cluster_n_reasons(config: Any, problem: Problem, bad) -> None:
     """Clusters along N (A's slices multicast to the row's blocks) are written for whole tiles of one block
     each: not with stream-K (a partner would need the same runs of K), consumers that split N (their columns'

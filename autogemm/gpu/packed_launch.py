@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import capture
+from .dependent_launch import DependentLauncher
 
 
 PER_THREAD_STREAM = 2  # cudaStreamPerThread
@@ -61,7 +62,7 @@ class PackedKernel:
     when it is built. Names are resolved to positions once, when a launcher is built, never per call."""
 
     def __init__(self, function: Any, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
-                 parameters: Sequence[str], arguments: Mapping[str, np.generic]):
+                 parameters: Sequence[str], arguments: Mapping[str, np.generic], dependent: bool = False):
         if len(set(parameters)) != len(parameters):
             raise KernelArgumentError(f"the kernel's parameters ({', '.join(parameters)}) repeat a name")
         missing = [name for name in parameters if name not in arguments]
@@ -70,7 +71,9 @@ class PackedKernel:
             raise KernelArgumentError(
                 f"the launcher's arguments do not match the kernel's parameters ({', '.join(parameters)}): "
                 f"missing {', '.join(missing) or 'none'}; not parameters of the kernel {', '.join(unknown) or 'none'}")
-        self._launch_kernel = driver_launch()
+        # (dependent: a kernel that waits for the grid before it, launched so that it may start early)
+        self.dependent = dependent
+        self._launch_kernel = DependentLauncher() if dependent else driver_launch()
         self.function = function  # held: the module stays loaded while this launcher lives
         self._geometry = (function.ptr, *grid, *block, smem)
         values = [arguments[name] for name in parameters]
@@ -134,8 +137,11 @@ class PackedKernel:
         memo, serving/native_linear.cpp): (the CUfunction's address, the grid, the block, the shared memory's
         bytes, the packed arguments' bytes as they stand, each argument's offset in them). The caller copies the
         bytes and rewrites what changes in its copy (`slot`'s array and position give an offset). None where an
-        argument is read from elsewhere (`point`). The CUfunction lives as long as this launcher."""
+        argument is read from elsewhere (`point`), or where the kernel is launched as a dependent grid. The
+        CUfunction lives as long as this launcher."""
         base = self._raw.ctypes.data
+        if self.dependent:  # (cuLaunchKernel cannot ask for its early start)
+            return None
         if any(int(pointer) != base + offset for pointer, offset in zip(self._pointers, self._offsets)):
             return None
         function, *grid_block, smem = self._geometry
@@ -171,12 +177,13 @@ def epilogue_arguments(problem: Any, residual: Any) -> dict[str, Any]:
 
 
 def compiled_kernel(kernel: Any, role: str, grid: tuple[int, int, int], block: tuple[int, int, int], smem: int,
-                    arguments: Mapping[str, np.generic]) -> PackedKernel:
+                    arguments: Mapping[str, np.generic], dependent: bool = False) -> PackedKernel:
     """The PackedKernel of one kernel of a compiled source (`compile.CompiledKernel`): `role`
-    "gemm", "reduce" (the split-K reduction) or "repack" (the operand copy), its arguments by name."""
+    "gemm", "reduce" (the split-K reduction) or "repack" (the operand copy), its arguments by name;
+    `dependent`: launched with programmatic dependent launch (`dependent_launch`)."""
     source = kernel.source
     name = {"gemm": source.kernel, "reduce": source.reduce_kernel, "repack": source.repack_kernel}[role]
-    return PackedKernel(getattr(kernel, role), grid, block, smem, source.parameters(name), arguments)
+    return PackedKernel(getattr(kernel, role), grid, block, smem, source.parameters(name), arguments, dependent)
 
 
 class WorkspacePool:

@@ -116,7 +116,8 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
         ldc=i32(c.ld), stride_c=i64(c.batch_stride), alpha=scalar(1), beta=scalar(0), batches=i32(problem.batch),
         batch_step_a=i32(step_a), batch_step_b=i32(step_b), c_mapped=i32(0), **epilogue_arguments(problem, residual),
         **({"partials": np.uintp(0), "counters": np.uintp(0)} if config.reduces_partial_sums else {}),
-        **({"group_offsets": np.uintp(0), "groups": i32(problem.batch)} if problem.grouped else {})))
+        **({"group_offsets": np.uintp(0), "groups": i32(problem.batch)} if problem.grouped else {})),
+        dependent=config.dependent_launch)
     map_at = (kernel.index("map_a"), kernel.index("map_b"), kernel.index("map_c"))  # by operand role
     pointers, c_at = kernel.slot("C")
     # an epilogue's bias and residual: their addresses set at each launch (None: a bare kernel)
