@@ -139,9 +139,9 @@ class PackedKernel:
         bytes and rewrites what changes in its copy (`slot`'s array and position give an offset). None where an
         argument is read from elsewhere (`point`), or where the kernel is launched as a dependent grid. The
         CUfunction lives as long as this launcher."""
-        base = self._raw.ctypes.data
         if self.dependent:  # (cuLaunchKernel cannot ask for its early start)
             return None
+        base = self._raw.ctypes.data
         if any(int(pointer) != base + offset for pointer, offset in zip(self._pointers, self._offsets)):
             return None
         function, *grid_block, smem = self._geometry
