@@ -345,20 +345,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         if self.work_units(problem) > INT32_MAX:
             bad("grid", f"{self.work_units(problem)} work units (tiles x split_k={self.split_k}) exceed the kernel's "
                         "32-bit count")
-        if self.stream_k:
-            hopper_rules.stream_k_reasons(self, problem, device, bad)
-        if self.stmatrix:
-            hopper_rules.stmatrix_reasons(self, problem, bad)
-        if self.fast_activation:
-            hopper_rules.fast_activation_reasons(problem, bad)
-        if self.preload:
-            hopper_rules.preload_reasons(self, problem, bad)
-        if self.hoisted_descriptors:
-            hopper_rules.hoisted_descriptors_reasons(problem, bad)
-        if self.cluster_n > 1:
-            hopper_rules.cluster_n_reasons(self, problem, bad)
-        if self.dependent_launch:
-            hopper_rules.dependent_launch_reasons(problem, bad)
+        hopper_rules.switched_knob_reasons(self, problem, device, bad)
         if self.min_blocks != 1:
             bad("occupancy", f"min_blocks={self.min_blocks}: a Hopper block takes a whole SM")
         if self.threads > device.max_threads_per_block:

@@ -248,3 +248,22 @@ def fp8_reasons(config: Any, problem: Problem, bad) -> None:
         elif config.block_scaled_sets() == 0:
             bad("registers", f"block scales keep a slice's partial sums beside the accumulators: 2 x "
                              f"{config.accumulators()} per consumer thread exceed {MAX_BLOCK_SCALED_VALUES}")
+
+
+def switched_knob_reasons(config: Any, problem: Problem, device: Device, bad) -> None:
+    """The reasons of each knob that is on (stream-K, stmatrix, the fast activations, preload, hoisted
+    descriptors, a cluster along N, dependent launch), in that order."""
+    if config.stream_k:
+        stream_k_reasons(config, problem, device, bad)
+    if config.stmatrix:
+        stmatrix_reasons(config, problem, bad)
+    if config.fast_activation:
+        fast_activation_reasons(problem, bad)
+    if config.preload:
+        preload_reasons(config, problem, bad)
+    if config.hoisted_descriptors:
+        hoisted_descriptors_reasons(problem, bad)
+    if config.cluster_n > 1:
+        cluster_n_reasons(config, problem, bad)
+    if config.dependent_launch:
+        dependent_launch_reasons(problem, bad)
