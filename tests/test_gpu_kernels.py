@@ -81,10 +81,16 @@ QUICK = (
     # two consumers of 64 x 160, and two taking turns on 128 x 96
     ("bfloat16", "fp32", "hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_hd"),
     ("float16", "fp32", "hopper_256x96x64_w128x96_s4_g8_k1_o1_p_ts_pp_hd"),
+    # ... and 144 wide in clusters of two: the last chunk rewrites 48 of the columns before it
+    ("bfloat16", "fp32", "hopper_128x144x64_w64x144_s5_g8_k1_o1_p_c2_ts_hd"),
     # programmatic dependent launch: each launch may start while the one before drains, and waits before it
     # touches memory (the edge cases run back to back on one stream)
     ("float16", "fp32", "hopper_128x128x64_w64x128_s4_g8_k1_o1_p_c2_ts_hd_dl"),
 )
+
+
+# the Hopper stream-K configurations, by name (the tests that want them do not depend on where they sit in QUICK)
+HOPPER_STREAM_K = [name for _, _, name in QUICK if name.startswith("hopper_") and name.endswith("_sk")]
 
 
 def _device():
@@ -205,7 +211,7 @@ def _launched_three_times(config, a, b, c0, tolerance):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", [QUICK[-2][2], QUICK[-1][2]])
+@pytest.mark.parametrize("name", HOPPER_STREAM_K)
 @pytest.mark.parametrize("m, n, k", [(1100, 3001, 520), (333, 2000, 3000)])
 def test_hopper_stream_k_shares_a_partly_empty_wave_the_same_launch_after_launch(name, m, n, k):
     """Products whose last wave of tiles leaves SMs idle, shared out (templates/hopper_gemm.cu.j2,
@@ -235,8 +241,10 @@ def test_hopper_stream_k_shares_a_partly_empty_wave_the_same_launch_after_launch
 
 @pytest.mark.gpu
 # stream-K, split-K (SIMT; cluster; fused), split-K (GEMV; swapped), repacked operands with a fused split,
-# split-K (Hopper), stream-K (Hopper)
-@pytest.mark.parametrize("index", [2, 3, 6, 7, 20, 23, 25, 32, len(QUICK) - 2])
+# split-K (Hopper), stream-K (Hopper), programmatic dependent launch (cuLaunchKernelEx through ctypes)
+@pytest.mark.parametrize("index", [2, 3, 6, 7, 20, 23, 25, 32,
+                                   next(i for i, (_, _, name) in enumerate(QUICK) if name == HOPPER_STREAM_K[0]),
+                                   next(i for i, (_, _, name) in enumerate(QUICK) if name.endswith("_dl"))])
 def test_one_launcher_serves_threads_on_their_own_streams(index):
     """A launcher's arguments are packed once and rewritten per call, and its workspaces come from a
     pool kept per stream: calls from several threads, each on its own stream with its own operands
