@@ -58,7 +58,10 @@ from bench_common import (deadline_after, device_of, geomean, keep_compiled_kern
                           repository_files, require_rows_of_draw, results_path, run_rows, source_digest,
                           write_report)
 
-SEED, COUNT = 2027, 40
+# 2030: seed 2027's draw (published on an earlier code, benchmarks/results/...-seed2027.md) shares problems, up to
+# their dtype, with the rows the kernels were developed against since (its 256 x 9216 x 3072, 1000 x 2304 x 9216,
+# 640 x 27648 x 5120 ...), so the tables are published from a draw nobody has looked at
+SEED, COUNT = 2030, 40
 AUTOGEMM, TORCH = "autogemm.matmul", "torch.matmul"
 # calls of each competitor in its CUDA graph: the smallest product drawn (about 8 us) then replays for
 # over 100 us, far over a replay's host time
