@@ -367,3 +367,22 @@ def test_switching_among_many_operands_always_points_at_the_right_map(monkeypatc
     finally:
         gc.unfreeze()
     assert encoded.count(0x1000) == 1 and encoded.count(0x9000) == 1  # the two activations and C: once each
+
+
+@pytest.mark.parametrize("activation, bias", [("gelu_tanh", "n"), ("", "n"), ("silu", "n"), ("", "m")])
+def test_pingpong_split_k_with_an_epilogue_stops_at_the_width_that_compiles_without_spills(activation, bias):
+    """Ping-pong consumers adding split-K's partial sums and applying a fused epilogue spilled 8-20 bytes at
+    bn 208-256 (ptxas, each width with some of these epilogues); 192 compiled clean with all of them, and the
+    bare kernels of every width do."""
+    from autogemm.epilogue import Epilogue
+    from test_hopper_stream_k import compiles_without_spills
+
+    problem = Problem.from_layout(1000, 3000, 2000, "nt", dtype="bfloat16", epilogue=Epilogue(bias, activation))
+    for bn in (208, 224, 240, 256):
+        refused = config_from_name(f"hopper_128x{bn}x64_w64x{bn}_s4_g1_k2_o1_p_ts_pp_hd").check(problem, H100)
+        assert any(reason.startswith("registers: pingpong with split_k=2") for reason in refused), (bn, refused)
+        bare = dataclasses.replace(problem, epilogue=Epilogue())
+        assert not config_from_name(f"hopper_128x{bn}x64_w64x{bn}_s4_g1_k2_o1_p_ts_pp_hd").check(bare, H100)
+    widest = "hopper_128x192x64_w64x192_s4_g1_k2_o1_p_ts_pp_hd"
+    assert not config_from_name(widest).check(problem, H100)
+    compiles_without_spills(widest, problem)

@@ -30,6 +30,10 @@ MAX_BLOCK_SCALED_BN = 192
 # next one's wgmmas run), or one set on tiles too wide for two, within the consumer's registers: a
 # 64 x 128 tile's 3 x 64 and a 64 x 192 tile's 2 x 96 compile without spills
 MAX_BLOCK_SCALED_VALUES = 192
+# ping-pong consumers with split-K and a fused epilogue (16-bit): the widest tile that compiles without spills.
+# 208-256 wide spilled 8-20 bytes (ptxas, BF16, bias / GELU / bias + SiLU / a bias along M, K split 2 or 3, each
+# width with some of them), 176 and 192 none
+MAX_PINGPONG_SPLIT_EPILOGUE_BN = 192
 
 
 def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
@@ -72,6 +76,10 @@ def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
                          f"has {config.consumers}")
     if config.pingpong and not config.persistent:
         bad("grid", "pingpong needs a persistent grid (with a block per tile the second consumer would idle)")
+    if config.pingpong and config.split_k > 1 and not problem.epilogue.is_identity and not row.scaled \
+            and config.bn > MAX_PINGPONG_SPLIT_EPILOGUE_BN:
+        bad("registers", f"pingpong with split_k={config.split_k} and a fused epilogue spills registers on tiles wider "
+                         f"than {MAX_PINGPONG_SPLIT_EPILOGUE_BN} (bn={config.bn})")
 
 
 def layout_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
