@@ -12,6 +12,10 @@ stages and cluster, in column-major terms).
     python benchmarks/config_vs_cublas.py bfloat16:nt:6144x18944x3584 \\
         hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts hopper_128x192x64_w64x192_s4_g8_k1_o1_p_c2
 
+With --between MB every call of every competitor is followed by a memory-bound elementwise kernel over MB
+megabytes (as a model's activation or norm follows its GEMM), also timed alone: a kernel whose launch overlaps
+the one before it (`dependent_launch`) then overlaps another kernel, not the previous call of itself.
+
 With --profile-once each is launched once for Nsight Compute instead of timed, e.g. to read every kernel's
 stall samples line by line in its SASS beside cuBLAS's:
 
@@ -69,7 +73,27 @@ def launched_once(calls: dict) -> list[str]:
     return [f"launched once each, in this order, between cudaProfilerStart and Stop: {', '.join(calls)}", ""]
 
 
-def examine(spec, configs: list, rounds: int, profile_once: bool = False) -> list[str]:
+BETWEEN_ALONE = "(the kernel between, alone)"
+
+
+def with_kernel_between(calls: dict, between) -> dict:
+    """Each call followed by `between()` (enqueued right after it, on the same stream), and `between` alone as a
+    competitor of its own (BETWEEN_ALONE), so that its share of each competitor's time can be taken out."""
+    wrapped = {name: (lambda i, call=call: (call(i), between())) for name, call in calls.items()}
+    wrapped[BETWEEN_ALONE] = lambda i: between()
+    return wrapped
+
+
+def elementwise_between(megabytes: float):
+    """A memory-bound elementwise kernel over `megabytes` of float16 (CuPy's multiply into a buffer kept)."""
+    import cupy
+
+    x = cupy.ones(max(1, int(megabytes * 2**20) // 2), dtype=cupy.float16)
+    y = cupy.empty_like(x)
+    return lambda: cupy.multiply(x, 1.0001, out=y)
+
+
+def examine(spec, configs: list, rounds: int, profile_once: bool = False, between_mb: float = 0.0) -> list[str]:
     """One problem's lines: each configuration's and each baseline's sustained time, the fill of each kernel's
     tiles, the clocks, and cuBLAS's kernels (with `profile_once`, each launched once for a profiler instead)."""
     import cupy
@@ -110,13 +134,20 @@ def examine(spec, configs: list, rounds: int, profile_once: bool = False) -> lis
         fills[config.name] = waves.fill(config, problem, device).describe()
     if profile_once:
         return lines + launched_once(calls)
+    timed = with_kernel_between(calls, elementwise_between(between_mb)) if between_mb else calls
     with ClockMonitor() as clocks:
-        times = timing.sustained_times(calls, rounds=rounds)
+        times = timing.sustained_times(timed, rounds=rounds)
     figures = clocks.figures()
     means = {name: statistics.fmean(values) * 1e3 for name, values in times.items()}
     spread = {name: statistics.pstdev(values) / statistics.fmean(values) for name, values in times.items()}
     lines += ["", f"sustained, {rounds} rounds; SM clock {figures.get('sm_clock_mhz', float('nan')):.0f} MHz, "
-                  f"power {figures.get('power_w', float('nan')):.0f} W (medians over the rounds)", "",
+                  f"power {figures.get('power_w', float('nan')):.0f} W (medians over the rounds)"]
+    if between_mb:
+        alone = means.pop(BETWEEN_ALONE)
+        means = {name: us - alone for name, us in means.items()}
+        lines += ["", f"each call followed by an elementwise kernel over {between_mb:g} MB, {alone:.1f} us alone: "
+                      "the figures below are each call's time with it, less that"]
+    lines += ["",
               "| route | us | TFLOP/s | torch.matmul / route | spread | tiles |", "| --- | ---: | ---: | ---: | ---: | --- |"]
     for name, us in sorted(means.items(), key=lambda item: item[1]):
         ratio = f"{means[TORCH] / us:.3f}" if TORCH in means else "-"
@@ -138,6 +169,9 @@ def main(argv=None) -> int:
     parser.add_argument("--profile-once", action="store_true",
                         help="instead of timing, launch each configuration and baseline once (after a warm-up) between "
                              "cudaProfilerStart and Stop: run under `ncu --profile-from-start off`")
+    parser.add_argument("--between", type=float, default=0.0, metavar="MB",
+                        help="follow every call of every competitor with an elementwise kernel over MB megabytes, also "
+                             "timed alone and taken out of each figure (default 0: none)")
     args = parser.parse_args(argv)
     if not 1 <= args.rounds <= 1000:
         parser.error("--rounds must be from 1 to 1000")
@@ -146,7 +180,9 @@ def main(argv=None) -> int:
         configs = configs_from(args.configs)
     except ValueError as exc:
         parser.error(str(exc))
-    print("\n".join(examine(spec, configs, args.rounds, args.profile_once)), flush=True)
+    if not 0 <= args.between <= 4096:
+        parser.error("--between must be from 0 to 4096 (MB)")
+    print("\n".join(examine(spec, configs, args.rounds, args.profile_once, args.between)), flush=True)
     return 0
 
 

@@ -21,6 +21,8 @@ def test_configurations_are_read_by_name():
     (["bfloat16:nt:64x64x64", "nonsense"], "'nonsense' is not a configuration name"),
     (["bfloat16:xx:64x64x64", "hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts"], "is not a problem"),
     (["bfloat16:nt:64x64x64", "hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts", "--rounds", "0"], "--rounds"),
+    (["bfloat16:nt:64x64x64", "hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts", "--between", "-1"], "--between"),
+    (["bfloat16:nt:64x64x64", "hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts", "--between", "nan"], "--between"),
 ])
 def test_what_does_not_read_is_refused_by_name(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_:
@@ -57,3 +59,16 @@ def test_profile_once_warms_each_call_then_launches_each_once_between_start_and_
     with pytest.raises(RuntimeError):
         bench.launched_once({"broken": failing})
     assert events[-1] == "stop"
+
+
+def test_between_follows_every_call_with_the_kernel_and_times_it_alone():
+    """--between: each competitor's call is enqueued, then the kernel between, in that order; and the kernel
+    between is a competitor of its own, so that its share can be taken out."""
+    events = []
+    calls = {name: (lambda i, name=name: events.append((name, i))) for name in ("torch.matmul", "hopper_x")}
+    timed = bench.with_kernel_between(calls, lambda: events.append("between"))
+    assert set(timed) == {"torch.matmul", "hopper_x", bench.BETWEEN_ALONE}
+    timed["hopper_x"](3)
+    timed["torch.matmul"](4)
+    timed[bench.BETWEEN_ALONE](5)
+    assert events == [("hopper_x", 3), "between", ("torch.matmul", 4), "between", "between"]
