@@ -30,7 +30,7 @@ MAX_BLOCK_SCALED_BN = 192
 # next one's wgmmas run), or one set on tiles too wide for two, within the consumer's registers: a
 # 64 x 128 tile's 3 x 64 and a 64 x 192 tile's 2 x 96 compile without spills
 MAX_BLOCK_SCALED_VALUES = 192
-# ping-pong consumers with split-K and a fused epilogue (16-bit): the widest tile that compiles without spills.
+# ping-pong consumers with split-K and a fused epilogue (not FP8): the widest tile that compiles without spills.
 # 208-256 wide spilled 8-20 bytes (ptxas, BF16, bias / GELU / bias + SiLU / a bias along M, K split 2 or 3, each
 # width with some of them), 176 and 192 none
 MAX_PINGPONG_SPLIT_EPILOGUE_BN = 192
@@ -38,7 +38,8 @@ MAX_PINGPONG_SPLIT_EPILOGUE_BN = 192
 
 def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
     """The tile's shape: the consumers' tiles within the block's, wgmma's and the swizzle's steps, the
-    accumulators within a consumer's registers, ping-pong's two consumers on a persistent grid. `kernel` is
+    accumulators within a consumer's registers, ping-pong's two consumers on a persistent grid (and its width with
+    split-K and an epilogue). `kernel` is
     the problem whose layout the kernel reads."""
     row = dtypes.lookup(problem.dtype, problem.compute)
     atom = SWIZZLE_BYTES // row.itemsize
