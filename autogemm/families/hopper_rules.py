@@ -39,8 +39,7 @@ MAX_PINGPONG_SPLIT_EPILOGUE_BN = 192
 def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
     """The tile's shape: the consumers' tiles within the block's, wgmma's and the swizzle's steps, the
     accumulators within a consumer's registers, ping-pong's two consumers on a persistent grid (and its width with
-    split-K and an epilogue). `kernel` is
-    the problem whose layout the kernel reads."""
+    split-K and an epilogue). `kernel` is the problem whose layout the kernel reads."""
     row = dtypes.lookup(problem.dtype, problem.compute)
     atom = SWIZZLE_BYTES // row.itemsize
     # bn: a multiple of the kernel's 64-column step (its static_assert), which is also a whole number of
