@@ -50,8 +50,8 @@ def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
     # would be read again after the chunk before had stored them, were it D itself), steps by NARROW_BN_STEP
     # (wgmma's N steps by 8; B's boxes are bn rows of K): 640 rows of 4096 columns fill 130 of 132 SMs with
     # 128 x 160 tiles, where 128 x 192 fill 110
-    narrow_store = not config.tma_store or config.bn > atom and not (
-        config.swap or config.split_n or config.stmatrix or problem.epilogue.residual)
+    narrow_store = not config.tma_store or (config.bn > atom and not (
+        config.swap or config.split_n or config.stmatrix or problem.epilogue.residual))
     narrow = config.transposes(problem) and kernel.trans_b and narrow_store
     bn_step = NARROW_BN_STEP if narrow else 64
     spans_columns = config.wn == config.bn and config.bm % config.wm == 0
