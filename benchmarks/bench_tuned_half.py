@@ -312,6 +312,18 @@ def _summary_row(name, group) -> str:
             f"{min(eager):.3f} | {geomean(r['latency_ratio'] for r in group):.3f} | {sum(r['generated'] for r in group)} |")
 
 
+def paired_noise(row) -> float | None:
+    """Twice the standard error of the rounds' paired ratio (torch.matmul's time over autogemm.matmul's in the
+    same round): the noise the tune's keep rule allows a comparison (timing.sustained_times). None for a row
+    without its rounds."""
+    rounds = row.get("gpu_rounds_us") or {}
+    ours, theirs = rounds.get(AUTOGEMM) or [], rounds.get(TORCH) or []
+    if len(ours) != len(theirs) or len(ours) < 2:
+        return None
+    paired = [t / a for t, a in zip(theirs, ours)]
+    return 2 * statistics.stdev(paired) / math.sqrt(len(paired))
+
+
 def report(rows, device_name: str, seed: int, drawn: int | None = None) -> list[str]:
     """The Markdown table of `rows`; `drawn`: the problems of the draw, said beside those run where fewer ran."""
     clocks = [r["sm_clock_mhz"] for r in rows if r.get("sm_clock_mhz")]
@@ -329,15 +341,21 @@ def report(rows, device_name: str, seed: int, drawn: int | None = None) -> list[
              f"{GRAPH_CALLS} calls captured in a CUDA graph, the graphs replayed back to back in 20 rounds of about 50 ms "
              "each in random order (means), so that clocks and power settle and the host's time is not in it. Eager: the "
              "same rounds of plain calls from Python, where a product shorter than a call's host time measures the host. "
-             f"Latency: one call at a time on an idle GPU, host time included (medians of 25).{seen}", "",
+             f"Latency: one call at a time on an idle GPU, host time included (medians of 25).{seen} Noise: twice "
+             "the standard error of the rounds' paired GPU time ratio (torch.matmul's time over autogemm.matmul's in "
+             "the same round), the noise a tune allows its own comparison. Where the tune kept cuBLAS, autogemm.matmul "
+             "hands PyTorch tensors to torch.matmul itself, so such a row times torch.matmul against itself.", "",
              *summary(rows), "", *inductor_summary(rows),
-             "| problem | GPU time ratio | eager ratio | latency ratio | autogemm us | torch us | tune | served by | waves |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
+             "| problem | GPU time ratio | noise | eager ratio | latency ratio | autogemm us | torch us | tune | served by "
+             "| waves |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
     for row in sorted(rows, key=lambda r: r["ratio"]):
         us = row["gpu_us"]
         tune = "cuBLAS kept" if row["kept_cublas"] else f"kernel {row['tune_ratio']:.3f}x"
         served = row["source"] + (f": {row['config']}" if row["config"] else "")
-        lines.append(f"| {row['label']} | {row['ratio']:.3f} | {row['eager_ratio']:.3f} | {row['latency_ratio']:.3f} | "
+        noise = paired_noise(row)
+        lines.append(f"| {row['label']} | {row['ratio']:.3f} | {'' if noise is None else f'±{noise:.3f}'} | "
+                     f"{row['eager_ratio']:.3f} | {row['latency_ratio']:.3f} | "
                      f"{us[AUTOGEMM]:.1f} | {us[TORCH]:.1f} | {tune} | {served} | "
                      f"{row['waves'] or row['tuned_waves'] + ' (best generated)'} |")
     return lines
