@@ -330,7 +330,7 @@ def report(rows, device_name: str, seed: int, drawn: int | None = None) -> list[
     power = [r["power_w"] for r in rows if r.get("power_w")]
     seen = (f" SM clock during the timings: median {statistics.median(clocks):.0f} MHz, board power median "
             f"{statistics.median(power):.0f} W." if clocks else "")
-    lines = [f"# Tuned half precision: {device_name}", "", *mixed_codes(rows),
+    lines = [f"# Tuned half precision: {device_name}, seed {seed}", "", *mixed_codes(rows),
              *partial_draw(rows, drawn),
              f"{len(rows)} BF16 and FP16 problems drawn by benchmarks/bench_tuned_half.py (seed {seed}), none of "
              "them in campaigns/, cache/ or another benchmark. Each tuned with the default budget "
