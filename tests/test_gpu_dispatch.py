@@ -77,6 +77,7 @@ def test_matches_float64(m, n, k, trans_a, trans_b, batch, broadcast, scaled, se
     assert relative_error(result, expected) <= 1e-5
 
 
+@pytest.mark.long(seconds=17)
 def test_tuned_entry_is_used_and_explained():
     with cublas_serving():
         _check_tuned_entry()

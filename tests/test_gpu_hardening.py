@@ -158,6 +158,7 @@ evaluator.verify(SimtConfig(64, 64, 8, 32, 32, 4, 8, 4, 4, 2, "pad", 5, 1))  # g
 """
 
 
+@pytest.mark.long(seconds=13)
 def test_a_killed_tuner_leaves_no_hung_kernel_behind(tmp_path):
     """A tuner killed outright while its measuring process waited on a spinning kernel left that
     process, and the kernel, running."""

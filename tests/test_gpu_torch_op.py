@@ -204,6 +204,7 @@ def test_scaled_matmul_compiles_without_a_graph_break_and_matches_torch():
     assert torch.equal(got, expected)
 
 
+@pytest.mark.long(seconds=34)
 def test_max_autotune_weighs_autogemm_for_each_product_and_gives_eagers_results(autogemm_calls, capfd):
     """After enable_inductor, torch.compile(mode="max-autotune-no-cudagraphs") benchmarks autogemm's
     served kernel (autogemm_mm) for both layers of an MLP beside ATen and Triton; whichever it keeps,
@@ -232,7 +233,7 @@ def _chosen(log: str, header: str) -> str | None:
     return None
 
 
-@pytest.mark.long(seconds=24)
+@pytest.mark.long(seconds=35)
 @pytest.mark.shipped_results
 def test_max_autotune_chooses_autogemm_where_its_tuned_record_wins(capfd):
     """The shipped H200 record of FP32 4096 x 4096 x 128 NN beats cuBLAS (1.11x in its tune): in a
