@@ -81,8 +81,10 @@ QUICK = (
     # two consumers of 64 x 160, and two taking turns on 128 x 96
     ("bfloat16", "fp32", "hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_hd"),
     ("float16", "fp32", "hopper_256x96x64_w128x96_s4_g8_k1_o1_p_ts_pp_hd"),
-    # ... and 144 wide in clusters of two: the last chunk rewrites 48 of the columns before it
-    ("bfloat16", "fp32", "hopper_128x144x64_w64x144_s5_g8_k1_o1_p_c2_ts_hd"),
+    # ... and 168 wide (a step of 8) in clusters of two: the last chunk rewrites 24 of the columns before it
+    ("bfloat16", "fp32", "hopper_128x168x64_w64x168_s5_g8_k1_o1_p_c2_ts_hd"),
+    # ... from registers with K split in two: split-K's float4 slots hold 84 accumulators a thread
+    ("float16", "fp32", "hopper_128x168x64_w64x168_s4_g8_k2_o1_p_hd"),
     # programmatic dependent launch: each launch may start while the one before drains, and waits before it
     # touches memory (the edge cases run back to back on one stream)
     ("float16", "fp32", "hopper_128x128x64_w64x128_s4_g8_k1_o1_p_c2_ts_hd_dl"),

@@ -1,4 +1,4 @@
-"""Tiles whose width is no multiple of 64 (bn 96, 144, 160, ... with B K-major) storing C through TMA
+"""Tiles whose width is no multiple of 64 (bn 96, 144, 160, 168, ... with B K-major) storing C through TMA
 (templates/hopper_gemm.cu.j2): in 64-column chunks, the last one the tile's last 64 columns, overlapping the one
 before. What the config allows, that only such kernels render it (every other kernel's source is unchanged:
 tests/test_waves.py holds the shipped records' byte for byte), and that they compile without spills. CPU only;
@@ -17,10 +17,15 @@ from test_hopper_stream_k import H200, compiles_without_spills, refuses_with
 NARROW = "hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_hd"
 ONE_WAVE = Problem.from_layout(640, 4096, 4096, "nt", dtype="bfloat16")  # 130 tiles of 128 x 160
 OVERLAP = "(q * ATOM < BN - ATOM ? q * ATOM : BN - ATOM)"
+ELEVEN_K = "hopper_128x168x64_w64x168_s5_g8_k1_o1_p_c2_ts_hd"
 VARIANTS = [
     (NARROW, ONE_WAVE),
     ("hopper_128x144x64_w64x144_s5_g8_k1_o1_p_ts_hd", Problem.from_layout(256, 9216, 3072, "nt", dtype="float16")),
     ("hopper_128x176x64_w64x176_s5_g8_k1_o1_p_c2_ts_hd", Problem.from_layout(256, 11008, 4096, "nt", dtype="bfloat16")),
+    # widths in steps of 8: 256 x 11008 in 128 x 168 tiles is 132 (one per SM), cuBLAS's own tile there; through
+    # TMA with 5 stages, and from registers with split-K's float4 slots
+    (ELEVEN_K, Problem.from_layout(256, 11008, 4096, "nt", dtype="bfloat16")),
+    ("hopper_128x168x64_w64x168_s4_g8_k2_o1_p_hd", Problem.from_layout(256, 11008, 4096, "nt", dtype="float16")),
     ("hopper_256x96x64_w128x96_s5_g8_k1_o1_p_ts_pp_hd", Problem.from_layout(1471, 1022, 1418, "nt", dtype="bfloat16")),
     ("hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_fa_pl",
      Problem.from_layout(1000, 4096, 4096, "nt", dtype="float16", epilogue=Epilogue("n", "gelu"))),
@@ -57,6 +62,28 @@ def test_the_narrow_tma_store_refuses_what_it_is_not_written_for(name, problem, 
     refuses_with(name, problem, reason)
 
 
+def test_widths_step_by_8_and_only_they_render_their_own_assertion():
+    """wgmma's N, a thread's accumulators (four per 8 columns), split-K's float4 slots and the overlapping chunks all
+    step by 8 columns: 168 is taken where B is K-major, and only a width that is no multiple of 16 renders the
+    assertion for 8 (every other kernel's source is unchanged)."""
+    problem = Problem.from_layout(256, 11008, 4096, "nt", dtype="bfloat16")
+    for name in (ELEVEN_K, ELEVEN_K.replace("_ts", ""), "hopper_128x168x64_w64x168_s4_g8_k2_o1_p_hd",
+                 "hopper_128x88x64_w64x88_s6_g8_k1_o1_p_ts_hd", "hopper_256x104x64_w128x104_s5_g8_k1_o1_p_ts_pp_hd"):
+        config = config_from_name(name)
+        assert config.check(problem, H200) == [], name
+        code = render(config, problem).code
+        assert "BN % 8 == 0" in code and "BN % 16 == 0" not in code, name
+    assert "BN % 16 == 0" in render(config_from_name(NARROW), ONE_WAVE).code
+    # B stored K x N is read in 64-column boxes, whatever the step
+    refuses_with(ELEVEN_K, Problem.from_layout(256, 11008, 4096, "nn", dtype="bfloat16"), "fragment: wm=64 must be")
+
+
+def test_stream_k_refuses_widths_its_fix_up_does_not_divide():
+    problem = Problem.from_layout(256, 11008, 4096, "nt", dtype="bfloat16")
+    refuses_with("hopper_128x168x64_w64x168_s4_g8_k1_o1_p_ts_sk_hd", problem, "fragment: stream_k adds")
+    assert config_from_name("hopper_128x176x64_w64x176_s4_g8_k1_o1_p_ts_sk_hd").check(problem, H200) == []
+
+
 def test_a_residual_layer_keeps_the_narrow_tile_from_registers():
     layer = Problem.from_layout(640, 4096, 4096, "nt", dtype="bfloat16", epilogue=Epilogue(residual=True))
     assert config_from_name(NARROW.replace("_ts", "")).check(layer, H200) == []
@@ -67,7 +94,7 @@ def test_narrow_tma_store_kernels_compile_without_spills(name, problem):
     compiles_without_spills(name, problem)
 
 
-@pytest.mark.parametrize("bn", range(80, 257, 16))
+@pytest.mark.parametrize("bn", range(72, 257, 8))
 def test_the_overlapping_chunks_cover_the_tile_each_column_from_its_own_accumulator(bn):
     """The narrow store's arithmetic (templates/hopper_gemm.cu.j2: chunk q's first column, its accumulator index
     a = 4 (origin / 8 + j) + 2 h), replayed: every column of the tile is stored, each from the accumulator that

@@ -17,9 +17,14 @@ MAX_CONSUMERS = 2
 # a consumer's A fragments with A from registers: two slices' worth (one in flight, one loading) of
 # 4 registers per m64 block and k-step, on top of the accumulators, within the consumer's registers
 MAX_ACCUMULATORS_AND_FRAGMENTS = 160
-# bn's step where B is K-major and C is stored from registers (16-bit types): wgmma's N steps by 8, a
-# thread's accumulators by pairs of columns, split-K's slots by float4s
-NARROW_BN_STEP = 16
+# bn's step where B is K-major and C is stored from registers (16-bit types): wgmma's N steps by 8, and so do
+# a thread's accumulators (four per 8 columns: two rows of a pair), split-K's float4 slots (the four of a block of
+# 8 columns) and the overlapping TMA store's chunks (whole blocks of 8): 256 x 11008 in 128 x 168 tiles is 132
+NARROW_BN_STEP = 8
+# split N's consumer width where B is K-major: its shared chunk's pairs of columns and its 16-column steps
+SPLIT_N_WN_STEP = 16
+# stream-K's fix-up adds up FIX_UP_VALUES (8 or 16) accumulators at a time: a divisor of bn / 2
+STREAM_K_BN_STEP = 16
 # a grouped product's groups at most: the prefix of their row-tile counts is kept in shared memory, a
 # static array padded (like the split flags) to whole swizzle periods: 2048 bytes, as ptxas reports
 MAX_GROUPS = 256
@@ -114,6 +119,9 @@ def stream_k_reasons(config: Any, problem: Problem, device: Device, bad) -> None
                             f"{knob}={getattr(config, knob)} does not go with it")
     if problem.grouped:
         bad("grouped", "stream_k: a grouped product's tiles are counted on the GPU, not shared out by the host's count")
+    if config.bn % STREAM_K_BN_STEP:
+        bad("fragment", f"stream_k adds a tile's accumulators up 8 or 16 at a time: bn={config.bn} must be a multiple of "
+                        f"{STREAM_K_BN_STEP}")
     slices = config.stream_slices(config.kernel_problem(problem))
     if slices * max(1, device.sm_count) >= 2 ** 63:
         bad("grid", f"stream_k: {slices} K slices of all tiles times {device.sm_count} blocks exceed the kernel's "
@@ -138,7 +146,7 @@ def split_n_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None
         bad("dtype", f"consumers that split N are written for 16-bit products, not {problem.dtype}/{problem.compute}")
     if problem.grouped:
         bad("grouped", "consumers that split N: a grouped product's tiles are not written for them")
-    step = NARROW_BN_STEP if kernel.trans_b else SWIZZLE_BYTES // row.itemsize
+    step = SPLIT_N_WN_STEP if kernel.trans_b else SWIZZLE_BYTES // row.itemsize
     if config.wn % step:
         bad("fragment", f"a consumer's wn={config.wn} must be a multiple of {step} (split N: "
                         + ("wgmma's N and the store's pairs of columns)" if kernel.trans_b else
