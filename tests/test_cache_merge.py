@@ -55,6 +55,26 @@ def test_merge_keeps_the_best_record_of_each_problem_with_its_provenance(tmp_pat
     assert TuningCache(tmp_path / "imported", shipped=False).import_bundle(both) == 3
 
 
+def test_a_replacing_merge_keeps_the_later_files_record_whatever_its_ratio(tmp_path):
+    """A document re-tuned in part on new code (`cache merge OLD RETUNED --replace -o OLD`): each problem of the
+    re-tune takes its new record, a worse ratio too (the better of two draws would select on noise); the others
+    stay; the output may be the first input."""
+    old = _document(tmp_path, "old.json", [dataclasses.replace(make_record(64, ratio=1.10), host="old"),
+                                           dataclasses.replace(make_record(128, ratio=1.02), host="old")])
+    retuned = _document(tmp_path, "retuned.json", [dataclasses.replace(make_record(64, ratio=1.00), host="new"),
+                                                   dataclasses.replace(make_record(256, ratio=1.05), host="new")])
+    from autogemm.cli import main
+
+    assert main(["cache", "merge", str(old), str(retuned), "--replace", "-o", str(old)]) == 0
+    hosts = {key: (entry["host"], entry["ratio"]) for key, entry in json.loads(old.read_text())["entries"].items()}
+    assert hosts == {make_record(64).problem: ("new", 1.00), make_record(128).problem: ("old", 1.02),
+                     make_record(256).problem: ("new", 1.05)}
+    # without --replace the better ratio stays
+    best = tmp_path / "best.json"
+    assert merge_files([_document(tmp_path, "a.json", [make_record(64, ratio=1.10)]), retuned], best) == {SLUG: 2}
+    assert json.loads(best.read_text())["entries"][make_record(64).problem]["ratio"] == 1.10
+
+
 def test_merge_refuses_a_bad_record_and_writes_nothing(tmp_path):
     good = _document(tmp_path, "good.json", [make_record(64)])
     entry = make_record(96).to_json()

@@ -78,11 +78,16 @@ def add_cache_parser(sub: Any) -> None:
 
     merge_p = actions.add_parser("merge", help="the best record per device and problem of several cache files",
                                  description="Merge several cache documents or exports into one file: the best "
-                                 "record per device and problem, with each record's host, date and versions.")
+                                 "record per device and problem (with --replace: the last FILE's), with each "
+                                 "record's host, date and versions.")
     merge_p.add_argument("files", nargs="*", metavar="FILE", help="device documents or exports to merge")
+    merge_p.add_argument("--replace", action="store_true",
+                         help="a later FILE's record of a problem replaces an earlier one's, whatever their figures "
+                              "(a re-tune on new code replaces the old records instead of competing with them on "
+                              "the noise of two draws): cache merge OLD.json RETUNED.json --replace -o OLD.json")
     add_output_argument(merge_p, "the file to write (a device document if every record is of one device, else an "
                                  "export bundle)")
-    merge_p.set_defaults(handler=lambda args: _cache_merge(args.files, args.output))
+    merge_p.set_defaults(handler=lambda args: _cache_merge(args.files, args.output, args.replace))
 
     clear_p = actions.add_parser("clear", help="delete every user tuned result",
                                  description="Delete every tuned result of the user (the shipped ones stay).")
@@ -182,11 +187,11 @@ def _cache_clear(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cache_merge(sources: list[str], output: str | None) -> int:
+def _cache_merge(sources: list[str], output: str | None, replace: bool = False) -> int:
     if not sources:
         raise CliError("cache merge needs the cache files to merge (device documents or exports)")
     try:
-        counts = merge_files(sources, output)
+        counts = merge_files(sources, output, replace)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     except OSError as exc:
