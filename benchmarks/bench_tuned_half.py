@@ -313,15 +313,16 @@ def _summary_row(name, group) -> str:
 
 
 def paired_noise(row) -> float | None:
-    """Twice the standard error of the rounds' paired ratio (torch.matmul's time over autogemm.matmul's in the
-    same round): the noise the tune's keep rule allows a comparison (timing.sustained_times). None for a row
-    without its rounds."""
+    """The noise of the row's GPU time ratio as the tune's keep rule measures a comparison's (timing.Sustained.noise:
+    twice the standard error of the rounds' paired ratios, torch.matmul's time over autogemm.matmul's in the same
+    round, over their mean, at least MIN_NOISE), a fraction of the ratio. None for a row without its rounds."""
+    from autogemm.measure.timing import Sustained
+
     rounds = row.get("gpu_rounds_us") or {}
     ours, theirs = rounds.get(AUTOGEMM) or [], rounds.get(TORCH) or []
     if len(ours) != len(theirs) or len(ours) < 2:
         return None
-    paired = [t / a for t, a in zip(theirs, ours)]
-    return 2 * statistics.stdev(paired) / math.sqrt(len(paired))
+    return Sustained(kernel_rounds=[ours], baseline_rounds={TORCH: theirs}).noise(0)
 
 
 def report(rows, device_name: str, seed: int, drawn: int | None = None) -> list[str]:
@@ -341,9 +342,9 @@ def report(rows, device_name: str, seed: int, drawn: int | None = None) -> list[
              f"{GRAPH_CALLS} calls captured in a CUDA graph, the graphs replayed back to back in 20 rounds of about 50 ms "
              "each in random order (means), so that clocks and power settle and the host's time is not in it. Eager: the "
              "same rounds of plain calls from Python, where a product shorter than a call's host time measures the host. "
-             f"Latency: one call at a time on an idle GPU, host time included (medians of 25).{seen} Noise: twice "
-             "the standard error of the rounds' paired GPU time ratio (torch.matmul's time over autogemm.matmul's in "
-             "the same round), the noise a tune allows its own comparison. Where the tune kept cuBLAS, autogemm.matmul "
+             f"Latency: one call at a time on an idle GPU, host time included (medians of 25).{seen} Noise: the GPU time "
+             "ratio's, as a tune measures its own comparison's: twice the standard error of the rounds' paired ratios "
+             "(torch.matmul's time over autogemm.matmul's in the same round) over their mean, at least 1%. Where the tune kept cuBLAS, autogemm.matmul "
              "hands PyTorch tensors to torch.matmul itself, so such a row times torch.matmul against itself.", "",
              *summary(rows), "", *inductor_summary(rows),
              "| problem | GPU time ratio | noise | eager ratio | latency ratio | autogemm us | torch us | tune | served by "
@@ -354,7 +355,7 @@ def report(rows, device_name: str, seed: int, drawn: int | None = None) -> list[
         tune = "cuBLAS kept" if row["kept_cublas"] else f"kernel {row['tune_ratio']:.3f}x"
         served = row["source"] + (f": {row['config']}" if row["config"] else "")
         noise = paired_noise(row)
-        lines.append(f"| {row['label']} | {row['ratio']:.3f} | {'' if noise is None else f'±{noise:.3f}'} | "
+        lines.append(f"| {row['label']} | {row['ratio']:.3f} | {'' if noise is None else f'±{100 * noise:.1f}%'} | "
                      f"{row['eager_ratio']:.3f} | {row['latency_ratio']:.3f} | "
                      f"{us[AUTOGEMM]:.1f} | {us[TORCH]:.1f} | {tune} | {served} | "
                      f"{row['waves'] or row['tuned_waves'] + ' (best generated)'} |")

@@ -92,13 +92,15 @@ def test_a_cut_short_results_file_keeps_its_whole_rows_and_the_table_has_every_c
 
 def test_each_row_gives_the_noise_of_its_paired_rounds():
     # rounds of 4: torch over autogemm 1.0, 1.0, 1.2, 0.8 in the same round: mean 1.0, sample deviation
-    # sqrt(0.08 / 3), standard error that over 2, noise twice it
+    # sqrt(0.08 / 3), standard error that over 2, noise twice it over the mean (the tune's own measure)
     rounds = {bench.AUTOGEMM: [10.0, 10.0, 10.0, 10.0], bench.TORCH: [10.0, 10.0, 12.0, 8.0]}
     row = {**_row(1024, 1.0, False), "gpu_rounds_us": rounds}
     assert bench.paired_noise(row) == pytest.approx(2 * (0.08 / 3) ** 0.5 / 2)
     assert bench.paired_noise(_row(256, 1.02, True)) is None  # (no rounds recorded)
+    steady = {**row, "gpu_rounds_us": {bench.AUTOGEMM: [10.0] * 4, bench.TORCH: [10.0] * 4}}
+    assert bench.paired_noise(steady) == 0.01  # (the tune's least noise, timing.MIN_NOISE)
     table = bench.report([row, _row(256, 1.02, True)], "NVIDIA H200", 7)
-    assert any(line.startswith("| bfloat16 nt 1024x4096x4096 | 1.000 | ±0.163 | 1.000 | 1.000 |") for line in table)
+    assert any(line.startswith("| bfloat16 nt 1024x4096x4096 | 1.000 | ±16.3% | 1.000 | 1.000 |") for line in table)
     assert any(line.startswith("| bfloat16 nt 256x4096x4096 | 1.020 |  | 1.020 |") for line in table)
 
 
