@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "bench_tuned_half.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_common  # noqa: E402
+import tuned_half_table  # noqa: E402
 
 
 bench = load_script(SCRIPT)
@@ -43,7 +44,7 @@ def test_the_mix_is_the_one_asked_for(problems):
     assert all(bench.K_RANGE[0] <= spec[4] <= bench.K_RANGE[1] for spec in problems)
     # every class of M, projections against widths of families no campaign names, squares
     low = 0
-    for high, _ in bench.M_CLASSES:
+    for high, _ in tuned_half_table.M_CLASSES:
         assert any(low < spec[2] <= high for spec in problems), high
         low = high
     tuned = bench._campaign_widths()
@@ -95,10 +96,10 @@ def test_each_row_gives_the_noise_of_its_paired_rounds():
     # sqrt(0.08 / 3), standard error that over 2, noise twice it over the mean (the tune's own measure)
     rounds = {bench.AUTOGEMM: [10.0, 10.0, 10.0, 10.0], bench.TORCH: [10.0, 10.0, 12.0, 8.0]}
     row = {**_row(1024, 1.0, False), "gpu_rounds_us": rounds}
-    assert bench.paired_noise(row) == pytest.approx(2 * (0.08 / 3) ** 0.5 / 2)
-    assert bench.paired_noise(_row(256, 1.02, True)) is None  # (no rounds recorded)
+    assert tuned_half_table.paired_noise(row) == pytest.approx(2 * (0.08 / 3) ** 0.5 / 2)
+    assert tuned_half_table.paired_noise(_row(256, 1.02, True)) is None  # (no rounds recorded)
     steady = {**row, "gpu_rounds_us": {bench.AUTOGEMM: [10.0] * 4, bench.TORCH: [10.0] * 4}}
-    assert bench.paired_noise(steady) == 0.01  # (the tune's least noise, timing.MIN_NOISE)
+    assert tuned_half_table.paired_noise(steady) == 0.01  # (the tune's least noise, timing.MIN_NOISE)
     table = bench.report([row, _row(256, 1.02, True)], "NVIDIA H200", 7)
     assert any(line.startswith("| bfloat16 nt 1024x4096x4096 | 1.000 | ±16.3% | 1.000 | 1.000 |") for line in table)
     assert any(line.startswith("| bfloat16 nt 256x4096x4096 | 1.020 |  | 1.020 |") for line in table)
@@ -129,7 +130,7 @@ def test_the_max_autotune_rows_are_tabled_where_they_were_run():
     table = bench.report(rows, "NVIDIA H200", 7)
     assert "| bfloat16 nt 1024x4096x4096 | 10.5 | 10.0 | 1.050 |" in table
     assert "| geomean (1) | | | 1.050 |" in table
-    assert bench.inductor_summary(rows[:1]) == []
+    assert tuned_half_table.inductor_summary(rows[:1]) == []
 
 
 def test_a_draw_without_the_campaigns_and_cache_it_leaves_out_is_refused(tmp_path):
