@@ -48,7 +48,7 @@ def _reference(a, b, alpha=1.0, beta=0.0, c=None):
 
 
 # examples: 20 in the quick tier, 80 with --exhaustive (hypothesis profiles, tests/conftest.py)
-@pytest.mark.long(seconds=33)
+@pytest.mark.long(seconds=27)
 @settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     m=st.integers(1, 700), n=st.integers(1, 700), k=st.integers(1, 700),
@@ -77,7 +77,7 @@ def test_matches_float64(m, n, k, trans_a, trans_b, batch, broadcast, scaled, se
     assert relative_error(result, expected) <= 1e-5
 
 
-@pytest.mark.long(seconds=17)
+@pytest.mark.long(seconds=14)
 def test_tuned_entry_is_used_and_explained():
     with cublas_serving():
         _check_tuned_entry()

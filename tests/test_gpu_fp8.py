@@ -349,7 +349,7 @@ def test_scaled_matmul_refuses_what_torch_refuses(hopper):
                                cupy.from_dlpack(scale_a), cupy.from_dlpack(scale_b))
 
 
-@pytest.mark.long(seconds=25)
+@pytest.mark.long(seconds=24)
 def test_an_fp8_problem_tunes_against_torch_and_its_record_serves(hopper):
     """`autogemm tune --dtype float8_e4m3fn --scale row`: candidates verified against the float64 product of
     the operands' values and timed against torch._scaled_mm; the record, filed under the FP8 key, is what

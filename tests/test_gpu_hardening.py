@@ -126,6 +126,7 @@ def test_out_of_memory_and_python_errors_are_candidate_failures(monkeypatch):
     assert measurer.measure(SimtConfig(), None, repeats=1).ok  # the measurer is still good
 
 
+@pytest.mark.long(seconds=8)
 def test_a_tune_goes_on_when_compiled_kernels_cannot_be_stored(tmp_path, monkeypatch):
     """A cubin directory that cannot be written (here: below a regular file, which fails even
     for root) failed every candidate, then the tune."""
@@ -158,7 +159,7 @@ evaluator.verify(SimtConfig(64, 64, 8, 32, 32, 4, 8, 4, 4, 2, "pad", 5, 1))  # g
 """
 
 
-@pytest.mark.long(seconds=13)
+@pytest.mark.long(seconds=14)
 def test_a_killed_tuner_leaves_no_hung_kernel_behind(tmp_path):
     """A tuner killed outright while its measuring process waited on a spinning kernel left that
     process, and the kernel, running."""

@@ -36,8 +36,8 @@ FAULTS = {"small": ([1, 3, 5, 6, 7, 9], {"crash": 1, "timeout": 1, "wrong": 1, "
 
 
 # (each shape's seconds in the quick tier: the small tile waits out its hung candidate's 20 s)
-@pytest.mark.parametrize("shape", [pytest.param("big", marks=pytest.mark.long(seconds=28)),
-                                   pytest.param("small", marks=pytest.mark.long(seconds=55))])
+@pytest.mark.parametrize("shape", [pytest.param("big", marks=pytest.mark.long(seconds=15)),
+                                   pytest.param("small", marks=pytest.mark.long(seconds=53))])
 def test_broken_variants_fail_with_their_kind_and_the_tune_survives(tmp_path, shape):
     group_m, failures, valid, restarts = FAULTS[shape]
     space = tmp_path / "broken_space.toml"

@@ -91,6 +91,7 @@ def _calls(draw):
             draw(st.sampled_from(DTYPES)), draw(st.sampled_from([None, "same", "wider"])), draw(st.integers(0, 2**16)))
 
 
+@pytest.mark.long(seconds=10)
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_calls())
 def test_matches_cupy_matmul(call):

@@ -29,6 +29,7 @@ def test_two_identical_calls_measure_alike_in_sustained_rounds():
     assert abs(first / second - 1) < max(0.02, 1.5 * noise), (first, second, noise)
 
 
+@pytest.mark.long(seconds=7)
 def test_a_measurers_sustained_figures_pair_each_config_with_the_baselines():
     from autogemm.families import config_from_name
     from autogemm.gpu.launch import current_device

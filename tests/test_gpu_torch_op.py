@@ -204,22 +204,25 @@ def test_scaled_matmul_compiles_without_a_graph_break_and_matches_torch():
     assert torch.equal(got, expected)
 
 
-@pytest.mark.long(seconds=34)
+@pytest.mark.long(seconds=20)
 def test_max_autotune_weighs_autogemm_for_each_product_and_gives_eagers_results(autogemm_calls, capfd):
     """After enable_inductor, torch.compile(mode="max-autotune-no-cudagraphs") benchmarks autogemm's
-    served kernel (autogemm_mm) for both layers of an MLP beside ATen and Triton; whichever it keeps,
+    served kernel (autogemm_mm) for both layers of an MLP beside ATen and Triton (two of Triton's
+    templates: what is checked is autogemm's place among the choices, not who wins); whichever it keeps,
     the compiled model computes what eager does, and the autotune log names the autogemm choice."""
     model = torch.nn.Sequential(torch.nn.Linear(512, 1024, bias=False), torch.nn.GELU(),
                                 torch.nn.Linear(1024, 256, bias=False)).cuda().to(torch.bfloat16)
     x = torch.randn(384, 512, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         expected = model(x)
-    got = compiled_with_autogemm(model, x)
+    got = compiled_with_autogemm(model, x, triton_configs=2)
     torch.cuda.synchronize()
+    log = "".join(capfd.readouterr())
     error = float(torch.linalg.norm((got - expected).float()) / torch.linalg.norm(expected.float()))
     assert error <= TOLERANCE["bfloat16"]
     assert {a for a, _ in autogemm_calls} >= {(384, 512), (384, 1024)}  # each product benchmarked through autogemm
-    assert "autogemm_mm" in "".join(capfd.readouterr())
+    assert "autogemm_mm" in log
+    assert "triton_mm" in log  # (Triton's templates are among the choices still)
 
 
 def _chosen(log: str, header: str) -> str | None:
@@ -233,7 +236,7 @@ def _chosen(log: str, header: str) -> str | None:
     return None
 
 
-@pytest.mark.long(seconds=35)
+@pytest.mark.long(seconds=58)
 @pytest.mark.shipped_results
 def test_max_autotune_chooses_autogemm_where_its_tuned_record_wins(capfd):
     """The shipped H200 record of FP32 4096 x 4096 x 128 NN beats cuBLAS (1.11x in its tune): in a

@@ -20,7 +20,7 @@ def _tune(*args: str) -> dict:
     return json.loads(result.stdout)
 
 
-@pytest.mark.long(seconds=40)
+@pytest.mark.long(seconds=48)
 def test_tune_caches_a_verified_kernel_and_resumes():
     """An odd shape in layout TN (K rows of A and B, sizes that fill no tile): the tune verifies and caches
     a kernel that is right on fresh inputs, and a second run resumes its study."""
@@ -82,6 +82,7 @@ def test_the_measuring_process_compares_a_kernel_with_cublas_one_call_at_a_time(
     assert 1 < measurer.fallback_latency_us() < 1000  # the served cuBLAS alone, as retime records it
 
 
+@pytest.mark.long(seconds=11)
 def test_a_short_problem_records_gpu_time_for_the_kernel_and_the_baselines():
     """Under 20 us a call, cupy.matmul's host time (15-45 us) set the pace of back-to-back timings
     and inflated ratios 2-5x. A tune of such a problem records GPU times: the baselines' are well
@@ -117,6 +118,7 @@ def test_a_short_problem_records_gpu_time_for_the_kernel_and_the_baselines():
     assert record.baseline_latency_us > record.cublas_ms * 1e3 and record.latency_us > 0
 
 
+@pytest.mark.long(seconds=10)
 def test_a_kept_measuring_process_measures_each_next_problem_on_its_own_inputs():
     """Inside keep_measuring_processes (a campaign worker's life, a tune over several spaces) one
     measuring process serves problem after problem: each gets its own operands and cuBLAS baseline,
@@ -146,7 +148,7 @@ def test_a_kept_measuring_process_measures_each_next_problem_on_its_own_inputs()
     assert not prestarted.is_alive() and not _kept
 
 
-@pytest.mark.long(seconds=44)
+@pytest.mark.long(seconds=50)
 def test_a_campaign_on_this_gpu_tunes_each_problem_once_and_caches_its_record(tmp_path):
     """`autogemm campaign run` end to end on the real GPU: a worker process, its kept measuring
     process and the shared compile pool; every problem done on the board with a record in the
@@ -184,6 +186,7 @@ dtype = ["float32", "float16"]
     assert [r["attempts"] for r in again["results"]] == [r["attempts"] for r in first["results"]]
 
 
+@pytest.mark.long(seconds=16)
 def test_a_tune_with_an_epilogue_verifies_the_kernel_with_it_against_cublas_and_the_pass():
     """`autogemm tune ... --bias --activation gelu --residual`: every candidate runs with the epilogue
     in its store, is verified against the epilogue's float64 reference, and is timed against what

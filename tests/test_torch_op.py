@@ -271,19 +271,25 @@ def test_enable_inductor_names_a_torch_without_the_hook(monkeypatch):
         agt.enable_inductor()
 
 
-def compiled_with_autogemm(function, *inputs):
+def compiled_with_autogemm(function, *inputs, triton_configs: int | None = None):
     """function(*inputs) compiled by torch.compile(mode="max-autotune-no-cudagraphs") after
     enable_inductor, with the autotune log on and Inductor's caches off (no cached graph or autotune
     result of an earlier run: each product is benchmarked here); Inductor's hooks, log settings and
-    compiled graphs as they were before, after."""
+    compiled graphs as they were before, after. `triton_configs`: at most this many of Triton's mm
+    templates a product (Inductor's test_configs.max_mm_configs, where this PyTorch has it), for a test
+    that needs Triton's choices beside autogemm's but not all of them: compiling them all is most of a
+    max-autotune compile's half minute."""
     from torch._inductor import config as inductor_config
 
     before = list(inductor_config.external_matmul)
+    patches = {"force_disable_caches": True}
+    if triton_configs is not None and hasattr(inductor_config.test_configs, "max_mm_configs"):
+        patches["test_configs.max_mm_configs"] = triton_configs
     torch._dynamo.reset()
     try:
         agt.enable_inductor()
         torch._logging.set_logs(autotuning=True)
-        with torch.no_grad(), inductor_config.patch(force_disable_caches=True):
+        with torch.no_grad(), inductor_config.patch(patches):
             return torch.compile(function, mode="max-autotune-no-cudagraphs")(*inputs)
     finally:
         torch._logging.set_logs()
