@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autogemm.measure.bench import check_result, reference_gemm, relative_error, rotation_count, to_float64, tolerance
+from autogemm.measure.bench import all_finite, check_result, reference_gemm, relative_error, rotation_count, to_float64, tolerance
 from autogemm.problem import Problem
 
 
@@ -75,6 +75,31 @@ def test_a_non_finite_element_fails():
     result[3, 4] = np.nan
     verdict = check_result(result, a, b, problem)
     assert not verdict.ok and verdict.first == (3, 4)
+
+
+@pytest.mark.parametrize("values, finite", [
+    ([1.0, -2.0, 3.0], True),
+    ([1.0, np.nan, 3.0], False),
+    ([np.inf, 1.0], False),
+    ([np.inf, -np.inf], False),  # (their sum is NaN)
+    ([1e308, 1e308, -1e308], True),  # finite elements whose sum overflows on the way
+])
+def test_all_finite_settles_what_the_sum_cannot(values, finite):
+    """all_finite tries the sum first (a reduction CuPy need not compile) and looks at the elements
+    only where the sum is not finite: an element not finite, or finite ones whose sum overflows."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert all_finite(np.array(values, np.float64)) is finite
+
+
+def test_an_element_at_the_largest_finite_value_is_checked_not_refused():
+    """A float64 result that sums past the largest double is still finite: checked element by element
+    against its bound, not reported as a non-finite element."""
+    problem = Problem(2, 2, 1, dtype="float64", compute="fp64")
+    a = np.array([[1e308], [1e308]])
+    b = np.array([[1.0, 1.0]])
+    with np.errstate(over="ignore"):
+        verdict = check_result(a @ b, a, b, problem)
+    assert verdict.over == 0 and verdict.first == ()
 
 
 @pytest.mark.parametrize("dtype, compute", [("float32", "fp32"), ("float32", "tf32"), ("float16", "fp32"),
