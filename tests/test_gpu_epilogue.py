@@ -576,6 +576,10 @@ TILE_CASES = [*_tile_cases(), _stream_k_case(), *_stmatrix_cases(), *_fast_activ
 EXHAUSTIVE_TILE_CASES = _split_n_cases()
 
 
+# (long: each compiles its kernels, 2-9 s under the tier's six workers, and they sit together in the queue,
+# where pytest-xdist handed one worker all twenty at the end of the run, 60 s after the others were idle;
+# marked, they are shared among the workers' first chunks)
+@pytest.mark.long(seconds=4)
 @pytest.mark.parametrize("config,problem", [
     *(pytest.param(c, p, id=f"{c.name}-{p.key}") for c, p in TILE_CASES),
     *(pytest.param(c, p, id=f"{c.name}-{p.key}", marks=pytest.mark.exhaustive) for c, p in EXHAUSTIVE_TILE_CASES)])
