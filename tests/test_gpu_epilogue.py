@@ -578,8 +578,7 @@ EXHAUSTIVE_TILE_CASES = _split_n_cases()
 
 # (long: each compiles its kernels, 2-9 s under the tier's six workers, and they sit together in the queue,
 # where pytest-xdist handed one worker all twenty near the end of the run (60 s of them, ending 20 s after the
-# others);
-# marked, they are shared among the workers' first chunks)
+# others); marked, they are shared among the workers' first chunks)
 @pytest.mark.long(seconds=4)
 @pytest.mark.parametrize("config,problem", [
     *(pytest.param(c, p, id=f"{c.name}-{p.key}") for c, p in TILE_CASES),
