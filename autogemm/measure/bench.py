@@ -103,26 +103,18 @@ def all_finite(values: Any) -> bool:
     return bool(_array_module(values).isfinite(values).all())
 
 
-def _over_bound(ratio: Any) -> tuple[int, float, tuple[Any, ...]]:
-    """(elements whose error exceeds their bound, the largest ratio of error to bound, the first such
-    element's index) from `ratio`, error over bound elementwise. The largest ratio comes first, a reduction
-    built ahead as `all_finite`'s sum is; elements are counted only where it exceeds 1."""
-    worst = float(ratio.max()) if ratio.size else 0.0
-    if not worst > 1:
-        return 0, worst, ()
-    xp = _array_module(ratio)
-    return int((ratio > 1).sum()), worst, tuple(int(i) for i in xp.argwhere(ratio > 1)[0])
+def _norm_error(values: Any, reference: Any) -> float:
+    """‖values − ref‖ / ‖ref‖, `values` float64 and finite."""
+    xp = _array_module(reference)
+    norm = float(xp.linalg.norm(reference.ravel()))
+    diff = float(xp.linalg.norm((values - reference).ravel()))
+    return diff / norm if norm > 0 else diff
 
 
 def relative_error(result: Any, reference: Any) -> float:
     """‖result − ref‖ / ‖ref‖ over every element; inf when any element is not finite."""
-    xp = _array_module(reference)
     result = to_float64(result)
-    if not all_finite(result):
-        return float("inf")
-    norm = float(xp.linalg.norm(reference.ravel()))
-    diff = float(xp.linalg.norm((result - reference).ravel()))
-    return diff / norm if norm > 0 else diff
+    return _norm_error(result, reference) if all_finite(result) else float("inf")
 
 
 def element_bounds(a: Any, b: Any, c: Any, problem: Any, *, alpha: Any = 1.0, beta: Any = 0.0, reference: Any) -> Any:
@@ -174,20 +166,30 @@ class Verdict:
         return f"relative error {self.rel_error:.3g}"
 
 
-def check_result(result: Any, a: Any, b: Any, problem: Any, *, c: Any = None, alpha: Any = 1.0, beta: Any = 0.0, reference: Any = None) -> Verdict:
-    """Checks `result` (= alpha·op(A)·op(B) + beta·C for `problem`; `c`: C as it was before the
-    call) both norm-wise and element by element; every element must be finite."""
-    xp = _array_module(a)
-    if reference is None:
-        reference = reference_gemm(a, b, c, trans_a=problem.trans_a, trans_b=problem.trans_b, alpha=alpha, beta=beta)
-    rel = relative_error(result, reference)
-    limit = tolerance(problem)
+def _verdict(result: Any, expected: Any, bound: Any, limit: float) -> Verdict:
+    """`result` against `expected` (float64): every element finite, then norm-wise within `limit` and each
+    element within its `bound`; `result` converted to float64 once. The largest ratio of error to bound is
+    taken first (a reduction built ahead, as `all_finite`'s sum is) and the elements over it are looked for
+    only where it exceeds 1."""
+    xp = _array_module(expected)
     values = to_float64(result)
     if not all_finite(values):
         bad = xp.argwhere(~xp.isfinite(values))
         return Verdict(float("inf"), limit, int(bad.shape[0]), float("inf"), tuple(int(i) for i in bad[0]))
-    ratio = xp.abs(values - reference) / element_bounds(a, b, c, problem, alpha=alpha, beta=beta, reference=reference)
-    return Verdict(rel, limit, *_over_bound(ratio))
+    ratio = xp.abs(values - expected) / bound
+    worst = float(ratio.max()) if ratio.size else 0.0
+    over = xp.argwhere(ratio > 1) if worst > 1 else ()
+    first = tuple(int(i) for i in over[0]) if len(over) else ()
+    return Verdict(_norm_error(values, expected), limit, len(over), worst, first)
+
+
+def check_result(result: Any, a: Any, b: Any, problem: Any, *, c: Any = None, alpha: Any = 1.0, beta: Any = 0.0, reference: Any = None) -> Verdict:
+    """Checks `result` (= alpha·op(A)·op(B) + beta·C for `problem`; `c`: C as it was before the
+    call) both norm-wise and element by element; every element must be finite."""
+    if reference is None:
+        reference = reference_gemm(a, b, c, trans_a=problem.trans_a, trans_b=problem.trans_b, alpha=alpha, beta=beta)
+    bound = element_bounds(a, b, c, problem, alpha=alpha, beta=beta, reference=reference)
+    return _verdict(result, reference, bound, tolerance(problem))
 
 
 def check_epilogue_result(result: Any, a: Any, b: Any, problem: Any, *, bias: Any = None, residual: Any = None, alpha: Any = 1.0, beta: Any = 0.0, c: Any = None,
@@ -235,13 +237,7 @@ def check_epilogue_result(result: Any, a: Any, b: Any, problem: Any, *, bias: An
         bound = bound + 2 * out.element_roundoff * abs(beta) * xp.abs(to_float64(c))
     # (the norm-wise limit of the products' dtype, or of D's where D is written in a coarser one)
     written = dataclasses.replace(bare, dtype=epilogue.output_dtype(problem.dtype), compute="", epilogue=Epilogue())
-    rel, limit = relative_error(result, expected), max(tolerance(bare), tolerance(written))
-    values = to_float64(result)
-    if not all_finite(values):
-        bad = xp.argwhere(~xp.isfinite(values))
-        return Verdict(float("inf"), limit, int(bad.shape[0]), float("inf"), tuple(int(i) for i in bad[0]))
-    ratio = xp.abs(values - expected) / bound
-    return Verdict(rel, limit, *_over_bound(ratio))
+    return _verdict(result, expected, bound, max(tolerance(bare), tolerance(written)))
 
 
 @dataclass(frozen=True)
