@@ -71,6 +71,9 @@ MAX_ACCUMULATORS = 128
 # thread that ptxas reports for 384 threads. 192 x 192 is the tile cuBLAS runs as
 # nvjet_sm90_tst_192x192_64x4_1x2_h_bz_coopB on LLM prefill products on an H200.
 MAX_SPLIT_N_ACCUMULATORS = 144
+# ... and a wide tile's consumer (64 x 320: two wgmmas of 256 and 64 columns; cuBLAS's 320 x 128 tile on BF16
+# products of 4096 rows and more on an H200)
+MAX_WIDE_ACCUMULATORS = 160
 BARRIER_BYTES = 8  # an mbarrier
 ACCUMULATOR_BYTES, COUNTER_BYTES = 4, 4  # a split-K partial sum (FP32) and a share's counter (int)
 # split-K's "counted last" flag per consumer: a static shared array, which the dynamic block's alignment
@@ -149,7 +152,8 @@ class HopperConfig(VectorizedLoads, GemmConfig):
     arch_suffix = wgmma.ARCH_SUFFIX
     launch_kind = LaunchKind.TMA
     swizzle_row_bytes = SWIZZLE_BYTES  # a TMA box row (the launcher's boxes are this wide)
-    space_constants: ClassVar[dict[str, Any]] = {"WARPGROUP": WARPGROUP, "MAX_ACCUMULATORS": MAX_ACCUMULATORS}
+    space_constants: ClassVar[dict[str, Any]] = {"WARPGROUP": WARPGROUP, "MAX_ACCUMULATORS": MAX_ACCUMULATORS,
+                                                  "MAX_WIDE_ACCUMULATORS": MAX_WIDE_ACCUMULATORS}
     search_space = "hopper"
     candidate_order = 1  # searched after the dtype's own space
 
@@ -258,7 +262,23 @@ class HopperConfig(VectorizedLoads, GemmConfig):
     def max_accumulators(self) -> int:
         """The most accumulators a consumer thread may hold (MAX_SPLIT_N_ACCUMULATORS says why split N
         differs)."""
+        if self.wide:
+            return MAX_WIDE_ACCUMULATORS
         return MAX_SPLIT_N_ACCUMULATORS if self.split_n else MAX_ACCUMULATORS
+
+    @property
+    def wide(self) -> bool:
+        """Whether the tile is wider than one wgmma (256 columns): each consumer issues two."""
+        return self.bn > wgmma.N_MAX
+
+    def wgmma_pieces(self) -> tuple[int, ...]:
+        """The columns of each wgmma a consumer issues per m64 block and k-step: one of wn, or a wide tile's
+        256 and the rest (the second starting on one of B's 64-column boxes)."""
+        return (wgmma.N_MAX, self.wn - wgmma.N_MAX) if self.wide else (self.wn,)
+
+    def b_box_rows(self) -> int:
+        """The rows of B's K-major TMA box: bn, or a wide tile's half (a box holds at most 256 rows)."""
+        return self.bn // 2 if self.wide else self.bn
 
     @property
     def cluster_blocks(self) -> int:
@@ -396,6 +416,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             dtype=problem.dtype, compute=problem.compute, layout=problem.layout.upper(), element=row.element,
             to_acc=row.to_acc, from_acc=row.from_acc, mma_input=row.tensor_core.mma_input, fk=row.tensor_core.wgmma_k,
             bm=self.bm, bn=self.bn, bk=self.bk, consumers=self.consumers, split_n=self.split_n, cn=self.wn,
+            wide=self.wide, pieces=self.wgmma_pieces(),
             max_accumulators=self.max_accumulators(), stages=self.stages, group_m=self.group_m,
             trans_a=cxx_bool(problem.trans_a), b_mn_major=cxx_bool(not problem.trans_b),
             transposes=self.transposes(problem), a_in_registers=self.a_in_registers(problem),

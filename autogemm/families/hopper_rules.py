@@ -39,6 +39,9 @@ MAX_BLOCK_SCALED_VALUES = 192
 # 208-256 wide spilled 8-20 bytes (ptxas, BF16, bias / GELU / bias + SiLU / a bias along M, K split 2 or 3, each
 # width with some of them), 176 and 192 none
 MAX_PINGPONG_SPLIT_EPILOGUE_BN = 192
+# tiles wider than one wgmma's 256 columns: cuBLAS runs 320 x 128 tiles (nvjet_sm90_tst_320x128_64x3_1x2, in our
+# M x N 128 x 320) on BF16 products of 4096 rows and more on an H200
+WIDE_BN = (320,)
 
 
 def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
@@ -67,7 +70,9 @@ def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
                          f"{MAX_CONSUMERS} of them its columns (split N)")
     elif config.split_n:
         split_n_reasons(config, problem, kernel, bad)
-    if config.wm % ROWS_PER_INSTRUCTION or config.bn % bn_step or config.bn > wgmma.N_MAX or config.bk % atom:
+    if config.wide:
+        wide_reasons(config, problem, kernel, bad)
+    elif config.wm % ROWS_PER_INSTRUCTION or config.bn % bn_step or config.bn > wgmma.N_MAX or config.bk % atom:
         bad("fragment", f"wm={config.wm} must be a multiple of {ROWS_PER_INSTRUCTION} (wgmma rows), bn={config.bn} "
                         f"a multiple of {bn_step} up to {wgmma.N_MAX} (wgmma's N, whole swizzled rows"
                         f"{'' if narrow else f'; {NARROW_BN_STEP} for 16-bit types with B K-major, C stored from '}"
@@ -85,6 +90,29 @@ def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
             and config.bn > MAX_PINGPONG_SPLIT_EPILOGUE_BN:
         bad("registers", f"pingpong with split_k={config.split_k} and a fused epilogue spills registers on tiles wider "
                          f"than {MAX_PINGPONG_SPLIT_EPILOGUE_BN} (bn={config.bn})")
+
+
+def wide_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
+    """A tile wider than one wgmma (WIDE_BN: cuBLAS's 320-wide tile): each consumer of 64 rows issues two wgmmas
+    per k-step, of 256 columns and of the rest, and B's K-major slice comes in two boxes of bn / 2 rows. Written for
+    the plain 16-bit kernel so far: consumers that span the columns, no split of K, no grouped product."""
+    row = dtypes.lookup(problem.dtype, problem.compute)
+    if config.bn not in WIDE_BN or config.wm != ROWS_PER_INSTRUCTION or config.bk % (SWIZZLE_BYTES // row.itemsize):
+        bad("fragment", f"a tile wider than wgmma's {wgmma.N_MAX} columns is one of bn={list(WIDE_BN)} with wm=64, "
+                        f"not bn={config.bn}, wm={config.wm}")
+    for knob, on in (("split_n", config.split_n), ("split_k", config.split_k > 1), ("stream_k", config.stream_k),
+                     ("stmatrix", config.stmatrix)):
+        if on:
+            bad("wide", f"a tile wider than {wgmma.N_MAX} columns (bn={config.bn}) is written for the plain kernel: "
+                        f"{knob}={getattr(config, knob)} does not go with it")
+    if row.scaled or not config.transposes(problem):
+        bad("dtype", f"a tile wider than {wgmma.N_MAX} columns is written for 16-bit products, not "
+                     f"{problem.dtype}/{problem.compute}")
+    if problem.grouped:
+        bad("grouped", f"a tile wider than {wgmma.N_MAX} columns: a grouped product's tiles are not written for it")
+    if not config.hoisted_descriptors:
+        bad("choice", "a tile wider than one wgmma steps to its second piece from the slice's hoisted descriptor: "
+                      "it needs hoisted_descriptors")
 
 
 def layout_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:

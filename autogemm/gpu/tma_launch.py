@@ -54,7 +54,7 @@ def operand_layout(problem: Problem, operand: KernelOperand, role: str, config: 
         tile = config.tile_rows
         rows, length, mn_major = (problem.k, problem.m, True) if problem.trans_a else (problem.m, problem.k, False)
     else:
-        tile = config.bn
+        tile = config.b_box_rows()   # (bn, or half of a tile wider than a box's 256 rows: two boxes a slice)
         rows, length, mn_major = (problem.n, problem.k, False) if problem.trans_b else (problem.k, problem.n, True)
     box = (atom, config.bk) if mn_major else (atom, tile)
     pitch = operand.ld * itemsize
