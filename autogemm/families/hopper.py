@@ -42,14 +42,13 @@ into FP32), D stored from registers or through TMA (`_fp8_reasons` says what els
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import dtypes
 from ..problem import Device, Problem
 from . import gemv, hopper_rules, wgmma
-from .base import INT32_MAX, GemmConfig, VectorizedLoads, VectorWidths, cxx_bool, grid_knobs, swap_knob, tile_knobs
-from .knobs import Knob
+from .base import INT32_MAX, GemmConfig, VectorizedLoads, VectorWidths, cxx_bool
+from .hopper_knobs import KNOBS
 from .hopper_rules import MAX_BLOCK_SCALED_VALUES, MAX_CONSUMERS, MAX_GROUPS, TMA_ALIGN_BYTES
 from .launch_kind import LaunchKind
 from .stream_k import PREFIX_TAILS_PER_BLOCK, share_out
@@ -59,10 +58,8 @@ WARPGROUP = wgmma.WARPGROUP
 ROWS_PER_INSTRUCTION = wgmma.ROWS_PER_INSTRUCTION  # wgmma's M
 SWIZZLE_BYTES = wgmma.SWIZZLE_BYTES  # a shared-memory row of a tile (a TMA box row)
 SWIZZLE_PERIOD_BYTES = wgmma.SWIZZLE_PERIOD_BYTES
-CLUSTER_SIZES = (1, 2)
 STORE_BUFFERS = 2  # store chunks per consumer: one filled while TMA reads the other
 SPLIT_N_STORE_BUFFERS = 1  # ... except where two consumers split N: one chunk of all rows they share
-MIN_STAGES, MAX_STAGES = 2, 8
 # a consumer's accumulators: beyond 128 floats per thread the registers setmaxnreg gives a
 # consumer (232 with two consumers) no longer hold them with the addresses and loop state
 MAX_ACCUMULATORS = 128
@@ -83,39 +80,6 @@ SPLIT_FLAGS_BYTES = SWIZZLE_PERIOD_BYTES
 # consumers take (128 x 40 + 256 x 232 = 384 x 168, the block's share under __launch_bounds__)
 PRODUCER_REGISTERS, CONSUMER_REGISTERS = 40, 232
 GROUP_TILES_BYTES = -(-(MAX_GROUPS + 1) * 4 // SWIZZLE_PERIOD_BYTES) * SWIZZLE_PERIOD_BYTES
-
-KNOBS = (
-    # wm x wn: one consumer warpgroup's tile (wn = bn: a consumer spans the tile's columns; or wm = bm,
-    # wn = bn / 2: two consumers split them)
-    # (bn, wn: any multiple of the kernel's 64-column step, not only powers of two: 192 is the widest
-    # block-scaled tile, with one set of partial sums; `check` says which)
-    *(dataclasses.replace(knob, power_of_two=False) if knob.name in ("bm", "bn", "wm", "wn") else knob
-      for knob in tile_knobs(128, 256, 64, 64, 256)),
-    Knob("stages", int, 4, code="s", low=MIN_STAGES, high=MAX_STAGES),
-    *grid_knobs(),
-    Knob("persistent", bool, True, omitted=False, words={True: "p"}),
-    Knob("cluster", int, 1, code="c", choices=CLUSTER_SIZES, omitted=1,
-         why="blocks of a cluster sharing B's slices by multicast; 1: no cluster"),
-    Knob("cluster_n", int, 1, code="cn", choices=CLUSTER_SIZES, omitted=1,
-         why="blocks of a cluster along N sharing A's slices by multicast; 1: none"),
-    Knob("tma_store", bool, False, omitted=False, words={True: "ts"}),
-    Knob("pingpong", bool, False, omitted=False, words={True: "pp"}),
-    swap_knob(),  # TF32 with B stored K x N needs it
-    Knob("stream_k", bool, False, omitted=False, words={True: "sk"},
-         why="the grid's blocks share out all tiles' K slices in equal runs (a last wave partly empty)"),
-    Knob("stmatrix", bool, False, omitted=False, words={True: "stm"},
-         why="the TMA store's chunks written with stmatrix, four 8 x 8 matrices an instruction"),
-    Knob("fast_activation", bool, False, omitted=False, words={True: "fa"},
-         why="a GELU or SiLU epilogue by the epilogue pass's forms (hopper_rules.fast_activation_reasons)"),
-    Knob("preload", bool, False, omitted=False, words={True: "pl"},
-         why="a TMA-stored epilogue's bias and residual loaded a chunk at a time, before their use "
-             "(hopper_rules.preload_reasons)"),
-    Knob("hoisted_descriptors", bool, False, omitted=False, words={True: "hd"},
-         why="a slice's two shared-memory descriptors computed once, each wgmma's theirs plus a constant"),
-    Knob("dependent_launch", bool, False, omitted=False, words={True: "dl"},
-         why="programmatic dependent launch: the next call's blocks start as this call's retire, and wait "
-             "(griddepcontrol.wait) before touching memory"),
-)
 
 class HopperConfig(VectorizedLoads, GemmConfig):
     family = "hopper"
