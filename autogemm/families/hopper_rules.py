@@ -95,7 +95,7 @@ def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
 def wide_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
     """A tile wider than one wgmma (WIDE_BN: cuBLAS's 320-wide tile): each consumer of 64 rows issues two wgmmas
     per k-step, of 256 columns and of the rest, and B's K-major slice comes in two boxes of bn / 2 rows. Written for
-    the plain 16-bit kernel so far: consumers that span the columns, no split of K, no grouped product."""
+    the plain 16-bit kernel so far: consumers that span the columns, no split of K, no grouped product, unswapped."""
     row = dtypes.lookup(problem.dtype, problem.compute)
     if config.bn not in WIDE_BN or config.wm != ROWS_PER_INSTRUCTION or config.bk % (SWIZZLE_BYTES // row.itemsize):
         bad("fragment", f"a tile wider than wgmma's {wgmma.N_MAX} columns is one of bn={list(WIDE_BN)} with wm=64, "
@@ -113,6 +113,10 @@ def wide_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
     if not config.hoisted_descriptors:
         bad("choice", "a tile wider than one wgmma steps to its second piece from the slice's hoisted descriptor: "
                       "it needs hoisted_descriptors")
+    if config.swap:
+        # (swapped, the transposed store's addressing beside 160 accumulators spilled 40-52 bytes: nvcc 13, sm_90a,
+        # BF16 4096 x 14336 x 4096 NN, NT and TT, with and without a cluster or ping-pong)
+        bad("registers", f"a tile wider than {wgmma.N_MAX} columns with swap spills registers (bn={config.bn})")
 
 
 def layout_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
