@@ -71,7 +71,7 @@ def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
     elif config.split_n:
         split_n_reasons(config, problem, kernel, bad)
     if config.wide:
-        wide_reasons(config, problem, kernel, bad)
+        wide_reasons(config, problem, bad)
     elif config.wm % ROWS_PER_INSTRUCTION or config.bn % bn_step or config.bn > wgmma.N_MAX or config.bk % atom:
         bad("fragment", f"wm={config.wm} must be a multiple of {ROWS_PER_INSTRUCTION} (wgmma rows), bn={config.bn} "
                         f"a multiple of {bn_step} up to {wgmma.N_MAX} (wgmma's N, whole swizzled rows"
@@ -92,14 +92,16 @@ def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
                          f"than {MAX_PINGPONG_SPLIT_EPILOGUE_BN} (bn={config.bn})")
 
 
-def wide_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
+def wide_reasons(config: Any, problem: Problem, bad) -> None:
     """A tile wider than one wgmma (WIDE_BN: cuBLAS's 320-wide tile): each consumer of 64 rows issues two wgmmas
     per k-step, of 256 columns and of the rest, and B's K-major slice comes in two boxes of bn / 2 rows. Written for
     the plain 16-bit kernel so far: consumers that span the columns, no split of K, no grouped product, unswapped."""
     row = dtypes.lookup(problem.dtype, problem.compute)
-    if config.bn not in WIDE_BN or config.wm != ROWS_PER_INSTRUCTION or config.bk % (SWIZZLE_BYTES // row.itemsize):
-        bad("fragment", f"a tile wider than wgmma's {wgmma.N_MAX} columns is one of bn={list(WIDE_BN)} with wm=64, "
-                        f"not bn={config.bn}, wm={config.wm}")
+    atom = SWIZZLE_BYTES // row.itemsize
+    if config.bn not in WIDE_BN or config.wm != ROWS_PER_INSTRUCTION or config.bk % atom:
+        bad("fragment", f"a tile wider than wgmma's {wgmma.N_MAX} columns is one of bn={list(WIDE_BN)} with "
+                        f"wm={ROWS_PER_INSTRUCTION} and bk a multiple of {atom} ({SWIZZLE_BYTES}-byte rows), not "
+                        f"bn={config.bn}, wm={config.wm}, bk={config.bk}")
     for knob, on in (("split_n", config.split_n), ("split_k", config.split_k > 1), ("stream_k", config.stream_k),
                      ("stmatrix", config.stmatrix)):
         if on:

@@ -45,8 +45,8 @@ def resident_clusters(kernel: CompiledKernel, threads: int, smem: int, cluster: 
 def operand_layout(problem: Problem, operand: KernelOperand, role: str, config: GemmConfig) -> tuple[TiledLayout, int]:
     """The tensor map layout of A or B as stored (innermost dimension first, then the other, then
     the batch) with the box a Hopper kernel copies, and the batch step (1: a matrix per batch, 0: one
-    matrix the batch shares). K-major operands come in boxes of 64 K x the tile's rows, MN-major
-    ones in boxes of 64 rows x bk."""
+    matrix the batch shares). K-major operands come in boxes of 64 K x the tile's rows (B's of a tile
+    wider than a box's 256 rows: half of them, two boxes a slice), MN-major ones in boxes of 64 rows x bk."""
     row = dtypes.lookup(problem.dtype, problem.compute)
     itemsize = row.itemsize
     atom = config.swizzle_row_bytes // itemsize
@@ -54,7 +54,7 @@ def operand_layout(problem: Problem, operand: KernelOperand, role: str, config: 
         tile = config.tile_rows
         rows, length, mn_major = (problem.k, problem.m, True) if problem.trans_a else (problem.m, problem.k, False)
     else:
-        tile = config.b_box_rows()   # (bn, or half of a tile wider than a box's 256 rows: two boxes a slice)
+        tile = config.b_box_rows()
         rows, length, mn_major = (problem.n, problem.k, False) if problem.trans_b else (problem.k, problem.n, True)
     box = (atom, config.bk) if mn_major else (atom, tile)
     pitch = operand.ld * itemsize
