@@ -380,7 +380,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             dtype=problem.dtype, compute=problem.compute, layout=problem.layout.upper(), element=row.element,
             to_acc=row.to_acc, from_acc=row.from_acc, mma_input=row.tensor_core.mma_input, fk=row.tensor_core.wgmma_k,
             bm=self.bm, bn=self.bn, bk=self.bk, consumers=self.consumers, split_n=self.split_n, cn=self.wn,
-            wide=self.wide, pieces=self.wgmma_pieces(),
+            wide=self.wide, pieces=self.wgmma_pieces(), b_box_rows=self.b_box_rows(),
             max_accumulators=self.max_accumulators(), stages=self.stages, group_m=self.group_m,
             trans_a=cxx_bool(problem.trans_a), b_mn_major=cxx_bool(not problem.trans_b),
             transposes=self.transposes(problem), a_in_registers=self.a_in_registers(problem),
