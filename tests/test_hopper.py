@@ -378,11 +378,12 @@ def test_pingpong_split_k_with_an_epilogue_stops_at_the_width_that_compiles_with
     from test_hopper_stream_k import compiles_without_spills
 
     problem = Problem.from_layout(1000, 3000, 2000, "nt", dtype="bfloat16", epilogue=Epilogue(bias, activation))
+    bare = dataclasses.replace(problem, epilogue=Epilogue())
     for bn in (208, 224, 240, 256):
-        refused = config_from_name(f"hopper_128x{bn}x64_w64x{bn}_s4_g1_k2_o1_p_ts_pp_hd").check(problem, H100)
+        config = config_from_name(f"hopper_128x{bn}x64_w64x{bn}_s4_g1_k2_o1_p_ts_pp_hd")
+        refused = config.check(problem, H100)
         assert any(reason.startswith("registers: pingpong with split_k=2") for reason in refused), (bn, refused)
-        bare = dataclasses.replace(problem, epilogue=Epilogue())
-        assert not config_from_name(f"hopper_128x{bn}x64_w64x{bn}_s4_g1_k2_o1_p_ts_pp_hd").check(bare, H100)
+        assert not config.check(bare, H100)
     widest = "hopper_128x192x64_w64x192_s4_g1_k2_o1_p_ts_pp_hd"
     assert not config_from_name(widest).check(problem, H100)
     compiles_without_spills(widest, problem)
