@@ -10,7 +10,7 @@ import pytest
 from gpu_cases import serving
 
 import autogemm
-from autogemm.serving import dispatch, select, torch_tensors
+from autogemm.serving import dispatch, select, torch_fast_path, torch_tensors
 
 pytestmark = pytest.mark.gpu
 
@@ -93,9 +93,9 @@ def test_a_repeated_call_is_served_by_the_fast_path(serving, dtype_name, layout,
             assert _error(torch, result, expected) <= LIMITS[dtype_name]
 
 
-@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-def test_16_bit_tensors_served_cublas_get_torch_matmul_itself(dtype_name, general_calls):
-    """Where nothing generated serves two 16-bit tensors, the repeated call is torch.matmul's own (its
+@pytest.mark.parametrize("dtype_name", ["float16", "bfloat16", "float64"])
+def test_tensors_served_cublas_get_torch_matmul_itself(dtype_name, general_calls):
+    """Where nothing generated serves two tensors of one dtype, the repeated call is torch.matmul's own (its
     algorithm and workspace: the same bits), so that it is never slower than what the user would call."""
     torch = _torch()
     dtype = getattr(torch, dtype_name)
@@ -110,6 +110,34 @@ def test_16_bit_tensors_served_cublas_get_torch_matmul_itself(dtype_name, genera
         assert torch.equal(repeated, torch.matmul(a, b))
         halved = autogemm.matmul(a, b, alpha=0.5)  # (alpha is autogemm's: its own cuBLAS call)
         assert _error(torch, halved * 2, a.double() @ b.double()) <= LIMITS[dtype_name]
+
+
+def test_float32_tensors_get_torch_matmul_only_while_pytorch_computes_float32_in_float32(general_calls):
+    """float32 served by cuBLAS goes to torch.matmul while PyTorch computes float32 matmuls in float32 (the
+    same bits as torch.matmul); once a user allows TF32 there, autogemm's own cuBLAS call serves the same
+    key, in float32 (torch.matmul's error shows the setting took hold), and the C++ memo holds no such call."""
+    torch = _torch()
+    saved = torch.backends.cuda.matmul.allow_tf32
+    with _serving("cublas"):
+        a = _operand(torch, (1000, 1200), torch.float32, 3)
+        b = _operand(torch, (1100, 1200), torch.float32, 4).t()
+        expected = a.double() @ b.double()
+        try:
+            torch.backends.cuda.matmul.allow_tf32 = False
+            autogemm.matmul(a, b)
+            repeated = autogemm.matmul(a, b)
+            assert torch.equal(repeated, torch.matmul(a, b))
+            torch.backends.cuda.matmul.allow_tf32 = True
+            allowed = autogemm.matmul(a, b)
+            assert _error(torch, torch.matmul(a, b), expected) > 1e-5  # (TF32's rounding: the setting holds)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = saved
+        assert len(general_calls) == 1
+        plans = [plan for plan in dispatch._DISPATCHER.torch_fast.values() if plan.shape == (1000, 1100)]
+        assert plans and all(plan.torch_matmul is torch_fast_path.float32_matmul for plan in plans)
+        assert _error(torch, allowed, expected) <= LIMITS["float32"]
+        memo = dispatch._DISPATCHER.native_memo
+        assert memo is None or memo.matmul(a, b) is None
 
 
 def test_what_the_key_does_not_pin_down_goes_the_general_path(general_calls):

@@ -294,7 +294,7 @@ def test_every_shipped_record_still_renders_its_kernel_byte_for_byte(document):
 # ---- tensors served cuBLAS go to torch.matmul -----------------------------------------------------------
 def test_a_cublas_plan_of_16_bit_tensors_hands_them_to_torch_matmul():
     """What torch would call is what serves tensors where nothing generated wins: torch.matmul, its own
-    algorithm and workspace. float32 stays with autogemm's cuBLAS (torch.matmul may compute it in TF32)."""
+    algorithm and workspace (float64 too; float32 in the next test)."""
     torch = pytest.importorskip("torch")
     from autogemm.serving.plan import Plan
     from autogemm.serving.select import Choice
@@ -307,9 +307,38 @@ def test_a_cublas_plan_of_16_bit_tensors_hands_them_to_torch_matmul():
     half = torch.ones(2, 2, dtype=torch.bfloat16)
     assert torch_matmul_for(plan(None), half, half) is torch.matmul
     assert torch_matmul_for(plan(None), half.half(), half.half()) is torch.matmul
-    assert torch_matmul_for(plan(None), half.float(), half.float()) is None
+    assert torch_matmul_for(plan(None), half.double(), half.double()) is torch.matmul
     assert torch_matmul_for(plan(None), half, half.half()) is None
     assert torch_matmul_for(plan(config_from_name(WIDE)), half, half) is None
+
+
+def test_float32_tensors_go_to_torch_matmul_only_while_pytorch_computes_float32_in_float32():
+    """float32 computed as float32 is handed over through float32_matmul, which calls torch.matmul while
+    PyTorch's float32 matmuls are float32 and gives the call back (None) once a user allows TF32; float32
+    computed in TF32 (compute="tf32") stays with autogemm's launcher."""
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch._C, "_get_fp32_precision_getter"):
+        pytest.skip("this PyTorch has no fp32_precision setting")
+    from autogemm.serving.plan import Plan
+    from autogemm.serving.select import Choice
+    from autogemm.serving.torch_fast_path import float32_matmul, torch_matmul_for
+
+    def plan(compute):
+        return Plan(choice=Choice("cublas", None, "test"), problem=Problem(64, 64, 64, dtype="float32", compute=compute),
+                    shape=(64, 64), dtype=None, device=0)
+
+    single = torch.arange(4, dtype=torch.float32).reshape(2, 2)
+    assert torch_matmul_for(plan("fp32"), single, single) is float32_matmul
+    assert torch_matmul_for(plan("tf32"), single, single) is None
+    assert torch_matmul_for(plan("fp32"), single, single.double()) is None
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert torch.equal(float32_matmul(single, single), single @ single)  # (CPU tensors: torch computes them too)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert float32_matmul(single, single) is None
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def test_a_plan_whose_guard_settled_on_cublas_hands_its_tensors_to_torch_matmul():

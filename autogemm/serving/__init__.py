@@ -7,10 +7,10 @@ this order:
    (no `out`, `tune`, `race` or `beta`) whose plan is known skips validation: on CuPy arrays the
    plan is found in `Dispatcher.fast` by `planning.fast_key` and run by `plan.Plan.call_fast`; on
    PyTorch CUDA tensors in `Dispatcher.torch_fast` by `torch_fast_path.torch_fast_key` and run by
-   `Plan.call_torch` on PyTorch's current stream, or, where cuBLAS serves two 16-bit tensors, by
-   torch.matmul itself (`Plan.torch_matmul`). Either gives the call back to the general path
-   where the current device or the operands' alignment differ from the plan's, or (CuPy) where the
-   stream is being captured into a CUDA graph.
+   `Plan.call_torch` on PyTorch's current stream, or, where cuBLAS serves two tensors of one dtype, by
+   torch.matmul itself (`Plan.torch_matmul`; float32 only while PyTorch computes it in float32).
+   Either gives the call back to the general path where the current device or the operands'
+   alignment differ from the plan's, or (CuPy) where the stream is being captured into a CUDA graph.
 2. The general path. Tensors are seen as CuPy arrays through DLPack (`torch_tensors.call`, which
    then registers the plan for the torch fast path: `torch_fast_path.register`). `numpy_semantics`
    puts the call in the kernels' terms (1-D operands, broadcast batches, mixed dtypes; integer,

@@ -25,6 +25,7 @@ from .eager_epilogue import TorchEagerEpiloguePlan
 from .numpy_semantics import as_cupy
 from .plan import bind_cupy_names, bind_torch_names, make_plan
 from .planning import Dispatcher, fast_key
+from .torch_fast_path import float32_matmul
 from .torch_tensors import is_tensor
 
 _DISPATCHER = Dispatcher()
@@ -139,12 +140,14 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
         except RuntimeError:  # a layout without strides (sparse): the general path names it
             plan = None
         if plan is not None and not (a.requires_grad or b.requires_grad):
-            matmul_itself = plan.torch_matmul  # (cuBLAS on 16-bit tensors: torch's own call, Plan.torch_matmul)
+            matmul_itself = plan.torch_matmul  # (cuBLAS on tensors: torch's own call, Plan.torch_matmul)
             if matmul_itself is not None and alpha == 1 and b.get_device() == plan.device:
                 result = matmul_itself(a, b)  # (which reads a lazily negated view itself)
-                if compute is None:
-                    native_linear.file_matmul(_DISPATCHER, a, b)
-                return result
+                if result is not None:  # (None: float32 while PyTorch allows TF32, torch_fast_path.float32_matmul)
+                    # (the C++ memo calls at::matmul without reading the float32 setting: float32 stays here)
+                    if compute is None and matmul_itself is not float32_matmul:
+                        native_linear.file_matmul(_DISPATCHER, a, b)
+                    return result
             if not (a.is_neg() or b.is_neg()):
                 result = plan.call_torch(a, b, alpha)
                 if result is not None:

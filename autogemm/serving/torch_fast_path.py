@@ -57,15 +57,41 @@ def register(dispatcher: Any, a: Any, b: Any, a_arr: Any, b_arr: Any, result_arr
 
 
 def torch_matmul_for(plan: Any, a: Any, b: Any) -> Any:
-    """torch.matmul where `plan` serves cuBLAS (`serves_cublas`) on two tensors of one 16-bit
-    dtype, so that the torch fast path calls it (Plan.torch_matmul): for tensors, cuBLAS as torch calls
-    it is what a user would call instead. None elsewhere: float32 is not handed over, since torch.matmul
-    computes it in TF32 where the user allowed that, and autogemm computes float32 as float32."""
+    """What the torch fast path calls where `plan` serves cuBLAS (`serves_cublas`) on two tensors of one
+    dtype (Plan.torch_matmul): for tensors, cuBLAS as torch calls it is what a user would call instead.
+    torch.matmul itself for float16, bfloat16 and float64; for float32 computed as float32, `float32_matmul`,
+    which hands a call over only while PyTorch computes float32 products in float32 too. None elsewhere (a
+    generated kernel, float32 computed in TF32, two dtypes): the plan's launcher serves the tensors."""
     import torch  # (a tensor was given)
 
-    if not serves_cublas(plan) or a.dtype != b.dtype or a.dtype not in (torch.float16, torch.bfloat16):
+    if not serves_cublas(plan) or a.dtype != b.dtype:
         return None
-    return torch.matmul
+    if a.dtype in (torch.float16, torch.bfloat16, torch.float64):
+        return torch.matmul
+    if a.dtype == torch.float32 and plan.problem.compute == "fp32" and _float32_precision() is not None:
+        return float32_matmul
+    return None
+
+
+def _float32_precision() -> Any:
+    """PyTorch's getter of its precision setting per backend and operation (PyTorch 2.9's API, which reads
+    both the legacy `allow_tf32` and `fp32_precision`), or None where this PyTorch has none."""
+    import torch
+
+    return getattr(torch._C, "_get_fp32_precision_getter", None)
+
+
+def float32_matmul(a: Any, b: Any) -> Any:
+    """torch.matmul(a, b) of two float32 tensors while PyTorch computes float32 matmuls in float32, else
+    None. Where a user allowed TF32 (`torch.backends.cuda.matmul.fp32_precision = "tf32"`, or the legacy
+    `allow_tf32`), torch.matmul would round the operands to TF32; autogemm computes float32 as float32
+    (compute="tf32" asks for TF32), so the plan's own cuBLAS call serves then. The setting is read per call,
+    as torch.matmul reads it (about 0.1 us)."""
+    import torch
+
+    if torch._C._get_fp32_precision_getter("cuda", "matmul") == "tf32":
+        return None
+    return torch.matmul(a, b)
 
 
 def serves_cublas(plan: Any) -> bool:
