@@ -335,7 +335,8 @@ def test_the_torch_operator_is_captured_with_its_output_in_the_graph_pool():
 def test_a_capture_on_a_stream_with_a_spare_output_takes_its_output_from_the_graph_pool():
     """The torch fast path keeps the next output of each stream ready (made after a launch); a call
     under capture on that stream must not hand it out (it is not the graph's memory: it would be
-    freed, and reused, while the graph still writes it), nor replace it."""
+    freed, and reused, while the graph still writes it), nor replace it. (alpha = 0.5: the plan's own launcher
+    serves the tensors, as torch.matmul, which takes no alpha, serves them without one.)"""
     torch = _torch()
     from autogemm.serving import dispatch, torch_fast_path
 
@@ -346,20 +347,20 @@ def test_a_capture_on_a_stream_with_a_spare_output_takes_its_output_from_the_gra
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(3):
-                autogemm.matmul(a, b)
+                autogemm.matmul(a, b, alpha=0.5)
         stream.synchronize()
         plan = dispatch._DISPATCHER.torch_fast[torch_fast_path.torch_fast_key(a, b, None)]
         spare = plan.torch_spares[stream.cuda_stream]
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
-            result = autogemm.matmul(a, b)
+            result = autogemm.matmul(a, b, alpha=0.5)
         assert result.data_ptr() != spare.data_ptr() and plan.torch_spares[stream.cuda_stream] is spare
         del spare
         with torch.cuda.stream(stream):  # outside the capture the spare serves, and a new one is made
-            outside = autogemm.matmul(a, b)
+            outside = autogemm.matmul(a, b, alpha=0.5)
         stream.synchronize()
         a.mul_(-1.0)
         graph.replay()
         torch.cuda.synchronize()
-        assert float((result.double() - a.double() @ b.double()).abs().max()) <= 1e-4
-        assert float((outside.double() + a.double() @ b.double()).abs().max()) <= 1e-4
+        assert float((result.double() - 0.5 * (a.double() @ b.double())).abs().max()) <= 1e-4
+        assert float((outside.double() + 0.5 * (a.double() @ b.double())).abs().max()) <= 1e-4
