@@ -14,9 +14,9 @@ tune: bench_common.keep_compiled_kernels), then autogemm.matmul and torch.matmul
 float64 and timed three ways (autogemm/measure/timing.py):
 - GPU time sustained, the headline ratio: GRAPH_CALLS back-to-back calls of each captured in a CUDA graph
   (as a compiled or graphed training step runs them), the graphs replayed in `sustained_times`' rounds
-  (20 rounds of about 50 ms per competitor, in random order, the GPU never idle, clocks and power
+  (GPU_ROUNDS rounds of about 50 ms per competitor, in random order, the GPU never idle, clocks and power
   settled; means of the rounds). The host's time is not in it.
-- Eager sustained: the same rounds of plain back-to-back calls. Where a product takes less GPU time than
+- Eager sustained: 20 such rounds of plain back-to-back calls. Where a product takes less GPU time than
   a Python call's host time (about 20 us on the reference host), this measures the host: such a loop
   is host-bound for torch.matmul and autogemm alike, and shows what autogemm's Python adds.
 - One call at a time on an idle GPU (medians of 25, host time included).
@@ -57,7 +57,7 @@ from bench_common import (deadline_after, device_of, keep_compiled_kernels,  # n
                           make_operands, problem_label, release_memory, results_arguments,
                           repository_files, require_rows_of_draw, results_path, run_rows, source_digest,
                           write_report)
-from tuned_half_table import AUTOGEMM, GRAPH_CALLS, TORCH, report  # noqa: E402
+from tuned_half_table import AUTOGEMM, GPU_ROUNDS, GRAPH_CALLS, TORCH, report  # noqa: E402
 
 # 2030: seed 2027's draw (published on an earlier code, benchmarks/results/...-seed2027.md) shares problems, up to
 # their dtype, with the rows the kernels were developed against since (its 256 x 9216 x 3072, 1000 x 2304 x 9216,
@@ -189,7 +189,8 @@ def measure(spec, index: int, inductor: bool = False) -> dict:
     served = autogemm.explain(a, b)
     with ClockMonitor() as monitor:
         graphed = {name: _graphed(torch, call, expected_of=calls[TORCH]) for name, call in calls.items()}
-        rounds = timing.sustained_times({name: lambda i, g=g: g.replay() for name, (g, _) in graphed.items()})
+        rounds = timing.sustained_times({name: lambda i, g=g: g.replay() for name, (g, _) in graphed.items()},
+                                        rounds=GPU_ROUNDS)
     del graphed
     gpu_us = {name: statistics.fmean(times) * 1e3 / GRAPH_CALLS for name, times in rounds.items()}
     eager = timing.sustained_times(calls)
@@ -292,7 +293,7 @@ def _out_path(args, device_slug: str) -> Path:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    results_arguments(parser, SEED, COUNT, "a problem takes about 46 s on an H200")
+    results_arguments(parser, SEED, COUNT, "a problem takes about 50 s on an H200")
     parser.add_argument("--shard", default="1/1", help="I/N: only every N-th problem, starting with the I-th (default 1/1)")
     parser.add_argument("--only", help="only problems whose label contains one of these comma-separated texts")
     parser.add_argument("--problem", action="append", metavar="DTYPE,LAYOUT,M,N,K",

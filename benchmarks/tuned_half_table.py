@@ -15,6 +15,12 @@ AUTOGEMM, TORCH = "autogemm.matmul", "torch.matmul"
 # over 100 us, far over a replay's host time
 GRAPH_CALLS = 16
 M_CLASSES = ((640, "M <= 640"), (2048, "M <= 2048"), (math.inf, "M > 2048"))
+# GPU time rounds a row is timed in (timing.sustained_times' rounds of about 50 ms a competitor). 60 since
+# session 68: at 20, a row whose two sides were one kernel (cuBLAS kept, so torch.matmul against itself) measured
+# 0.980, one of its rounds throttled on one side (341 against 290 us); one such round moves the mean of 20 by over
+# 1%, of 60 by a third of that, and the noise of the paired ratios shrinks by sqrt(3). The eager rounds stay 20.
+GPU_ROUNDS = 60
+EARLIER_GPU_ROUNDS = 20  # what rows that do not record their rounds were timed in
 
 
 def summary(rows) -> list[str]:
@@ -70,6 +76,12 @@ def paired_noise(row) -> float | None:
     return Sustained(kernel_rounds=[ours], baseline_rounds={TORCH: theirs}).noise(0)
 
 
+def gpu_rounds(rows) -> str:
+    """The GPU time rounds the rows were timed in, as the table says it: "60", or "20 to 60" for a file of both."""
+    counts = sorted({len(r["gpu_rounds_us"][TORCH]) if r.get("gpu_rounds_us") else EARLIER_GPU_ROUNDS for r in rows})
+    return str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+
+
 def report(rows, device_name: str, seed: int, drawn: int | None = None) -> list[str]:
     """The Markdown table of `rows`; `drawn`: the problems of the draw, said beside those run where fewer ran."""
     clocks = [r["sm_clock_mhz"] for r in rows if r.get("sm_clock_mhz")]
@@ -84,9 +96,10 @@ def report(rows, device_name: str, seed: int, drawn: int | None = None) -> list[
              f"{kernels_kept(rows)}; then autogemm.matmul and "
              "torch.matmul on the same PyTorch tensors. Ratios are torch.matmul's time over autogemm.matmul's (> 1: "
              "autogemm is faster). GPU time: "
-             f"{GRAPH_CALLS} calls captured in a CUDA graph, the graphs replayed back to back in 20 rounds of about 50 ms "
-             "each in random order (means), so that clocks and power settle and the host's time is not in it. Eager: the "
-             "same rounds of plain calls from Python, where a product shorter than a call's host time measures the host. "
+             f"{GRAPH_CALLS} calls captured in a CUDA graph, the graphs replayed back to back in {gpu_rounds(rows)} rounds of "
+             "about 50 ms each in random order (means), so that clocks and power settle and the host's time is not in it. "
+             f"Eager: {EARLIER_GPU_ROUNDS} such rounds of plain calls from Python, where a product shorter than a call's "
+             "host time measures the host. "
              f"Latency: one call at a time on an idle GPU, host time included (medians of 25).{seen} Noise: the GPU time "
              "ratio's, as a tune measures its own comparison's: twice the standard error of the rounds' paired ratios "
              "(torch.matmul's time over autogemm.matmul's in the same round) over their mean, at least 1%. Where the tune kept cuBLAS, autogemm.matmul "

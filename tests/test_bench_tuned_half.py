@@ -173,3 +173,14 @@ def test_a_file_of_given_problems_gathers_the_rows_of_several_lists(tmp_path):
                           "--problem", "bfloat16,nt,8192,8192,8192"], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "bfloat16 nt 256x4096x4096" in path.with_suffix(".md").read_text()
+
+
+def test_the_table_says_how_many_gpu_time_rounds_its_rows_were_timed_in():
+    """Rows record their rounds (gpu_rounds_us); rows from before that were timed in 20. A file of both says so."""
+    def timed(m, rounds):
+        return {**_row(m, 1.0, False), "gpu_rounds_us": {bench.AUTOGEMM: [10.0] * rounds, bench.TORCH: [10.0] * rounds}}
+
+    text = "\n".join(bench.report([timed(256, 60), timed(1024, 60)], "NVIDIA H200", 7))
+    assert "back to back in 60 rounds of about 50 ms" in text and "Eager: 20 such rounds" in text
+    assert "in 20 to 60 rounds" in "\n".join(bench.report([timed(256, 60), _row(1024, 1.0, False)], "NVIDIA H200", 7))
+    assert "in 20 rounds" in "\n".join(bench.report([_row(256, 1.0, False)], "NVIDIA H200", 7))
