@@ -76,7 +76,7 @@ def torch_matmul_for(plan: Any, a: Any, b: Any) -> Any:
 def _float32_precision() -> Any:
     """PyTorch's getter of its precision setting per backend and operation (PyTorch 2.9's API, which reads
     both the legacy `allow_tf32` and `fp32_precision`), or None where this PyTorch has none."""
-    import torch
+    import torch  # (a tensor was given)
 
     return getattr(torch._C, "_get_fp32_precision_getter", None)
 
@@ -87,7 +87,7 @@ def float32_matmul(a: Any, b: Any) -> Any:
     `allow_tf32`), torch.matmul would round the operands to TF32; autogemm computes float32 as float32
     (compute="tf32" asks for TF32), so the plan's own cuBLAS call serves then. The setting is read per call,
     as torch.matmul reads it (about 0.1 us)."""
-    import torch
+    import torch  # (a tensor was given)
 
     if torch._C._get_fp32_precision_getter("cuda", "matmul") == "tf32":
         return None
