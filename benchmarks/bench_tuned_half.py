@@ -293,7 +293,7 @@ def _out_path(args, device_slug: str) -> Path:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    results_arguments(parser, SEED, COUNT, "a problem takes about 50 s on an H200")
+    results_arguments(parser, SEED, COUNT, "a problem takes about 55 s on an H200")
     parser.add_argument("--shard", default="1/1", help="I/N: only every N-th problem, starting with the I-th (default 1/1)")
     parser.add_argument("--only", help="only problems whose label contains one of these comma-separated texts")
     parser.add_argument("--problem", action="append", metavar="DTYPE,LAYOUT,M,N,K",
