@@ -144,8 +144,7 @@ def matmul(a: Any, b: Any, *, out: Any = None, alpha: float = 1.0, beta: float =
             if matmul_itself is not None and alpha == 1 and b.get_device() == plan.device:
                 result = matmul_itself(a, b)  # (which reads a lazily negated view itself)
                 if result is not None:  # (None: float32 while PyTorch allows TF32, torch_fast_path.float32_matmul)
-                    # (the C++ memo calls at::matmul without reading the float32 setting: float32 stays here)
-                    if compute is None and matmul_itself is not float32_matmul:
+                    if compute is None and matmul_itself is not float32_matmul:  # (the memo reads no TF32 setting)
                         native_linear.file_matmul(_DISPATCHER, a, b)
                     return result
             if not (a.is_neg() or b.is_neg()):
