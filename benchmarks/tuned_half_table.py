@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 
+from autogemm.measure.timing import SUSTAINED_ROUNDS, Sustained  # (SUSTAINED_ROUNDS: the eager rounds)
 from bench_common import geomean, kernels_kept, mixed_codes, partial_draw
 
 AUTOGEMM, TORCH = "autogemm.matmul", "torch.matmul"
@@ -18,7 +19,8 @@ M_CLASSES = ((640, "M <= 640"), (2048, "M <= 2048"), (math.inf, "M > 2048"))
 # GPU time rounds a row is timed in (timing.sustained_times' rounds of about 50 ms a competitor). 60 since
 # session 68: at 20, a row whose two sides were one kernel (cuBLAS kept, so torch.matmul against itself) measured
 # 0.980, one of its rounds throttled on one side (341 against 290 us); one such round moves the mean of 20 by over
-# 1%, of 60 by a third of that, and the noise of the paired ratios shrinks by sqrt(3). The eager rounds stay 20.
+# 1%, of 60 by a third of that, and the noise of the paired ratios shrinks by sqrt(3). The eager rounds stay
+# timing's default.
 GPU_ROUNDS = 60
 EARLIER_GPU_ROUNDS = 20  # what rows that do not record their rounds were timed in
 
@@ -67,8 +69,6 @@ def paired_noise(row) -> float | None:
     """The noise of the row's GPU time ratio as the tune's keep rule measures a comparison's (timing.Sustained.noise:
     twice the standard error of the rounds' paired ratios, torch.matmul's time over autogemm.matmul's in the same
     round, over their mean, at least MIN_NOISE), a fraction of the ratio. None for a row without its rounds."""
-    from autogemm.measure.timing import Sustained
-
     rounds = row.get("gpu_rounds_us") or {}
     ours, theirs = rounds.get(AUTOGEMM) or [], rounds.get(TORCH) or []
     if len(ours) != len(theirs) or len(ours) < 2:
@@ -98,7 +98,7 @@ def report(rows, device_name: str, seed: int, drawn: int | None = None) -> list[
              "autogemm is faster). GPU time: "
              f"{GRAPH_CALLS} calls captured in a CUDA graph, the graphs replayed back to back in {gpu_rounds(rows)} rounds of "
              "about 50 ms each in random order (means), so that clocks and power settle and the host's time is not in it. "
-             f"Eager: {EARLIER_GPU_ROUNDS} such rounds of plain calls from Python, where a product shorter than a call's "
+             f"Eager: {SUSTAINED_ROUNDS} such rounds of plain calls from Python, where a product shorter than a call's "
              "host time measures the host. "
              f"Latency: one call at a time on an idle GPU, host time included (medians of 25).{seen} Noise: the GPU time "
              "ratio's, as a tune measures its own comparison's: twice the standard error of the rounds' paired ratios "
