@@ -68,17 +68,11 @@ def torch_matmul_for(plan: Any, a: Any, b: Any) -> Any:
         return None
     if a.dtype in (torch.float16, torch.bfloat16, torch.float64):
         return torch.matmul
-    if a.dtype == torch.float32 and plan.problem.compute == "fp32" and _float32_precision() is not None:
+    # float32_matmul reads PyTorch 2.9's per-backend precision getter (it covers both the legacy `allow_tf32`
+    # and `fp32_precision`); an older PyTorch without it keeps the plan's own cuBLAS call.
+    if a.dtype == torch.float32 and plan.problem.compute == "fp32" and hasattr(torch._C, "_get_fp32_precision_getter"):
         return float32_matmul
     return None
-
-
-def _float32_precision() -> Any:
-    """PyTorch's getter of its precision setting per backend and operation (PyTorch 2.9's API, which reads
-    both the legacy `allow_tf32` and `fp32_precision`), or None where this PyTorch has none."""
-    import torch  # (a tensor was given)
-
-    return getattr(torch._C, "_get_fp32_precision_getter", None)
 
 
 def float32_matmul(a: Any, b: Any) -> Any:
