@@ -101,6 +101,34 @@ def test_the_report_judges_what_the_issue_asks():
     assert "**2 of the 24 layers drawn have run; the other 22 have not yet.**" in bench.report(rows, "GPU", bench.SEED, 24)
 
 
+def _with_rounds(row, eager, alone):
+    """`row` whose tuned phase kept its sustained rounds: eager's and the GEMM alone's, us a call in each round."""
+    row["tuned"]["sustained_rounds_us"] = {bench.EAGER: eager, bench.GEMM_ALONE: alone}
+    return row
+
+
+def test_a_share_of_a_gain_within_its_noise_is_not_judged():
+    """Eager's 0.6% over the GEMM alone (a bias cuBLASLt adds in its epilogue) is within the rounds' noise (at least
+    1%): its share captured is shown, not judged. A 20% gain with the same spread is judged."""
+    wobble = [1.0, -1.0] * 10
+    free = _row(0, ("bfloat16", "bias", 4096, 9216, 2304), _figures(100.0, 100.6, 100.0), _figures(100.9, 100.6, 100.0))
+    _with_rounds(free, [100.6 + w for w in wobble], [100.0] * 20)
+    assert bench.ceiling_noise(free["tuned"]) == pytest.approx(0.01) and bench.judged_share(free["tuned"]) is None
+    costly = _row(1, ("bfloat16", "bias+gelu", 2048, 9216, 2304), _figures(100.0, 120.0, 100.0),
+                  _figures(105.0, 120.0, 100.0))
+    _with_rounds(costly, [120.0 + w for w in wobble], [100.0] * 20)
+    assert bench.judged_share(costly["tuned"]) == pytest.approx(0.75)
+    text = "\n".join(bench.report([free, costly], "GPU", bench.SEED))
+    assert "at least 60% on 1 of 1 problems (median 75%, min 75%); on 1 more eager's gain over the GEMM alone is " \
+           "within its noise, and not judged." in text
+    assert "| 1.006 | -50% (gain within ±1.0%) |" in text  # ((100.6 - 100.9) / 0.6)
+    assert "judged where eager beats the GEMM alone by more than the noise" in text
+    # rows of before the rounds were kept are judged on any gain, as they were, and the text says nothing of noise
+    del free["tuned"]["sustained_rounds_us"], costly["tuned"]["sustained_rounds_us"]
+    text = "\n".join(bench.report([free, costly], "GPU", bench.SEED))
+    assert "at least 60% on 1 of 2 problems" in text and "noise" not in text
+
+
 @pytest.mark.shipped_results
 def test_a_report_made_away_from_the_gpu_names_it_as_its_shipped_document_does():
     import bench_common
