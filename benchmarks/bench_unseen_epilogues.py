@@ -298,13 +298,16 @@ def ceiling_noise(phase: dict) -> float | None:
     return Sustained(kernel_rounds=[alone], baseline_rounds={EAGER: eager}).noise(0)
 
 
-def judged_share(phase: dict) -> float | None:
-    """The share of the ceiling captured where it is judged: eager beats the GEMM alone by more than the noise, as
-    the keep rule asks of a kernel against cuBLAS (tuning/outcome.py keeps_cublas; a phase without its rounds:
-    any gain)."""
-    top, share = ceiling(phase["sustained_us"])
+def within_noise(phase: dict) -> bool:
+    """Whether eager beats the GEMM alone by no more than their rounds' noise, where the keep rule would call a
+    kernel no faster than cuBLAS (tuning/outcome.py keeps_cublas). False for a phase without its rounds."""
     noise = ceiling_noise(phase)
-    return share if noise is None or top > 1 + noise else None
+    return noise is not None and ceiling(phase["sustained_us"])[0] <= 1 + noise
+
+
+def judged_share(phase: dict) -> float | None:
+    """The share of the ceiling captured where it is judged: a gain that is not within its noise (within_noise)."""
+    return None if within_noise(phase) else ceiling(phase["sustained_us"])[1]
 
 
 def latency_rounds(rows: list[dict]) -> str:
@@ -325,7 +328,7 @@ def summary(rows: list[dict]) -> list[str]:
                                  f"{geomean(values):.3f} | {min(values):.3f} |")
     large = [r for r in rows if r["spec"][2] >= CAPTURE_FROM_M]
     judged = [share for r in large if (share := judged_share(r["tuned"])) is not None]
-    within = sum(ceiling(r["tuned"]["sustained_us"])[1] is not None and judged_share(r["tuned"]) is None for r in large)
+    within = sum(ceiling(r["tuned"]["sustained_us"])[1] is not None and within_noise(r["tuned"]) for r in large)
     if judged:
         lines += ["", f"Tuned, sustained, at M >= {CAPTURE_FROM_M}: the share of eager's gain over the GEMM alone "
                       f"captured is at least 60% on {sum(s >= 0.6 for s in judged)} of {len(judged)} problems "
@@ -355,9 +358,8 @@ def report(rows: list[dict], device_name: str, seed: int, drawn: int | None = No
     for row in sorted(rows, key=lambda r: (r["spec"][1], r["spec"][2])):
         untuned, tuned = row["untuned"], row["tuned"]
         top, share = ceiling(tuned["sustained_us"])
-        noise = ceiling_noise(tuned)
-        captured = "-" if share is None else f"{share:.0%}" if judged_share(tuned) is not None else \
-            f"{share:.0%} (gain within ±{noise:.1%})"
+        captured = "-" if share is None else \
+            f"{share:.0%} (gain within ±{ceiling_noise(tuned):.1%})" if within_noise(tuned) else f"{share:.0%}"
         tune = "no kernel measured" if row["tune"].get("error") else \
             "cuBLAS kept" if row["tune"]["kept_cublas"] else f"kernel {row['tune']['ratio']:.3f}x"
         lines.append(f"| {row['label']} | {_cell(ratio(untuned['sustained_us'], EAGER))} | "
