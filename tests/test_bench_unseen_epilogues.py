@@ -1,5 +1,6 @@
 """benchmarks/bench_unseen_epilogues.py without a GPU: the seeded draw (what the epilogue issue asks of it),
---list, and the figures its table judges (the ratios, the ceiling and the share captured)."""
+--list, and the figures its table judges (benchmarks/unseen_epilogues_table.py: the ratios, the ceiling and the
+share captured)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ SCRIPT = ROOT / "benchmarks" / "bench_unseen_epilogues.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 bench = load_script(SCRIPT)
+import unseen_epilogues_table as table  # noqa: E402  (the table's module: benchmarks/ is on the path above)
 
 
 @pytest.fixture(scope="module", params=[bench.SEED, 7])
@@ -37,7 +39,7 @@ def test_the_mix_is_the_one_asked_for(problems):
     assert collections.Counter(spec[0] for spec in problems) == {"bfloat16": 12, "float16": 12}
     assert collections.Counter(spec[1] for spec in problems) == {case: 6 for case in bench.CASES}
     ms = [spec[2] for spec in problems]
-    assert min(ms) < 16 and max(ms) >= 4096 and sum(m >= bench.CAPTURE_FROM_M for m in ms) >= 4
+    assert min(ms) < 16 and max(ms) >= 4096 and sum(m >= table.CAPTURE_FROM_M for m in ms) >= 4
     tuned = bench._campaign_widths()
     assert not any(spec[3] in tuned or spec[4] in tuned for spec in problems)
     assert all(2 * m * n * k <= bench.MAX_FLOPS for _, _, m, n, k in problems)
@@ -54,25 +56,25 @@ def test_list_runs_without_a_gpu():
 
 
 def _figures(ours, eager, alone, compiled=None, lt=None, ours_tanh=None):
-    figures = {bench.AUTOGEMM: ours, bench.EAGER: eager, bench.GEMM_ALONE: alone}
+    figures = {table.AUTOGEMM: ours, table.EAGER: eager, table.GEMM_ALONE: alone}
     if compiled is not None:
-        figures[bench.COMPILED] = compiled
+        figures[table.COMPILED] = compiled
     if lt is not None:
-        figures[bench.CUBLASLT] = lt
+        figures[table.CUBLASLT] = lt
     if ours_tanh is not None:
-        figures[bench.AUTOGEMM_TANH] = ours_tanh
+        figures[table.AUTOGEMM_TANH] = ours_tanh
     return figures
 
 
 def test_the_ratios_ceiling_and_share_captured():
     figures = _figures(ours=110.0, eager=120.0, alone=100.0, compiled=99.0, lt=105.0, ours_tanh=100.0)
-    assert bench.ratio(figures, bench.EAGER) == pytest.approx(120 / 110)
-    assert bench.ratio(figures, bench.COMPILED) == pytest.approx(99 / 110)
-    assert bench.ratio(figures, bench.CUBLASLT) == pytest.approx(105 / 100)  # against the same GELU form
-    assert bench.ratio(_figures(110.0, 120.0, 100.0), bench.CUBLASLT) is None
-    top, share = bench.ceiling(figures)
+    assert table.ratio(figures, table.EAGER) == pytest.approx(120 / 110)
+    assert table.ratio(figures, table.COMPILED) == pytest.approx(99 / 110)
+    assert table.ratio(figures, table.CUBLASLT) == pytest.approx(105 / 100)  # against the same GELU form
+    assert table.ratio(_figures(110.0, 120.0, 100.0), table.CUBLASLT) is None
+    top, share = table.ceiling(figures)
     assert top == pytest.approx(1.2) and share == pytest.approx(0.5)  # 10 of eager's 20 us over the GEMM
-    assert bench.ceiling(_figures(ours=101.0, eager=99.0, alone=100.0))[1] is None  # eager's epilogue free
+    assert table.ceiling(_figures(ours=101.0, eager=99.0, alone=100.0))[1] is None  # eager's epilogue free
 
 
 def _row(index, spec, untuned, tuned, kept=True):
@@ -86,7 +88,7 @@ def test_the_report_judges_what_the_issue_asks():
     rows = [_row(0, ("bfloat16", "bias+silu", 2048, 9216, 2304), _figures(100.0, 98.0, 90.0), _figures(93.0, 98.0, 90.0, 95.0)),
             _row(1, ("float16", "bias", 8, 9216, 2304), _figures(20.0, 21.0, 20.0), _figures(20.0, 21.0, 20.0, 30.0),
                  kept=False)]
-    text = "\n".join(bench.report(rows, "GPU", bench.SEED))
+    text = "\n".join(table.report(rows, "GPU", bench.SEED))
     assert "| untuned | sustained | eager | 2 | " in text
     untuned_min = min(98 / 100, 21 / 20)
     assert f"| untuned | sustained | eager | 2 | {(98 / 100 * 21 / 20) ** 0.5:.3f} | {untuned_min:.3f} |" in text
@@ -95,15 +97,15 @@ def test_the_report_judges_what_the_issue_asks():
     assert "at least 60% on 1 of 1 problems (median 62%" in text
     assert "different codes" not in text and "(compiled kernels kept for the run)" in text
     rows[1]["source_digest"], rows[1]["kernels_kept"] = "e", False
-    text = "\n".join(bench.report(rows, "GPU", bench.SEED))
+    text = "\n".join(table.report(rows, "GPU", bench.SEED))
     assert "measured with 2 different codes" in text and "kept for the run in some rows, compiled afresh in others" in text
     assert "have not yet" not in text  # (no count of the draw given)
-    assert "**2 of the 24 layers drawn have run; the other 22 have not yet.**" in bench.report(rows, "GPU", bench.SEED, 24)
+    assert "**2 of the 24 layers drawn have run; the other 22 have not yet.**" in table.report(rows, "GPU", bench.SEED, 24)
 
 
 def _with_rounds(row, eager, alone):
     """`row` whose tuned phase kept its sustained rounds: eager's and the GEMM alone's, us a call in each round."""
-    row["tuned"]["sustained_rounds_us"] = {bench.EAGER: eager, bench.GEMM_ALONE: alone}
+    row["tuned"]["sustained_rounds_us"] = {table.EAGER: eager, table.GEMM_ALONE: alone}
     return row
 
 
@@ -113,19 +115,19 @@ def test_a_share_of_a_gain_within_its_noise_is_not_judged():
     wobble = [1.0, -1.0] * 10
     free = _row(0, ("bfloat16", "bias", 4096, 9216, 2304), _figures(100.0, 100.6, 100.0), _figures(100.9, 100.6, 100.0))
     _with_rounds(free, [100.6 + w for w in wobble], [100.0] * 20)
-    assert bench.ceiling_noise(free["tuned"]) == pytest.approx(0.01) and bench.judged_share(free["tuned"]) is None
+    assert table.ceiling_noise(free["tuned"]) == pytest.approx(0.01) and table.judged_share(free["tuned"]) is None
     costly = _row(1, ("bfloat16", "bias+gelu", 2048, 9216, 2304), _figures(100.0, 120.0, 100.0),
                   _figures(105.0, 120.0, 100.0))
     _with_rounds(costly, [120.0 + w for w in wobble], [100.0] * 20)
-    assert bench.judged_share(costly["tuned"]) == pytest.approx(0.75)
-    text = "\n".join(bench.report([free, costly], "GPU", bench.SEED))
+    assert table.judged_share(costly["tuned"]) == pytest.approx(0.75)
+    text = "\n".join(table.report([free, costly], "GPU", bench.SEED))
     assert "at least 60% on 1 of 1 problems (median 75%, min 75%); on 1 more eager's gain over the GEMM alone is " \
            "within its noise, and not judged." in text
     assert "| 1.006 | -50% (gain within ±1.0%) |" in text  # ((100.6 - 100.9) / 0.6)
     assert "judged where eager beats the GEMM alone by more than the noise" in text
     # rows of before the rounds were kept are judged on any gain, as they were, and the text says nothing of noise
     del free["tuned"]["sustained_rounds_us"], costly["tuned"]["sustained_rounds_us"]
-    text = "\n".join(bench.report([free, costly], "GPU", bench.SEED))
+    text = "\n".join(table.report([free, costly], "GPU", bench.SEED))
     assert "at least 60% on 1 of 2 problems" in text and "noise" not in text
 
 
