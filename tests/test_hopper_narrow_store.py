@@ -1,7 +1,8 @@
 """Tiles whose width is no multiple of 64 (bn 96, 144, 160, 168, ... with B K-major) storing C through TMA
 (templates/hopper_gemm.cu.j2): in 64-column chunks, the last one the tile's last 64 columns, overlapping the one
 before. What the config allows, that only such kernels render it (every other kernel's source is unchanged:
-tests/test_waves.py holds the shipped records' byte for byte), and that they compile without spills. CPU only;
+tests/test_waves.py holds the shipped records' byte for byte), and that they compile without spills. Swapped, the
+transposed pieces hold 64 of C's rows, the last group of 64 overlapping the ones before. CPU only;
 tests/test_gpu_kernels.py and tests/test_gpu_epilogue.py run them against float64."""
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ NARROW = "hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_hd"
 ONE_WAVE = Problem.from_layout(640, 4096, 4096, "nt", dtype="bfloat16")  # 130 tiles of 128 x 160
 OVERLAP = "(q * ATOM < BN - ATOM ? q * ATOM : BN - ATOM)"
 ELEVEN_K = "hopper_128x168x64_w64x168_s5_g8_k1_o1_p_c2_ts_hd"
+SWAPPED = "hopper_128x176x64_w64x176_s5_g8_k1_o1_p_c2_ts_sw_hd"
+NN_PROJECTION = Problem.from_layout(1024, 11008, 4096, "nn", dtype="bfloat16")
+GROUP = "(qc * CM < BN - CM ? qc * CM : BN - CM)"
 VARIANTS = [
     (NARROW, ONE_WAVE),
     ("hopper_128x144x64_w64x144_s5_g8_k1_o1_p_ts_hd", Problem.from_layout(256, 9216, 3072, "nt", dtype="float16")),
@@ -29,6 +33,12 @@ VARIANTS = [
     ("hopper_256x96x64_w128x96_s5_g8_k1_o1_p_ts_pp_hd", Problem.from_layout(1471, 1022, 1418, "nt", dtype="bfloat16")),
     ("hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_fa_pl",
      Problem.from_layout(1000, 4096, 4096, "nt", dtype="float16", epilogue=Epilogue("n", "gelu"))),
+    # swapped (NN: the kernel's B is A, K-major), in transposed pieces whose last group of 64 overlaps: 1024 x 11008
+    # in 128 x 176 tiles is 516 (98% of four waves), where 128 x 256 leave the last wave 61% full
+    (SWAPPED, NN_PROJECTION),
+    ("hopper_128x168x64_w64x168_s4_g8_k1_o1_p_ts_pp_sw_hd", Problem.from_layout(1024, 11008, 4096, "nn", dtype="float16")),
+    ("hopper_128x176x64_w64x176_s4_g8_k1_o1_p_ts_sw_fa_hd",
+     Problem.from_layout(1024, 11008, 4096, "nn", dtype="bfloat16", epilogue=Epilogue("n", "gelu"))),
 ]
 
 
@@ -46,13 +56,16 @@ def test_a_narrow_tile_stores_through_tma_with_an_overlapping_last_chunk():
 
 
 @pytest.mark.parametrize("name, problem, reason", [
-    # the transposed store's pieces, split N's shared chunk and stmatrix's chunks are whole
-    ("hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_sw_hd", ONE_WAVE, "fragment: wm=64 must be"),
+    # split N's shared chunk and stmatrix's chunks are whole
     ("hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_stm_hd", ONE_WAVE, "fragment: wm=64 must be"),
     ("hopper_128x160x64_w128x80_s4_g8_k1_o1_p_ts_hd", ONE_WAVE, "fragment: wm=128 must be"),
     # a residual's columns in common would be read again after the chunk before had stored them, were it D
     (NARROW, Problem.from_layout(640, 4096, 4096, "nt", dtype="bfloat16", epilogue=Epilogue(residual=True)),
      "fragment: wm=64 must be"),
+    # ... the same swapped, and stmatrix's transposed pieces are whole groups
+    (SWAPPED, Problem.from_layout(1024, 11008, 4096, "nn", dtype="bfloat16", epilogue=Epilogue(residual=True)),
+     "fragment: wm=64 must be"),
+    (SWAPPED.replace("_hd", "_stm_hd"), NN_PROJECTION, "fragment: wm=64 must be"),
     # narrower than one chunk
     ("hopper_64x48x64_w64x48_s4_g8_k1_o1_p_ts_hd", ONE_WAVE, "fragment: wm=64 must be"),
     # B stored K x N (MN-major): its boxes are 64-column rows
@@ -60,6 +73,26 @@ def test_a_narrow_tile_stores_through_tma_with_an_overlapping_last_chunk():
 ])
 def test_the_narrow_tma_store_refuses_what_it_is_not_written_for(name, problem, reason):
     refuses_with(name, problem, reason)
+
+
+def test_a_swapped_narrow_tile_stores_transposed_pieces_with_an_overlapping_last_group():
+    config = config_from_name(SWAPPED)
+    assert config.check(NN_PROJECTION, H200) == []
+    code = render(config, NN_PROJECTION).code
+    assert "for (int q = 0; q < CM / ATOM * ((BN + CM - 1) / CM); ++q)" in code
+    assert f"tma_store(map_c, chunk, m0 + row0 + qr * ATOM, n0 + {GROUP}, batch)" in code
+    assert f"acc[i][4 * ({GROUP} / 8 + jj) + 2 * h + e]" in code
+    assert "C_TRANSPOSED\n              && TMA_STORE" in code and OVERLAP not in code
+    # a swapped width that is a multiple of 64 renders as before (the shipped records: tests/test_waves.py)
+    whole = render(config_from_name("hopper_128x192x64_w64x192_s4_g8_k1_o1_p_c2_ts_sw_hd"), NN_PROJECTION).code
+    assert GROUP not in whole and "n0 + qc * CM, batch)" in whole
+
+
+def test_the_wave_seeds_of_an_nn_projection_lead_with_the_swapped_narrow_tile_through_tma():
+    from autogemm.kernels.space import SearchSpace
+    from autogemm.tuning.wave_seeds import wave_ranked
+
+    assert wave_ranked(SearchSpace.load("hopper"), NN_PROJECTION, H200)[0].name == SWAPPED
 
 
 def test_widths_step_by_8_and_only_they_render_their_own_assertion():
@@ -112,6 +145,28 @@ def test_the_overlapping_chunks_cover_the_tile_each_column_from_its_own_accumula
                     for e in (0, 1):
                         a = 4 * (origin // 8 + j) + 2 * h + e
                         column = origin + j * 8 + 2 * t + e
+                        assert a < bn // 2 and 8 * (a // 4) + 2 * t + a % 2 == column
+                        stored.add(column)
+    assert stored == set(range(bn))
+
+
+@pytest.mark.parametrize("bn", range(72, 257, 8))
+def test_the_swapped_overlapping_groups_cover_the_tile_each_column_from_its_own_accumulator(bn):
+    """The transposed store's arithmetic (hopper_gemm.cu.j2, transposed_overlap: group qc's first kernel column, a
+    piece's user row jj 8 + 2 t + e from accumulator 4 (origin / 8 + jj) + 2 h + e), replayed for a consumer of 64
+    rows: every kernel column of the tile is stored from the accumulator that holds it, none past the bn / 2 a thread
+    holds, and each group is whole (64 columns) and inside the tile."""
+    cm = 64
+    stored = set()
+    for qc in range((bn + cm - 1) // cm):
+        origin = qc * cm if qc * cm < bn - cm else bn - cm
+        assert 0 <= origin and origin % 8 == 0 and origin + cm <= bn
+        for jj in range(cm // 8):
+            for t in range(4):
+                for e in (0, 1):
+                    for h in (0, 1):
+                        a = 4 * (origin // 8 + jj) + 2 * h + e
+                        column = origin + jj * 8 + 2 * t + e
                         assert a < bn // 2 and 8 * (a // 4) + 2 * t + a % 2 == column
                         stored.add(column)
     assert stored == set(range(bn))

@@ -53,13 +53,14 @@ def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
     # bn: a multiple of the kernel's 64-column step (its static_assert), which is also a whole number of
     # swizzled rows where B or C lie along N (64 16-bit or 32 FP32 columns a row; FP8's B is K-major, its
     # D stored in chunks of 128 bytes of D's type). A 16-bit kernel whose B is K-major and whose C goes
-    # from registers, or through TMA in 64-column chunks the last of which overlaps the one before (not
-    # swapped, split N or by stmatrix, whose chunks are whole; nor with a residual, whose columns in common
-    # would be read again after the chunk before had stored them, were it D itself), steps by NARROW_BN_STEP
+    # from registers, or through TMA in 64-column chunks the last of which overlaps the one before (swapped: in
+    # transposed pieces of wm columns, the last wm overlapping, so a tile wider than wm; not split N or by
+    # stmatrix, whose chunks are whole; nor with a residual, whose columns in common would be read again after
+    # the chunk before had stored them, were it D itself), steps by NARROW_BN_STEP
     # (wgmma's N steps by 8; B's boxes are bn rows of K): 640 rows of 4096 columns fill 130 of 132 SMs with
     # 128 x 160 tiles, where 128 x 192 fill 110
     narrow_store = not config.tma_store or (config.bn > atom and not (
-        config.swap or config.split_n or config.stmatrix or problem.epilogue.residual))
+        config.split_n or config.stmatrix or problem.epilogue.residual) and (not config.swap or config.bn > config.wm))
     narrow = config.transposes(problem) and kernel.trans_b and narrow_store
     bn_step = NARROW_BN_STEP if narrow else 64
     spans_columns = config.wn == config.bn and config.bm % config.wm == 0
@@ -76,7 +77,7 @@ def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
         bad("fragment", f"wm={config.wm} must be a multiple of {ROWS_PER_INSTRUCTION} (wgmma rows), bn={config.bn} "
                         f"a multiple of {bn_step} up to {wgmma.N_MAX} (wgmma's N, whole swizzled rows"
                         f"{'' if narrow else f'; {NARROW_BN_STEP} for 16-bit types with B K-major, C stored from '}"
-                        f"{'' if narrow else 'registers or, unswapped and without a residual, through TMA'}) "
+                        f"{'' if narrow else 'registers or, without a residual, through TMA, swapped wider than wm'}) "
                         f"and bk={config.bk} a multiple of {atom} ({SWIZZLE_BYTES}-byte rows)")
     if config.accumulators() > config.max_accumulators():
         bad("registers", f"{config.accumulators()} accumulators per consumer thread (tile {config.wm}x{config.wn}) "
@@ -137,9 +138,14 @@ def layout_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
     elif config.accumulators() + config.fragment_registers(kernel) > MAX_ACCUMULATORS_AND_FRAGMENTS:
         bad("registers", f"{config.accumulators()} accumulators and {config.fragment_registers(kernel)} registers of "
                          f"A's fragments per consumer thread exceed {MAX_ACCUMULATORS_AND_FRAGMENTS}")
-    if config.swap and config.tma_store and config.bn % config.wm:
+    # swapped, the TMA store's pieces are wm of C's rows (the kernel's columns); a bn no multiple of wm stores its last
+    # wm columns overlapping the ones before (hopper_gemm.cu.j2's transposed_overlap): a residual's columns in common
+    # would be read again after the group before had stored them, were it D itself, and stmatrix writes whole groups
+    if config.swap and config.tma_store and config.bn % config.wm and (
+            config.bn < config.wm or config.stmatrix or problem.epilogue.residual):
         bad("choice", f"the transposed TMA store (swap) stages {config.wm} of C's rows at a time: bn={config.bn} "
-                      f"is no multiple of wm={config.wm}")
+                      f"is no multiple of wm={config.wm}, and its last {config.wm} overlap the ones before only "
+                      "without stmatrix or a residual, in a tile at least that wide")
 
 
 def stream_k_reasons(config: Any, problem: Problem, device: Device, bad) -> None:
