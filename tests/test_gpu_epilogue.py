@@ -567,14 +567,21 @@ def _preload_cases():
             (config_from_name("hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_fa_pl"),
              Problem.from_layout(333, 1000, 256, "nt", dtype="float16", epilogue=Epilogue("n", "gelu"))),
             (config_from_name("hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts"),
-             Problem.from_layout(300, 1000, 256, "nt", dtype="bfloat16", epilogue=Epilogue("m", "silu"))),
-            # swapped, 176 wide, its transposed pieces' last group overlapping the one before: a bias along N (the
-            # kernel's rows) and GELU on tails of both
-            (config_from_name("hopper_128x176x64_w64x176_s4_g8_k1_o1_p_ts_sw_fa"),
+             Problem.from_layout(300, 1000, 256, "nt", dtype="bfloat16", epilogue=Epilogue("m", "silu")))]
+
+
+def _swapped_narrow_cases():
+    """A swapped tile 176 wide storing through TMA, its transposed pieces' last group of 64 overlapping the one
+    before: a bias along N (the kernel's rows) and GELU, on tails of both."""
+    from autogemm.families import config_from_name
+    from autogemm.problem import Problem
+
+    return [(config_from_name("hopper_128x176x64_w64x176_s4_g8_k1_o1_p_ts_sw_fa"),
              Problem.from_layout(333, 1000, 256, "nn", dtype="bfloat16", epilogue=Epilogue("n", "gelu")))]
 
 
-TILE_CASES = [*_tile_cases(), _stream_k_case(), *_stmatrix_cases(), *_fast_activation_cases(), *_preload_cases()]
+TILE_CASES = [*_tile_cases(), _stream_k_case(), *_stmatrix_cases(), *_fast_activation_cases(), *_preload_cases(),
+              *_swapped_narrow_cases()]
 # (split N measured slower than 128 x 256 tiles and no search offers it: its cases run with --exhaustive, which
 # spares the quick tier their 192 x 192 compiles)
 EXHAUSTIVE_TILE_CASES = _split_n_cases()

@@ -88,6 +88,22 @@ def test_a_swapped_narrow_tile_stores_transposed_pieces_with_an_overlapping_last
     assert GROUP not in whole and "n0 + qc * CM, batch)" in whole
 
 
+def test_the_gpu_tests_of_the_swapped_narrow_store_run_on_an_h200():
+    """tests/test_gpu_epilogue.py skips a tile case its GPU's check refuses, and tests/test_gpu_kernels.py runs a
+    QUICK config only in layouts it can run: on an H200 the swapped narrow store's may be refused in none."""
+    import test_gpu_epilogue
+    import test_gpu_kernels
+
+    cases = test_gpu_epilogue._swapped_narrow_cases()
+    assert cases and all(config.check(problem, H200) == [] for config, problem in cases)
+    quick = [(name, dtype) for dtype, _, name in test_gpu_kernels.QUICK if "_ts_" in name and "_sw" in name
+             and config_from_name(name).bn % 64]
+    assert len(quick) == 2
+    for name, dtype in quick:
+        swapped_nn = Problem.from_layout(256, 2 * config_from_name(name).bn, 256, "nn", dtype=dtype)
+        assert config_from_name(name).check(swapped_nn, H200) == [], name
+
+
 def test_the_wave_seeds_of_an_nn_projection_lead_with_the_swapped_narrow_tile_through_tma():
     from autogemm.kernels.space import SearchSpace
     from autogemm.tuning.wave_seeds import wave_ranked
