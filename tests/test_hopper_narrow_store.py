@@ -149,7 +149,9 @@ def test_the_overlapping_chunks_cover_the_tile_each_column_from_its_own_accumula
     """The narrow store's arithmetic (templates/hopper_gemm.cu.j2: chunk q's first column, its accumulator index
     a = 4 (origin / 8 + j) + 2 h), replayed: every column of the tile is stored, each from the accumulator that
     holds it (block j' = a / 4 of 8 columns, the pair's e-th), none past the tile's bn / 2 accumulators a thread
-    holds, and the chunks are whole (64 columns) and inside the tile."""
+    holds, and the chunks are whole (64 columns) and inside the tile. Swapped, the transposed pieces' groups of CM
+    kernel columns (`group_column`, accumulator 4 (origin / 8 + jj) + 2 h + e) are the same arithmetic with CM for
+    64: a consumer of 64 rows, the only one a swapped tile wider than CM has room for."""
     atom = 64
     chunks = (bn + atom - 1) // atom
     stored = set()
@@ -162,28 +164,6 @@ def test_the_overlapping_chunks_cover_the_tile_each_column_from_its_own_accumula
                     for e in (0, 1):
                         a = 4 * (origin // 8 + j) + 2 * h + e
                         column = origin + j * 8 + 2 * t + e
-                        assert a < bn // 2 and 8 * (a // 4) + 2 * t + a % 2 == column
-                        stored.add(column)
-    assert stored == set(range(bn))
-
-
-@pytest.mark.parametrize("bn", range(72, 257, 8))
-def test_the_swapped_overlapping_groups_cover_the_tile_each_column_from_its_own_accumulator(bn):
-    """The transposed store's arithmetic (hopper_gemm.cu.j2, transposed_overlap: group qc's first kernel column, a
-    piece's user row jj 8 + 2 t + e from accumulator 4 (origin / 8 + jj) + 2 h + e), replayed for a consumer of 64
-    rows: every kernel column of the tile is stored from the accumulator that holds it, none past the bn / 2 a thread
-    holds, and each group is whole (64 columns) and inside the tile."""
-    cm = 64
-    stored = set()
-    for qc in range((bn + cm - 1) // cm):
-        origin = qc * cm if qc * cm < bn - cm else bn - cm
-        assert 0 <= origin and origin % 8 == 0 and origin + cm <= bn
-        for jj in range(cm // 8):
-            for t in range(4):
-                for e in (0, 1):
-                    for h in (0, 1):
-                        a = 4 * (origin // 8 + jj) + 2 * h + e
-                        column = origin + jj * 8 + 2 * t + e
                         assert a < bn // 2 and 8 * (a // 4) + 2 * t + a % 2 == column
                         stored.add(column)
     assert stored == set(range(bn))
