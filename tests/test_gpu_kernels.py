@@ -86,9 +86,10 @@ QUICK = (
     # ... from registers with K split in two: split-K's float4 slots hold 84 accumulators a thread
     ("float16", "fp32", "hopper_128x168x64_w64x168_s4_g8_k2_o1_p_hd"),
     # ... swapped (C^T = B^T A^T, the kernel's B is A, K-major), C stored through TMA in transposed pieces of 64 of
-    # its rows, the last 64 overlapping the ones before, 168 wide (a step of 8) in clusters of two
-    # (tests/test_gpu_epilogue.py runs one 176 wide with an epilogue)
-    ("bfloat16", "fp32", "hopper_128x168x64_w64x168_s5_g8_k1_o1_p_c2_ts_sw_hd"),
+    # its rows, the last 64 overlapping the ones before, 168 wide (a step of 8) in clusters of two, K split in two
+    # (the seeds offer swapped narrow tiles with split-K on short M; tests/test_gpu_epilogue.py runs one 176 wide
+    # with an epilogue)
+    ("bfloat16", "fp32", "hopper_128x168x64_w64x168_s5_g8_k2_o1_p_c2_ts_sw_hd"),
     # tiles wider than one wgmma (two of 256 and 64 columns a consumer, B in two boxes of 160 rows): two consumers
     # in clusters of two storing through TMA, and two taking turns on 64 x 320 tiles
     ("bfloat16", "fp32", "hopper_128x320x64_w64x320_s3_g8_k1_o1_p_c2_ts_hd"),

@@ -38,6 +38,8 @@ VARIANTS = [
     (SWAPPED, NN_PROJECTION),
     ("hopper_128x168x64_w64x168_s4_g8_k1_o1_p_ts_pp_sw_hd",
      Problem.from_layout(1024, 11008, 4096, "nn", dtype="float16")),
+    ("hopper_128x144x64_w64x144_s5_g8_k2_o1_p_c2_ts_sw_hd",
+     Problem.from_layout(256, 4096, 11008, "nn", dtype="bfloat16")),
     ("hopper_128x176x64_w64x176_s4_g8_k1_o1_p_ts_sw_fa_hd",
      Problem.from_layout(1024, 11008, 4096, "nn", dtype="bfloat16", epilogue=Epilogue("n", "gelu"))),
 ]
