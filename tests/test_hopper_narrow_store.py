@@ -69,6 +69,8 @@ def test_a_narrow_tile_stores_through_tma_with_an_overlapping_last_chunk():
     (SWAPPED, Problem.from_layout(1024, 11008, 4096, "nn", dtype="bfloat16", epilogue=Epilogue(residual=True)),
      "fragment: wm=64 must be"),
     (SWAPPED.replace("_hd", "_stm_hd"), NN_PROJECTION, "fragment: wm=64 must be"),
+    # swapped, the overlapping group is wm columns: a tile narrower than that has none to store
+    ("hopper_256x96x64_w128x96_s5_g8_k1_o1_p_ts_pp_sw_hd", NN_PROJECTION, "choice: the transposed TMA store"),
     # narrower than one chunk
     ("hopper_64x48x64_w64x48_s4_g8_k1_o1_p_ts_hd", ONE_WAVE, "fragment: wm=64 must be"),
     # B stored K x N (MN-major): its boxes are 64-column rows
