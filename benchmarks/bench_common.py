@@ -224,6 +224,17 @@ def keep_compiled_kernels(prefix: str) -> None:
     os.environ.setdefault("AUTOGEMM_CUBIN_DIR", tempfile.mkdtemp(prefix=prefix))
 
 
+def rounds_noise(ours: list[float], theirs: list[float]) -> float | None:
+    """The noise of `theirs` over `ours`, round by round, as a tune's keep rule measures a comparison's
+    (timing.Sustained.noise: twice the standard error of the rounds' paired ratios over their mean, at least
+    MIN_NOISE), a fraction of the ratio; None where the rounds are not paired (unequal counts, fewer than two)."""
+    if len(ours) != len(theirs) or len(ours) < 2:
+        return None
+    from autogemm.measure.timing import Sustained
+
+    return Sustained(kernel_rounds=[ours], baseline_rounds={"theirs": theirs}).noise(0)
+
+
 def kernels_kept(rows) -> str:
     """What a report says of its rows' compiled kernels (their `kernels_kept`, keep_compiled_kernels)."""
     kept = {bool(r.get("kernels_kept")) for r in rows}

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 import statistics
 
-from autogemm.measure.timing import SUSTAINED_ROUNDS, Sustained  # (SUSTAINED_ROUNDS: the eager rounds)
-from bench_common import geomean, kernels_kept, mixed_codes, partial_draw
+from autogemm.measure.timing import SUSTAINED_ROUNDS  # (the eager rounds)
+from bench_common import geomean, kernels_kept, mixed_codes, partial_draw, rounds_noise
 
 AUTOGEMM, TORCH = "autogemm.matmul", "torch.matmul"
 # calls of each competitor in its CUDA graph: the smallest product drawn (about 8 us) then replays for
@@ -70,10 +70,7 @@ def paired_noise(row) -> float | None:
     twice the standard error of the rounds' paired ratios, torch.matmul's time over autogemm.matmul's in the same
     round, over their mean, at least MIN_NOISE), a fraction of the ratio. None for a row without its rounds."""
     rounds = row.get("gpu_rounds_us") or {}
-    ours, theirs = rounds.get(AUTOGEMM) or [], rounds.get(TORCH) or []
-    if len(ours) != len(theirs) or len(ours) < 2:
-        return None
-    return Sustained(kernel_rounds=[ours], baseline_rounds={TORCH: theirs}).noise(0)
+    return rounds_noise(rounds.get(AUTOGEMM) or [], rounds.get(TORCH) or [])
 
 
 def gpu_rounds(rows) -> str:

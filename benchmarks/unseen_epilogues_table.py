@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import statistics
 
-from autogemm.measure.timing import Sustained
-from bench_common import geomean, kernels_kept, mixed_codes, partial_draw
+from bench_common import geomean, kernels_kept, mixed_codes, partial_draw, rounds_noise
 
 CAPTURE_FROM_M = 1024  # the share of the ceiling captured is judged from this M up
 LATENCY_ROUNDS = 200  # single calls a competitor (cheap; bench_epilogues' ROUNDS says why not 25)
@@ -40,10 +39,7 @@ def ceiling_noise(phase: dict) -> float | None:
     None for a phase timed before its rounds were kept. A share of a gain within that noise is a share of noise:
     a bias that cuBLASLt adds in its epilogue for eager costs it nothing measurable."""
     rounds = phase.get("sustained_rounds_us") or {}
-    eager, alone = rounds.get(EAGER) or [], rounds.get(GEMM_ALONE) or []
-    if len(eager) != len(alone) or len(eager) < 2:
-        return None
-    return Sustained(kernel_rounds=[alone], baseline_rounds={EAGER: eager}).noise(0)
+    return rounds_noise(rounds.get(GEMM_ALONE) or [], rounds.get(EAGER) or [])
 
 
 def within_noise(phase: dict) -> bool:
