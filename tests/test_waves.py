@@ -193,7 +193,7 @@ class _Evaluator(Evaluator):
     """Re-timings, sustained figures and latencies as given."""
 
     def __init__(self, problem, burst_ms, cublas_ms, sustained):
-        self.problem, self.burst_ms, self.cublas, self.figures = problem, burst_ms, cublas_ms, sustained
+        self.problem, self.device, self.burst_ms, self.cublas, self.figures = problem, H200, burst_ms, cublas_ms, sustained
         self.sustained_asked: list = []
         self.retime_noise = 0.01
 
@@ -230,6 +230,32 @@ def test_the_best_two_are_timed_sustained_and_the_faster_there_wins_with_its_fig
     assert winner.gpu_bound and winner.baselines == pytest.approx({"cublaslt": 1.68 * 1.02, "cupy.matmul": 1.72})
     assert winner.sustained == {"sm_clock_mhz": 1710.0, "power_w": 699.0, "rounds": 5,
                                 "burst_ratio": pytest.approx(1.52 / 1.52)}
+
+
+PING_PONG = "hopper_256x128x64_w128x128_s5_g8_k1_o1_p_ts_pp_hd"
+WIDE_VARIANTS = ["hopper_128x256x64_w64x256_s3_g16_k1_o1_p_ts_hd", "hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts_hd"]
+
+
+def test_a_finalist_of_another_work_shape_is_timed_sustained_beside_the_fastest_re_timing():
+    """The tune of BF16 NN 4096 x 11008 x 4096 that kept a 128 x 256 tile: its study's fastest, 256 x 128
+    ping-pong, re-timed third behind two 128 x 256 variants, and only those two were timed sustained."""
+    problem = bf16(4096, 11008, 4096, "nn")
+    finalists = [config_from_name(n) for n in (PING_PONG, *WIDE_VARIANTS)]
+    sustained = Sustained(kernel_rounds=[[1.40] * 5, [1.50] * 5], baseline_rounds={"cublaslt": [1.50] * 5})
+    evaluator = _Evaluator(problem, [0.600, 0.590, 0.595], 0.62, sustained)
+    winner = outcome.retimed_best(finalists, evaluator)
+    assert evaluator.sustained_asked == [[WIDE_VARIANTS[0], PING_PONG]]
+    assert winner.config.name == WIDE_VARIANTS[0]  # (the first contender's sustained figure, 1.40, is the faster)
+
+
+def test_sustained_contenders_fall_back_to_the_next_fastest_of_one_shape():
+    problem = bf16(4096, 11008, 4096, "nn")
+    wide = [config_from_name(n) for n in WIDE_VARIANTS + [WIDE]]
+    assert outcome.sustained_contenders(wide, [2, 0, 1], problem, H200) == [2, 0]
+    assert outcome.sustained_contenders(wide, [1], problem, H200) == [1]
+    assert outcome.sustained_contenders(wide, [], problem, H200) == []
+    mixed = wide + [config_from_name(PING_PONG)]
+    assert outcome.sustained_contenders(mixed, [0, 1, 2, 3], problem, H200) == [0, 3]
 
 
 def test_the_noise_is_twice_the_standard_error_of_the_mean_paired_ratio():

@@ -150,6 +150,15 @@ def fill(config: Any, problem: Problem, device: Device) -> Waves:
     return Waves(units=units, slots=max(1, device.sm_count), tile=(rows, cols), split_k=split, k_slices=k_slices)
 
 
+def work_shape(config: Any, problem: Problem, device: Device) -> tuple[Any, ...]:
+    """What tells configurations' work apart on `problem`: the tile, the K splits, the units (swapped roles
+    count as another shape only where they tile the product differently) and ping-pong. The knobs besides
+    (stages, group_m, a cluster whose tiles pair up, the store) change how fast a unit runs, not how the work
+    is dealt out."""
+    waves = fill(config, problem, device)
+    return waves.tile, waves.split_k, waves.units, bool(getattr(config, "pingpong", False))
+
+
 def relative_cost(config: Any, problem: Problem, device: Device) -> float:
     """A rough cost of `config` on `problem` (lower is faster; comparable between the configs of one
     problem only): the waves times what one work unit costs an SM. A unit multiplies its tile over

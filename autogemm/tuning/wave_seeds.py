@@ -15,7 +15,7 @@ import itertools
 from typing import Any
 
 from .. import dtypes
-from ..families.waves import fill, relative_cost
+from ..families.waves import fill, relative_cost, work_shape
 from ..kernels.space import SearchSpace
 from ..problem import Device, Problem
 
@@ -47,10 +47,8 @@ def wave_ranked(space: SearchSpace, problem: Problem, device: Device, count: int
         config = _completed(space, dict(zip(shape_knobs, shape)), choices, problem, device)
         if config is None:
             continue
-        waves = fill(config, problem, device)
-        # (swapped roles count as another shape only where they tile the product differently)
-        key = (waves.tile, waves.split_k, waves.units, bool(getattr(config, "pingpong", False)))
-        entry = (relative_cost(config, problem, device), -waves.efficiency, config)
+        key = work_shape(config, problem, device)
+        entry = (relative_cost(config, problem, device), -fill(config, problem, device).efficiency, config)
         if key not in ranked or entry[:2] < ranked[key][:2]:
             ranked[key] = entry
     return [config for _, _, config in sorted(ranked.values(), key=lambda e: e[:2])[:count]]
