@@ -59,11 +59,12 @@ def test_a_preload_config_names_renders_the_loads_ahead_and_nothing_else_changes
     (PRELOAD, Problem.from_layout(4096, 4096, 4096, "nt", dtype="bfloat16", epilogue=Epilogue(activation="gelu")),
      "choice: preload loads a bias or a residual"),
     (PRELOAD, Problem.from_layout(4096, 4096, 4096, "nt", dtype="bfloat16"), "choice: preload loads a bias or a residual"),
-    # ping-pong consumers of 128 rows with an activation and a residual spill
-    ("hopper_256x128x64_w128x128_s4_g8_k1_o1_p_ts_pp_fa_pl_hd", LAYER, "registers: preload with ping-pong consumers of 128"),
+    # consumers of 128 rows (ping-pong or sharing the tile) with an activation and a residual spill
+    ("hopper_256x128x64_w128x128_s4_g8_k1_o1_p_ts_pp_fa_pl_hd", LAYER, "registers: preload with consumers of 128"),
     ("hopper_256x64x64_w128x64_s4_g8_k1_o1_p_ts_pp_pl_hd",
      Problem.from_layout(2048, 13824, 5120, "nt", dtype="bfloat16", epilogue=Epilogue(activation="gelu", residual=True)),
-     "registers: preload with ping-pong consumers of 128"),
+     "registers: preload with consumers of 128"),
+    ("hopper_256x128x64_w128x128_s3_g8_k1_o1_p_c2_ts_fa_pl_hd", LAYER, "registers: preload with consumers of 128"),
     ("hopper_128x128x128_w64x128_s4_g8_k1_o1_p_ts_pl",
      Problem.from_layout(512, 512, 512, "nt", dtype="float8_e4m3fn", epilogue=Epilogue(scale="row", out_dtype="bfloat16")),
      "dtype: preload is written for 16-bit products"),

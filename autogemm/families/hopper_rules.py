@@ -230,12 +230,13 @@ def preload_reasons(config: Any, problem: Problem, bad) -> None:
     if not (problem.epilogue.bias or problem.epilogue.residual):
         bad("choice", f"preload loads a bias or a residual; this problem's epilogue has neither "
                       f"({problem.epilogue.key or 'none'})")
-    # (ptxas, BF16 2048 x 13824 x 5120 NT: of eleven 256 x 64 and 256 x 128 ping-pong kernels with preload, a residual
-    # and GELU or SiLU, five spilled 4-56 bytes, with the fast forms and without; with preload and no residual, or a
-    # residual and no preload, none of those tried)
-    if config.pingpong and config.wm > ROWS_PER_INSTRUCTION and problem.epilogue.residual and problem.epilogue.activation:
-        bad("registers", f"preload with ping-pong consumers of {config.wm} rows, an activation and a residual spills "
-                         f"registers ({problem.epilogue.key})")
+    # (ptxas, BF16 NT at 2048 x 13824 x 5120 and 6144 x 14336 x 4096: of the kernels with consumers of 128 rows
+    # (256 x 64 and 256 x 128, ping-pong or sharing the tile, in pairs or not), preload, a residual and GELU or SiLU,
+    # fast forms or not, fifteen of twenty-five spilled 4-96 bytes; with preload and no residual, or a residual and no
+    # preload, none of those tried did; consumers of 64 rows none)
+    if config.wm > ROWS_PER_INSTRUCTION and problem.epilogue.residual and problem.epilogue.activation:
+        bad("registers", f"preload with consumers of {config.wm} rows, an activation and a residual spills registers "
+                         f"({problem.epilogue.key})")
 
 
 def hoisted_descriptors_reasons(problem: Problem, bad) -> None:
