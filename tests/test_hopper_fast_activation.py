@@ -92,3 +92,20 @@ def test_a_new_studys_wave_seeds_take_the_fast_forms_where_they_are_offered():
     assert seeds and all(config.fast_activation for config in seeds)
     bare = wave_ranked(space, dataclasses.replace(LAYER, epilogue=Epilogue("n")), H200)
     assert bare and not any(config.fast_activation for config in bare)
+
+
+# (each layer's seeds had a spilling kernel: the ping-pong GELU tile with preload, 8 bytes before GELU's constants
+# were folded, and 32 with a residual; check now refuses preload with consumers of 128 rows, an activation and a
+# residual, whose 256 x 128 tiles in pairs spilled 76 bytes with the folded form)
+SEEDED_LAYERS = [LAYER, Problem.from_layout(6144, 14336, 4096, "nt", dtype="bfloat16", epilogue=Epilogue("n", "gelu", True))]
+
+
+@pytest.mark.parametrize("problem", SEEDED_LAYERS, ids=[p.epilogue.key for p in SEEDED_LAYERS])
+def test_a_gelu_layers_wave_seeds_compile_without_spills(problem):
+    """What a new study of such a layer measures first."""
+    from autogemm.tuning.wave_seeds import wave_ranked
+
+    seeds = wave_ranked(SearchSpace.load("hopper"), problem, H200)
+    assert seeds
+    for config in seeds:
+        compiles_without_spills(config.name, problem)
