@@ -85,14 +85,14 @@ def test_the_measuring_process_compares_a_kernel_with_cublas_one_call_at_a_time(
 @pytest.mark.long(seconds=11)
 def test_a_short_problem_records_gpu_time_for_the_kernel_and_the_baselines():
     """Under 20 us a call, cupy.matmul's host time (15-45 us) set the pace of back-to-back timings
-    and inflated ratios 2-5x. A tune of such a problem records GPU times: the baselines' are well
-    under the host time a cupy.matmul call costs (measured here), and the kernel's and the
-    baseline's latencies, host time included, are above their GPU times."""
-    import time
+    and inflated the kernel's ratio to cuBLAS 2-5x. A tune of such a problem records GPU times: the
+    ratio stays within what two GPU kernels of a 256-cube can differ by, and the kernel's and the
+    baseline's latencies, host time included, are above their GPU times.
 
-    import cupy
-
-    from autogemm.measure.bench import random_uniform
+    (Absolute figures made this test flaky: six workers share the GPU in the tier, and a GPU time
+    measured while other processes' kernels run grows with them, past a fixed 20 us once and past
+    0.8x a cupy.matmul call's host time another time. A ratio of two competitors timed in the same
+    rounds does not move with the load.)"""
     from autogemm.results.cache import TuningCache
     from autogemm.gpu.launch import current_device
     from autogemm.problem import Problem
@@ -102,20 +102,12 @@ def test_a_short_problem_records_gpu_time_for_the_kernel_and_the_baselines():
     problem = Problem(256, 256, 256, dtype="float16")
     record, _ = TuningCache().lookup(problem, current_device().slug)
     assert record.protocol == PROTOCOL and out["cublas_ms"] == pytest.approx(record.cublas_ms)
+    assert set(record.baselines) == {"cublaslt", "cupy.matmul"}
     kernel_ms = record.time_ms if not record.is_cublas else record.cublas_ms / record.best_generated["ratio"]
-    assert kernel_ms < 0.020 and set(record.baselines) == {"cublaslt", "cupy.matmul"}
-
-    a, b = random_uniform((256, 256), "float16", seed=1), random_uniform((256, 256), "float16", seed=2)
-    for _ in range(50):
-        cupy.matmul(a, b)
-    cupy.cuda.Device().synchronize()
-    began = time.perf_counter()
-    for _ in range(200):
-        cupy.matmul(a, b)
-    host_ms = (time.perf_counter() - began) / 200 * 1e3
-    cupy.cuda.Device().synchronize()
-    assert record.baselines["cupy.matmul"] < 0.8 * host_ms, (record.baselines, host_ms)
-    assert record.baseline_latency_us > record.cublas_ms * 1e3 and record.latency_us > 0
+    assert record.cublas_ms / kernel_ms < 1.5, (record.cublas_ms, kernel_ms, record.baselines)
+    kernel_latency_us = (record.latency_us if not record.is_cublas  # (a kept cuBLAS records the kernel's as a ratio)
+                         else record.baseline_latency_us / record.best_generated["latency_ratio"])
+    assert record.baseline_latency_us > record.cublas_ms * 1e3 and kernel_latency_us > kernel_ms * 1e3
 
 
 @pytest.mark.long(seconds=10)
