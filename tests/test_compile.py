@@ -30,7 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import autogemm.kernels.compile as compile_module
-from autogemm.kernels.compile import CompileError, NvccNotFound, find_nvcc, nvcc_resources
+import autogemm.kernels.nvcc_report as nvcc_report
+from autogemm.kernels.compile import CompileError
+from autogemm.kernels.nvcc_report import NvccNotFound, find_nvcc, nvcc_resources
 from autogemm.families import GemvConfig, HopperConfig, SimtConfig, TensorCoreConfig, config_from_name, wgmma
 from autogemm.problem import LAYOUTS, Device, Problem
 from autogemm.kernels.render import render
@@ -65,7 +67,7 @@ def _fake_nvcc(folder):
 
 
 def test_find_nvcc_looks_where_the_toolkit_is(tmp_path, monkeypatch):
-    monkeypatch.setattr(compile_module, "NVCC_FALLBACKS", ())
+    monkeypatch.setattr(nvcc_report, "NVCC_FALLBACKS", ())
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.delenv("CUDA_HOME", raising=False)

@@ -20,7 +20,7 @@ import pytest
 from autogemm import dtypes
 from autogemm.epilogue import ACTIVATIONS, OUTPUT_DTYPES, Epilogue, error_bound, reference
 from autogemm.problem import Device
-from autogemm.kernels.compile import find_nvcc, nvcc_resources
+from autogemm.kernels.nvcc_report import find_nvcc, nvcc_resources
 from autogemm.kernels.render import environment, render_epilogue
 
 # every product dtype with every output dtype it is written as (each with one of the epilogues, in turn),

@@ -153,7 +153,7 @@ def test_block_scales_ask_a_slice_of_one_block_and_the_registers_for_partial_sum
 
 
 def test_an_fp8_kernel_compiles_for_sm90a_without_spills():
-    from autogemm.kernels.compile import nvcc_resources
+    from autogemm.kernels.nvcc_report import nvcc_resources
     from autogemm.kernels.render import render
 
     problem = scaled_problem(333, 520, 1040, "float8_e5m2", "row", "float32", True)
@@ -195,7 +195,7 @@ def test_fp8_rows_are_one_byte_scaled_and_written_wider():
 
 
 def test_a_split_k_kernel_sizes_its_workspace_and_compiles_for_sm90a_without_spills():
-    from autogemm.kernels.compile import nvcc_resources
+    from autogemm.kernels.nvcc_report import nvcc_resources
     from autogemm.kernels.render import render
 
     decode = scaled_problem(16, 4096, 14336, "float8_e4m3fn", "tensor", "bfloat16", False)

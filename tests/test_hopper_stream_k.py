@@ -13,7 +13,7 @@ from autogemm.epilogue import Epilogue
 from autogemm.families import config_from_name
 from autogemm.families.stream_k import share_out
 from autogemm.families.waves import fill, relative_cost
-from autogemm.kernels.compile import find_nvcc, nvcc_resources
+from autogemm.kernels.nvcc_report import find_nvcc, nvcc_resources
 from autogemm.kernels.render import render
 from autogemm.problem import Device, Problem
 

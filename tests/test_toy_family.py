@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autogemm.kernels.compile import nvcc_resources
+from autogemm.kernels.nvcc_report import nvcc_resources
 from autogemm.families import config_from_dict, config_from_name
 from autogemm.problem import Device, Problem
 from autogemm.kernels.render import kernel_template_hash, render

@@ -8,7 +8,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from .. import dtypes
-from ..kernels import compile as kernel_compile
+from ..kernels import nvcc_report
+from ..kernels.compile import CompileError
 from ..kernels.render import render
 from ..kernels.space import SearchSpace, SpaceError, default_space_name
 from .arguments import EXIT_FAILURES, CliError, CliFailure, device_for, load_space, parse_config, problem_from_args
@@ -53,8 +54,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise CliError(f"--space {args.space} is for {', '.join('/'.join(p) for p in space.dtypes)}, not "
                        f"{problem.dtype}/{problem.compute}; leave out --dtype and --compute to check it with its own")
     try:
-        kernel_compile.find_nvcc()  # (through the module, so that tests can stand in for nvcc)
-    except kernel_compile.NvccNotFound as exc:
+        nvcc_report.find_nvcc()  # (through the module, so that tests can stand in for nvcc)
+    except nvcc_report.NvccNotFound as exc:
         raise CliFailure(str(exc)) from None
     device = device_for(args.arch)
     if space is None:
@@ -71,8 +72,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     def compile_one(config):
         source = render(config, problem)
         try:
-            return config, kernel_compile.nvcc_resources(source, device.arch)[source.kernel], None
-        except kernel_compile.CompileError as exc:
+            return config, nvcc_report.nvcc_resources(source, device.arch)[source.kernel], None
+        except CompileError as exc:
             return config, None, str(exc).splitlines()[0]
 
     failures = refused = 0
