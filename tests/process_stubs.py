@@ -13,7 +13,7 @@ def hang_with_a_child(conn, problem_key, ordinal, seed, parent_pid):
     """A measuring process that starts normally, then, asked to measure, starts a child process
     (its pid written to $AUTOGEMM_TEST_PIDFILE) and never answers, like a kernel that spins. Asked to
     stop instead, it stops."""
-    from autogemm.measure.isolate import detach
+    from autogemm.measure.measuring_process import detach
 
     detach(parent_pid)
     conn.send(("ready", 1.0))
@@ -56,16 +56,16 @@ class StandInMeasurer:
 
 
 def serve_without_a_gpu(conn, problem_key, ordinal, seed, parent_pid):
-    """The measuring process's life (isolate.serve_problems: one problem after another) with
+    """The measuring process's life (measuring_process.serve_problems: one problem after another) with
     stand-in measurers."""
-    from autogemm.measure.isolate import detach, serve_problems
+    from autogemm.measure.measuring_process import detach, serve_problems
 
     detach(parent_pid)
     serve_problems(conn, problem_key, seed, lambda key, seed: StandInMeasurer(key))
 
 
 def follower(parent_pid, pidfile):
-    from autogemm.measure.isolate import follow_parent
+    from autogemm.measure.measuring_process import follow_parent
 
     follow_parent(parent_pid)
     with open(pidfile, "w") as out:

@@ -128,7 +128,7 @@ def test_the_measuring_process_answers_every_request_whatever_a_candidate_raises
     import multiprocessing
     import threading
 
-    from autogemm.measure.isolate import serve
+    from autogemm.measure.measuring_process import serve
 
     class Measurer:
         poisoned = ""

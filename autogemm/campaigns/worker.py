@@ -22,7 +22,8 @@ from .claims import ClaimBoard, ClaimState, new_owner
 from ..kernels.compile import share_compile_pool
 from ..kernels.compile_service import RemoteCompilePool
 from .events import WorkerEvent
-from ..measure.isolate import detach, keep_measuring_processes
+from ..measure.isolate import keep_measuring_processes
+from ..measure.measuring_process import detach
 from ..problem import Problem
 from ..results.provenance import host
 from ..kernels.space import SearchSpace, candidate_space_names
