@@ -248,6 +248,65 @@ def test_a_finalist_of_another_work_shape_is_timed_sustained_beside_the_fastest_
     assert winner.config.name == WIDE_VARIANTS[0]  # (the first contender's sustained figure, 1.40, is the faster)
 
 
+class _Timings(_Evaluator):
+    """Sustained figures in the order given, one per call; None once they run out (a failed timing)."""
+
+    def __init__(self, problem, burst_ms, cublas_ms, *figures):
+        super().__init__(problem, burst_ms, cublas_ms, None)
+        self.queue = list(figures)
+
+    def sustained(self, configs):
+        self.sustained_asked.append([c.name for c in configs])
+        return self.queue.pop(0) if self.queue else None
+
+
+# cuBLAS swings by 6% from round to round, the kernel not: paired ratios of 0.988 and 1.047, a lead of 1.8%
+# inside a noise of 1.9% in ten rounds
+SWINGING = Sustained(kernel_rounds=[[1.012] * 10, [1.05] * 10], baseline_rounds={"cublaslt": [1.00, 1.06] * 5})
+STEADY_AGAIN = Sustained(kernel_rounds=[[1.012] * 10], baseline_rounds={"cublaslt": [1.03] * 10})
+
+
+def test_a_lead_inside_the_noise_is_timed_again_and_decided_on_the_pooled_rounds():
+    problem = bf16(8192, 8192, 8192)
+    first_ratio, first_noise = 1.03 / 1.012, SWINGING.noise(0)
+    assert 0.01 < first_noise and first_ratio <= 1 + first_noise  # the first rounds alone keep cuBLAS
+    assert keeps_cublas(first_ratio, first_noise, None, gpu_bound=True)
+    evaluator = _Timings(problem, [1.50, 1.55, 1.52], 1.52, SWINGING, STEADY_AGAIN)
+    winner = outcome.retimed_best(FINALISTS, evaluator)
+    assert evaluator.sustained_asked == [[FINALISTS[0].name, FINALISTS[2].name], [FINALISTS[0].name]]
+    assert winner.config.name == FINALISTS[0].name and winner.sustained["rounds"] == 20
+    assert winner.measurement.time_ms == pytest.approx(1.012) and winner.cublas_ms == pytest.approx(1.03)
+    assert winner.noise == pytest.approx(0.01)  # (twice the rounds: 0.94%, below the least noise assumed)
+    assert not keeps_cublas(winner.cublas_ms / winner.measurement.time_ms, winner.noise, None, gpu_bound=True)
+
+
+def test_a_clear_lead_a_kernel_behind_or_a_noise_at_its_least_is_not_timed_again():
+    problem = bf16(8192, 8192, 8192)
+    behind = Sustained(kernel_rounds=[[1.04] * 10, [1.05] * 10], baseline_rounds={"cublaslt": [1.00, 1.06] * 5})
+    least = Sustained(kernel_rounds=[[1.025] * 10, [1.05] * 10], baseline_rounds={"cublaslt": [1.03] * 10})
+    clear = Sustained(kernel_rounds=[[0.95] * 10, [1.05] * 10], baseline_rounds={"cublaslt": [1.00, 1.06] * 5})
+    for figures in (behind, least, clear):
+        evaluator = _Timings(problem, [1.50, 1.55, 1.52], 1.52, figures, STEADY_AGAIN)
+        winner = outcome.retimed_best(FINALISTS, evaluator)
+        assert len(evaluator.sustained_asked) == 1 and winner.sustained["rounds"] == 10
+    # a second timing that fails leaves the first figures
+    evaluator = _Timings(problem, [1.50, 1.55, 1.52], 1.52, SWINGING)
+    winner = outcome.retimed_best(FINALISTS, evaluator)
+    assert len(evaluator.sustained_asked) == 2 and winner.sustained["rounds"] == 10
+    assert winner.noise == pytest.approx(SWINGING.noise(0))
+
+
+def test_pooled_rounds_stay_paired_with_their_own_baselines():
+    first = Sustained(kernel_rounds=[[2.0, 2.0], [1.0, 1.1]], baseline_rounds={"cublaslt": [1.2, 1.3], "cupy.matmul": [1.4, 1.4]},
+                      sm_clock_mhz=1500.0, power_w=690.0)
+    more = Sustained(kernel_rounds=[[1.05]], baseline_rounds={"cublaslt": [1.25], "cupy.matmul": [1.5]}, sm_clock_mhz=1600.0)
+    pooled = first.pooled(1, more)
+    assert pooled.kernel_rounds == [[1.0, 1.1, 1.05]] and pooled.baseline_rounds["cublaslt"] == [1.2, 1.3, 1.25]
+    assert pooled.sm_clock_mhz == 1550.0 and pooled.power_w == 690.0 and pooled.rounds == 3
+    assert first.pooled(1, Sustained(kernel_rounds=[[1.0]], baseline_rounds={"cublaslt": [1.2]})) is None
+    assert first.pooled(1, Sustained(kernel_rounds=[[1.0], [1.0]], baseline_rounds=more.baseline_rounds)) is None
+
+
 def test_sustained_contenders_fall_back_to_the_next_fastest_of_one_shape():
     problem = bf16(4096, 11008, 4096, "nn")
     wide = [config_from_name(n) for n in WIDE_VARIANTS + [WIDE]]

@@ -369,3 +369,17 @@ class Sustained:
             return MIN_NOISE
         error = statistics.stdev(ratios) / math.sqrt(len(ratios))
         return max(MIN_NOISE, 2 * error / statistics.fmean(ratios))
+
+    def pooled(self, index: int, more: Sustained) -> Sustained | None:
+        """Config `index`'s rounds and the baselines' followed by `more`'s (a timing of that config alone with
+        the same baselines), each round still paired with its own baselines'; None where `more` has other
+        baselines or no config. The clocks and power: the mean of the readings each timing had."""
+        if set(more.baseline_rounds) != set(self.baseline_rounds) or len(more.kernel_rounds) != 1:
+            return None
+        clocks = [x for x in (self.sm_clock_mhz, more.sm_clock_mhz) if x]
+        power = [x for x in (self.power_w, more.power_w) if x]
+        return Sustained(kernel_rounds=[self.kernel_rounds[index] + more.kernel_rounds[0]],
+                         baseline_rounds={name: rounds + more.baseline_rounds[name]
+                                          for name, rounds in self.baseline_rounds.items()},
+                         sm_clock_mhz=statistics.fmean(clocks) if clocks else 0.0,
+                         power_w=round(statistics.fmean(power), 1) if power else 0.0)
