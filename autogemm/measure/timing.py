@@ -342,6 +342,12 @@ class Sustained:
         return [statistics.fmean(rounds) for rounds in self.kernel_rounds]
 
     @property
+    def fastest(self) -> int:
+        """The index of the config with the least mean."""
+        means = self.kernel_ms
+        return min(range(len(means)), key=means.__getitem__)
+
+    @property
     def baselines(self) -> dict[str, float]:
         return {name: statistics.fmean(rounds) for name, rounds in self.baseline_rounds.items()}
 

@@ -92,7 +92,7 @@ def _settled(finalists: list[Any], contenders: list[int], sustained: Sustained,
     draw the verdict again). On an H200 at the power limit, the leads that decide half-precision records are
     that small: in 20 rounds of nine H200-document products, the best kernel of each ran 0.977-1.034x
     torch.matmul while each competitor's rounds spread by 1.4-4.8% (journal, session 72)."""
-    best = min(range(len(contenders)), key=sustained.kernel_ms.__getitem__)
+    best = sustained.fastest
     ratio, noise = sustained.baseline_ms / sustained.kernel_ms[best], sustained.noise(best)
     if not (noise > MIN_NOISE and 1 < ratio <= 1 + noise):
         return contenders, sustained
@@ -116,7 +116,7 @@ def _sustained_winner(finalists, remeasured, contenders: list[int], sustained: S
                       evaluator: Evaluator) -> Winner:
     """The faster contender in sustained GPU time, with its sustained figures and the noise of its paired
     ratios to the faster baseline (Sustained.noise)."""
-    best = min(range(len(contenders)), key=sustained.kernel_ms.__getitem__)
+    best = sustained.fastest
     index = contenders[best]
     burst = remeasured[index]
     ms = sustained.kernel_ms[best]
