@@ -20,7 +20,6 @@ class NvccNotFound(RuntimeError):
     pass
 
 
-
 @dataclass(frozen=True)
 class ResourceUsage:
     kernel: str
