@@ -180,6 +180,7 @@ class Memo {
     at::Tensor y;
     if (entry && entry->linear) {
       PreparedLinear& prepared = *entry->linear;
+      if (prepared.route() == Route::kLinear) make_torch_blas_handle(prepared);
       try {  // (undefined where this call must go another way)
         y = prepared(xt, wt, b, r);
       } catch (const std::exception&) {  // (an allocation that failed: the other way meets it too)
@@ -270,6 +271,23 @@ class Memo {
     size_t n = 0;
     for (const auto& key_entry : keys_) n += key_entry.second && holds(*key_entry.second) ? 1 : 0;
     return n;
+  }
+
+  // Under a CUDA graph capture a prepared call steps aside for at::linear, which takes this thread's cuBLAS
+  // handle of PyTorch's, creating it where the thread has none; and cublasCreate fails inside a capture, which
+  // loses the capture. A thread whose every call so far the prepared call served (its own cuBLASLt handle) has
+  // none: a layer warmed up through the memo, then captured, failed so (the GPU tier, session 73: a worker
+  // whose earlier tests ran no PyTorch GEMM). So the first call on each thread outside a capture has PyTorch
+  // make the handle (torch.cuda.current_blas_handle, the GIL held as every memo call holds it); after that a
+  // thread-local flag, read per call, is all it costs.
+  static void make_torch_blas_handle(const PreparedLinear& prepared) {
+    thread_local bool made = false;
+    if (made || prepared.capturing()) return;
+    made = true;  // (once: where PyTorch cannot make it, at::linear meets what it met before)
+    try {
+      py::module_::import("torch.cuda").attr("current_blas_handle")();
+    } catch (const py::error_already_set&) {
+    }
   }
 
   // eager's calls after F.linear's: the activation and the residual in place

@@ -322,6 +322,13 @@ class PreparedLinear {
 
   Route route() const { return route_; }
 
+  // Whether PyTorch's current stream on the prepared device is capturing a CUDA graph (true where the driver
+  // cannot say: the call then steps aside as it does under a capture)
+  bool capturing() const {
+    int status = 0;
+    return lt_library().stream_is_capturing(current_stream(device_), &status) != 0 || status != 0;
+  }
+
   // The prepared call's D: x @ w^T (+ b) for kLinear, and + r as C for kResidualAsC; or an undefined tensor
   // where this call must go at::linear's way (b, r: undefined where the key has none)
   at::Tensor operator()(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& r) {
@@ -331,9 +338,8 @@ class PreparedLinear {
         (r.defined() && r.is_neg()) || !settings_are_linears_defaults()) {
       return at::Tensor();
     }
+    if (capturing()) return at::Tensor();  // (PyTorch's own call captures with the graph's workspace)
     void* stream = current_stream(device_);
-    int capturing = 0;  // (PyTorch's own call captures with the graph's workspace)
-    if (lt.stream_is_capturing(stream, &capturing) != 0 || capturing != 0) return at::Tensor();
     const void* px = x.data_ptr();
     const void* pw = w.data_ptr();
     const void* pb = b.defined() ? b.data_ptr() : nullptr;
