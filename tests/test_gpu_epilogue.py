@@ -474,6 +474,16 @@ def test_a_cuda_graph_captures_the_untuned_layers_plan(activation, plan):
         assert torch.allclose(y.double(), expected, rtol=2e-2, atol=2e-2), seed
 
 
+def test_a_thread_whose_bias_layer_the_prepared_call_served_captures_it():
+    # the Python route's PreparedBiasLinear (the C++ memo off) on a thread that never ran a PyTorch GEMM: under
+    # the capture it steps aside for F.linear, which needs that thread's cuBLAS handle (capture_on_a_new_thread)
+    pytest.importorskip("torch")
+    import capture_on_a_new_thread
+
+    said = capture_on_a_new_thread.outcome("python")
+    assert said == "equal", said
+
+
 # ---- the tile families' own epilogue (SIMT, WMMA / mma.sync / wgmma, Hopper's TMA store) -------------------
 
 # shapes with tails first; a config that takes none of them (its block tile must divide the problem) takes

@@ -9,14 +9,10 @@ a minute, once per run: AUTOGEMM_NATIVE_DIR keeps a build between runs)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
 import autogemm
+import capture_on_a_new_thread
 from autogemm.serving import dispatch, native_linear
 
 pytestmark = [pytest.mark.gpu, pytest.mark.native]
@@ -119,55 +115,13 @@ def test_a_cuda_graph_captures_the_memos_calls(torch, monkeypatch):
         assert torch.equal(y, _eager(torch, x, w, bias, activation, residual))
 
 
-_CAPTURE_ON_A_NEW_THREAD = textwrap.dedent("""
-    import threading, torch, autogemm
-    from autogemm.serving import dispatch, native_linear
-    assert native_linear.build(wait=True, timeout=900), native_linear.status()
-    torch.manual_seed(0)
-    x = torch.randn(24, 256, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(192, 256, device="cuda", dtype=torch.bfloat16) / 16
-    bias = torch.randn(192, device="cuda", dtype=torch.bfloat16)
-    residual = torch.randn(24, 192, device="cuda", dtype=torch.bfloat16)
-    for _ in range(3):  # (this thread files the key)
-        autogemm.linear(x, w, bias, activation="silu", residual=residual)
-    memo = dispatch._DISPATCHER.native_memo
-    assert memo is not None and memo.prepared() == 1, memo and memo.unprepared_why()
-    expected = torch.nn.functional.silu(torch.nn.functional.linear(x, w, bias)) + residual
-    outcome = []
-
-    def warm_up_then_capture():
-        try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(3):  # (the memo's prepared call: no cuBLAS call of PyTorch's on this thread)
-                    assert memo.linear(x, w, bias, "silu", residual) is not None
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                y = autogemm.linear(x, w, bias, activation="silu", residual=residual)
-            graph.replay()
-            torch.cuda.synchronize()
-            outcome.append("equal" if torch.equal(y, expected) else "differs")
-        except Exception as error:
-            outcome.append(f"{type(error).__name__}: {error}")
-
-    thread = threading.Thread(target=warm_up_then_capture)
-    thread.start()
-    thread.join()
-    print(outcome[0])
-""")
-
-
 def test_a_thread_whose_calls_the_memo_served_captures_them(torch):
     """A thread whose calls the memo's prepared cuBLASLt call served holds no cuBLAS handle of PyTorch's; under a
     capture the prepared call steps aside for at::linear, which would create one there, and cublasCreate fails
     inside a capture (CUBLAS_STATUS_NOT_INITIALIZED, the capture lost: the GPU tier met it, session 73). In a
     fresh process, where no ended thread has left a handle for a new one to take."""
-    done = subprocess.run([sys.executable, "-c", _CAPTURE_ON_A_NEW_THREAD], capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip().splitlines()[-1] == "equal", done.stdout[-3000:]
+    said = capture_on_a_new_thread.outcome("native")
+    assert said == "equal", said
 
 
 def test_a_layer_that_cublaslt_or_a_gradient_serves_otherwise_is_not_taken(torch):

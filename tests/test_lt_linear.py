@@ -113,3 +113,29 @@ def test_the_workspace_is_pytorchs_size_read_from_its_variable_and_checked(value
         monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", value)
     assert lt_linear.torch_workspace_bytes() == kib * 1024
     assert bool([w for w in recwarn if "CUBLASLT_WORKSPACE_SIZE" in str(w.message)]) is warns
+
+
+def test_each_threads_first_call_outside_a_capture_has_pytorch_make_its_cublas_handle(layer, monkeypatch):
+    # under a capture the call steps aside for F.linear, which needs the thread's cuBLAS handle of PyTorch's, and
+    # cublasCreate fails inside a capture: a thread's first uncaptured call has PyTorch make it, once
+    import threading
+
+    made = []
+    monkeypatch.setattr(layer.torch.cuda, "current_blas_handle", lambda: made.append(threading.get_ident()))
+    monkeypatch.setattr(lt_linear, "_this_thread", threading.local())  # (as in a process that made none yet)
+    x, w, bias = layer.x, layer.w, layer.bias
+
+    def calls(capturing_first: bool):
+        if capturing_first:
+            layer.prepared._capturing = lambda: True
+            assert layer.prepared(x, w, bias) is None  # (F.linear's: nothing made inside the capture)
+            layer.prepared._capturing = lambda: False
+        for _ in range(3):
+            assert layer.prepared(x, w, bias) is not None
+
+    calls(False)
+    assert made == [threading.get_ident()]
+    thread = threading.Thread(target=calls, args=(True,))
+    thread.start()
+    thread.join()
+    assert len(made) == 2 and made[1] != made[0]

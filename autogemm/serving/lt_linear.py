@@ -89,6 +89,8 @@ class PreparedBiasLinear:
                 return None
         except RuntimeError:  # (another stream's capture, which this one would join: F.linear raises its own error)
             return None
+        if not getattr(_this_thread, "torch_blas_made", False):
+            _make_torch_blas_handle()
         pa, pb, pbias = x.data_ptr(), weight.data_ptr(), bias.data_ptr()
         if (pa | pb | pbias) % ALIGNMENT:
             return None
@@ -104,6 +106,24 @@ class PreparedBiasLinear:
                 spares.clear()
             spares[stream] = outputs.empty_like(outputs.template)
         return y
+
+
+# Under a CUDA graph capture a call here steps aside for F.linear, which takes the thread's cuBLAS handle of
+# PyTorch's and creates it where the thread has none; and cublasCreate fails inside a capture, which loses the
+# capture. A thread whose calls this prepared call served (its own cuBLASLt handle) has none: one that warmed
+# up a layer another thread had planned, then captured it. So each thread's first call outside a capture has
+# PyTorch make the handle (as linear's C++ memo does: native_linear.cpp, make_torch_blas_handle).
+_this_thread = threading.local()
+
+
+def _make_torch_blas_handle() -> None:
+    import torch  # (a tensor was given)
+
+    _this_thread.torch_blas_made = True  # (once: where PyTorch cannot make it, F.linear meets what it met before)
+    try:
+        torch.cuda.current_blas_handle()
+    except Exception:  # (none to make: F.linear meets what it met before; a PyTorch without CUDA asserts)
+        pass
 
 
 def prepare(dispatcher: Any, x: Any, weight: Any, bias: Any, result: Any, device: int) -> PreparedBiasLinear | None:
