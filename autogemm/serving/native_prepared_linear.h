@@ -324,10 +324,7 @@ class PreparedLinear {
 
   // Whether PyTorch's current stream on the prepared device is capturing a CUDA graph (true where the driver
   // cannot say: the call then steps aside as it does under a capture)
-  bool capturing() const {
-    int status = 0;
-    return lt_library().stream_is_capturing(current_stream(device_), &status) != 0 || status != 0;
-  }
+  bool capturing() const { return capturing(current_stream(device_)); }
 
   // The prepared call's D: x @ w^T (+ b) for kLinear, and + r as C for kResidualAsC; or an undefined tensor
   // where this call must go at::linear's way (b, r: undefined where the key has none)
@@ -338,8 +335,8 @@ class PreparedLinear {
         (r.defined() && r.is_neg()) || !settings_are_linears_defaults()) {
       return at::Tensor();
     }
-    if (capturing()) return at::Tensor();  // (PyTorch's own call captures with the graph's workspace)
     void* stream = current_stream(device_);
+    if (capturing(stream)) return at::Tensor();  // (PyTorch's own call captures with the graph's workspace)
     const void* px = x.data_ptr();
     const void* pw = w.data_ptr();
     const void* pb = b.defined() ? b.data_ptr() : nullptr;
@@ -374,6 +371,11 @@ class PreparedLinear {
     c10::SmallVector<int64_t, 8> sizes(x.sizes().begin(), x.sizes().end());
     sizes.back() = n;
     return sizes;
+  }
+
+  static bool capturing(void* stream) {
+    int status = 0;
+    return lt_library().stream_is_capturing(stream, &status) != 0 || status != 0;
   }
 
   bool set(int attribute, const void* value, size_t size) {
