@@ -71,7 +71,8 @@ def _main(route: str) -> None:
             torch.cuda.synchronize()
             said.append("equal" if torch.equal(y, expected) else "differs")
         except Exception as error:
-            said.append(f"{type(error).__name__}: {error}")
+            # (on one line: the outcome is the script's last line, and CUDA's errors span several)
+            said.append(" ".join(f"{type(error).__name__}: {error}".split()))
 
     thread = threading.Thread(target=warm_up_then_capture)
     thread.start()
