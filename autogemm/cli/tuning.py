@@ -15,7 +15,7 @@ from ..kernels.space import SearchSpace, SpaceError, candidate_space_names
 from ..measure.evaluate import FatalEvaluationError, GpuEvaluator
 from ..measure.grouped_measuring import LOOP, TORCH_GROUPED
 from ..measure.scaled_measuring import baseline_name
-from ..measure.timing import SUSTAINED_ROUND_MS
+from ..measure.timing import SUSTAINED_ROUND_MS, sustained_warmup_ms
 from ..problem import Problem
 from ..results.cache import TuningCache
 from ..tuning.options import CONVERGED_GAIN, SAMPLERS, TuneOptions, default_jobs
@@ -94,6 +94,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from ..tuning.tuner import tune  # (lazy: Optuna)
 
     problem = problem_from_args(args)
+    try:
+        sustained_warmup_ms()  # (a bad AUTOGEMM_SUSTAINED_WARMUP_MS named before the GPU is asked)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     space = None  # without --space: every candidate space of the problem (tuner.tune)
     if args.space:
         space = load_space(args.space)

@@ -20,7 +20,7 @@ from typing import Any
 
 from .evaluate import CompileAheadEvaluator, FatalEvaluationError, Latency, Measurement, Sustained
 from .measuring_process import measuring_process
-from .timing import SUSTAINED_ROUND_MS, SUSTAINED_ROUNDS, SUSTAINED_WARMUP_MS
+from .timing import SUSTAINED_ROUND_MS, SUSTAINED_ROUNDS, sustained_warmup_ms
 from ..problem import Device, Problem
 
 log: logging.Logger = logging.getLogger(__name__)
@@ -241,7 +241,7 @@ class IsolatedEvaluator(CompileAheadEvaluator):
     def sustained(self, configs: list[Any]) -> Sustained | None:
         """(None when the measuring process could not say.) The time limit: each competitor's rounds
         and warm-up, several times over, on top of a candidate's."""
-        seconds = (len(configs) + 3) * (SUSTAINED_ROUNDS * SUSTAINED_ROUND_MS + SUSTAINED_WARMUP_MS) / 1e3
+        seconds = (len(configs) + 3) * (SUSTAINED_ROUNDS * SUSTAINED_ROUND_MS + sustained_warmup_ms()) / 1e3
         answer = self._request(("sustained", [config.to_dict() for config in configs],
                                 [self._in_memory.get(config.name) for config in configs]),
                                self.timeout + 3 * seconds)

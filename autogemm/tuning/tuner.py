@@ -14,6 +14,7 @@ from ..gpu import launch
 from ..results.cache import TuningCache
 from ..measure.evaluate import Evaluator
 from ..measure.isolate import keep_measuring_processes
+from ..measure.timing import sustained_warmup_ms
 from ..epilogue import require_measurable
 from ..problem import Problem
 from ..gpu.runtime import require_gpu
@@ -47,6 +48,7 @@ def tune(problem: Problem, options: TuneOptions | None = None, *, evaluator: Eva
     With `sharing` (campaigns), other GPUs may search the same studies at the same time
     (study.Sharing); a helper's tune returns None."""
     require_measurable(problem, "not tuned")
+    sustained_warmup_ms()  # (a bad AUTOGEMM_SUSTAINED_WARMUP_MS is named now, not after the search)
     options = tune_options(options, **option_values)
     if sharing is not None and sharing.helper and options.space is None:
         raise ValueError("a helper joins one study: give its space")
