@@ -254,13 +254,9 @@ def median_latency(calls: dict[str, Any], **kwargs: Any) -> dict[str, float]:
 # drawn afresh for each comparison: one seed for all made the same order every time, and a second torch.matmul
 # under another name then measured 1.006x the first over eight problems (0.6% that each comparison of that many
 # competitors inherits), against 1.001x with an order of its own for each problem.
-# The warm-up outlasts the power limiter's first two clamps. From idle, an H200 runs back-to-back GEMMs at its
-# boost-settled clock (1485-1515 MHz) while the power it reports climbs; about 0.95 s in the limiter pulls the
-# clock to ~1320 MHz for some 200 ms (calls up to 27% slower), about 1.9 s in again (up to 9%), and from then on
-# it swings by 3-4% about once a second. Behind a 300 ms warm-up the first clamp fell in the first timed rounds:
-# over 142 series of the unseen epilogue draw, 52 had a round 5% or more above their median in round 1 and 38
-# in round 4, about 7 in each later one; behind 1.5 s the second fell in round 0 (of six identical competitors,
-# 3, 0, 3 and 1 in four comparisons).
+# The warm-up outlasts the power limiter's first two clamps: from idle, an H200's clock drops to ~1320 MHz about
+# 0.95 s into back-to-back GEMMs (calls up to 27% slower) and again ~1.9 s in, then swings by 3-4%; behind 300 ms
+# and 1.5 s of warm-up those clamps fell in the timed rounds (decisions/timing-protocol.md has the measurements).
 SUSTAINED_ROUNDS = 20
 SUSTAINED_ROUND_MS = 50.0
 SUSTAINED_WARMUP_MS = 2500.0
