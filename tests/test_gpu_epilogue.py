@@ -640,6 +640,29 @@ def _check_fused_store(config, problem, beta: float) -> None:
         raise AssertionError(f"{config.name} with {epilogue}, beta {beta}: {exc}") from None
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("pitch, offset, staged", [(1008, 0, True), (1003, 0, False), (1008, 4, False)],
+                         ids=["pitch-1008-staged", "odd-pitch-from-global", "unaligned-start-from-global"])
+def test_a_preloaded_residual_is_staged_in_the_store_chunks_or_read_from_global_on_any_layout(pitch, offset, staged):
+    """`preload` copies each chunk's residual into the TMA store's chunk buffer ahead of its use where the
+    residual's rows are 16-byte aligned (pitch 1008: 1001 columns end inside a 16-byte piece, which is read in
+    part and zero-filled), and reads it from global memory otherwise (an odd pitch, a start 8 bytes in)."""
+    from autogemm.families import config_from_name
+    from autogemm.gpu.launch import bind
+
+    config = config_from_name("hopper_128x256x64_w64x256_s3_g8_k1_o1_p_ts_pl")
+    m, n, k, dtype = 333, 1001, 256, "bfloat16"
+    a, b = _random((m, k), dtype, 41), _random((n, k), dtype, 42)
+    stored = _random((m + 1, pitch), dtype, 43)
+    residual = stored.ravel()[offset:offset + m * pitch].reshape(m, pitch)[:, :n]
+    itemsize = residual.dtype.itemsize
+    assert (residual.data.ptr % 16 == 0 and pitch * itemsize % 16 == 0) == staged  # (the case it names)
+    d = _random((m, n), dtype, 44)
+    run, _ = bind(config, a, b, d, trans_b=True, epilogue=Epilogue(residual=True), residual=residual)
+    run()
+    _check(d, a, b.T, dtype, Epilogue(residual=True), residual=residual)
+
+
 # every epilogue the tile families apply, each in one kernel of every family and instruction path (and of
 # Hopper's TMA store, and its store of C written transposed) on a tail shape
 EVERY_EPILOGUE = [Epilogue("n", "relu"), Epilogue("n", "gelu"), Epilogue("n", "gelu_tanh"), Epilogue("n", "silu"),
