@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from autogemm.epilogue import Epilogue
-from autogemm.serving.eager_epilogue import TorchEagerEpiloguePlan, eager_computes, eager_plan
+from autogemm.gpu.eager_route import bias_in_linear, eager_computes, pass_epilogue
+from autogemm.serving.eager_epilogue import TorchEagerEpiloguePlan, eager_plan
 
 
 @pytest.mark.parametrize("epilogue,dtype,weight_dims,bias_dims,expected", [
@@ -35,6 +36,17 @@ def test_eager_takes_the_layers_its_own_calls_compute_and_cublaslt_does_not_fuse
     assert not eager_computes(epilogue, dtype, weight_dims, bias_dims, one_dtype=False)
 
 
+@pytest.mark.parametrize("epilogue,rows,in_linear,computed", [
+    (Epilogue("n", "gelu"), 256, True, Epilogue("", "gelu")),  # eager's GEMM call: the bias inside F.linear
+    (Epilogue("n", "silu", True), 2, True, Epilogue("", "silu", True)),
+    (Epilogue("n", "gelu"), 1, False, Epilogue("n", "gelu")),  # one token: F.linear would copy the bias first
+    (Epilogue("", "silu", True), 4096, False, Epilogue("", "silu", True)),  # no bias to hand over
+])
+def test_the_route_hands_the_bias_to_f_linear_as_eager_does_but_for_one_token(epilogue, rows, in_linear, computed):
+    assert bias_in_linear(epilogue, rows) is in_linear
+    assert pass_epilogue(epilogue, rows) == computed
+
+
 def _dispatcher_with(gemm_plan, key="gemm"):
     return SimpleNamespace(torch_fast={key: gemm_plan})
 
@@ -42,8 +54,9 @@ def _dispatcher_with(gemm_plan, key="gemm"):
 class _TorchFinish:
     """A stand-in for EpiloguePassInPlace on the CPU: the epilogue after F.linear by PyTorch's calls, in place."""
 
-    def __init__(self, activation, accepted=True):
+    def __init__(self, activation, accepted=True, bias_in_linear=False):
         self.activation, self.accepted, self.calls = activation, accepted, 0
+        self.bias_in_linear = bias_in_linear
 
     def accepts(self, bias, residual):
         return self.accepted
@@ -57,9 +70,10 @@ class _TorchFinish:
         y.add_(residual) if residual is not None else None
 
 
+@pytest.mark.parametrize("in_linear", [True, False], ids=["bias-in-f.linear", "bias-in-the-pass"])
 @pytest.mark.parametrize("activation,with_residual", [("", False), ("silu", False), ("gelu", False), ("silu", True),
                                                      ("gelu", True)])
-def test_the_plan_runs_f_linear_then_its_finish_under_both_keys(activation, with_residual):
+def test_the_plan_runs_f_linear_then_its_finish_under_both_keys(activation, with_residual, in_linear):
     torch = pytest.importorskip("torch")
     F = torch.nn.functional
     torch.manual_seed(3)
@@ -70,14 +84,16 @@ def test_the_plan_runs_f_linear_then_its_finish_under_both_keys(activation, with
     gemm = SimpleNamespace(torch_matmul=torch.matmul, device=-1)
     dispatcher = _dispatcher_with(gemm)
     whole = not activation and not with_residual  # (the bias alone: F.linear's own, no finish)
-    finish = None if whole else _TorchFinish(activation)
+    finish = None if whole else _TorchFinish(activation, bias_in_linear=in_linear)
     plan = TorchEagerEpiloguePlan(dispatcher, "gemm", gemm, finish, -1)
     if whole:
         expected = F.linear(x, w, bias)
+    elif in_linear:  # (eager's GEMM call, the bias in it; the finish the rest)
+        expected = F.linear(x, w, bias)
+        finish(expected, None, residual)
     else:
-        y = F.linear(x, w)
-        finish(y, bias, residual)
-        expected = y
+        expected = F.linear(x, w)
+        finish(expected, bias, residual)
     assert torch.equal(plan.call(x, w.mT, bias, residual, 1.0), expected)  # matmul's key: b is weight's view
     assert torch.equal(plan.as_linear().call(x, w, bias, residual, 1.0), expected)  # linear's: b is the weight
     assert whole or finish.calls == 3
@@ -87,8 +103,11 @@ def test_the_plan_runs_f_linear_then_its_finish_under_both_keys(activation, with
     if whole:
         assert TorchEagerEpiloguePlan(dispatcher, "gemm", gemm, None, 0).call(x, w.mT, bias, residual, 1.0) is None
     else:
-        assert TorchEagerEpiloguePlan(dispatcher, "gemm", gemm, _TorchFinish(activation, False), -1).call(
+        assert TorchEagerEpiloguePlan(dispatcher, "gemm", gemm, _TorchFinish(activation, False, in_linear), -1).call(
             x, w.mT, bias, residual, 1.0) is None
+        if in_linear:  # (a bias on another device than the plan's: F.linear's own error would not name it)
+            assert TorchEagerEpiloguePlan(_dispatcher_with(gemm), "gemm", gemm, _TorchFinish(activation, True, True),
+                                          0).call(x, w.mT, bias, residual, 1.0) is None
     dispatcher.torch_fast["gemm"] = SimpleNamespace(torch_matmul=torch.matmul, device=-1)
     assert plan.call(x, w.mT, bias, residual, 1.0) is None
 
@@ -173,12 +192,19 @@ def test_the_plan_of_a_bias_alone_has_no_finish_and_of_more_a_pass_built_for_its
     more = eager_plan(_dispatcher_with(cublas), "gemm", cublas, Epilogue("n", "gelu", True), "bfloat16", (x, w.mT),
                       product, bias, residual, 8, 32)
     assert isinstance(more.finish, eager_epilogue.EpiloguePassInPlace)
-    # (dtype, epilogue, device, batch, m, n, ldp, stride_p, ldr, stride_r, vector): a residual's batches apart
-    assert built[0][:10] == ("bfloat16", Epilogue("n", "gelu", True), -1, 2, 4, 8, 8, 32, 8, 32)
+    # (dtype, epilogue, device, batch, m, n, ldp, stride_p, ldr, stride_r, vector): a residual's batches apart;
+    # the bias is F.linear's, as eager's call adds it, and the pass computes the rest
+    assert built[0][:10] == ("bfloat16", Epilogue("", "gelu", True), -1, 2, 4, 8, 8, 32, 8, 32)
+    assert more.finish.bias_in_linear
     plain = eager_plan(_dispatcher_with(cublas), "gemm", cublas, Epilogue("n", "silu"), "bfloat16", (x, w.mT),
                        product, bias, None)
     assert built[1][3:6] == (1, 8, 8)  # (no residual: every row as one matrix)
     assert plain.finish.alignment == 2 * built[1][10]
+    # one token: F.linear would copy the bias into its output before a GEMM; the pass adds it
+    token = x[:1, :1]
+    one = eager_plan(_dispatcher_with(cublas), "gemm", cublas, Epilogue("n", "silu"), "bfloat16", (token, w.mT),
+                     torch.matmul(token, w.mT), bias, None)
+    assert built[2][:6] == ("bfloat16", Epilogue("n", "silu"), -1, 1, 1, 8) and not one.finish.bias_in_linear
 
 
 def test_no_eager_plan_where_a_kernel_serves_or_the_dtypes_differ():

@@ -205,11 +205,13 @@ def test_filing_takes_what_the_route_names_and_asks_for_the_memo_once(monkeypatc
     assert memo.filed[-1][1:] == (x, w, None, None, residual, True)  # (cuBLASLt's call, the residual as C)
     # a layer larger than eager's calls keep up with: the Python route's pass, as it describes itself (or nothing)
     with_pass = object.__new__(TorchEagerEpiloguePlan)
-    with_pass.finish = SimpleNamespace(native_launch=lambda: ("the pass",))
+    with_pass.finish = SimpleNamespace(native_launch=lambda: ("the pass",), bias_in_linear=True)
     large = torch.empty(native_linear.MAX_OUTPUT_WITH_PASS // w.shape[0] + 1, w.shape[1], dtype=torch.bfloat16)
     native_linear.file_linear(dispatcher, with_pass, large, w, bias, "silu", None)
-    assert memo.filed[-1][1:] == (large, w, bias, "silu", None, ("pass_launch", ("the pass",)))
-    with_pass.finish = SimpleNamespace(native_launch=lambda: None)
+    # (and where the route hands the bias to F.linear, as eager's call does, the memo's key says so)
+    assert memo.filed[-1][1:] == (large, w, bias, "silu", None, ("pass_launch", ("the pass",)),
+                                  ("bias_in_linear", True))
+    with_pass.finish = SimpleNamespace(native_launch=lambda: None, bias_in_linear=True)
     filed = len(memo.filed)
     native_linear.file_linear(dispatcher, with_pass, large, w, bias, "silu", None)
     assert len(memo.filed) == filed

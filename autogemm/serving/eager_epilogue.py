@@ -3,10 +3,10 @@
 Where cuBLAS serves the GEMM of a call on 16-bit CUDA tensors (no record, or a tune that kept cuBLAS), the
 GEMM runs as the user would have called it: `F.linear` from C++, which allocates its output without a
 Python call (the matmul fast path hands such bare products to torch.matmul the same way,
-torch_fast_path.torch_matmul_for). A bias alone goes inside that call, in cuBLASLt's GEMM, as
-`F.linear(x, weight, bias)` adds it. An activation or a residual follows as the epilogue's pass over the
-fresh output in place (P = D: each thread reads its elements before it writes them), launched packed
-(`EpiloguePassInPlace`), the bias with it.
+torch_fast_path.torch_matmul_for). The bias goes inside that call, in cuBLASLt's GEMM, as
+`F.linear(x, weight, bias)` adds it, so that cuBLASLt picks eager's GEMM kernel (gpu/eager_route.py says why;
+one token aside). An activation or a residual follows as the epilogue's pass over the fresh output in place
+(P = D: each thread reads its elements before it writes them), launched packed (`EpiloguePassInPlace`).
 
 Measured on an H200's host (16-bit layers of 1-128 tokens, where the host sets the pace): `F.linear` cost
 23-29 us a call, PyTorch's in-place GELU or SiLU after it 10-12 us more, the packed pass 5.4 us; so
@@ -27,32 +27,10 @@ from typing import Any
 
 from ..epilogue import Epilogue
 from ..gpu.capture import CaptureError
-from ..gpu.cublas_epilogue import lt_epilogue
+from ..gpu.eager_route import bias_in_linear, eager_computes, pass_epilogue, pass_follows
 from ..gpu.epilogue_pass import PointedPass, pass_kernel, vector_width
 from . import lt_linear
 from . import plan as plan_module
-
-EAGER_DTYPES = ("float16", "bfloat16")  # as torch_matmul_for: float32 is computed as float32, not in TF32
-
-
-def eager_computes(epilogue: Epilogue, dtype: str, weight_dims: int, bias_dims: int | None, x_dims: int = 2,
-                   one_dtype: bool = True) -> bool:
-    """Whether PyTorch's GEMM call (then the pass in place) serves `epilogue` on a product of `dtype` against
-    a weight of `weight_dims` axes, a bias of `bias_dims` (None: no bias) and an x of `x_dims`, `one_dtype`
-    where the operands, bias and residual all have `dtype`. Not where cuBLASLt computes more of the epilogue
-    inside its GEMM than the bias (RELU, GELU's tanh form, a residual as C): that saves the pass."""
-    if dtype not in EAGER_DTYPES or not one_dtype or epilogue.gated or epilogue.out_dtype or epilogue.scale \
-            or epilogue.bias not in ("", "n") or weight_dims != 2 or bias_dims not in (None, 1) or x_dims < 2:
-        return False
-    lt = lt_epilogue(epilogue, dtype)
-    return lt is None or (lt == "BIAS" and not epilogue.residual)
-
-
-def pass_follows(epilogue: Epilogue) -> bool:
-    """Whether the pass follows PyTorch's GEMM call on this route (an activation or a residual): a bias alone
-    is the whole epilogue, inside `F.linear`."""
-    return bool(epilogue.activation or epilogue.residual)
-
 
 def _activation(name: str) -> Any:
     """The in-place PyTorch function of activation `name` ('' : none), as F.relu, F.gelu and F.silu compute it."""
@@ -67,10 +45,14 @@ class EpiloguePassInPlace:
     """The epilogue's pass (gpu/epilogue_pass.py) over a fresh product in place, packed once for the plan's
     shapes: a call rewrites the pointers and launches on PyTorch's current stream (a CUDA graph captures it).
     `accepts` says whether a call's bias and residual suit it: the plan's device (current too) and the pack
-    width's alignment (the fast paths send PyTorch's lazily negated views to the general path before)."""
+    width's alignment (the fast paths send PyTorch's lazily negated views to the general path before).
+    `bias_in_linear`: F.linear adds the layer's bias before the pass, which then computes the rest of the
+    epilogue (`epilogue`, what the pass computes, has no bias then; gpu/eager_route.py)."""
 
-    def __init__(self, packed: PointedPass, epilogue: Epilogue, device: int, alignment: int):
+    def __init__(self, packed: PointedPass, epilogue: Epilogue, device: int, alignment: int,
+                 bias_in_linear: bool = False):
         self.packed, self.device, self.alignment = packed, device, alignment
+        self.bias_in_linear = bias_in_linear
         self._fallback = _activation(epilogue.activation)  # (PyTorch's, for an output less aligned than the packs)
         self._native: tuple | None = None
 
@@ -105,8 +87,9 @@ class EpiloguePassInPlace:
 
 class TorchEagerEpiloguePlan:
     """A call on tensors with an epilogue served by PyTorch's GEMM call: `F.linear(a, weight, bias)` where the
-    bias is the whole epilogue, else `F.linear(a, weight)` and then `finish` (EpiloguePassInPlace) over its
-    output, on PyTorch's current stream and its allocator. `transposed`: the call's b is the weight's
+    bias is the whole epilogue, else `F.linear(a, weight, bias)` (the bias left out where `finish` adds it:
+    one token) and then `finish` (EpiloguePassInPlace) over its output, on PyTorch's current stream and its
+    allocator. `transposed`: the call's b is the weight's
     transposed view (matmul's key), else the weight itself (linear's). `call` gives None where the GEMM's
     torch fast-path plan changed (a tune, a reset: the general path files another plan), alpha is not 1, a
     tensor records a gradient, or the bias or residual does not suit (the general path serves or names it);
@@ -156,13 +139,18 @@ class TorchEagerEpiloguePlan:
         finish = self.finish
         if finish is None:  # the bias alone, inside cuBLASLt's GEMM as F.linear adds it
             return self.call_whole(a, weight, bias)  # (b.mT records a gradient where b does)
-        y = self._linear(a, weight)
-        if a.requires_grad or b.requires_grad \
-                or (bias is not None and (bias.requires_grad or bias.is_neg())) \
+        if finish.bias_in_linear:  # (eager's GEMM call: gpu/eager_route.py)
+            if bias is not None and bias.get_device() != self.device:  # (F.linear's error would not name it)
+                return None
+            y, pass_bias = self._linear(a, weight, bias), None
+        else:
+            y, pass_bias = self._linear(a, weight), bias
+        if a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad) \
+                or (pass_bias is not None and pass_bias.is_neg()) \
                 or (residual is not None and (residual.requires_grad or residual.is_neg())) \
-                or not finish.accepts(bias, residual):
+                or not finish.accepts(pass_bias, residual):
             return None
-        finish(y, bias, residual)
+        finish(y, pass_bias, residual)
         return y
 
 
@@ -188,12 +176,14 @@ def eager_plan(dispatcher: Any, gemm_key: Any, gemm_plan: Any, epilogue: Epilogu
         batched = residual is not None and result.dim() == 3
         batch, m = (result.shape[0], rows // result.shape[0]) if batched else (1, rows)
         size = result.element_size()
-        addresses = [(x.data_ptr(), size) for x in (result, bias, residual) if x is not None]
-        vector = vector_width(dtype, epilogue, n, (n, m * n, ldr, stride_r), addresses)
+        in_linear = bias_in_linear(epilogue, rows)
+        computed = pass_epilogue(epilogue, rows)
+        addresses = [(x.data_ptr(), size) for x in (result, None if in_linear else bias, residual) if x is not None]
+        vector = vector_width(dtype, computed, n, (n, m * n, ldr, stride_r), addresses)
         try:
-            packed = pass_kernel(dtype, epilogue, device, batch, m, n, n, m * n, ldr, stride_r, vector)
+            packed = pass_kernel(dtype, computed, device, batch, m, n, n, m * n, ldr, stride_r, vector)
         except CaptureError:  # (not compiled before this capture: a call after it files the plan)
             return None
-        finish = EpiloguePassInPlace(packed, epilogue, device, vector * size)
+        finish = EpiloguePassInPlace(packed, computed, device, vector * size, in_linear)
     prepared = None if finish is not None else lt_linear.prepare(dispatcher, a, b.mT, bias, result, device)
     return TorchEagerEpiloguePlan(dispatcher, gemm_key, gemm_plan, finish, device, prepared=prepared)

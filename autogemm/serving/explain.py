@@ -5,15 +5,16 @@ verdicts of this process included)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from . import call_context, dispatch, epilogue_step, numpy_semantics
 from ..families import config_from_name
 from ..gpu import launch, runtime
 from .numpy_semantics import KERNELS
+from ..gpu.eager_route import bias_in_linear, eager_computes, pass_follows
 from ..gpu.operands import check_scalars, describe, real_scalar, validate
 from ..problem import Problem
-from .eager_epilogue import eager_computes, pass_follows
 from .fused_epilogue import tuned_kernel
 from .race import race_choice
 from .select import ChoiceSource
@@ -156,9 +157,11 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
             epilogue, gemm["dtype"], b.ndim, None if bias is None else bias.ndim, a.ndim,
             all(x is None or x.dtype == a.dtype for x in (b, bias, residual))):
         whole = not pass_follows(epilogue)  # (the bias alone: F.linear's own)
+        rows = math.prod(gemm["shape"][:-1]) if gemm.get("shape") else 0
         applied += ("; from the second such call on PyTorch tensors, by PyTorch's own GEMM call (F.linear" +
                     (" with the bias, its cuBLASLt call prepared once where the operands suit: lt_linear)" if whole
-                     else ", then the pass over its output in place)") +
+                     else (" with the bias" if bias_in_linear(epilogue, rows) else "") +
+                     ", then the pass over its output in place)") +
                     "; `linear`'s repeated calls make eager's own calls from C++ where its memo is built (native_linear)")
         route = "F.linear" if whole else "F.linear + pass"
     elif lt is not None and tensors and config is None and len(gemm.get("shape") or ()) == 2:

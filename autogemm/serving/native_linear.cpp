@@ -168,11 +168,15 @@ class Memo {
     const at::Tensor none;
     const at::Tensor& b = bt ? *bt : none;
     const at::Tensor& r = rt != nullptr ? *rt : none;
-    if (entry && entry->pass) {  // the Python route's calls: F.linear without the bias, then its pass in place
-      if (!entry->pass->accepts(b, r)) return py::none();  // (that route names or serves it)
-      at::Tensor y = at::linear(xt, wt);
-      (*entry->pass)(y, b, r, [&](at::Tensor& out) {  // (its fallback's calls, for an output less aligned)
-        if (bt) out.add_(*bt);
+    if (entry && entry->pass) {  // the Python route's calls: F.linear, then its pass in place
+      // (the bias in F.linear as eager adds it, or in the pass where the key says so: one token)
+      const bool in_linear = entry->bias_in_linear;
+      const at::Tensor& pass_bias = in_linear ? none : b;
+      if (in_linear && bt && !entry->pass->on_device(*bt)) return py::none();  // (that route names it)
+      if (!entry->pass->accepts(pass_bias, r)) return py::none();  // (that route names or serves it)
+      at::Tensor y = in_linear ? at::linear(xt, wt, bt) : at::linear(xt, wt);
+      (*entry->pass)(y, pass_bias, r, [&](at::Tensor& out) {  // (its fallback's calls, for an output less aligned)
+        if (bt && !in_linear) out.add_(*bt);
         out = finish(std::move(out), act, rt);
       });
       return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(y)));
@@ -199,11 +203,12 @@ class Memo {
   // `residual_as_c`: the Python route served it with its cuBLASLt plan, the residual read as C (a layer without
   // an activation): the key holds that call prepared, or is not filed; a call the prepared one declines gets
   // None (the Python route's plan serves it). `pass_launch`: the Python route served it with F.linear and its
-  // pass (EpiloguePassInPlace.native_launch), which the key holds, or is not filed. Otherwise the key holds
+  // pass (EpiloguePassInPlace.native_launch), which the key holds, or is not filed; `bias_in_linear`: that
+  // route hands the bias to F.linear (EpiloguePassInPlace.bias_in_linear), and its pass adds none. Otherwise the key holds
   // F.linear's call prepared where it has a bias and the call suits (else at::linear serves), and eager's
   // calls follow it.
   bool file(py::handle x, py::handle weight, py::handle bias, py::handle activation, py::handle residual,
-            bool residual_as_c, py::handle pass_launch) {
+            bool residual_as_c, py::handle pass_launch, bool bias_in_linear) {
     Words words;
     Activation act;
     if (!key_of(words, x.ptr(), weight.ptr(), bias.ptr(), activation.ptr(), residual.ptr(), act)) return false;
@@ -217,7 +222,7 @@ class Memo {
       std::string why;
       if (with_pass) {
         auto pass = PreparedPass::prepare(pass_launch, why);
-        if (pass) entry = std::make_shared<Prepared>(Prepared{nullptr, std::move(pass)});
+        if (pass) entry = std::make_shared<Prepared>(Prepared{nullptr, std::move(pass), bias_in_linear});
       } else {
         const at::Tensor none;
         auto linear = PreparedLinear::prepare(
@@ -225,7 +230,7 @@ class Memo {
             bias.is_none() ? none : THPVariable_Unpack(bias.ptr()),
             residual.is_none() ? none : THPVariable_Unpack(residual.ptr()), act == kNone && residual.is_none(),
             as_c ? residual_workspace_bytes_ : linear_workspace_bytes_, why);
-        if (linear) entry = std::make_shared<Prepared>(Prepared{std::move(linear), nullptr});
+        if (linear) entry = std::make_shared<Prepared>(Prepared{std::move(linear), nullptr, false});
       }
       std::lock_guard<std::mutex> hold(mutex_);
       last_unprepared_ = entry ? "" : why;
@@ -260,6 +265,7 @@ class Memo {
   struct Prepared {
     std::unique_ptr<PreparedLinear> linear;
     std::unique_ptr<PreparedPass> pass;
+    bool bias_in_linear;  // (with `pass`: F.linear adds the bias, the pass the rest)
   };
   // A key's entry: null where at::linear and eager's calls serve it (shared: a call holds it while another
   // files or clears)
@@ -337,7 +343,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("linear", &Memo::linear, "the route's result where the call's key is filed, else None")
       .def("file", &Memo::file, "files the call's key; False where the memo cannot serve it", py::arg("x"),
            py::arg("weight"), py::arg("bias"), py::arg("activation"), py::arg("residual"),
-           py::arg("residual_as_c") = false, py::arg("pass_launch") = py::none())
+           py::arg("residual_as_c") = false, py::arg("pass_launch") = py::none(),
+           py::arg("bias_in_linear") = false)
       .def("matmul", &Memo::matmul, "torch.matmul(a, b) where the call's key is filed, else None")
       .def("file_matmul", &Memo::file_matmul, "files a matmul call's key; False where the memo cannot serve it")
       .def("prepared", &Memo::prepared, "how many keys hold a prepared cuBLASLt call")

@@ -80,7 +80,7 @@ _waiting: list[Any] = []  # dispatchers to hand a Memo once the module is loaded
 # How the memo takes a layer's calls (`route`)
 EAGER_CALLS = "eager's calls"  # F.linear (its cuBLASLt call prepared where it has one), then eager's in place
 RESIDUAL_AS_C = "residual as C"  # the Python route's cuBLASLt call, the residual read as C, prepared
-WITH_PASS = "F.linear and the pass"  # the Python route's calls: F.linear without the bias, then its pass
+WITH_PASS = "F.linear and the pass"  # the Python route's calls: F.linear (the bias in it but for one token), the pass
 
 
 def route(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> str | None:
@@ -123,7 +123,8 @@ def file_linear(dispatcher: Any, plan: Any, x: Any, weight: Any, bias: Any, acti
     elif taken is WITH_PASS:
         launch = plan.finish.native_launch()
         if launch is not None:
-            memo.file(x, weight, bias, activation, residual, pass_launch=launch)
+            memo.file(x, weight, bias, activation, residual, pass_launch=launch,
+                      bias_in_linear=plan.finish.bias_in_linear)
     else:
         memo.file(x, weight, bias, activation, residual, taken is RESIDUAL_AS_C)
 

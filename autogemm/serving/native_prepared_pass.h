@@ -2,8 +2,8 @@
 // translation unit).
 //
 // Where eager's calls would compute a layer's epilogue (an activation, a residual) after F.linear, the Python
-// route runs F.linear without the bias and then its own pass over the output in place, the bias with it
-// (serving/eager_epilogue.py: EpiloguePassInPlace): on the GPU the pass is faster than PyTorch's kernels by
+// route runs F.linear (with the bias, as eager does, but for one token) and then its own pass over the output in
+// place (serving/eager_epilogue.py: EpiloguePassInPlace): on the GPU the pass is faster than PyTorch's kernels by
 // 0.3-0.8 us per million output elements on an H200. From Python that route costs some microseconds of host
 // time before the GEMM's launch, which a single call on an idle GPU waits through. A key of such a layer holds
 // the pass as Python packed it (PreparedPass: the kernel, its grid and block, its arguments' bytes and where
@@ -108,6 +108,9 @@ class PreparedPass {
 
   PreparedPass(const PreparedPass&) = delete;
   PreparedPass& operator=(const PreparedPass&) = delete;
+
+  // Whether `t` is on the pass's device (a bias F.linear adds: the Python route checks that much of it)
+  bool on_device(const at::Tensor& t) const { return t.is_cuda() && t.get_device() == device_; }
 
   // Whether the call's bias and residual (undefined: none) suit the pass, as EpiloguePassInPlace.accepts and
   // the Python route's plan check them: the pass's device current, theirs, the alignment, no lazy negation.

@@ -1,0 +1,56 @@
+"""A layer as PyTorch's own calls compute it where nothing generated serves: `F.linear(x, weight, bias)`, the
+bias added inside cuBLASLt's GEMM (its BIAS epilogue), then the activation and the residual after it. autogemm's
+torch route makes the same GEMM call and runs its own pass after it (serving/eager_epilogue.py), and a tune of
+such a layer times that route as a baseline (measure/epilogue_routes.py), so that a kernel is kept only where it
+beats what a PyTorch user's call would run.
+
+Why the bias goes where eager puts it: cuBLASLt's heuristic picks the GEMM's kernel with the BIAS epilogue apart
+from the bare GEMM's, and neither pick is always the faster. On an H200 (the unseen epilogue draw of seed 6121)
+F.linear with the bias ran 11% faster than without it at BF16 32×9216×7168 and some 5% faster at FP16
+256×18176×4544, and 7-8% slower at BF16 333×27648×5120 and 1024×27648×5120. A route that left the bias to the
+pass ran the other GEMM, and lost 10% to eager at FP16 256×18176×4544 with the erf GELU. With eager's own GEMM
+call the route differs from eager only in the pass after it, which ran 0.97-1.10x the speed of PyTorch's
+kernels for a bias and GELU or SiLU (benchmarks/results/epilogue-pass-*).
+
+One token is the exception: there F.linear gives cuBLASLt no bias epilogue (PyTorch copies the bias into the
+output, then runs a GEMM with beta 1), so the pass adds the bias: two launches to eager's three.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..epilogue import Epilogue
+from .cublas_epilogue import lt_epilogue
+
+EAGER_DTYPES = ("float16", "bfloat16")  # as torch_matmul_for: float32 is computed as float32, not in TF32
+
+
+def eager_computes(epilogue: Epilogue, dtype: str, weight_dims: int, bias_dims: int | None, x_dims: int = 2,
+                   one_dtype: bool = True) -> bool:
+    """Whether PyTorch's GEMM call (then the pass in place) serves `epilogue` on a product of `dtype` against
+    a weight of `weight_dims` axes, a bias of `bias_dims` (None: no bias) and an x of `x_dims`, `one_dtype`
+    where the operands, bias and residual all have `dtype`. Not where cuBLASLt computes more of the epilogue
+    inside its GEMM than the bias (RELU, GELU's tanh form, a residual as C): that saves the pass."""
+    if dtype not in EAGER_DTYPES or not one_dtype or epilogue.gated or epilogue.out_dtype or epilogue.scale \
+            or epilogue.bias not in ("", "n") or weight_dims != 2 or bias_dims not in (None, 1) or x_dims < 2:
+        return False
+    lt = lt_epilogue(epilogue, dtype)
+    return lt is None or (lt == "BIAS" and not epilogue.residual)
+
+
+def pass_follows(epilogue: Epilogue) -> bool:
+    """Whether a pass follows PyTorch's GEMM call on this route (an activation or a residual): a bias alone is
+    the whole epilogue, inside `F.linear`."""
+    return bool(epilogue.activation or epilogue.residual)
+
+
+def bias_in_linear(epilogue: Epilogue, rows: int) -> bool:
+    """Whether the route hands `epilogue`'s bias to F.linear, as eager does, for an output of `rows` rows (all
+    its tokens): where it has a bias and more than one row (module docstring)."""
+    return bool(epilogue.bias) and rows > 1
+
+
+def pass_epilogue(epilogue: Epilogue, rows: int) -> Epilogue:
+    """What the pass after F.linear computes of `epilogue` for `rows` rows: all of it but a bias F.linear adds."""
+    return dataclasses.replace(epilogue, bias="") if bias_in_linear(epilogue, rows) else epilogue
