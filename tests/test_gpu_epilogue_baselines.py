@@ -1,6 +1,7 @@
 """An epilogue tune's baselines (measure/measuring.py `baseline_calls`): every route a call could take without a
-fused kernel computes the epilogue: cuBLASLt's GEMM and the pass, cuBLASLt's own epilogue, and eager's route
-(cuBLASLt's BIAS epilogue, then the rest as a pass). Each route's output is poisoned with NaN, the route run
+fused kernel computes the epilogue: cuBLASLt's GEMM and the pass, cuBLASLt's own epilogue, eager's route
+(cuBLASLt's BIAS epilogue, then the rest as a pass), and the route PyTorch tensors are served by (PyTorch's
+F.linear, then the pass in place). Each route's output is poisoned with NaN, the route run
 once, and D checked against the epilogue's float64 reference within its bound (bench.check_epilogue_result): a
 route that skipped a part of the epilogue, or wrote nothing, fails. A baseline that computed less than the
 kernel it is compared with would make the kernel look slow."""
@@ -14,10 +15,11 @@ from autogemm.problem import Problem
 
 pytestmark = pytest.mark.gpu
 
-PASS, LT, LT_BIAS = "cublaslt + pass", "cublaslt epilogue", "cublaslt bias + pass"
+PASS, LT, LT_BIAS, TORCH = "cublaslt + pass", "cublaslt epilogue", "cublaslt bias + pass", "torch F.linear"
 CASES = [  # (dtype, epilogue, the routes expected)
-    ("float16", Epilogue("n", "gelu"), {PASS, LT_BIAS}),  # (no erf GELU in cuBLASLt)
-    ("bfloat16", Epilogue("n", "silu", True), {PASS, LT_BIAS}),
+    ("float16", Epilogue("n", "gelu"), {PASS, LT_BIAS, TORCH}),  # (no erf GELU in cuBLASLt)
+    ("bfloat16", Epilogue("n", "silu", True), {PASS, LT_BIAS, TORCH}),
+    ("bfloat16", Epilogue("n"), {PASS, LT, TORCH}),  # (the bias alone: F.linear's own)
     ("float16", Epilogue("n", "relu"), {PASS, LT, LT_BIAS}),
     ("bfloat16", Epilogue("n", "", True), {PASS, LT, LT_BIAS}),  # (the residual as cuBLASLt's C)
     ("float16", Epilogue("", "gelu_tanh"), {PASS, LT}),  # (no bias: eager's route is the pass's)
@@ -33,6 +35,7 @@ def test_every_epilogue_baseline_computes_the_epilogue(dtype, epilogue, routes, 
     from autogemm.gpu.launch import current_device
     from autogemm.measure.bench import check_epilogue_result, poison
     from autogemm.measure.evaluate import GpuMeasurer
+    from autogemm.measure.baselines import as_torch
 
     m, n, k = shape
     problem = Problem(m, n, k, dtype=dtype, trans_b=True, epilogue=epilogue)
@@ -44,7 +47,10 @@ def test_every_epilogue_baseline_computes_the_epilogue(dtype, epilogue, routes, 
         output = getattr(runners[0], "output", c)  # (the pass writes a D of its own; cuBLASLt's epilogue C)
         poison(output)
         poison(c)
-        runners[0]()
+        result = runners[0]()
+        if name == TORCH:  # (F.linear's own output, from PyTorch's pool, copied into the poisoned C)
+            as_torch(c).copy_(result)
+            output = c
         cupy.cuda.get_current_stream().synchronize()
         verdict = check_epilogue_result(output, a, b, problem, bias=bias, residual=residual)
         assert verdict.ok, (name, verdict)

@@ -1,7 +1,8 @@
 """The routes that serve a problem with an epilogue when no fused kernel does, bound to a measurer's input
 sets (measuring.GpuMeasurer keeps them): a GEMM followed by the epilogue's pass (gpu/epilogue_pass.py),
-cuBLASLt's own epilogue where it has one (gpu/cublas_epilogue.py), and eager PyTorch's route for a bias
-with more after it: cuBLASLt's BIAS epilogue, then the rest as a pass (`F.gelu(F.linear(x, w, b))`).
+cuBLASLt's own epilogue where it has one (gpu/cublas_epilogue.py), eager PyTorch's route for a bias
+with more after it: cuBLASLt's BIAS epilogue, then the rest as a pass (`F.gelu(F.linear(x, w, b))`), and
+the route autogemm serves PyTorch tensors by: PyTorch's own F.linear call, then the pass (gpu/eager_route.py).
 A fused kernel is kept only where it beats each of them."""
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ import dataclasses
 import functools
 from typing import Any
 
+from .. import dtypes
 from ..epilogue import Epilogue
 from ..gpu.cublas_epilogue import cublas_epilogue_launcher, lt_epilogue
 from ..gpu.cublas_gemm import alignment_of
+from ..gpu.eager_route import bias_in_linear, eager_computes, pass_epilogue, pass_follows
 from ..gpu.epilogue_pass import pass_kernel, vector_width
 from ..gpu.operands import describe
 from ..problem import Problem
@@ -76,6 +79,69 @@ def lt_calls(problem: Problem, device_ordinal: int, sets: Any, extras: Any, epil
             launch, layout_a.pointer, layout_b.pointer, layout_c.pointer,
             bias.data.ptr if bias is not None else 0, residual.data.ptr if residual is not None else 0))
     return calls
+
+
+def torch_linear_calls(problem: Problem, device_ordinal: int, sets: Any, extras: Any) -> list[Any] | None:
+    """The route autogemm serves a layer by on PyTorch tensors where nothing generated does (gpu/eager_route.py:
+    eager's GEMM call, `F.linear(x, weight, bias)`, then the rest of the epilogue as the pass over its output
+    in place), one call per input set (`sets` of (a, b, c), `extras` of (bias, residual)), on views of the
+    sets' memory; None where that route does not serve the problem (eager_computes: 16-bit, no batch, an
+    epilogue cuBLASLt does not fuse past the bias) or PyTorch has no CUDA. Each call allocates its output from
+    PyTorch's pool, as F.linear does for a user."""
+    from .baselines import as_torch, torch_available  # (lazy: PyTorch)
+
+    epilogue = problem.epilogue
+    if problem.batch > 1 or epilogue.is_identity \
+            or not eager_computes(epilogue, problem.dtype, 2, 1 if epilogue.bias else None) or not torch_available():
+        return None
+    import torch.nn.functional as F  # (lazy: PyTorch)
+
+    in_linear = bias_in_linear(epilogue, problem.m)
+    computed = pass_epilogue(epilogue, problem.m)
+    m, n = problem.m, problem.n
+    pointed = None
+    if pass_follows(epilogue):
+        ldr, stride_r = (n, m * n) if epilogue.residual else (0, 0)
+        # (F.linear's output starts a block of PyTorch's, 512-byte aligned: the widest packs that N and every
+        # set's bias and residual allow)
+        addresses = [(512, dtypes.lookup(problem.dtype).itemsize)] + [(x.data.ptr, x.dtype.itemsize) for bias, residual in extras
+                                     for x in (None if in_linear else bias, residual) if x is not None]
+        vector = vector_width(problem.dtype, computed, n, (n, m * n, ldr, stride_r), addresses)
+        pointed = pass_kernel(problem.dtype, computed, device_ordinal, 1, m, n, n, m * n, ldr, stride_r, vector)
+    stream = torch_stream()
+    calls = []
+    for (a, b, _), (bias, residual) in zip(sets, extras):
+        ta, tb = as_torch(a), as_torch(b)
+        x = ta.mT if problem.trans_a else ta
+        weight = tb if problem.trans_b else tb.mT  # (N × K, as torch.nn.Linear holds it)
+        tbias = as_torch(bias) if bias is not None else None
+        gemm_bias = tbias if in_linear or pointed is None else None
+        pass_bias = 0 if in_linear or bias is None else bias.data.ptr
+        pass_residual = 0 if residual is None else residual.data.ptr
+
+        def call(x=x, weight=weight, gemm_bias=gemm_bias, pass_bias=pass_bias, pass_residual=pass_residual):
+            y = F.linear(x, weight, gemm_bias)
+            if pointed is not None:
+                address = y.data_ptr()
+                pointed.launch(stream, address, address, pass_bias, pass_residual)
+            return y
+
+        calls.append(call)
+    return calls
+
+
+def torch_stream() -> int:
+    """PyTorch's current stream's handle, where the route's pass runs after its F.linear; RuntimeError where it
+    is not CuPy's current stream, on which the timings record their events (both libraries' default stream
+    unless a caller chose another: then the route's time would not be what the events see)."""
+    import cupy  # (lazy: CuPy)
+    import torch  # (lazy: PyTorch)
+
+    handle, timed = torch.cuda.current_stream().cuda_stream, cupy.cuda.get_current_stream().ptr
+    if handle != timed:
+        raise RuntimeError(f"PyTorch's current stream ({handle:#x}) is not CuPy's ({timed:#x}): the F.linear route "
+                           "would run apart from the events that time it")
+    return handle
 
 
 def eager_route_applies(epilogue: Epilogue) -> bool:

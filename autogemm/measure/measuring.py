@@ -21,7 +21,8 @@ from ..epilogue import Epilogue
 from ..gpu.cublas_gemm import cublas_launcher
 from ..problem import Device, Problem
 from .clocks import ClockMonitor
-from .epilogue_routes import bias_then_pass, eager_route_applies, lt_calls, storage_layouts, then_pass
+from .epilogue_routes import (bias_then_pass, eager_route_applies, lt_calls, storage_layouts, then_pass,
+                              torch_linear_calls)
 from .timing import TARGET_MS, Sustained, gpu_time, latencies, sustained_times
 
 # GPU time (timing.gpu_time) of a candidate during the search: a short steady run; the finalists and
@@ -41,8 +42,13 @@ SERVED, CUPY = "cublaslt", "cupy.matmul"
 # (gpu/epilogue_pass.py), and cuBLASLt's own epilogue where it has this one (gpu/cublas_epilogue.py);
 # for a bias with an activation or a residual, eager PyTorch's route too (F.linear adds the bias inside
 # cuBLASLt's GEMM, then F.gelu and the like make a pass): a fused kernel is kept only where it beats every
-# route a user's call could take (session 47 kept a kernel at 1.024x cuBLAS + pass that ran 0.987x eager)
+# route a user's call could take (session 47 kept a kernel at 1.024x cuBLAS + pass that ran 0.987x eager);
+# and where PyTorch is installed, the route autogemm serves PyTorch tensors by without a kernel, PyTorch's own
+# F.linear call and the pass after it (gpu/eager_route.py): cuBLASLt's heuristic picks F.linear's GEMM kernel
+# apart from ours, and on an H200 a kernel kept at 1.049x the others (BF16 32×9216×7168 with a bias) served
+# 0.905x eager's F.linear
 SERVED_PASS, SERVED_LT, SERVED_LT_BIAS = "cublaslt + pass", "cublaslt epilogue", "cublaslt bias + pass"
+SERVED_TORCH = "torch F.linear"
 
 
 @dataclass
@@ -123,6 +129,8 @@ class GpuMeasurer:
         # by the epilogue computed (not by cuBLASLt's name: BIAS adds a residual too where one is read as C)
         self._lt_calls: dict[Epilogue, list[Any] | None] = {}
         self._lt_bias_calls: list[Any] | None = None
+        self._torch_linear_calls: list[Any] | None = None
+        self._torch_linear_made = False
         self._cupy_computes: bool | None = None  # whether cupy.matmul computes this type in this form
         self.baselines: dict[str, float] = {}  # ms of each baseline, from the last timing
         warm_up(self._served()[0])
@@ -206,6 +214,15 @@ class GpuMeasurer:
                                                  self._extras, self.epilogue)
         return self._lt_bias_calls
 
+    def _torch_linear(self) -> list[Any] | None:
+        """The route autogemm serves PyTorch tensors by without a kernel (epilogue_routes.torch_linear_calls),
+        made once; None where it does not serve this problem or PyTorch has no CUDA."""
+        if not self._torch_linear_made:
+            self._torch_linear_calls = torch_linear_calls(self.problem, self.device_ordinal(), self._sets,
+                                                          self._extras)
+            self._torch_linear_made = True
+        return self._torch_linear_calls
+
     def _fallback(self) -> list[Any]:
         """The served fallback's calls: with an epilogue, the route (`baseline_calls`) fastest in GPU time at
         the last timing, cuBLASLt and the pass before any timing; without one, cuBLASLt as served."""
@@ -218,10 +235,11 @@ class GpuMeasurer:
         """Each baseline's runners (one per input set): cuBLASLt as served and cupy.matmul where CuPy
         computes this type in this form; with an epilogue, the routes matmul serves without a fused kernel
         (SERVED_PASS first; SERVED_LT where cuBLASLt has the epilogue, SERVED_LT_BIAS where it adds the bias
-        and a pass the rest)."""
+        and a pass the rest; SERVED_TORCH where PyTorch's F.linear and the pass serve PyTorch tensors)."""
         served = self._served()
         if not self.epilogue.is_identity:
-            routes = {SERVED_PASS: served, SERVED_LT: self._lt(), SERVED_LT_BIAS: self._lt_bias_then_pass()}
+            routes = {SERVED_PASS: served, SERVED_LT: self._lt(), SERVED_LT_BIAS: self._lt_bias_then_pass(),
+                      SERVED_TORCH: self._torch_linear()}
             return {name: calls for name, calls in routes.items() if calls is not None}
         calls = {SERVED: served}
         if self._cupy_computes is None:
