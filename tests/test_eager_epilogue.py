@@ -309,3 +309,62 @@ def test_every_plan_of_an_epilogue_checks_for_autograd_itself(monkeypatch):
     for plan in plans:
         assert plan.call(x, w, bias, None, 1.0) is None, type(plan).__name__
     assert launches == []
+
+
+@pytest.mark.parametrize("baselines,in_pass", [
+    ({"torch F.linear": 1.00, "torch F.linear, bias in the pass": 0.95}, True),
+    ({"torch F.linear": 1.00, "torch F.linear, bias in the pass": 0.995}, False),  # (within the noise)
+    ({"torch F.linear": 0.95, "torch F.linear, bias in the pass": 1.00}, False),
+    ({"torch F.linear": 1.00}, False),  # (a tune that timed one way only)
+    ({}, False),
+])
+def test_a_tune_that_timed_the_bias_in_the_pass_faster_says_so_beyond_the_noise(baselines, in_pass):
+    from autogemm.gpu.eager_route import measured_bias_in_pass
+
+    assert measured_bias_in_pass(baselines, 0.01) is in_pass
+
+
+class _Cache:
+    """A user cache holding one record for every problem (lookups recorded)."""
+
+    def __init__(self, record):
+        self.record, self.asked = record, []
+
+    def lookup(self, problem, slug):
+        self.asked.append((problem, slug))
+        return None if self.record is None else (self.record, "user")
+
+
+@pytest.mark.parametrize("record,in_linear", [
+    (None, True),  # untuned: eager's GEMM call
+    (SimpleNamespace(is_cublas=True, stale=False, current_protocol=True,
+                     baselines={"torch F.linear": 0.2, "torch F.linear, bias in the pass": 0.18}), False),
+    (SimpleNamespace(is_cublas=True, stale=False, current_protocol=True,
+                     baselines={"torch F.linear": 0.18, "torch F.linear, bias in the pass": 0.2}), True),
+    (SimpleNamespace(is_cublas=True, stale=True, current_protocol=True,  # (its kernels' source changed since)
+                     baselines={"torch F.linear": 0.2, "torch F.linear, bias in the pass": 0.18}), True),
+    (SimpleNamespace(is_cublas=False, stale=False, current_protocol=True,  # (a kernel kept: not this route's)
+                     baselines={"torch F.linear": 0.2, "torch F.linear, bias in the pass": 0.18}), True),
+])
+def test_the_route_leaves_the_bias_to_the_pass_where_the_layers_tune_measured_that_faster(record, in_linear,
+                                                                                          monkeypatch):
+    torch = pytest.importorskip("torch")
+    from autogemm.problem import Problem
+    from autogemm.serving import eager_epilogue
+
+    built = []
+    monkeypatch.setattr(eager_epilogue, "pass_kernel", lambda *args: built.append(args) or _Packed())
+    monkeypatch.setattr(eager_epilogue, "device_info", lambda device: SimpleNamespace(slug="a-gpu"))
+    x, w = torch.randn(4, 16, dtype=torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16)
+    bias = torch.randn(8, dtype=torch.bfloat16)
+    cublas = SimpleNamespace(torch_matmul=torch.matmul, device=-1, problem=Problem(4, 8, 16, dtype="bfloat16",
+                                                                                    trans_b=True))
+    dispatcher = _dispatcher_with(cublas)
+    dispatcher.cache = _Cache(record)
+    plan = eager_plan(dispatcher, "gemm", cublas, Epilogue("n", "gelu"), "bfloat16", (x, w.mT),
+                      torch.matmul(x, w.mT), bias, None)
+    assert plan.finish.bias_in_linear is in_linear
+    assert built[0][1] == (Epilogue("", "gelu") if in_linear else Epilogue("n", "gelu"))
+    # (the record looked up is the layer's tune: the GEMM's problem with the epilogue, on this device)
+    assert dispatcher.cache.asked == [(Problem(4, 8, 16, dtype="bfloat16", trans_b=True,
+                                               epilogue=Epilogue("n", "gelu")), "a-gpu")]

@@ -1,7 +1,7 @@
 """An epilogue tune's baselines (measure/measuring.py `baseline_calls`): every route a call could take without a
 fused kernel computes the epilogue: cuBLASLt's GEMM and the pass, cuBLASLt's own epilogue, eager's route
 (cuBLASLt's BIAS epilogue, then the rest as a pass), and the route PyTorch tensors are served by (PyTorch's
-F.linear, then the pass in place). Each route's output is poisoned with NaN, the route run
+F.linear, then the pass in place; the bias in F.linear, and in the pass too where a pass follows anyway). Each route's output is poisoned with NaN, the route run
 once, and D checked against the epilogue's float64 reference within its bound (bench.check_epilogue_result): a
 route that skipped a part of the epilogue, or wrote nothing, fails. A baseline that computed less than the
 kernel it is compared with would make the kernel look slow."""
@@ -16,9 +16,10 @@ from autogemm.problem import Problem
 pytestmark = pytest.mark.gpu
 
 PASS, LT, LT_BIAS, TORCH = "cublaslt + pass", "cublaslt epilogue", "cublaslt bias + pass", "torch F.linear"
+TORCH_BIAS_IN_PASS = "torch F.linear, bias in the pass"
 CASES = [  # (dtype, epilogue, the routes expected)
-    ("float16", Epilogue("n", "gelu"), {PASS, LT_BIAS, TORCH}),  # (no erf GELU in cuBLASLt)
-    ("bfloat16", Epilogue("n", "silu", True), {PASS, LT_BIAS, TORCH}),
+    ("float16", Epilogue("n", "gelu"), {PASS, LT_BIAS, TORCH, TORCH_BIAS_IN_PASS}),  # (no erf GELU in cuBLASLt)
+    ("bfloat16", Epilogue("n", "silu", True), {PASS, LT_BIAS, TORCH, TORCH_BIAS_IN_PASS}),
     ("bfloat16", Epilogue("n"), {PASS, LT, TORCH}),  # (the bias alone: F.linear's own)
     ("float16", Epilogue("n", "relu"), {PASS, LT, LT_BIAS}),
     ("bfloat16", Epilogue("n", "", True), {PASS, LT, LT_BIAS}),  # (the residual as cuBLASLt's C)
@@ -48,7 +49,7 @@ def test_every_epilogue_baseline_computes_the_epilogue(dtype, epilogue, routes, 
         poison(output)
         poison(c)
         result = runners[0]()
-        if name == TORCH:  # (F.linear's own output, from PyTorch's pool, copied into the poisoned C)
+        if name in (TORCH, TORCH_BIAS_IN_PASS):  # (F.linear's own output, from PyTorch's pool, copied into C)
             as_torch(c).copy_(result)
             output = c
         cupy.cuda.get_current_stream().synchronize()

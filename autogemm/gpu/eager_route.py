@@ -14,6 +14,10 @@ kernels for a bias and GELU or SiLU (benchmarks/results/epilogue-pass-*).
 
 One token is the exception: there F.linear gives cuBLASLt no bias epilogue (PyTorch copies the bias into the
 output, then runs a GEMM with beta 1), so the pass adds the bias: two launches to eager's three.
+
+A tune measures which is faster: it times the route both ways (ROUTE, and ROUTE_BIAS_IN_PASS where the two
+differ), and where it kept cuBLAS and the bias in the pass ran faster by more than the noise, the route serves
+the layer that way (serving/eager_epilogue.py). Untuned, eager's call.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import dataclasses
 from ..epilogue import Epilogue
 from .cublas_epilogue import lt_epilogue
 
+# the route's names among a tune's baselines (Record.baselines): eager's GEMM call, and the bias left to the pass
+ROUTE, ROUTE_BIAS_IN_PASS = "torch F.linear", "torch F.linear, bias in the pass"
 EAGER_DTYPES = ("float16", "bfloat16")  # as torch_matmul_for: float32 is computed as float32, not in TF32
 
 
@@ -51,6 +57,21 @@ def bias_in_linear(epilogue: Epilogue, rows: int) -> bool:
     return bool(epilogue.bias) and rows > 1
 
 
-def pass_epilogue(epilogue: Epilogue, rows: int) -> Epilogue:
-    """What the pass after F.linear computes of `epilogue` for `rows` rows: all of it but a bias F.linear adds."""
-    return dataclasses.replace(epilogue, bias="") if bias_in_linear(epilogue, rows) else epilogue
+def bias_placement_differs(epilogue: Epilogue, rows: int) -> bool:
+    """Whether the bias could go either way: into F.linear (eager's call) or into the pass after it; where it
+    goes into F.linear and a pass follows."""
+    return bias_in_linear(epilogue, rows) and pass_follows(epilogue)
+
+
+def pass_epilogue(epilogue: Epilogue, rows: int, in_linear: bool | None = None) -> Epilogue:
+    """What the pass after F.linear computes of `epilogue` for `rows` rows: all of it but a bias F.linear adds
+    (`in_linear`: whether it does; None: bias_in_linear's rule)."""
+    in_linear = bias_in_linear(epilogue, rows) if in_linear is None else in_linear
+    return dataclasses.replace(epilogue, bias="") if in_linear and epilogue.bias else epilogue
+
+
+def measured_bias_in_pass(baselines: dict, noise: float) -> bool:
+    """Whether a tune's baselines (ms of each, Record.baselines) timed the route with the bias in the pass
+    faster than with it in F.linear, by more than `noise` (a share): then the route serves the layer so."""
+    inside, outside = baselines.get(ROUTE), baselines.get(ROUTE_BIAS_IN_PASS)
+    return bool(inside and outside) and outside * (1 + noise) < inside

@@ -81,13 +81,15 @@ def lt_calls(problem: Problem, device_ordinal: int, sets: Any, extras: Any, epil
     return calls
 
 
-def torch_linear_calls(problem: Problem, device_ordinal: int, sets: Any, extras: Any) -> list[Any] | None:
+def torch_linear_calls(problem: Problem, device_ordinal: int, sets: Any, extras: Any,
+                       in_linear: bool | None = None) -> list[Any] | None:
     """The route autogemm serves a layer by on PyTorch tensors where nothing generated does (gpu/eager_route.py:
     eager's GEMM call, `F.linear(x, weight, bias)`, then the rest of the epilogue as the pass over its output
     in place), one call per input set (`sets` of (a, b, c), `extras` of (bias, residual)), on views of the
     sets' memory; None where that route does not serve the problem (eager_computes: 16-bit, no batch, an
     epilogue cuBLASLt does not fuse past the bias) or PyTorch has no CUDA. Each call allocates its output from
-    PyTorch's pool, as F.linear does for a user."""
+    PyTorch's pool, as F.linear does for a user. `in_linear`: whether F.linear adds the bias (None: the route's
+    rule, eager_route.bias_in_linear; False: the pass adds it)."""
     from .baselines import as_torch, torch_available  # (lazy: PyTorch)
 
     epilogue = problem.epilogue
@@ -96,8 +98,8 @@ def torch_linear_calls(problem: Problem, device_ordinal: int, sets: Any, extras:
         return None
     import torch.nn.functional as F  # (lazy: PyTorch)
 
-    in_linear = bias_in_linear(epilogue, problem.m)
-    computed = pass_epilogue(epilogue, problem.m)
+    in_linear = bias_in_linear(epilogue, problem.m) if in_linear is None else in_linear and bool(epilogue.bias)
+    computed = pass_epilogue(epilogue, problem.m, in_linear)
     m, n = problem.m, problem.n
     pointed = None
     if pass_follows(epilogue):

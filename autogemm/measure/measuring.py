@@ -21,6 +21,7 @@ from ..epilogue import Epilogue
 from ..gpu.cublas_gemm import cublas_launcher
 from ..problem import Device, Problem
 from .clocks import ClockMonitor
+from ..gpu.eager_route import ROUTE, ROUTE_BIAS_IN_PASS, bias_placement_differs
 from .epilogue_routes import (bias_then_pass, eager_route_applies, lt_calls, storage_layouts, then_pass,
                               torch_linear_calls)
 from .timing import TARGET_MS, Sustained, gpu_time, latencies, sustained_times
@@ -46,9 +47,9 @@ SERVED, CUPY = "cublaslt", "cupy.matmul"
 # and where PyTorch is installed, the route autogemm serves PyTorch tensors by without a kernel, PyTorch's own
 # F.linear call and the pass after it (gpu/eager_route.py): cuBLASLt's heuristic picks F.linear's GEMM kernel
 # apart from ours, and on an H200 a kernel kept at 1.049x the others (BF16 32×9216×7168 with a bias) served
-# 0.905x eager's F.linear
+# 0.905x eager's F.linear. That route is timed with the bias in F.linear and, where a pass follows anyway, with the
+# bias in the pass too: a record that kept cuBLAS tells the route which ran faster (gpu/eager_route.py)
 SERVED_PASS, SERVED_LT, SERVED_LT_BIAS = "cublaslt + pass", "cublaslt epilogue", "cublaslt bias + pass"
-SERVED_TORCH = "torch F.linear"
 
 
 @dataclass
@@ -129,8 +130,7 @@ class GpuMeasurer:
         # by the epilogue computed (not by cuBLASLt's name: BIAS adds a residual too where one is read as C)
         self._lt_calls: dict[Epilogue, list[Any] | None] = {}
         self._lt_bias_calls: list[Any] | None = None
-        self._torch_linear_calls: list[Any] | None = None
-        self._torch_linear_made = False
+        self._torch_linear_calls: dict[bool, list[Any] | None] = {}  # by whether F.linear adds the bias
         self._cupy_computes: bool | None = None  # whether cupy.matmul computes this type in this form
         self.baselines: dict[str, float] = {}  # ms of each baseline, from the last timing
         warm_up(self._served()[0])
@@ -214,14 +214,14 @@ class GpuMeasurer:
                                                  self._extras, self.epilogue)
         return self._lt_bias_calls
 
-    def _torch_linear(self) -> list[Any] | None:
+    def _torch_linear(self, in_linear: bool = True) -> list[Any] | None:
         """The route autogemm serves PyTorch tensors by without a kernel (epilogue_routes.torch_linear_calls),
-        made once; None where it does not serve this problem or PyTorch has no CUDA."""
-        if not self._torch_linear_made:
-            self._torch_linear_calls = torch_linear_calls(self.problem, self.device_ordinal(), self._sets,
-                                                          self._extras)
-            self._torch_linear_made = True
-        return self._torch_linear_calls
+        the bias in F.linear where the route's rule puts it there (`in_linear`), else in the pass; made once
+        each; None where it does not serve this problem or PyTorch has no CUDA."""
+        if in_linear not in self._torch_linear_calls:
+            self._torch_linear_calls[in_linear] = torch_linear_calls(
+                self.problem, self.device_ordinal(), self._sets, self._extras, None if in_linear else False)
+        return self._torch_linear_calls[in_linear]
 
     def _fallback(self) -> list[Any]:
         """The served fallback's calls: with an epilogue, the route (`baseline_calls`) fastest in GPU time at
@@ -235,11 +235,14 @@ class GpuMeasurer:
         """Each baseline's runners (one per input set): cuBLASLt as served and cupy.matmul where CuPy
         computes this type in this form; with an epilogue, the routes matmul serves without a fused kernel
         (SERVED_PASS first; SERVED_LT where cuBLASLt has the epilogue, SERVED_LT_BIAS where it adds the bias
-        and a pass the rest; SERVED_TORCH where PyTorch's F.linear and the pass serve PyTorch tensors)."""
+        and a pass the rest; eager_route.ROUTE where PyTorch's F.linear and the pass serve PyTorch tensors, and
+        ROUTE_BIAS_IN_PASS where that route could leave the bias to the pass)."""
         served = self._served()
         if not self.epilogue.is_identity:
             routes = {SERVED_PASS: served, SERVED_LT: self._lt(), SERVED_LT_BIAS: self._lt_bias_then_pass(),
-                      SERVED_TORCH: self._torch_linear()}
+                      ROUTE: self._torch_linear()}
+            if bias_placement_differs(self.epilogue, self.problem.m):
+                routes[ROUTE_BIAS_IN_PASS] = self._torch_linear(in_linear=False)
             return {name: calls for name, calls in routes.items() if calls is not None}
         calls = {SERVED: served}
         if self._cupy_computes is None:

@@ -23,11 +23,14 @@ erf GELU have none). Elsewhere cuBLASLt's epilogue or the pass serves (epilogue_
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..epilogue import Epilogue
 from ..gpu.capture import CaptureError
-from ..gpu.eager_route import bias_in_linear, eager_computes, pass_epilogue, pass_follows
+from ..gpu.eager_route import bias_placement_differs, eager_computes, measured_bias_in_pass, pass_epilogue, pass_follows
+from ..gpu.launch import device_info
+from ..measure.timing import MIN_NOISE
 from ..gpu.epilogue_pass import PointedPass, pass_kernel, vector_width
 from . import lt_linear
 from . import plan as plan_module
@@ -154,6 +157,29 @@ class TorchEagerEpiloguePlan:
         return y
 
 
+def tuned_bias_in_pass(dispatcher: Any, problem: Any, slug: str) -> bool:
+    """Whether a tune of the layer (`problem`, with its epilogue, on the device of `slug`) kept cuBLAS and
+    timed this route faster with the bias in the pass than with it in F.linear, by more than the noise a keep
+    decision allows (eager_route.measured_bias_in_pass); a record of the current protocol, not stale. A tune
+    empties the plan memos, so that a plan filed before it is filed again."""
+    cache = getattr(dispatcher, "cache", None)
+    if cache is None or problem is None:
+        return False
+    found = cache.lookup(problem, slug)
+    if found is None:
+        return False
+    record = found[0]
+    return record.is_cublas and not record.stale and record.current_protocol \
+        and measured_bias_in_pass(record.baselines, MIN_NOISE)
+
+
+def _with_epilogue(gemm_plan: Any, epilogue: Epilogue) -> Any:
+    """The problem of `gemm_plan` (a torch fast-path plan) with `epilogue`: a tune's key; None where the plan
+    names none."""
+    problem = getattr(gemm_plan, "problem", None)
+    return None if problem is None else dataclasses.replace(problem, epilogue=epilogue)
+
+
 def eager_plan(dispatcher: Any, gemm_key: Any, gemm_plan: Any, epilogue: Epilogue, dtype: str, operands: Any,
                result: Any, bias: Any, residual: Any, ldr: int = 0, stride_r: int = 0) -> TorchEagerEpiloguePlan | None:
     """A TorchEagerEpiloguePlan where cuBLAS serves the GEMM of `operands` (a, b: two tensors of one 16-bit
@@ -176,8 +202,10 @@ def eager_plan(dispatcher: Any, gemm_key: Any, gemm_plan: Any, epilogue: Epilogu
         batched = residual is not None and result.dim() == 3
         batch, m = (result.shape[0], rows // result.shape[0]) if batched else (1, rows)
         size = result.element_size()
-        in_linear = bias_in_linear(epilogue, rows)
-        computed = pass_epilogue(epilogue, rows)
+        in_linear = bias_placement_differs(epilogue, rows)
+        if in_linear and getattr(dispatcher, "cache", None) is not None:
+            in_linear = not tuned_bias_in_pass(dispatcher, _with_epilogue(gemm_plan, epilogue), device_info(device).slug)
+        computed = pass_epilogue(epilogue, rows, in_linear)
         addresses = [(x.data_ptr(), size) for x in (result, None if in_linear else bias, residual) if x is not None]
         vector = vector_width(dtype, computed, n, (n, m * n, ldr, stride_r), addresses)
         try:

@@ -13,6 +13,7 @@ from ..families import config_from_name
 from ..gpu import launch, runtime
 from .numpy_semantics import KERNELS
 from ..gpu.eager_route import bias_in_linear, eager_computes, pass_follows
+from .eager_epilogue import tuned_bias_in_pass
 from ..gpu.operands import check_scalars, describe, real_scalar, validate
 from ..problem import Problem
 from .fused_epilogue import tuned_kernel
@@ -158,9 +159,13 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
             all(x is None or x.dtype == a.dtype for x in (b, bias, residual))):
         whole = not pass_follows(epilogue)  # (the bias alone: F.linear's own)
         rows = math.prod(gemm["shape"][:-1]) if gemm.get("shape") else 0
+        in_pass = tuned and gemm.get("problem") and tuned_bias_in_pass(
+            dispatch._DISPATCHER, dataclasses.replace(Problem.from_key(gemm["problem"]), epilogue=epilogue),
+            launch.current_device().slug)
         applied += ("; from the second such call on PyTorch tensors, by PyTorch's own GEMM call (F.linear" +
                     (" with the bias, its cuBLASLt call prepared once where the operands suit: lt_linear)" if whole
-                     else (" with the bias" if bias_in_linear(epilogue, rows) else "") +
+                     else (" with the bias" if bias_in_linear(epilogue, rows) and not in_pass else
+                           ", the bias in the pass as its tune measured faster" if in_pass else "") +
                      ", then the pass over its output in place)") +
                     "; `linear`'s repeated calls make eager's own calls from C++ where its memo is built (native_linear)")
         route = "F.linear" if whole else "F.linear + pass"
