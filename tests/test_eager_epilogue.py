@@ -364,6 +364,7 @@ def test_the_route_leaves_the_bias_to_the_pass_where_the_layers_tune_measured_th
     plan = eager_plan(dispatcher, "gemm", cublas, Epilogue("n", "gelu"), "bfloat16", (x, w.mT),
                       torch.matmul(x, w.mT), bias, None)
     assert plan.finish.bias_in_linear is in_linear
+    assert plan.finish.bias_left_by_tune is not in_linear  # (linear's C++ memo then makes this route's calls)
     assert built[0][1] == (Epilogue("", "gelu") if in_linear else Epilogue("n", "gelu"))
     # (the record looked up is the layer's tune: the GEMM's problem with the epilogue, on this device)
     assert dispatcher.cache.asked == [(Problem(4, 8, 16, dtype="bfloat16", trans_b=True,

@@ -98,7 +98,7 @@ def test_tensors_that_record_a_gradient_go_the_full_path(monkeypatch, which):
 class _Pass:
     """A pass after F.linear (it reads addresses): accepts every call, does nothing."""
 
-    bias_in_linear = False
+    bias_in_linear = bias_left_by_tune = False
 
     def accepts(self, bias, residual):
         return True

@@ -111,7 +111,7 @@ def test_the_memo_takes_eager_layers_and_16_bit_residuals_cublaslt_adds_each_its
     from autogemm.serving.epilogue_step import TorchLtEpiloguePlan
 
     whole, with_pass = object.__new__(TorchEagerEpiloguePlan), object.__new__(TorchEagerEpiloguePlan)
-    whole.finish, with_pass.finish = None, object()
+    whole.finish, with_pass.finish = None, SimpleNamespace(bias_left_by_tune=False)
     lt = object.__new__(TorchLtEpiloguePlan)
     rows = native_linear.MAX_OUTPUT_WITH_PASS // 256
     small, large = torch.empty(2, rows // 2, 8, dtype=torch.bfloat16), torch.empty(rows + 1, 8, dtype=torch.bfloat16)
@@ -124,6 +124,10 @@ def test_the_memo_takes_eager_layers_and_16_bit_residuals_cublaslt_adds_each_its
     one = torch.empty(1, 1, 8, dtype=torch.bfloat16)  # (one token: F.linear's three launches to the route's two)
     assert route(with_pass, one, w, "gelu", None) == native_linear.WITH_PASS
     assert route(whole, one, w, None, None) == native_linear.EAGER_CALLS
+    # (a small layer whose tune left the bias to the pass: eager's calls would put it back in F.linear)
+    tuned = object.__new__(TorchEagerEpiloguePlan)
+    tuned.finish = SimpleNamespace(bias_left_by_tune=True)
+    assert route(tuned, small, w, "silu", None) == native_linear.WITH_PASS
     assert route(lt, small, w, None, r_small) == route(lt, large, w, None, r_large) == native_linear.RESIDUAL_AS_C
     assert native_linear.residual_as_c(lt, large, w, None, r_large)
     assert not native_linear.residual_as_c(with_pass, small, w, None, r_small)

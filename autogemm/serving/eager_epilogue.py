@@ -50,12 +50,14 @@ class EpiloguePassInPlace:
     `accepts` says whether a call's bias and residual suit it: the plan's device (current too) and the pack
     width's alignment (the fast paths send PyTorch's lazily negated views to the general path before).
     `bias_in_linear`: F.linear adds the layer's bias before the pass, which then computes the rest of the
-    epilogue (`epilogue`, what the pass computes, has no bias then; gpu/eager_route.py)."""
+    epilogue (`epilogue`, what the pass computes, has no bias then; gpu/eager_route.py). `bias_left_by_tune`:
+    the bias is the pass's because the layer's tune measured that faster (tuned_bias_in_pass), not eager's way
+    (so that linear's C++ memo makes this route's calls, not eager's)."""
 
     def __init__(self, packed: PointedPass, epilogue: Epilogue, device: int, alignment: int,
-                 bias_in_linear: bool = False):
+                 bias_in_linear: bool = False, bias_left_by_tune: bool = False):
         self.packed, self.device, self.alignment = packed, device, alignment
-        self.bias_in_linear = bias_in_linear
+        self.bias_in_linear, self.bias_left_by_tune = bias_in_linear, bias_left_by_tune
         self._fallback = _activation(epilogue.activation)  # (PyTorch's, for an output less aligned than the packs)
         self._native: tuple | None = None
 
@@ -202,9 +204,10 @@ def eager_plan(dispatcher: Any, gemm_key: Any, gemm_plan: Any, epilogue: Epilogu
         batched = residual is not None and result.dim() == 3
         batch, m = (result.shape[0], rows // result.shape[0]) if batched else (1, rows)
         size = result.element_size()
-        in_linear = bias_placement_differs(epilogue, rows)
+        in_linear = left_by_tune = bias_placement_differs(epilogue, rows)
         if in_linear and getattr(dispatcher, "cache", None) is not None:
             in_linear = not tuned_bias_in_pass(dispatcher, _with_epilogue(gemm_plan, epilogue), device_info(device).slug)
+        left_by_tune = left_by_tune and not in_linear
         computed = pass_epilogue(epilogue, rows, in_linear)
         addresses = [(x.data_ptr(), size) for x in (result, None if in_linear else bias, residual) if x is not None]
         vector = vector_width(dtype, computed, n, (n, m * n, ldr, stride_r), addresses)
@@ -212,6 +215,6 @@ def eager_plan(dispatcher: Any, gemm_key: Any, gemm_plan: Any, epilogue: Epilogu
             packed = pass_kernel(dtype, computed, device, batch, m, n, n, m * n, ldr, stride_r, vector)
         except CaptureError:  # (not compiled before this capture: a call after it files the plan)
             return None
-        finish = EpiloguePassInPlace(packed, computed, device, vector * size, in_linear)
+        finish = EpiloguePassInPlace(packed, computed, device, vector * size, in_linear, left_by_tune)
     prepared = None if finish is not None else lt_linear.prepare(dispatcher, a, b.mT, bias, result, device)
     return TorchEagerEpiloguePlan(dispatcher, gemm_key, gemm_plan, finish, device, prepared=prepared)

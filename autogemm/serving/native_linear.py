@@ -86,9 +86,9 @@ WITH_PASS = "F.linear and the pass"  # the Python route's calls: F.linear (the b
 def route(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> str | None:
     """How the memo takes `linear`'s calls like this one, which `plan` served (on tensors, with no out,
     out_dtype or gate); None where it does not. A layer eager_epilogue serves, where F.linear serves it whole or
-    its output has at most MAX_OUTPUT_WITH_PASS elements: EAGER_CALLS; a larger one with a pass, or one of a
-    single token: WITH_PASS. A 16-bit layer whose epilogue is a residual (and perhaps a bias) that cuBLASLt adds
-    as C (`residual_as_c`): RESIDUAL_AS_C."""
+    its output has at most MAX_OUTPUT_WITH_PASS elements: EAGER_CALLS; a larger one with a pass, one of a
+    single token, or one whose tune left the bias to the pass: WITH_PASS. A 16-bit layer whose epilogue is a
+    residual (and perhaps a bias) that cuBLASLt adds as C (`residual_as_c`): RESIDUAL_AS_C."""
     if residual_as_c(plan, x, weight, activation, residual):
         return RESIDUAL_AS_C
     if not isinstance(plan, TorchEagerEpiloguePlan):
@@ -97,8 +97,10 @@ def route(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> str
         return EAGER_CALLS
     rows = x.numel() // max(1, x.shape[-1])
     # (one token: F.linear gives cuBLASLt no bias epilogue, but copies the bias and runs a GEMM, and eager's
-    # activation follows, three launches to the Python route's two)
-    return EAGER_CALLS if 1 < rows and rows * weight.shape[0] <= MAX_OUTPUT_WITH_PASS else WITH_PASS
+    # activation follows, three launches to the Python route's two; a layer whose tune measured the bias in the
+    # pass faster: eager's calls would put it back in F.linear)
+    return EAGER_CALLS if 1 < rows and rows * weight.shape[0] <= MAX_OUTPUT_WITH_PASS \
+        and not plan.finish.bias_left_by_tune else WITH_PASS
 
 
 def residual_as_c(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> bool:
