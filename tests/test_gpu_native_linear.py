@@ -220,6 +220,45 @@ def test_the_route_with_a_pass_makes_eagers_gemm_call_the_bias_inside_it(torch, 
         assert off < 0.001, (route, off, apart)
 
 
+def test_a_layer_whose_tune_timed_the_bias_in_the_pass_faster_is_served_so_by_both_routes(torch):
+    """A record of the layer's tune that kept cuBLAS and timed the torch route faster with the bias in the pass
+    (eager_epilogue.tuned_bias_in_pass): the Python route and the memo leave the bias to the pass (the memo at
+    this size makes the route's own calls, not eager's), and explain says so; the bits are the bias-in-the-pass
+    rounding, told apart from eager's."""
+    from test_gpu_capture import _record
+
+    from autogemm.epilogue import Epilogue
+    from autogemm.families import config_from_name
+    from autogemm.gpu.eager_route import ROUTE, ROUTE_BIAS_IN_PASS
+    from autogemm.gpu.launch import current_device
+    from autogemm.problem import Problem
+    from autogemm.results.cache import TuningCache
+    from autogemm.results.record import cublas_record
+
+    x, w, bias, activation, _ = _layer(torch, "bias+silu")
+    m, k = x.shape
+    problem = Problem(m, w.shape[0], k, dtype="bfloat16", trans_b=True, epilogue=Epilogue("n", "silu"))
+    beaten = _record(problem, config_from_name("wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o2_mma"), ratio=0.9,
+                     baselines={ROUTE: 0.020, ROUTE_BIAS_IN_PASS: 0.018})
+    TuningCache().store(cublas_record(beaten), current_device().slug)
+    autogemm.reset()
+    F = torch.nn.functional
+    bias_in_pass = F.silu((F.linear(x, w).float() + bias.float()).to(x.dtype).float()).to(x.dtype)
+    bias_in_linear = F.silu(F.linear(x, w, bias).float()).to(x.dtype)
+    assert (bias_in_pass != bias_in_linear).float().mean().item() > 0.01  # (the check tells them apart)
+    call = lambda: autogemm.linear(x, w, bias, activation=activation)  # noqa: E731
+    for _ in range(3):
+        call()
+    plans = [p for p in dispatch._DISPATCHER.torch_epilogue.values() if getattr(p, "finish", None) is not None]
+    assert plans and all(not p.finish.bias_in_linear and p.finish.bias_left_by_tune for p in plans), plans
+    assert dispatch._DISPATCHER.native_memo.passes() == 1  # (the route's own calls, though the layer is small)
+    said = autogemm.explain(x, w.T, bias=bias, activation=activation)["epilogue"]["applied"]
+    assert "the bias in the pass as its tune measured faster" in said, said
+    for route, y in (("python", _without_the_memo(call)), ("memo", call())):
+        off = (y != bias_in_pass).float().mean().item()
+        assert off < 0.001, (route, off)
+
+
 class _NoLookups(dict):
     def get(self, *args):
         pytest.fail("the Python fast path looked the plan up")
