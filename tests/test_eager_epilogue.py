@@ -47,8 +47,15 @@ def test_the_route_hands_the_bias_to_f_linear_as_eager_does_but_for_one_token(ep
     assert pass_epilogue(epilogue, rows) == computed
 
 
+class _NoRecords:
+    """A user cache with no tuned records."""
+
+    def lookup(self, problem, slug):
+        return None
+
+
 def _dispatcher_with(gemm_plan, key="gemm"):
-    return SimpleNamespace(torch_fast={key: gemm_plan})
+    return SimpleNamespace(torch_fast={key: gemm_plan}, cache=_NoRecords())
 
 
 class _TorchFinish:
@@ -181,12 +188,16 @@ def test_the_plan_of_a_bias_alone_has_no_finish_and_of_more_a_pass_built_for_its
     torch = pytest.importorskip("torch")
     from autogemm.serving import eager_epilogue
 
+    from autogemm.problem import Problem
+
     built = []
     monkeypatch.setattr(eager_epilogue, "pass_kernel", lambda *args: built.append(args) or _Packed())
+    monkeypatch.setattr(eager_epilogue, "device_info", lambda device: SimpleNamespace(slug="a-gpu"))
     x, w = torch.randn(2, 4, 16, dtype=torch.bfloat16), torch.randn(8, 16, dtype=torch.bfloat16)
     product = torch.matmul(x, w.mT)
     bias, residual = torch.randn(8, dtype=torch.bfloat16), torch.randn(2, 4, 8, dtype=torch.bfloat16)
-    cublas = SimpleNamespace(torch_matmul=torch.matmul, device=-1)
+    cublas = SimpleNamespace(torch_matmul=torch.matmul, device=-1, problem=Problem(8, 8, 16, dtype="bfloat16",
+                                                                                    trans_b=True))
     alone = eager_plan(_dispatcher_with(cublas), "gemm", cublas, Epilogue("n"), "bfloat16", (x, w.mT), product, bias, None)
     assert alone.finish is None and built == []
     more = eager_plan(_dispatcher_with(cublas), "gemm", cublas, Epilogue("n", "gelu", True), "bfloat16", (x, w.mT),

@@ -106,8 +106,9 @@ def torch_linear_calls(problem: Problem, device_ordinal: int, sets: Any, extras:
         ldr, stride_r = (n, m * n) if epilogue.residual else (0, 0)
         # (F.linear's output starts a block of PyTorch's, 512-byte aligned: the widest packs that N and every
         # set's bias and residual allow)
-        addresses = [(512, dtypes.lookup(problem.dtype).itemsize)] + [(x.data.ptr, x.dtype.itemsize) for bias, residual in extras
-                                     for x in (None if in_linear else bias, residual) if x is not None]
+        addresses = [(512, dtypes.lookup(problem.dtype).itemsize)] + [
+            (x.data.ptr, x.dtype.itemsize) for bias, residual in extras
+            for x in (None if in_linear else bias, residual) if x is not None]
         vector = vector_width(problem.dtype, computed, n, (n, m * n, ldr, stride_r), addresses)
         pointed = pass_kernel(problem.dtype, computed, device_ordinal, 1, m, n, n, m * n, ldr, stride_r, vector)
     stream = torch_stream()

@@ -33,6 +33,7 @@ from ..gpu.launch import device_info
 from ..measure.timing import MIN_NOISE
 from ..gpu.epilogue_pass import PointedPass, pass_kernel, vector_width
 from . import lt_linear
+from .fused_epilogue import current_record
 from . import plan as plan_module
 
 def _activation(name: str) -> Any:
@@ -159,27 +160,13 @@ class TorchEagerEpiloguePlan:
         return y
 
 
-def tuned_bias_in_pass(dispatcher: Any, problem: Any, slug: str) -> bool:
-    """Whether a tune of the layer (`problem`, with its epilogue, on the device of `slug`) kept cuBLAS and
-    timed this route faster with the bias in the pass than with it in F.linear, by more than the noise a keep
-    decision allows (eager_route.measured_bias_in_pass); a record of the current protocol, not stale. A tune
-    empties the plan memos, so that a plan filed before it is filed again."""
-    cache = getattr(dispatcher, "cache", None)
-    if cache is None or problem is None:
-        return False
-    found = cache.lookup(problem, slug)
-    if found is None:
-        return False
-    record = found[0]
-    return record.is_cublas and not record.stale and record.current_protocol \
-        and measured_bias_in_pass(record.baselines, MIN_NOISE)
-
-
-def _with_epilogue(gemm_plan: Any, epilogue: Epilogue) -> Any:
-    """The problem of `gemm_plan` (a torch fast-path plan) with `epilogue`: a tune's key; None where the plan
-    names none."""
-    problem = getattr(gemm_plan, "problem", None)
-    return None if problem is None else dataclasses.replace(problem, epilogue=epilogue)
+def tuned_bias_in_pass(dispatcher: Any, problem: Any, device: Any) -> bool:
+    """Whether a tune of the layer (`problem`, with its epilogue, on `device`) kept cuBLAS and timed this route
+    faster with the bias in the pass than with it in F.linear, by more than the noise a keep decision allows
+    (eager_route.measured_bias_in_pass; its record fused_epilogue.current_record). A tune empties the plan
+    memos, so that a plan filed before it is filed again."""
+    record = current_record(dispatcher, problem, device)
+    return record is not None and record.is_cublas and measured_bias_in_pass(record.baselines, MIN_NOISE)
 
 
 def eager_plan(dispatcher: Any, gemm_key: Any, gemm_plan: Any, epilogue: Epilogue, dtype: str, operands: Any,
@@ -204,10 +191,10 @@ def eager_plan(dispatcher: Any, gemm_key: Any, gemm_plan: Any, epilogue: Epilogu
         batched = residual is not None and result.dim() == 3
         batch, m = (result.shape[0], rows // result.shape[0]) if batched else (1, rows)
         size = result.element_size()
-        in_linear = left_by_tune = bias_placement_differs(epilogue, rows)
-        if in_linear and getattr(dispatcher, "cache", None) is not None:
-            in_linear = not tuned_bias_in_pass(dispatcher, _with_epilogue(gemm_plan, epilogue), device_info(device).slug)
-        left_by_tune = left_by_tune and not in_linear
+        differs = bias_placement_differs(epilogue, rows)
+        left_by_tune = differs and tuned_bias_in_pass(
+            dispatcher, dataclasses.replace(gemm_plan.problem, epilogue=epilogue), device_info(device))
+        in_linear = differs and not left_by_tune
         computed = pass_epilogue(epilogue, rows, in_linear)
         addresses = [(x.data_ptr(), size) for x in (result, None if in_linear else bias, residual) if x is not None]
         vector = vector_width(dtype, computed, n, (n, m * n, ldr, stride_r), addresses)

@@ -161,7 +161,7 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
         rows = math.prod(gemm["shape"][:-1]) if gemm.get("shape") else 0
         in_pass = tuned and gemm.get("problem") and tuned_bias_in_pass(
             dispatch._DISPATCHER, dataclasses.replace(Problem.from_key(gemm["problem"]), epilogue=epilogue),
-            launch.current_device().slug)
+            launch.current_device())
         applied += ("; from the second such call on PyTorch tensors, by PyTorch's own GEMM call (F.linear" +
                     (" with the bias, its cuBLASLt call prepared once where the operands suit: lt_linear)" if whole
                      else (" with the bias" if bias_in_linear(epilogue, rows) and not in_pass else

@@ -25,14 +25,20 @@ from .guard import Guard
 from .torch_fast_path import TorchOutputs, needs_general_path, torch_stream
 
 
-def tuned_kernel(dispatcher: Any, problem: Any, device: Any) -> Any:
-    """What a tune of `problem` (with its epilogue) found, where its record is cached (current protocol,
-    not stale): (True, the config it kept, or None where it kept cuBLAS and the pass, or cuBLASLt's
-    epilogue: no generated kernel then takes the epilogue); (False, None) where there is none."""
+def current_record(dispatcher: Any, problem: Any, device: Any) -> Any:
+    """The cached record of a tune of `problem` (with its epilogue) on `device`, where it is of the current
+    protocol and not stale; else None."""
     found = dispatcher.cache.lookup(problem, device.slug)
-    if found is None or found[0].stale or not found[0].current_protocol:
+    return None if found is None or found[0].stale or not found[0].current_protocol else found[0]
+
+
+def tuned_kernel(dispatcher: Any, problem: Any, device: Any) -> Any:
+    """What a tune of `problem` (with its epilogue) found, where its record is cached (current_record): (True,
+    the config it kept, or None where it kept cuBLAS and the pass, or cuBLASLt's epilogue: no generated kernel
+    then takes the epilogue); (False, None) where there is none."""
+    record = current_record(dispatcher, problem, device)
+    if record is None:
         return False, None
-    record = found[0]
     if record.is_cublas:
         return True, None
     config = record.config_object
