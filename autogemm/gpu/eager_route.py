@@ -7,7 +7,9 @@ beats what a PyTorch user's call would run.
 Why the bias goes where eager puts it: cuBLASLt's heuristic picks the GEMM's kernel with the BIAS epilogue apart
 from the bare GEMM's, and neither pick is always the faster. On an H200 (the unseen epilogue draw of seed 6121)
 F.linear with the bias ran 11% faster than without it at BF16 32×9216×7168 and some 5% faster at FP16
-256×18176×4544, and 7-8% slower at BF16 333×27648×5120 and 1024×27648×5120. A route that left the bias to the
+256×18176×4544, and 7-8% slower at BF16 333×27648×5120 and 1024×27648×5120. Across 25 bias + GELU/SiLU layers of
+three other draws (M ≥ 128, sustained), the bare GEMM ran more than 2% faster on 8 (by up to 5.5%), the one with
+the bias more than 2% faster on 2 (by up to 6.6%), and the rest within 2%. A route that left the bias to the
 pass ran the other GEMM, and lost 10% to eager at FP16 256×18176×4544 with the erf GELU. With eager's own GEMM
 call the route differs from eager only in the pass after it, which ran 0.97-1.10x the speed of PyTorch's
 kernels for a bias and GELU or SiLU (benchmarks/results/epilogue-pass-*).
