@@ -461,11 +461,12 @@ def test_the_pass_grid_gives_a_block_a_row_where_the_rows_fill_the_gpu_and_sprea
         assert block == (block_width(n, vector), 1, 1)
         return grid
 
-    assert grid(4096, 14336, 132, 8) == (1, 4096, 1)  # a block sweeps a row, 7 packs a thread
-    assert grid(1, 14336, 132, 8) == (7, 1, 1)  # one row: blocks along it, a pack a thread
-    across, down, _ = grid(512, 28672, 132, 8)  # 512 rows: blocks along a row for two rounds of every SM
-    assert down == 512 and across * down >= 2 * 132 * THREADS_PER_SM // 256 and across < 28672 // 8 // 256
+    assert grid(4096, 14336, 132, 8) == (4, 4096, 1)  # the rows fill the GPU: 4 blocks a row, 4 packs a thread
+    assert grid(8192, 1024, 132, 8) == (1, 8192, 1)  # a narrow row: a block sweeps it, a pack a thread
+    assert grid(1, 14336, 132, 8) == (14, 1, 1)  # one row: blocks along it, a pack a thread
+    across, down, _ = grid(512, 28672, 132, 8)  # 512 rows: blocks along a row for a round of every SM
+    assert down == 512 and across * down >= 132 * THREADS_PER_SM // 128 and across < 28672 // 8 // 128
     assert grid(10 ** 7, 8, 132)[1] == MAX_GRID_Y and grid(3, 1, 132) == (1, 3, 1)
     # block widths that leave no thread idle at a row's end where a wide block would leave many
-    assert block_width(14336, 8) == 256 and block_width(5120, 8) == 128 and block_width(8, 8) == 32
-    assert block_width(13824, 8) == 256  # a 28th of the slots idle: within IDLE_SHARE
+    assert block_width(14336, 8) == 128 and block_width(512, 8) == 64 and block_width(8, 8) == 32
+    assert block_width(13824, 8) == 128  # a 28th of the slots idle: within IDLE_SHARE

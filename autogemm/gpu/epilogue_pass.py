@@ -19,19 +19,23 @@ from . import capture, runtime
 from .launch import device_info
 from .packed_launch import compiled_kernel
 
-BLOCK_WIDTHS = (256, 128, 64, 32)  # threads a block of the pass may have, along a row's columns
+BLOCK_WIDTHS = (128, 64, 32)  # threads a block of the pass may have, along a row's columns (blocks of 256 ran
+# 0-9% slower than blocks of 128 over the same packs on an H200, on six 16-bit GELU and SiLU outputs: session 76)
 THREADS_PER_SM = 2048  # resident threads an SM holds (sm_80 and sm_90; 1536 on sm_86 and sm_89, which
 # makes the grid a little wider than it needs to be there)
 IDLE_SHARE = 1 / 8  # of a row's thread slots, idle at its end (block_width)
-WAVES = 2  # blocks enough for this many rounds of every SM, so that a last round part full weighs at most a third
+WAVES = 1  # blocks enough for a round of every SM where a row has packs enough for them (two rounds, a pack a
+# thread, ran 5-20% slower than one of up to PACKS_PER_THREAD a thread at 256 and 1024 rows of 18176-27648 columns)
+PACKS_PER_THREAD = 4  # a thread's packs of a row, at most, where the rows alone fill the GPU (a block sweeping a
+# row of 14336 columns, 7 packs a thread, ran 4% slower than blocks of 4: session 76)
 MAX_GRID_Y = 65535  # rows of blocks (CUDA's limit on grid y; the kernel loops over the rest)
 
 
 def block_width(n: int, vector: int = 1) -> int:
     """Threads of a block of the pass over rows of `n` columns, `vector` a thread: the widest of
     BLOCK_WIDTHS whose passes along a row leave at most IDLE_SHARE of their thread slots idle at the row's
-    end, else the one that leaves the smallest share. (5120 columns of 8 leave a sixth of 256 threads' slots
-    idle and none of 128: the pass ran at 77% of a copy's rate with 256 and 88% with 128 on an H200.)"""
+    end, else the one that leaves the smallest share. (64 columns of 8 fill a block of 64 threads, and leave
+    half of 128 threads' slots idle.)"""
     packs = -(-n // vector)
 
     def idle(threads: int) -> float:
@@ -44,16 +48,19 @@ def block_width(n: int, vector: int = 1) -> int:
 
 def launch_shape(rows: int, n: int, sms: int, vector: int = 1) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """The pass's grid and block for `rows` rows (batch × M) of `n` columns, `vector` a thread: blocks of
-    `block_width(n, vector)` threads, a block a row, each thread taking a pack of columns after another
-    (a row's setup paid once for them all), and more blocks along a row only where the rows are too few
-    for WAVES rounds of blocks on every SM (prefill products of a few hundred tokens, decode ones),
-    as many as each thread's packs then allow. Beyond grid y's limit the blocks loop over the rows.
-    One function gives both, so that the grid is always worked out for the block the pass runs."""
+    `block_width(n, vector)` threads along a row, each thread taking a pack of columns after another (a row's
+    setup paid once for them all), at most PACKS_PER_THREAD of them; more blocks along a row where the rows
+    are too few for WAVES rounds of blocks on every SM (prefill products of a few hundred tokens, decode
+    ones), as many as the row's packs allow. Beyond grid y's limit the blocks loop over the rows. One
+    function gives both, so that the grid is always worked out for the block the pass runs. (On an H200,
+    26 GELU and SiLU outputs of 1 to 8192 rows ran 1.026x faster geomean than on session 75's shapes, 0.968x
+    to 1.161x; FP16 256 × 18176 behind its GEMM took 7.4 us against PyTorch's GELU's 7.5, where it had taken
+    9.4.)"""
     threads = block_width(n, vector)
     along = -(-n // (threads * vector))  # blocks that would take a row one pack a thread
     fill = sms * THREADS_PER_SM // threads  # blocks on every SM at once (for 32 threads, more than
     # an SM holds, but such blocks come only with rows short enough for one block)
-    across = max(1, min(along, -(-WAVES * fill // rows)))
+    across = max(-(-along // PACKS_PER_THREAD), min(along, -(-WAVES * fill // rows)))
     packs = -(-along // across)  # a thread's packs of a row
     return (-(-along // packs), min(rows, MAX_GRID_Y), 1), (threads, 1, 1)
 
