@@ -254,15 +254,20 @@ def measure_and_release(spec, index: int) -> dict:
 
 
 def served(case: str, x, w, bias, residual) -> str:
-    """What serves autogemm's GEMM (explain's source) and how its epilogue runs."""
+    """What serves autogemm's GEMM (explain's source) and how its epilogue runs, and whether linear's C++ memo
+    made the timed calls (it holds the layer's key: serving/native_linear.py) or the Python route did."""
     import autogemm
+    from autogemm.serving import dispatch
 
     keywords = {"residual": dict(residual=residual)}.get(case) or dict(
         bias=bias, activation={"bias": None, "bias+gelu": "gelu", "bias+silu": "silu"}[case])
     said = autogemm.explain(x, w.T, **keywords)
     route = said.get("epilogue", {}).get("route", "pass")
+    memo = dispatch._DISPATCHER.native_memo
+    by_memo = memo is not None and memo.linear(x, w, keywords.get("bias"), keywords.get("activation"),
+                                               keywords.get("residual")) is not None  # (the timed call's operands)
     return f"{said['source']}{': ' + said['config'] if said.get('config') else ''}" + \
-        (" + epilogue pass" if route == "pass" else f" with {route}")
+        (" + epilogue pass" if route == "pass" else f" with {route}") + (" (C++ memo)" if by_memo else " (Python)")
 
 
 def _out_path(args, device_slug: str) -> Path:
