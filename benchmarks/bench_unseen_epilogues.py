@@ -18,7 +18,9 @@ The competitors, on the same tensors:
 - the GEMM alone, `F.linear(x, w)`: not a competitor but the ceiling. Eager's time over it is the ratio an
   epilogue that costs nothing on cuBLAS's GEMM would reach; the share of that gain autogemm captures is
   (eager - autogemm) / (eager - GEMM alone), judged where eager beats the GEMM alone by more than the rounds'
-  noise (the rounds are kept in the row: `ceiling_noise`).
+  noise (the rounds are kept in the row: `ceiling_noise`);
+- eager again, one call at a time only, under a second name: eager against itself, how far a latency ratio
+  moves with no difference between its two sides (the table's `latency_floor`).
 
 Each problem twice, in a user cache of its own with the shipped results on (the compiled kernels kept for
 the run, as a user's are after a first tune): untuned (what a new user meets), then after
@@ -58,8 +60,8 @@ from bench_common import (case_epilogue, deadline_after, device_of, keep_compile
                           source_digest, write_report)
 from bench_epilogues import TOLERANCE, CublasLtLayer, relative_error  # noqa: E402
 from bench_tuned_half import FAMILIES, _campaign_widths  # noqa: E402
-from unseen_epilogues_table import (AUTOGEMM, AUTOGEMM_TANH, COMPILED, CUBLASLT, EAGER, GEMM_ALONE,  # noqa: E402
-                                    LATENCY_ROUNDS, cell, ratio, report)
+from unseen_epilogues_table import (AUTOGEMM, AUTOGEMM_TANH, COMPILED, CUBLASLT, EAGER, EAGER_AGAIN,  # noqa: E402
+                                    GEMM_ALONE, LATENCY_ROUNDS, cell, ratio, report)
 
 SEED, COUNT = 3954, 24
 CASES = ("bias", "bias+gelu", "bias+silu", "residual")
@@ -176,8 +178,9 @@ def compiled_layer(case: str, args):
     return function, ""
 
 
-def timings(calls: dict) -> dict:
-    """Sustained means and single-call medians, in us, of zero-argument calls (module docstring)."""
+def timings(calls: dict, again: dict | None = None) -> dict:
+    """Sustained means and single-call medians, in us, of zero-argument calls (module docstring); `again`, calls
+    timed one at a time only (eager under a second name: the latency's noise floor, unseen_epilogues_table)."""
     import torch
 
     from autogemm.measure import timing
@@ -187,7 +190,7 @@ def timings(calls: dict) -> dict:
             call()
     torch.cuda.synchronize()
     rounds = timing.sustained_times({name: (lambda i, call=call: call()) for name, call in calls.items()})
-    latency = timing.latencies(calls, rounds=LATENCY_ROUNDS)
+    latency = timing.latencies({**calls, **(again or {})}, rounds=LATENCY_ROUNDS)
     return {"sustained_us": {name: statistics.fmean(t) * 1e3 for name, t in rounds.items()},
             "sustained_rounds_us": {name: [round(x * 1e3, 3) for x in t] for name, t in rounds.items()},
             "latency_us": {name: statistics.median(t) * 1e3 for name, t in latency.items()},
@@ -240,7 +243,8 @@ def measure(spec, index: int) -> dict:
         if CUBLASLT in calls and case == "bias+gelu":
             ours[AUTOGEMM_TANH] = _checked(AUTOGEMM_TANH, lambda: ours_tanh(*args),
                                            lt_expected, dtype, what)
-        row[phase] = {**timings({**ours, **calls}), "served": served(case, *args)}
+        again = eager_layer(case)  # (a second function of the same form as eager's, not a wrapper of it)
+        row[phase] = {**timings({**ours, **calls}, {EAGER_AGAIN: lambda: again(*args)}), "served": served(case, *args)}
     if lt_handle is not None:
         lt_handle.free()
     return row

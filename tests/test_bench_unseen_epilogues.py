@@ -139,3 +139,17 @@ def test_a_report_made_away_from_the_gpu_names_it_as_its_shipped_document_does()
     assert bench_common.device_of("nvidia-h100-80gb-hbm3-sm90")[1] == "NVIDIA H100 80GB HBM3"
     assert bench_common.device_of("no-such-gpu") == ("no-such-gpu", "no-such-gpu")
     assert bench_common.device_of("../cache/nvidia-h200-sm90")[1] == "../cache/nvidia-h200-sm90"  # (no path read)
+
+
+def test_the_report_says_how_far_eager_moves_against_itself_in_latency_where_rows_timed_it():
+    rows = [_row(0, ("bfloat16", "bias+silu", 2048, 9216, 2304), _figures(100.0, 98.0, 90.0), _figures(93.0, 98.0, 90.0)),
+            _row(1, ("float16", "bias", 8, 9216, 2304), _figures(20.0, 21.0, 20.0), _figures(20.0, 21.0, 20.0))]
+    assert "Eager against itself" not in "\n".join(table.report(rows, "GPU", bench.SEED))  # (rows before it)
+    for row, (untuned, tuned) in zip(rows, ((98.0 * 1.02, 98.0 * 0.97), (21.0, 21.0 * 1.01))):
+        row["untuned"]["latency_us"] = {**row["untuned"]["latency_us"], table.EAGER_AGAIN: untuned}
+        row["tuned"]["latency_us"] = {**row["tuned"]["latency_us"], table.EAGER_AGAIN: tuned}
+    text = "\n".join(table.report(rows, "GPU", bench.SEED))
+    geomean = (1.02 * 0.97 * 1.0 * 1.01) ** 0.25
+    assert f"Eager against itself, one call at a time (the same layer timed twice under two names, 4 phases): " \
+           f"0.970 to 1.020, geomean {geomean:.3f}." in text
+    assert "| untuned | latency | eager | 2 |" in text and table.EAGER_AGAIN not in text.split("| layer |")[1]
