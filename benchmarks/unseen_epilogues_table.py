@@ -64,9 +64,10 @@ def latency_rounds(rows: list[dict]) -> str:
 
 
 def latency_floor(rows: list[dict]) -> list[str]:
-    """A line on eager against itself one call at a time (EAGER_AGAIN over EAGER, both phases of the rows that
-    timed it): how far a row's latency ratio moves with no difference between the two sides; none without them."""
-    values = [r[phase]["latency_us"][EAGER_AGAIN] / r[phase]["latency_us"][EAGER] for r in rows
+    """A line on eager against itself one call at a time (EAGER over EAGER_AGAIN, as a ratio's competitor over
+    autogemm, both phases of the rows that timed it): how far a row's latency ratio moves with no difference
+    between the two sides; none without them."""
+    values = [r[phase]["latency_us"][EAGER] / r[phase]["latency_us"][EAGER_AGAIN] for r in rows
               for phase in ("untuned", "tuned") if EAGER_AGAIN in r[phase]["latency_us"]]
     if not values:
         return []
