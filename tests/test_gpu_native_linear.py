@@ -3,8 +3,8 @@ residual layer cuBLASLt reads as C) is, from its third call, served by the memo 
 result bit for bit, in a CUDA graph too: a layer with a bias by F.linear's cuBLASLt call prepared (eager's bits),
 a one-token layer whose epilogue is its bias as the Python route prepares it, a residual alone by the Python
 route's cuBLASLt call; a large layer with a pass, and a one-token layer with an activation, by the Python route's
-calls (F.linear, the bias inside it as eager's call has it but for one token, then its pass launched from C++:
-that route's bits). A layer another route serves is never filed; a reset empties the memo; a product handed
+calls (F.linear, the bias inside it as eager's call has it but for one token, its cuBLASLt call prepared then,
+and its pass launched from C++: that route's bits). A layer another route serves is never filed; a reset empties the memo; a product handed
 to torch.matmul is served the same way. Built with the machine's compiler (about half
 a minute, once per run: AUTOGEMM_NATIVE_DIR keeps a build between runs)."""
 
@@ -152,15 +152,16 @@ def _large_layer(torch, case):
 @pytest.mark.parametrize("case", ["bias+silu", "batched bias+gelu+residual", "gelu+residual"])
 def test_a_large_layer_with_a_pass_is_served_by_the_memo_with_the_python_routes_calls(torch, case):
     """Past MAX_OUTPUT_WITH_PASS output elements the Python route (F.linear, then its pass) is faster on the GPU
-    than eager's calls: the memo makes that route's calls, the pass launched from C++, with its bits; a bias the
-    pass cannot read (misaligned) is left to the Python path."""
+    than eager's calls: the memo makes that route's calls, F.linear's cuBLASLt call prepared where it adds the
+    bias and the pass launched from C++, with that route's bits; a bias F.linear's prepared call cannot take
+    (misaligned) goes to at::linear."""
     autogemm.reset()
     x, w, bias, activation, residual = _large_layer(torch, case)
     call = lambda: autogemm.linear(x, w, bias, activation=activation, residual=residual)  # noqa: E731
     for _ in range(3):
         call()
     memo = dispatch._DISPATCHER.native_memo
-    assert memo.passes() == 1 and memo.prepared() == 0, memo.unprepared_why()
+    assert memo.passes() == 1 and memo.prepared() == (bias is not None), memo.unprepared_why()
     for seed in range(2):  # new values in the same tensors
         torch.manual_seed(seed)
         x.copy_(torch.randn_like(x))
@@ -202,12 +203,12 @@ def test_the_route_with_a_pass_makes_eagers_gemm_call_the_bias_inside_it(torch, 
     x, w, bias, activation, residual = _large_layer(torch, case)
     F = torch.nn.functional
 
-    def finished(pre):  # the activation and the residual after `pre`, in float32, rounded once (as the pass)
-        y = {"silu": F.silu, "gelu": F.gelu}[activation](pre.float())
-        return (y + residual.float() if residual is not None else y).to(pre.dtype)
+    def finished(pre):  # the activation and the residual after `pre` (float32), rounded once (as the pass)
+        y = {"silu": F.silu, "gelu": F.gelu}[activation](pre)
+        return (y + residual.float() if residual is not None else y).to(x.dtype)
 
-    bias_in_linear = finished(F.linear(x, w, bias))
-    bias_in_pass = finished((F.linear(x, w).float() + bias.float()).to(x.dtype))
+    bias_in_linear = finished(F.linear(x, w, bias).float())
+    bias_in_pass = finished(F.linear(x, w).float() + bias.float())  # (the product rounded, then the bias added)
     apart = (bias_in_linear != bias_in_pass).float().mean().item()
     assert apart > 0.01, apart
     call = lambda: autogemm.linear(x, w, bias, activation=activation, residual=residual)  # noqa: E731
@@ -251,7 +252,8 @@ def test_a_layer_whose_tune_timed_the_bias_in_the_pass_faster_is_served_so_by_bo
         call()
     plans = [p for p in dispatch._DISPATCHER.torch_epilogue.values() if getattr(p, "finish", None) is not None]
     assert plans and all(not p.finish.bias_in_linear and p.finish.bias_left_by_tune for p in plans), plans
-    assert dispatch._DISPATCHER.native_memo.passes() == 1  # (the route's own calls, though the layer is small)
+    memo = dispatch._DISPATCHER.native_memo  # (the route's own calls, though the layer is small; no F.linear bias)
+    assert (memo.passes(), memo.prepared()) == (1, 0), memo.unprepared_why()
     said = autogemm.explain(x, w.T, bias=bias, activation=activation)["epilogue"]["applied"]
     assert "the bias in the pass as its tune measured faster" in said, said
     for route, y in (("python", _without_the_memo(call)), ("memo", call())):

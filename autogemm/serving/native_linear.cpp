@@ -19,7 +19,8 @@
 //
 // F.linear's own cuBLASLt call, and the Python route's with the residual as C, prepared once per key:
 // PreparedLinear (native_prepared_linear.h). The Python route's pass after F.linear, for a layer with a pass on
-// a large output or on one token: PreparedPass (native_prepared_pass.h).
+// a large output or on one token: PreparedPass (native_prepared_pass.h), behind F.linear's call prepared where
+// F.linear adds the bias.
 #include <torch/extension.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/PythonTorchFunctionTLS.h>
@@ -174,7 +175,11 @@ class Memo {
       const at::Tensor& pass_bias = in_linear ? none : b;
       if (in_linear && bt && !entry->pass->on_device(*bt)) return py::none();  // (that route names it)
       if (!entry->pass->accepts(pass_bias, r)) return py::none();  // (that route names or serves it)
-      at::Tensor y = in_linear ? at::linear(xt, wt, bt) : at::linear(xt, wt);
+      // F.linear's call prepared where the key holds it (eager's kernel and bits, without the descriptors and
+      // heuristic F.linear makes on every call: host time before the GEMM's launch, which a single call waits
+      // out); undefined where this call must go at::linear's way
+      at::Tensor y = in_linear && entry->linear ? prepared_linear(*entry->linear, xt, wt, b, none) : at::Tensor();
+      if (!y.defined()) y = in_linear ? at::linear(xt, wt, bt) : at::linear(xt, wt);
       (*entry->pass)(y, pass_bias, r, [&](at::Tensor& out) {  // (its fallback's calls, for an output less aligned)
         if (bt && !in_linear) out.add_(*bt);
         out = finish(std::move(out), act, rt);
@@ -184,12 +189,7 @@ class Memo {
     at::Tensor y;
     if (entry && entry->linear) {
       PreparedLinear& prepared = *entry->linear;
-      if (prepared.route() == Route::kLinear) make_torch_blas_handle(prepared);
-      try {  // (undefined where this call must go another way)
-        y = prepared(xt, wt, b, r);
-      } catch (const std::exception&) {  // (an allocation that failed: the other way meets it too)
-        y = at::Tensor();
-      }
+      y = prepared_linear(prepared, xt, wt, b, r);
       if (prepared.route() == Route::kResidualAsC) {  // (the residual was C, nothing follows; or the Python
         if (!y.defined()) return py::none();           // route's own plan serves the call: its arithmetic)
         return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(y)));
@@ -204,7 +204,8 @@ class Memo {
   // an activation): the key holds that call prepared, or is not filed; a call the prepared one declines gets
   // None (the Python route's plan serves it). `pass_launch`: the Python route served it with F.linear and its
   // pass (EpiloguePassInPlace.native_launch), which the key holds, or is not filed; `bias_in_linear`: that
-  // route hands the bias to F.linear (EpiloguePassInPlace.bias_in_linear), and its pass adds none. Otherwise the key holds
+  // route hands the bias to F.linear (EpiloguePassInPlace.bias_in_linear), and its pass adds none: the key holds
+  // F.linear's call prepared too where the call suits (else at::linear makes it). Otherwise the key holds
   // F.linear's call prepared where it has a bias and the call suits (else at::linear serves), and eager's
   // calls follow it.
   bool file(py::handle x, py::handle weight, py::handle bias, py::handle activation, py::handle residual,
@@ -220,11 +221,16 @@ class Memo {
     Entry entry;
     if (with_pass || (prepare_ && (as_c || !bias.is_none()))) {
       std::string why;
+      const at::Tensor none;
       if (with_pass) {
         auto pass = PreparedPass::prepare(pass_launch, why);
-        if (pass) entry = std::make_shared<Prepared>(Prepared{nullptr, std::move(pass), bias_in_linear});
+        std::unique_ptr<PreparedLinear> linear;
+        if (pass && bias_in_linear && !bias.is_none()) {  // (a key without it still serves: at::linear then)
+          linear = PreparedLinear::prepare(Route::kLinear, THPVariable_Unpack(x.ptr()), THPVariable_Unpack(weight.ptr()),
+                                           THPVariable_Unpack(bias.ptr()), none, false, linear_workspace_bytes_, why);
+        }
+        if (pass) entry = std::make_shared<Prepared>(Prepared{std::move(linear), std::move(pass), bias_in_linear});
       } else {
-        const at::Tensor none;
         auto linear = PreparedLinear::prepare(
             as_c ? Route::kResidualAsC : Route::kLinear, THPVariable_Unpack(x.ptr()), THPVariable_Unpack(weight.ptr()),
             bias.is_none() ? none : THPVariable_Unpack(bias.ptr()),
@@ -233,7 +239,7 @@ class Memo {
         if (linear) entry = std::make_shared<Prepared>(Prepared{std::move(linear), nullptr, false});
       }
       std::lock_guard<std::mutex> hold(mutex_);
-      last_unprepared_ = entry ? "" : why;
+      last_unprepared_ = entry && (entry->linear || !bias_in_linear || bias.is_none()) ? "" : why;
     }
     if ((as_c || with_pass) && !entry) return false;
     insert(std::move(words), std::move(entry));
@@ -261,7 +267,8 @@ class Memo {
   }
 
  private:
-  // What a key holds prepared: a cuBLASLt call, or the Python route's pass
+  // What a key holds prepared: a cuBLASLt call, or the Python route's pass (behind F.linear's call, prepared
+  // where F.linear adds the bias and the call suits)
   struct Prepared {
     std::unique_ptr<PreparedLinear> linear;
     std::unique_ptr<PreparedPass> pass;
@@ -293,6 +300,18 @@ class Memo {
     try {
       py::module_::import("torch.cuda").attr("current_blas_handle")();
     } catch (const py::error_already_set&) {
+    }
+  }
+
+  // The prepared call's D (x @ w^T + b, and r as C for kResidualAsC), or undefined where the call must go another
+  // way (at::linear's, or the Python route's plan)
+  static at::Tensor prepared_linear(PreparedLinear& prepared, const at::Tensor& x, const at::Tensor& w,
+                                    const at::Tensor& b, const at::Tensor& r) {
+    if (prepared.route() == Route::kLinear) make_torch_blas_handle(prepared);
+    try {
+      return prepared(x, w, b, r);
+    } catch (const std::exception&) {  // (an allocation that failed: the other way meets it too)
+      return at::Tensor();
     }
   }
 

@@ -80,7 +80,8 @@ _waiting: list[Any] = []  # dispatchers to hand a Memo once the module is loaded
 # How the memo takes a layer's calls (`route`)
 EAGER_CALLS = "eager's calls"  # F.linear (its cuBLASLt call prepared where it has one), then eager's in place
 RESIDUAL_AS_C = "residual as C"  # the Python route's cuBLASLt call, the residual read as C, prepared
-WITH_PASS = "F.linear and the pass"  # the Python route's calls: F.linear (the bias in it but for one token), the pass
+# the Python route's calls: F.linear (the bias in it but for one token; its cuBLASLt call prepared then), the pass
+WITH_PASS = "F.linear and the pass"
 
 
 def route(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> str | None:

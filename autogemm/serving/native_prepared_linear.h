@@ -5,7 +5,8 @@
 // call. For such a key the memo builds them once, when the key is filed, with what F.linear gives the heuristic
 // (PyTorch's workspace size, 256-byte alignment, its compute and scale types), so that the same kernel runs; a
 // call then allocates the output and launches. A layer whose whole epilogue is the bias gets it at one token
-// too, as the Python route's lt_linear.PreparedBiasLinear makes it (F.linear copies the bias, then a GEMM). A
+// too, as the Python route's lt_linear.PreparedBiasLinear makes it (F.linear copies the bias, then a GEMM). A key
+// of the Python route's calls, F.linear with the bias and then its pass (native_prepared_pass.h), holds it too. A
 // call whose addresses, current device, stream capture or PyTorch settings (autocast, deterministic algorithms,
 // reduced-precision reductions, FP16 accumulation, an SM carveout) differ from what it was prepared for runs
 // at::linear, as do the other keys.

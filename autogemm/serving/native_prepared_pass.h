@@ -7,8 +7,9 @@
 // 0.3-0.8 us per million output elements on an H200. From Python that route costs some microseconds of host
 // time before the GEMM's launch, which a single call on an idle GPU waits through. A key of such a layer holds
 // the pass as Python packed it (PreparedPass: the kernel, its grid and block, its arguments' bytes and where
-// the pointers go in them), and the memo makes the route's two calls itself: at::linear, then cuLaunchKernel on
-// PyTorch's current stream. The arithmetic is the Python route's, bit for bit: the same GEMM, the same kernel.
+// the pointers go in them), and the memo makes the route's two calls itself: F.linear's (its cuBLASLt call
+// prepared where it adds the bias, PreparedLinear; else at::linear), then cuLaunchKernel on PyTorch's current
+// stream. The arithmetic is the Python route's, bit for bit: the same GEMM, the same kernel.
 #pragma once
 
 #include <ATen/ATen.h>
