@@ -98,7 +98,8 @@ def torch_linear_calls(problem: Problem, device_ordinal: int, sets: Any, extras:
         return None
     import torch.nn.functional as F  # (lazy: PyTorch)
 
-    in_linear = bias_in_linear(epilogue, problem.m) if in_linear is None else in_linear and bool(epilogue.bias)
+    if in_linear is None:
+        in_linear = bias_in_linear(epilogue, problem.m)
     computed = pass_epilogue(epilogue, problem.m, in_linear)
     m, n = problem.m, problem.n
     pointed = None

@@ -130,7 +130,7 @@ class GpuMeasurer:
         # by the epilogue computed (not by cuBLASLt's name: BIAS adds a residual too where one is read as C)
         self._lt_calls: dict[Epilogue, list[Any] | None] = {}
         self._lt_bias_calls: list[Any] | None = None
-        self._torch_linear_calls: dict[bool, list[Any] | None] = {}  # by whether F.linear adds the bias
+        self._torch_linear_calls: dict[bool, list[Any] | None] = {}  # by whether the pass adds the bias
         self._cupy_computes: bool | None = None  # whether cupy.matmul computes this type in this form
         self.baselines: dict[str, float] = {}  # ms of each baseline, from the last timing
         warm_up(self._served()[0])
@@ -214,14 +214,14 @@ class GpuMeasurer:
                                                  self._extras, self.epilogue)
         return self._lt_bias_calls
 
-    def _torch_linear(self, in_linear: bool = True) -> list[Any] | None:
-        """The route autogemm serves PyTorch tensors by without a kernel (epilogue_routes.torch_linear_calls),
-        the bias in F.linear where the route's rule puts it there (`in_linear`), else in the pass; made once
-        each; None where it does not serve this problem or PyTorch has no CUDA."""
-        if in_linear not in self._torch_linear_calls:
-            self._torch_linear_calls[in_linear] = torch_linear_calls(
-                self.problem, self.device_ordinal(), self._sets, self._extras, None if in_linear else False)
-        return self._torch_linear_calls[in_linear]
+    def _torch_linear(self, bias_in_pass: bool = False) -> list[Any] | None:
+        """The route autogemm serves PyTorch tensors by without a kernel (epilogue_routes.torch_linear_calls):
+        the bias where the route's rule puts it (in F.linear but for one token), or in the pass (`bias_in_pass`);
+        made once each; None where it does not serve this problem or PyTorch has no CUDA."""
+        if bias_in_pass not in self._torch_linear_calls:
+            self._torch_linear_calls[bias_in_pass] = torch_linear_calls(
+                self.problem, self.device_ordinal(), self._sets, self._extras, False if bias_in_pass else None)
+        return self._torch_linear_calls[bias_in_pass]
 
     def _fallback(self) -> list[Any]:
         """The served fallback's calls: with an epilogue, the route (`baseline_calls`) fastest in GPU time at
@@ -242,7 +242,7 @@ class GpuMeasurer:
             routes = {SERVED_PASS: served, SERVED_LT: self._lt(), SERVED_LT_BIAS: self._lt_bias_then_pass(),
                       ROUTE: self._torch_linear()}
             if bias_placement_differs(self.epilogue, self.problem.m):
-                routes[ROUTE_BIAS_IN_PASS] = self._torch_linear(in_linear=False)
+                routes[ROUTE_BIAS_IN_PASS] = self._torch_linear(bias_in_pass=True)
             return {name: calls for name, calls in routes.items() if calls is not None}
         calls = {SERVED: served}
         if self._cupy_computes is None:
