@@ -289,3 +289,70 @@ def test_a_kind_that_passes_no_epilogue_refuses_a_problem_with_one(monkeypatch):
     operand = KernelOperand(False, 1024, 0, 0)
     with pytest.raises(ValueError, match="not launched with the epilogue relu: its kernel writes partial sums \\(stream_k"):
         launcher(prepared, operand, operand, operand, ordinal=0)
+
+
+# ---- linear's C++ memo: a Hopper launch as native_description describes it ------------------------------------
+
+TMA_EPILOGUE_CASES = [case for case in EPILOGUE_CASES if case[0].launch_kind == LaunchKind.TMA]
+
+
+def _needs_more(config, problem: Problem, misaligned: bool) -> bool:
+    """Whether a launch needs more than cuLaunchKernel and the arguments the memo writes: a scaled product's
+    scales, split-K's workspace, a dependent grid, or copies of misaligned operands first (repacking)."""
+    return bool(problem.epilogue.scale or config.reduces_partial_sums or config.dependent_launch
+                or (config.repacks_operands and misaligned))
+
+
+def test_the_tma_epilogue_cases_have_a_described_launch_and_one_that_is_not():
+    described = [not _needs_more(*case) for case in TMA_EPILOGUE_CASES]
+    assert any(described) and not all(described)
+
+
+@pytest.mark.parametrize("config, problem, misaligned", TMA_EPILOGUE_CASES,
+                         ids=[f"{c.name}-{p.key}{'-misaligned' * m}" for c, p, m in TMA_EPILOGUE_CASES])
+def test_a_described_tma_launch_written_as_linears_memo_writes_it_is_the_python_launchs(config, problem, misaligned,
+                                                                                        monkeypatch):
+    """What linear's C++ memo writes into a Hopper launcher's `native_description` bytes per call
+    (serving/native_prepared_kernel.h), done here in Python: the maps of the call's A, B and C, C's pointer, the
+    bias's and the residual's, the C-mapped flag, alpha 1 and beta 0, at the offsets the description names. Every
+    argument then holds the bytes the Python launch gives the kernel. None where a launch needs more than those
+    (a scaled product's scales, split-K's workspace, a dependent grid)."""
+    import struct
+
+    launched = _record_launches(monkeypatch)
+    row = dtypes.lookup(problem.dtype, problem.compute)
+    a, b, c = _call_operands(problem, misaligned)
+    residual = KernelOperand(False, problem.n + 8, problem.m * (problem.n + 8), 0)
+    source = render(config, problem, config.vector_widths(a, b, c, row.itemsize))
+    launch = launcher(_prepared(config, problem, source), a, b, c, ordinal=0, residual=residual)
+    describe = getattr(launch, "native_description", None)
+    described = describe() if describe is not None else None
+    if _needs_more(config, problem, misaligned):
+        assert described is None
+        return
+    function, grid, block, smem, raw, offsets, maps, at_c, at_bias, at_residual, at_c_mapped, at_alpha, at_beta, \
+        scalar_bytes, order, encode, keep = described
+    launch(PA, PB, PC, 1.0, 0.0, SimpleNamespace(ptr=0), PBIAS, PRESIDUAL)
+    kernel = launched[-1]
+    assert (function, grid, block, smem) == (0, (132, 1, 1), (config.threads, 1, 1), config.smem_bytes(problem))
+    assert keep is launch or getattr(keep, "native_description", None) is not None
+    memory = bytearray(raw)
+    by_role = {order[0]: PA, order[1]: PB}
+    for role in (0, 1):
+        memory[maps[role]:maps[role] + 128] = encode(role, by_role[role])
+    mapped = maps[2] is not None
+    if mapped:
+        memory[maps[2]:maps[2] + 128] = encode(2, PC)
+    struct.pack_into("<i", memory, at_c_mapped, int(mapped))
+    for at, pointer in ((at_c, PC), (at_bias, PBIAS), (at_residual, PRESIDUAL)):
+        struct.pack_into("<Q", memory, at, pointer)
+    scalar = {4: "<f", 8: "<d"}[scalar_bytes]
+    struct.pack_into(scalar, memory, at_alpha, 1.0)
+    struct.pack_into(scalar, memory, at_beta, 0.0)
+    given = kernel.arguments()
+    assert len(offsets) == len(kernel.parameters)
+    for name, offset in zip(kernel.parameters, offsets):
+        dtype = kernel.argument_dtypes[name]
+        value = given[name]
+        want = value if isinstance(value, bytes) else np.array(value, dtype).tobytes()
+        assert bytes(memory[offset:offset + dtype.itemsize]) == want, name

@@ -217,6 +217,9 @@ def launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: Kern
         def launch_swapped(pa, pb, pc, alpha, beta, stream=None, *epilogue_pointers):
             inner(pb, pa, pc, alpha, beta, stream, *epilogue_pointers)
 
+        describe = getattr(inner, "native_description", None)
+        if describe is not None:  # (the first pointer takes the kernel's second operand role)
+            launch_swapped.native_description = lambda: describe((1, 0))
         return launch_swapped
     return _operand_launcher(prepared, a, b, c, ordinal, residual)
 

@@ -148,6 +148,19 @@ class PackedKernel:
         return (int(function), tuple(grid_block[:3]), tuple(grid_block[3:]), int(smem), self._raw.tobytes(),
                 self._offsets)
 
+    def offset(self, name: str) -> int:
+        """Where argument `name` lies in the packed bytes (`packed`)."""
+        return self._offsets[self.index(name)]
+
+    def packed(self) -> tuple:
+        """(the CUfunction's address, the grid, the block, the shared memory's bytes, the packed arguments' bytes
+        as they stand, each argument's offset in them), whatever `point` redirected: a caller that launches from
+        a copy of these bytes writes those arguments into it itself (a tensor map launcher's maps:
+        tma_launch's `native_description`). The CUfunction lives as long as this launcher."""
+        function, *grid_block, smem = self._geometry
+        return (int(function), tuple(grid_block[:3]), tuple(grid_block[3:]), int(smem), self._raw.tobytes(),
+                self._offsets)
+
     def arguments(self) -> dict[str, Any]:
         """The arguments as they stand, by name in the kernel's order (for tests and debugging;
         raw-byte ones as the bytes their pointer reaches)."""

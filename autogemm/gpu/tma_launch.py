@@ -191,4 +191,28 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
             scalars[alpha_at], scalars[beta_at] = alpha, beta
             launch_kernel(stream_pointer)
 
+    def encode(role: int, address: int) -> bytes | None:
+        """The 128 bytes of the map of operand `role` (0 A, 1 B, 2 C) at `address`, from that role's cache; None
+        where TMA cannot address it there (C: the kernel then writes from registers)."""
+        try:
+            return caches[role].get(address)[0].tobytes()
+        except TensorMapError:
+            return None
+
+    def native_description(order: tuple[int, int] = (0, 1)) -> tuple | None:
+        """What linear's C++ memo needs to make this launch itself (serving/native_prepared_kernel.h): the packed
+        kernel's `packed()`; the offsets of the A, B and C maps (C's None without a TMA store), of C's pointer,
+        the bias's and the residual's, the C-mapped flag (int32), alpha and beta, and the bytes of alpha's type;
+        `order`, the roles the launch's first and second pointers take; `encode`; and `launch`, which keeps the
+        kernel loaded while the memo holds it. None where a launch needs more than cuLaunchKernel and those
+        arguments: a dependent grid, split-K's workspace, a grouped or scaled product, no epilogue."""
+        if kernel.dependent or partials_at is not None or group_offsets_at is not None or scale_a_at is not None \
+                or scales_outer_at is not None or bias_at is None:
+            return None
+        offset = kernel.offset
+        return (*kernel.packed(), (offset("map_a"), offset("map_b"), offset("map_c") if maps_c is not None else None),
+                offset("C"), offset("bias"), offset("residual"), offset("c_mapped"), offset("alpha"), offset("beta"),
+                np.dtype(scalar).itemsize, tuple(order), encode, launch)
+
+    launch.native_description = native_description
     return launch
