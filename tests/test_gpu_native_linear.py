@@ -4,7 +4,8 @@ result bit for bit, in a CUDA graph too: a layer with a bias by F.linear's cuBLA
 a one-token layer whose epilogue is its bias as the Python route prepares it, a residual alone by the Python
 route's cuBLASLt call; a large layer with a pass, and a one-token layer with an activation, by the Python route's
 calls (F.linear, the bias inside it as eager's call has it but for one token, its cuBLASLt call prepared then,
-and its pass launched from C++: that route's bits). A layer another route serves is never filed; a reset empties the memo; a product handed
+and its pass launched from C++: that route's bits); a layer whose tune kept a Hopper kernel by that kernel,
+launched from C++ (the Python route's bits). A layer another route serves is never filed; a reset empties the memo; a product handed
 to torch.matmul is served the same way. Built with the machine's compiler (about half
 a minute, once per run: AUTOGEMM_NATIVE_DIR keeps a build between runs)."""
 
@@ -264,6 +265,80 @@ def test_a_layer_whose_tune_timed_the_bias_in_the_pass_faster_is_served_so_by_bo
     assert dispatch._DISPATCHER.native_memo.linear(x, w, shifted, activation, None) is None
     y = autogemm.linear(x, w, shifted, activation=activation)
     assert (y != bias_in_pass).float().mean().item() < 0.001
+
+
+@pytest.mark.parametrize("name,case", [("hopper_128x128x64_w64x128_s4_g8_k1_o1_p_ts_fa_pl_hd", "bias+gelu"),
+                                       ("hopper_128x128x64_w64x128_s4_g8_k1_o1_p", "bias+silu+residual")])
+def test_a_layer_whose_tune_kept_a_kernel_is_launched_by_the_memo(torch, name, case):
+    """A tune of the layer with its epilogue kept a Hopper kernel (with a TMA store, and without): from the third
+    call the memo launches it itself, with the Python launcher's arguments and tensor maps and an output from
+    PyTorch's allocator: the Python route's bits, on new values, for an x at another address (its map encoded
+    then), and in a CUDA graph. An x aligned otherwise than the kernel assumes is declined, and the Python route
+    serves it."""
+    from test_gpu_capture import _record
+
+    from autogemm.epilogue import Epilogue
+    from autogemm.families import config_from_name
+    from autogemm.gpu.launch import current_device
+    from autogemm.problem import Problem
+    from autogemm.results.cache import TuningCache
+    from autogemm.serving.fused_epilogue import TorchFusedEpiloguePlan
+
+    x, w, bias, activation, residual = _layer(torch, case)
+    m, k = x.shape
+    config = config_from_name(name)
+    problem = Problem(m, w.shape[0], k, dtype="bfloat16", trans_b=True,
+                      epilogue=Epilogue("n", activation, residual is not None))
+    if config.check(problem, current_device()):
+        pytest.skip(f"{config.name} does not run on this GPU")
+    TuningCache().store(_record(problem, config), current_device().slug)
+    autogemm.reset()
+    call = lambda: autogemm.linear(x, w, bias, activation=activation, residual=residual)  # noqa: E731
+    for _ in range(3):
+        call()
+    plans = list(dispatch._DISPATCHER.torch_epilogue.values())
+    assert plans and all(isinstance(p, TorchFusedEpiloguePlan) and p.tuned for p in plans), plans
+    memo = dispatch._DISPATCHER.native_memo
+    assert memo.kernels() == 1 and memo.passes() == 0, memo.unprepared_why()
+
+    def memo_alone(patch):  # (the Python route fails the test where it serves)
+        _python_route_fails(patch)
+        patch.setattr(TorchFusedEpiloguePlan, "call", lambda *args: pytest.fail("took the tuned kernel's Python route"))
+
+    for seed in range(2):  # new values in the same tensors
+        torch.manual_seed(seed)
+        x.copy_(torch.randn_like(x))
+        expected = _without_the_memo(call)
+        with pytest.MonkeyPatch.context() as patch:
+            memo_alone(patch)
+            y = call()
+        assert torch.equal(y, expected), seed
+    reference = _eager(torch, x.double(), w.double(), bias.double(), activation,
+                       None if residual is None else residual.double())
+    assert torch.allclose(y.double(), reference, rtol=2e-2, atol=2e-2)
+    moved = x.clone()  # (another address: its map is encoded by the launcher's cache on the memo's first call)
+    y = memo.linear(moved, w, bias, activation, residual)
+    assert y is not None and torch.equal(y, expected)
+    side = torch.cuda.Stream()  # a CUDA graph captures the memo's launch (its output from the graph's pool)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.MonkeyPatch.context() as patch:
+        memo_alone(patch)
+        with torch.cuda.graph(graph):
+            y = call()
+    x.copy_(torch.randn_like(x))  # (after which `reference` is another x's)
+    graph.replay()
+    assert torch.equal(y, _without_the_memo(call))
+    # last: the Python route's general path may file another plan for the key of an x aligned so
+    shifted = torch.empty(x.numel() + 4, device="cuda", dtype=x.dtype)[4:].view(x.shape)  # (8 bytes off)
+    shifted.copy_(x)
+    assert memo.linear(shifted, w, bias, activation, residual) is None
+    assert torch.allclose(autogemm.linear(shifted, w, bias, activation=activation, residual=residual).double(),
+                          _eager(torch, x.double(), w.double(), bias.double(), activation,
+                                 None if residual is None else residual.double()), rtol=2e-2, atol=2e-2)
 
 
 class _NoLookups(dict):

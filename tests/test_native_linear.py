@@ -212,6 +212,49 @@ def test_a_pass_that_does_not_describe_a_launch_is_not_filed_and_says_why(memo_t
     assert not memo_type(8, prepare=False).file(x, w, bias, "silu", None, pass_launch=_pass_launch())
 
 
+def _kernel_launch(**changed):
+    """A tuned kernel's launch as TorchFusedEpiloguePlan.native_launch describes it (a CUfunction that is never
+    launched; three 128-byte maps, then C, the bias, the residual, the C-mapped flag, alpha and beta)."""
+    parts = dict(function=0x1234, grid=(132, 1, 1), block=(384, 1, 1), shared=200_000, bytes=bytes(432),
+                 offsets=(0, 128, 256, 384, 392, 400, 408, 412, 416), maps=(0, 128, 256), c=384, bias=392,
+                 residual=400, c_mapped=408, alpha=412, beta=416, scalar_bytes=4, order=(0, 1),
+                 encode=lambda role, address: bytes(128), keep=object(), output=(24, 192), alignment=(0, 0),
+                 device=0)
+    parts.update(changed)
+    return tuple(parts.values())
+
+
+@pytest.mark.parametrize("changed,named", [
+    (dict(grid=(0, 1, 1)), "an empty grid or block"),
+    (dict(bytes=bytes(436)), "arguments' bytes"),
+    (dict(offsets=(0, 432)), "an argument's offset past its bytes"),
+    (dict(maps=(0, 128, 320)), "a map's offset not in its bytes"),
+    (dict(maps=(0, 128)), "the offsets of 3 maps"),
+    (dict(residual=428), "the residual's offset not in its bytes"),
+    (dict(scalar_bytes=2), "alpha and beta of 4 or 8 bytes"),
+    (dict(order=(2, 0)), "x's role 0 or 1"),
+    (dict(encode=None), "no encoder of maps"),
+    (dict(alignment=(16, 0)), "no kernel, arguments, output or device"),
+    (dict(output=()), "no kernel, arguments, output or device"),
+    (dict(function=0), "no kernel"),
+    (dict(device=None), "a kernel's launch has 20 parts"),  # (one part fewer)
+])
+def test_a_kernel_launch_that_describes_no_launch_is_not_filed_and_says_why(memo_type, changed, named):
+    x, w, bias, _ = _layer(dtype=torch.bfloat16)
+    launch = _kernel_launch(**changed)
+    if changed.get("device", 0) is None:
+        launch = launch[:-1]
+    memo = memo_type(8)
+    assert not memo.file(x, w, bias, "gelu", None, kernel_launch=launch)
+    assert len(memo) == 0 and memo.kernels() == 0
+    assert named in memo.unprepared_why() and "not a kernel's launch" in memo.unprepared_why()
+    # (one that does is held where CUDA's driver is loaded; here it is not, and nothing is filed either)
+    if not torch.cuda.is_available():
+        assert not memo.file(x, w, bias, "gelu", None, kernel_launch=_kernel_launch())
+        assert "no cuLaunchKernel" in memo.unprepared_why() and len(memo) == 0
+    assert not memo_type(8, prepare=False).file(x, w, bias, "gelu", None, kernel_launch=_kernel_launch())
+
+
 def test_the_module_name_follows_the_header_the_source_includes(monkeypatch, tmp_path):
     """A change of a header the source includes, alone, is another build (the name keys the kept build)."""
     name = native_linear.module_name()

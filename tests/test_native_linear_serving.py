@@ -219,3 +219,46 @@ def test_filing_takes_what_the_route_names_and_asks_for_the_memo_once(monkeypatc
     filed = len(memo.filed)
     native_linear.file_linear(dispatcher, with_pass, large, w, bias, "silu", None)
     assert len(memo.filed) == filed
+
+
+def test_a_tuned_kernel_the_launcher_describes_is_filed_with_its_launch_and_nothing_else_is():
+    """A layer whose tune with its epilogue kept a generated kernel (TorchFusedEpiloguePlan, `tuned`): the memo
+    takes its launch where the launcher describes it (tma_launch's native_description: the plan adds the output's
+    shape, the alignment the kernel assumes and the device), once; a kernel the bare GEMM's record chose (its
+    guard decides, which the memo would not see), or one whose launcher cannot be described, is not filed."""
+    from autogemm.serving.fused_epilogue import TorchFusedEpiloguePlan
+
+    x, w, bias, _ = _layer(dtype=torch.bfloat16)
+    described = []
+
+    def launcher(*args):
+        pytest.fail("the launcher launched")
+
+    launcher.native_description = lambda: described.append(1) or ("the launch",)
+
+    def plan(tuned: bool, launch=launcher) -> TorchFusedEpiloguePlan:
+        made = object.__new__(TorchFusedEpiloguePlan)
+        made.launch, made.tuned, made._native = launch, tuned, None
+        made.outputs = SimpleNamespace(template=torch.empty(()).expand(*x.shape[:-1], w.shape[0]))
+        made.alignment, made.device = (0, 8), 0
+        return made
+
+    tuned, chosen_by_the_bare_gemm = plan(True), plan(False)
+    assert native_linear.route(tuned, x, w, "gelu", None) == native_linear.KERNEL
+    assert tuned.native_launch() == ("the launch", (*x.shape[:-1], w.shape[0]), (0, 8), 0)
+    assert native_linear.route(chosen_by_the_bare_gemm, x, w, "gelu", None) is None
+    assert native_linear.route(plan(True, launch=lambda *args: None), x, w, "gelu", None) is None
+    assert described == [1]  # (described once, the plan keeps it)
+
+    class Recording:
+        def __init__(self):
+            self.filed = []
+
+        def file(self, *args, **keywords):
+            self.filed.append((*args, *keywords.items()))
+
+    dispatcher = Dispatcher()
+    dispatcher.native_memo = memo = Recording()
+    native_linear.file_linear(dispatcher, tuned, x, w, bias, "gelu", None)
+    native_linear.file_linear(dispatcher, chosen_by_the_bare_gemm, x, w, bias, "gelu", None)
+    assert memo.filed == [(x, w, bias, "gelu", None, ("kernel_launch", tuned.native_launch()))]

@@ -73,6 +73,21 @@ class TorchFusedEpiloguePlan:
         self.alignment = alignment  # A's and B's addresses modulo 16 that the kernel's vector widths assume
         self.tuned = tuned  # whether a tune with the epilogue chose the config (else the bare GEMM's choice)
         self.streams: dict[str, Any] = {}
+        self._native: tuple | None = None
+
+    def native_launch(self) -> tuple | None:
+        """The launch as linear's C++ memo makes it itself (serving/native_prepared_kernel.h's PreparedKernel):
+        the launcher's `native_description`, then the output's shape, the alignment of A's and B's addresses
+        the kernel assumes (modulo 16) and the device; None where the launcher cannot be described (not a
+        Hopper kernel's, a repacking one, a workspace or a dependent grid: tma_launch) or a tune with the
+        epilogue did not choose the config (the bare GEMM's choice follows its guard, which the memo would not
+        see). Made once."""
+        if self._native is None:
+            describe = getattr(self.launch, "native_description", None)
+            described = describe() if describe is not None and self.tuned else None
+            self._native = () if described is None else (
+                *described, tuple(self.outputs.template.shape), self.alignment, self.device)
+        return self._native or None
 
     def call(self, a: Any, b: Any, bias: Any, residual: Any, alpha: float) -> Any:
         gemm, device = self.gemm, self.device

@@ -20,7 +20,8 @@
 // F.linear's own cuBLASLt call, and the Python route's with the residual as C, prepared once per key:
 // PreparedLinear (native_prepared_linear.h). The Python route's pass after F.linear, for a layer with a pass on
 // a large output or on one token: PreparedPass (native_prepared_pass.h), behind F.linear's call prepared where
-// F.linear adds the bias.
+// F.linear adds the bias. The generated kernel a tune with the layer's epilogue kept: PreparedKernel
+// (native_prepared_kernel.h).
 #include <torch/extension.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/PythonTorchFunctionTLS.h>
@@ -31,6 +32,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "native_prepared_kernel.h"
 #include "native_prepared_linear.h"
 #include "native_prepared_pass.h"
 
@@ -169,6 +171,11 @@ class Memo {
     const at::Tensor none;
     const at::Tensor& b = bt ? *bt : none;
     const at::Tensor& r = rt != nullptr ? *rt : none;
+    if (entry && entry->kernel) {  // the tuned kernel, its epilogue in its store (or the Python route's way)
+      at::Tensor y = (*entry->kernel)(xt, wt, b, r);
+      if (!y.defined()) return py::none();
+      return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(y)));
+    }
     if (entry && entry->pass) {  // the Python route's calls: F.linear, then its pass in place
       // (the bias in F.linear as eager adds it, or in the pass where the key says so: one token)
       const bool in_linear = entry->bias_in_linear;
@@ -208,11 +215,26 @@ class Memo {
   // F.linear's call prepared too where the call suits (else at::linear makes it). Otherwise the key holds
   // F.linear's call prepared where it has a bias and the call suits (else at::linear serves), and eager's
   // calls follow it.
+  // `kernel_launch`: the Python route served it with the generated kernel a tune kept
+  // (TorchFusedEpiloguePlan.native_launch), which the key holds, or is not filed.
   bool file(py::handle x, py::handle weight, py::handle bias, py::handle activation, py::handle residual,
-            bool residual_as_c, py::handle pass_launch, bool bias_in_linear) {
+            bool residual_as_c, py::handle pass_launch, bool bias_in_linear, py::handle kernel_launch) {
     Words words;
     Activation act;
     if (!key_of(words, x.ptr(), weight.ptr(), bias.ptr(), activation.ptr(), residual.ptr(), act)) return false;
+    if (!kernel_launch.is_none()) {  // (the kernel's arithmetic: nothing else stands in)
+      if (!prepare_) return false;
+      if (find(words)) return true;
+      std::string why;
+      auto kernel = PreparedKernel::prepare(kernel_launch, why);
+      {
+        std::lock_guard<std::mutex> hold(mutex_);
+        last_unprepared_ = why;
+      }
+      if (!kernel) return false;
+      insert(std::move(words), std::make_shared<Prepared>(Prepared{nullptr, nullptr, false, std::move(kernel)}));
+      return true;
+    }
     const bool as_c = residual_as_c && act == kNone && !residual.is_none();
     const bool with_pass = !as_c && !pass_launch.is_none();
     // (those routes' arithmetic is cuBLASLt's call, or the pass: nothing else stands in)
@@ -229,14 +251,14 @@ class Memo {
           linear = PreparedLinear::prepare(Route::kLinear, THPVariable_Unpack(x.ptr()), THPVariable_Unpack(weight.ptr()),
                                            THPVariable_Unpack(bias.ptr()), none, false, linear_workspace_bytes_, why);
         }
-        if (pass) entry = std::make_shared<Prepared>(Prepared{std::move(linear), std::move(pass), bias_in_linear});
+        if (pass) entry = std::make_shared<Prepared>(Prepared{std::move(linear), std::move(pass), bias_in_linear, nullptr});
       } else {
         auto linear = PreparedLinear::prepare(
             as_c ? Route::kResidualAsC : Route::kLinear, THPVariable_Unpack(x.ptr()), THPVariable_Unpack(weight.ptr()),
             bias.is_none() ? none : THPVariable_Unpack(bias.ptr()),
             residual.is_none() ? none : THPVariable_Unpack(residual.ptr()), act == kNone && residual.is_none(),
             as_c ? residual_workspace_bytes_ : linear_workspace_bytes_, why);
-        if (linear) entry = std::make_shared<Prepared>(Prepared{std::move(linear), nullptr, false});
+        if (linear) entry = std::make_shared<Prepared>(Prepared{std::move(linear), nullptr, false, nullptr});
       }
       std::lock_guard<std::mutex> hold(mutex_);
       last_unprepared_ = entry && (entry->linear || !bias_in_linear || bias.is_none()) ? "" : why;
@@ -246,10 +268,11 @@ class Memo {
     return true;
   }
 
-  // How many keys hold a prepared cuBLASLt call, how many the Python route's pass, and why the last key that
-  // could have got either got none ("" where it did): what tests and benchmarks read
+  // How many keys hold a prepared cuBLASLt call, how many the Python route's pass, how many a tuned kernel, and
+  // why the last key that could have got one got none ("" where it did): what tests and benchmarks read
   size_t prepared() { return count([](const Prepared& p) { return p.linear != nullptr; }); }
   size_t passes() { return count([](const Prepared& p) { return p.pass != nullptr; }); }
+  size_t kernels() { return count([](const Prepared& p) { return p.kernel != nullptr; }); }
 
   std::string unprepared_why() {
     std::lock_guard<std::mutex> hold(mutex_);
@@ -268,11 +291,12 @@ class Memo {
 
  private:
   // What a key holds prepared: a cuBLASLt call, or the Python route's pass (behind F.linear's call, prepared
-  // where F.linear adds the bias and the call suits)
+  // where F.linear adds the bias and the call suits), or a tuned kernel's launch
   struct Prepared {
     std::unique_ptr<PreparedLinear> linear;
     std::unique_ptr<PreparedPass> pass;
     bool bias_in_linear;  // (with `pass`: F.linear adds the bias, the pass the rest)
+    std::unique_ptr<PreparedKernel> kernel;
   };
   // A key's entry: null where at::linear and eager's calls serve it (shared: a call holds it while another
   // files or clears)
@@ -363,11 +387,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("file", &Memo::file, "files the call's key; False where the memo cannot serve it", py::arg("x"),
            py::arg("weight"), py::arg("bias"), py::arg("activation"), py::arg("residual"),
            py::arg("residual_as_c") = false, py::arg("pass_launch") = py::none(),
-           py::arg("bias_in_linear") = false)
+           py::arg("bias_in_linear") = false, py::arg("kernel_launch") = py::none())
       .def("matmul", &Memo::matmul, "torch.matmul(a, b) where the call's key is filed, else None")
       .def("file_matmul", &Memo::file_matmul, "files a matmul call's key; False where the memo cannot serve it")
       .def("prepared", &Memo::prepared, "how many keys hold a prepared cuBLASLt call")
       .def("passes", &Memo::passes, "how many keys hold the Python route's pass")
+      .def("kernels", &Memo::kernels, "how many keys hold a tuned kernel's launch")
       .def("unprepared_why", &Memo::unprepared_why, "why the last key that could got no prepared call")
       .def("clear", &Memo::clear)
       .def("__len__", &Memo::size);

@@ -1,0 +1,215 @@
+// A generated kernel with the layer's epilogue in its store, launched by linear's C++ memo (native_linear.cpp
+// includes this: one translation unit).
+//
+// Where a tune of a layer with its epilogue kept a generated kernel, the Python route launches it
+// (serving/fused_epilogue.py: TorchFusedEpiloguePlan): its key, checks, output and the launcher's writes cost
+// tens of microseconds of host time before the launch, which a single call on an idle GPU waits through (on the
+// seed-3954 draw, BF16 32x18176x4544 with GELU: 92.2 us one call at a time, where eager took 80.8 at the same
+// GPU time). A key of such a layer holds the launch as the Hopper launcher packs it (tma_launch's
+// native_description: the kernel, its grid, block and shared memory, its arguments' bytes and where the tensor
+// maps, pointers and scalars go in them), and the memo makes it itself: the output from PyTorch's allocator,
+// the maps of the call's addresses (from a few kept per operand; a new address asks the launcher's own cache,
+// in Python), then cuLaunchKernel on PyTorch's current stream. The kernel and its arguments are the Python
+// route's: the same bits.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <pybind11/pybind11.h>
+
+#include "native_cuda.h"
+#include "native_prepared_pass.h"  // (launch_kernel: cuLaunchKernel as the driver offers it)
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+class PreparedKernel {
+ public:
+  static constexpr size_t kMaxArgumentBytes = 4096;  // (a Hopper kernel's: three 128-byte maps and ~30 more)
+  static constexpr size_t kMapBytes = 128;           // a CUtensorMap
+  static constexpr size_t kRecentMaps = 8;           // maps kept per operand role (tma_launch's RECENT_MAPS)
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+
+  // The launch of `launch`, TorchFusedEpiloguePlan.native_launch's tuple: (the CUfunction's address, grid, block,
+  // shared bytes, the packed arguments' bytes, each argument's offset, the offsets of the A, B and C maps (C's
+  // None: no TMA store), of C's pointer, the bias's, the residual's, the C-mapped flag, alpha, beta, alpha's
+  // bytes, the roles of x's and the weight's pointers, the maps' encoder, the launcher that keeps the kernel
+  // loaded, the output's shape, x's and the weight's addresses modulo 16 as the kernel assumes them, the
+  // device); null where it does not describe a launch this code can make (`why` says so).
+  static std::unique_ptr<PreparedKernel> prepare(pybind11::handle launch, std::string& why) {
+    namespace py = pybind11;
+    std::unique_ptr<PreparedKernel> p(new PreparedKernel());
+    try {
+      const py::tuple t = py::reinterpret_borrow<py::tuple>(launch);
+      if (t.size() != 20) throw std::invalid_argument("a kernel's launch has 20 parts");
+      p->function_ = reinterpret_cast<void*>(t[0].cast<uintptr_t>());
+      const py::tuple grid = t[1].cast<py::tuple>(), block = t[2].cast<py::tuple>();
+      if (grid.size() != 3 || block.size() != 3) throw std::invalid_argument("a grid and a block of 3");
+      for (size_t i = 0; i < 3; ++i) {
+        p->grid_[i] = grid[i].cast<unsigned>();
+        p->block_[i] = block[i].cast<unsigned>();
+        if (p->grid_[i] == 0 || p->block_[i] == 0) throw std::invalid_argument("an empty grid or block");
+      }
+      p->shared_ = t[3].cast<unsigned>();
+      const std::string bytes = t[4].cast<std::string>();
+      if (bytes.empty() || bytes.size() > kMaxArgumentBytes || bytes.size() % sizeof(uint64_t)) {
+        throw std::invalid_argument("arguments' bytes past a kernel's");
+      }
+      p->arguments_.resize(bytes.size() / sizeof(uint64_t));
+      std::memcpy(p->arguments_.data(), bytes.data(), bytes.size());
+      for (const py::handle offset : t[5].cast<py::tuple>()) {
+        const size_t at = offset.cast<size_t>();
+        if (at >= bytes.size()) throw std::invalid_argument("an argument's offset past its bytes");
+        p->offsets_.push_back(at);
+      }
+      const auto inside = [&](size_t at, size_t size, const char* what) {
+        if (at + size > bytes.size()) throw std::invalid_argument(std::string(what) + "'s offset not in its bytes");
+        return at;
+      };
+      const py::tuple maps = t[6].cast<py::tuple>();
+      if (maps.size() != 3) throw std::invalid_argument("the offsets of 3 maps");
+      for (size_t role = 0; role < 3; ++role) {
+        p->map_at_[role] = maps[role].is_none() && role == 2 ? kNone
+                                                              : inside(maps[role].cast<size_t>(), kMapBytes, "a map");
+      }
+      p->c_at_ = inside(t[7].cast<size_t>(), sizeof(uint64_t), "C");
+      p->bias_at_ = inside(t[8].cast<size_t>(), sizeof(uint64_t), "the bias");
+      p->residual_at_ = inside(t[9].cast<size_t>(), sizeof(uint64_t), "the residual");
+      p->c_mapped_at_ = inside(t[10].cast<size_t>(), sizeof(int32_t), "the C-mapped flag");
+      p->scalar_bytes_ = t[13].cast<size_t>();
+      if (p->scalar_bytes_ != sizeof(float) && p->scalar_bytes_ != sizeof(double)) {
+        throw std::invalid_argument("alpha and beta of 4 or 8 bytes");
+      }
+      p->alpha_at_ = inside(t[11].cast<size_t>(), p->scalar_bytes_, "alpha");
+      p->beta_at_ = inside(t[12].cast<size_t>(), p->scalar_bytes_, "beta");
+      const py::tuple order = t[14].cast<py::tuple>();
+      p->x_role_ = order.size() == 2 ? order[0].cast<int>() : -1;
+      if (p->x_role_ != 0 && p->x_role_ != 1) throw std::invalid_argument("x's role 0 or 1");
+      p->encode_ = py::reinterpret_borrow<py::object>(t[15]);
+      if (!PyCallable_Check(p->encode_.ptr())) throw std::invalid_argument("no encoder of maps");
+      p->keep_ = py::reinterpret_borrow<py::object>(t[16]);
+      for (const py::handle size : t[17].cast<py::tuple>()) p->output_sizes_.push_back(size.cast<int64_t>());
+      const py::tuple alignment = t[18].cast<py::tuple>();
+      if (alignment.size() != 2) throw std::invalid_argument("the alignment of 2 addresses");
+      p->alignment_x_ = alignment[0].cast<uintptr_t>();
+      p->alignment_w_ = alignment[1].cast<uintptr_t>();
+      p->device_ = t[19].cast<int64_t>();
+      if (p->function_ == nullptr || p->offsets_.empty() || p->device_ < 0 || p->output_sizes_.empty() ||
+          p->alignment_x_ >= 16 || p->alignment_w_ >= 16) {
+        throw std::invalid_argument("no kernel, arguments, output or device");
+      }
+    } catch (const std::exception& error) {  // (py::cast_error too)
+      why = std::string("not a kernel's launch: ") + error.what();
+      return nullptr;
+    }
+    if (launch_kernel() == nullptr) {
+      why = "no cuLaunchKernel in this process's CUDA driver";
+      return nullptr;
+    }
+    why = no_current_stream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(p->device_)));
+    return why.empty() ? std::move(p) : nullptr;
+  }
+
+  PreparedKernel(const PreparedKernel&) = delete;
+  PreparedKernel& operator=(const PreparedKernel&) = delete;
+
+  // D = the layer of x, w (N x K, read in place), b and r (undefined: none) by the kernel, on PyTorch's current
+  // stream; undefined where the call must go the Python route's way, as TorchFusedEpiloguePlan.call declines it
+  // (another current device, a tensor elsewhere or lazily negated, A's or B's address aligned otherwise than the
+  // kernel assumes, an operand TMA cannot address there), which then serves it or names its fault.
+  at::Tensor operator()(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& r) {
+    if (c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index() != device_) return at::Tensor();
+    for (const at::Tensor* t : {&x, &w, &b, &r}) {
+      if (t->defined() && (!t->is_cuda() || t->get_device() != device_ || t->is_neg())) return at::Tensor();
+    }
+    const uintptr_t px = reinterpret_cast<uintptr_t>(x.data_ptr()), pw = reinterpret_cast<uintptr_t>(w.data_ptr());
+    if (px % 16 != alignment_x_ || pw % 16 != alignment_w_) return at::Tensor();
+    at::Tensor y = at::empty(output_sizes_, x.options());
+    const uintptr_t py = reinterpret_cast<uintptr_t>(y.data_ptr());
+    std::lock_guard<std::mutex> hold(mutex_);  // (the bytes are rewritten per call; the driver copies them)
+    char* bytes = reinterpret_cast<char*>(arguments_.data());
+    const uintptr_t by_role[2] = {x_role_ == 0 ? px : pw, x_role_ == 0 ? pw : px};
+    for (size_t role = 0; role < 2; ++role) {
+      if (!point(role, by_role[role], bytes)) return at::Tensor();  // (TMA cannot address it: Python names it)
+    }
+    const int32_t c_mapped = map_at_[2] != kNone && point(2, py, bytes) ? 1 : 0;
+    std::memcpy(bytes + c_mapped_at_, &c_mapped, sizeof(c_mapped));
+    const uint64_t pointers[3] = {py, b.defined() ? reinterpret_cast<uintptr_t>(b.data_ptr()) : 0,
+                                  r.defined() ? reinterpret_cast<uintptr_t>(r.data_ptr()) : 0};
+    std::memcpy(bytes + c_at_, &pointers[0], sizeof(uint64_t));
+    std::memcpy(bytes + bias_at_, &pointers[1], sizeof(uint64_t));
+    std::memcpy(bytes + residual_at_, &pointers[2], sizeof(uint64_t));
+    write_scalar(bytes + alpha_at_, 1.0);
+    write_scalar(bytes + beta_at_, 0.0);
+    c10::SmallVector<void*, 64> parameters;
+    for (size_t offset : offsets_) parameters.push_back(bytes + offset);
+    void* stream = current_stream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_)));
+    const int status = launch_kernel()(function_, grid_[0], grid_[1], grid_[2], block_[0], block_[1], block_[2],
+                                       shared_, stream, parameters.data(), nullptr);
+    if (status != 0) {
+      throw std::runtime_error("autogemm.linear: the tuned kernel's launch failed (CUresult " +
+                               std::to_string(status) + ")");
+    }
+    return y;
+  }
+
+ private:
+  PreparedKernel() = default;
+
+  // Writes the map of operand `role` at `address` into the arguments (kept, or encoded by the launcher's cache in
+  // Python, the GIL held as every memo call holds it); false where TMA cannot address it.
+  bool point(size_t role, uintptr_t address, char* bytes) {
+    auto& recent = recent_[role];
+    const std::array<uint8_t, kMapBytes>* found = nullptr;
+    for (const auto& kept : recent) {
+      if (kept.first == address) found = &kept.second;
+    }
+    if (found == nullptr) {
+      const pybind11::object map = encode_(role, address);
+      if (map.is_none()) return false;
+      const std::string words = map.cast<std::string>();
+      if (words.size() != kMapBytes) throw std::runtime_error("autogemm.linear: a tensor map of other than 128 bytes");
+      if (recent.size() >= kRecentMaps) recent.clear();
+      recent.emplace_back(address, std::array<uint8_t, kMapBytes>());
+      std::memcpy(recent.back().second.data(), words.data(), kMapBytes);
+      found = &recent.back().second;
+    }
+    std::memcpy(bytes + map_at_[role], found->data(), kMapBytes);
+    return true;
+  }
+
+  void write_scalar(char* at, double value) const {
+    if (scalar_bytes_ == sizeof(float)) {
+      const float single = static_cast<float>(value);
+      std::memcpy(at, &single, sizeof(single));
+    } else {
+      std::memcpy(at, &value, sizeof(value));
+    }
+  }
+
+  void* function_ = nullptr;
+  unsigned grid_[3] = {1, 1, 1}, block_[3] = {1, 1, 1}, shared_ = 0;
+  std::vector<uint64_t> arguments_;  // (8-byte words: every argument at its natural alignment)
+  std::vector<size_t> offsets_;
+  size_t map_at_[3] = {kNone, kNone, kNone};
+  size_t c_at_ = 0, bias_at_ = 0, residual_at_ = 0, c_mapped_at_ = 0, alpha_at_ = 0, beta_at_ = 0;
+  size_t scalar_bytes_ = sizeof(float);
+  int x_role_ = 0;
+  std::vector<int64_t> output_sizes_;
+  uintptr_t alignment_x_ = 0, alignment_w_ = 0;
+  int64_t device_ = 0;
+  std::vector<std::pair<uintptr_t, std::array<uint8_t, kMapBytes>>> recent_[3];
+  pybind11::object encode_, keep_;  // (released with the GIL held: the memo's entries go in its calls from Python)
+  std::mutex mutex_;
+};
+
+}  // namespace
