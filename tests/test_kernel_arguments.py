@@ -308,15 +308,17 @@ def test_the_tma_epilogue_cases_have_a_described_launch_and_one_that_is_not():
     assert any(described) and not all(described)
 
 
+@pytest.mark.parametrize("writer", ["python", pytest.param("memo", marks=pytest.mark.native)])
 @pytest.mark.parametrize("config, problem, misaligned", TMA_EPILOGUE_CASES,
                          ids=[f"{c.name}-{p.key}{'-misaligned' * m}" for c, p, m in TMA_EPILOGUE_CASES])
 def test_a_described_tma_launch_written_as_linears_memo_writes_it_is_the_python_launchs(config, problem, misaligned,
-                                                                                        monkeypatch):
+                                                                                        writer, monkeypatch, request):
     """What linear's C++ memo writes into a Hopper launcher's `native_description` bytes per call
-    (serving/native_prepared_kernel.h), done here in Python: the maps of the call's A, B and C, C's pointer, the
-    bias's and the residual's, the C-mapped flag, alpha 1 and beta 0, at the offsets the description names. Every
-    argument then holds the bytes the Python launch gives the kernel. None where a launch needs more than those
-    (a scaled product's scales, split-K's workspace, a dependent grid)."""
+    (serving/native_prepared_kernel.h): the maps of the call's A, B and C, C's pointer, the bias's and the
+    residual's, the C-mapped flag, alpha 1 and beta 0, at the offsets the description names; written by the memo
+    itself (`kernel_arguments`: no launch, no GPU), and in Python, which says what is meant. Every argument then
+    holds the bytes the Python launch gives the kernel. None where a launch needs more than those (a scaled
+    product's scales, split-K's workspace, a dependent grid, copies of misaligned operands)."""
     import struct
 
     launched = _record_launches(monkeypatch)
@@ -336,19 +338,28 @@ def test_a_described_tma_launch_written_as_linears_memo_writes_it_is_the_python_
     kernel = launched[-1]
     assert (function, grid, block, smem) == (0, (132, 1, 1), (config.threads, 1, 1), config.smem_bytes(problem))
     assert keep is launch or getattr(keep, "native_description", None) is not None
-    memory = bytearray(raw)
-    by_role = {order[0]: PA, order[1]: PB}
-    for role in (0, 1):
-        memory[maps[role]:maps[role] + 128] = encode(role, by_role[role])
-    mapped = maps[2] is not None
-    if mapped:
-        memory[maps[2]:maps[2] + 128] = encode(2, PC)
-    struct.pack_into("<i", memory, at_c_mapped, int(mapped))
-    for at, pointer in ((at_c, PC), (at_bias, PBIAS), (at_residual, PRESIDUAL)):
-        struct.pack_into("<Q", memory, at, pointer)
-    scalar = {4: "<f", 8: "<d"}[scalar_bytes]
-    struct.pack_into(scalar, memory, at_alpha, 1.0)
-    struct.pack_into(scalar, memory, at_beta, 0.0)
+    if writer == "memo":
+        request.getfixturevalue("memo_type")  # (skips where the memo cannot be built here)
+        from autogemm.serving import native_linear
+
+        # (a kernel that was never loaded, at a made-up address; TorchFusedEpiloguePlan adds the output's shape, the
+        # alignment the kernel assumes and the device)
+        memory = native_linear.load().kernel_arguments((0x1234, *described[1:], (problem.m, problem.n), (0, 0), 0),
+                                                       PA, PB, PC, PBIAS, PRESIDUAL)
+    else:
+        memory = bytearray(raw)
+        by_role = {order[0]: PA, order[1]: PB}
+        for role in (0, 1):
+            memory[maps[role]:maps[role] + 128] = encode(role, by_role[role])
+        mapped = maps[2] is not None
+        if mapped:
+            memory[maps[2]:maps[2] + 128] = encode(2, PC)
+        struct.pack_into("<i", memory, at_c_mapped, int(mapped))
+        for at, pointer in ((at_c, PC), (at_bias, PBIAS), (at_residual, PRESIDUAL)):
+            struct.pack_into("<Q", memory, at, pointer)
+        scalar = {4: "<f", 8: "<d"}[scalar_bytes]
+        struct.pack_into(scalar, memory, at_alpha, 1.0)
+        struct.pack_into(scalar, memory, at_beta, 0.0)
     given = kernel.arguments()
     assert len(offsets) == len(kernel.parameters)
     for name, offset in zip(kernel.parameters, offsets):

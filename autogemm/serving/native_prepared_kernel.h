@@ -46,6 +46,19 @@ class PreparedKernel {
   // loaded, the output's shape, x's and the weight's addresses modulo 16 as the kernel assumes them, the
   // device); null where it does not describe a launch this code can make (`why` says so).
   static std::unique_ptr<PreparedKernel> prepare(pybind11::handle launch, std::string& why) {
+    std::unique_ptr<PreparedKernel> p = parse(launch, why);
+    if (!p) return nullptr;
+    if (launch_kernel() == nullptr) {
+      why = "no cuLaunchKernel in this process's CUDA driver";
+      return nullptr;
+    }
+    why = no_current_stream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(p->device_)));
+    return why.empty() ? std::move(p) : nullptr;
+  }
+
+  // `prepare`'s reading of the tuple alone, which needs no GPU (tests/test_native_linear.py writes a call's
+  // arguments through it on the CPU)
+  static std::unique_ptr<PreparedKernel> parse(pybind11::handle launch, std::string& why) {
     namespace py = pybind11;
     std::unique_ptr<PreparedKernel> p(new PreparedKernel());
     try {
@@ -111,12 +124,7 @@ class PreparedKernel {
       why = std::string("not a kernel's launch: ") + error.what();
       return nullptr;
     }
-    if (launch_kernel() == nullptr) {
-      why = "no cuLaunchKernel in this process's CUDA driver";
-      return nullptr;
-    }
-    why = no_current_stream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(p->device_)));
-    return why.empty() ? std::move(p) : nullptr;
+    return p;
   }
 
   PreparedKernel(const PreparedKernel&) = delete;
@@ -134,22 +142,11 @@ class PreparedKernel {
     const uintptr_t px = reinterpret_cast<uintptr_t>(x.data_ptr()), pw = reinterpret_cast<uintptr_t>(w.data_ptr());
     if (px % 16 != alignment_x_ || pw % 16 != alignment_w_) return at::Tensor();
     at::Tensor y = at::empty(output_sizes_, x.options());
-    const uintptr_t py = reinterpret_cast<uintptr_t>(y.data_ptr());
+    const uintptr_t pb = b.defined() ? reinterpret_cast<uintptr_t>(b.data_ptr()) : 0;
+    const uintptr_t pr = r.defined() ? reinterpret_cast<uintptr_t>(r.data_ptr()) : 0;
     std::lock_guard<std::mutex> hold(mutex_);  // (the bytes are rewritten per call; the driver copies them)
+    if (!write(px, pw, reinterpret_cast<uintptr_t>(y.data_ptr()), pb, pr)) return at::Tensor();
     char* bytes = reinterpret_cast<char*>(arguments_.data());
-    const uintptr_t by_role[2] = {x_role_ == 0 ? px : pw, x_role_ == 0 ? pw : px};
-    for (size_t role = 0; role < 2; ++role) {
-      if (!point(role, by_role[role], bytes)) return at::Tensor();  // (TMA cannot address it: Python names it)
-    }
-    const int32_t c_mapped = map_at_[2] != kNone && point(2, py, bytes) ? 1 : 0;
-    std::memcpy(bytes + c_mapped_at_, &c_mapped, sizeof(c_mapped));
-    const uint64_t pointers[3] = {py, b.defined() ? reinterpret_cast<uintptr_t>(b.data_ptr()) : 0,
-                                  r.defined() ? reinterpret_cast<uintptr_t>(r.data_ptr()) : 0};
-    std::memcpy(bytes + c_at_, &pointers[0], sizeof(uint64_t));
-    std::memcpy(bytes + bias_at_, &pointers[1], sizeof(uint64_t));
-    std::memcpy(bytes + residual_at_, &pointers[2], sizeof(uint64_t));
-    write_scalar(bytes + alpha_at_, 1.0);
-    write_scalar(bytes + beta_at_, 0.0);
     c10::SmallVector<void*, 64> parameters;
     for (size_t offset : offsets_) parameters.push_back(bytes + offset);
     void* stream = current_stream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_)));
@@ -160,6 +157,31 @@ class PreparedKernel {
                                std::to_string(status) + ")");
     }
     return y;
+  }
+
+  // A call's arguments written into the bytes (`arguments`): the maps of x's and the weight's addresses in their
+  // roles and of the output's (C-mapped where TMA can address it), the output's, bias's and residual's pointers
+  // (0: none), alpha 1 and beta 0; false where TMA cannot address x or the weight there. The caller holds mutex_.
+  bool write(uintptr_t px, uintptr_t pw, uintptr_t py, uintptr_t pb, uintptr_t pr) {
+    char* bytes = reinterpret_cast<char*>(arguments_.data());
+    const uintptr_t by_role[2] = {x_role_ == 0 ? px : pw, x_role_ == 0 ? pw : px};
+    for (size_t role = 0; role < 2; ++role) {
+      if (!point(role, by_role[role], bytes)) return false;  // (the Python route names why)
+    }
+    const int32_t c_mapped = map_at_[2] != kNone && point(2, py, bytes) ? 1 : 0;
+    std::memcpy(bytes + c_mapped_at_, &c_mapped, sizeof(c_mapped));
+    const uint64_t pointers[3] = {py, pb, pr};
+    std::memcpy(bytes + c_at_, &pointers[0], sizeof(uint64_t));
+    std::memcpy(bytes + bias_at_, &pointers[1], sizeof(uint64_t));
+    std::memcpy(bytes + residual_at_, &pointers[2], sizeof(uint64_t));
+    write_scalar(bytes + alpha_at_, 1.0);
+    write_scalar(bytes + beta_at_, 0.0);
+    return true;
+  }
+
+  // The arguments' bytes as they stand (for tests)
+  std::string arguments() const {
+    return std::string(reinterpret_cast<const char*>(arguments_.data()), arguments_.size() * sizeof(uint64_t));
   }
 
  private:
