@@ -268,13 +268,15 @@ def test_a_layer_whose_tune_timed_the_bias_in_the_pass_faster_is_served_so_by_bo
 
 
 @pytest.mark.parametrize("name,case", [("hopper_128x128x64_w64x128_s4_g8_k1_o1_p_ts_fa_pl_hd", "bias+gelu"),
-                                       ("hopper_128x128x64_w64x128_s4_g8_k1_o1_p", "bias+silu+residual")])
+                                       ("hopper_128x128x64_w64x128_s4_g8_k1_o1_p", "bias+silu+residual"),
+                                       ("wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o2_mma", "bias+gelu"),
+                                       ("gemv_m2_n32_k512_w8_v8_u4_s1_o1", "bias+silu+residual")])
 def test_a_layer_whose_tune_kept_a_kernel_is_launched_by_the_memo(torch, name, case):
-    """A tune of the layer with its epilogue kept a Hopper kernel (with a TMA store, and without): from the third
-    call the memo launches it itself, with the Python launcher's arguments and tensor maps and an output from
-    PyTorch's allocator: the Python route's bits, on new values, for an x at another address (its map encoded
-    then), and in a CUDA graph. An x aligned otherwise than the kernel assumes is declined, and the Python route
-    serves it."""
+    """A tune of the layer with its epilogue kept a generated kernel (Hopper's, with a TMA store and without; an
+    mma and a gemv kernel, which take A and B as pointers): from the third call the memo launches it itself, with
+    the Python launcher's arguments (and tensor maps) and an output from PyTorch's allocator: the Python route's
+    bits, on new values, for an x at another address (its map encoded then), and in a CUDA graph. An x aligned
+    otherwise than the kernel assumes is declined, and the Python route serves it."""
     from test_gpu_capture import _record
 
     from autogemm.epilogue import Epilogue

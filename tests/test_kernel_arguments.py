@@ -291,34 +291,39 @@ def test_a_kind_that_passes_no_epilogue_refuses_a_problem_with_one(monkeypatch):
         launcher(prepared, operand, operand, operand, ordinal=0)
 
 
-# ---- linear's C++ memo: a Hopper launch as native_description describes it ------------------------------------
-
-TMA_EPILOGUE_CASES = [case for case in EPILOGUE_CASES if case[0].launch_kind == LaunchKind.TMA]
+# ---- linear's C++ memo: a launch as native_description describes it ----------------------------------------------
 
 
 def _needs_more(config, problem: Problem, misaligned: bool) -> bool:
-    """Whether a launch needs more than cuLaunchKernel and the arguments the memo writes: a scaled product's
-    scales, split-K's workspace, a dependent grid, or copies of misaligned operands first (repacking)."""
-    return bool(problem.epilogue.scale or config.reduces_partial_sums or config.dependent_launch
-                or (config.repacks_operands and misaligned))
+    """Whether a launch needs more than one cuLaunchKernel and the arguments the memo writes: a scaled product's
+    scales, a workspace (split-K's partial sums, or its reduction after the kernel), a dependent grid, or copies
+    of misaligned operands first. (A split-K cluster adds its splits up itself: one launch.)"""
+    one_launch = {LaunchKind.TMA: not getattr(config, "reduces_partial_sums", False),
+                  LaunchKind.TILES: getattr(config, "split_k", 1) == 1, LaunchKind.SPLIT_K_CLUSTER: True}
+    return bool(problem.epilogue.scale or getattr(config, "dependent_launch", False)
+                or not one_launch.get(config.launch_kind, False) or (config.repacks_operands and misaligned))
 
 
-def test_the_tma_epilogue_cases_have_a_described_launch_and_one_that_is_not():
-    described = [not _needs_more(*case) for case in TMA_EPILOGUE_CASES]
-    assert any(described) and not all(described)
+def test_the_epilogue_cases_have_described_launches_of_each_kind_and_some_that_are_not():
+    described = {config.launch_kind for config, problem, misaligned in EPILOGUE_CASES
+                 if not _needs_more(config, problem, misaligned)}
+    assert described == {LaunchKind.TMA, LaunchKind.TILES, LaunchKind.SPLIT_K_CLUSTER}
+    assert any(_needs_more(*case) for case in EPILOGUE_CASES)
+    assert any(config.swaps_operands and not _needs_more(config, problem, misaligned)
+               for config, problem, misaligned in EPILOGUE_CASES)
 
 
 @pytest.mark.parametrize("writer", ["python", pytest.param("memo", marks=pytest.mark.native)])
-@pytest.mark.parametrize("config, problem, misaligned", TMA_EPILOGUE_CASES,
-                         ids=[f"{c.name}-{p.key}{'-misaligned' * m}" for c, p, m in TMA_EPILOGUE_CASES])
-def test_a_described_tma_launch_written_as_linears_memo_writes_it_is_the_python_launchs(config, problem, misaligned,
-                                                                                        writer, monkeypatch, request):
-    """What linear's C++ memo writes into a Hopper launcher's `native_description` bytes per call
-    (serving/native_prepared_kernel.h): the maps of the call's A, B and C, C's pointer, the bias's and the
-    residual's, the C-mapped flag, alpha 1 and beta 0, at the offsets the description names; written by the memo
-    itself (`kernel_arguments`: no launch, no GPU), and in Python, which says what is meant. Every argument then
-    holds the bytes the Python launch gives the kernel. None where a launch needs more than those (a scaled
-    product's scales, split-K's workspace, a dependent grid, copies of misaligned operands)."""
+@pytest.mark.parametrize("config, problem, misaligned", EPILOGUE_CASES,
+                         ids=[f"{c.name}-{p.key}{'-misaligned' * m}" for c, p, m in EPILOGUE_CASES])
+def test_a_described_launch_written_as_linears_memo_writes_it_is_the_python_launchs(config, problem, misaligned,
+                                                                                    writer, monkeypatch, request):
+    """What linear's C++ memo writes into a launcher's `native_description` bytes per call
+    (serving/native_prepared_kernel.h): A and B (each as a tensor map or a pointer), C's map where it has one
+    and the C-mapped flag, C's pointer, the bias's and the residual's, alpha 1 and beta 0, at the offsets the
+    description names; written by the memo itself (`kernel_arguments`: no launch, no GPU), and in Python, which
+    says what is meant. Every argument then holds the bytes the Python launch gives the kernel. None where a
+    launch needs more than those (`_needs_more`)."""
     import struct
 
     launched = _record_launches(monkeypatch)
@@ -332,11 +337,12 @@ def test_a_described_tma_launch_written_as_linears_memo_writes_it_is_the_python_
     if _needs_more(config, problem, misaligned):
         assert described is None
         return
-    function, grid, block, smem, raw, offsets, maps, at_c, at_bias, at_residual, at_c_mapped, at_alpha, at_beta, \
-        scalar_bytes, order, encode, keep = described
+    function, grid, block, smem, raw, offsets, maps, pointers, at_c, at_bias, at_residual, at_c_mapped, at_alpha, \
+        at_beta, scalar_bytes, order, encode, keep = described
     launch(PA, PB, PC, 1.0, 0.0, SimpleNamespace(ptr=0), PBIAS, PRESIDUAL)
     kernel = launched[-1]
-    assert (function, grid, block, smem) == (0, (132, 1, 1), (config.threads, 1, 1), config.smem_bytes(problem))
+    prepared = _prepared(config, problem, source)
+    assert (function, grid, block, smem) == (0, prepared.grid, prepared.block, prepared.smem)
     assert keep is launch or getattr(keep, "native_description", None) is not None
     if writer == "memo":
         request.getfixturevalue("memo_type")  # (skips where the memo cannot be built here)
@@ -350,11 +356,14 @@ def test_a_described_tma_launch_written_as_linears_memo_writes_it_is_the_python_
         memory = bytearray(raw)
         by_role = {order[0]: PA, order[1]: PB}
         for role in (0, 1):
-            memory[maps[role]:maps[role] + 128] = encode(role, by_role[role])
-        mapped = maps[2] is not None
-        if mapped:
+            if maps[role] is not None:
+                memory[maps[role]:maps[role] + 128] = encode(role, by_role[role])
+            else:
+                struct.pack_into("<Q", memory, pointers[role], by_role[role])
+        if maps[2] is not None:
             memory[maps[2]:maps[2] + 128] = encode(2, PC)
-        struct.pack_into("<i", memory, at_c_mapped, int(mapped))
+        if at_c_mapped is not None:
+            struct.pack_into("<i", memory, at_c_mapped, int(maps[2] is not None))
         for at, pointer in ((at_c, PC), (at_bias, PBIAS), (at_residual, PRESIDUAL)):
             struct.pack_into("<Q", memory, at, pointer)
         scalar = {4: "<f", 8: "<d"}[scalar_bytes]

@@ -216,8 +216,8 @@ def _kernel_launch(**changed):
     """A tuned kernel's launch as TorchFusedEpiloguePlan.native_launch describes it (a CUfunction that is never
     launched; three 128-byte maps, then C, the bias, the residual, the C-mapped flag, alpha and beta)."""
     parts = dict(function=0x1234, grid=(132, 1, 1), block=(384, 1, 1), shared=200_000, bytes=bytes(432),
-                 offsets=(0, 128, 256, 384, 392, 400, 408, 412, 416), maps=(0, 128, 256), c=384, bias=392,
-                 residual=400, c_mapped=408, alpha=412, beta=416, scalar_bytes=4, order=(0, 1),
+                 offsets=(0, 128, 256, 384, 392, 400, 408, 412, 416), maps=(0, 128, 256), pointers=(None, None),
+                 c=384, bias=392, residual=400, c_mapped=408, alpha=412, beta=416, scalar_bytes=4, order=(0, 1),
                  encode=lambda role, address: bytes(128), keep=object(), output=(24, 192), alignment=(0, 0),
                  device=0)
     parts.update(changed)
@@ -229,20 +229,23 @@ def _kernel_launch(**changed):
     (dict(bytes=bytes(436)), "arguments' bytes"),
     (dict(offsets=(0, 432)), "an argument's offset past its bytes"),
     (dict(maps=(0, 128, 320)), "a map's offset not in its bytes"),
-    (dict(maps=(0, 128)), "the offsets of 3 maps"),
+    (dict(maps=(0, 128)), "the offsets of 3 maps and 2 pointers"),
+    (dict(pointers=(384, None)), "A and B each as a map or as a pointer"),
+    (dict(maps=(None, 128, 256)), "A and B each as a map or as a pointer"),
+    (dict(c_mapped=None), "a C map with no flag"),
     (dict(residual=428), "the residual's offset not in its bytes"),
     (dict(scalar_bytes=2), "alpha and beta of 4 or 8 bytes"),
     (dict(order=(2, 0)), "x's role 0 or 1"),
-    (dict(encode=None), "no encoder of maps"),
+    (dict(encode=None), "maps but no encoder of them"),
     (dict(alignment=(16, 0)), "no kernel, arguments, output or device"),
     (dict(output=()), "no kernel, arguments, output or device"),
     (dict(function=0), "no kernel"),
-    (dict(device=None), "a kernel's launch has 20 parts"),  # (one part fewer)
+    (dict(device="one part fewer"), "a kernel's launch has 21 parts"),
 ])
 def test_a_kernel_launch_that_describes_no_launch_is_not_filed_and_says_why(memo_type, changed, named):
     x, w, bias, _ = _layer(dtype=torch.bfloat16)
     launch = _kernel_launch(**changed)
-    if changed.get("device", 0) is None:
+    if changed.get("device") == "one part fewer":
         launch = launch[:-1]
     memo = memo_type(8)
     assert not memo.file(x, w, bias, "gelu", None, kernel_launch=launch)
@@ -252,6 +255,10 @@ def test_a_kernel_launch_that_describes_no_launch_is_not_filed_and_says_why(memo
     if not torch.cuda.is_available():
         assert not memo.file(x, w, bias, "gelu", None, kernel_launch=_kernel_launch())
         assert "no cuLaunchKernel" in memo.unprepared_why() and len(memo) == 0
+        # (nor one whose A and B go as pointers: a kernel of another kind than Hopper's, with no maps)
+        pointed = _kernel_launch(maps=(None, None, None), pointers=(0, 8), c_mapped=None, encode=None)
+        assert not memo.file(x, w, bias, "gelu", None, kernel_launch=pointed)
+        assert "no cuLaunchKernel" in memo.unprepared_why()
     assert not memo_type(8, prepare=False).file(x, w, bias, "gelu", None, kernel_launch=_kernel_launch())
 
 

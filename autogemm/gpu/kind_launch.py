@@ -19,7 +19,8 @@ from ..families import GemmConfig, LaunchKind
 from ..kernels.compile import CompiledKernel
 from ..problem import Device, Problem
 from .operands import KernelOperand
-from .packed_launch import WORKSPACES, compiled_kernel, current_stream_pointer, epilogue_arguments
+from .packed_launch import (WORKSPACES, compiled_kernel, current_stream_pointer, epilogue_arguments,
+                            native_description_of)
 from .prepared import PreparedGemm
 from .tma_launch import resident_clusters, tma_launcher
 
@@ -67,6 +68,9 @@ def _direct_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand,
                 scalars[alpha_at], scalars[beta_at] = alpha, beta
                 launch_kernel(stream_pointer)
 
+        # (linear's C++ memo makes this launch itself where a tune kept the kernel: A and B go as pointers)
+        launch_with_epilogue.native_description = lambda order=(0, 1): None if kernel.dependent else \
+            native_description_of(kernel, _scalar_type(prepared.problem), order, launch_with_epilogue)
         return launch_with_epilogue
 
     def launch(pa, pb, pc, alpha, beta, stream=None):

@@ -170,6 +170,24 @@ class PackedKernel:
                 for i, (name, (array, position)) in enumerate(zip(self.parameters, self._slots))}
 
 
+def native_description_of(kernel: PackedKernel, scalar: Any, order: tuple[int, int], launch: Any,
+                          maps: tuple = (None, None, None), c_mapped: str | None = None, encode: Any = None) -> tuple:
+    """What linear's C++ memo needs to make a launcher's launch of `kernel` itself (serving/
+    native_prepared_kernel.h), a kernel that writes D with an epilogue in one launch: `kernel.packed()`; the
+    offsets of the A, B and C tensor maps (None each where the operand goes as a pointer; `maps` names them), of
+    the A and B pointers (None where they go as maps), of C's pointer, the bias's, the residual's, the C-mapped
+    flag (int32; None: the kernel has none), alpha and beta; the bytes of alpha's type (`scalar`); `order`, the
+    kernel's roles the launch's first and second pointers take (a launcher that swaps the operands: (1, 0));
+    `encode(role, address)`, the map of an operand at an address (None where there are no maps); and `launch`,
+    which keeps the kernel loaded while the memo holds it."""
+    offset = kernel.offset
+    map_at = tuple(None if name is None else offset(name) for name in maps)
+    pointer_at = tuple(offset(name) if at is None else None for name, at in zip("AB", map_at[:2]))
+    return (*kernel.packed(), map_at, pointer_at, offset("C"), offset("bias"), offset("residual"),
+            None if c_mapped is None else offset(c_mapped), offset("alpha"), offset("beta"), np.dtype(scalar).itemsize,
+            tuple(order), encode, launch)
+
+
 def epilogue_arguments(problem: Any, residual: Any) -> dict[str, Any]:
     """The arguments a kernel that applies `problem`'s epilogue takes after its own (common.cuh.j2's
     epilogue_parameters), by name: the bias's and the residual's pointers (set per launch; a scaled

@@ -19,7 +19,8 @@ from . import tensor_maps
 from ..kernels.compile import CompiledKernel, CompileError
 from ..families import GemmConfig
 from .operands import KernelOperand
-from .packed_launch import WORKSPACES, compiled_kernel, current_stream_pointer, epilogue_arguments
+from .packed_launch import (WORKSPACES, compiled_kernel, current_stream_pointer, epilogue_arguments,
+                            native_description_of)
 from .prepared import PreparedGemm
 from ..problem import Problem
 from .tensor_maps import MAP_DTYPE, TensorMapCache, TensorMapError, TiledLayout
@@ -200,19 +201,14 @@ def tma_launcher(prepared: PreparedGemm, a: KernelOperand, b: KernelOperand, c: 
             return None
 
     def native_description(order: tuple[int, int] = (0, 1)) -> tuple | None:
-        """What linear's C++ memo needs to make this launch itself (serving/native_prepared_kernel.h): the packed
-        kernel's `packed()`; the offsets of the A, B and C maps (C's None without a TMA store), of C's pointer,
-        the bias's and the residual's, the C-mapped flag (int32), alpha and beta, and the bytes of alpha's type;
-        `order`, the roles the launch's first and second pointers take; `encode`; and `launch`, which keeps the
-        kernel loaded while the memo holds it. None where a launch needs more than cuLaunchKernel and those
-        arguments: a dependent grid, split-K's workspace, a grouped or scaled product, no epilogue."""
+        """What linear's C++ memo needs to make this launch itself (packed_launch.native_description_of's tuple:
+        A, B and, with a TMA store, C as maps, from `encode`). None where a launch needs more than cuLaunchKernel
+        and those arguments: a dependent grid, split-K's workspace, a grouped or scaled product, no epilogue."""
         if kernel.dependent or partials_at is not None or group_offsets_at is not None or scale_a_at is not None \
                 or scales_outer_at is not None or bias_at is None:
             return None
-        offset = kernel.offset
-        return (*kernel.packed(), (offset("map_a"), offset("map_b"), offset("map_c") if maps_c is not None else None),
-                offset("C"), offset("bias"), offset("residual"), offset("c_mapped"), offset("alpha"), offset("beta"),
-                np.dtype(scalar).itemsize, tuple(order), encode, launch)
+        maps = ("map_a", "map_b", "map_c" if maps_c is not None else None)
+        return native_description_of(kernel, scalar, order, launch, maps=maps, c_mapped="c_mapped", encode=encode)
 
     launch.native_description = native_description
     return launch

@@ -78,8 +78,9 @@ class TorchFusedEpiloguePlan:
     def native_launch(self) -> tuple | None:
         """The launch as linear's C++ memo makes it itself (serving/native_prepared_kernel.h's PreparedKernel):
         the launcher's `native_description`, then the output's shape, the alignment of A's and B's addresses
-        the kernel assumes (modulo 16) and the device; None where the launcher cannot be described (not a
-        Hopper kernel's, a repacking one, a workspace or a dependent grid: tma_launch) or a tune with the
+        the kernel assumes (modulo 16) and the device; None where the launcher cannot be described (more than
+        one launch, a workspace, copies of operands or a dependent grid: packed_launch.native_description_of's
+        callers) or a tune with the
         epilogue did not choose the config (the bare GEMM's choice follows its guard, which the memo would not
         see). Made once."""
         if self._native is None:

@@ -13,9 +13,9 @@ empties linear's other memos (a tune, a plan retired or replaced). What runs for
 with the bias, then the activation and the residual in place: eager's bits), or the Python route's own (its
 cuBLASLt call with the residual as C; for a layer with a pass on more than MAX_OUTPUT_WITH_PASS output elements
 or on one token, F.linear and then that pass, launched from C++: that route's bits), on any operands the key
-admits; or, where a tune with the layer's epilogue kept a generated kernel, that kernel (a Hopper kernel's
-launch, its arguments and tensor maps as the Python launcher packs them, launched from C++: from Python, such a layer of
-50 us on the GPU ran 0.876x eager one call at a time on the seed-3954 draw, the host time before its launch). Where
+admits; or, where a tune with the layer's epilogue kept a generated kernel, that kernel (its launch, arguments
+and tensor maps as the Python launcher packs them, launched from C++: from Python, such a layer of 50 us on the
+GPU ran 0.876x eager one call at a time on the seed-3954 draw, the host time before its launch). Where
 F.linear would run cuBLASLt's BIAS epilogue, the key holds that call prepared (its descriptors and algorithm made
 once, with PyTorch's workspace size and alignment, so that the heuristic picks F.linear's kernel): F.linear
 builds them and asks the heuristic on every call. A key whose route is the Python route's holds that route's

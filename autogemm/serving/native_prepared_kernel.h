@@ -2,15 +2,15 @@
 // includes this: one translation unit).
 //
 // Where a tune of a layer with its epilogue kept a generated kernel, the Python route launches it
-// (serving/fused_epilogue.py: TorchFusedEpiloguePlan): its key, checks, output and the launcher's writes cost
-// tens of microseconds of host time before the launch, which a single call on an idle GPU waits through (on the
+// (serving/fused_epilogue.py: TorchFusedEpiloguePlan): its key, checks, output and the launcher's writes are
+// host time before the launch, which a single call on an idle GPU waits through (on the
 // seed-3954 draw, BF16 32x18176x4544 with GELU: 92.2 us one call at a time, where eager took 80.8 at the same
-// GPU time). A key of such a layer holds the launch as the Hopper launcher packs it (tma_launch's
-// native_description: the kernel, its grid, block and shared memory, its arguments' bytes and where the tensor
-// maps, pointers and scalars go in them), and the memo makes it itself: the output from PyTorch's allocator,
-// the maps of the call's addresses (from a few kept per operand; a new address asks the launcher's own cache,
-// in Python), then cuLaunchKernel on PyTorch's current stream. The kernel and its arguments are the Python
-// route's: the same bits.
+// GPU time). A key of such a layer holds the launch as the launcher packs it (packed_launch.native_description_of:
+// the kernel, its grid, block and shared memory, its arguments' bytes and where the operands, tensor maps and
+// scalars go in them; a Hopper kernel's or a one-launch kernel's of the other kinds), and the memo makes it
+// itself: the output from PyTorch's allocator, the maps of the call's addresses where the kernel takes maps (from a
+// few kept per operand; a new address asks the launcher's own cache, in Python), then cuLaunchKernel on PyTorch's
+// current stream. The kernel and its arguments are the Python route's: the same bits.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -39,12 +39,13 @@ class PreparedKernel {
   static constexpr size_t kRecentMaps = 8;           // maps kept per operand role (tma_launch's RECENT_MAPS)
   static constexpr size_t kNone = static_cast<size_t>(-1);
 
-  // The launch of `launch`, TorchFusedEpiloguePlan.native_launch's tuple: (the CUfunction's address, grid, block,
-  // shared bytes, the packed arguments' bytes, each argument's offset, the offsets of the A, B and C maps (C's
-  // None: no TMA store), of C's pointer, the bias's, the residual's, the C-mapped flag, alpha, beta, alpha's
-  // bytes, the roles of x's and the weight's pointers, the maps' encoder, the launcher that keeps the kernel
-  // loaded, the output's shape, x's and the weight's addresses modulo 16 as the kernel assumes them, the
-  // device); null where it does not describe a launch this code can make (`why` says so).
+  // The launch of `launch`, TorchFusedEpiloguePlan.native_launch's tuple (gpu/packed_launch.py's
+  // native_description_of, then three parts): (the CUfunction's address, grid, block, shared bytes, the packed
+  // arguments' bytes, each argument's offset, the offsets of the A, B and C maps (None: not a map), of the A and
+  // B pointers (None: a map), of C's pointer, the bias's, the residual's, the C-mapped flag (None: none), alpha,
+  // beta, alpha's bytes, the kernel's roles of x's and the weight's pointers, the maps' encoder, the launcher
+  // that keeps the kernel loaded, the output's shape, x's and the weight's addresses modulo 16 as the kernel
+  // assumes them, the device); null where it does not describe a launch this code can make (`why` says so).
   static std::unique_ptr<PreparedKernel> prepare(pybind11::handle launch, std::string& why) {
     std::unique_ptr<PreparedKernel> p = parse(launch, why);
     if (!p) return nullptr;
@@ -63,7 +64,7 @@ class PreparedKernel {
     std::unique_ptr<PreparedKernel> p(new PreparedKernel());
     try {
       const py::tuple t = py::reinterpret_borrow<py::tuple>(launch);
-      if (t.size() != 20) throw std::invalid_argument("a kernel's launch has 20 parts");
+      if (t.size() != 21) throw std::invalid_argument("a kernel's launch has 21 parts");
       p->function_ = reinterpret_cast<void*>(t[0].cast<uintptr_t>());
       const py::tuple grid = t[1].cast<py::tuple>(), block = t[2].cast<py::tuple>();
       if (grid.size() != 3 || block.size() != 3) throw std::invalid_argument("a grid and a block of 3");
@@ -88,34 +89,41 @@ class PreparedKernel {
         if (at + size > bytes.size()) throw std::invalid_argument(std::string(what) + "'s offset not in its bytes");
         return at;
       };
-      const py::tuple maps = t[6].cast<py::tuple>();
-      if (maps.size() != 3) throw std::invalid_argument("the offsets of 3 maps");
+      const py::tuple maps = t[6].cast<py::tuple>(), pointers = t[7].cast<py::tuple>();
+      if (maps.size() != 3 || pointers.size() != 2) throw std::invalid_argument("the offsets of 3 maps and 2 pointers");
       for (size_t role = 0; role < 3; ++role) {
-        p->map_at_[role] = maps[role].is_none() && role == 2 ? kNone
-                                                              : inside(maps[role].cast<size_t>(), kMapBytes, "a map");
+        if (!maps[role].is_none()) p->map_at_[role] = inside(maps[role].cast<size_t>(), kMapBytes, "a map");
+        if (role < 2 && !pointers[role].is_none()) {
+          p->pointer_at_[role] = inside(pointers[role].cast<size_t>(), sizeof(uint64_t), "an operand's pointer");
+        }
+        if (role < 2 && (p->map_at_[role] == kNone) == (p->pointer_at_[role] == kNone)) {
+          throw std::invalid_argument("A and B each as a map or as a pointer");
+        }
       }
-      p->c_at_ = inside(t[7].cast<size_t>(), sizeof(uint64_t), "C");
-      p->bias_at_ = inside(t[8].cast<size_t>(), sizeof(uint64_t), "the bias");
-      p->residual_at_ = inside(t[9].cast<size_t>(), sizeof(uint64_t), "the residual");
-      p->c_mapped_at_ = inside(t[10].cast<size_t>(), sizeof(int32_t), "the C-mapped flag");
-      p->scalar_bytes_ = t[13].cast<size_t>();
+      p->c_at_ = inside(t[8].cast<size_t>(), sizeof(uint64_t), "C");
+      p->bias_at_ = inside(t[9].cast<size_t>(), sizeof(uint64_t), "the bias");
+      p->residual_at_ = inside(t[10].cast<size_t>(), sizeof(uint64_t), "the residual");
+      if (!t[11].is_none()) p->c_mapped_at_ = inside(t[11].cast<size_t>(), sizeof(int32_t), "the C-mapped flag");
+      if (p->map_at_[2] != kNone && p->c_mapped_at_ == kNone) throw std::invalid_argument("a C map with no flag");
+      p->scalar_bytes_ = t[14].cast<size_t>();
       if (p->scalar_bytes_ != sizeof(float) && p->scalar_bytes_ != sizeof(double)) {
         throw std::invalid_argument("alpha and beta of 4 or 8 bytes");
       }
-      p->alpha_at_ = inside(t[11].cast<size_t>(), p->scalar_bytes_, "alpha");
-      p->beta_at_ = inside(t[12].cast<size_t>(), p->scalar_bytes_, "beta");
-      const py::tuple order = t[14].cast<py::tuple>();
+      p->alpha_at_ = inside(t[12].cast<size_t>(), p->scalar_bytes_, "alpha");
+      p->beta_at_ = inside(t[13].cast<size_t>(), p->scalar_bytes_, "beta");
+      const py::tuple order = t[15].cast<py::tuple>();
       p->x_role_ = order.size() == 2 ? order[0].cast<int>() : -1;
       if (p->x_role_ != 0 && p->x_role_ != 1) throw std::invalid_argument("x's role 0 or 1");
-      p->encode_ = py::reinterpret_borrow<py::object>(t[15]);
-      if (!PyCallable_Check(p->encode_.ptr())) throw std::invalid_argument("no encoder of maps");
-      p->keep_ = py::reinterpret_borrow<py::object>(t[16]);
-      for (const py::handle size : t[17].cast<py::tuple>()) p->output_sizes_.push_back(size.cast<int64_t>());
-      const py::tuple alignment = t[18].cast<py::tuple>();
+      p->encode_ = py::reinterpret_borrow<py::object>(t[16]);
+      const bool mapped = p->map_at_[0] != kNone || p->map_at_[1] != kNone || p->map_at_[2] != kNone;
+      if (mapped && !PyCallable_Check(p->encode_.ptr())) throw std::invalid_argument("maps but no encoder of them");
+      p->keep_ = py::reinterpret_borrow<py::object>(t[17]);
+      for (const py::handle size : t[18].cast<py::tuple>()) p->output_sizes_.push_back(size.cast<int64_t>());
+      const py::tuple alignment = t[19].cast<py::tuple>();
       if (alignment.size() != 2) throw std::invalid_argument("the alignment of 2 addresses");
       p->alignment_x_ = alignment[0].cast<uintptr_t>();
       p->alignment_w_ = alignment[1].cast<uintptr_t>();
-      p->device_ = t[19].cast<int64_t>();
+      p->device_ = t[20].cast<int64_t>();
       if (p->function_ == nullptr || p->offsets_.empty() || p->device_ < 0 || p->output_sizes_.empty() ||
           p->alignment_x_ >= 16 || p->alignment_w_ >= 16) {
         throw std::invalid_argument("no kernel, arguments, output or device");
@@ -164,12 +172,16 @@ class PreparedKernel {
   // (0: none), alpha 1 and beta 0; false where TMA cannot address x or the weight there. The caller holds mutex_.
   bool write(uintptr_t px, uintptr_t pw, uintptr_t py, uintptr_t pb, uintptr_t pr) {
     char* bytes = reinterpret_cast<char*>(arguments_.data());
-    const uintptr_t by_role[2] = {x_role_ == 0 ? px : pw, x_role_ == 0 ? pw : px};
+    const uint64_t by_role[2] = {x_role_ == 0 ? px : pw, x_role_ == 0 ? pw : px};
     for (size_t role = 0; role < 2; ++role) {
-      if (!point(role, by_role[role], bytes)) return false;  // (the Python route names why)
+      if (pointer_at_[role] != kNone) {
+        std::memcpy(bytes + pointer_at_[role], &by_role[role], sizeof(uint64_t));
+      } else if (!point(role, by_role[role], bytes)) {
+        return false;  // (the Python route names why)
+      }
     }
     const int32_t c_mapped = map_at_[2] != kNone && point(2, py, bytes) ? 1 : 0;
-    std::memcpy(bytes + c_mapped_at_, &c_mapped, sizeof(c_mapped));
+    if (c_mapped_at_ != kNone) std::memcpy(bytes + c_mapped_at_, &c_mapped, sizeof(c_mapped));
     const uint64_t pointers[3] = {py, pb, pr};
     std::memcpy(bytes + c_at_, &pointers[0], sizeof(uint64_t));
     std::memcpy(bytes + bias_at_, &pointers[1], sizeof(uint64_t));
@@ -222,8 +234,8 @@ class PreparedKernel {
   unsigned grid_[3] = {1, 1, 1}, block_[3] = {1, 1, 1}, shared_ = 0;
   std::vector<uint64_t> arguments_;  // (8-byte words: every argument at its natural alignment)
   std::vector<size_t> offsets_;
-  size_t map_at_[3] = {kNone, kNone, kNone};
-  size_t c_at_ = 0, bias_at_ = 0, residual_at_ = 0, c_mapped_at_ = 0, alpha_at_ = 0, beta_at_ = 0;
+  size_t map_at_[3] = {kNone, kNone, kNone}, pointer_at_[2] = {kNone, kNone};
+  size_t c_at_ = 0, bias_at_ = 0, residual_at_ = 0, c_mapped_at_ = kNone, alpha_at_ = 0, beta_at_ = 0;
   size_t scalar_bytes_ = sizeof(float);
   int x_role_ = 0;
   std::vector<int64_t> output_sizes_;
