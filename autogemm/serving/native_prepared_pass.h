@@ -82,7 +82,7 @@ class PreparedPass {
       if (pointers.size() != kPointers) throw std::invalid_argument("the offsets of 5 pointers");
       for (size_t i = 0; i < kPointers; ++i) {
         p->pointer_at_[i] = pointers[i].cast<size_t>();
-        if (p->pointer_at_[i] % sizeof(uint64_t) || p->pointer_at_[i] + sizeof(uint64_t) > bytes.size()) {
+        if (p->pointer_at_[i] % sizeof(uint64_t) || p->pointer_at_[i] > bytes.size() - sizeof(uint64_t)) {
           throw std::invalid_argument("a pointer's offset not in its bytes");
         }
       }
