@@ -194,6 +194,7 @@ def _pass_launch(**changed):
     (dict(bytes=bytes(44)), "arguments' bytes"),
     (dict(offsets=(0, 48)), "an argument's offset past its bytes"),
     (dict(pointers=(0, 8, 16, 24, 44)), "a pointer's offset not in its bytes"),
+    (dict(pointers=(0, 8, 16, 24, 2**64 - 8)), "a pointer's offset not in its bytes"),  # (past 64 bits with its 8)
     (dict(pointers=(0, 8, 16, 24)), "the offsets of 5 pointers"),
     (dict(alignment=24), "no power of 2"),
     (dict(function=0), "no kernel"),
@@ -234,6 +235,7 @@ def _kernel_launch(**changed):
     (dict(maps=(None, 128, 256)), "A and B each as a map or as a pointer"),
     (dict(c_mapped=None), "a C map with no flag"),
     (dict(residual=428), "the residual's offset not in its bytes"),
+    (dict(residual=2**64 - 64), "the residual's offset not in its bytes"),  # (past 64 bits with its 8 bytes)
     (dict(scalar_bytes=2), "alpha and beta of 4 or 8 bytes"),
     (dict(order=(2, 0)), "x's role 0 or 1"),
     (dict(encode=None), "maps but no encoder of them"),

@@ -57,8 +57,8 @@ class PreparedKernel {
     return why.empty() ? std::move(p) : nullptr;
   }
 
-  // `prepare`'s reading of the tuple alone, which needs no GPU (tests/test_native_linear.py writes a call's
-  // arguments through it on the CPU)
+  // `prepare`'s reading of the tuple alone, which needs no GPU (native_linear.cpp's kernel_arguments writes a
+  // call's arguments through it on the CPU, for tests/test_kernel_arguments.py)
   static std::unique_ptr<PreparedKernel> parse(pybind11::handle launch, std::string& why) {
     namespace py = pybind11;
     std::unique_ptr<PreparedKernel> p(new PreparedKernel());
@@ -86,7 +86,9 @@ class PreparedKernel {
         p->offsets_.push_back(at);
       }
       const auto inside = [&](size_t at, size_t size, const char* what) {
-        if (at + size > bytes.size()) throw std::invalid_argument(std::string(what) + "'s offset not in its bytes");
+        if (at > bytes.size() || size > bytes.size() - at) {  // (no sum that could wrap)
+          throw std::invalid_argument(std::string(what) + "'s offset not in its bytes");
+        }
         return at;
       };
       const py::tuple maps = t[6].cast<py::tuple>(), pointers = t[7].cast<py::tuple>();
