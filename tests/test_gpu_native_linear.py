@@ -95,6 +95,36 @@ def _without_the_memo(call):
         dispatch._DISPATCHER.native_memo = memo
 
 
+def _served_so_on_new_values(torch, x, call, fail_elsewhere, seeds: int = 2):
+    """`call` on new values in x (the same tensor), each served while `fail_elsewhere(patch)` makes every other
+    route fail the test, gives the Python route's bits: (the last output, the Python route's)."""
+    for seed in range(seeds):
+        torch.manual_seed(seed)
+        x.copy_(torch.randn_like(x))
+        expected = _without_the_memo(call)
+        with pytest.MonkeyPatch.context() as patch:
+            fail_elsewhere(patch)
+            y = call()
+        assert torch.equal(y, expected), seed
+    return y, expected
+
+
+def _captured(torch, call, fail_elsewhere):
+    """A CUDA graph of `call` (once on a side stream first, as torch.cuda.graph's warm-up asks), captured while
+    `fail_elsewhere(patch)` makes every other route fail the test: (the graph, the call's output in it)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.MonkeyPatch.context() as patch:
+        fail_elsewhere(patch)
+        with torch.cuda.graph(graph):
+            y = call()
+    return graph, y
+
+
 def test_a_cuda_graph_captures_the_memos_calls(torch, monkeypatch):
     autogemm.reset()
     x, w, bias, activation, residual = _layer(torch, "bias+silu+residual")
@@ -163,14 +193,7 @@ def test_a_large_layer_with_a_pass_is_served_by_the_memo_with_the_python_routes_
         call()
     memo = dispatch._DISPATCHER.native_memo
     assert memo.passes() == 1 and memo.prepared() == (bias is not None), memo.unprepared_why()
-    for seed in range(2):  # new values in the same tensors
-        torch.manual_seed(seed)
-        x.copy_(torch.randn_like(x))
-        expected = _without_the_memo(call)
-        with pytest.MonkeyPatch.context() as patch:
-            _python_route_fails(patch)
-            y = call()
-        assert torch.equal(y, expected), case
+    y, expected = _served_so_on_new_values(torch, x, call, _python_route_fails)
     if residual is not None:  # (eager rounds before its add; the pass once: the memo ran the pass, not eager's calls)
         assert not torch.equal(expected, _eager(torch, x, w, bias, activation, residual)), "the pass's bits are eager's"
     if bias is not None:  # (F.linear adds the bias here, as eager does: one the pass could not read is served too)
@@ -179,16 +202,7 @@ def test_a_large_layer_with_a_pass_is_served_by_the_memo_with_the_python_routes_
         expected = _without_the_memo(lambda: autogemm.linear(x, w, shifted, activation=activation, residual=residual))
         y = memo.linear(x, w, shifted, activation, residual)
         assert y is not None and torch.equal(y, expected), case
-    side = torch.cuda.Stream()  # a CUDA graph captures the memo's two calls
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with pytest.MonkeyPatch.context() as patch:
-        _python_route_fails(patch)
-        with torch.cuda.graph(graph):
-            y = call()
+    graph, y = _captured(torch, call, _python_route_fails)  # (the memo's two calls)
     x.copy_(torch.randn_like(x))
     graph.replay()
     assert torch.equal(y, _without_the_memo(call))
@@ -307,30 +321,14 @@ def test_a_layer_whose_tune_kept_a_kernel_is_launched_by_the_memo(torch, name, c
         _python_route_fails(patch)
         patch.setattr(TorchFusedEpiloguePlan, "call", lambda *args: pytest.fail("took the tuned kernel's Python route"))
 
-    for seed in range(2):  # new values in the same tensors
-        torch.manual_seed(seed)
-        x.copy_(torch.randn_like(x))
-        expected = _without_the_memo(call)
-        with pytest.MonkeyPatch.context() as patch:
-            memo_alone(patch)
-            y = call()
-        assert torch.equal(y, expected), seed
+    y, expected = _served_so_on_new_values(torch, x, call, memo_alone)
     reference = _eager(torch, x.double(), w.double(), bias.double(), activation,
                        None if residual is None else residual.double())
     assert torch.allclose(y.double(), reference, rtol=2e-2, atol=2e-2)
     moved = x.clone()  # (another address: its map is encoded by the launcher's cache on the memo's first call)
     y = memo.linear(moved, w, bias, activation, residual)
     assert y is not None and torch.equal(y, expected)
-    side = torch.cuda.Stream()  # a CUDA graph captures the memo's launch (its output from the graph's pool)
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with pytest.MonkeyPatch.context() as patch:
-        memo_alone(patch)
-        with torch.cuda.graph(graph):
-            y = call()
+    graph, y = _captured(torch, call, memo_alone)  # (the memo's launch, its output from the graph's pool)
     x.copy_(torch.randn_like(x))  # (after which `reference` is another x's)
     graph.replay()
     assert torch.equal(y, _without_the_memo(call))

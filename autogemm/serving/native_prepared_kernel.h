@@ -18,7 +18,7 @@
 #include <pybind11/pybind11.h>
 
 #include "native_cuda.h"
-#include "native_prepared_pass.h"  // (launch_kernel: cuLaunchKernel as the driver offers it)
+#include "native_prepared_pass.h"  // (launch_kernel: cuLaunchKernel as the driver offers it; PackedLaunch)
 
 #include <array>
 #include <cstdint>
@@ -65,28 +65,10 @@ class PreparedKernel {
     try {
       const py::tuple t = py::reinterpret_borrow<py::tuple>(launch);
       if (t.size() != 21) throw std::invalid_argument("a kernel's launch has 21 parts");
-      p->function_ = reinterpret_cast<void*>(t[0].cast<uintptr_t>());
-      const py::tuple grid = t[1].cast<py::tuple>(), block = t[2].cast<py::tuple>();
-      if (grid.size() != 3 || block.size() != 3) throw std::invalid_argument("a grid and a block of 3");
-      for (size_t i = 0; i < 3; ++i) {
-        p->grid_[i] = grid[i].cast<unsigned>();
-        p->block_[i] = block[i].cast<unsigned>();
-        if (p->grid_[i] == 0 || p->block_[i] == 0) throw std::invalid_argument("an empty grid or block");
-      }
-      p->shared_ = t[3].cast<unsigned>();
-      const std::string bytes = t[4].cast<std::string>();
-      if (bytes.empty() || bytes.size() > kMaxArgumentBytes || bytes.size() % sizeof(uint64_t)) {
-        throw std::invalid_argument("arguments' bytes past a kernel's");
-      }
-      p->arguments_.resize(bytes.size() / sizeof(uint64_t));
-      std::memcpy(p->arguments_.data(), bytes.data(), bytes.size());
-      for (const py::handle offset : t[5].cast<py::tuple>()) {
-        const size_t at = offset.cast<size_t>();
-        if (at >= bytes.size()) throw std::invalid_argument("an argument's offset past its bytes");
-        p->offsets_.push_back(at);
-      }
+      p->launch_ = PackedLaunch::read(t, kMaxArgumentBytes, "a kernel's");
+      const size_t bytes = p->launch_.bytes();
       const auto inside = [&](size_t at, size_t size, const char* what) {
-        if (at > bytes.size() || size > bytes.size() - at) {  // (no sum that could wrap)
+        if (at > bytes || size > bytes - at) {  // (no sum that could wrap)
           throw std::invalid_argument(std::string(what) + "'s offset not in its bytes");
         }
         return at;
@@ -126,7 +108,7 @@ class PreparedKernel {
       p->alignment_x_ = alignment[0].cast<uintptr_t>();
       p->alignment_w_ = alignment[1].cast<uintptr_t>();
       p->device_ = t[20].cast<int64_t>();
-      if (p->function_ == nullptr || p->offsets_.empty() || p->device_ < 0 || p->output_sizes_.empty() ||
+      if (p->launch_.function == nullptr || p->launch_.offsets.empty() || p->device_ < 0 || p->output_sizes_.empty() ||
           p->alignment_x_ >= 16 || p->alignment_w_ >= 16) {
         throw std::invalid_argument("no kernel, arguments, output or device");
       }
@@ -156,12 +138,8 @@ class PreparedKernel {
     const uintptr_t pr = r.defined() ? reinterpret_cast<uintptr_t>(r.data_ptr()) : 0;
     std::lock_guard<std::mutex> hold(mutex_);  // (the bytes are rewritten per call; the driver copies them)
     if (!write(px, pw, reinterpret_cast<uintptr_t>(y.data_ptr()), pb, pr)) return at::Tensor();
-    char* bytes = reinterpret_cast<char*>(arguments_.data());
-    c10::SmallVector<void*, 64> parameters;
-    for (size_t offset : offsets_) parameters.push_back(bytes + offset);
     void* stream = current_stream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_)));
-    const int status = launch_kernel()(function_, grid_[0], grid_[1], grid_[2], block_[0], block_[1], block_[2],
-                                       shared_, stream, parameters.data(), nullptr);
+    const int status = launch_.launch(reinterpret_cast<const char*>(launch_.arguments.data()), stream);
     if (status != 0) {
       throw std::runtime_error("autogemm.linear: the tuned kernel's launch failed (CUresult " +
                                std::to_string(status) + ")");
@@ -173,7 +151,7 @@ class PreparedKernel {
   // roles and of the output's (C-mapped where TMA can address it), the output's, bias's and residual's pointers
   // (0: none), alpha 1 and beta 0; false where TMA cannot address x or the weight there. The caller holds mutex_.
   bool write(uintptr_t px, uintptr_t pw, uintptr_t py, uintptr_t pb, uintptr_t pr) {
-    char* bytes = reinterpret_cast<char*>(arguments_.data());
+    char* bytes = reinterpret_cast<char*>(launch_.arguments.data());
     const uint64_t by_role[2] = {x_role_ == 0 ? px : pw, x_role_ == 0 ? pw : px};
     for (size_t role = 0; role < 2; ++role) {
       if (pointer_at_[role] != kNone) {
@@ -195,7 +173,7 @@ class PreparedKernel {
 
   // The arguments' bytes as they stand (for tests)
   std::string arguments() const {
-    return std::string(reinterpret_cast<const char*>(arguments_.data()), arguments_.size() * sizeof(uint64_t));
+    return std::string(reinterpret_cast<const char*>(launch_.arguments.data()), launch_.bytes());
   }
 
  private:
@@ -232,10 +210,7 @@ class PreparedKernel {
     }
   }
 
-  void* function_ = nullptr;
-  unsigned grid_[3] = {1, 1, 1}, block_[3] = {1, 1, 1}, shared_ = 0;
-  std::vector<uint64_t> arguments_;  // (8-byte words: every argument at its natural alignment)
-  std::vector<size_t> offsets_;
+  PackedLaunch launch_;  // (its bytes rewritten per call, under mutex_)
   size_t map_at_[3] = {kNone, kNone, kNone}, pointer_at_[2] = {kNone, kNone};
   size_t c_at_ = 0, bias_at_ = 0, residual_at_ = 0, c_mapped_at_ = kNone, alpha_at_ = 0, beta_at_ = 0;
   size_t scalar_bytes_ = sizeof(float);

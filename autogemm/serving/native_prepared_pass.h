@@ -41,6 +41,53 @@ LaunchKernel launch_kernel() {
   return launch;
 }
 
+// What every description of a launch opens with (gpu/packed_launch.py's PackedKernel.description and packed): the
+// CUfunction's address, grid, block, shared bytes, the packed arguments' bytes and each argument's offset
+struct PackedLaunch {
+  void* function = nullptr;
+  unsigned grid[3] = {1, 1, 1}, block[3] = {1, 1, 1}, shared = 0;
+  std::vector<uint64_t> arguments;  // (8-byte words: every argument at its natural alignment)
+  std::vector<size_t> offsets;
+
+  // t[0..5], checked (std::invalid_argument names the fault); `whose` names the launch ("the pass's")
+  static PackedLaunch read(const pybind11::tuple& t, size_t max_bytes, const char* whose) {
+    namespace py = pybind11;
+    PackedLaunch head;
+    head.function = reinterpret_cast<void*>(t[0].cast<uintptr_t>());
+    const py::tuple grid = t[1].cast<py::tuple>(), block = t[2].cast<py::tuple>();
+    if (grid.size() != 3 || block.size() != 3) throw std::invalid_argument("a grid and a block of 3");
+    for (size_t i = 0; i < 3; ++i) {
+      head.grid[i] = grid[i].cast<unsigned>();
+      head.block[i] = block[i].cast<unsigned>();
+      if (head.grid[i] == 0 || head.block[i] == 0) throw std::invalid_argument("an empty grid or block");
+    }
+    head.shared = t[3].cast<unsigned>();
+    const std::string bytes = t[4].cast<std::string>();
+    if (bytes.empty() || bytes.size() > max_bytes || bytes.size() % sizeof(uint64_t)) {
+      throw std::invalid_argument(std::string("arguments' bytes past ") + whose);
+    }
+    head.arguments.resize(bytes.size() / sizeof(uint64_t));
+    std::memcpy(head.arguments.data(), bytes.data(), bytes.size());
+    for (const py::handle offset : t[5].cast<py::tuple>()) {
+      const size_t at = offset.cast<size_t>();
+      if (at >= bytes.size()) throw std::invalid_argument("an argument's offset past its bytes");
+      head.offsets.push_back(at);
+    }
+    return head;
+  }
+
+  size_t bytes() const { return arguments.size() * sizeof(uint64_t); }
+
+  // cuLaunchKernel of the function with the arguments read from `bytes` (these arguments, or a copy rewritten
+  // for the call) at their offsets, on `stream`: its CUresult (the driver copies the arguments at launch)
+  int launch(const char* bytes, void* stream) const {
+    c10::SmallVector<void*, 64> parameters;
+    for (size_t offset : offsets) parameters.push_back(const_cast<char*>(bytes) + offset);
+    return launch_kernel()(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared, stream,
+                           parameters.data(), nullptr);
+  }
+};
+
 // which of the pass's pointer arguments a launch rewrites, in the order the description gives their offsets
 enum PassPointer : size_t { kProduct = 0, kOutput = 1, kSource = 2, kBias = 3, kResidual = 4, kPointers = 5 };
 
@@ -58,31 +105,13 @@ class PreparedPass {
     try {
       const py::tuple t = py::reinterpret_borrow<py::tuple>(launch);
       if (t.size() != 10) throw std::invalid_argument("a pass's launch has 10 parts");
-      p->function_ = reinterpret_cast<void*>(t[0].cast<uintptr_t>());
-      const py::tuple grid = t[1].cast<py::tuple>(), block = t[2].cast<py::tuple>();
-      if (grid.size() != 3 || block.size() != 3) throw std::invalid_argument("a grid and a block of 3");
-      for (size_t i = 0; i < 3; ++i) {
-        p->grid_[i] = grid[i].cast<unsigned>();
-        p->block_[i] = block[i].cast<unsigned>();
-        if (p->grid_[i] == 0 || p->block_[i] == 0) throw std::invalid_argument("an empty grid or block");
-      }
-      p->shared_ = t[3].cast<unsigned>();
-      const std::string bytes = t[4].cast<std::string>();
-      if (bytes.empty() || bytes.size() > kMaxArgumentBytes || bytes.size() % sizeof(uint64_t)) {
-        throw std::invalid_argument("arguments' bytes past the pass's");
-      }
-      p->arguments_.resize(bytes.size() / sizeof(uint64_t));
-      std::memcpy(p->arguments_.data(), bytes.data(), bytes.size());
-      for (const py::handle offset : t[5].cast<py::tuple>()) {
-        const size_t at = offset.cast<size_t>();
-        if (at >= bytes.size()) throw std::invalid_argument("an argument's offset past its bytes");
-        p->offsets_.push_back(at);
-      }
+      p->launch_ = PackedLaunch::read(t, kMaxArgumentBytes, "the pass's");
+      const size_t bytes = p->launch_.bytes();
       const py::tuple pointers = t[6].cast<py::tuple>();
       if (pointers.size() != kPointers) throw std::invalid_argument("the offsets of 5 pointers");
       for (size_t i = 0; i < kPointers; ++i) {
         p->pointer_at_[i] = pointers[i].cast<size_t>();
-        if (p->pointer_at_[i] % sizeof(uint64_t) || p->pointer_at_[i] > bytes.size() - sizeof(uint64_t)) {
+        if (p->pointer_at_[i] % sizeof(uint64_t) || p->pointer_at_[i] > bytes - sizeof(uint64_t)) {
           throw std::invalid_argument("a pointer's offset not in its bytes");
         }
       }
@@ -92,7 +121,7 @@ class PreparedPass {
       }
       p->device_ = t[8].cast<int64_t>();
       p->keep_ = py::reinterpret_borrow<py::object>(t[9]);
-      if (p->function_ == nullptr || p->offsets_.empty() || p->device_ < 0) {
+      if (p->launch_.function == nullptr || p->launch_.offsets.empty() || p->device_ < 0) {
         throw std::invalid_argument("no kernel, arguments or device");
       }
     } catch (const std::exception& error) {  // (py::cast_error too)
@@ -136,17 +165,15 @@ class PreparedPass {
       fallback(y);
       return;
     }
-    c10::SmallVector<uint64_t, kMaxArgumentBytes / sizeof(uint64_t)> arguments(arguments_.begin(), arguments_.end());
+    c10::SmallVector<uint64_t, kMaxArgumentBytes / sizeof(uint64_t)> arguments(launch_.arguments.begin(),
+                                                                               launch_.arguments.end());
     char* bytes = reinterpret_cast<char*>(arguments.data());
     const uint64_t values[kPointers] = {output, output, output,
                                         b.defined() ? reinterpret_cast<uintptr_t>(b.data_ptr()) : 0,
                                         r.defined() ? reinterpret_cast<uintptr_t>(r.data_ptr()) : 0};
     for (size_t i = 0; i < kPointers; ++i) std::memcpy(bytes + pointer_at_[i], &values[i], sizeof(uint64_t));
-    c10::SmallVector<void*, 32> parameters;
-    for (size_t offset : offsets_) parameters.push_back(bytes + offset);
     void* stream = current_stream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_)));
-    const int status = launch_kernel()(function_, grid_[0], grid_[1], grid_[2], block_[0], block_[1], block_[2],
-                                       shared_, stream, parameters.data(), nullptr);
+    const int status = launch_.launch(bytes, stream);
     if (status != 0) {  // (the driver copies the arguments at launch: nothing of ours outlives the call)
       throw std::runtime_error("autogemm.linear: the epilogue pass's launch failed (CUresult " +
                                std::to_string(status) + ")");
@@ -156,10 +183,7 @@ class PreparedPass {
  private:
   PreparedPass() = default;
 
-  void* function_ = nullptr;
-  unsigned grid_[3] = {1, 1, 1}, block_[3] = {1, 1, 1}, shared_ = 0;
-  std::vector<uint64_t> arguments_;  // (8-byte words: every argument at its natural alignment)
-  std::vector<size_t> offsets_;
+  PackedLaunch launch_;
   size_t pointer_at_[kPointers] = {};
   uintptr_t alignment_ = 1;
   int64_t device_ = 0;
