@@ -376,18 +376,6 @@ class Memo {
   std::string last_unprepared_;
 };
 
-// A tuned kernel's launch (Memo.file's kernel_launch) with a call's arguments written as the memo writes them, for
-// the addresses of x, the weight, the output, the bias and the residual (0: none): the bytes, or None where the
-// memo would decline the call; the launch is not made, and no GPU is needed (tests/test_kernel_arguments.py).
-py::object kernel_arguments(py::handle launch, uintptr_t x, uintptr_t weight, uintptr_t output, uintptr_t bias,
-                            uintptr_t residual) {
-  std::string why;
-  auto kernel = PreparedKernel::parse(launch, why);
-  if (!kernel) throw std::invalid_argument(why);
-  if (!kernel->write(x, weight, output, bias, residual)) return py::none();
-  return py::bytes(kernel->arguments());
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

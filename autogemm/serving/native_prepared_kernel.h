@@ -223,4 +223,17 @@ class PreparedKernel {
   std::mutex mutex_;
 };
 
+// A tuned kernel's launch (Memo.file's kernel_launch) with a call's arguments written as the memo writes them, for
+// the addresses of x, the weight, the output, the bias and the residual (0: none): the bytes, or None where the
+// memo would decline the call; the launch is not made, and no GPU is needed (the module's kernel_arguments, for
+// tests/test_kernel_arguments.py).
+pybind11::object kernel_arguments(pybind11::handle launch, uintptr_t x, uintptr_t weight, uintptr_t output,
+                                  uintptr_t bias, uintptr_t residual) {
+  std::string why;
+  auto kernel = PreparedKernel::parse(launch, why);
+  if (!kernel) throw std::invalid_argument(why);
+  if (!kernel->write(x, weight, output, bias, residual)) return pybind11::none();
+  return pybind11::bytes(kernel->arguments());
+}
+
 }  // namespace
