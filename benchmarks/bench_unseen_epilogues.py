@@ -258,7 +258,8 @@ def measure_and_release(spec, index: int) -> dict:
 
 
 def served(case: str, x, w, bias, residual) -> str:
-    """What serves autogemm's GEMM (explain's source) and how its epilogue runs, and whether linear's C++ memo
+    """What serves autogemm's GEMM (explain's source), how its epilogue runs (and where F.linear's route adds the
+    bias, where that is the pass: its GEMM then runs without F.linear's prepared call), and whether linear's C++ memo
     made the timed calls (it holds the layer's key: serving/native_linear.py) or the Python route did."""
     import autogemm
     from autogemm.serving import dispatch
@@ -267,6 +268,9 @@ def served(case: str, x, w, bias, residual) -> str:
         bias=bias, activation={"bias": None, "bias+gelu": "gelu", "bias+silu": "silu"}[case])
     said = autogemm.explain(x, w.T, **keywords)
     route = said.get("epilogue", {}).get("route", "pass")
+    bias_at = said.get("epilogue", {}).get("bias")
+    if bias_at == "pass" and route != "pass":  # (F.linear's route: its bias prepared inside the call, or not)
+        route += ", the bias in the pass"
     memo = dispatch._DISPATCHER.native_memo
     by_memo = memo is not None and memo.linear(x, w, keywords.get("bias"), keywords.get("activation"),
                                                keywords.get("residual")) is not None  # (the timed call's operands)

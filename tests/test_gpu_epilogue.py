@@ -351,6 +351,7 @@ def test_epilogues_cublaslt_has_run_inside_its_gemm_from_the_second_call(dtype, 
     assert [type(p).__name__ for p in plans] == ["TorchLtEpiloguePlan"] * len(plans), plans
     said = autogemm.explain(x, w.T, bias=bias, activation=activation, residual=residual)
     assert said["epilogue"]["route"] == f"cuBLASLt {plans[0].name}"
+    assert said["epilogue"]["bias"] == ("cuBLASLt" if bias is not None else None)
     call(x, residual)  # (linear files matmul's plan under its own key too)
     with pytest.raises(TypeError, match="requires grad"):  # a planned call that records a gradient is refused
         call(x.detach().clone().requires_grad_(), residual)
@@ -399,6 +400,7 @@ def test_an_untuned_layer_on_16_bit_tensors_is_served_by_pytorchs_gemm_call_from
     assert plans and {type(p).__name__ for p in plans} == {"TorchEagerEpiloguePlan"}, plans
     said = autogemm.explain(x, w.T, bias=bias, activation=activation, residual=residual)
     assert said["config"] is None and said["epilogue"]["route"] == ("F.linear" if case == "bias" else "F.linear + pass")
+    assert said["epilogue"]["bias"] == ("F.linear" if bias is not None else None)  # (24 rows: eager's call adds it)
     monkeypatch.setattr(dispatch, "_with_epilogue", lambda *args, **kwargs: pytest.fail("took the general path"))
     for _ in range(2):  # new values in the same tensors: the fast path reads them
         x.copy_(torch.randn_like(x))
@@ -735,6 +737,7 @@ def test_a_served_kernel_takes_the_epilogue_in_its_store_from_the_second_call_an
     assert plans[0].name.endswith("_bias_n_gelu_res")
     said = autogemm.explain(x, weight.T, bias=bias, activation="gelu", residual=residual)
     assert said["config"] == config.name and said["epilogue"]["route"] == f"fused {config.name}"
+    assert said["epilogue"]["bias"] == "kernel"
     call()  # (linear files matmul's plan under its own key)
     monkeypatch.setattr(dispatch, "_with_epilogue", lambda *args, **kwargs: pytest.fail("took the general path"))
     x.copy_(torch.randn_like(x))
@@ -779,6 +782,7 @@ def test_a_tune_with_the_epilogue_that_kept_cublas_keeps_the_served_kernel_from_
     assert {type(p).__name__ for p in dispatch._DISPATCHER.torch_epilogue.values()} == {"TorchEpiloguePlan"}
     said = autogemm.explain(x, weight.T, bias=bias, activation="gelu", residual=residual)
     assert said["config"] == config.name and said["epilogue"]["route"] == "pass"
+    assert said["epilogue"]["bias"] == "pass"
     second = autogemm.linear(x, weight, bias, activation="gelu", residual=residual)
     torch.cuda.synchronize()
     expected = torch.nn.functional.gelu(x.double() @ weight.double().T + bias.double()) + residual.double()

@@ -269,8 +269,8 @@ def test_a_layer_whose_tune_timed_the_bias_in_the_pass_faster_is_served_so_by_bo
     assert plans and all(not p.finish.bias_in_linear and p.finish.bias_left_by_tune for p in plans), plans
     memo = dispatch._DISPATCHER.native_memo  # (the route's own calls, though the layer is small; no F.linear bias)
     assert (memo.passes(), memo.prepared()) == (1, 0), memo.unprepared_why()
-    said = autogemm.explain(x, w.T, bias=bias, activation=activation)["epilogue"]["applied"]
-    assert "the bias in the pass as its tune measured faster" in said, said
+    said = autogemm.explain(x, w.T, bias=bias, activation=activation)["epilogue"]
+    assert "the bias in the pass as its tune measured faster" in said["applied"] and said["bias"] == "pass", said
     for route, y in (("python", _without_the_memo(call)), ("memo", call())):
         off = (y != bias_in_pass).float().mean().item()
         assert off < 0.001, (route, off)
@@ -377,6 +377,8 @@ def test_one_token_layers_run_what_the_python_route_runs(torch):
         memo = dispatch._DISPATCHER.native_memo
         assert memo.linear(x, w, bias, activation, None) is not None
         assert (memo.prepared(), memo.passes()) == ((1, 0) if activation is None else (0, 1)), memo.unprepared_why()
+        said = autogemm.explain(x, w.T, bias=bias, activation=activation)["epilogue"]
+        assert said["bias"] == ("F.linear" if activation is None else "pass"), said  # (one token: the pass adds it)
         expected = _without_the_memo(lambda: autogemm.linear(x, w, bias, activation=activation))
         with pytest.MonkeyPatch.context() as patch:
             _python_route_fails(patch)

@@ -141,6 +141,9 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
         return explain(a, b, out=out, alpha=alpha, beta=beta, compute=compute, tune=tune, race=race)
     gemm = explain(a, b, alpha=alpha, compute=compute, tune=tune, race=race)
     applied, route = "after the GEMM, in one elementwise pass (epilogue_step)", "pass"
+    # where the bias is added (None: there is none): the pass's, the kernel's store, F.linear's or cuBLASLt's
+    # epilogue; the route's latency hangs on it (F.linear's call with the bias is prepared once, the bare one not)
+    bias_at = "pass" if bias is not None else None
     lt = epilogue_step.lt_epilogue(epilogue, gemm["dtype"])
     config = config_from_name(gemm["config"]) if gemm.get("config") else None
     tuned, kept = _tuned_with(gemm, epilogue)
@@ -148,12 +151,14 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
         applied += (f"; from the second such call on PyTorch tensors, in the store of the kernel a tune with this "
                     f"epilogue kept ({kept.name})")
         route = f"fused {kept.name} (tuned with the epilogue)"
+        bias_at = bias_at and "kernel"
     elif not tuned and config is not None and tensors and not config.epilogue_refusal(epilogue) \
             and not gemm.get("copies") \
             and (gemm.get("guard") or {}).get("kernel_won", not gemm.get("guarded")):
         applied += (f"; from the second such call on PyTorch tensors, in the store of the kernel that serves the GEMM "
                     f"({config.name})")
         route = f"fused {config.name}"
+        bias_at = bias_at and "kernel"
     elif tensors and config is None and eager_computes(
             epilogue, gemm["dtype"], b.ndim, None if bias is None else bias.ndim, a.ndim,
             all(x is None or x.dtype == a.dtype for x in (b, bias, residual))):
@@ -165,14 +170,18 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
         applied += ("; from the second such call on PyTorch tensors, by PyTorch's own GEMM call (F.linear" +
                     (" with the bias, its cuBLASLt call prepared once where the operands suit: lt_linear)" if whole
                      else (" with the bias" if bias_in_linear(epilogue, rows) and not in_pass else
-                           ", the bias in the pass as its tune measured faster" if in_pass else "") +
+                           ", the bias in the pass as its tune measured faster" if in_pass else
+                           ", the bias in the pass (one token: F.linear would copy it into the output first)"
+                           if epilogue.bias else "") +
                      ", then the pass over its output in place)") +
                     "; `linear`'s repeated calls make eager's own calls from C++ where its memo is built (native_linear)")
         route = "F.linear" if whole else "F.linear + pass"
+        bias_at = bias_at and ("F.linear" if whole or (bias_in_linear(epilogue, rows) and not in_pass) else "pass")
     elif lt is not None and tensors and config is None and len(gemm.get("shape") or ()) == 2:
         applied += f"; from the second such call on PyTorch tensors, inside cuBLAS's GEMM (cuBLASLt's {lt} epilogue)"
         route = f"cuBLASLt {lt}"
+        bias_at = bias_at and "cuBLASLt"
     return {**gemm, "dtype": epilogue.output_dtype(gemm["dtype"]),
             "shape": epilogue_step.result_shape(gemm["shape"], epilogue) if gemm.get("shape") else gemm.get("shape"),
-            "epilogue": {"key": epilogue.key, "applied": applied, "route": route},
+            "epilogue": {"key": epilogue.key, "applied": applied, "route": route, "bias": bias_at},
             "out": None if out is None else f"D written into out{' (beta · out added)' if beta else ''}"}
