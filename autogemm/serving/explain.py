@@ -141,8 +141,8 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
         return explain(a, b, out=out, alpha=alpha, beta=beta, compute=compute, tune=tune, race=race)
     gemm = explain(a, b, alpha=alpha, compute=compute, tune=tune, race=race)
     applied, route = "after the GEMM, in one elementwise pass (epilogue_step)", "pass"
-    # where the bias is added (None: there is none): the pass's, the kernel's store, F.linear's or cuBLASLt's
-    # epilogue; the route's latency hangs on it (F.linear's call with the bias is prepared once, the bare one not)
+    # where the bias is added (None: there is none): in the pass, the kernel's store, F.linear's call or cuBLASLt's
+    # epilogue (on F.linear's route it decides which GEMM call runs: with the bias, or the bare one)
     bias_at = "pass" if bias is not None else None
     lt = epilogue_step.lt_epilogue(epilogue, gemm["dtype"])
     config = config_from_name(gemm["config"]) if gemm.get("config") else None
