@@ -144,9 +144,7 @@ class PackedKernel:
         base = self._raw.ctypes.data
         if any(int(pointer) != base + offset for pointer, offset in zip(self._pointers, self._offsets)):
             return None
-        function, *grid_block, smem = self._geometry
-        return (int(function), tuple(grid_block[:3]), tuple(grid_block[3:]), int(smem), self._raw.tobytes(),
-                self._offsets)
+        return self.packed()
 
     def offset(self, name: str) -> int:
         """Where argument `name` lies in the packed bytes (`packed`)."""
