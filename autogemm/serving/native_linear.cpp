@@ -20,7 +20,7 @@
 // F.linear's own cuBLASLt call, and the Python route's with the residual as C, prepared once per key:
 // PreparedLinear (native_prepared_linear.h). The Python route's pass after F.linear, for a layer with a pass on
 // a large output or on one token: PreparedPass (native_prepared_pass.h), behind F.linear's call prepared where
-// F.linear adds the bias. The generated kernel a tune with the layer's epilogue kept: PreparedKernel
+// F.linear adds the bias, or the bare GEMM's where the pass does and its bits are at::linear's. The generated kernel a tune with the layer's epilogue kept: PreparedKernel
 // (native_prepared_kernel.h).
 #include <torch/extension.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -184,8 +184,9 @@ class Memo {
       if (!entry->pass->accepts(pass_bias, r)) return py::none();  // (that route names or serves it)
       // F.linear's call prepared where the key holds it (eager's kernel and bits, without the descriptors and
       // heuristic F.linear makes on every call: host time before the GEMM's launch, which a single call waits
-      // out); undefined where this call must go at::linear's way
-      at::Tensor y = in_linear && entry->linear ? prepared_linear(*entry->linear, xt, wt, b, none) : at::Tensor();
+      // out), or the bare GEMM's where the pass adds the bias (at::linear's bits); undefined where this call must
+      // go at::linear's way
+      at::Tensor y = entry->linear ? prepared_linear(*entry->linear, xt, wt, in_linear ? b : none, none) : at::Tensor();
       if (!y.defined()) y = in_linear ? at::linear(xt, wt, bt) : at::linear(xt, wt);
       (*entry->pass)(y, pass_bias, r, [&](at::Tensor& out) {  // (its fallback's calls, for an output less aligned)
         if (bt && !in_linear) out.add_(*bt);
@@ -246,10 +247,14 @@ class Memo {
       const at::Tensor none;
       if (with_pass) {
         auto pass = PreparedPass::prepare(pass_launch, why);
-        std::unique_ptr<PreparedLinear> linear;
-        if (pass && bias_in_linear && !bias.is_none()) {  // (a key without it still serves: at::linear then)
-          linear = PreparedLinear::prepare(Route::kLinear, THPVariable_Unpack(x.ptr()), THPVariable_Unpack(weight.ptr()),
-                                           THPVariable_Unpack(bias.ptr()), none, false, linear_workspace_bytes_, why);
+        std::unique_ptr<PreparedLinear> linear;  // (a key without it still serves: at::linear then)
+        const at::Tensor& xt = THPVariable_Unpack(x.ptr());
+        const at::Tensor& wt = THPVariable_Unpack(weight.ptr());
+        if (pass && bias_in_linear && !bias.is_none()) {
+          linear = PreparedLinear::prepare(Route::kLinear, xt, wt, THPVariable_Unpack(bias.ptr()), none, false,
+                                           linear_workspace_bytes_, why);
+        } else if (pass) {  // (the bias, if any, in the pass: the bare GEMM, where its bits are at::linear's)
+          linear = PreparedLinear::prepare_bare(xt, wt, linear_workspace_bytes_, why);
         }
         if (pass) entry = std::make_shared<Prepared>(Prepared{std::move(linear), std::move(pass), bias_in_linear, nullptr});
       } else {
@@ -261,7 +266,7 @@ class Memo {
         if (linear) entry = std::make_shared<Prepared>(Prepared{std::move(linear), nullptr, false, nullptr});
       }
       std::lock_guard<std::mutex> hold(mutex_);
-      last_unprepared_ = entry && (entry->linear || !bias_in_linear || bias.is_none()) ? "" : why;
+      last_unprepared_ = entry && entry->linear ? "" : why;
     }
     if ((as_c || with_pass) && !entry) return false;
     insert(std::move(words), std::move(entry));

@@ -9,7 +9,8 @@
 // of the Python route's calls, F.linear with the bias and then its pass (native_prepared_pass.h), holds it too. A
 // call whose addresses, current device, stream capture or PyTorch settings (autocast, deterministic algorithms,
 // reduced-precision reductions, FP16 accumulation, an SM carveout) differ from what it was prepared for runs
-// at::linear, as do the other keys.
+// at::linear, as do the other keys. A key whose pass adds the bias, or that has none, holds the bare GEMM's
+// cuBLASLt call where it gives at::linear's bits (PreparedLinear::prepare_bare).
 // A 16-bit layer whose epilogue is a residual (and perhaps a bias) that the Python route's cuBLASLt plan reads
 // as C holds that call prepared the same way (Route::kResidualAsC), or is not filed: a call it declines gets
 // None, so that the Python route's plan computes it as before.
@@ -207,18 +208,20 @@ class PreparedLinear {
   // The prepared call for a key of x, w, b (undefined: none) and r (the residual, for kResidualAsC), or null
   // where the route would not run cuBLASLt on such operands, or the library or an algorithm is missing (`why`
   // says which). `whole`: the bias is the key's whole epilogue, a layer the Python route serves with F.linear's
-  // cuBLASLt call prepared at any M (lt_linear.PreparedBiasLinear), one token too.
+  // cuBLASLt call prepared at any M (lt_linear.PreparedBiasLinear), one token too. `bare`: no bias and no C,
+  // at any M (prepare_bare's, which checks its bits).
   static std::unique_ptr<PreparedLinear> prepare(Route route, const at::Tensor& x, const at::Tensor& w,
                                                  const at::Tensor& b, const at::Tensor& r, bool whole,
-                                                 size_t workspace_bytes, std::string& why) {
+                                                 size_t workspace_bytes, std::string& why, bool bare = false) {
     const at::ScalarType type = x.scalar_type();
     const bool with_c = route == Route::kResidualAsC;
     const bool with_bias = b.defined();
     if (!x.is_cuda() || (type != at::kHalf && type != at::kBFloat16) || w.scalar_type() != type || w.dim() != 2 ||
         x.dim() < 2 || x.dim() > 3 || !x.is_contiguous() || !w.is_contiguous() || w.device() != x.device() ||
         (with_bias && (b.scalar_type() != type || b.dim() != 1 || !b.is_contiguous() || b.device() != x.device())) ||
-        (!with_c && !with_bias)) {
-      why = "not a cuBLASLt call the memo prepares (16-bit, contiguous, 2-D or 3-D x, one device, a bias or C)";
+        (with_c || with_bias ? bare : !bare)) {
+      why = "not a cuBLASLt call the memo prepares (16-bit, contiguous, 2-D or 3-D x, one device; a bias or C, or "
+            "the bare GEMM)";
       return nullptr;
     }
     const int64_t n = w.size(0), k = w.size(1), m = x.numel() / std::max<int64_t>(k, 1);
@@ -232,7 +235,7 @@ class PreparedLinear {
     }
     constexpr int64_t kMax = 2147483647;
     // (F.linear gives cuBLASLt no size of 1; the Python route's plans take any M, its residual plan any size)
-    const int64_t least = with_c ? 1 : 2, least_m = with_c || whole ? 1 : 2;
+    const int64_t least = with_c ? 1 : 2, least_m = with_c || whole || bare ? 1 : 2;
     if (m < least_m || n < least || k < least || m > kMax || n > kMax || k > kMax || (with_bias && b.size(0) != n)) {
       why = "a size F.linear does not give cuBLASLt (1, or past 32 bits)";
       return nullptr;
@@ -307,6 +310,34 @@ class PreparedLinear {
       return nullptr;
     }
     p->algorithm_ = result.algo;
+    return p;
+  }
+
+  // The bare GEMM x @ w^T prepared for a key of the Python route whose pass adds the bias (one token, or a layer
+  // whose tune measured that faster) or that has none, in place of at::linear(x, w). That runs cuBLAS's own GEMM
+  // (PyTorch's default BLAS backend), not cuBLASLt's: without a bias F.linear never makes a cuBLASLt call, and
+  // the two libraries' heuristics may pick different kernels, with other bits. So the call is kept only where
+  // its output on the filing call's operands equals at::linear's bit for bit: one more GEMM of each, and a wait
+  // for their comparison, once per key; never while the stream captures a graph (nothing may wait there).
+  // Null (`why` says why) otherwise: at::linear then serves the key, as before.
+  static std::unique_ptr<PreparedLinear> prepare_bare(const at::Tensor& x, const at::Tensor& w,
+                                                      size_t workspace_bytes, std::string& why) {
+    const at::Tensor none;
+    auto p = prepare(Route::kLinear, x, w, none, none, false, workspace_bytes, why, true);
+    if (!p) return p;
+    if (p->capturing()) {
+      why = "filed while the stream captured a graph: the bare call's bits were not compared with at::linear's";
+      return nullptr;
+    }
+    at::Tensor mine = (*p)(x, w, none, none);
+    if (!mine.defined()) {
+      why = "the bare call declined the filing call's operands (their addresses, the device or the settings)";
+      return nullptr;
+    }
+    if (!at::equal(mine, at::linear(x, w))) {
+      why = "cuBLASLt's bare GEMM gave other bits than at::linear's (cuBLAS's) on the filing call";
+      return nullptr;
+    }
     return p;
   }
 
