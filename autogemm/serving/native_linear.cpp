@@ -253,8 +253,9 @@ class Memo {
         if (pass && bias_in_linear && !bias.is_none()) {
           linear = PreparedLinear::prepare(Route::kLinear, xt, wt, THPVariable_Unpack(bias.ptr()), none, false,
                                            linear_workspace_bytes_, why);
-        } else if (pass) {  // (the bias, if any, in the pass: the bare GEMM, where its bits are at::linear's)
-          linear = PreparedLinear::prepare_bare(xt, wt, linear_workspace_bytes_, why);
+        } else if (pass) {  // (the bias, if any, in the pass: the bare GEMM, where its bits are at::linear's with
+                            // F.linear's cuBLASLt workspace or with the larger one of autogemm's plans)
+          linear = PreparedLinear::prepare_bare(xt, wt, {linear_workspace_bytes_, residual_workspace_bytes_}, why);
         }
         if (pass) entry = std::make_shared<Prepared>(Prepared{std::move(linear), std::move(pass), bias_in_linear, nullptr});
       } else {

@@ -25,6 +25,7 @@
 #include "native_cuda.h"
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -317,28 +318,32 @@ class PreparedLinear {
   // whose tune measured that faster) or that has none, in place of at::linear(x, w). That runs cuBLAS's own GEMM
   // (PyTorch's default BLAS backend), not cuBLASLt's: without a bias F.linear never makes a cuBLASLt call, and
   // the two libraries' heuristics may pick different kernels, with other bits. So the call is kept only where
-  // its output on the filing call's operands equals at::linear's bit for bit: one more GEMM of each, and a wait
-  // for their comparison, once per key; never while the stream captures a graph (nothing may wait there).
+  // its output on the filing call's operands equals at::linear's bit for bit, with the first of
+  // `workspace_sizes` that gives it (cuBLASLt's heuristic picks by the workspace, and cuBLAS's handle has
+  // another than F.linear's cuBLASLt calls): a GEMM of at::linear and one for each size tried, and a wait for
+  // their comparison, once per key; never while the stream captures a graph (nothing may wait there).
   // Null (`why` says why) otherwise: at::linear then serves the key, as before.
   static std::unique_ptr<PreparedLinear> prepare_bare(const at::Tensor& x, const at::Tensor& w,
-                                                      size_t workspace_bytes, std::string& why) {
+                                                      std::initializer_list<size_t> workspace_sizes, std::string& why) {
     const at::Tensor none;
-    auto p = prepare(Route::kLinear, x, w, none, none, false, workspace_bytes, why, true);
-    if (!p) return p;
-    if (p->capturing()) {
-      why = "filed while the stream captured a graph: the bare call's bits were not compared with at::linear's";
-      return nullptr;
+    at::Tensor reference;
+    for (size_t workspace_bytes : workspace_sizes) {
+      auto p = prepare(Route::kLinear, x, w, none, none, false, workspace_bytes, why, true);
+      if (!p) return p;
+      if (p->capturing()) {
+        why = "filed while the stream captured a graph: the bare call's bits were not compared with at::linear's";
+        return nullptr;
+      }
+      at::Tensor mine = (*p)(x, w, none, none);
+      if (!mine.defined()) {
+        why = "the bare call declined the filing call's operands (their addresses, the device or the settings)";
+        return nullptr;
+      }
+      if (!reference.defined()) reference = at::linear(x, w);
+      if (at::equal(mine, reference)) return p;
     }
-    at::Tensor mine = (*p)(x, w, none, none);
-    if (!mine.defined()) {
-      why = "the bare call declined the filing call's operands (their addresses, the device or the settings)";
-      return nullptr;
-    }
-    if (!at::equal(mine, at::linear(x, w))) {
-      why = "cuBLASLt's bare GEMM gave other bits than at::linear's (cuBLAS's) on the filing call";
-      return nullptr;
-    }
-    return p;
+    why = "cuBLASLt's bare GEMM gave other bits than at::linear's (cuBLAS's) on the filing call";
+    return nullptr;
   }
 
   PreparedLinear(const PreparedLinear&) = delete;
