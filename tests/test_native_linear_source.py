@@ -1,4 +1,4 @@
-"""linear's C++ memo declares the part of cuBLASLt's C API it calls (serving/native_prepared_linear.h) instead of
+"""linear's C++ memo declares the part of cuBLASLt's C API it calls (serving/native_cublaslt.h) instead of
 including cublasLt.h: its values as the installed header has them. Needs no PyTorch and no GPU: pip's CUDA
 packages install the header."""
 
@@ -55,4 +55,4 @@ def test_the_module_name_follows_every_header_the_source_includes():
     for path in (native_linear.SOURCE, *native_linear.HEADERS):
         included = set(re.findall(r'^#include "([^"]+)"', path.read_text(), re.MULTILINE))
         assert included <= names, (path.name, included - names)
-    assert {"native_cuda.h", "native_prepared_linear.h", "native_prepared_pass.h"} <= names
+    assert {"native_cublaslt.h", "native_cuda.h", "native_prepared_linear.h", "native_prepared_pass.h"} <= names
