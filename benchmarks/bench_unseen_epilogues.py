@@ -63,7 +63,7 @@ from bench_tuned_half import FAMILIES, _campaign_widths  # noqa: E402
 from unseen_epilogues_table import (AUTOGEMM, AUTOGEMM_TANH, COMPILED, CUBLASLT, EAGER, EAGER_AGAIN,  # noqa: E402
                                     GEMM_ALONE, LATENCY_ROUNDS, cell, ratio, report)
 
-SEED, COUNT = 7717, 24
+SEED, COUNT = 8123, 24
 CASES = ("bias", "bias+gelu", "bias+silu", "residual")
 TOKENS = [1, 2, 4, 8, 16, 32, 77, 128, 200, 256, 333, 512, 640, 1000, 1024, 1536, 2048, 3072, 4096, 6144, 8192]
 MAX_FLOPS = 4e12  # one call: a few ms at most on an H200
