@@ -60,10 +60,10 @@ from bench_common import (case_epilogue, deadline_after, device_of, keep_compile
                           source_digest, write_report)
 from bench_epilogues import TOLERANCE, CublasLtLayer, relative_error  # noqa: E402
 from bench_tuned_half import FAMILIES, _campaign_widths  # noqa: E402
-from unseen_epilogues_table import (AUTOGEMM, AUTOGEMM_TANH, COMPILED, CUBLASLT, EAGER, EAGER_AGAIN,  # noqa: E402
-                                    GEMM_ALONE, LATENCY_ROUNDS, cell, ratio, report)
+from unseen_epilogues_table import (AUTOGEMM, AUTOGEMM_TANH, CAPTURE_FROM_M, COMPILED, CUBLASLT,  # noqa: E402
+                                    EAGER, EAGER_AGAIN, GEMM_ALONE, LATENCY_ROUNDS, cell, ratio, report)
 
-SEED, COUNT = 8123, 24
+SEED, COUNT = 7717, 24
 CASES = ("bias", "bias+gelu", "bias+silu", "residual")
 TOKENS = [1, 2, 4, 8, 16, 32, 77, 128, 200, 256, 333, 512, 640, 1000, 1024, 1536, 2048, 3072, 4096, 6144, 8192]
 MAX_FLOPS = 4e12  # one call: a few ms at most on an H200
@@ -93,6 +93,22 @@ def epilogue_problems(seed: int = SEED, count: int = COUNT) -> list[tuple]:
         seen.add(key)
         out.append((dtype, case, m, n, k))
     return out
+
+
+def draw_shortfalls(specs: list[tuple]) -> list[str]:
+    """What a draw lacks of the suite issue 63 asks for (M from 1 to 8192: a layer of fewer than 16 rows, one of
+    4096 or more, and four at least where the share captured is judged); empty where it has it all. A seed is
+    only known to meet it once drawn, so the bench refuses to time a publication that would not."""
+    ms = [spec[2] for spec in specs]
+    lacking = []
+    if min(ms) >= 16:
+        lacking.append(f"no layer of fewer than 16 rows (the fewest: {min(ms)})")
+    if max(ms) < 4096:
+        lacking.append(f"no layer of 4096 rows or more (the most: {max(ms)})")
+    judged = sum(m >= CAPTURE_FROM_M for m in ms)
+    if judged < 4:
+        lacking.append(f"{judged} layers of {CAPTURE_FROM_M} rows or more, where 4 are needed")
+    return lacking
 
 
 def _problem(spec):
@@ -297,6 +313,10 @@ def main(argv=None) -> int:
         for index, spec in enumerate(specs):
             print(f"#{index:<4d}{label(spec):<40} {_problem(spec).key}")
         return 0
+    lacking = draw_shortfalls(specs)
+    if lacking and not (args.report or args.out) and (args.seed, args.count) == (SEED, COUNT):
+        parser.error(f"seed {args.seed} cannot be the published draw: " + "; ".join(lacking)
+                     + " (set SEED to another unseen seed, or pass --seed for a development draw)")
     slug, name = device_of(args.device_slug if args.report else None)
     path = _out_path(args, slug)
     require_rows_of_draw(path, specs)

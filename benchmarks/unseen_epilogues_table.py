@@ -100,10 +100,12 @@ def summary(rows: list[dict]) -> list[str]:
 
 def report(rows: list[dict], device_name: str, seed: int, drawn: int | None = None) -> list[str]:
     """The Markdown table of `rows`; `drawn`: the layers of the draw, said beside those run where fewer ran."""
-    lines = [f"# Unseen epilogue layers: {device_name}", "", *mixed_codes(rows), *partial_draw(rows, drawn, "layers"),
+    ms = [row["spec"][2] for row in rows]
+    lines = [f"# Unseen epilogue layers: {device_name}, seed {seed}", "", *mixed_codes(rows),
+             *partial_draw(rows, drawn, "layers"),
              f"{len(rows)} layers drawn by benchmarks/bench_unseen_epilogues.py (seed {seed}): BF16 and FP16, "
-             "bias, bias + GELU, bias + SiLU and residual, widths of model families no campaign names, M from 1 to "
-             f"8192. Each untuned (a fresh user cache, the shipped results on{kernels_kept(rows)}), then tuned with the "
+             "bias, bias + GELU, bias + SiLU and residual, widths of model families no campaign names, M drawn from "
+             f"1 to 8192 (in these rows {min(ms)} to {max(ms)}). Each untuned (a fresh user cache, the shipped results on{kernels_kept(rows)}), then tuned with the "
              "default budget. "
              "Ratios are the competitor's time over autogemm.linear's (> 1: autogemm is faster): sustained, back-to-"
              "back calls in 20 rounds of about 50 ms each (means); latency, one call at a time on an idle GPU (medians "

@@ -40,11 +40,21 @@ def test_the_mix_is_the_one_asked_for(problems):
     assert collections.Counter(spec[1] for spec in problems) == {case: 6 for case in bench.CASES}
     ms = [spec[2] for spec in problems]
     assert min(ms) < 16 and max(ms) >= 4096 and sum(m >= table.CAPTURE_FROM_M for m in ms) >= 4
+    assert bench.draw_shortfalls(problems) == []
     tuned = bench._campaign_widths()
     assert not any(spec[3] in tuned or spec[4] in tuned for spec in problems)
     assert all(2 * m * n * k <= bench.MAX_FLOPS for _, _, m, n, k in problems)
     # the problem's key names its epilogue (a bias along N, the activation, a residual)
     assert {bench._problem(spec).key.rsplit("/", 1)[1] for spec in problems} == {"bias_n", "bias_n+gelu", "bias_n+silu", "res"}
+
+
+def test_a_seed_whose_draw_lacks_the_large_layers_is_refused_as_the_publication(monkeypatch, capsys):
+    # seed 8123 draws M up to 3072 only: it was drawn as the publication once, before this check
+    assert bench.draw_shortfalls(bench.epilogue_problems(8123)) == ["no layer of 4096 rows or more (the most: 3072)"]
+    monkeypatch.setattr(bench, "SEED", 8123)
+    with pytest.raises(SystemExit) as refused:
+        bench.main([])
+    assert refused.value.code == 2 and "seed 8123 cannot be the published draw" in capsys.readouterr().err
 
 
 def test_list_runs_without_a_gpu():
