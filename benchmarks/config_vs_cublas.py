@@ -16,6 +16,16 @@ With --between MB every call of every competitor is followed by a memory-bound e
 megabytes (as a model's activation or norm follows its GEMM), also timed alone: a kernel whose launch overlaps
 the one before it (`dependent_launch`) then overlaps another kernel, not the previous call of itself.
 
+With --epilogue CASE (bias, bias+gelu, bias+silu, residual: bench_unseen_epilogues' cases) the product is a
+layer as `torch.nn.Linear` holds it (layout nt: x M x K, w N x K) and each configuration fuses the epilogue in
+its store; the baselines are then eager PyTorch (`F.linear(x, w, bias)` and the activation, or
+`F.linear(x, w) + residual`) and the GEMM alone (`F.linear(x, w)`), each configuration checked against float64,
+and each row says its share of eager's epilogue cost captured, (eager - route) / (eager - GEMM alone), as
+bench_unseen_epilogues judges a tuned layer (issue 63):
+
+    python benchmarks/config_vs_cublas.py bfloat16:nt:1024x9216x2304 --epilogue bias+silu \
+        hopper_256x128x64_w128x128_s4_g8_k1_o1_p_ts_pp_fa_hd
+
 With --profile-once each is launched once for Nsight Compute instead of timed, e.g. to read every kernel's
 stall samples line by line in its SASS beside cuBLAS's:
 
@@ -27,6 +37,7 @@ stall samples line by line in its SASS beside cuBLAS's:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 from pathlib import Path
@@ -93,9 +104,46 @@ def elementwise_between(megabytes: float):
     return lambda: cupy.multiply(x, 1.0001, out=y)
 
 
-def examine(spec, configs: list, rounds: int, profile_once: bool = False, between_mb: float = 0.0) -> list[str]:
+EPILOGUE_CASES = ("bias", "bias+gelu", "bias+silu", "residual")
+EAGER, GEMM_ALONE = "eager F.linear + epilogue", "F.linear(x, w) alone"
+
+
+def layer_calls(case: str, a, b, seed: int = 2) -> tuple[dict, object, object, object]:
+    """--epilogue: (the baselines, the float64 reference, bias, residual) of the layer y = epilogue(a @ b), a of
+    M x K and b the transposed view of w, N x K (make_operands' layout nt): eager PyTorch and the GEMM alone on
+    views of the same memory; bias (N values) and residual (M x N) drawn in [-1, 1] in a's dtype."""
+    import cupy
+    import torch.nn.functional as F
+
+    from autogemm.measure.baselines import as_torch
+    from autogemm.measure.bench import random_uniform
+    from bench_unseen_epilogues import eager_layer, reference
+
+    m, n = a.shape[0], b.shape[1]
+    dtype = "bfloat16" if a.dtype.kind == "V" else a.dtype
+    bias, residual = random_uniform((n,), dtype, seed=seed), random_uniform((m, n), dtype, seed=seed + 1)
+    if dtype == "bfloat16":
+        bias, residual = bias.view(a.dtype), residual.view(a.dtype)
+    x, w, t_bias, t_residual = as_torch(a), as_torch(b).T, as_torch(bias), as_torch(residual)
+    eager = eager_layer(case)
+    calls = {EAGER: lambda i: eager(x, w, t_bias, t_residual), GEMM_ALONE: lambda i: F.linear(x, w)}
+    return calls, cupy.asarray(reference(case, x, w, t_bias, t_residual)), bias, residual
+
+
+def captured(means: dict, name: str) -> str:
+    """--epilogue: the share of eager's epilogue cost (eager over the GEMM alone) route `name` captures, as
+    bench_unseen_epilogues judges it; "-" where eager is no slower than the GEMM alone."""
+    eager, alone = means.get(EAGER), means.get(GEMM_ALONE)
+    if eager is None or alone is None or eager <= alone:
+        return "-"
+    return f"{(eager - means[name]) / (eager - alone):.0%}"
+
+
+def examine(spec, configs: list, rounds: int, profile_once: bool = False, between_mb: float = 0.0,
+            case: str = "") -> list[str]:
     """One problem's lines: each configuration's and each baseline's sustained time, the fill of each kernel's
-    tiles, the clocks, and cuBLAS's kernels (with `profile_once`, each launched once for a profiler instead)."""
+    tiles, the clocks, and cuBLAS's kernels (with `profile_once`, each launched once for a profiler instead).
+    With an epilogue `case`, the configurations fuse it and the baselines are the layer's (layer_calls)."""
     import cupy
     import numpy as np
 
@@ -104,31 +152,39 @@ def examine(spec, configs: list, rounds: int, profile_once: bool = False, betwee
     from autogemm.measure import baselines, timing
     from autogemm.measure.bench import relative_error, to_float64
     from autogemm.measure.clocks import ClockMonitor
-    from bench_common import make_operands, problem_label
+    from bench_common import case_epilogue, make_operands, problem_label
 
     problem, a, b = make_operands(spec)
     device = current_device()
     stored_a = cupy.swapaxes(a, -1, -2) if problem.trans_a else a  # (make_operands' transposed operands are views)
     stored_b = cupy.swapaxes(b, -1, -2) if problem.trans_b else b
-    calls = {name: (lambda i, call=call: call()) for name, call in baselines.user_calls(a, b).items()}
 
     def bits(x):  # (bfloat16 as its bits, which to_float64 reads)
         return x.view(np.uint16) if problem.dtype == "bfloat16" else x
 
-    reference = to_float64(bits(cupy.matmul(a, b)))
-    lines = [f"## {problem_label(problem)} on {device.name} ({device.sm_count} SMs)", ""]
+    fused = {}
+    if case:
+        calls, reference, bias, residual = layer_calls(case, a, b)
+        problem = dataclasses.replace(problem, epilogue=case_epilogue(case))
+        fused = dict(epilogue=problem.epilogue, bias=bias, residual=residual)
+        base = EAGER
+    else:
+        calls = {name: (lambda i, call=call: call()) for name, call in baselines.user_calls(a, b).items()}
+        reference, base = to_float64(bits(cupy.matmul(a, b))), TORCH
+    lines = [f"## {problem_label(problem)}{' with ' + case if case else ''} on {device.name} "
+             f"({device.sm_count} SMs)", ""]
     fills = {}
     for config in configs:
         faults = config.check(problem, device)
         if faults:
             lines.append(f"- {config.name}: cannot run this problem ({'; '.join(faults)})")
             continue
-        run, c = bind(config, stored_a, stored_b, trans_a=problem.trans_a, trans_b=problem.trans_b)
+        run, c = bind(config, stored_a, stored_b, trans_a=problem.trans_a, trans_b=problem.trans_b, **fused)
         run()
         error = relative_error(bits(c), reference)
         if not error <= TOLERANCE[problem.dtype]:
-            lines.append(f"- {config.name}: off by {error:.3g} against cuBLAS (limit {TOLERANCE[problem.dtype]:g}): "
-                         "not timed")
+            lines.append(f"- {config.name}: off by {error:.3g} against {'float64' if case else 'cuBLAS'} (limit "
+                         f"{TOLERANCE[problem.dtype]:g}): not timed")
             continue
         calls[config.name] = lambda i, run=run: run()
         fills[config.name] = waves.fill(config, problem, device).describe()
@@ -147,15 +203,16 @@ def examine(spec, configs: list, rounds: int, profile_once: bool = False, betwee
         means = {name: us - alone for name, us in means.items()}
         lines += ["", f"each call followed by an elementwise kernel over {between_mb:g} MB, {alone:.1f} us alone: "
                       "the figures below are each call's time with it, less that"]
-    lines += ["",
-              "| route | us | TFLOP/s | torch.matmul / route | spread | tiles |", "| --- | ---: | ---: | ---: | ---: | --- |"]
+    share = " captured |" if case else ""
+    lines += ["", f"| route | us | TFLOP/s | {base} / route |{share} spread | tiles |",
+              f"| --- | ---: | ---: | ---: |{' ---: |' if case else ''} ---: | --- |"]
     for name, us in sorted(means.items(), key=lambda item: item[1]):
-        ratio = f"{means[TORCH] / us:.3f}" if TORCH in means else "-"
-        lines.append(f"| {name} | {us:.1f} | {problem.flops / us / 1e6:.0f} | {ratio} | {spread[name]:.2%} | "
-                     f"{fills.get(name, '')} |")
-    if TORCH in calls:
-        cublas = "; ".join(f"{kernel} ({us:.1f} us)" for kernel, us in kernels(lambda: calls[TORCH](0)))
-        lines += ["", f"torch.matmul launches: {cublas or '-'}"]
+        ratio = f"{means[base] / us:.3f}" if base in means else "-"
+        lines.append(f"| {name} | {us:.1f} | {problem.flops / us / 1e6:.0f} | {ratio} |"
+                     f"{f' {captured(means, name)} |' if case else ''} {spread[name]:.2%} | {fills.get(name, '')} |")
+    if base in calls:
+        cublas = "; ".join(f"{kernel} ({us:.1f} us)" for kernel, us in kernels(lambda: calls[base](0)))
+        lines += ["", f"{base} launches: {cublas or '-'}"]
     return lines + [""]
 
 
@@ -172,6 +229,9 @@ def main(argv=None) -> int:
     parser.add_argument("--between", type=float, default=0.0, metavar="MB",
                         help="follow every call of every competitor with an elementwise kernel over MB megabytes, also "
                              "timed alone and taken out of each figure (default 0: none)")
+    parser.add_argument("--epilogue", choices=EPILOGUE_CASES, default="",
+                        help="time a layer (layout nt, as torch.nn.Linear holds it) with this epilogue fused in each "
+                             "configuration, against eager PyTorch and the GEMM alone, with the share captured")
     args = parser.parse_args(argv)
     if not 1 <= args.rounds <= 1000:
         parser.error("--rounds must be from 1 to 1000")
@@ -182,7 +242,10 @@ def main(argv=None) -> int:
         parser.error(str(exc))
     if not 0 <= args.between <= 4096:
         parser.error("--between must be from 0 to 4096 (MB)")
-    print("\n".join(examine(spec, configs, args.rounds, args.profile_once, args.between)), flush=True)
+    if args.epilogue and (spec[2] != "nt" or spec[3] != 1 or spec[0] not in ("float16", "bfloat16")):
+        parser.error(f"--epilogue times a layer as torch.nn.Linear holds it: float16 or bfloat16, layout nt, no batch "
+                     f"(not {args.problem})")
+    print("\n".join(examine(spec, configs, args.rounds, args.profile_once, args.between, args.epilogue)), flush=True)
     return 0
 
 

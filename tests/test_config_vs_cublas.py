@@ -23,6 +23,13 @@ def test_configurations_are_read_by_name():
     (["bfloat16:nt:64x64x64", "hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts", "--rounds", "0"], "--rounds"),
     (["bfloat16:nt:64x64x64", "hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts", "--between", "-1"], "--between"),
     (["bfloat16:nt:64x64x64", "hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts", "--between", "nan"], "--between"),
+    # a layer is timed as torch.nn.Linear holds it
+    (["bfloat16:nn:64x64x64", "hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts", "--epilogue", "bias"],
+     "--epilogue times a layer as torch.nn.Linear holds it"),
+    (["bfloat16:nt:2x64x64x64", "hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts", "--epilogue", "bias"],
+     "no batch"),
+    (["float32:nt:64x64x64", "hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts", "--epilogue", "bias"], "float16 or"),
+    (["bfloat16:nt:64x64x64", "hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts", "--epilogue", "relu"], "--epilogue"),
 ])
 def test_what_does_not_read_is_refused_by_name(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_:
@@ -72,3 +79,16 @@ def test_between_follows_every_call_with_the_kernel_and_times_it_alone():
     timed["torch.matmul"](4)
     timed[bench.BETWEEN_ALONE](5)
     assert events == [("hopper_x", 3), "between", ("torch.matmul", 4), "between", "between"]
+
+
+def test_the_share_captured_is_eager_s_epilogue_cost_saved_as_the_unseen_bench_judges_it():
+    """--epilogue: (eager - route) / (eager - GEMM alone), the same figure unseen_epilogues_table.ceiling gives."""
+    from unseen_epilogues_table import AUTOGEMM, EAGER, GEMM_ALONE, ceiling
+
+    means = {bench.EAGER: 110.0, bench.GEMM_ALONE: 100.0, "fused": 104.0, "slow": 115.0}
+    assert [bench.captured(means, name) for name in ("fused", "slow", bench.EAGER, bench.GEMM_ALONE)] == \
+        ["60%", "-50%", "0%", "100%"]
+    assert ceiling({EAGER: 110.0, GEMM_ALONE: 100.0, AUTOGEMM: 104.0})[1] == pytest.approx(0.6)
+    # no share where eager's epilogue costs nothing (or the GEMM alone is not timed)
+    assert bench.captured({**means, bench.EAGER: 99.0}, "fused") == "-"
+    assert bench.captured({bench.EAGER: 110.0, "fused": 104.0}, "fused") == "-"
