@@ -131,12 +131,16 @@ def layer_calls(case: str, a, b, seed: int = 2) -> tuple[dict, object, object, o
 
 
 def captured(means: dict, name: str) -> str:
-    """--epilogue: the share of eager's epilogue cost (eager over the GEMM alone) route `name` captures, as
-    bench_unseen_epilogues judges it; "-" where eager is no slower than the GEMM alone."""
-    eager, alone = means.get(EAGER), means.get(GEMM_ALONE)
-    if eager is None or alone is None or eager <= alone:
+    """--epilogue: the share of eager's epilogue cost (eager over the GEMM alone) route `name` captures, by
+    unseen_epilogues_table.ceiling, as bench_unseen_epilogues judges it; "-" where eager is no slower than the
+    GEMM alone (or either was not timed)."""
+    import unseen_epilogues_table as table
+
+    if EAGER not in means or GEMM_ALONE not in means:
         return "-"
-    return f"{(eager - means[name]) / (eager - alone):.0%}"
+    share = table.ceiling({table.EAGER: means[EAGER], table.GEMM_ALONE: means[GEMM_ALONE],
+                           table.AUTOGEMM: means[name]})[1]
+    return "-" if share is None else f"{share:.0%}"
 
 
 def examine(spec, configs: list, rounds: int, profile_once: bool = False, between_mb: float = 0.0,
