@@ -80,9 +80,8 @@ class TorchFusedEpiloguePlan:
         the launcher's `native_description`, then the output's shape, the alignment of A's and B's addresses
         the kernel assumes (modulo 16) and the device; None where the launcher cannot be described (more than
         one launch, a workspace, copies of operands or a dependent grid: packed_launch.native_description_of's
-        callers) or a tune with the
-        epilogue did not choose the config (the bare GEMM's choice follows its guard, which the memo would not
-        see). Made once."""
+        callers) or a tune with the epilogue did not choose the config (the bare GEMM's choice follows its guard,
+        which the memo would not see). Made once."""
         if self._native is None:
             describe = getattr(self.launch, "native_description", None)
             described = describe() if describe is not None and self.tuned else None

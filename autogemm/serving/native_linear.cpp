@@ -20,8 +20,8 @@
 // F.linear's own cuBLASLt call, and the Python route's with the residual as C, prepared once per key:
 // PreparedLinear (native_prepared_linear.h). The Python route's pass after F.linear, for a layer with a pass on
 // a large output or on one token: PreparedPass (native_prepared_pass.h), behind F.linear's call prepared where
-// F.linear adds the bias, or the bare GEMM's where the pass does and its bits are at::linear's. The generated kernel a tune with the layer's epilogue kept: PreparedKernel
-// (native_prepared_kernel.h).
+// F.linear adds the bias, or the bare GEMM's where the pass does and its bits are at::linear's. The generated
+// kernel a tune with the layer's epilogue kept: PreparedKernel (native_prepared_kernel.h).
 #include <torch/extension.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/PythonTorchFunctionTLS.h>
