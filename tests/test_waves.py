@@ -116,11 +116,14 @@ def test_an_activation_epilogue_ranks_the_ping_pong_tile_that_hides_it_first():
 def test_a_bias_layer_ranks_the_ping_pong_tile_that_hides_its_bias_first():
     """Measured on an H200 at BF16 4096 x 13824 x 5120 with a bias along N loaded ahead (session 60, sustained):
     ping-pong 256 x 128 tiles ran 905.6 us (899.0 as a plain GEMM), cooperative 128 x 192 ones 931.8 (888.5); in
-    cluster pairs ping-pong ran slower (912.4), so its seed takes none."""
+    cluster pairs ping-pong ran slower (912.4), so its seed takes none. The model ranks the measured two in that
+    order; the tall 256 x 144 tile, not yet measured on this layer, may rank ahead of both."""
     space = SearchSpace.load("hopper")
     layer = Problem.from_layout(4096, 13824, 5120, "nt", dtype="bfloat16", epilogue=Epilogue("n"))
-    first = wave_ranked(space, layer, H200)[0]
-    assert first.pingpong and first.preload and first.cluster == 1, first.name
+    ranked = wave_ranked(space, layer, H200)
+    pingpong = next(i for i, c in enumerate(ranked) if c.pingpong and c.tile_rows == 128 and c.bn == 128)
+    cooperative = next(i for i, c in enumerate(ranked) if not c.pingpong and (c.bm, c.bn) == (128, 192))
+    assert pingpong < cooperative and ranked[pingpong].preload and ranked[pingpong].cluster == 1, ranked[pingpong].name
     assert not wave_ranked(space, dataclasses.replace(layer, epilogue=Epilogue()), H200)[0].pingpong
 
 

@@ -79,6 +79,8 @@ def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
                         f"{'' if narrow else f'; {NARROW_BN_STEP} for 16-bit types with B K-major, C stored from '}"
                         f"{'' if narrow else 'registers or, without a residual, through TMA'}) "
                         f"and bk={config.bk} a multiple of {atom} ({SWIZZLE_BYTES}-byte rows)")
+    if config.tall_and_wide:
+        tall_reasons(config, problem, bad)
     if config.accumulators() > config.max_accumulators():
         bad("registers", f"{config.accumulators()} accumulators per consumer thread (tile {config.wm}x{config.wn}) "
                          f"exceed {config.max_accumulators()}")
@@ -120,6 +122,26 @@ def wide_reasons(config: Any, problem: Problem, bad) -> None:
         # (swapped, the transposed store's addressing beside 160 accumulators spilled 40-52 bytes: nvcc 13, sm_90a,
         # BF16 4096 x 14336 x 4096 NN, NT and TT, with and without a cluster or ping-pong)
         bad("registers", f"a tile wider than {wgmma.N_MAX} columns with swap spills registers (bn={config.bn})")
+
+
+def tall_reasons(config: Any, problem: Problem, bad) -> None:
+    """A consumer of two m64 blocks more than 128 columns wide (128 x 144: two make a 256 x 144 tile), with 144
+    accumulators a thread: written for the plain 16-bit kernel, unswapped. nvcc 13 (sm_90a, BF16 and FP16, layouts
+    NT and TT, bias, GELU, SiLU and residuals, 3 and 4 stages, with and without the TMA store and ping-pong) compiled
+    it without spills except swapped (12-136 bytes without an activation) and with an activation's values
+    preloaded (8-124 bytes): tests/test_hopper_tall.py."""
+    row = dtypes.lookup(problem.dtype, problem.compute)
+    for knob, on in (("swap", config.swap), ("split_k", config.split_k > 1), ("stream_k", config.stream_k),
+                     ("stmatrix", config.stmatrix)):
+        if on:
+            bad("tall", f"a consumer of {config.wm}x{config.wn} ({config.accumulators()} accumulators a thread) is "
+                        f"written for the plain unswapped kernel: {knob}={getattr(config, knob)} does not go with it")
+    if config.preload and problem.epilogue.activation:
+        bad("registers", f"a consumer of {config.wm}x{config.wn} spills registers with an activation's values "
+                         f"preloaded ({problem.epilogue.activation}, preload)")
+    if row.scaled or not config.transposes(problem) or problem.grouped:
+        bad("dtype", f"a consumer of {config.wm}x{config.wn} is written for 16-bit products, not "
+                     f"{problem.dtype}/{problem.compute}{' grouped' if problem.grouped else ''}")
 
 
 def layout_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:

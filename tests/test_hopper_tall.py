@@ -1,0 +1,104 @@
+"""A Hopper consumer of two m64 blocks wider than 128 columns (hopper.py MAX_TALL_ACCUMULATORS): two consumers of
+128 x 144 make a 256 x 144 tile (the shape of cuBLAS's nvjet_sm90_hsh_256x144_64x4_2x1, which is ours swapped), 144
+accumulators a thread. What the config allows, what the space offers, that the limit other tiles
+render stays 128 (their kernels, the shipped records' among them, unchanged), and that its kernels compile without
+spills where allowed. CPU only; tests/test_gpu_epilogue.py runs two of them against float64 on tails."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from autogemm.epilogue import Epilogue
+from autogemm.families import config_from_name
+from autogemm.kernels.render import render
+from autogemm.kernels.space import SearchSpace
+from autogemm.problem import Problem
+from test_hopper_stream_k import H200, compiles_without_spills, refuses_with
+
+TALL = "hopper_256x144x64_w128x144_s3_g8_k1_o1_p_ts_hd"
+LAYER = Problem.from_layout(1024, 9216, 2304, "nt", dtype="bfloat16")
+SILU = dataclasses.replace(LAYER, epilogue=Epilogue("n", "silu"))
+GELU = dataclasses.replace(LAYER, epilogue=Epilogue("n", "gelu"))
+
+
+def test_two_consumers_of_128_x_144_hold_144_accumulators_and_the_others_keep_128():
+    config = config_from_name(TALL)
+    assert config.tall_and_wide and config.accumulators() == 144 and config.max_accumulators() == 144
+    assert config.check(LAYER, H200) == []
+    code = render(config, LAYER).code
+    assert "m64n144k16" in code and '"a consumer\'s accumulators fit its registers"' in code
+    assert "<= 144, " in code
+    # a tile of at most 128 columns a consumer of two blocks, or of one block, renders the limit it always did
+    for name in ("hopper_256x128x64_w128x128_s3_g8_k1_o1_p_c2_ts_hd", "hopper_128x256x64_w64x256_s3_g8_k1_o1_p_ts_hd"):
+        other = config_from_name(name)
+        assert not other.tall_and_wide and other.max_accumulators() == 128
+        assert "<= 128, " in render(other, LAYER).code
+
+
+@pytest.mark.parametrize("name, problem, reason", [
+    # 160 accumulators a thread: over the tall limit too
+    ("hopper_256x160x64_w128x160_s3_g8_k1_o1_p_ts_hd", LAYER, "registers: 160 accumulators"),
+    # swapped it spilled 12-136 bytes without an activation (nvcc 13)
+    ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_ts_pp_sw_hd", LAYER, "tall:"),
+    ("hopper_256x144x64_w128x144_s3_g8_k2_o1_p_ts_hd", LAYER, "tall:"),
+    ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_sk_hd", LAYER, "tall:"),
+    ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_ts_stm_hd", LAYER, "tall:"),
+    # an activation's values preloaded spilled 8-124 bytes
+    ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_ts_pl_hd", GELU, "registers: a consumer of 128x144"),
+    ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_ts_pp_fa_pl_hd", SILU, "registers: a consumer of 128x144"),
+    (TALL, dataclasses.replace(LAYER, dtype="float32", compute="tf32"), "dtype: a consumer of 128x144"),
+    (TALL, Problem.from_layout(1024, 9216, 2304, "nt", dtype="float8_e4m3fn",
+                               epilogue=Epilogue(scale="tensor", out_dtype="bfloat16")), "dtype: a consumer of 128x144"),
+    # B stored K x N comes in boxes of 64 columns: 144 is no multiple
+    (TALL, dataclasses.replace(LAYER, trans_b=False), "fragment: wm=128"),
+    # a TMA store without ping-pong at four stages: 271424 bytes
+    ("hopper_256x144x64_w128x144_s4_g8_k1_o1_p_ts_hd", LAYER, "shared-memory"),
+])
+def test_a_tall_consumer_refuses_what_it_is_not_written_for(name, problem, reason):
+    refuses_with(name, problem, reason)
+
+
+def test_the_space_offers_144_columns_to_two_m64_blocks_a_consumer_and_no_wider():
+    space = SearchSpace.load("search_spaces/hopper.toml")
+    tall = [config for config in space.all_configs if config.tall_and_wide]
+    assert tall and {config.bn for config in tall} == {144}
+    assert all(config.wm == 128 and config.accumulators() == 144 for config in tall)
+    assert space.knob_values(config_from_name(TALL)) is not None
+
+
+# what nvcc 13 compiled without spills over BF16 and FP16, NT and TT, with and without the TMA store, ping-pong, a
+# cluster pair, fast activations and preloaded biases and residuals (where allowed), at 3 and 4 stages; a sample
+@pytest.mark.parametrize("name, problem", [
+    (TALL, LAYER),
+    ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_c2_ts_pp_fa_hd", SILU),
+    ("hopper_256x144x64_w128x144_s4_g8_k1_o1_p_pp_hd", Problem.from_layout(3000, 2300, 9216, "tt", dtype="float16",
+                                                                         epilogue=Epilogue("n", "gelu", True))),
+    ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_ts_pp_pl_hd", dataclasses.replace(LAYER, epilogue=Epilogue("n"))),
+    ("hopper_256x144x64_w128x144_s4_g8_k1_o1_p_c2_hd", Problem.from_layout(3072, 2304, 9216, "nt", dtype="float16",
+                                                                         epilogue=Epilogue(residual=True))),
+])
+def test_tall_kernels_compile_without_spills(name, problem):
+    compiles_without_spills(name, problem)
+
+
+def test_the_gpu_tests_of_the_tall_tile_run_on_an_h200():
+    """tests/test_gpu_epilogue.py skips a tile case its GPU's check refuses: on an H200 neither may be."""
+    import test_gpu_epilogue
+
+    cases = test_gpu_epilogue._tall_cases()
+    assert len(cases) == 2 and all(config.tall_and_wide for config, _ in cases)
+    assert {config.name: config.check(problem, H200) for config, problem in cases} == {c.name: [] for c, _ in cases}
+
+
+def test_nvrtc_compiles_the_tall_tiles_of_the_gpu_tests(tmp_path, monkeypatch):
+    """What serves compiles with NVRTC, not nvcc: the GPU tests' two tall kernels, by the installed NVRTC."""
+    import test_gpu_epilogue
+
+    from autogemm.kernels import compile as kernel_compile
+
+    monkeypatch.setenv("AUTOGEMM_CUBIN_DIR", str(tmp_path))  # compiled here and now, none reused
+    for config, problem in test_gpu_epilogue._tall_cases():
+        cubin = kernel_compile.compile_to_cubin(render(config, problem), "sm_90")
+        assert cubin.read_bytes()[:4] == b"\x7fELF"
