@@ -94,6 +94,10 @@ QUICK = (
     # in clusters of two storing through TMA, and two taking turns on 64 x 320 tiles
     ("bfloat16", "fp32", "hopper_128x320x64_w64x320_s3_g8_k1_o1_p_c2_ts_hd"),
     ("float16", "fp32", "hopper_128x320x64_w64x320_s4_g8_k1_o1_p_ts_pp_hd"),
+    # two consumers of 128 x 144 (144 accumulators a thread): in clusters of two storing through TMA (B K-major:
+    # NT and TT), and swapped from registers on B stored K x N (NN: the kernel's 256 rows along N, cuBLAS's way)
+    ("bfloat16", "fp32", "hopper_256x144x64_w128x144_s3_g8_k1_o1_p_c2_ts_hd"),
+    ("float16", "fp32", "hopper_256x144x64_w128x144_s4_g8_k1_o1_p_c2_sw_hd"),
     # programmatic dependent launch: each launch may start while the one before drains, and waits before it
     # touches memory (the edge cases run back to back on one stream)
     ("float16", "fp32", "hopper_128x128x64_w64x128_s4_g8_k1_o1_p_c2_ts_hd_dl"),

@@ -2,7 +2,8 @@
 128 x 144 make a 256 x 144 tile (the shape of cuBLAS's nvjet_sm90_hsh_256x144_64x4_2x1, which is ours swapped), 144
 accumulators a thread. What the config allows, what the space offers, that the limit other tiles
 render stays 128 (their kernels, the shipped records' among them, unchanged), and that its kernels compile without
-spills where allowed. CPU only; tests/test_gpu_epilogue.py runs two of them against float64 on tails."""
+spills where allowed. CPU only; tests/test_gpu_epilogue.py runs three of them against float64 on tails, and
+tests/test_gpu_kernels.py two on every edge shape."""
 
 from __future__ import annotations
 
@@ -21,12 +22,18 @@ TALL = "hopper_256x144x64_w128x144_s3_g8_k1_o1_p_ts_hd"
 LAYER = Problem.from_layout(1024, 9216, 2304, "nt", dtype="bfloat16")
 SILU = dataclasses.replace(LAYER, epilogue=Epilogue("n", "silu"))
 GELU = dataclasses.replace(LAYER, epilogue=Epilogue("n", "gelu"))
+# B stored K x N: 144 columns only swapped (the kernel's B is A, K-major), cuBLAS's orientation of the tile (its
+# nvjet_sm90_hsh_256x144 at FP16 1000 x 4544 x 18176: 126 tiles, one wave, where 128 x 256 makes 144)
+NN = Problem.from_layout(1000, 4544, 18176, "nn", dtype="float16")
 
 
 def test_two_consumers_of_128_x_144_hold_144_accumulators_and_the_others_keep_128():
     config = config_from_name(TALL)
     assert config.tall_and_wide and config.accumulators() == 144 and config.max_accumulators() == 144
     assert config.check(LAYER, H200) == []
+    swapped = config_from_name("hopper_256x144x64_w128x144_s4_g8_k1_o1_p_c2_sw_hd")
+    assert swapped.check(NN, H200) == [] and swapped.check(LAYER, H200) != []
+    assert swapped.check(dataclasses.replace(LAYER, epilogue=Epilogue("n", "silu"), trans_b=False), H200) == []
     code = render(config, LAYER).code
     assert "m64n144k16" in code and '"a consumer\'s accumulators fit its registers"' in code
     assert "<= 144, " in code
@@ -40,8 +47,13 @@ def test_two_consumers_of_128_x_144_hold_144_accumulators_and_the_others_keep_12
 @pytest.mark.parametrize("name, problem, reason", [
     # 160 accumulators a thread: over the tall limit too
     ("hopper_256x160x64_w128x160_s3_g8_k1_o1_p_ts_hd", LAYER, "registers: 160 accumulators"),
-    # swapped it spilled 12-136 bytes without an activation (nvcc 13)
-    ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_ts_pp_sw_hd", LAYER, "tall:"),
+    # swapped without an activation or a residual it spilled 12-136 bytes (nvcc 13), except on B stored K x N from
+    # registers without a bias
+    ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_sw_hd", LAYER, "registers: a consumer of 128x144 swapped"),
+    ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_ts_sw_hd", NN, "registers: a consumer of 128x144 swapped"),
+    ("hopper_256x144x64_w128x144_s4_g8_k1_o1_p_c2_pp_sw_hd", NN, "registers: a consumer of 128x144 swapped"),
+    ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_sw_hd", dataclasses.replace(NN, epilogue=Epilogue("n")),
+     "registers: a consumer of 128x144 swapped"),
     ("hopper_256x144x64_w128x144_s3_g8_k2_o1_p_ts_hd", LAYER, "tall:"),
     ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_sk_hd", LAYER, "tall:"),
     ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_ts_stm_hd", LAYER, "tall:"),
@@ -78,6 +90,14 @@ def test_the_space_offers_144_columns_to_two_m64_blocks_a_consumer_and_no_wider(
     ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_ts_pp_pl_hd", dataclasses.replace(LAYER, epilogue=Epilogue("n"))),
     ("hopper_256x144x64_w128x144_s4_g8_k1_o1_p_c2_hd", Problem.from_layout(3072, 2304, 9216, "nt", dtype="float16",
                                                                          epilogue=Epilogue(residual=True))),
+    ("hopper_256x144x64_w128x144_s5_g8_k1_o1_p_pp_hd", Problem.from_layout(3072, 2304, 9216, "nt", dtype="float16",
+                                                                         epilogue=Epilogue(residual=True))),
+    # swapped: B stored K x N from registers, and with an activation or a residual
+    ("hopper_256x144x64_w128x144_s4_g8_k1_o1_p_c2_sw_hd", NN),
+    ("hopper_256x144x64_w128x144_s5_g8_k1_o1_p_pp_sw_hd", dataclasses.replace(NN, dtype="bfloat16")),
+    ("hopper_256x144x64_w128x144_s4_g8_k1_o1_p_c2_ts_pp_sw_fa_hd", dataclasses.replace(SILU, trans_b=False)),
+    ("hopper_256x144x64_w128x144_s4_g8_k1_o1_p_c2_sw_hd", Problem.from_layout(1000, 3001, 520, "nt", dtype="float16",
+                                                                           epilogue=Epilogue("n", "gelu", True))),
 ])
 def test_tall_kernels_compile_without_spills(name, problem):
     compiles_without_spills(name, problem)
@@ -88,7 +108,7 @@ def test_the_gpu_tests_of_the_tall_tile_run_on_an_h200():
     import test_gpu_epilogue
 
     cases = test_gpu_epilogue._tall_cases()
-    assert len(cases) == 2 and all(config.tall_and_wide for config, _ in cases)
+    assert len(cases) == 3 and all(config.tall_and_wide for config, _ in cases)
     assert {config.name: config.check(problem, H200) for config, problem in cases} == {c.name: [] for c, _ in cases}
 
 

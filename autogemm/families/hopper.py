@@ -69,11 +69,11 @@ MAX_ACCUMULATORS = 128
 # nvjet_sm90_tst_192x192_64x4_1x2_h_bz_coopB on LLM prefill products on an H200.
 MAX_SPLIT_N_ACCUMULATORS = 144
 # ... and a consumer of two m64 blocks wider than 128 columns (128 x 144: two of them make a 256 x 144 tile, the
-# shape of cuBLAS's nvjet_sm90_hsh_256x144_64x4_2x1 (seen on an H200 at FP16 1000 x 4544 x 18176), which is ours
-# swapped; unswapped, 1024 x 9216 takes 256 such tiles, 1.94 waves of 132 SMs, where 256 x 128 takes 288, 2.18);
-# its 2 x 72 compile without spills in the 168 registers a thread (nvcc 13, sm_90a: tests/test_hopper_tall.py,
-# which names what spills). Tiles of at most 128 columns
-# keep 128, so that the kernels the limit renders into a static_assert stay the same
+# shape of cuBLAS's nvjet_sm90_hsh_256x144_64x4_2x1 swapped, seen on an H200 at FP16 1000 x 4544 x 18176: 126 tiles,
+# one wave, where 128 x 256 makes 144; unswapped, 1024 x 9216 takes 256, 1.94 waves of 132 SMs, where 256 x 128
+# takes 288). Its 2 x 72 compile without spills in the 168 registers a thread except where hopper_rules.tall_reasons
+# says (nvcc 13, sm_90a: tests/test_hopper_tall.py). Tiles of at most 128 columns keep 128, so that the kernels the
+# limit renders into a static_assert stay the same
 MAX_TALL_ACCUMULATORS, TALL_WIDTH = 144, 128
 # ... and a wide tile's consumer (64 x 320: two wgmmas of 256 and 64 columns; cuBLAS's 320 x 128 tile on BF16
 # products of 4096 rows and more on an H200)

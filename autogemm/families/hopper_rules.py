@@ -126,19 +126,28 @@ def wide_reasons(config: Any, problem: Problem, bad) -> None:
 
 def tall_reasons(config: Any, problem: Problem, bad) -> None:
     """A consumer of two m64 blocks more than 128 columns wide (128 x 144: two make a 256 x 144 tile), with 144
-    accumulators a thread: written for the plain 16-bit kernel, unswapped. nvcc 13 (sm_90a, BF16 and FP16, layouts
-    NT and TT, bias, GELU, SiLU and residuals, 3 and 4 stages, with and without the TMA store and ping-pong) compiled
-    it without spills except swapped (12-136 bytes without an activation) and with an activation's values
-    preloaded (8-124 bytes): tests/test_hopper_tall.py."""
+    accumulators a thread: written for the plain 16-bit kernel. nvcc 13 (sm_90a, BF16 and FP16, layouts NT, TT and
+    (swapped) NN, no epilogue, a bias, GELU, SiLU and residuals, 3 and 4 stages, with and without the TMA store and
+    ping-pong) compiled it without spills except with an activation's values preloaded (8-124 bytes) and, swapped,
+    without an activation or a residual: 12-56 bytes with no epilogue on layout NT (on NN 24-56 through TMA, 12 from
+    registers in cluster pairs under ping-pong, none otherwise), 104-136 with a bias from registers, 16-40 with a bias
+    through TMA under ping-pong. `check` refuses those (swapped with neither an activation nor a residual, it allows B
+    stored K x N from registers, without a bias, and not ping-pong in pairs: cuBLAS's orientation of this tile on such
+    products): tests/test_hopper_tall.py."""
     row = dtypes.lookup(problem.dtype, problem.compute)
-    for knob, on in (("swap", config.swap), ("split_k", config.split_k > 1), ("stream_k", config.stream_k),
-                     ("stmatrix", config.stmatrix)):
+    for knob, on in (("split_k", config.split_k > 1), ("stream_k", config.stream_k), ("stmatrix", config.stmatrix)):
         if on:
             bad("tall", f"a consumer of {config.wm}x{config.wn} ({config.accumulators()} accumulators a thread) is "
-                        f"written for the plain unswapped kernel: {knob}={getattr(config, knob)} does not go with it")
-    if config.preload and problem.epilogue.activation:
+                        f"written for the plain kernel: {knob}={getattr(config, knob)} does not go with it")
+    epilogue = problem.epilogue
+    if config.preload and epilogue.activation:
         bad("registers", f"a consumer of {config.wm}x{config.wn} spills registers with an activation's values "
-                         f"preloaded ({problem.epilogue.activation}, preload)")
+                         f"preloaded ({epilogue.activation}, preload)")
+    if config.swap and not (epilogue.activation or epilogue.residual) and (
+            problem.trans_b or config.tma_store or epilogue.bias or (config.pingpong and config.cluster > 1)):
+        bad("registers", f"a consumer of {config.wm}x{config.wn} swapped spills registers without an activation or a "
+                         "residual, except with B stored K x N (layout NN), stored from registers, without a bias and "
+                         "not ping-pong in cluster pairs")
     if row.scaled or not config.transposes(problem) or problem.grouped:
         bad("dtype", f"a consumer of {config.wm}x{config.wn} is written for 16-bit products, not "
                      f"{problem.dtype}/{problem.compute}{' grouped' if problem.grouped else ''}")
