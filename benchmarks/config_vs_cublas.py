@@ -26,6 +26,13 @@ bench_unseen_epilogues judges a tuned layer (issue 63):
     python benchmarks/config_vs_cublas.py bfloat16:nt:1024x9216x2304 --epilogue bias+silu \
         hopper_256x128x64_w128x128_s4_g8_k1_o1_p_ts_pp_fa_hd
 
+With --lt-algorithms N the competitors include cuBLASLt's heuristic's first N algorithms for the product
+with the layer's epilogue inside the GEMM (none; BIAS for a bias; a residual read as C), each checked as a
+configuration is and named by the kernel it launches: whether an algorithm the heuristic ranks lower runs a
+layer faster than its first choice, the one eager's F.linear runs (configurations may then be left out):
+
+    python benchmarks/config_vs_cublas.py bfloat16:nt:1024x9216x3072 --epilogue bias --lt-algorithms 8
+
 With --profile-once each is launched once for Nsight Compute instead of timed, e.g. to read every kernel's
 stall samples line by line in its SASS beside cuBLAS's:
 
@@ -130,6 +137,51 @@ def layer_calls(case: str, a, b, seed: int = 2) -> tuple[dict, object, object, o
     return calls, cupy.asarray(reference(case, x, w, t_bias, t_residual)), bias, residual
 
 
+LT_CASES = ("", "bias", "residual")  # the cases whose whole epilogue cuBLASLt computes inside its GEMM
+
+
+def lt_algorithm_calls(problem, stored_a, stored_b, bias, residual, count: int) -> list[tuple]:
+    """--lt-algorithms: (label, call, output, description) of each of cuBLASLt's heuristic's first `count`
+    algorithms (fewer where it offers fewer) for `problem` with its epilogue inside the GEMM (the bias, or the
+    residual read as C: cublas_epilogue.lt_epilogue; DEFAULT without one), each writing an output of its own;
+    the description gives the heuristic's waves and workspace."""
+    import cupy
+
+    from autogemm.epilogue import Epilogue
+    from autogemm.gpu.cublas_epilogue import cublas_epilogue_launcher, lt_epilogue
+    from autogemm.gpu.cublas_gemm import alignment_of
+    from autogemm.gpu.operands import describe
+    from autogemm.measure.epilogue_routes import storage_layouts
+
+    epilogue = problem.epilogue
+    name = "DEFAULT" if epilogue.is_identity else lt_epilogue(epilogue, problem.dtype)
+    if name is None:
+        raise ValueError(f"cuBLASLt has no epilogue computing {epilogue} on {problem.dtype} products")
+    bias = bias if epilogue.bias else None
+    residual = residual if epilogue.residual else None
+    bare = dataclasses.replace(problem, epilogue=Epilogue())
+    ordinal = cupy.cuda.Device().id
+    found = []
+    for rank in range(count):
+        d = cupy.empty(((problem.batch,) if problem.batch > 1 else ()) + (problem.m, problem.n), dtype=stored_a.dtype)
+        layout_a, layout_b, layout_d = storage_layouts(bare, stored_a, stored_b, d)
+        layout_r = describe(residual, "residual", bfloat16_bits=True).storage(False) if residual is not None else None
+        pbias, presidual = (0 if x is None else x.data.ptr for x in (bias, residual))
+        pointers = [layout_a.pointer, layout_b.pointer, layout_d.pointer] + [x for x in (pbias, presidual) if x]
+        launch = cublas_epilogue_launcher(bare, layout_a, layout_b, layout_d, name, layout_r, pbias,
+                                          min(alignment_of(x) for x in pointers), ordinal, rank=rank)
+        if launch is None:
+            break
+        result = launch.algorithm[0]
+        call = (lambda i, launch=launch, pa=layout_a.pointer, pb=layout_b.pointer, pd=layout_d.pointer,
+                pbias=pbias, presidual=presidual: launch(pa, pb, pd, 1.0, cupy.cuda.get_current_stream().ptr, pbias,
+                                                         presidual))
+        found.append((f"cuBLASLt {name} #{rank + 1}", call, d,
+                      f"heuristic: {float(result['waves_count']):.2f} waves, "
+                      f"{int(result['workspace_size']) / 2**20:.1f} MiB workspace"))
+    return found
+
+
 def captured(means: dict, name: str) -> str:
     """--epilogue: the share of eager's epilogue cost (eager over the GEMM alone) route `name` captures, by
     unseen_epilogues_table.ceiling, as bench_unseen_epilogues judges it; "-" where eager is no slower than the
@@ -144,10 +196,11 @@ def captured(means: dict, name: str) -> str:
 
 
 def examine(spec, configs: list, rounds: int, profile_once: bool = False, between_mb: float = 0.0,
-            case: str = "") -> list[str]:
+            case: str = "", lt_algorithms: int = 0) -> list[str]:
     """One problem's lines: each configuration's and each baseline's sustained time, the fill of each kernel's
     tiles, the clocks, and cuBLAS's kernels (with `profile_once`, each launched once for a profiler instead).
-    With an epilogue `case`, the configurations fuse it and the baselines are the layer's (layer_calls)."""
+    With an epilogue `case`, the configurations fuse it and the baselines are the layer's (layer_calls).
+    With `lt_algorithms`, cuBLASLt's heuristic's first that many algorithms compete too (lt_algorithm_calls)."""
     import cupy
     import numpy as np
 
@@ -175,6 +228,7 @@ def examine(spec, configs: list, rounds: int, profile_once: bool = False, betwee
     else:
         calls = {name: (lambda i, call=call: call()) for name, call in baselines.user_calls(a, b).items()}
         reference, base = to_float64(bits(cupy.matmul(a, b))), TORCH
+        bias = residual = None
     lines = [f"## {problem_label(problem)}{' with ' + case if case else ''} on {device.name} "
              f"({device.sm_count} SMs)", ""]
     fills = {}
@@ -192,6 +246,15 @@ def examine(spec, configs: list, rounds: int, profile_once: bool = False, betwee
             continue
         calls[config.name] = lambda i, run=run: run()
         fills[config.name] = waves.fill(config, problem, device).describe()
+    lt_names = []
+    for name, call, d, description in lt_algorithm_calls(problem, stored_a, stored_b, bias, residual, lt_algorithms):
+        call(0)
+        error = relative_error(bits(d), reference)
+        if not error <= TOLERANCE[problem.dtype]:
+            lines.append(f"- {name}: off by {error:.3g} (limit {TOLERANCE[problem.dtype]:g}): not timed")
+            continue
+        calls[name], fills[name] = call, description
+        lt_names.append(name)
     if profile_once:
         return lines + launched_once(calls)
     timed = with_kernel_between(calls, elementwise_between(between_mb)) if between_mb else calls
@@ -214,9 +277,11 @@ def examine(spec, configs: list, rounds: int, profile_once: bool = False, betwee
         ratio = f"{means[base] / us:.3f}" if base in means else "-"
         lines.append(f"| {name} | {us:.1f} | {problem.flops / us / 1e6:.0f} | {ratio} |"
                      f"{f' {captured(means, name)} |' if case else ''} {spread[name]:.2%} | {fills.get(name, '')} |")
-    if base in calls:
-        cublas = "; ".join(f"{kernel} ({us:.1f} us)" for kernel, us in kernels(lambda: calls[base](0)))
-        lines += ["", f"{base} launches: {cublas or '-'}"]
+    baselines_launched = [base, GEMM_ALONE] if case else [base]
+    for name in baselines_launched + lt_names:
+        if name in calls:
+            launched = "; ".join(f"{kernel} ({us:.1f} us)" for kernel, us in kernels(lambda: calls[name](0)))
+            lines += ["", f"{name} launches: {launched or '-'}"]
     return lines + [""]
 
 
@@ -225,7 +290,7 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("problem", help="dtype:layout:MxNxK or dtype:layout:BATCHxMxNxK (float16, bfloat16, "
                                         "float32, float64)")
-    parser.add_argument("configs", nargs="+", help="configuration names (as `autogemm tune` prints them)")
+    parser.add_argument("configs", nargs="*", help="configuration names (as `autogemm tune` prints them)")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"sustained rounds (default {ROUNDS})")
     parser.add_argument("--profile-once", action="store_true",
                         help="instead of timing, launch each configuration and baseline once (after a warm-up) between "
@@ -236,7 +301,17 @@ def main(argv=None) -> int:
     parser.add_argument("--epilogue", choices=EPILOGUE_CASES, default="",
                         help="time a layer (layout nt, as torch.nn.Linear holds it) with this epilogue fused in each "
                              "configuration, against eager PyTorch and the GEMM alone, with the share captured")
+    parser.add_argument("--lt-algorithms", type=int, default=0, metavar="N",
+                        help="time cuBLASLt's heuristic's first N algorithms (1 to 64) for the product with the layer's "
+                             "epilogue inside the GEMM (none, a bias, or a residual read as C) beside the rest")
     args = parser.parse_args(argv)
+    if not args.configs and not args.lt_algorithms:
+        parser.error("name a configuration to time, or --lt-algorithms N")
+    if not 0 <= args.lt_algorithms <= 64:
+        parser.error("--lt-algorithms must be from 0 to 64")
+    if args.lt_algorithms and args.epilogue not in LT_CASES:
+        parser.error(f"--lt-algorithms: cuBLASLt's epilogues compute no {args.epilogue.partition('+')[2]} as "
+                     f"F.{args.epilogue.partition('+')[2]} does (only a bias, or a residual read as C)")
     if not 1 <= args.rounds <= 1000:
         parser.error("--rounds must be from 1 to 1000")
     try:
@@ -249,7 +324,8 @@ def main(argv=None) -> int:
     if args.epilogue and (spec[2] != "nt" or spec[3] != 1 or spec[0] not in ("float16", "bfloat16")):
         parser.error(f"--epilogue times a layer as torch.nn.Linear holds it: float16 or bfloat16, layout nt, no batch "
                      f"(not {args.problem})")
-    print("\n".join(examine(spec, configs, args.rounds, args.profile_once, args.between, args.epilogue)), flush=True)
+    print("\n".join(examine(spec, configs, args.rounds, args.profile_once, args.between, args.epilogue,
+                             args.lt_algorithms)), flush=True)
     return 0
 
 

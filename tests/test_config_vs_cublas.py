@@ -30,6 +30,12 @@ def test_configurations_are_read_by_name():
      "no batch"),
     (["float32:nt:64x64x64", "hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts", "--epilogue", "bias"], "float16 or"),
     (["bfloat16:nt:64x64x64", "hopper_128x256x64_w64x256_s4_g8_k1_o1_p_c2_ts", "--epilogue", "relu"], "--epilogue"),
+    # cuBLASLt's runners-up: what they compete with, how many, and only where cuBLASLt computes the epilogue
+    (["bfloat16:nt:64x64x64"], "name a configuration to time, or --lt-algorithms N"),
+    (["bfloat16:nt:64x64x64", "--lt-algorithms", "65"], "--lt-algorithms must be from 0 to 64"),
+    (["bfloat16:nt:64x64x64", "--lt-algorithms", "-1"], "--lt-algorithms must be from 0 to 64"),
+    (["bfloat16:nt:64x64x64", "--epilogue", "bias+silu", "--lt-algorithms", "4"],
+     "cuBLASLt's epilogues compute no silu"),
 ])
 def test_what_does_not_read_is_refused_by_name(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_:

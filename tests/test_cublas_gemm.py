@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+from types import SimpleNamespace
+
+import numpy as np
 import pytest
 
 from autogemm.gpu.cublas_gemm import INT32_MAX, cublas_launcher
@@ -22,3 +26,82 @@ def test_sizes_beyond_32_bits_are_refused_by_name():
 def test_a_transposed_output_is_refused():
     with pytest.raises(ValueError, match="cuBLAS writes C in row-major rows"):
         cublas_launcher(Problem(8, 8, 8), ROW_MAJOR, ROW_MAJOR, KernelOperand(True, 8, 0, 0), (9, 0))
+
+
+class FakeCublasLt:
+    """cuBLASLt's bindings as LtPlan calls them (nvmath.bindings.cublasLt's names), whose heuristic offers
+    `offered` algorithms, the one of rank r with r + 1 waves; it writes its results where cuBLASLt would."""
+
+    class cuBLASLtError(Exception):
+        pass
+
+    class _Names:
+        def __getattr__(self, name):
+            return 0
+
+    matmul_heuristic_result_dtype = np.dtype([("algo", "<u8", (8,)), ("workspace_size", "<u8"), ("state", "<i4"),
+                                              ("waves_count", "<f4"), ("reserved", "<i4", (4,))])
+    MatmulDescAttribute = MatrixLayoutAttribute = MatmulPreferenceAttribute = Epilogue = _Names()
+
+    def __init__(self, offered: int, fails: bool = False):
+        self.offered, self.fails, self.asked = offered, fails, []
+
+    def __getattr__(self, name):  # descriptors, layouts, preferences and their attributes: nothing to keep
+        return lambda *args: 0
+
+    def matmul_algo_get_heuristic(self, handle, desc, a, b, c, d, preference, count, results, found):
+        self.asked.append(count)
+        if self.fails:
+            raise self.cuBLASLtError("CUBLAS_STATUS_NOT_SUPPORTED")
+        given = np.zeros(min(count, self.offered), dtype=self.matmul_heuristic_result_dtype)
+        given["waves_count"] = np.arange(1, len(given) + 1)
+        ctypes.memmove(results, given.ctypes.data, given.nbytes)
+        ctypes.memmove(found, np.array([len(given)], dtype=np.int32).ctypes.data, 4)
+
+
+def fake_plan(monkeypatch, lt):
+    from autogemm.gpu import cublas_gemm
+
+    monkeypatch.setattr(cublas_gemm, "bindings", lambda: (lt, None))
+    return cublas_gemm.LtPlan(Problem(64, 64, 64, dtype="float16"), ROW_MAJOR, ROW_MAJOR, ROW_MAJOR,
+                              SimpleNamespace(lt=1))
+
+
+def test_the_heuristic_s_runners_up_are_given_best_first_and_no_more_than_it_offers(monkeypatch):
+    lt = FakeCublasLt(offered=6)
+    plan = fake_plan(monkeypatch, lt)
+    assert [float(x["waves_count"][0]) for x in plan.ranked(256, 4)] == [1, 2, 3, 4]
+    lt.offered = 2
+    ranked = plan.ranked(256, 4)
+    assert [float(x["waves_count"][0]) for x in ranked] == [1, 2] and lt.asked == [4, 4]
+    # each is the address of its own result, as a call passes it
+    assert ranked[1].ctypes.data - ranked[0].ctypes.data == lt.matmul_heuristic_result_dtype.itemsize
+    with pytest.raises(ValueError, match="1 to 1024 algorithms, not 0"):
+        plan.ranked(256, 0)
+
+
+def test_the_served_algorithm_is_the_heuristic_s_first_asked_once_per_alignment(monkeypatch):
+    lt = FakeCublasLt(offered=6)
+    plan = fake_plan(monkeypatch, lt)
+    assert float(plan.algorithm(256)["waves_count"][0]) == 1 and plan.algorithm(256) is plan.algorithm(256)
+    assert lt.asked == [1]
+    lt.fails = True  # (no algorithm at all: None, kept as well)
+    assert plan.algorithm(16) is None and plan.algorithm(16) is None and lt.asked == [1, 1]
+    assert plan.ranked(16, 3) == []
+
+
+def test_an_epilogue_launcher_of_a_lower_rank_runs_that_algorithm_or_none(monkeypatch):
+    from autogemm.gpu import cublas_epilogue, cublas_gemm
+
+    lt = FakeCublasLt(offered=3)
+    monkeypatch.setattr(cublas_gemm, "bindings", lambda: (lt, None))
+    monkeypatch.setattr(cublas_epilogue, "bindings", lambda: (lt, None))
+    monkeypatch.setattr(cublas_epilogue, "device_state", lambda ordinal: SimpleNamespace(lt=1, workspace=None))
+    problem = Problem(64, 64, 64, dtype="float16")
+
+    def launcher(rank):
+        return cublas_epilogue.cublas_epilogue_launcher(problem, ROW_MAJOR, ROW_MAJOR, ROW_MAJOR, "BIAS", None, 256,
+                                                        256, 0, rank=rank)
+
+    assert [float(launcher(rank).algorithm["waves_count"][0]) for rank in range(3)] == [1, 2, 3]
+    assert launcher(3) is None

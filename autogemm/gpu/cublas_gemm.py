@@ -183,6 +183,17 @@ class LtPlan:
         found = self.algorithms.get(alignment)
         if found is not None or alignment in self.algorithms:
             return found
+        ranked = self.ranked(alignment, 1)
+        found = ranked[0] if ranked else None
+        self.algorithms[alignment] = found
+        return found
+
+    def ranked(self, alignment: int, count: int) -> list[np.ndarray]:
+        """The heuristic's first `count` algorithms (fewer where it has fewer) for operands aligned to
+        `alignment` bytes, best first: each a one-element array of cublasLtMatmulHeuristicResult_t
+        (`algo`, `workspace_size`, `waves_count`) whose address a call passes as its algorithm."""
+        if not 1 <= count <= 1024:
+            raise ValueError(f"cuBLASLt's heuristic is asked for 1 to 1024 algorithms, not {count}")
         lt = self._lt
         preference = lt.matmul_preference_create()
         try:
@@ -193,18 +204,16 @@ class LtPlan:
                               lt.MatmulPreferenceAttribute.MIN_ALIGNMENT_C_BYTES,
                               lt.MatmulPreferenceAttribute.MIN_ALIGNMENT_D_BYTES):
                 set_attribute(lt.matmul_preference_set_attribute, preference, attribute, alignment, np.uint32)
-            results = np.zeros(1, dtype=lt.matmul_heuristic_result_dtype)
-            count = np.zeros(1, dtype=np.int32)
+            results = np.zeros(count, dtype=lt.matmul_heuristic_result_dtype)
+            found = np.zeros(1, dtype=np.int32)
             try:
                 lt.matmul_algo_get_heuristic(self._state.lt, self.desc, self.a_desc, self.b_desc, self.c_desc,
-                                             self.d_desc, preference, 1, results.ctypes.data, count.ctypes.data)
+                                             self.d_desc, preference, count, results.ctypes.data, found.ctypes.data)
             except lt.cuBLASLtError:  # CUBLAS_STATUS_NOT_SUPPORTED: nothing for this problem
-                count[0] = 0
+                found[0] = 0
         finally:
             lt.matmul_preference_destroy(preference)
-        found = results if count[0] > 0 else None
-        self.algorithms[alignment] = found
-        return found
+        return [results[i:i + 1] for i in range(int(found[0]))]  # (views: each keeps `results` alive)
 
 
 def alignment_of(address: int) -> int:
