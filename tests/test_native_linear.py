@@ -195,6 +195,7 @@ def _pass_launch(**changed):
     (dict(offsets=(0, 48)), "an argument's offset past its bytes"),
     (dict(pointers=(0, 8, 16, 24, 44)), "a pointer's offset not in its bytes"),
     (dict(pointers=(0, 8, 16, 24, 2**64 - 8)), "a pointer's offset not in its bytes"),  # (past 64 bits with its 8)
+    (dict(pointers=(0, 8, 16, 24, 36)), "a pointer's offset off its 8-byte word"),
     (dict(pointers=(0, 8, 16, 24)), "the offsets of 5 pointers"),
     (dict(alignment=24), "no power of 2"),
     (dict(function=0), "no kernel"),

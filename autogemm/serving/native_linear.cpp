@@ -245,11 +245,11 @@ class Memo {
     if (with_pass || (prepare_ && (as_c || !bias.is_none()))) {
       std::string why;
       const at::Tensor none;
+      const at::Tensor& xt = THPVariable_Unpack(x.ptr());
+      const at::Tensor& wt = THPVariable_Unpack(weight.ptr());
       if (with_pass) {
         auto pass = PreparedPass::prepare(pass_launch, why);
         std::unique_ptr<PreparedLinear> linear;  // (a key without it still serves: at::linear then)
-        const at::Tensor& xt = THPVariable_Unpack(x.ptr());
-        const at::Tensor& wt = THPVariable_Unpack(weight.ptr());
         if (pass && bias_in_linear && !bias.is_none()) {
           linear = PreparedLinear::prepare(Route::kLinear, xt, wt, THPVariable_Unpack(bias.ptr()), none, false,
                                            linear_workspace_bytes_, why);
@@ -260,8 +260,7 @@ class Memo {
         if (pass) entry = std::make_shared<Prepared>(Prepared{std::move(linear), std::move(pass), bias_in_linear, nullptr});
       } else {
         auto linear = PreparedLinear::prepare(
-            as_c ? Route::kResidualAsC : Route::kLinear, THPVariable_Unpack(x.ptr()), THPVariable_Unpack(weight.ptr()),
-            bias.is_none() ? none : THPVariable_Unpack(bias.ptr()),
+            as_c ? Route::kResidualAsC : Route::kLinear, xt, wt, bias.is_none() ? none : THPVariable_Unpack(bias.ptr()),
             residual.is_none() ? none : THPVariable_Unpack(residual.ptr()), act == kNone && residual.is_none(),
             as_c ? residual_workspace_bytes_ : linear_workspace_bytes_, why);
         if (linear) entry = std::make_shared<Prepared>(Prepared{std::move(linear), nullptr, false, nullptr});

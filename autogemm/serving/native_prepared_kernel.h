@@ -49,11 +49,7 @@ class PreparedKernel {
   static std::unique_ptr<PreparedKernel> prepare(pybind11::handle launch, std::string& why) {
     std::unique_ptr<PreparedKernel> p = parse(launch, why);
     if (!p) return nullptr;
-    if (launch_kernel() == nullptr) {
-      why = "no cuLaunchKernel in this process's CUDA driver";
-      return nullptr;
-    }
-    why = no_current_stream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(p->device_)));
+    why = cannot_launch_on(p->device_);
     return why.empty() ? std::move(p) : nullptr;
   }
 
@@ -66,35 +62,29 @@ class PreparedKernel {
       const py::tuple t = py::reinterpret_borrow<py::tuple>(launch);
       if (t.size() != 21) throw std::invalid_argument("a kernel's launch has 21 parts");
       p->launch_ = PackedLaunch::read(t, kMaxArgumentBytes, "a kernel's");
-      const size_t bytes = p->launch_.bytes();
-      const auto inside = [&](size_t at, size_t size, const char* what) {
-        if (at > bytes || size > bytes - at) {  // (no sum that could wrap)
-          throw std::invalid_argument(std::string(what) + "'s offset not in its bytes");
-        }
-        return at;
-      };
+      const PackedLaunch& packed = p->launch_;
       const py::tuple maps = t[6].cast<py::tuple>(), pointers = t[7].cast<py::tuple>();
       if (maps.size() != 3 || pointers.size() != 2) throw std::invalid_argument("the offsets of 3 maps and 2 pointers");
       for (size_t role = 0; role < 3; ++role) {
-        if (!maps[role].is_none()) p->map_at_[role] = inside(maps[role].cast<size_t>(), kMapBytes, "a map");
+        if (!maps[role].is_none()) p->map_at_[role] = packed.within(maps[role].cast<size_t>(), kMapBytes, "a map");
         if (role < 2 && !pointers[role].is_none()) {
-          p->pointer_at_[role] = inside(pointers[role].cast<size_t>(), sizeof(uint64_t), "an operand's pointer");
+          p->pointer_at_[role] = packed.within(pointers[role].cast<size_t>(), sizeof(uint64_t), "an operand's pointer");
         }
         if (role < 2 && (p->map_at_[role] == kNone) == (p->pointer_at_[role] == kNone)) {
           throw std::invalid_argument("A and B each as a map or as a pointer");
         }
       }
-      p->c_at_ = inside(t[8].cast<size_t>(), sizeof(uint64_t), "C");
-      p->bias_at_ = inside(t[9].cast<size_t>(), sizeof(uint64_t), "the bias");
-      p->residual_at_ = inside(t[10].cast<size_t>(), sizeof(uint64_t), "the residual");
-      if (!t[11].is_none()) p->c_mapped_at_ = inside(t[11].cast<size_t>(), sizeof(int32_t), "the C-mapped flag");
+      p->c_at_ = packed.within(t[8].cast<size_t>(), sizeof(uint64_t), "C");
+      p->bias_at_ = packed.within(t[9].cast<size_t>(), sizeof(uint64_t), "the bias");
+      p->residual_at_ = packed.within(t[10].cast<size_t>(), sizeof(uint64_t), "the residual");
+      if (!t[11].is_none()) p->c_mapped_at_ = packed.within(t[11].cast<size_t>(), sizeof(int32_t), "the C-mapped flag");
       if (p->map_at_[2] != kNone && p->c_mapped_at_ == kNone) throw std::invalid_argument("a C map with no flag");
       p->scalar_bytes_ = t[14].cast<size_t>();
       if (p->scalar_bytes_ != sizeof(float) && p->scalar_bytes_ != sizeof(double)) {
         throw std::invalid_argument("alpha and beta of 4 or 8 bytes");
       }
-      p->alpha_at_ = inside(t[12].cast<size_t>(), p->scalar_bytes_, "alpha");
-      p->beta_at_ = inside(t[13].cast<size_t>(), p->scalar_bytes_, "beta");
+      p->alpha_at_ = packed.within(t[12].cast<size_t>(), p->scalar_bytes_, "alpha");
+      p->beta_at_ = packed.within(t[13].cast<size_t>(), p->scalar_bytes_, "beta");
       const py::tuple order = t[15].cast<py::tuple>();
       p->x_role_ = order.size() == 2 ? order[0].cast<int>() : -1;
       if (p->x_role_ != 0 && p->x_role_ != 1) throw std::invalid_argument("x's role 0 or 1");

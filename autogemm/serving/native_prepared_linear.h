@@ -114,7 +114,7 @@ class PreparedLinear {
     if (!x.is_cuda() || (type != at::kHalf && type != at::kBFloat16) || w.scalar_type() != type || w.dim() != 2 ||
         x.dim() < 2 || x.dim() > 3 || !x.is_contiguous() || !w.is_contiguous() || w.device() != x.device() ||
         (with_bias && (b.scalar_type() != type || b.dim() != 1 || !b.is_contiguous() || b.device() != x.device())) ||
-        (with_c || with_bias ? bare : !bare)) {
+        (with_c || with_bias) == bare) {
       why = "not a cuBLASLt call the memo prepares (16-bit, contiguous, 2-D or 3-D x, one device; a bias or C, or "
             "the bare GEMM)";
       return nullptr;

@@ -78,6 +78,15 @@ struct PackedLaunch {
 
   size_t bytes() const { return arguments.size() * sizeof(uint64_t); }
 
+  // `at`, the offset of an argument of `size` bytes that lies within the arguments' bytes (std::invalid_argument
+  // names `what` where it does not)
+  size_t within(size_t at, size_t size, const char* what) const {
+    if (at > bytes() || size > bytes() - at) {  // (no sum that could wrap)
+      throw std::invalid_argument(std::string(what) + "'s offset not in its bytes");
+    }
+    return at;
+  }
+
   // cuLaunchKernel of the function with the arguments read from `bytes` (these arguments, or a copy rewritten
   // for the call) at their offsets, on `stream`: its CUresult (the driver copies the arguments at launch)
   int launch(const char* bytes, void* stream) const {
@@ -87,6 +96,13 @@ struct PackedLaunch {
                            parameters.data(), nullptr);
   }
 };
+
+// Why the memo cannot launch a prepared kernel on GPU `device` ("" where it can): no cuLaunchKernel in this
+// process's CUDA driver, or no handle of PyTorch's current stream there. Asked once, when a launch is prepared.
+std::string cannot_launch_on(int64_t device) {
+  if (launch_kernel() == nullptr) return "no cuLaunchKernel in this process's CUDA driver";
+  return no_current_stream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
+}
 
 // which of the pass's pointer arguments a launch rewrites, in the order the description gives their offsets
 enum PassPointer : size_t { kProduct = 0, kOutput = 1, kSource = 2, kBias = 3, kResidual = 4, kPointers = 5 };
@@ -106,14 +122,11 @@ class PreparedPass {
       const py::tuple t = py::reinterpret_borrow<py::tuple>(launch);
       if (t.size() != 10) throw std::invalid_argument("a pass's launch has 10 parts");
       p->launch_ = PackedLaunch::read(t, kMaxArgumentBytes, "the pass's");
-      const size_t bytes = p->launch_.bytes();
       const py::tuple pointers = t[6].cast<py::tuple>();
       if (pointers.size() != kPointers) throw std::invalid_argument("the offsets of 5 pointers");
       for (size_t i = 0; i < kPointers; ++i) {
-        p->pointer_at_[i] = pointers[i].cast<size_t>();
-        if (p->pointer_at_[i] % sizeof(uint64_t) || p->pointer_at_[i] > bytes - sizeof(uint64_t)) {
-          throw std::invalid_argument("a pointer's offset not in its bytes");
-        }
+        p->pointer_at_[i] = p->launch_.within(pointers[i].cast<size_t>(), sizeof(uint64_t), "a pointer");
+        if (p->pointer_at_[i] % sizeof(uint64_t)) throw std::invalid_argument("a pointer's offset off its 8-byte word");
       }
       p->alignment_ = t[7].cast<uintptr_t>();
       if (p->alignment_ == 0 || p->alignment_ > 256 || (p->alignment_ & (p->alignment_ - 1))) {
@@ -128,11 +141,7 @@ class PreparedPass {
       why = std::string("not a pass's launch: ") + error.what();
       return nullptr;
     }
-    if (launch_kernel() == nullptr) {
-      why = "no cuLaunchKernel in this process's CUDA driver";
-      return nullptr;
-    }
-    why = no_current_stream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(p->device_)));
+    why = cannot_launch_on(p->device_);
     return why.empty() ? std::move(p) : nullptr;
   }
 
