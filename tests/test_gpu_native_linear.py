@@ -284,6 +284,53 @@ def test_a_layer_whose_tune_timed_the_bias_in_the_pass_faster_is_served_so_by_bo
     assert (y != bias_in_pass).float().mean().item() < 0.001
 
 
+@pytest.mark.parametrize("case", ["bias", "residual"])
+def test_a_layer_whose_tune_timed_a_runner_up_of_cublaslt_faster_is_served_by_it_on_both_routes(torch, case):
+    """A record of the layer's tune that kept cuBLAS and timed the heuristic's third algorithm for cuBLASLt's
+    epilogue faster than its first and than F.linear's call (epilogue_step.tuned_lt_rank): the Python route serves
+    it through that algorithm (the heuristic's third for the plan's descriptors), the memo holds the same call
+    prepared (the same bits), and explain says so."""
+    from test_gpu_capture import _record
+
+    from autogemm.epilogue import Epilogue
+    from autogemm.families import config_from_name
+    from autogemm.gpu.cublas_epilogue import LT_ROUTE, lt_route
+    from autogemm.gpu.eager_route import ROUTE
+    from autogemm.gpu.launch import current_device
+    from autogemm.problem import Problem
+    from autogemm.results.cache import TuningCache
+    from autogemm.results.record import cublas_record
+    from autogemm.serving.epilogue_step import TorchLtEpiloguePlan
+
+    x = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2048, 1024, device="cuda", dtype=torch.bfloat16) / 32
+    bias = torch.randn(2048, device="cuda", dtype=torch.bfloat16) if case == "bias" else None
+    residual = torch.randn(512, 2048, device="cuda", dtype=torch.bfloat16) if case == "residual" else None
+    problem = Problem(512, 2048, 1024, dtype="bfloat16", trans_b=True,
+                      epilogue=Epilogue("n") if case == "bias" else Epilogue(residual=True))
+    beaten = _record(problem, config_from_name("wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o2_mma"), ratio=0.9,
+                     baselines={LT_ROUTE: 0.100, lt_route(2): 0.090, ROUTE: 0.100})
+    TuningCache().store(cublas_record(beaten), current_device().slug)
+    autogemm.reset()
+    call = lambda: autogemm.linear(x, w, bias, residual=residual)  # noqa: E731
+    for _ in range(3):
+        call()
+    plans = [p for p in dispatch._DISPATCHER.torch_epilogue.values() if isinstance(p, TorchLtEpiloguePlan)]
+    assert plans and all(p.rank == 2 for p in plans), dispatch._DISPATCHER.torch_epilogue
+    launch = plans[0].launch  # (the heuristic's third for the plan's own descriptors and alignment)
+    third = launch.plan.ranked(plans[0].alignment, 3)
+    assert len(third) == 3 and bytes(launch.algorithm["algo"]) == bytes(third[2]["algo"])
+    memo = dispatch._DISPATCHER.native_memo
+    assert memo.prepared() == 1 and memo.unprepared_why() == "", memo.unprepared_why()
+    said = autogemm.explain(x, w.T, bias=bias, residual=residual)["epilogue"]
+    assert said["route"].endswith("#3") and "algorithm #3" in said["applied"], said
+    python, native = _without_the_memo(call), call()
+    assert torch.equal(python, native)
+    expected = _eager(torch, x, w, bias, None, residual).float()
+    assert ((native.float() - expected).abs().max() / expected.abs().max()).item() < 2e-2
+    autogemm.reset()
+
+
 @pytest.mark.parametrize("name,case", [("hopper_128x128x64_w64x128_s4_g8_k1_o1_p_ts_fa_pl_hd", "bias+gelu"),
                                        ("hopper_128x128x64_w64x128_s4_g8_k1_o1_p", "bias+silu+residual"),
                                        ("wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o2_mma", "bias+gelu"),

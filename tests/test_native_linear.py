@@ -169,14 +169,19 @@ def test_a_bias_key_off_the_gpu_holds_no_prepared_cublaslt_call_and_says_why(mem
 
 
 def test_a_residual_read_as_c_is_filed_only_with_its_cublaslt_call(memo_type):
-    """A layer the Python route's cuBLASLt plan serves (the residual as C) has that call's arithmetic: the memo
-    holds it only prepared, and no key stands in for it here, off the GPU; other keys are filed as before."""
+    """A layer the Python route's cuBLASLt plan serves (the residual as C; or a bias through the heuristic's
+    runner-up its tune chose) has that call's arithmetic: the memo holds it only prepared, and no key stands in
+    for it here, off the GPU; other keys are filed as before."""
     x, w, bias, residual = _layer(dtype=torch.bfloat16)
     memo = memo_type(8)
     assert not memo.file(x, w, None, None, residual, True) and len(memo) == 0
     assert "not a cuBLASLt call the memo prepares" in memo.unprepared_why()
     assert memo.linear(x, w, None, None, residual) is None
-    assert not memo_type(8, prepare=False).file(x, w, bias, None, residual, residual_as_c=True)
+    assert not memo_type(8, prepare=False).file(x, w, bias, None, residual, lt_call=True)
+    assert not memo.file(x, w, bias, None, None, lt_call=True, lt_rank=2) and len(memo) == 0
+    assert "not a cuBLASLt call the memo prepares" in memo.unprepared_why()
+    assert not memo.file(x, w, bias, None, None, lt_call=True, lt_rank=8) and len(memo) == 0  # (past the ranks asked)
+    assert "a rank of the heuristic's algorithms from 0 to 7" in memo.unprepared_why()
     assert memo.file(x, w, None, None, residual)  # (eager's calls: at::linear, then the sum)
     assert torch.equal(memo.linear(x, w, None, None, residual), F.linear(x, w) + residual)
 

@@ -128,11 +128,18 @@ def test_the_memo_takes_eager_layers_and_16_bit_residuals_cublaslt_adds_each_its
     tuned = object.__new__(TorchEagerEpiloguePlan)
     tuned.finish = SimpleNamespace(bias_left_by_tune=True)
     assert route(tuned, small, w, "silu", None) == native_linear.WITH_PASS
-    assert route(lt, small, w, None, r_small) == route(lt, large, w, None, r_large) == native_linear.RESIDUAL_AS_C
-    assert native_linear.residual_as_c(lt, large, w, None, r_large)
-    assert not native_linear.residual_as_c(with_pass, small, w, None, r_small)
+    lt.rank = 0
+    assert route(lt, small, w, None, r_small) == route(lt, large, w, None, r_large) == native_linear.LT_CALL
+    assert native_linear.lt_call(lt, large, w, None, r_large)
+    assert not native_linear.lt_call(with_pass, small, w, None, r_small)
     assert route(lt, small, w, "gelu_tanh", None) is None  # (cuBLASLt's own GELU: not eager's calls)
     assert route(lt, small.float(), w.float(), None, r_small.float()) is None  # (eager's float32 may be TF32)
+    assert route(lt, small, w, None, None) is None  # (the heuristic's first with a bias alone: F.linear's own call)
+    # the heuristic's runner-up that the layer's tune timed faster, with a bias alone or with a residual too
+    ranked = object.__new__(TorchLtEpiloguePlan)
+    ranked.rank = 2
+    assert route(ranked, small, w, None, None) == route(ranked, large, w, None, r_large) == native_linear.LT_CALL
+    assert route(ranked, small, w, None, r_small.half()) is None  # (a residual of another dtype)
     assert route(object(), small, w, None, None) is None
 
 
@@ -183,7 +190,7 @@ def test_filing_takes_what_the_route_names_and_asks_for_the_memo_once(monkeypatc
     assert asked == [dispatcher]  # (no memo yet: asked for, once)
     # asked, and none given (off, failed or building): a call's filing costs no more than that check
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(native_linear, "residual_as_c", lambda *args: pytest.fail("weighed a call nothing will file"))
+        patch.setattr(native_linear, "lt_call", lambda *args: pytest.fail("weighed a call nothing will file"))
         native_linear.file_linear(dispatcher, whole, x, w, bias, None, None)
 
     class Recording:
@@ -201,12 +208,18 @@ def test_filing_takes_what_the_route_names_and_asks_for_the_memo_once(monkeypatc
     native_linear.file_linear(dispatcher, object(), x, w, bias, None, None)  # (no plan the memo takes)
     native_linear.file_matmul(dispatcher, x, w)
     assert [entry[0] for entry in memo.filed] == ["linear", "matmul"]
-    assert memo.filed[0][1:] == (x, w, bias, None, None, False) and asked == [dispatcher]
+    assert memo.filed[0][1:] == (x, w, bias, None, None) and asked == [dispatcher]
     from autogemm.serving.epilogue_step import TorchLtEpiloguePlan
 
     residual = torch.randn(*x.shape[:-1], w.shape[0], dtype=torch.bfloat16)
-    native_linear.file_linear(dispatcher, object.__new__(TorchLtEpiloguePlan), x, w, None, None, residual)
-    assert memo.filed[-1][1:] == (x, w, None, None, residual, True)  # (cuBLASLt's call, the residual as C)
+    lt = object.__new__(TorchLtEpiloguePlan)
+    lt.rank = 0
+    native_linear.file_linear(dispatcher, lt, x, w, None, None, residual)
+    # (cuBLASLt's call, the residual as C, through the heuristic's first algorithm)
+    assert memo.filed[-1][1:] == (x, w, None, None, residual, ("lt_call", True), ("lt_rank", 0))
+    lt.rank = 3  # (a bias alone through the heuristic's fourth, which the layer's tune timed faster)
+    native_linear.file_linear(dispatcher, lt, x, w, bias, None, None)
+    assert memo.filed[-1][1:] == (x, w, bias, None, None, ("lt_call", True), ("lt_rank", 3))
     # a layer larger than eager's calls keep up with: the Python route's pass, as it describes itself (or nothing)
     with_pass = object.__new__(TorchEagerEpiloguePlan)
     with_pass.finish = SimpleNamespace(native_launch=lambda: ("the pass",), bias_in_linear=True)

@@ -21,6 +21,12 @@ from ..problem import Problem
 from .cublas_gemm import WORKSPACE_BYTES, LtPlan, alignment_of, bindings, device_state, scalar_type
 from .operands import KernelOperand
 
+# A tune of a layer whose epilogue cuBLASLt computes times its heuristic's first algorithm and this many runners-up,
+# each a route of its own among the tune's baselines (lt_route): the heuristic picks the BIAS epilogue's kernel apart
+# from the bare GEMM's (gpu/eager_route.py), and its pick ran 2-5.5% slower than the bare GEMM's on 8 of 25 bias +
+# GELU/SiLU layers of three unseen draws on an H200
+LT_RUNNERS_UP = 3
+LT_ROUTE = "cublaslt epilogue"  # the route's name among a tune's baselines (Record.baselines): the heuristic's first
 # (autogemm's activation, whether a bias is added) -> cuBLASLt's epilogue
 LT_EPILOGUES = {("", False): "DEFAULT", ("", True): "BIAS", ("relu", False): "RELU", ("relu", True): "RELU_BIAS",
                 ("gelu_tanh", False): "GELU", ("gelu_tanh", True): "GELU_BIAS"}
@@ -39,6 +45,26 @@ def lt_epilogue(epilogue: Epilogue, dtype: str) -> str | None:
         return None
     name = LT_EPILOGUES.get((epilogue.activation, bool(epilogue.bias)))
     return None if name == "DEFAULT" and not epilogue.residual else name
+
+
+def lt_route(rank: int) -> str:
+    """The name among a tune's baselines of cuBLASLt's epilogue through its heuristic's algorithm of `rank` (0: the
+    first, LT_ROUTE)."""
+    return LT_ROUTE if rank == 0 else f"{LT_ROUTE} #{rank + 1}"
+
+
+def measured_lt_rank(baselines: dict, noise: float, rivals: tuple[str, ...] = ()) -> int:
+    """The rank of the heuristic's algorithm that serves a layer through cuBLASLt's epilogue, by its tune's
+    baselines (ms of each route, Record.baselines): a runner-up that ran faster than the heuristic's first and
+    than each route named in `rivals` that the tune timed (those that would serve the layer otherwise), by more
+    than `noise` (a share); else 0, the heuristic's first (also where the tune timed no runner-up)."""
+    timed = {rank: baselines.get(lt_route(rank)) for rank in range(LT_RUNNERS_UP + 1)}
+    timed = {rank: ms for rank, ms in timed.items() if ms}
+    if not timed or 0 not in timed:
+        return 0
+    rank = min(timed, key=timed.__getitem__)
+    beaten = [timed[0]] + [baselines[name] for name in rivals if baselines.get(name)]
+    return rank if rank and all(timed[rank] * (1 + noise) < ms for ms in beaten) else 0
 
 
 def cublas_epilogue_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, d: KernelOperand, name: str,

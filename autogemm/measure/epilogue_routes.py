@@ -50,10 +50,11 @@ def then_pass(problem: Problem, device_ordinal: int, gemm: Any, product: Any, bi
     return run
 
 
-def lt_calls(problem: Problem, device_ordinal: int, sets: Any, extras: Any, epilogue: Epilogue) -> list[Any] | None:
+def lt_calls(problem: Problem, device_ordinal: int, sets: Any, extras: Any, epilogue: Epilogue,
+             rank: int = 0) -> list[Any] | None:
     """cuBLASLt's own epilogue computing `epilogue` in the GEMM, one call per input set (`sets` of (a, b, c),
-    `extras` of (bias, residual)), D written to the set's C; None where cuBLASLt has no epilogue that
-    computes it, none for batches, or no algorithm for it."""
+    `extras` of (bias, residual)), D written to the set's C, through its heuristic's algorithm of `rank` (0: the
+    first); None where cuBLASLt has no epilogue that computes it, none for batches, or no such algorithm."""
     import cupy  # (lazy: CuPy)
 
     name = lt_epilogue(epilogue, problem.dtype) if not epilogue.is_identity else None
@@ -70,7 +71,7 @@ def lt_calls(problem: Problem, device_ordinal: int, sets: Any, extras: Any, epil
             [x.data.ptr for x in (bias, residual) if x is not None]
         launch = cublas_epilogue_launcher(bare, layout_a, layout_b, layout_c, name, residual_layout,
                                           bias.data.ptr if bias is not None else 0,
-                                          min(alignment_of(p) for p in pointers), device_ordinal)
+                                          min(alignment_of(p) for p in pointers), device_ordinal, rank=rank)
         if launch is None:
             return None
         calls.append(functools.partial(

@@ -18,6 +18,7 @@ from .bench import (Verdict, check_epilogue_result, check_result, cublas_runner,
                     warm_up)
 from ..kernels.compile import CompileError, unloaded_after
 from ..epilogue import Epilogue
+from ..gpu.cublas_epilogue import LT_ROUTE, LT_RUNNERS_UP, lt_route
 from ..gpu.cublas_gemm import cublas_launcher
 from ..problem import Device, Problem
 from .clocks import ClockMonitor
@@ -48,8 +49,10 @@ SERVED, CUPY = "cublaslt", "cupy.matmul"
 # F.linear call and the pass after it (gpu/eager_route.py): cuBLASLt's heuristic picks F.linear's GEMM kernel
 # apart from ours, and on an H200 a kernel kept at 1.049x the others (BF16 32×9216×7168 with a bias) served
 # 0.905x eager's F.linear. That route is timed with the bias in F.linear and, where a pass follows anyway, with the
-# bias in the pass too: a record that kept cuBLAS tells the route which ran faster (gpu/eager_route.py)
-SERVED_PASS, SERVED_LT, SERVED_LT_BIAS = "cublaslt + pass", "cublaslt epilogue", "cublaslt bias + pass"
+# bias in the pass too: a record that kept cuBLAS tells the route which ran faster (gpu/eager_route.py). cuBLASLt's
+# own epilogue is timed through its heuristic's first algorithm (SERVED_LT) and its runners-up (lt_route(rank)): a
+# record that kept cuBLAS tells the torch route which algorithm to serve (gpu/cublas_epilogue.measured_lt_rank)
+SERVED_PASS, SERVED_LT, SERVED_LT_BIAS = "cublaslt + pass", LT_ROUTE, "cublaslt bias + pass"
 
 
 @dataclass
@@ -128,7 +131,7 @@ class GpuMeasurer:
         self._extras = [self._epilogue_inputs(seed + 100 * i + 50) for i in range(len(self._sets))]
         self._served_calls: list[Any] | None = None
         # by the epilogue computed (not by cuBLASLt's name: BIAS adds a residual too where one is read as C)
-        self._lt_calls: dict[Epilogue, list[Any] | None] = {}
+        self._lt_calls: dict[tuple[Epilogue, int], list[Any] | None] = {}
         self._lt_bias_calls: list[Any] | None = None
         self._torch_linear_calls: dict[bool, list[Any] | None] = {}  # by whether the pass adds the bias
         self._cupy_computes: bool | None = None  # whether cupy.matmul computes this type in this form
@@ -192,14 +195,15 @@ class GpuMeasurer:
     def device_ordinal(self) -> int:
         return self._cupy.cuda.Device().id
 
-    def _lt(self, epilogue: Epilogue | None = None) -> list[Any] | None:
-        """cuBLASLt's own epilogue computing `epilogue` (default: the problem's), bound to each input set
-        (epilogue_routes.lt_calls), made once per epilogue; None where cuBLASLt cannot compute it."""
+    def _lt(self, epilogue: Epilogue | None = None, rank: int = 0) -> list[Any] | None:
+        """cuBLASLt's own epilogue computing `epilogue` (default: the problem's) through its heuristic's algorithm
+        of `rank` (0: the first), bound to each input set (epilogue_routes.lt_calls), made once per epilogue and
+        rank; None where cuBLASLt cannot compute it, or its heuristic offers no algorithm of that rank."""
         epilogue = self.epilogue if epilogue is None else epilogue
-        if epilogue not in self._lt_calls:
-            self._lt_calls[epilogue] = lt_calls(self.problem, self.device_ordinal(), self._sets, self._extras,
-                                                epilogue)
-        return self._lt_calls[epilogue]
+        if (epilogue, rank) not in self._lt_calls:
+            self._lt_calls[epilogue, rank] = lt_calls(self.problem, self.device_ordinal(), self._sets, self._extras,
+                                                      epilogue, rank)
+        return self._lt_calls[epilogue, rank]
 
     def _lt_bias_then_pass(self) -> list[Any] | None:
         """Eager PyTorch's route for a bias with an activation or a residual (epilogue_routes.bias_then_pass),
@@ -234,13 +238,16 @@ class GpuMeasurer:
     def baseline_calls(self) -> dict[str, Any]:
         """Each baseline's runners (one per input set): cuBLASLt as served and cupy.matmul where CuPy
         computes this type in this form; with an epilogue, the routes matmul serves without a fused kernel
-        (SERVED_PASS first; SERVED_LT where cuBLASLt has the epilogue, SERVED_LT_BIAS where it adds the bias
-        and a pass the rest; eager_route.ROUTE where PyTorch's F.linear and the pass serve PyTorch tensors, and
-        ROUTE_BIAS_IN_PASS where that route could leave the bias to the pass)."""
+        (SERVED_PASS first; SERVED_LT where cuBLASLt has the epilogue, and its heuristic's runners-up, lt_route(rank)
+        for rank 1 to LT_RUNNERS_UP where it offers them; SERVED_LT_BIAS where it adds the bias and a pass the rest;
+        eager_route.ROUTE where PyTorch's F.linear and the pass serve PyTorch tensors, and ROUTE_BIAS_IN_PASS where
+        that route could leave the bias to the pass)."""
         served = self._served()
         if not self.epilogue.is_identity:
-            routes = {SERVED_PASS: served, SERVED_LT: self._lt(), SERVED_LT_BIAS: self._lt_bias_then_pass(),
-                      ROUTE: self._torch_linear()}
+            routes = {SERVED_PASS: served, SERVED_LT: self._lt()}
+            if routes[SERVED_LT] is not None:
+                routes.update({lt_route(rank): self._lt(rank=rank) for rank in range(1, LT_RUNNERS_UP + 1)})
+            routes.update({SERVED_LT_BIAS: self._lt_bias_then_pass(), ROUTE: self._torch_linear()})
             if bias_placement_differs(self.epilogue, self.problem.m):
                 routes[ROUTE_BIAS_IN_PASS] = self._torch_linear(bias_in_pass=True)
             return {name: calls for name, calls in routes.items() if calls is not None}

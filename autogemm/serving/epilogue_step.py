@@ -14,6 +14,7 @@ all on the operands' GPU. Nothing is launched for a call that fails it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -21,14 +22,16 @@ import numpy as np
 from .. import dtypes
 from ..epilogue import ACTIVATIONS, Epilogue
 from ..gpu import runtime
-from ..gpu.cublas_epilogue import cublas_epilogue_launcher, lt_epilogue
+from ..gpu.cublas_epilogue import cublas_epilogue_launcher, lt_epilogue, measured_lt_rank
+from ..gpu.eager_route import ROUTE, ROUTE_BIAS_IN_PASS
 from ..gpu.cublas_gemm import alignment_of
 from ..gpu.launch import device_info
 from ..gpu.operands import ArrayInfo, KernelOperand
 from ..gpu.epilogue_pass import compiled, launch_shape, pass_arguments, pass_kernel, vector_width
+from ..measure.timing import MIN_NOISE
 from . import plan as plan_module
 from .eager_epilogue import eager_plan
-from .fused_epilogue import fused_plan
+from .fused_epilogue import current_record, fused_plan
 from .torch_fast_path import TorchOutputs, needs_general_path
 
 def dtype_name(value: Any, what: str) -> str:
@@ -204,11 +207,13 @@ class TorchLtEpiloguePlan:
     (gpu/cublas_epilogue.py): one cuBLASLt call, no pass, on PyTorch's current stream, D from its
     TorchOutputs. `call` gives None where the GEMM's torch fast-path plan changed,
     the current device or an operand's differs, or an address is less aligned than the plan's
-    algorithm assumes (the general path serves those)."""
+    algorithm assumes (the general path serves those). `rank`: the heuristic's algorithm it runs (0: the
+    first; another where the layer's tune timed that one faster: tuned_lt_rank)."""
 
-    def __init__(self, dispatcher: Any, gemm_key: Any, gemm_plan: Any, launch: Any, outputs: TorchOutputs, device: int, alignment: int):
+    def __init__(self, dispatcher: Any, gemm_key: Any, gemm_plan: Any, launch: Any, outputs: TorchOutputs, device: int,
+                 alignment: int, rank: int = 0):
         self.dispatcher, self.gemm_key, self.gemm, self.launch = dispatcher, gemm_key, gemm_plan, launch
-        self.outputs, self.device, self.alignment = outputs, device, alignment
+        self.outputs, self.device, self.alignment, self.rank = outputs, device, alignment, rank
         self.name = launch.name
 
     def call(self, a: Any, b: Any, bias: Any, residual: Any, alpha: float) -> Any:
@@ -232,10 +237,23 @@ class TorchLtEpiloguePlan:
 LT_ALIGNMENT = 16  # bytes a cuBLASLt epilogue plan needs of every address at the least (PyTorch's blocks keep 512)
 
 
+def tuned_lt_rank(dispatcher: Any, problem: Any, device: Any) -> int:
+    """The rank of cuBLASLt's algorithm that serves the layer (`problem`, with its epilogue, on `device`) through
+    cuBLASLt's epilogue: where a tune of it kept cuBLAS and timed a runner-up of the heuristic faster than its
+    first and than the torch route (eager's F.linear, with the bias in it or in the pass), by more than the noise
+    a keep decision allows (cublas_epilogue.measured_lt_rank); else 0. A tune empties the plan memos, so that a
+    plan filed before it is filed again."""
+    record = current_record(dispatcher, problem, device)
+    if record is None or not record.is_cublas:
+        return 0
+    return measured_lt_rank(record.baselines, MIN_NOISE, (ROUTE, ROUTE_BIAS_IN_PASS))
+
+
 def _lt_plan(dispatcher, gemm_key, gemm_plan, epilogue: Epilogue, dtype: str, operands, product, result, bias,
-             residual, ldr: int, stride_r: int):
+             residual, ldr: int, stride_r: int, rank: int = 0):
     """A TorchLtEpiloguePlan where cuBLAS serves the GEMM (no kernel was chosen for it), the product is one
-    matrix, and cuBLASLt has an epilogue that computes `epilogue`; else None."""
+    matrix, and cuBLASLt has an epilogue that computes `epilogue`, through its heuristic's algorithm of `rank`
+    (0: the first); else None."""
     name = lt_epilogue(epilogue, dtype)
     if name is None or gemm_plan.choice.config is not None or gemm_plan.layouts is None or product.dim() != 2 \
             or gemm_plan.copy_a or gemm_plan.copy_b:
@@ -251,12 +269,12 @@ def _lt_plan(dispatcher, gemm_key, gemm_plan, epilogue: Epilogue, dtype: str, op
     launch = cublas_epilogue_launcher(
         gemm_plan.problem, layout_a, layout_b, KernelOperand(False, n, m * n, 0), name,
         KernelOperand(False, ldr, stride_r, 0) if residual is not None else None,
-        bias.data_ptr() if bias is not None else 0, alignment, gemm_plan.device)
+        bias.data_ptr() if bias is not None else 0, alignment, gemm_plan.device, rank=rank)
     if launch is None:
         return None
     launch.name = name
     return TorchLtEpiloguePlan(dispatcher, gemm_key, gemm_plan, launch, TorchOutputs(dispatcher, result),
-                               gemm_plan.device, alignment)
+                               gemm_plan.device, alignment, rank)
 
 
 def register_torch(dispatcher: Any, key: str, gemm_key: Any, epilogue: Epilogue, operands: Any, product: Any, result: Any, bias: Any, residual: Any) -> bool:
@@ -285,6 +303,14 @@ def register_torch(dispatcher: Any, key: str, gemm_key: Any, epilogue: Epilogue,
     fused = fused_plan(dispatcher, gemm_key, gemm_plan, epilogue, product, result, residual, ldr, stride_r)
     if fused is not None:
         file_plan(dispatcher, key, fused)
+        return True
+    # a runner-up of cuBLASLt's heuristic that the layer's tune timed faster than the routes below
+    rank = tuned_lt_rank(dispatcher, dataclasses.replace(gemm_plan.problem, epilogue=epilogue), device_info(device)) \
+        if gemm_plan.choice.config is None and lt_epilogue(epilogue, dtype) is not None else 0
+    ranked = rank and _lt_plan(dispatcher, gemm_key, gemm_plan, epilogue, dtype, operands, product, result, bias,
+                               residual, ldr, stride_r, rank)
+    if ranked:
+        file_plan(dispatcher, key, ranked)
         return True
     eager = eager_plan(dispatcher, gemm_key, gemm_plan, epilogue, dtype, operands, result, bias, residual, ldr, stride_r)
     if eager is not None:

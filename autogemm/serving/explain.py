@@ -147,6 +147,9 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
     lt = epilogue_step.lt_epilogue(epilogue, gemm["dtype"])
     config = config_from_name(gemm["config"]) if gemm.get("config") else None
     tuned, kept = _tuned_with(gemm, epilogue)
+    rank = epilogue_step.tuned_lt_rank(
+        dispatch._DISPATCHER, dataclasses.replace(Problem.from_key(gemm["problem"]), epilogue=epilogue),
+        launch.current_device()) if tuned and kept is None and lt is not None and gemm.get("problem") else 0
     if kept is not None and tensors and not gemm.get("copies"):
         applied += (f"; from the second such call on PyTorch tensors, in the store of the kernel a tune with this "
                     f"epilogue kept ({kept.name})")
@@ -159,6 +162,12 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
                     f"({config.name})")
         route = f"fused {config.name}"
         bias_at = bias_at and "kernel"
+    elif rank and tensors and config is None and len(gemm.get("shape") or ()) == 2:
+        applied += (f"; from the second such call on PyTorch tensors, inside cuBLAS's GEMM (cuBLASLt's {lt} epilogue, "
+                    f"through its heuristic's algorithm #{rank + 1}, which the layer's tune timed faster than the "
+                    f"heuristic's first and the other routes)")
+        route = f"cuBLASLt {lt} #{rank + 1}"
+        bias_at = bias_at and "cuBLASLt"
     elif tensors and config is None and eager_computes(
             epilogue, gemm["dtype"], b.ndim, None if bias is None else bias.ndim, a.ndim,
             all(x is None or x.dtype == a.dtype for x in (b, bias, residual))):

@@ -11,17 +11,18 @@
 // The memo holds keys: the operands' shapes, strides, dtypes and devices, whether there is a bias
 // and a residual (and theirs), and the activation. Python files a key after its own route served the call
 // (Memo.file, Memo.file_matmul) and says how the memo serves it (native_linear.route): eager's calls, or the
-// Python route's own (its cuBLASLt call with the residual as C; F.linear and its pass). ATen checks and
+// Python route's own (its cuBLASLt call, the residual read as C; F.linear and its pass). ATen checks and
 // computes any operands as eager would, so a key decides only the route, never the arithmetic on the operands
 // it admits. A call the memo does not hold, or one with a tensor that requires grad, a __torch_function__
 // subclass or mode, or an activation it does not know, gets None: the Python path serves it (or names its
 // fault).
 //
-// F.linear's own cuBLASLt call, and the Python route's with the residual as C, prepared once per key:
-// PreparedLinear (native_prepared_linear.h). The Python route's pass after F.linear, for a layer with a pass on
-// a large output or on one token: PreparedPass (native_prepared_pass.h), behind F.linear's call prepared where
-// F.linear adds the bias, or the bare GEMM's where the pass does and its bits are at::linear's. The generated
-// kernel a tune with the layer's epilogue kept: PreparedKernel (native_prepared_kernel.h).
+// F.linear's own cuBLASLt call, and the Python route's (the residual read as C; or the heuristic's runner-up
+// that the layer's tune timed faster), prepared once per key: PreparedLinear (native_prepared_linear.h). The
+// Python route's pass after F.linear, for a layer with a pass on a large output or on one token: PreparedPass
+// (native_prepared_pass.h), behind F.linear's call prepared where F.linear adds the bias, or the bare GEMM's
+// where the pass does and its bits are at::linear's. The generated kernel a tune with the layer's epilogue kept:
+// PreparedKernel (native_prepared_kernel.h).
 #include <torch/extension.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <ATen/PythonTorchFunctionTLS.h>
@@ -124,12 +125,12 @@ class Memo {
   // The calls keep the GIL: they only launch, and on an H200's host releasing it around them cost about 1 us
   // of a call's latency (journal, session 56: probe13)
   // The cuBLASLt workspace each route's calls get, as the heuristic picks by it: `linear_workspace_bytes`
-  // F.linear's (PyTorch's), `residual_workspace_bytes` the Python route's cuBLASLt plan's (autogemm's);
+  // F.linear's (PyTorch's), `lt_workspace_bytes` the Python route's cuBLASLt plan's (autogemm's);
   // `prepare`: whether keys get their cuBLASLt call prepared (False: at::linear serves every key)
-  Memo(size_t max_entries, size_t linear_workspace_bytes, size_t residual_workspace_bytes, bool prepare)
+  Memo(size_t max_entries, size_t linear_workspace_bytes, size_t lt_workspace_bytes, bool prepare)
       : max_entries_(max_entries),
         linear_workspace_bytes_(linear_workspace_bytes),
-        residual_workspace_bytes_(residual_workspace_bytes),
+        lt_workspace_bytes_(lt_workspace_bytes),
         prepare_(prepare) {}
 
   // torch.matmul(a, b) where the memo holds the call's key, else None
@@ -198,8 +199,8 @@ class Memo {
     if (entry && entry->linear) {
       PreparedLinear& prepared = *entry->linear;
       y = prepared_linear(prepared, xt, wt, b, r);
-      if (prepared.route() == Route::kResidualAsC) {  // (the residual was C, nothing follows; or the Python
-        if (!y.defined()) return py::none();           // route's own plan serves the call: its arithmetic)
+      if (prepared.route() == Route::kLtCall) {  // (the Python route's cuBLASLt call, nothing follows; or that
+        if (!y.defined()) return py::none();      // route's own plan serves the call: its arithmetic)
         return py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(y)));
       }
     }
@@ -208,18 +209,19 @@ class Memo {
   }
 
   // Files the call's key (emptying the memo when it is full); false where the memo cannot serve such a call.
-  // `residual_as_c`: the Python route served it with its cuBLASLt plan, the residual read as C (a layer without
-  // an activation): the key holds that call prepared, or is not filed; a call the prepared one declines gets
-  // None (the Python route's plan serves it). `pass_launch`: the Python route served it with F.linear and its
-  // pass (EpiloguePassInPlace.native_launch), which the key holds, or is not filed; `bias_in_linear`: that
-  // route hands the bias to F.linear (EpiloguePassInPlace.bias_in_linear), and its pass adds none: the key holds
-  // F.linear's call prepared too where the call suits (else at::linear makes it). Otherwise the key holds
-  // F.linear's call prepared where it has a bias and the call suits (else at::linear serves), and eager's
-  // calls follow it.
+  // `lt_call`: the Python route served it with its cuBLASLt plan (a layer without an activation: the residual read
+  // as C, the bias in cuBLASLt's epilogue), through the heuristic's algorithm of `lt_rank` (0: its first; another
+  // where the layer's tune timed it faster): the key holds that call prepared, or is not filed; a call the
+  // prepared one declines gets None (the Python route's plan serves it). `pass_launch`: the Python route served
+  // it with F.linear and its pass (EpiloguePassInPlace.native_launch), which the key holds, or is not filed;
+  // `bias_in_linear`: that route hands the bias to F.linear (EpiloguePassInPlace.bias_in_linear), and its pass
+  // adds none: the key holds F.linear's call prepared too where the call suits (else at::linear makes it).
+  // Otherwise the key holds F.linear's call prepared where it has a bias and the call suits (else at::linear
+  // serves), and eager's calls follow it.
   // `kernel_launch`: the Python route served it with the generated kernel a tune kept
   // (TorchFusedEpiloguePlan.native_launch), which the key holds, or is not filed.
   bool file(py::handle x, py::handle weight, py::handle bias, py::handle activation, py::handle residual,
-            bool residual_as_c, py::handle pass_launch, bool bias_in_linear, py::handle kernel_launch) {
+            bool lt_call, py::handle pass_launch, bool bias_in_linear, py::handle kernel_launch, int64_t lt_rank) {
     Words words;
     Activation act;
     if (!key_of(words, x.ptr(), weight.ptr(), bias.ptr(), activation.ptr(), residual.ptr(), act)) return false;
@@ -236,13 +238,13 @@ class Memo {
       insert(std::move(words), std::make_shared<Prepared>(Prepared{nullptr, nullptr, false, std::move(kernel)}));
       return true;
     }
-    const bool as_c = residual_as_c && act == kNone && !residual.is_none();
-    const bool with_pass = !as_c && !pass_launch.is_none();
+    const bool as_lt = lt_call && act == kNone && (!residual.is_none() || !bias.is_none());
+    const bool with_pass = !as_lt && !pass_launch.is_none();
     // (those routes' arithmetic is cuBLASLt's call, or the pass: nothing else stands in)
-    if ((as_c || with_pass) && !prepare_) return false;
+    if ((as_lt || with_pass) && !prepare_) return false;
     if (find(words)) return true;  // (filed already: a call it declined, served by the Python route)
     Entry entry;
-    if (with_pass || (prepare_ && (as_c || !bias.is_none()))) {
+    if (with_pass || (prepare_ && (as_lt || !bias.is_none()))) {
       std::string why;
       const at::Tensor none;
       const at::Tensor& xt = THPVariable_Unpack(x.ptr());
@@ -255,20 +257,20 @@ class Memo {
                                            linear_workspace_bytes_, why);
         } else if (pass) {  // (the bias, if any, in the pass: the bare GEMM, where its bits are at::linear's with
                             // F.linear's cuBLASLt workspace or with the larger one of autogemm's plans)
-          linear = PreparedLinear::prepare_bare(xt, wt, {linear_workspace_bytes_, residual_workspace_bytes_}, why);
+          linear = PreparedLinear::prepare_bare(xt, wt, {linear_workspace_bytes_, lt_workspace_bytes_}, why);
         }
         if (pass) entry = std::make_shared<Prepared>(Prepared{std::move(linear), std::move(pass), bias_in_linear, nullptr});
       } else {
         auto linear = PreparedLinear::prepare(
-            as_c ? Route::kResidualAsC : Route::kLinear, xt, wt, bias.is_none() ? none : THPVariable_Unpack(bias.ptr()),
+            as_lt ? Route::kLtCall : Route::kLinear, xt, wt, bias.is_none() ? none : THPVariable_Unpack(bias.ptr()),
             residual.is_none() ? none : THPVariable_Unpack(residual.ptr()), act == kNone && residual.is_none(),
-            as_c ? residual_workspace_bytes_ : linear_workspace_bytes_, why);
+            as_lt ? lt_workspace_bytes_ : linear_workspace_bytes_, why, false, as_lt ? lt_rank : 0);
         if (linear) entry = std::make_shared<Prepared>(Prepared{std::move(linear), nullptr, false, nullptr});
       }
       std::lock_guard<std::mutex> hold(mutex_);
       last_unprepared_ = entry && entry->linear ? "" : why;
     }
-    if ((as_c || with_pass) && !entry) return false;
+    if ((as_lt || with_pass) && !entry) return false;
     insert(std::move(words), std::move(entry));
     return true;
   }
@@ -332,7 +334,7 @@ class Memo {
     }
   }
 
-  // The prepared call's D (x @ w^T + b, and r as C for kResidualAsC), or undefined where the call must go another
+  // The prepared call's D (x @ w^T + b, and r as C for kLtCall), or undefined where the call must go another
   // way (at::linear's, or the Python route's plan)
   static at::Tensor prepared_linear(PreparedLinear& prepared, const at::Tensor& x, const at::Tensor& w,
                                     const at::Tensor& b, const at::Tensor& r) {
@@ -374,7 +376,7 @@ class Memo {
 
   size_t max_entries_;
   size_t linear_workspace_bytes_;
-  size_t residual_workspace_bytes_;
+  size_t lt_workspace_bytes_;
   bool prepare_;
   std::mutex mutex_;
   std::unordered_map<Words, Entry, WordsHash, WordsEqual> keys_;
@@ -387,12 +389,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "autogemm.linear's memo of layers that eager's ATen calls serve (serving/native_linear.py)";
   py::class_<Memo>(m, "Memo")
       .def(py::init<size_t, size_t, size_t, bool>(), py::arg("max_entries"), py::arg("linear_workspace_bytes"),
-           py::arg("residual_workspace_bytes"), py::arg("prepare"))  // (native_linear.new_memo gives them)
+           py::arg("lt_workspace_bytes"), py::arg("prepare"))  // (native_linear.new_memo gives them)
       .def("linear", &Memo::linear, "the route's result where the call's key is filed, else None")
       .def("file", &Memo::file, "files the call's key; False where the memo cannot serve it", py::arg("x"),
            py::arg("weight"), py::arg("bias"), py::arg("activation"), py::arg("residual"),
-           py::arg("residual_as_c") = false, py::arg("pass_launch") = py::none(),
-           py::arg("bias_in_linear") = false, py::arg("kernel_launch") = py::none())
+           py::arg("lt_call") = false, py::arg("pass_launch") = py::none(),
+           py::arg("bias_in_linear") = false, py::arg("kernel_launch") = py::none(), py::arg("lt_rank") = 0)
       .def("matmul", &Memo::matmul, "torch.matmul(a, b) where the call's key is filed, else None")
       .def("file_matmul", &Memo::file_matmul, "files a matmul call's key; False where the memo cannot serve it")
       .def("prepared", &Memo::prepared, "how many keys hold a prepared cuBLASLt call")

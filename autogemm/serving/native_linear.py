@@ -6,22 +6,22 @@ the bias, then the activation and residual in place), the Python around those ca
 where the whole layer's GEMM may take 20. Python cannot make that up: eager's `F.gelu(F.linear(x, w, b))` is
 two calls with nothing between them. The same holds for `matmul`'s 16-bit products handed to torch.matmul.
 
-`native_linear.cpp` holds such calls' keys (the operands' metadata, the activation) in a C++ map and, for a
-call it holds, makes the ATen calls itself, one call from Python. Python files a key after its own route served
-the call (`route` says which layers, and how the memo serves them); the dispatcher empties the memo whenever it
-empties linear's other memos (a tune, a plan retired or replaced). What runs for a key is eager's calls (F.linear
-with the bias, then the activation and the residual in place: eager's bits), or the Python route's own (its
-cuBLASLt call with the residual as C; for a layer with a pass on more than MAX_OUTPUT_WITH_PASS output elements
-or on one token, F.linear and then that pass, launched from C++: that route's bits), on any operands the key
-admits; or, where a tune with the layer's epilogue kept a generated kernel, that kernel (its launch, arguments
-and tensor maps as the Python launcher packs them, launched from C++: from Python, such a layer of 50 us on the
-GPU ran 0.876x eager one call at a time on the seed-3954 draw, the host time before its launch). Where
-F.linear would run cuBLASLt's BIAS epilogue, the key holds that call prepared (its descriptors and algorithm made
-once, with PyTorch's workspace size and alignment, so that the heuristic picks F.linear's kernel): F.linear
-builds them and asks the heuristic on every call. A key whose route is the Python route's holds that route's
-call prepared, or is not filed. The extension finds cuBLASLt and CUDA's driver in the libraries PyTorch has
-loaded and needs no CUDA headers. docs/serving.md ("The C++ memo") and docs/decisions/native-memo.md have the
-figures.
+`native_linear.cpp` holds such calls' keys (the operands' metadata, the activation) in a C++ map and, for a call it
+holds, makes the ATen calls itself, one call from Python. Python files a key after its own route served the call
+(`route` says which layers, and how the memo serves them); the dispatcher empties the memo whenever it empties
+linear's other memos (a tune, a plan retired or replaced). What runs for a key is eager's calls (F.linear with the
+bias, then the activation and the residual in place: eager's bits), or the Python route's own (its cuBLASLt call,
+the residual read as C or the heuristic's runner-up its tune chose; for a layer with a pass on more than
+MAX_OUTPUT_WITH_PASS output elements or on one token, F.linear and then that pass, launched from C++: that route's
+bits), on any operands the key admits; or, where a tune with the layer's epilogue kept a generated kernel, that
+kernel (its launch, arguments and tensor maps as the Python launcher packs them, launched from C++: from Python,
+such a layer of 50 us on the GPU ran 0.876x eager one call at a time on the seed-3954 draw, the host time before
+its launch). Where F.linear would run cuBLASLt's BIAS epilogue, the key holds that call prepared (its descriptors
+and algorithm made once, with PyTorch's workspace size and alignment, so that the heuristic picks F.linear's
+kernel): F.linear builds them and asks the heuristic on every call. A key whose route is the Python route's holds
+that route's call prepared, or is not filed. The extension finds cuBLASLt and CUDA's driver in the libraries
+PyTorch has loaded and needs no CUDA headers. docs/serving.md ("The C++ memo") and docs/decisions/native-memo.md
+have the figures.
 
 It is a PyTorch C++ extension, compiled with the machine's C++ compiler the first time a process needs it
 (`torch.utils.cpp_extension`, which needs `ninja`; about half a minute), in a subprocess, in the background:
@@ -82,7 +82,8 @@ _waiting: list[Any] = []  # dispatchers to hand a Memo once the module is loaded
 
 # How the memo takes a layer's calls (`route`)
 EAGER_CALLS = "eager's calls"  # F.linear (its cuBLASLt call prepared where it has one), then eager's in place
-RESIDUAL_AS_C = "residual as C"  # the Python route's cuBLASLt call, the residual read as C, prepared
+# the Python route's cuBLASLt call, prepared: the residual read as C, or the heuristic's runner-up a tune chose
+LT_CALL = "the Python route's cuBLASLt call"
 # the Python route's calls: F.linear (the bias in it but for one token; its cuBLASLt call prepared then), the pass
 WITH_PASS = "F.linear and the pass"
 KERNEL = "the tuned kernel"  # the generated kernel a tune with the epilogue kept, launched from C++
@@ -92,12 +93,12 @@ def route(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> str
     """How the memo takes `linear`'s calls like this one, which `plan` served (on tensors, with no out,
     out_dtype or gate); None where it does not. A layer eager_epilogue serves, where F.linear serves it whole or
     its output has at most MAX_OUTPUT_WITH_PASS elements: EAGER_CALLS; a larger one with a pass, one of a
-    single token, or one whose tune left the bias to the pass: WITH_PASS. A 16-bit layer whose epilogue is a
-    residual (and perhaps a bias) that cuBLASLt adds as C (`residual_as_c`): RESIDUAL_AS_C. A layer whose tune
-    with its epilogue kept a generated kernel the memo can launch (TorchFusedEpiloguePlan.native_launch):
-    KERNEL."""
-    if residual_as_c(plan, x, weight, activation, residual):
-        return RESIDUAL_AS_C
+    single token, or one whose tune left the bias to the pass: WITH_PASS. A 16-bit layer that the Python route's
+    cuBLASLt plan serves, a residual (and perhaps a bias) read as C, or its tune's runner-up of the heuristic
+    (`lt_call`): LT_CALL. A layer whose tune with its epilogue kept a generated kernel the memo can launch
+    (TorchFusedEpiloguePlan.native_launch): KERNEL."""
+    if lt_call(plan, x, weight, activation, residual):
+        return LT_CALL
     if isinstance(plan, TorchFusedEpiloguePlan):
         return KERNEL if plan.native_launch() is not None else None
     if not isinstance(plan, TorchEagerEpiloguePlan):
@@ -112,12 +113,14 @@ def route(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> str
         and not plan.finish.bias_left_by_tune else WITH_PASS
 
 
-def residual_as_c(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> bool:
-    """Whether `plan` is the Python route's cuBLASLt plan reading a residual as C, on 16-bit tensors
-    (epilogue_step.TorchLtEpiloguePlan): the memo holds that call prepared, with the same workspace size and
-    alignment, so that cuBLASLt's heuristic picks the same kernel (or leaves the layer to the Python route)."""
-    return (isinstance(plan, TorchLtEpiloguePlan) and activation is None and residual is not None
-            and x.dtype == weight.dtype == residual.dtype and x.element_size() == 2)
+def lt_call(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> bool:
+    """Whether `plan` is the Python route's cuBLASLt plan (epilogue_step.TorchLtEpiloguePlan) on 16-bit tensors,
+    without an activation, reading a residual as C or running the heuristic's runner-up that the layer's tune
+    timed faster (its `rank`; then the bias is the epilogue): the memo holds that call prepared, with the same
+    workspace size, alignment and rank, so that cuBLASLt runs the same kernel (or leaves the layer to the
+    Python route)."""
+    return (isinstance(plan, TorchLtEpiloguePlan) and activation is None and (residual is not None or plan.rank > 0)
+            and x.dtype == weight.dtype and (residual is None or residual.dtype == x.dtype) and x.element_size() == 2)
 
 
 def file_linear(dispatcher: Any, plan: Any, x: Any, weight: Any, bias: Any, activation: Any, residual: Any) -> None:
@@ -138,8 +141,10 @@ def file_linear(dispatcher: Any, plan: Any, x: Any, weight: Any, bias: Any, acti
                       bias_in_linear=plan.finish.bias_in_linear)
     elif taken is KERNEL:
         memo.file(x, weight, bias, activation, residual, kernel_launch=plan.native_launch())
+    elif taken is LT_CALL:
+        memo.file(x, weight, bias, activation, residual, lt_call=True, lt_rank=plan.rank)
     else:
-        memo.file(x, weight, bias, activation, residual, taken is RESIDUAL_AS_C)
+        memo.file(x, weight, bias, activation, residual)
 
 
 def file_matmul(dispatcher: Any, a: Any, b: Any) -> None:

@@ -11,9 +11,10 @@
 // reduced-precision reductions, FP16 accumulation, an SM carveout) differ from what it was prepared for runs
 // at::linear, as do the other keys. A key whose pass adds the bias, or that has none, holds the bare GEMM's
 // cuBLASLt call where it gives at::linear's bits (PreparedLinear::prepare_bare).
-// A 16-bit layer whose epilogue is a residual (and perhaps a bias) that the Python route's cuBLASLt plan reads
-// as C holds that call prepared the same way (Route::kResidualAsC), or is not filed: a call it declines gets
-// None, so that the Python route's plan computes it as before.
+// A 16-bit layer that the Python route's cuBLASLt plan serves (epilogue_step.TorchLtEpiloguePlan: a residual read
+// as C, perhaps with a bias; or a bias through the heuristic's runner-up that the layer's tune timed faster) holds
+// that call prepared the same way (Route::kLtCall: autogemm's workspace, the heuristic's algorithm of that rank),
+// or is not filed: a call it declines gets None, so that the Python route's plan computes it as before.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -91,26 +92,36 @@ void* shared_workspace(c10::Device device, void* stream, size_t bytes) {
 
 // Which cuBLASLt call a key holds prepared: F.linear's own (a 1-D bias through cuBLASLt's BIAS epilogue, as
 // addmm makes it; the activation and residual follow in place, as eager's), or the one the Python route's
-// cuBLASLt plan makes for a layer whose epilogue is a residual and perhaps a bias (epilogue_step.
-// TorchLtEpiloguePlan: the residual read as C, beta 1, autogemm's workspace; one call, no pass).
-enum class Route : int64_t { kLinear = 0, kResidualAsC = 1 };
+// cuBLASLt plan makes for a layer whose epilogue is a residual, a bias or both (epilogue_step.
+// TorchLtEpiloguePlan: the residual read as C, beta 1; the bias in the epilogue; autogemm's workspace, the
+// heuristic's algorithm of the rank the layer's tune chose; one call, no pass).
+enum class Route : int64_t { kLinear = 0, kLtCall = 1 };
 
 // A cuBLASLt call prepared for one key: its descriptors and algorithm made once. Column-major, as cuBLASLt reads
 // the row-major operands: D (N x M) = op(W) (N x K) . X (K x M) [+ C] [+ bias], W's rows read as K x N with op T,
 // X as K x M, C and D as N x M: the layouts and order F.linear gives it.
 class PreparedLinear {
  public:
-  // The prepared call for a key of x, w, b (undefined: none) and r (the residual, for kResidualAsC), or null
+  static constexpr int64_t kMaxRank = 8;  // the heuristic's algorithms a key may ask for (cublas_epilogue: 4)
+
+  // The prepared call for a key of x, w, b (undefined: none) and r (the residual, read as C by kLtCall), or null
   // where the route would not run cuBLASLt on such operands, or the library or an algorithm is missing (`why`
   // says which). `whole`: the bias is the key's whole epilogue, a layer the Python route serves with F.linear's
   // cuBLASLt call prepared at any M (lt_linear.PreparedBiasLinear), one token too. `bare`: no bias and no C,
-  // at any M (prepare_bare's, which checks its bits).
+  // at any M (prepare_bare's, which checks its bits). `rank`: which of the heuristic's algorithms, best first
+  // (kLtCall's: the one the Python route's plan runs, cublas_epilogue_launcher's `rank`).
   static std::unique_ptr<PreparedLinear> prepare(Route route, const at::Tensor& x, const at::Tensor& w,
                                                  const at::Tensor& b, const at::Tensor& r, bool whole,
-                                                 size_t workspace_bytes, std::string& why, bool bare = false) {
+                                                 size_t workspace_bytes, std::string& why, bool bare = false,
+                                                 int64_t rank = 0) {
     const at::ScalarType type = x.scalar_type();
-    const bool with_c = route == Route::kResidualAsC;
+    const bool lt_call = route == Route::kLtCall;
+    const bool with_c = lt_call && r.defined();
     const bool with_bias = b.defined();
+    if (rank < 0 || rank >= kMaxRank || (rank > 0 && !lt_call)) {
+      why = "a rank of the heuristic's algorithms from 0 to 7, and only for the Python route's cuBLASLt call";
+      return nullptr;
+    }
     if (!x.is_cuda() || (type != at::kHalf && type != at::kBFloat16) || w.scalar_type() != type || w.dim() != 2 ||
         x.dim() < 2 || x.dim() > 3 || !x.is_contiguous() || !w.is_contiguous() || w.device() != x.device() ||
         (with_bias && (b.scalar_type() != type || b.dim() != 1 || !b.is_contiguous() || b.device() != x.device())) ||
@@ -129,8 +140,8 @@ class PreparedLinear {
       }
     }
     constexpr int64_t kMax = 2147483647;
-    // (F.linear gives cuBLASLt no size of 1; the Python route's plans take any M, its residual plan any size)
-    const int64_t least = with_c ? 1 : 2, least_m = with_c || whole || bare ? 1 : 2;
+    // (F.linear gives cuBLASLt no size of 1; the Python route's plans take any M, its cuBLASLt plan any size)
+    const int64_t least = lt_call ? 1 : 2, least_m = lt_call || whole || bare ? 1 : 2;
     if (m < least_m || n < least || k < least || m > kMax || n > kMax || k > kMax || (with_bias && b.size(0) != n)) {
       why = "a size F.linear does not give cuBLASLt (1, or past 32 bits)";
       return nullptr;
@@ -149,12 +160,13 @@ class PreparedLinear {
     if (!why.empty()) return nullptr;
     std::unique_ptr<PreparedLinear> p(new PreparedLinear());
     p->route_ = route;
+    p->with_c_ = with_c;
     p->device_ = x.device();
     p->workspace_bytes_ = workspace_bytes;
     // F.linear tells the heuristic its addresses' alignment (256 here: every call's are checked); the Python
     // route's plan lowers that to what the rows' pitches and D's size keep (cublas_epilogue_launcher)
     uint32_t alignment = kAlignment;
-    if (with_c) {
+    if (lt_call) {
       const int64_t item = x.element_size();
       while (alignment > 1 && ((k * item) % alignment || (n * item) % alignment || (m * n * item) % alignment)) {
         alignment /= 2;
@@ -195,16 +207,18 @@ class PreparedLinear {
                           lt::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, lt::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
       ok = ok && lt.preference_set(preference, attribute, &alignment, sizeof(alignment)) == lt::CUBLAS_STATUS_SUCCESS;
     }
-    lt::HeuristicResult result = {};
+    // (asked for as many as the Python route's plan asks for: LtPlan.algorithm one, LtPlan.ranked rank + 1)
+    lt::HeuristicResult results[kMaxRank] = {};
     int found = 0;
     ok = ok && lt.heuristic(lt.handle, p->desc_, p->w_layout_, p->x_layout_, p->y_layout_, p->y_layout_, preference,
-                            1, &result, &found) == lt::CUBLAS_STATUS_SUCCESS;
+                            static_cast<int>(rank) + 1, results, &found) == lt::CUBLAS_STATUS_SUCCESS;
     lt.preference_destroy(preference);
-    if (!ok || found == 0) {
-      why = "cuBLASLt's heuristic has no algorithm for it";
+    if (!ok || found <= rank) {
+      why = rank ? "cuBLASLt's heuristic offers fewer algorithms than the rank the tune chose" :
+                   "cuBLASLt's heuristic has no algorithm for it";
       return nullptr;
     }
-    p->algorithm_ = result.algo;
+    p->algorithm_ = results[rank].algo;
     return p;
   }
 
@@ -257,7 +271,7 @@ class PreparedLinear {
   // cannot say: the call then steps aside as it does under a capture)
   bool capturing() const { return capturing(current_stream(device_)); }
 
-  // The prepared call's D: x @ w^T (+ b) for kLinear, and + r as C for kResidualAsC; or an undefined tensor
+  // The prepared call's D: x @ w^T (+ b), and + r as C for a kLtCall with a residual; or an undefined tensor
   // where this call must go at::linear's way (b, r: undefined where the key has none)
   at::Tensor operator()(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, const at::Tensor& r) {
     const LtLibrary& lt = lt_library();
@@ -271,7 +285,7 @@ class PreparedLinear {
     const void* px = x.data_ptr();
     const void* pw = w.data_ptr();
     const void* pb = b.defined() ? b.data_ptr() : nullptr;
-    const void* pr = route_ == Route::kResidualAsC ? r.data_ptr() : nullptr;
+    const void* pr = with_c_ ? r.data_ptr() : nullptr;
     if ((reinterpret_cast<uintptr_t>(px) | reinterpret_cast<uintptr_t>(pw) | reinterpret_cast<uintptr_t>(pb) |
          reinterpret_cast<uintptr_t>(pr)) % kAlignment) {
       return at::Tensor();
@@ -280,7 +294,7 @@ class PreparedLinear {
     void* py = y.data_ptr();
     if (reinterpret_cast<uintptr_t>(py) % kAlignment) return at::Tensor();
     // alpha 1; beta 0, or 1 where the residual is C (the bias comes in the epilogue)
-    const float alpha = 1.0f, beta = route_ == Route::kResidualAsC ? 1.0f : 0.0f;
+    const float alpha = 1.0f, beta = with_c_ ? 1.0f : 0.0f;
     std::lock_guard<std::mutex> hold(mutex_);  // (the bias's address lives in the descriptor)
     if (pb != bias_) {
       if (!set(lt::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &pb, sizeof(pb))) return at::Tensor();
@@ -314,6 +328,7 @@ class PreparedLinear {
   }
 
   Route route_ = Route::kLinear;
+  bool with_c_ = false;  // (a kLtCall's residual, read as C)
   c10::Device device_ = c10::Device(c10::DeviceType::CUDA);
   size_t workspace_bytes_ = 0;
   lt::MatmulDesc desc_ = nullptr;
