@@ -8,6 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from test_eager_epilogue import _Cache  # (a user cache holding one record, its lookups recorded)
 
 from autogemm.epilogue import Epilogue
 from autogemm.gpu.cublas_epilogue import LT_ROUTE, LT_RUNNERS_UP, lt_route, measured_lt_rank
@@ -40,15 +41,6 @@ def test_each_rank_is_a_route_of_its_own_and_the_first_keeps_its_name():
 ])
 def test_a_runner_up_serves_where_it_beat_the_first_and_the_rivals_beyond_the_noise(baselines, rivals, rank):
     assert measured_lt_rank(baselines, 0.01, rivals) == rank
-
-
-class _Cache:
-    def __init__(self, record):
-        self.record, self.asked = record, []
-
-    def lookup(self, problem, slug):
-        self.asked.append((problem, slug))
-        return None if self.record is None else (self.record, "user")
 
 
 def _record(baselines, is_cublas=True, stale=False):
