@@ -60,7 +60,7 @@ def measured_lt_rank(baselines: dict, noise: float, rivals: tuple[str, ...] = ()
     than `noise` (a share); else 0, the heuristic's first (also where the tune timed no runner-up)."""
     timed = {rank: baselines.get(lt_route(rank)) for rank in range(LT_RUNNERS_UP + 1)}
     timed = {rank: ms for rank, ms in timed.items() if ms}
-    if not timed or 0 not in timed:
+    if 0 not in timed:
         return 0
     rank = min(timed, key=timed.__getitem__)
     beaten = [timed[0]] + [baselines[name] for name in rivals if baselines.get(name)]
