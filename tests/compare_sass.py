@@ -29,7 +29,10 @@ ROOT = HERE.parent
 RENDER = r"""
 import json, sys
 from autogemm.problem import Problem
-from autogemm.render import render
+try:
+    from autogemm.kernels.render import render
+except ImportError:  # (before the package's stages became packages)
+    from autogemm.render import render
 try:
     from autogemm.families import VectorWidths, config_from_name
 except ImportError:
