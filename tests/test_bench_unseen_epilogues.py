@@ -57,6 +57,16 @@ def test_a_seed_whose_draw_lacks_the_large_layers_is_refused_as_the_publication(
     assert refused.value.code == 2 and "seed 8123 cannot be the published draw" in capsys.readouterr().err
 
 
+def test_judged_first_measures_the_layers_whose_capture_is_judged_before_the_others_in_the_draw_s_order():
+    specs = bench.epilogue_problems(8124)
+    assert bench.measurement_order(specs) == list(enumerate(specs))
+    order = bench.measurement_order(specs, judged_first=True)
+    judged = [index for index, spec in enumerate(specs) if spec[2] >= table.CAPTURE_FROM_M]
+    assert [index for index, _ in order[:len(judged)]] == judged and len(judged) == 4
+    assert [index for index, _ in order[len(judged):]] == [i for i in range(len(specs)) if i not in judged]
+    assert all(specs[index] == spec for index, spec in order)  # (each keeps its index)
+
+
 def test_list_runs_without_a_gpu():
     listed = subprocess.run([sys.executable, str(SCRIPT), "--list", "--count", "8"], capture_output=True, text=True,
                             check=True)

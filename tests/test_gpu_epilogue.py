@@ -681,6 +681,38 @@ def test_a_preloaded_residual_is_staged_in_the_store_chunks_or_read_from_global_
     _check(d, a, b.T, dtype, Epilogue(residual=True), residual=residual)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["hopper_128x192x64_w64x192_s4_g8_k1_o1_p_ts_pl_hd",
+                                  "hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_pp_pl_hd"],
+                         ids=["sharing-the-tile", "ping-pong"])
+def test_a_preloaded_bias_is_staged_in_shared_memory_or_copied_value_by_value_on_a_tail(name):
+    """`preload` with a bias along N: each consumer copies its tile's bias into shared memory when it starts the
+    tile, asynchronously in 16-byte pieces where the bias starts 16-byte aligned (1001 columns end inside a piece,
+    read in part and zero-filled), value by value where it does not (a bias 2 bytes in); consumers sharing a tile
+    and ping-pong consumers taking tiles in turns, each tile's bias replacing the one before in their buffers (8800
+    rows: 414 tiles of 128 x 192 and 552 of ping-pong's 128 x 128 for 132 SMs, so that each consumer takes several);
+    then on whole tiles, where the store checks no bounds."""
+    from autogemm.families import config_from_name
+    from autogemm.gpu.launch import bind
+
+    config = config_from_name(name)
+    k, dtype = 256, "bfloat16"
+    # on tails, and on whole tiles (EVEN_M and EVEN_N: no bounds checked in the store)
+    for m, n in ((8800, 1001), (8448, 1152)):
+        a, b = _random((m, k), dtype, 51), _random((n, k), dtype, 52)
+        stored = _random((n + 8,), dtype, 53)
+        for offset in (0, 1):
+            bias = stored[offset:offset + n]
+            assert (bias.data.ptr % 16 == 0) == (offset == 0)  # (the case it names)
+            d = _random((m, n), dtype, 54)
+            run, _ = bind(config, a, b, d, trans_b=True, epilogue=Epilogue("n"), bias=bias)
+            run()
+            try:
+                _check(d, a, b.T, dtype, Epilogue("n"), bias=bias)
+            except AssertionError as exc:
+                raise AssertionError(f"{name} at {m}x{n}, the bias {2 * offset} bytes in: {exc}") from None
+
+
 # every epilogue the tile families apply, each in one kernel of every family and instruction path (and of
 # Hopper's TMA store, and its store of C written transposed) on a tail shape
 EVERY_EPILOGUE = [Epilogue("n", "relu"), Epilogue("n", "gelu"), Epilogue("n", "gelu_tanh"), Epilogue("n", "silu"),

@@ -34,6 +34,11 @@ VARIANTS = [
     ("hopper_256x128x64_w128x128_s4_g8_k1_o1_p_ts_pp_pl_hd",
      Problem.from_layout(2048, 13824, 5120, "nt", dtype="bfloat16", epilogue=Epilogue(residual=True))),
     ("hopper_128x128x64_w64x128_s5_g8_k1_o1_p_ts_pp_fa_pl_hd", LAYER),
+    # a bias along N staged in shared memory (test_gpu_epilogue's kernels of it): sharing the tile, and ping-pong
+    ("hopper_128x192x64_w64x192_s4_g8_k1_o1_p_ts_pl_hd",
+     Problem.from_layout(8800, 1001, 256, "nt", dtype="bfloat16", epilogue=Epilogue("n"))),
+    ("hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_pp_pl_hd",
+     Problem.from_layout(8800, 1001, 256, "nt", dtype="bfloat16", epilogue=Epilogue("n"))),
 ]
 
 
@@ -98,3 +103,39 @@ def test_a_new_studys_wave_seeds_load_a_bias_ahead_where_they_store_through_tma(
     assert stored_by_tma and all(config.preload for config in stored_by_tma), [c.name for c in stored_by_tma]
     bare = wave_ranked(space, dataclasses.replace(bias, epilogue=Epilogue()), H200)
     assert bare and not any(config.preload for config in bare)
+
+
+def test_a_bias_along_n_is_staged_in_shared_memory_at_the_tile_s_start_where_one_unit_stores_the_tile():
+    """With preload and a bias along N, each consumer copies its tile's bias into shared memory of its own when it
+    starts the tile (stage_bias), and its chunks read it there: in the SASS of 128 x 192, 256 x 128 ping-pong and
+    256 x 144 tiles, the chunks' global loads of the bias waited one after the other. Its shared memory is counted
+    (a kernel's static_assert holds the layout to it: the compiles above). Split-K's units, a bias along M and
+    kernels without preload load as before."""
+    bias = dataclasses.replace(LAYER, epilogue=Epilogue("n"))
+    config = config_from_name(PRELOAD)
+    code = render(config, bias).code
+    assert config.stages_bias(bias) and "stage_bias(staged_bias + consumer * BIAS_STAGE_BYTES" in code
+    assert "bias_pairs[j] = *reinterpret_cast<const Two*>(tile_bias" in code and "bias_pairs[j].x = n < N" not in code
+    unstaged = config_from_name(PRELOAD.removesuffix("_pl"))
+    assert config.smem_bytes(bias) == unstaged.smem_bytes(bias) + 2 * 512  # two consumers, 256 BF16 values each
+    narrow = config_from_name("hopper_128x136x64_w64x136_s5_g8_k1_o1_p_ts_pl")  # (272 bytes: 17 pieces of 16)
+    assert narrow.smem_bytes(bias) - config_from_name(narrow.name.removesuffix("_pl")).smem_bytes(bias) == 2 * 272
+    for name, problem in [(PRELOAD.replace("_k1_", "_k2_"), bias),  # split-K's units
+                          (PRELOAD, dataclasses.replace(LAYER, epilogue=Epilogue("m"))),  # a bias along M
+                          (PRELOAD.removesuffix("_pl"), bias)]:  # no preload
+        other = config_from_name(name)
+        assert not other.stages_bias(problem) and "stage_bias" not in render(other, problem).code, name
+    # the layout without it is the one before (the static_assert names no staged bias)
+    assert "BIAS_BYTES" not in render(config, dataclasses.replace(LAYER, epilogue=Epilogue(residual=True))).code
+
+
+def test_nvrtc_compiles_the_staged_bias_kernels_of_the_gpu_tests(tmp_path, monkeypatch):
+    """What serves compiles with NVRTC, not nvcc: test_gpu_epilogue's two kernels with a staged bias."""
+    from autogemm.kernels import compile as kernel_compile
+
+    monkeypatch.setenv("AUTOGEMM_CUBIN_DIR", str(tmp_path))  # compiled here and now, none reused
+    for name, problem in VARIANTS[-2:]:
+        config = config_from_name(name)
+        assert config.stages_bias(problem)
+        cubin = kernel_compile.compile_to_cubin(render(config, problem), "sm_90")
+        assert cubin.read_bytes()[:4] == b"\x7fELF"

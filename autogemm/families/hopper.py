@@ -215,12 +215,14 @@ class HopperConfig(VectorizedLoads, GemmConfig):
     def smem_bytes(self, problem: Problem) -> int:
         """The ring's stages (both operands' tiles), with `tma_store` two store chunks of 64 columns
         per consumer, with block scales on one set of partial sums each stage's scales (A's of the work
-        tile's rows, B's of two blocks of columns, rounded to 16 bytes), a full and an empty barrier per
-        stage, and one swizzle period of slack to align the first stage (the dynamic base is not aligned)."""
+        tile's rows, B's of two blocks of columns, rounded to 16 bytes), with a staged bias each consumer's
+        tile's bias (stages_bias, rounded to 16 bytes), a full and an empty barrier per stage, and one swizzle
+        period of slack to align the first stage (the dynamic base is not aligned)."""
         itemsize = dtypes.lookup(problem.dtype, problem.compute).itemsize
         store = self.bm * self.store_buffers() * SWIZZLE_BYTES if self.tma_store else 0
         scales = self.stages * (self.tile_rows + 4) * 4 if self.stages_block_scales(problem) else 0
-        return (self.stages * (self.tile_rows + self.bn) * self.bk * itemsize + store + scales
+        bias = self.consumers * -(-self.bn * itemsize // 16) * 16 if self.stages_bias(problem) else 0
+        return (self.stages * (self.tile_rows + self.bn) * self.bk * itemsize + store + scales + bias
                 + 2 * self.stages * BARRIER_BYTES + SWIZZLE_PERIOD_BYTES)
 
     def store_buffers(self) -> int:
@@ -364,6 +366,18 @@ class HopperConfig(VectorizedLoads, GemmConfig):
         copy_block_scales)."""
         return problem.epilogue.scale == "block" and self.block_scaled_sets() == 1
 
+    def stages_bias(self, problem: Problem) -> bool:
+        """Whether each consumer copies its tile's bias along N into shared memory of its own (BN values, 16 bytes
+        a piece, asynchronously) when it starts the tile, so that its TMA-stored chunks read the bias there
+        (templates/hopper_gemm.cu.j2, stage_bias). With `preload`, a bias along N and the consumers' own chunks
+        (no swap, stmatrix or split N), one unit a tile (no split-K, stream-K or group): ptxas loaded a chunk's
+        bias from global memory one value after the other, each waiting for the one before to be used (the SASS
+        of 128 x 192, 256 x 128 ping-pong and 256 x 144 tiles with a bias, BF16 NT: a chain of 9-11 of its 16
+        loads a chunk), where the staged bias costs a shared-memory load a pair of columns."""
+        return (self.preload and problem.epilogue.bias == "n" and self.tma_store and not self.swap
+                and not self.stmatrix and not self.split_n and self.split_k == 1 and not self.stream_k
+                and not problem.grouped and not dtypes.lookup(problem.dtype, problem.compute).scaled)
+
     def block_scaled_sets(self) -> int:
         """Block scales: how many sets of partial sums the consumer's registers hold beside its
         accumulators: two (one slice promoted while the next one's wgmmas run) where they fit, else one
@@ -391,7 +405,7 @@ class HopperConfig(VectorizedLoads, GemmConfig):
             scaled=row.scaled, c_type=c_type, c_to_acc=c_to_acc, c_from_acc=c_from_acc,
             block_scaled=problem.epilogue.scale == "block",
             block_sets=self.block_scaled_sets() if problem.epilogue.scale == "block" else 0,
-            staged_scales=self.stages_block_scales(problem),
+            staged_scales=self.stages_block_scales(problem), staged_bias=self.stages_bias(problem),
             dtype=problem.dtype, compute=problem.compute, layout=problem.layout.upper(), element=row.element,
             to_acc=row.to_acc, from_acc=row.from_acc, mma_input=row.tensor_core.mma_input, fk=row.tensor_core.wgmma_k,
             bm=self.bm, bn=self.bn, bk=self.bk, consumers=self.consumers, split_n=self.split_n, cn=self.wn,
