@@ -594,13 +594,13 @@ def _swapped_narrow_cases():
 
 def _tall_cases():
     """Two consumers of 128 x 144 (a 256 x 144 tile, 144 accumulators a thread): SiLU with a bias along N by
-    the fast form under ping-pong into the TMA store, GELU with a bias and a residual stored from registers
+    the fast form under ping-pong into the TMA store, the bias staged in shared memory and preloaded, GELU with a bias and a residual stored from registers
     through a cluster pair, and swapped on B stored K x N (the bias along the kernel's rows) into transposed TMA
     store pieces, on tails of both (1000 columns: six tiles and 136 of a seventh)."""
     from autogemm.families import config_from_name
     from autogemm.problem import Problem
 
-    return [(config_from_name("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_ts_pp_fa_hd"),
+    return [(config_from_name("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_ts_pp_fa_pl_hd"),
              Problem.from_layout(333, 1000, 256, "nt", dtype="bfloat16", epilogue=Epilogue("n", "silu"))),
             (config_from_name("hopper_256x144x64_w128x144_s4_g8_k1_o1_p_c2_hd"),
              Problem.from_layout(300, 1000, 256, "tt", dtype="float16", epilogue=Epilogue("n", "gelu", True))),
