@@ -682,6 +682,7 @@ def test_a_preloaded_residual_is_staged_in_the_store_chunks_or_read_from_global_
 
 
 @pytest.mark.gpu
+@pytest.mark.long(seconds=10)  # (two kernels a case, tails and whole tiles, compiled: started first, as the tile cases)
 @pytest.mark.parametrize("name", ["hopper_128x192x64_w64x192_s4_g8_k1_o1_p_ts_pl_hd",
                                   "hopper_256x128x64_w128x128_s3_g8_k1_o1_p_ts_pp_pl_hd"],
                          ids=["sharing-the-tile", "ping-pong"])
