@@ -29,7 +29,9 @@ bench_unseen_epilogues judges a tuned layer (issue 63):
 With --lt-algorithms N the competitors include cuBLASLt's heuristic's first N algorithms for the product
 with the layer's epilogue inside the GEMM (none; BIAS for a bias; a residual read as C), each checked as a
 configuration is and named by the kernel it launches: whether an algorithm the heuristic ranks lower runs a
-layer faster than its first choice, the one eager's F.linear runs (configurations may then be left out):
+layer faster than its first choice, the one eager's F.linear runs (configurations may then be left out).
+With an epilogue, the algorithm the heuristic picks for the GEMM alone competes too, where cuBLASLt's
+check says it computes the epilogue:
 
     python benchmarks/config_vs_cublas.py bfloat16:nt:1024x9216x3072 --epilogue bias --lt-algorithms 8
 
@@ -144,7 +146,8 @@ def lt_algorithm_calls(problem, stored_a, stored_b, bias, residual, count: int) 
     """--lt-algorithms: (label, call, output, description) of each of cuBLASLt's heuristic's first `count`
     algorithms (fewer where it offers fewer) for `problem` with its epilogue inside the GEMM (the bias, or the
     residual read as C: cublas_epilogue.lt_epilogue; DEFAULT without one), each writing an output of its own;
-    the description gives the heuristic's waves and workspace."""
+    the description gives the heuristic's waves and workspace. With an epilogue, last, the GEMM alone's
+    algorithm computing it, where cuBLASLt's check takes it (its description says if the heuristic ranked it)."""
     import cupy
 
     from autogemm.epilogue import Epilogue
@@ -161,24 +164,42 @@ def lt_algorithm_calls(problem, stored_a, stored_b, bias, residual, count: int) 
     residual = residual if epilogue.residual else None
     bare = dataclasses.replace(problem, epilogue=Epilogue())
     ordinal = cupy.cuda.Device().id
-    found = []
-    for rank in range(count):
+
+    def launched(**which):
         d = cupy.empty(((problem.batch,) if problem.batch > 1 else ()) + (problem.m, problem.n), dtype=stored_a.dtype)
         layout_a, layout_b, layout_d = storage_layouts(bare, stored_a, stored_b, d)
         layout_r = describe(residual, "residual", bfloat16_bits=True).storage(False) if residual is not None else None
         pbias, presidual = (0 if x is None else x.data.ptr for x in (bias, residual))
         pointers = [layout_a.pointer, layout_b.pointer, layout_d.pointer] + [x for x in (pbias, presidual) if x]
         launch = cublas_epilogue_launcher(bare, layout_a, layout_b, layout_d, name, layout_r, pbias,
-                                          min(alignment_of(x) for x in pointers), ordinal, rank=rank)
+                                          min(alignment_of(x) for x in pointers), ordinal, **which)
         if launch is None:
-            break
-        result = launch.algorithm[0]
+            return None
         call = (lambda i, launch=launch, pa=layout_a.pointer, pb=layout_b.pointer, pd=layout_d.pointer,
                 pbias=pbias, presidual=presidual: launch(pa, pb, pd, 1.0, cupy.cuda.get_current_stream().ptr, pbias,
                                                          presidual))
-        found.append((f"cuBLASLt {name} #{rank + 1}", call, d,
-                      f"heuristic: {float(result['waves_count']):.2f} waves, "
-                      f"{int(result['workspace_size']) / 2**20:.1f} MiB workspace"))
+        return launch.algorithm[0], call, d
+
+    def described(result) -> str:
+        return (f"{float(result['waves_count']):.2f} waves, "
+                f"{int(result['workspace_size']) / 2**20:.1f} MiB workspace")
+
+    found, algorithms = [], []
+    for rank in range(count):
+        got = launched(rank=rank)
+        if got is None:
+            break
+        result, call, d = got
+        algorithms.append(result["algo"].tobytes())
+        found.append((f"cuBLASLt {name} #{rank + 1}", call, d, f"heuristic: {described(result)}"))
+    # the GEMM alone's algorithm with the epilogue, where cuBLASLt's check takes it: the heuristic picks apart
+    # for each epilogue, and a kernel it picks for a bias has run 2-5.5% slower than the bare product's
+    got = launched(bare_algorithm=True) if name != "DEFAULT" or residual is not None else None
+    if got is not None:
+        result, call, d = got
+        rank = algorithms.index(result["algo"].tobytes()) + 1 if result["algo"].tobytes() in algorithms else 0
+        found.append((f"cuBLASLt {name}, the GEMM alone's algorithm", call, d,
+                      f"checked: {described(result)}" + (f"; the heuristic's #{rank} too" if rank else "")))
     return found
 
 
@@ -303,7 +324,8 @@ def main(argv=None) -> int:
                              "configuration, against eager PyTorch and the GEMM alone, with the share captured")
     parser.add_argument("--lt-algorithms", type=int, default=0, metavar="N",
                         help="time cuBLASLt's heuristic's first N algorithms (1 to 64) for the product with the layer's "
-                             "epilogue inside the GEMM (none, a bias, or a residual read as C) beside the rest")
+                             "epilogue inside the GEMM (none, a bias, or a residual read as C) beside the rest, and "
+                             "with an epilogue the GEMM alone's algorithm computing it where cuBLASLt's check takes it")
     args = parser.parse_args(argv)
     if not args.configs and not args.lt_algorithms:
         parser.error("name a configuration to time, or --lt-algorithms N")

@@ -43,8 +43,10 @@ class FakeCublasLt:
                                               ("waves_count", "<f4"), ("reserved", "<i4", (4,))])
     MatmulDescAttribute = MatrixLayoutAttribute = MatmulPreferenceAttribute = Epilogue = _Names()
 
-    def __init__(self, offered: int, fails: bool = False):
+    def __init__(self, offered: int, fails: bool = False, takes: tuple = (), workspace: int = 0, state: int = 0):
         self.offered, self.fails, self.asked = offered, fails, []
+        # the algorithms (by their first word: the heuristic's of rank r is r + 1) the check takes, and what it writes
+        self.takes, self.workspace, self.state, self.checked = takes, workspace, state, []
 
     def __getattr__(self, name):  # descriptors, layouts, preferences and their attributes: nothing to keep
         return lambda *args: 0
@@ -55,8 +57,18 @@ class FakeCublasLt:
             raise self.cuBLASLtError("CUBLAS_STATUS_NOT_SUPPORTED")
         given = np.zeros(min(count, self.offered), dtype=self.matmul_heuristic_result_dtype)
         given["waves_count"] = np.arange(1, len(given) + 1)
+        given["algo"][:, 0] = np.arange(1, len(given) + 1)
         ctypes.memmove(results, given.ctypes.data, given.nbytes)
         ctypes.memmove(found, np.array([len(given)], dtype=np.int32).ctypes.data, 4)
+
+    def matmul_algo_check(self, handle, desc, a, b, c, d, algo, result):
+        first = np.frombuffer(ctypes.string_at(algo, 64), dtype=np.uint64)[0]
+        self.checked.append(int(first))
+        if first not in self.takes:
+            raise self.cuBLASLtError("CUBLAS_STATUS_INVALID_VALUE")
+        written = np.zeros(1, dtype=self.matmul_heuristic_result_dtype)  # (no algorithm: cuBLASLt writes none)
+        written["workspace_size"], written["state"], written["waves_count"] = self.workspace, self.state, 9
+        ctypes.memmove(result, written.ctypes.data, written.nbytes)
 
 
 def fake_plan(monkeypatch, lt):
@@ -105,3 +117,42 @@ def test_an_epilogue_launcher_of_a_lower_rank_runs_that_algorithm_or_none(monkey
 
     assert [float(launcher(rank).algorithm["waves_count"][0]) for rank in range(3)] == [1, 2, 3]
     assert launcher(3) is None
+
+
+def test_another_plan_s_algorithm_is_taken_where_cuBLASLt_s_check_says_it_computes_this_plan(monkeypatch):
+    lt = FakeCublasLt(offered=3, takes=(2,), workspace=1 << 20)
+    plan = fake_plan(monkeypatch, lt)
+    second = plan.ranked(256, 3)[1]
+    taken = plan.checked(second)
+    # the check's figures, with the algorithm itself (which a call passes by the result's address)
+    assert taken["algo"].tobytes() == second["algo"].tobytes() and float(taken["waves_count"][0]) == 9
+    assert int(taken["workspace_size"][0]) == 1 << 20 and taken.ctypes.data != second.ctypes.data
+    assert plan.checked(plan.ranked(256, 3)[2]) is None and lt.checked == [2, 3]  # refused by the check
+    lt.workspace = plan.workspace_bytes + 1  # more workspace than the calls pass
+    assert plan.checked(second) is None
+    lt.workspace, lt.state = 0, 15  # a result whose state is not CUBLAS_STATUS_SUCCESS
+    assert plan.checked(second) is None
+    lt.state = 0
+    assert plan.checked(second) is not None
+
+
+def test_an_epilogue_launcher_may_run_the_bare_product_s_algorithm_where_the_check_takes_it(monkeypatch):
+    from autogemm.gpu import cublas_epilogue, cublas_gemm
+
+    lt = FakeCublasLt(offered=3, takes=(1,))
+    monkeypatch.setattr(cublas_gemm, "bindings", lambda: (lt, None))
+    monkeypatch.setattr(cublas_epilogue, "bindings", lambda: (lt, None))
+    monkeypatch.setattr(cublas_epilogue, "device_state", lambda ordinal: SimpleNamespace(lt=1, workspace=None))
+    problem = Problem(64, 64, 64, dtype="float16")
+
+    def launcher(**which):
+        return cublas_epilogue.cublas_epilogue_launcher(problem, ROW_MAJOR, ROW_MAJOR, ROW_MAJOR, "BIAS", None, 256,
+                                                        256, 0, **which)
+
+    launch = launcher(bare_algorithm=True)
+    assert int(launch.algorithm["algo"][0].tobytes()[0]) == 1 and float(launch.algorithm["waves_count"][0]) == 9
+    assert lt.checked == [1] and lt.asked == [1]  # the bare plan's first, asked once and checked once
+    lt.takes = ()
+    assert launcher(bare_algorithm=True) is None
+    with pytest.raises(ValueError, match="not both"):
+        launcher(rank=1, bare_algorithm=True)

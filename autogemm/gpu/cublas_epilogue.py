@@ -69,14 +69,18 @@ def measured_lt_rank(baselines: dict, noise: float, rivals: tuple[str, ...] = ()
 
 def cublas_epilogue_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, d: KernelOperand, name: str,
                              residual: KernelOperand | None, bias_pointer: int, alignment: int, ordinal: int,
-                             rank: int = 0) -> Any:
+                             rank: int = 0, bare_algorithm: bool = False) -> Any:
     """`launch(pa, pb, pd, alpha, stream, pbias, presidual)` (stream: a CUDA stream's handle): D =
     epilogue `name` of alpha·op(A)·op(B) with the bias at `pbias`, + the residual at `presidual` as C
     where `residual` gives its layout, through cuBLASLt on GPU `ordinal`, for operands of these
     layouts whose every address is a multiple of `alignment` bytes (the caller checks each call's).
     None where cuBLASLt has no algorithm for it. `bias_pointer`: a bias's address for the heuristic.
     `rank`: which of the heuristic's algorithms, best first (0: its choice; a benchmark times the
-    runners-up beside it); None where it offers fewer."""
+    runners-up beside it); None where it offers fewer. `bare_algorithm`: instead, the algorithm the
+    heuristic picks for the product without the epilogue (D written, no C read), where cuBLASLt's check
+    says it computes this one (LtPlan.checked); None where it does not."""
+    if rank and bare_algorithm:
+        raise ValueError("an epilogue launcher runs the heuristic's algorithm of a rank, or the bare product's, not both")
     lt, _ = bindings()
     state = device_state(ordinal)
     plan = LtPlan(problem, a, b, residual if residual is not None else d, state, name, d=d, bias_pointer=bias_pointer)
@@ -84,7 +88,10 @@ def cublas_epilogue_launcher(problem: Problem, a: KernelOperand, b: KernelOperan
     layouts = [x for x in (a, b, d, residual) if x is not None]
     pitch_alignment = min(alignment_of(x * itemsize) for layout in layouts for x in (layout.ld, layout.batch_stride or 256))
     aligned = min(256, alignment, pitch_alignment)
-    if rank:
+    if bare_algorithm:
+        bare = LtPlan(problem, a, b, d, state).algorithm(aligned)
+        found = None if bare is None else plan.checked(bare)
+    elif rank:
         ranked = plan.ranked(aligned, rank + 1)
         found = ranked[rank] if len(ranked) > rank else None
     else:

@@ -215,6 +215,24 @@ class LtPlan:
             lt.matmul_preference_destroy(preference)
         return [results[i:i + 1] for i in range(int(found[0]))]  # (views: each keeps `results` alive)
 
+    def checked(self, other: np.ndarray) -> np.ndarray | None:
+        """Another plan's algorithm (a heuristic result, as `ranked` gives them) made this plan's, where
+        cuBLASLt's check (cublasLtMatmulAlgoCheck) says it computes this plan's descriptors, epilogue
+        included, within its workspace: a heuristic result of its own (the check writes the workspace it
+        needs and its waves). None where it does not. Why: the heuristic picks a product's algorithm apart
+        for each epilogue, and the bare product's may run the epilogue faster than the one picked for it."""
+        lt = self._lt
+        algo = other["algo"].copy()  # (apart from the result the check writes)
+        result = np.zeros(1, dtype=lt.matmul_heuristic_result_dtype)
+        try:
+            lt.matmul_algo_check(self._state.lt, self.desc, self.a_desc, self.b_desc, self.c_desc, self.d_desc,
+                                 algo.ctypes.data, result.ctypes.data)
+        except lt.cuBLASLtError:  # CUBLAS_STATUS_NOT_SUPPORTED or INVALID_VALUE: not for these descriptors
+            return None
+        result["algo"] = algo  # (a call passes the result's address as its algorithm's)
+        fits = int(result["state"][0]) == 0 and int(result["workspace_size"][0]) <= self.workspace_bytes
+        return result if fits else None
+
 
 def alignment_of(address: int) -> int:
     for alignment in _ALIGNMENTS:
