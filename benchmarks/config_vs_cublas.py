@@ -151,7 +151,7 @@ def lt_algorithm_calls(problem, stored_a, stored_b, bias, residual, count: int) 
     import cupy
 
     from autogemm.epilogue import Epilogue
-    from autogemm.gpu.cublas_epilogue import cublas_epilogue_launcher, lt_epilogue
+    from autogemm.gpu.cublas_epilogue import LT_BARE, cublas_epilogue_launcher, lt_epilogue
     from autogemm.gpu.cublas_gemm import alignment_of
     from autogemm.gpu.operands import describe
     from autogemm.measure.epilogue_routes import storage_layouts
@@ -194,7 +194,7 @@ def lt_algorithm_calls(problem, stored_a, stored_b, bias, residual, count: int) 
         found.append((f"cuBLASLt {name} #{rank + 1}", call, d, f"heuristic: {described(result)}"))
     # the GEMM alone's algorithm with the epilogue, where cuBLASLt's check takes it: the heuristic picks apart
     # for each epilogue, and a kernel it picks for a bias has run 2-5.5% slower than the bare product's
-    got = launched(bare_algorithm=True) if name != "DEFAULT" or residual is not None else None
+    got = launched(rank=LT_BARE) if name != "DEFAULT" or residual is not None else None
     if got is not None:
         result, call, d = got
         rank = algorithms.index(result["algo"].tobytes()) + 1 if result["algo"].tobytes() in algorithms else 0

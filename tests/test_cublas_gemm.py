@@ -149,10 +149,10 @@ def test_an_epilogue_launcher_may_run_the_bare_product_s_algorithm_where_the_che
         return cublas_epilogue.cublas_epilogue_launcher(problem, ROW_MAJOR, ROW_MAJOR, ROW_MAJOR, "BIAS", None, 256,
                                                         256, 0, **which)
 
-    launch = launcher(bare_algorithm=True)
+    launch = launcher(rank=cublas_epilogue.LT_BARE)
     assert int(launch.algorithm["algo"][0].tobytes()[0]) == 1 and float(launch.algorithm["waves_count"][0]) == 9
     assert lt.checked == [1] and lt.asked == [1]  # the bare plan's first, asked once and checked once
     lt.takes = ()
-    assert launcher(bare_algorithm=True) is None
-    with pytest.raises(ValueError, match="not both"):
-        launcher(rank=1, bare_algorithm=True)
+    assert launcher(rank=cublas_epilogue.LT_BARE) is None
+    with pytest.raises(ValueError, match="0 or more, or LT_BARE"):
+        launcher(rank=-2)

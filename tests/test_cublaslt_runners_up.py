@@ -11,7 +11,7 @@ import pytest
 from test_eager_epilogue import _Cache  # (a user cache holding one record, its lookups recorded)
 
 from autogemm.epilogue import Epilogue
-from autogemm.gpu.cublas_epilogue import LT_ROUTE, LT_RUNNERS_UP, lt_route, measured_lt_rank
+from autogemm.gpu.cublas_epilogue import LT_BARE, LT_ROUTE, LT_RUNNERS_UP, lt_rank_name, lt_route, measured_lt_rank
 from autogemm.gpu.eager_route import ROUTE, ROUTE_BIAS_IN_PASS
 from autogemm.problem import Problem
 
@@ -23,6 +23,9 @@ def test_each_rank_is_a_route_of_its_own_and_the_first_keeps_its_name():
     names = [lt_route(rank) for rank in range(LT_RUNNERS_UP + 1)]
     assert len(set(names)) == LT_RUNNERS_UP + 1 and lt_route(2) == "cublaslt epilogue #3"
     assert not {ROUTE, ROUTE_BIAS_IN_PASS} & set(names)
+    # the GEMM alone's algorithm with the epilogue: a route of its own too, named apart from the ranks
+    assert lt_route(LT_BARE) == "cublaslt epilogue (bare GEMM's algorithm)" and lt_route(LT_BARE) not in names
+    assert (lt_rank_name(2), lt_rank_name(LT_BARE)) == ("#3", "(bare GEMM's algorithm)")
 
 
 @pytest.mark.parametrize("baselines, rivals, rank", [
@@ -38,6 +41,11 @@ def test_each_rank_is_a_route_of_its_own_and_the_first_keeps_its_name():
     ({LT_ROUTE: 1.0, lt_route(2): 0.95, ROUTE: 0.97}, (ROUTE, ROUTE_BIAS_IN_PASS), 2),
     ({LT_ROUTE: 1.0, lt_route(2): 0.95, ROUTE: 0.97, ROUTE_BIAS_IN_PASS: 0.9}, (ROUTE, ROUTE_BIAS_IN_PASS), 0),
     ({LT_ROUTE: 1.0, lt_route(2): 0.95, ROUTE: 0.9}, (), 2),  # (a route not named a rival does not count)
+    # the GEMM alone's algorithm competes as a runner-up does
+    ({LT_ROUTE: 1.0, lt_route(LT_BARE): 0.96, lt_route(1): 0.98}, (), LT_BARE),
+    ({LT_ROUTE: 1.0, lt_route(LT_BARE): 0.995}, (), 0),  # (within the noise)
+    ({LT_ROUTE: 1.0, lt_route(LT_BARE): 0.96, ROUTE: 0.965}, (ROUTE,), 0),
+    ({LT_ROUTE: 1.0, lt_route(LT_BARE): 0.97, lt_route(2): 0.95}, (), 2),
 ])
 def test_a_runner_up_serves_where_it_beat_the_first_and_the_rivals_beyond_the_noise(baselines, rivals, rank):
     assert measured_lt_rank(baselines, 0.01, rivals) == rank
@@ -48,11 +56,13 @@ def _record(baselines, is_cublas=True, stale=False):
 
 
 FASTER_THIRD = {LT_ROUTE: 0.100, lt_route(2): 0.094, ROUTE: 0.101}
+FASTER_BARE = {LT_ROUTE: 0.100, lt_route(LT_BARE): 0.095, lt_route(1): 0.099, ROUTE: 0.101}
 
 
 @pytest.mark.parametrize("record, rank", [
     (None, 0),  # untuned
     (_record(FASTER_THIRD), 2),
+    (_record(FASTER_BARE), LT_BARE),
     (_record(FASTER_THIRD, stale=True), 0),  # (its kernels' source changed since: not this tune's)
     (_record(FASTER_THIRD, is_cublas=False), 0),  # (a kernel kept: it takes the epilogue)
     (_record({**FASTER_THIRD, ROUTE_BIAS_IN_PASS: 0.090}), 0),  # (the torch route with the bias in the pass won)
@@ -68,6 +78,7 @@ def test_the_tuned_rank_is_the_layer_s_tune_s(record, rank):
 
 @pytest.mark.parametrize("record, config, filed", [
     (_record(FASTER_THIRD), None, ("lt", 2)),  # the runner-up, before eager's F.linear
+    (_record(FASTER_BARE), None, ("lt", LT_BARE)),  # the GEMM alone's algorithm with the bias, likewise
     (None, None, "eager"),  # untuned: eager's call, as before
     (_record({LT_ROUTE: 0.100, ROUTE: 0.101}), None, "eager"),
     (_record(FASTER_THIRD), "a kernel", "eager"),  # (a kernel serves the GEMM: no cuBLASLt route to rank)

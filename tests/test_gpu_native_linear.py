@@ -284,17 +284,19 @@ def test_a_layer_whose_tune_timed_the_bias_in_the_pass_faster_is_served_so_by_bo
     assert (y != bias_in_pass).float().mean().item() < 0.001
 
 
-@pytest.mark.parametrize("case", ["bias", "residual"])
-def test_a_layer_whose_tune_timed_a_runner_up_of_cublaslt_faster_is_served_by_it_on_both_routes(torch, case):
-    """A record of the layer's tune that kept cuBLAS and timed the heuristic's third algorithm for cuBLASLt's
-    epilogue faster than its first and than F.linear's call (epilogue_step.tuned_lt_rank): the Python route serves
-    it through that algorithm (the heuristic's third for the plan's descriptors), the memo holds the same call
-    prepared (the same bits), and explain says so."""
+@pytest.mark.parametrize("case,rank", [("bias", 2), ("residual", 2), ("bias", -1)],
+                         ids=["bias", "residual", "bias-bare-algorithm"])
+def test_a_layer_whose_tune_timed_a_runner_up_of_cublaslt_faster_is_served_by_it_on_both_routes(torch, case, rank):
+    """A record of the layer's tune that kept cuBLAS and timed the heuristic's third algorithm (or the GEMM alone's,
+    rank -1, cublas_epilogue.LT_BARE) for cuBLASLt's epilogue faster than its first and than F.linear's call
+    (epilogue_step.tuned_lt_rank): the Python route serves it through that algorithm (the heuristic's third for the
+    plan's descriptors, or its first for the GEMM alone's), the memo holds the same call prepared (the same bits),
+    and explain says so."""
     from test_gpu_capture import _record
 
     from autogemm.epilogue import Epilogue
     from autogemm.families import config_from_name
-    from autogemm.gpu.cublas_epilogue import LT_ROUTE, lt_route
+    from autogemm.gpu.cublas_epilogue import LT_BARE, LT_ROUTE, lt_route
     from autogemm.gpu.eager_route import ROUTE
     from autogemm.gpu.launch import current_device
     from autogemm.problem import Problem
@@ -309,21 +311,31 @@ def test_a_layer_whose_tune_timed_a_runner_up_of_cublaslt_faster_is_served_by_it
     problem = Problem(512, 2048, 1024, dtype="bfloat16", trans_b=True,
                       epilogue=Epilogue("n") if case == "bias" else Epilogue(residual=True))
     beaten = _record(problem, config_from_name("wmma_64x64x32_w32x32_v8_s3_pad_g8_k1_o2_mma"), ratio=0.9,
-                     baselines={LT_ROUTE: 0.100, lt_route(2): 0.090, ROUTE: 0.100})
+                     baselines={LT_ROUTE: 0.100, lt_route(rank): 0.090, ROUTE: 0.100})
     TuningCache().store(cublas_record(beaten), current_device().slug)
     autogemm.reset()
     call = lambda: autogemm.linear(x, w, bias, residual=residual)  # noqa: E731
     for _ in range(3):
         call()
     plans = [p for p in dispatch._DISPATCHER.torch_epilogue.values() if isinstance(p, TorchLtEpiloguePlan)]
-    assert plans and all(p.rank == 2 for p in plans), dispatch._DISPATCHER.torch_epilogue
+    if rank == LT_BARE and not plans:
+        pytest.skip("cuBLASLt's check does not take the GEMM alone's algorithm with a bias for this layer here")
+    assert plans and all(p.rank == rank for p in plans), dispatch._DISPATCHER.torch_epilogue
     launch = plans[0].launch  # (the heuristic's third for the plan's own descriptors and alignment)
-    third = launch.plan.ranked(plans[0].alignment, 3)
-    assert len(third) == 3 and bytes(launch.algorithm["algo"]) == bytes(third[2]["algo"])
+    if rank == LT_BARE:  # (its first for the same product without the epilogue)
+        chosen = launch.bare_plan.algorithm(plans[0].alignment)
+    else:
+        third = launch.plan.ranked(plans[0].alignment, 3)
+        assert len(third) == 3
+        chosen = third[2]
+    assert bytes(launch.algorithm["algo"]) == bytes(chosen["algo"])
     memo = dispatch._DISPATCHER.native_memo
     assert memo.prepared() == 1 and memo.unprepared_why() == "", memo.unprepared_why()
     said = autogemm.explain(x, w.T, bias=bias, residual=residual)["epilogue"]
-    assert said["route"].endswith("#3") and "algorithm #3" in said["applied"], said
+    if rank == LT_BARE:
+        assert said["route"].endswith("(bare GEMM's algorithm)") and "for the GEMM alone" in said["applied"], said
+    else:
+        assert said["route"].endswith("#3") and "algorithm #3" in said["applied"], said
     python, native = _without_the_memo(call), call()
     assert torch.equal(python, native)
     expected = _eager(torch, x, w, bias, None, residual).float()

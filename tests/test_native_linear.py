@@ -182,6 +182,11 @@ def test_a_residual_read_as_c_is_filed_only_with_its_cublaslt_call(memo_type):
     assert "not a cuBLASLt call the memo prepares" in memo.unprepared_why()
     assert not memo.file(x, w, bias, None, None, lt_call=True, lt_rank=8) and len(memo) == 0  # (past the ranks asked)
     assert "a rank of the heuristic's algorithms from 0 to 7" in memo.unprepared_why()
+    assert not memo.file(x, w, bias, None, None, lt_call=True, lt_rank=-2) and len(memo) == 0
+    assert "(or -1, the GEMM alone's)" in memo.unprepared_why()
+    # the GEMM alone's algorithm (-1) passes the rank's check
+    assert not memo.file(x, w, bias, None, None, lt_call=True, lt_rank=-1) and len(memo) == 0
+    assert "not a cuBLASLt call the memo prepares" in memo.unprepared_why()  # (off the GPU, past the rank's check)
     assert memo.file(x, w, None, None, residual)  # (eager's calls: at::linear, then the sum)
     assert torch.equal(memo.linear(x, w, None, None, residual), F.linear(x, w) + residual)
 

@@ -140,6 +140,8 @@ def test_the_memo_takes_eager_layers_and_16_bit_residuals_cublaslt_adds_each_its
     ranked.rank = 2
     assert route(ranked, small, w, None, None) == route(ranked, large, w, None, r_large) == native_linear.LT_CALL
     assert route(ranked, small, w, None, r_small.half()) is None  # (a residual of another dtype)
+    ranked.rank = -1  # (the GEMM alone's algorithm with the bias, which the layer's tune timed faster)
+    assert route(ranked, small, w, None, None) == native_linear.LT_CALL
     assert route(object(), small, w, None, None) is None
 
 

@@ -26,6 +26,9 @@ from .operands import KernelOperand
 # from the bare GEMM's (gpu/eager_route.py), and its pick ran 2-5.5% slower than the bare GEMM's on 8 of 25 bias +
 # GELU/SiLU layers of three unseen draws on an H200
 LT_RUNNERS_UP = 3
+# The rank that names the algorithm the heuristic picks for the GEMM alone, run with the epilogue where cuBLASLt's
+# check takes it (LtPlan.checked): the same tunes time it as one more route, the ceiling's kernel with the epilogue
+LT_BARE = -1
 LT_ROUTE = "cublaslt epilogue"  # the route's name among a tune's baselines (Record.baselines): the heuristic's first
 # (autogemm's activation, whether a bias is added) -> cuBLASLt's epilogue
 LT_EPILOGUES = {("", False): "DEFAULT", ("", True): "BIAS", ("relu", False): "RELU", ("relu", True): "RELU_BIAS",
@@ -49,16 +52,24 @@ def lt_epilogue(epilogue: Epilogue, dtype: str) -> str | None:
 
 def lt_route(rank: int) -> str:
     """The name among a tune's baselines of cuBLASLt's epilogue through its heuristic's algorithm of `rank` (0: the
-    first, LT_ROUTE)."""
+    first, LT_ROUTE; LT_BARE: the GEMM alone's)."""
+    if rank == LT_BARE:
+        return f"{LT_ROUTE} (bare GEMM's algorithm)"
     return LT_ROUTE if rank == 0 else f"{LT_ROUTE} #{rank + 1}"
+
+
+def lt_rank_name(rank: int) -> str:
+    """How explain names the algorithm of `rank` after the epilogue's name: '#3', or '(bare GEMM's algorithm)'."""
+    return "(bare GEMM's algorithm)" if rank == LT_BARE else f"#{rank + 1}"
 
 
 def measured_lt_rank(baselines: dict, noise: float, rivals: tuple[str, ...] = ()) -> int:
     """The rank of the heuristic's algorithm that serves a layer through cuBLASLt's epilogue, by its tune's
     baselines (ms of each route, Record.baselines): a runner-up that ran faster than the heuristic's first and
     than each route named in `rivals` that the tune timed (those that would serve the layer otherwise), by more
-    than `noise` (a share); else 0, the heuristic's first (also where the tune timed no runner-up)."""
-    timed = {rank: baselines.get(lt_route(rank)) for rank in range(LT_RUNNERS_UP + 1)}
+    than `noise` (a share); else 0, the heuristic's first (also where the tune timed no runner-up). The GEMM alone's
+    algorithm (LT_BARE) competes as a runner-up does."""
+    timed = {rank: baselines.get(lt_route(rank)) for rank in (*range(LT_RUNNERS_UP + 1), LT_BARE)}
     timed = {rank: ms for rank, ms in timed.items() if ms}
     if 0 not in timed:
         return 0
@@ -69,18 +80,18 @@ def measured_lt_rank(baselines: dict, noise: float, rivals: tuple[str, ...] = ()
 
 def cublas_epilogue_launcher(problem: Problem, a: KernelOperand, b: KernelOperand, d: KernelOperand, name: str,
                              residual: KernelOperand | None, bias_pointer: int, alignment: int, ordinal: int,
-                             rank: int = 0, bare_algorithm: bool = False) -> Any:
+                             rank: int = 0) -> Any:
     """`launch(pa, pb, pd, alpha, stream, pbias, presidual)` (stream: a CUDA stream's handle): D =
     epilogue `name` of alpha·op(A)·op(B) with the bias at `pbias`, + the residual at `presidual` as C
     where `residual` gives its layout, through cuBLASLt on GPU `ordinal`, for operands of these
     layouts whose every address is a multiple of `alignment` bytes (the caller checks each call's).
     None where cuBLASLt has no algorithm for it. `bias_pointer`: a bias's address for the heuristic.
     `rank`: which of the heuristic's algorithms, best first (0: its choice; a benchmark times the
-    runners-up beside it); None where it offers fewer. `bare_algorithm`: instead, the algorithm the
-    heuristic picks for the product without the epilogue (D written, no C read), where cuBLASLt's check
-    says it computes this one (LtPlan.checked); None where it does not."""
-    if rank and bare_algorithm:
-        raise ValueError("an epilogue launcher runs the heuristic's algorithm of a rank, or the bare product's, not both")
+    runners-up beside it); None where it offers fewer. LT_BARE: the algorithm the heuristic picks for the
+    product without the epilogue (D written, no C read), where cuBLASLt's check says it computes this one
+    (LtPlan.checked); None where it does not."""
+    if rank < LT_BARE:
+        raise ValueError(f"a rank of cuBLASLt's heuristic is 0 or more, or LT_BARE ({LT_BARE}), not {rank}")
     lt, _ = bindings()
     state = device_state(ordinal)
     plan = LtPlan(problem, a, b, residual if residual is not None else d, state, name, d=d, bias_pointer=bias_pointer)
@@ -88,8 +99,10 @@ def cublas_epilogue_launcher(problem: Problem, a: KernelOperand, b: KernelOperan
     layouts = [x for x in (a, b, d, residual) if x is not None]
     pitch_alignment = min(alignment_of(x * itemsize) for layout in layouts for x in (layout.ld, layout.batch_stride or 256))
     aligned = min(256, alignment, pitch_alignment)
-    if bare_algorithm:
-        bare = LtPlan(problem, a, b, d, state).algorithm(aligned)
+    bare_plan = None
+    if rank == LT_BARE:
+        bare_plan = LtPlan(problem, a, b, d, state)
+        bare = bare_plan.algorithm(aligned)
         found = None if bare is None else plan.checked(bare)
     elif rank:
         ranked = plan.ranked(aligned, rank + 1)
@@ -126,7 +139,7 @@ def cublas_epilogue_launcher(problem: Problem, a: KernelOperand, b: KernelOperan
             matmul(handle, desc, pointer, pb, a_desc, pa, b_desc, pointer + step, presidual if with_c else pd, c_desc,
                    pd, d_desc, algorithm, workspace(stream), WORKSPACE_BYTES, stream)
 
-    launch.plan, launch.algorithm = plan, found  # (kept alive with the launcher)
+    launch.plan, launch.algorithm, launch.bare_plan = plan, found, bare_plan  # (kept alive with the launcher)
     return launch
 
 

@@ -18,7 +18,7 @@ from .bench import (Verdict, check_epilogue_result, check_result, cublas_runner,
                     warm_up)
 from ..kernels.compile import CompileError, unloaded_after
 from ..epilogue import Epilogue
-from ..gpu.cublas_epilogue import LT_ROUTE, LT_RUNNERS_UP, lt_route
+from ..gpu.cublas_epilogue import LT_BARE, LT_ROUTE, LT_RUNNERS_UP, lt_route
 from ..gpu.cublas_gemm import cublas_launcher
 from ..problem import Device, Problem
 from .clocks import ClockMonitor
@@ -239,14 +239,15 @@ class GpuMeasurer:
         """Each baseline's runners (one per input set): cuBLASLt as served and cupy.matmul where CuPy
         computes this type in this form; with an epilogue, the routes matmul serves without a fused kernel
         (SERVED_PASS first; SERVED_LT where cuBLASLt has the epilogue, and its heuristic's runners-up, lt_route(rank)
-        for rank 1 to LT_RUNNERS_UP where it offers them; SERVED_LT_BIAS where it adds the bias and a pass the rest;
+        for rank 1 to LT_RUNNERS_UP where it offers them, and the GEMM alone's algorithm with the epilogue
+        (lt_route(LT_BARE)) where cuBLASLt's check takes it; SERVED_LT_BIAS where it adds the bias and a pass the rest;
         eager_route.ROUTE where PyTorch's F.linear and the pass serve PyTorch tensors, and ROUTE_BIAS_IN_PASS where
         that route could leave the bias to the pass)."""
         served = self._served()
         if not self.epilogue.is_identity:
             routes = {SERVED_PASS: served, SERVED_LT: self._lt()}
             if routes[SERVED_LT] is not None:
-                routes.update({lt_route(rank): self._lt(rank=rank) for rank in range(1, LT_RUNNERS_UP + 1)})
+                routes.update({lt_route(rank): self._lt(rank=rank) for rank in (*range(1, LT_RUNNERS_UP + 1), LT_BARE)})
             routes.update({SERVED_LT_BIAS: self._lt_bias_then_pass(), ROUTE: self._torch_linear()})
             if bias_placement_differs(self.epilogue, self.problem.m):
                 routes[ROUTE_BIAS_IN_PASS] = self._torch_linear(bias_in_pass=True)

@@ -208,7 +208,7 @@ class TorchLtEpiloguePlan:
     TorchOutputs. `call` gives None where the GEMM's torch fast-path plan changed,
     the current device or an operand's differs, or an address is less aligned than the plan's
     algorithm assumes (the general path serves those). `rank`: the heuristic's algorithm it runs (0: the
-    first; another where the layer's tune timed that one faster: tuned_lt_rank)."""
+    first; another, or LT_BARE, the GEMM alone's, where the layer's tune timed that one faster: tuned_lt_rank)."""
 
     def __init__(self, dispatcher: Any, gemm_key: Any, gemm_plan: Any, launch: Any, outputs: TorchOutputs, device: int,
                  alignment: int, rank: int = 0):

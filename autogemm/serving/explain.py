@@ -12,6 +12,7 @@ from . import call_context, dispatch, epilogue_step, numpy_semantics
 from ..families import config_from_name
 from ..gpu import launch, runtime
 from .numpy_semantics import KERNELS
+from ..gpu.cublas_epilogue import LT_BARE, lt_rank_name
 from ..gpu.eager_route import bias_in_linear, eager_computes, pass_follows
 from .eager_epilogue import tuned_bias_in_pass
 from ..gpu.operands import check_scalars, describe, real_scalar, validate
@@ -163,10 +164,12 @@ def _explain_epilogue(a, b, out, alpha, beta, compute, tune, race, bias, activat
         route = f"fused {config.name}"
         bias_at = bias_at and "kernel"
     elif rank and tensors and config is None and len(gemm.get("shape") or ()) == 2:
+        which = "the algorithm its heuristic picks for the GEMM alone" if rank == LT_BARE else \
+            f"its heuristic's algorithm #{rank + 1}"
         applied += (f"; from the second such call on PyTorch tensors, inside cuBLAS's GEMM (cuBLASLt's {lt} epilogue, "
-                    f"through its heuristic's algorithm #{rank + 1}, which the layer's tune timed faster than the "
-                    f"heuristic's first and the other routes)")
-        route = f"cuBLASLt {lt} #{rank + 1}"
+                    f"through {which}, which the layer's tune timed faster than the heuristic's first and the other "
+                    f"routes)")
+        route = f"cuBLASLt {lt} {lt_rank_name(rank)}"
         bias_at = bias_at and "cuBLASLt"
     elif tensors and config is None and eager_computes(
             epilogue, gemm["dtype"], b.ndim, None if bias is None else bias.ndim, a.ndim,

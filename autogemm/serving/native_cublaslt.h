@@ -67,6 +67,8 @@ struct LtLibrary {
   lt::Status (*preference_set)(lt::Preference, int attribute, const void* value, size_t size) = nullptr;
   lt::Status (*heuristic)(lt::Handle, lt::MatmulDesc, lt::Layout a, lt::Layout b, lt::Layout c, lt::Layout d,
                           lt::Preference, int requested, lt::HeuristicResult* results, int* returned) = nullptr;
+  lt::Status (*algo_check)(lt::Handle, lt::MatmulDesc, lt::Layout a, lt::Layout b, lt::Layout c, lt::Layout d,
+                           const lt::Algorithm* algo, lt::HeuristicResult* result) = nullptr;
   lt::Status (*matmul)(lt::Handle, lt::MatmulDesc, const void* alpha, const void* a, lt::Layout a_layout,
                        const void* b, lt::Layout b_layout, const void* beta, const void* c, lt::Layout c_layout,
                        void* d, lt::Layout d_layout, const lt::Algorithm* algo, void* workspace,
@@ -105,6 +107,7 @@ const LtLibrary& lt_library() {
         !find_symbol(lt, "cublasLtMatmulPreferenceDestroy", l.preference_destroy, l.why) ||
         !find_symbol(lt, "cublasLtMatmulPreferenceSetAttribute", l.preference_set, l.why) ||
         !find_symbol(lt, "cublasLtMatmulAlgoGetHeuristic", l.heuristic, l.why) ||
+        !find_symbol(lt, "cublasLtMatmulAlgoCheck", l.algo_check, l.why) ||
         !find_symbol(lt, "cublasLtMatmul", l.matmul, l.why) ||
         !find_symbol(driver, "cuStreamIsCapturing", l.stream_is_capturing, l.why)) {
       return l;

@@ -115,11 +115,12 @@ def route(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> str
 
 def lt_call(plan: Any, x: Any, weight: Any, activation: Any, residual: Any) -> bool:
     """Whether `plan` is the Python route's cuBLASLt plan (epilogue_step.TorchLtEpiloguePlan) on 16-bit tensors,
-    without an activation, reading a residual as C or running the heuristic's runner-up that the layer's tune
-    timed faster (its `rank`; then the bias is the epilogue): the memo holds that call prepared, with the same
+    without an activation, reading a residual as C or running the heuristic's runner-up, or the GEMM alone's
+    algorithm, that the layer's tune timed faster (its `rank`; then the bias is the epilogue): the memo holds that
+    call prepared, with the same
     workspace size, alignment and rank, so that cuBLASLt runs the same kernel (or leaves the layer to the
     Python route)."""
-    return (isinstance(plan, TorchLtEpiloguePlan) and activation is None and (residual is not None or plan.rank > 0)
+    return (isinstance(plan, TorchLtEpiloguePlan) and activation is None and (residual is not None or plan.rank != 0)
             and x.dtype == weight.dtype and (residual is None or residual.dtype == x.dtype) and x.element_size() == 2)
 
 

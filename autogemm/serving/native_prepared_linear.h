@@ -103,13 +103,17 @@ enum class Route : int64_t { kLinear = 0, kLtCall = 1 };
 class PreparedLinear {
  public:
   static constexpr int64_t kMaxRank = 8;  // the heuristic's algorithms a key may ask for (cublas_epilogue: 4)
+  // the rank that names the heuristic's algorithm for the GEMM alone, run with the epilogue where cuBLASLt's check
+  // takes it (cublas_epilogue.LT_BARE)
+  static constexpr int64_t kBareRank = -1;
 
   // The prepared call for a key of x, w, b (undefined: none) and r (the residual, read as C by kLtCall), or null
   // where the route would not run cuBLASLt on such operands, or the library or an algorithm is missing (`why`
   // says which). `whole`: the bias is the key's whole epilogue, a layer the Python route serves with F.linear's
   // cuBLASLt call prepared at any M (lt_linear.PreparedBiasLinear), one token too. `bare`: no bias and no C,
   // at any M (prepare_bare's, which checks its bits). `rank`: which of the heuristic's algorithms, best first
-  // (kLtCall's: the one the Python route's plan runs, cublas_epilogue_launcher's `rank`).
+  // (kLtCall's: the one the Python route's plan runs, cublas_epilogue_launcher's `rank`), or kBareRank: the one it
+  // picks for the GEMM alone, where cublasLtMatmulAlgoCheck says it computes this call.
   static std::unique_ptr<PreparedLinear> prepare(Route route, const at::Tensor& x, const at::Tensor& w,
                                                  const at::Tensor& b, const at::Tensor& r, bool whole,
                                                  size_t workspace_bytes, std::string& why, bool bare = false,
@@ -118,8 +122,9 @@ class PreparedLinear {
     const bool lt_call = route == Route::kLtCall;
     const bool with_c = lt_call && r.defined();
     const bool with_bias = b.defined();
-    if (rank < 0 || rank >= kMaxRank || (rank > 0 && !lt_call)) {
-      why = "a rank of the heuristic's algorithms from 0 to 7, and only for the Python route's cuBLASLt call";
+    if (rank < kBareRank || rank >= kMaxRank || (rank != 0 && !lt_call)) {
+      why = "a rank of the heuristic's algorithms from 0 to 7 (or -1, the GEMM alone's), and only for the Python "
+            "route's cuBLASLt call";
       return nullptr;
     }
     if (!x.is_cuda() || (type != at::kHalf && type != at::kBFloat16) || w.scalar_type() != type || w.dim() != 2 ||
@@ -207,18 +212,39 @@ class PreparedLinear {
                           lt::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, lt::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
       ok = ok && lt.preference_set(preference, attribute, &alignment, sizeof(alignment)) == lt::CUBLAS_STATUS_SUCCESS;
     }
-    // (asked for as many as the Python route's plan asks for: LtPlan.algorithm one, LtPlan.ranked rank + 1)
+    // (asked for as many as the Python route's plan asks for: LtPlan.algorithm one, LtPlan.ranked rank + 1; for
+    // kBareRank one, for the descriptor without the epilogue, as cublas_epilogue_launcher's bare LtPlan)
+    const bool bare_algorithm = rank == kBareRank;
+    lt::MatmulDesc heuristic_desc = p->desc_;
+    if (bare_algorithm) {
+      heuristic_desc = nullptr;
+      ok = ok && lt.desc_create(&heuristic_desc, lt::CUBLAS_COMPUTE_32F, lt::CUDA_R_32F) == lt::CUBLAS_STATUS_SUCCESS;
+      ok = ok && lt.desc_set(heuristic_desc, lt::CUBLASLT_MATMUL_DESC_TRANSA, &op_w, sizeof(op_w)) ==
+                     lt::CUBLAS_STATUS_SUCCESS &&
+           lt.desc_set(heuristic_desc, lt::CUBLASLT_MATMUL_DESC_TRANSB, &op_x, sizeof(op_x)) == lt::CUBLAS_STATUS_SUCCESS;
+    }
     lt::HeuristicResult results[kMaxRank] = {};
     int found = 0;
-    ok = ok && lt.heuristic(lt.handle, p->desc_, p->w_layout_, p->x_layout_, p->y_layout_, p->y_layout_, preference,
-                            static_cast<int>(rank) + 1, results, &found) == lt::CUBLAS_STATUS_SUCCESS;
+    const int64_t index = bare_algorithm ? 0 : rank;
+    ok = ok && lt.heuristic(lt.handle, heuristic_desc, p->w_layout_, p->x_layout_, p->y_layout_, p->y_layout_,
+                            preference, static_cast<int>(index) + 1, results, &found) == lt::CUBLAS_STATUS_SUCCESS;
     lt.preference_destroy(preference);
-    if (!ok || found <= rank) {
-      why = rank ? "cuBLASLt's heuristic offers fewer algorithms than the rank the tune chose" :
-                   "cuBLASLt's heuristic has no algorithm for it";
+    if (bare_algorithm && heuristic_desc != nullptr) lt.desc_destroy(heuristic_desc);
+    if (!ok || found <= index) {
+      why = rank > 0 ? "cuBLASLt's heuristic offers fewer algorithms than the rank the tune chose" :
+                       "cuBLASLt's heuristic has no algorithm for it";
       return nullptr;
     }
-    p->algorithm_ = results[rank].algo;
+    if (bare_algorithm) {  // (the check's result: the workspace it needs, within what the calls pass)
+      lt::HeuristicResult checked = {};
+      if (lt.algo_check(lt.handle, p->desc_, p->w_layout_, p->x_layout_, p->y_layout_, p->y_layout_, &results[0].algo,
+                        &checked) != lt::CUBLAS_STATUS_SUCCESS ||
+          checked.state != lt::CUBLAS_STATUS_SUCCESS || checked.workspaceSize > workspace_bytes) {
+        why = "cuBLASLt's check does not take the GEMM alone's algorithm for this call";
+        return nullptr;
+      }
+    }
+    p->algorithm_ = results[index].algo;
     return p;
   }
 
