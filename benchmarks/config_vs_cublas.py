@@ -117,10 +117,10 @@ EPILOGUE_CASES = ("bias", "bias+gelu", "bias+silu", "residual")
 EAGER, GEMM_ALONE = "eager F.linear + epilogue", "F.linear(x, w) alone"
 
 
-def layer_calls(case: str, a, b, seed: int = 2) -> tuple[dict, object, object, object]:
+def layer_calls(case: str, dtype: str, a, b, seed: int = 2) -> tuple[dict, object, object, object]:
     """--epilogue: (the baselines, the float64 reference, bias, residual) of the layer y = epilogue(a @ b), a of
-    M x K and b the transposed view of w, N x K (make_operands' layout nt): eager PyTorch and the GEMM alone on
-    views of the same memory; bias (N values) and residual (M x N) drawn in [-1, 1] in a's dtype."""
+    M x K and b the transposed view of w, N x K (make_operands' layout nt, of `dtype`): eager PyTorch and the GEMM
+    alone on views of the same memory; bias (N values) and residual (M x N) drawn in [-1, 1] in a's type."""
     import cupy
     import torch.nn.functional as F
 
@@ -129,9 +129,8 @@ def layer_calls(case: str, a, b, seed: int = 2) -> tuple[dict, object, object, o
     from bench_unseen_epilogues import eager_layer, reference
 
     m, n = a.shape[0], b.shape[1]
-    dtype = "bfloat16" if a.dtype.kind == "V" else a.dtype
     bias, residual = random_uniform((n,), dtype, seed=seed), random_uniform((m, n), dtype, seed=seed + 1)
-    if dtype == "bfloat16":
+    if dtype == "bfloat16":  # (random_uniform's bits, as ml_dtypes' type, which make_operands gave a)
         bias, residual = bias.view(a.dtype), residual.view(a.dtype)
     x, w, t_bias, t_residual = as_torch(a), as_torch(b).T, as_torch(bias), as_torch(residual)
     eager = eager_layer(case)
@@ -242,7 +241,7 @@ def examine(spec, configs: list, rounds: int, profile_once: bool = False, betwee
 
     fused = {}
     if case:
-        calls, reference, bias, residual = layer_calls(case, a, b)
+        calls, reference, bias, residual = layer_calls(case, problem.dtype, a, b)
         problem = dataclasses.replace(problem, epilogue=case_epilogue(case))
         fused = dict(epilogue=problem.epilogue, bias=bias, residual=residual)
         base = EAGER

@@ -105,3 +105,21 @@ def test_register_torch_files_the_runner_up_its_tune_timed_faster_before_eager_s
     if config is None:  # (the record looked up is the layer's tune: the GEMM's problem with the epilogue)
         assert dispatcher.cache.asked == [(Problem(4, 8, 16, dtype="bfloat16", trans_b=True, epilogue=Epilogue("n")),
                                            "a-gpu")]
+
+
+def test_the_gemm_alone_s_algorithm_is_told_apart_from_the_ranks_by_its_bytes():
+    """A tune times the GEMM alone's algorithm with the epilogue only where it is none of the heuristic's ranks
+    already timed (measuring.baseline_calls): the same algorithm would be one kernel timed under two names."""
+    import numpy as np
+
+    from autogemm.measure.epilogue_routes import same_algorithm
+
+    def calls(*words):  # (each input set's call carries its algorithm, a heuristic result, as lt_calls' do)
+        result = np.zeros(1, dtype=[("algo", "<u8", (8,)), ("workspace_size", "<u8")])
+        result["algo"][0, :len(words)] = words
+        call = lambda: None  # noqa: E731
+        call.algorithm = result
+        return [call, call]
+
+    assert same_algorithm(calls(66, 3), calls(66, 3))
+    assert not same_algorithm(calls(66, 3), calls(66, 4)) and not same_algorithm(calls(66), calls(67))

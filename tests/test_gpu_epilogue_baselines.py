@@ -1,6 +1,7 @@
 """An epilogue tune's baselines (measure/measuring.py `baseline_calls`): every route a call could take without a
 fused kernel computes the epilogue: cuBLASLt's GEMM and the pass, cuBLASLt's own epilogue (through its
-heuristic's first algorithm and its next ones, as many as it offers up to LT_RUNNERS_UP), eager's route
+heuristic's first algorithm and its next ones, as many as it offers up to LT_RUNNERS_UP, and the GEMM alone's
+where cuBLASLt's check takes it and it is none of those), eager's route
 (cuBLASLt's BIAS epilogue, then the rest as a pass), and the route PyTorch tensors are served by (PyTorch's
 F.linear, then the pass in place; the bias in F.linear, and in the pass too where a pass follows anyway). Each route's output is poisoned with NaN, the route run
 once, and D checked against the epilogue's float64 reference within its bound (bench.check_epilogue_result): a
@@ -12,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from autogemm.epilogue import Epilogue
-from autogemm.gpu.cublas_epilogue import LT_RUNNERS_UP, lt_route
+from autogemm.gpu.cublas_epilogue import LT_BARE, LT_RUNNERS_UP, lt_route
 from autogemm.problem import Problem
 
 pytestmark = pytest.mark.gpu
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.gpu
 PASS, LT, LT_BIAS, TORCH = "cublaslt + pass", "cublaslt epilogue", "cublaslt bias + pass", "torch F.linear"
 TORCH_BIAS_IN_PASS = "torch F.linear, bias in the pass"
 RUNNERS_UP = {lt_route(rank) for rank in range(1, LT_RUNNERS_UP + 1)}
+BARE = lt_route(LT_BARE)
 CASES = [  # (dtype, epilogue, the routes expected)
     ("float16", Epilogue("n", "gelu"), {PASS, LT_BIAS, TORCH, TORCH_BIAS_IN_PASS}),  # (no erf GELU in cuBLASLt)
     ("bfloat16", Epilogue("n", "silu", True), {PASS, LT_BIAS, TORCH, TORCH_BIAS_IN_PASS}),
@@ -45,11 +47,11 @@ def test_every_epilogue_baseline_computes_the_epilogue(dtype, epilogue, routes, 
     problem = Problem(m, n, k, dtype=dtype, trans_b=True, epilogue=epilogue)
     measurer = GpuMeasurer(problem, current_device())
     calls = measurer.baseline_calls()
-    runners_up = set(calls) & RUNNERS_UP
-    assert set(calls) - runners_up == routes
+    runners_up, bare = set(calls) & RUNNERS_UP, set(calls) & {BARE}
+    assert set(calls) - runners_up - bare == routes
     # (the heuristic's next algorithms in its order, as many as it offers; none where cuBLASLt lacks the epilogue)
     assert runners_up == {lt_route(rank) for rank in range(1, len(runners_up) + 1)}
-    assert LT in routes or not runners_up
+    assert LT in routes or not (runners_up or bare)
     if LT in routes and shape == (256, 384, 512):
         assert runners_up, "cuBLASLt's heuristic offered no second algorithm"
     (a, b, c), (bias, residual) = measurer._sets[0], measurer._extras[0]

@@ -54,7 +54,8 @@ def lt_calls(problem: Problem, device_ordinal: int, sets: Any, extras: Any, epil
              rank: int = 0) -> list[Any] | None:
     """cuBLASLt's own epilogue computing `epilogue` in the GEMM, one call per input set (`sets` of (a, b, c),
     `extras` of (bias, residual)), D written to the set's C, through its heuristic's algorithm of `rank` (0: the
-    first); None where cuBLASLt has no epilogue that computes it, none for batches, or no such algorithm."""
+    first; LT_BARE: the GEMM alone's), which each call carries (`algorithm`, a heuristic result: same_algorithm);
+    None where cuBLASLt has no epilogue that computes it, none for batches, or no such algorithm."""
     import cupy  # (lazy: CuPy)
 
     name = lt_epilogue(epilogue, problem.dtype) if not epilogue.is_identity else None
@@ -74,12 +75,21 @@ def lt_calls(problem: Problem, device_ordinal: int, sets: Any, extras: Any, epil
                                           min(alignment_of(p) for p in pointers), device_ordinal, rank=rank)
         if launch is None:
             return None
-        calls.append(functools.partial(
+        call = functools.partial(
             lambda launch, pa, pb, pc, pbias, presidual: launch(
                 pa, pb, pc, 1.0, cupy.cuda.get_current_stream().ptr, pbias, presidual),
             launch, layout_a.pointer, layout_b.pointer, layout_c.pointer,
-            bias.data.ptr if bias is not None else 0, residual.data.ptr if residual is not None else 0))
+            bias.data.ptr if bias is not None else 0, residual.data.ptr if residual is not None else 0)
+        call.algorithm = launch.algorithm
+        calls.append(call)
     return calls
+
+
+def same_algorithm(calls: list[Any], others: list[Any]) -> bool:
+    """Whether two of lt_calls' routes run the same cuBLASLt algorithm (their first input set's: the sets share
+    their layouts), as the GEMM alone's does where it is also the heuristic's first for the epilogue: timing it
+    twice would measure one kernel under two names."""
+    return calls[0].algorithm["algo"].tobytes() == others[0].algorithm["algo"].tobytes()
 
 
 def torch_linear_calls(problem: Problem, device_ordinal: int, sets: Any, extras: Any,

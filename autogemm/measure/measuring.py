@@ -23,8 +23,8 @@ from ..gpu.cublas_gemm import cublas_launcher
 from ..problem import Device, Problem
 from .clocks import ClockMonitor
 from ..gpu.eager_route import ROUTE, ROUTE_BIAS_IN_PASS, bias_placement_differs
-from .epilogue_routes import (bias_then_pass, eager_route_applies, lt_calls, storage_layouts, then_pass,
-                              torch_linear_calls)
+from .epilogue_routes import (bias_then_pass, eager_route_applies, lt_calls, same_algorithm, storage_layouts,
+                              then_pass, torch_linear_calls)
 from .timing import TARGET_MS, Sustained, gpu_time, latencies, sustained_times
 
 # GPU time (timing.gpu_time) of a candidate during the search: a short steady run; the finalists and
@@ -240,14 +240,18 @@ class GpuMeasurer:
         computes this type in this form; with an epilogue, the routes matmul serves without a fused kernel
         (SERVED_PASS first; SERVED_LT where cuBLASLt has the epilogue, and its heuristic's runners-up, lt_route(rank)
         for rank 1 to LT_RUNNERS_UP where it offers them, and the GEMM alone's algorithm with the epilogue
-        (lt_route(LT_BARE)) where cuBLASLt's check takes it; SERVED_LT_BIAS where it adds the bias and a pass the rest;
-        eager_route.ROUTE where PyTorch's F.linear and the pass serve PyTorch tensors, and ROUTE_BIAS_IN_PASS where
+        (lt_route(LT_BARE)) where cuBLASLt's check takes it and it is none of those; SERVED_LT_BIAS where it adds
+        the bias and a pass the rest; eager_route.ROUTE where PyTorch's F.linear and the pass serve PyTorch tensors, and ROUTE_BIAS_IN_PASS where
         that route could leave the bias to the pass)."""
         served = self._served()
         if not self.epilogue.is_identity:
             routes = {SERVED_PASS: served, SERVED_LT: self._lt()}
             if routes[SERVED_LT] is not None:
-                routes.update({lt_route(rank): self._lt(rank=rank) for rank in (*range(1, LT_RUNNERS_UP + 1), LT_BARE)})
+                ranked = {lt_route(rank): self._lt(rank=rank) for rank in range(LT_RUNNERS_UP + 1)}
+                bare = self._lt(rank=LT_BARE)
+                if bare is not None and not any(same_algorithm(bare, calls) for calls in ranked.values() if calls):
+                    ranked[lt_route(LT_BARE)] = bare
+                routes.update(ranked)
             routes.update({SERVED_LT_BIAS: self._lt_bias_then_pass(), ROUTE: self._torch_linear()})
             if bias_placement_differs(self.epilogue, self.problem.m):
                 routes[ROUTE_BIAS_IN_PASS] = self._torch_linear(bias_in_pass=True)
