@@ -564,7 +564,7 @@ def _split_n_cases():
 def _preload_cases():
     """Hopper's TMA store with its epilogue values loaded ahead (`preload`): a bias
     along N with GELU and a residual, a bias along M with fast SiLU under ping-pong, a residual alone through a
-    cluster pair, on tails; and a narrow tile's TMA store with and without it."""
+    cluster pair, on tails; a narrow tile's TMA store with and without it; and a store from registers with it."""
     from autogemm.families import config_from_name
     from autogemm.problem import Problem
 
@@ -579,7 +579,11 @@ def _preload_cases():
             (config_from_name("hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_fa_pl"),
              Problem.from_layout(333, 1000, 256, "nt", dtype="float16", epilogue=Epilogue("n", "gelu"))),
             (config_from_name("hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts"),
-             Problem.from_layout(300, 1000, 256, "nt", dtype="bfloat16", epilogue=Epilogue("m", "silu")))]
+             Problem.from_layout(300, 1000, 256, "nt", dtype="bfloat16", epilogue=Epilogue("m", "silu"))),
+            # stored from registers, a row's values loaded a group at a time: SiLU and a residual, 24 pairs a row
+            # in two groups, in a cluster pair (beta 0.5 reads C there too)
+            (config_from_name("hopper_128x192x64_w64x192_s4_g8_k1_o1_p_c2_pl"),
+             Problem.from_layout(333, 1000, 256, "nt", dtype="bfloat16", epilogue=Epilogue("n", "silu", True)))]
 
 
 def _swapped_narrow_cases():
@@ -712,6 +716,37 @@ def test_a_preloaded_bias_is_staged_in_shared_memory_or_copied_value_by_value_on
                 _check(d, a, b.T, dtype, Epilogue("n"), bias=bias)
             except AssertionError as exc:
                 raise AssertionError(f"{name} at {m}x{n}, the bias {2 * offset} bytes in: {exc}") from None
+
+
+@pytest.mark.gpu
+@pytest.mark.long(seconds=10)  # (two kernels a case, tails and whole tiles, compiled)
+@pytest.mark.parametrize("name, epilogue", [("hopper_128x256x64_w64x256_s4_g8_k1_o1_p_pl_hd", Epilogue("n", "gelu", True)),
+                                            ("hopper_256x128x64_w128x128_s4_g8_k1_o1_p_pp_pl_hd", Epilogue("m", residual=True))],
+                         ids=["staged-bias-gelu-residual", "ping-pong-bias-along-m-residual"])
+def test_a_register_store_loads_a_rows_values_ahead_and_reads_a_residual_in_place_before_writing_it(name, epilogue):
+    """`preload` stored from registers: a row's bias and residual loaded a group of pairs at a time before any of
+    the row's outputs is written. A thread reads the residual only where it then writes, so D itself as the
+    residual (y = act(x W^T + b) + y) comes out as with another array. Sharing the tile with a bias staged in
+    shared memory (each consumer's several tiles, 8800 rows: the consumer meets before the next tile's copies),
+    and ping-pong with a bias along M; on tails, then whole tiles (no bounds checked)."""
+    from autogemm.families import config_from_name
+    from autogemm.gpu.launch import bind
+
+    config = config_from_name(name)
+    k, dtype = 256, "bfloat16"
+    for m, n in ((8800, 1001), (8448, 1024)):
+        a, b = _random((m, k), dtype, 61), _random((n, k), dtype, 62)
+        bias = _random((m if epilogue.bias == "m" else n,), dtype, 63)
+        residual = _random((m, n), dtype, 64)
+        for in_place in (False, True):
+            d = residual.copy() if in_place else _random((m, n), dtype, 65)
+            run, _ = bind(config, a, b, d, trans_b=True, epilogue=epilogue, bias=bias,
+                          residual=d if in_place else residual)
+            run()
+            try:
+                _check(d, a, b.T, dtype, epilogue, bias=bias, residual=residual)
+            except AssertionError as exc:
+                raise AssertionError(f"{name} at {m}x{n}, {'in place' if in_place else 'another residual'}: {exc}") from None
 
 
 # every epilogue the tile families apply, each in one kernel of every family and instruction path (and of

@@ -249,14 +249,15 @@ def fast_activation_reasons(problem: Problem, bad) -> None:
 
 
 def preload_reasons(config: Any, problem: Problem, bad) -> None:
-    """preload loads the values a TMA-stored chunk's epilogue reads (the bias along N once a chunk, along M and the
-    residual once a row) before any of them is used, where the store otherwise loads each just ahead of its use and
-    waits out its latency: it needs the TMA store, written untransposed by the consumers' own stores (not swap, not
-    stmatrix), a bias or a residual to load, and a 16-bit product (FP8's scales are read as before). A problem
-    with neither renders the same kernel with it as without: a duplicate the search need not measure."""
-    for knob, off in (("tma_store", not config.tma_store), ("swap", config.swap), ("stmatrix", config.stmatrix)):
+    """preload loads the values the epilogue reads (the bias along N once a chunk, along M and the residual once a
+    row) before any of them is used, where the store otherwise loads each just ahead of its use and waits out its
+    latency: into the TMA store's chunks, or from registers a row's values a group at a time (where each had waited
+    for the store before it, since C may be the residual). It needs the consumers' own untransposed stores (not
+    swap, not stmatrix), a bias or a residual to load, and a 16-bit product (FP8's scales are read as before). A
+    problem with neither renders the same kernel with it as without: a duplicate the search need not measure."""
+    for knob, off in (("swap", config.swap), ("stmatrix", config.stmatrix)):
         if off:
-            bad("choice", f"preload loads the epilogue's values for the untransposed TMA store's chunks: "
+            bad("choice", f"preload loads the epilogue's values for the consumers' own untransposed stores: "
                           f"{knob}={getattr(config, knob)} does not go with it")
     if dtypes.lookup(problem.dtype, problem.compute).scaled:
         bad("dtype", f"preload is written for 16-bit products' epilogues, not {problem.dtype}'s scales")
@@ -266,7 +267,8 @@ def preload_reasons(config: Any, problem: Problem, bad) -> None:
     # (ptxas, BF16 NT at 2048 x 13824 x 5120 and 6144 x 14336 x 4096: of the kernels with consumers of 128 rows
     # (256 x 64 and 256 x 128, ping-pong or sharing the tile, in pairs or not), preload, a residual and GELU or SiLU,
     # fast forms or not, fifteen of twenty-five spilled 4-96 bytes; with preload and no residual, or a residual and no
-    # preload, none of those tried did; consumers of 64 rows none)
+    # preload, none of those tried did; consumers of 64 rows none. Stored from registers: of twelve such 256 x 128
+    # kernels, ping-pong or sharing the tile, FP16 and BF16, one spilled 16 bytes, ping-pong with the fast SiLU)
     if config.wm > ROWS_PER_INSTRUCTION and problem.epilogue.residual and problem.epilogue.activation:
         bad("registers", f"preload with consumers of {config.wm} rows, an activation and a residual spills registers "
                          f"({problem.epilogue.key})")

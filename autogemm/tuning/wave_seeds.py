@@ -24,12 +24,10 @@ WAVE_SEEDS = 6  # configurations enqueued, best first
 SHAPE_KNOBS = ("consumers", "wm", "bn", "split_k", "stream_k", "pingpong", "swap")
 PREFERRED_STAGES = 5
 # (fast_activation: offered only to GELU and SiLU epilogues, whose cheaper forms cost the store less; preload:
-# offered only to epilogues with a bias or a residual, which it loads ahead of the TMA store's chunks)
+# offered only to epilogues with a bias or a residual, which it loads ahead of the store, through TMA or not)
 PREFERRED = {"group_m": 8, "persistent": True, "tma_store": True, "fast_activation": True, "preload": True}
 # relaxed in this order where `check` refuses a completion (each to the space's other choices)
 RELAXED = ("preload", "cluster", "tma_store", "persistent", "group_m", "bk")
-# a preferred knob that only works with another: relaxed with it (a tile stored from registers loads nothing ahead)
-RELAXED_WITH = {"tma_store": ("preload",)}
 
 
 def wave_ranked(space: SearchSpace, problem: Problem, device: Device, count: int = WAVE_SEEDS) -> list[Any]:
@@ -82,8 +80,7 @@ def _completed(space: SearchSpace, shape: dict[str, Any], choices: dict[str, tup
     # each knob relaxed alone first (a tile that refuses the TMA store keeps its cluster), then cumulatively
     others = {knob: next(v for v in choices[knob] if v != base.get(knob)) for knob in RELAXED
               if knob in choices and len(choices[knob]) > 1}
-    attempts = [dict(base)] + [{**base, **{tied: others[tied] for tied in RELAXED_WITH.get(knob, ()) if tied in others},
-                                knob: value} for knob, value in others.items()]
+    attempts = [dict(base)] + [{**base, knob: value} for knob, value in others.items()]
     relaxed = list(others.items())
     for count in range(2, len(relaxed) + 1):  # (the first alone is tried above)
         attempts.append({**base, **dict(relaxed[:count])})
