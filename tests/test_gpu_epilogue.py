@@ -721,14 +721,16 @@ def test_a_preloaded_bias_is_staged_in_shared_memory_or_copied_value_by_value_on
 @pytest.mark.gpu
 @pytest.mark.long(seconds=10)  # (two kernels a case, tails and whole tiles, compiled)
 @pytest.mark.parametrize("name, epilogue", [("hopper_128x256x64_w64x256_s4_g8_k1_o1_p_pl_hd", Epilogue("n", "gelu", True)),
-                                            ("hopper_256x128x64_w128x128_s4_g8_k1_o1_p_pp_pl_hd", Epilogue("m", residual=True))],
-                         ids=["staged-bias-gelu-residual", "ping-pong-bias-along-m-residual"])
+                                            ("hopper_256x128x64_w128x128_s4_g8_k1_o1_p_pp_pl_hd", Epilogue("m", residual=True)),
+                                            ("hopper_256x144x64_w128x144_s5_g8_k1_o1_p_pp_pl_hd", Epilogue(residual=True))],
+                         ids=["staged-bias-gelu-residual", "ping-pong-bias-along-m-residual", "tall-ping-pong-residual"])
 def test_a_register_store_loads_a_rows_values_ahead_and_reads_a_residual_in_place_before_writing_it(name, epilogue):
     """`preload` stored from registers: a row's bias and residual loaded a group of pairs at a time before any of
     the row's outputs is written. A thread reads the residual only where it then writes, so D itself as the
     residual (y = act(x W^T + b) + y) comes out as with another array. Sharing the tile with a bias staged in
     shared memory (each consumer's several tiles, 8800 rows: the consumer meets before the next tile's copies),
-    and ping-pong with a bias along M; on tails, then whole tiles (no bounds checked)."""
+    ping-pong with a bias along M, and the tall tile's residual (18 pairs a row, in two groups); on tails, then
+    whole tiles (no bounds checked; the tall tile's 1024 columns end in a tail still)."""
     from autogemm.families import config_from_name
     from autogemm.gpu.launch import bind
 
