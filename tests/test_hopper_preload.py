@@ -163,7 +163,8 @@ def test_a_bias_along_n_is_staged_in_shared_memory_at_the_tile_s_start_where_one
     name, problem = REGISTER_VARIANTS[0]
     from_registers = dataclasses.replace(problem, epilogue=Epilogue("n"))
     code = render(config_from_name(name), from_registers).code
-    assert config_from_name(name).stages_bias(from_registers) and "bias_pairs[p] = *reinterpret_cast<const Two*>(tile_bias" in code
+    assert config_from_name(name).stages_bias(from_registers)
+    assert "bias_pairs[p] = *reinterpret_cast<const Two*>(tile_bias" in code
     assert "consumer_sync(consumer);   // every thread has read the staged bias" in code
     # the layout without it is the one before (the static_assert names no staged bias)
     assert "BIAS_BYTES" not in render(config, dataclasses.replace(LAYER, epilogue=Epilogue(residual=True))).code
@@ -179,3 +180,15 @@ def test_nvrtc_compiles_the_staged_bias_kernels_of_the_gpu_tests(tmp_path, monke
         assert config.stages_bias(problem)
         cubin = kernel_compile.compile_to_cubin(render(config, problem), "sm_90")
         assert cubin.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_the_gpu_tests_of_the_register_stores_preload_run_on_an_h200():
+    """tests/test_gpu_epilogue.py's kernels of it, at its shapes: an H200 takes each (the test does not skip)."""
+    import test_gpu_epilogue
+
+    for name, epilogue in test_gpu_epilogue.REGISTER_PRELOAD_CASES:
+        config = config_from_name(name)
+        assert not config.tma_store and config.preload
+        for m, n in test_gpu_epilogue.REGISTER_PRELOAD_SHAPES:
+            problem = Problem.from_layout(m, n, 256, "nt", dtype="bfloat16", epilogue=epilogue)
+            assert config.check(problem, H200) == [], (name, m, n)

@@ -100,6 +100,12 @@ def test_the_space_offers_144_columns_to_two_m64_blocks_a_consumer_and_no_wider(
                                                                          epilogue=Epilogue(residual=True))),
     ("hopper_256x144x64_w128x144_s5_g8_k1_o1_p_pp_hd", Problem.from_layout(3072, 2304, 9216, "nt", dtype="float16",
                                                                          epilogue=Epilogue(residual=True))),
+    # a row's values loaded a group at a time from registers (preload without the TMA store): a residual under
+    # ping-pong, and SiLU with the bias staged in a cluster pair, tails
+    ("hopper_256x144x64_w128x144_s5_g8_k1_o1_p_pp_pl_hd", Problem.from_layout(3072, 2304, 9216, "nt", dtype="float16",
+                                                                            epilogue=Epilogue(residual=True))),
+    ("hopper_256x144x64_w128x144_s4_g8_k1_o1_p_c2_pl_hd", Problem.from_layout(1000, 9000, 2304, "tt", dtype="float16",
+                                                                            epilogue=Epilogue("n", "silu"))),
     # swapped: B stored K x N from registers, and with an activation or a residual
     ("hopper_256x144x64_w128x144_s4_g8_k1_o1_p_c2_sw_hd", NN),
     ("hopper_256x144x64_w128x144_s5_g8_k1_o1_p_pp_sw_hd", dataclasses.replace(NN, dtype="bfloat16")),
@@ -109,6 +115,18 @@ def test_the_space_offers_144_columns_to_two_m64_blocks_a_consumer_and_no_wider(
 ])
 def test_tall_kernels_compile_without_spills(name, problem):
     compiles_without_spills(name, problem)
+
+
+def test_a_residual_layers_tall_seed_loads_its_rows_residual_ahead_from_registers():
+    """The tall tile's TMA store takes no residual (its last chunk of 64 columns overlaps the one before, whose
+    residual, were it D itself, would be read after it was written), so it stores from registers, where each pair's
+    residual had waited for the store before it; with preload there, the wave seeds' first for seed 8123's residual
+    layer loads a row's residual a group of pairs at a time."""
+    from autogemm.tuning.wave_seeds import wave_ranked
+
+    residual = Problem.from_layout(3072, 2304, 9216, "nt", dtype="float16", epilogue=Epilogue(residual=True))
+    first = wave_ranked(SearchSpace.load("hopper"), residual, H200)[0]
+    assert first.tall_and_wide and not first.tma_store and first.preload, first.name
 
 
 def test_the_gpu_tests_of_the_tall_tile_run_on_an_h200():
