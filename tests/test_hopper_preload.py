@@ -71,8 +71,8 @@ def test_a_preload_config_names_renders_the_loads_ahead_and_nothing_else_changes
 
 def test_stored_from_registers_a_rows_values_are_loaded_a_group_at_a_time_and_tma_kernels_keep_their_code():
     """Stored from registers, each output's bias and residual had been loaded after the store before it (C may be
-    the residual itself: a chain of round trips to memory, 72 a tile in the SASS of a 256 x 144 ping-pong kernel
-    with a residual). With preload a row's values are loaded a group of pairs at a time before any of its outputs
+    the residual itself: a chain of round trips to memory, 64 a tile in the SASS of a 128 x 256 kernel with a
+    residual). With preload a row's values are loaded a group of pairs at a time before any of its outputs
     is written. A kernel with the TMA store goes to its register store only where C cannot take TMA's, and keeps
     the code it had there."""
     name, problem = REGISTER_VARIANTS[0]
