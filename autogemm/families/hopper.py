@@ -313,10 +313,10 @@ class HopperConfig(HopperWork, VectorizedLoads, GemmConfig):
         a piece, asynchronously) when it starts the tile, so that its epilogue reads the bias there, into the TMA
         store's chunks or from registers (templates/hopper_gemm.cu.j2, stage_bias). With `preload`, a bias along N
         and the consumers' own stores (no swap, stmatrix or split N), one unit a tile (no split-K, stream-K or
-        group): ptxas loaded a chunk's
-        bias from global memory one value after the other, each waiting for the one before to be used (the SASS
-        of 128 x 192, 256 x 128 ping-pong and 256 x 144 tiles with a bias, BF16 NT: a chain of 9-11 of its 16
-        loads a chunk), where the staged bias costs a shared-memory load a pair of columns."""
+        group): ptxas loaded a chunk's bias from global memory one value after the other, each waiting for the one
+        before to be used (the SASS of 128 x 192, 256 x 128 ping-pong and 256 x 144 tiles with a bias, BF16 NT: a
+        chain of 9-11 of its 16 loads a chunk), where the staged bias costs a shared-memory load a pair of
+        columns."""
         return (self.preload and problem.epilogue.bias == "n" and not self.swap
                 and not self.stmatrix and not self.split_n and self.split_k == 1 and not self.stream_k
                 and not problem.grouped and not dtypes.lookup(problem.dtype, problem.compute).scaled)
