@@ -718,30 +718,33 @@ def test_a_preloaded_bias_is_staged_in_shared_memory_or_copied_value_by_value_on
                 raise AssertionError(f"{name} at {m}x{n}, the bias {2 * offset} bytes in: {exc}") from None
 
 
-# (name, epilogue) at REGISTER_PRELOAD_SHAPES, BF16 NT, K 256 (test_hopper_preload.py checks that an H200 takes them)
-REGISTER_PRELOAD_CASES = [("hopper_128x256x64_w64x256_s4_g8_k1_o1_p_pl_hd", Epilogue("n", "gelu", True)),
-                          ("hopper_256x128x64_w128x128_s4_g8_k1_o1_p_pp_pl_hd", Epilogue("m", residual=True)),
-                          ("hopper_256x144x64_w128x144_s5_g8_k1_o1_p_pp_pl_hd", Epilogue(residual=True))]
-REGISTER_PRELOAD_SHAPES = ((8800, 1001), (8448, 1024))
+# (name, epilogue, (M, N) shapes), BF16 NT, K 256 (test_hopper_preload.py checks that an H200 takes them): tails,
+# and whole tiles (no bounds checked) once, each a kernel of its own to compile
+TAILS, WHOLE_TILES = (8800, 1001), (8448, 1024)
+REGISTER_PRELOAD_CASES = [
+    ("hopper_128x256x64_w64x256_s4_g8_k1_o1_p_pl_hd", Epilogue("n", "gelu", True), (TAILS, WHOLE_TILES)),
+    ("hopper_256x128x64_w128x128_s4_g8_k1_o1_p_pp_pl_hd", Epilogue("m", residual=True), (TAILS,)),
+    ("hopper_256x144x64_w128x144_s5_g8_k1_o1_p_pp_pl_hd", Epilogue(residual=True), (TAILS,)),
+]
 
 
 @pytest.mark.gpu
-@pytest.mark.long(seconds=10)  # (two kernels a case, tails and whole tiles, compiled)
-@pytest.mark.parametrize("name, epilogue", REGISTER_PRELOAD_CASES,
-                         ids=[f"{n}-{e.key}" for n, e in REGISTER_PRELOAD_CASES])
-def test_a_register_store_loads_a_rows_values_ahead_and_reads_a_residual_in_place_before_writing_it(name, epilogue):
+@pytest.mark.long(seconds=6)  # (its kernels compiled: started first, as the tile cases)
+@pytest.mark.parametrize("name, epilogue, shapes", REGISTER_PRELOAD_CASES,
+                         ids=[f"{n}-{e.key}" for n, e, _ in REGISTER_PRELOAD_CASES])
+def test_preload_from_registers_reads_a_residual_in_place_before_writing_it(name, epilogue, shapes):
     """`preload` stored from registers: a row's bias and residual loaded a group of pairs at a time before any of
     the row's outputs is written. A thread reads the residual only where it then writes, so D itself as the
     residual (y = act(x W^T + b) + y) comes out as with another array. Sharing the tile with a bias staged in
     shared memory (each consumer's several tiles, 8800 rows: the consumer meets before the next tile's copies),
-    ping-pong with a bias along M, and the tall tile's residual (18 pairs a row, in two groups); on tails, then
-    whole tiles (no bounds checked; the tall tile's 1024 columns end in a tail still)."""
+    ping-pong with a bias along M, and the tall tile's residual (18 pairs a row, in two groups); on tails, and
+    once on whole tiles (no bounds checked)."""
     from autogemm.families import config_from_name
     from autogemm.gpu.launch import bind
 
     config = config_from_name(name)
     k, dtype = 256, "bfloat16"
-    for m, n in REGISTER_PRELOAD_SHAPES:
+    for m, n in shapes:
         a, b = _random((m, k), dtype, 61), _random((n, k), dtype, 62)
         bias = _random((m if epilogue.bias == "m" else n,), dtype, 63)
         residual = _random((m, n), dtype, 64)

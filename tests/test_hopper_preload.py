@@ -186,9 +186,9 @@ def test_the_gpu_tests_of_the_register_stores_preload_run_on_an_h200():
     """tests/test_gpu_epilogue.py's kernels of it, at its shapes: an H200 takes each (the test does not skip)."""
     import test_gpu_epilogue
 
-    for name, epilogue in test_gpu_epilogue.REGISTER_PRELOAD_CASES:
+    for name, epilogue, shapes in test_gpu_epilogue.REGISTER_PRELOAD_CASES:
         config = config_from_name(name)
         assert not config.tma_store and config.preload
-        for m, n in test_gpu_epilogue.REGISTER_PRELOAD_SHAPES:
+        for m, n in shapes:
             problem = Problem.from_layout(m, n, 256, "nt", dtype="bfloat16", epilogue=epilogue)
             assert config.check(problem, H200) == [], (name, m, n)
