@@ -55,12 +55,13 @@ def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
     # D stored in chunks of 128 bytes of D's type). A 16-bit kernel whose B is K-major and whose C goes
     # from registers, or through TMA in 64-column chunks the last of which overlaps the one before (swapped: in
     # transposed pieces of wm columns, the last wm overlapping, which layout_reasons bounds; not split N or by
-    # stmatrix, whose chunks are whole; nor with a residual, whose columns in common would be read again after
-    # the chunk before had stored them, were it D itself), steps by NARROW_BN_STEP
-    # (wgmma's N steps by 8; B's boxes are bn rows of K): 640 rows of 4096 columns fill 130 of 132 SMs with
-    # 128 x 160 tiles, where 128 x 192 fill 110
+    # stmatrix, whose chunks are whole; nor with a residual read at its use, whose columns in common would be read
+    # again after the chunk before had stored them, were it D itself: with preload each chunk's residual is copied
+    # before the chunk before is stored, and a residual that cannot be copied so goes from registers), steps by
+    # NARROW_BN_STEP (wgmma's N steps by 8; B's boxes are bn rows of K): 640 rows of 4096 columns fill 130 of 132
+    # SMs with 128 x 160 tiles, where 128 x 192 fill 110
     narrow_store = not config.tma_store or (config.bn > atom and not (
-        config.split_n or config.stmatrix or problem.epilogue.residual))
+        config.split_n or config.stmatrix or (problem.epilogue.residual and not config.preload)))
     narrow = config.transposes(problem) and kernel.trans_b and narrow_store
     bn_step = NARROW_BN_STEP if narrow else 64
     spans_columns = config.wn == config.bn and config.bm % config.wm == 0
@@ -77,7 +78,7 @@ def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
         bad("fragment", f"wm={config.wm} must be a multiple of {ROWS_PER_INSTRUCTION} (wgmma rows), bn={config.bn} "
                         f"a multiple of {bn_step} up to {wgmma.N_MAX} (wgmma's N, whole swizzled rows"
                         f"{'' if narrow else f'; {NARROW_BN_STEP} for 16-bit types with B K-major, C stored from '}"
-                        f"{'' if narrow else 'registers or, without a residual, through TMA'}) "
+                        f"{'' if narrow else 'registers or, without a residual read at its use, through TMA'}) "
                         f"and bk={config.bk} a multiple of {atom} ({SWIZZLE_BYTES}-byte rows)")
     if config.tall_and_wide:
         tall_reasons(config, problem, bad)
