@@ -718,6 +718,33 @@ def test_a_preloaded_bias_is_staged_in_shared_memory_or_copied_value_by_value_on
                 raise AssertionError(f"{name} at {m}x{n}, the bias {2 * offset} bytes in: {exc}") from None
 
 
+@pytest.mark.gpu
+@pytest.mark.long(seconds=6)  # (its kernel compiled: started first, as the tile cases)
+@pytest.mark.parametrize("residual_pitch", [None, 1008, 1003], ids=["d-itself", "pitch-1008", "pitch-1003"])
+def test_a_narrow_tiles_overlapping_chunks_take_a_residual_copied_before_the_chunk_before_is_stored(residual_pitch):
+    """A tile 160 wide stores through TMA in chunks of 64 columns, the last overlapping the one before. With preload
+    each chunk's residual is copied into its buffer while the chunk before is computed, and the last chunk's is
+    waited for before that one is stored: D itself as the residual (its rows 2000 bytes, 16-byte aligned) is read
+    before any of it is written; another array of 16-byte aligned rows the same way; one whose rows are not
+    (pitch 1003) goes from registers. 1000 columns end in a tail of each tile's chunks."""
+    from autogemm.families import config_from_name
+    from autogemm.gpu.launch import bind
+
+    config = config_from_name("hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_pl_hd")
+    m, n, k, dtype = 8800, 1000, 256, "bfloat16"
+    a, b = _random((m, k), dtype, 71), _random((n, k), dtype, 72)
+    if residual_pitch is None:
+        residual = _random((m, n), dtype, 73)
+        d = residual.copy()
+        given = d
+    else:
+        given = residual = _random((m, residual_pitch), dtype, 73)[:, :n]
+        d = _random((m, n), dtype, 74)
+    run, _ = bind(config, a, b, d, trans_b=True, epilogue=Epilogue(residual=True), residual=given)
+    run()
+    _check(d, a, b.T, dtype, Epilogue(residual=True), residual=residual)
+
+
 # (name, epilogue, (M, N) shapes), BF16 NT, K 256 (test_hopper_preload.py checks that an H200 takes them): tails,
 # and whole tiles (no bounds checked) once, each a kernel of its own to compile
 TAILS, WHOLE_TILES = (8800, 1001), (8448, 1024)

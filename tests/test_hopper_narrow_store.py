@@ -33,6 +33,11 @@ VARIANTS = [
     ("hopper_256x96x64_w128x96_s5_g8_k1_o1_p_ts_pp_hd", Problem.from_layout(1471, 1022, 1418, "nt", dtype="bfloat16")),
     ("hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_fa_pl",
      Problem.from_layout(1000, 4096, 4096, "nt", dtype="float16", epilogue=Epilogue("n", "gelu"))),
+    # a residual through the overlapping chunks with preload: alone, and beside a bias and GELU, on tails
+    ("hopper_128x160x64_w64x160_s5_g8_k1_o1_p_ts_pl_hd",
+     Problem.from_layout(4096, 5120, 27648, "nt", dtype="bfloat16", epilogue=Epilogue(residual=True))),
+    ("hopper_128x224x64_w64x224_s4_g8_k1_o1_p_c2_ts_pl_hd",
+     Problem.from_layout(3000, 2300, 4096, "nt", dtype="float16", epilogue=Epilogue("n", "gelu", True))),
     # swapped (NN: the kernel's B is A, K-major), in transposed pieces whose last group of 64 overlaps: 1024 x 11008
     # in 128 x 176 tiles is 516 (98% of four waves), where 128 x 256 leave the last wave 61% full
     (SWAPPED, NN_PROJECTION),
@@ -62,7 +67,8 @@ def test_a_narrow_tile_stores_through_tma_with_an_overlapping_last_chunk():
     # split N's shared chunk and stmatrix's chunks are whole
     ("hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts_stm_hd", ONE_WAVE, "fragment: wm=64 must be"),
     ("hopper_128x160x64_w128x80_s4_g8_k1_o1_p_ts_hd", ONE_WAVE, "fragment: wm=128 must be"),
-    # a residual's columns in common would be read again after the chunk before had stored them, were it D
+    # a residual read at its use: its columns in common would be read again after the chunk before had stored
+    # them, were it D (with preload each chunk's is copied before the chunk before is stored: below)
     (NARROW, Problem.from_layout(640, 4096, 4096, "nt", dtype="bfloat16", epilogue=Epilogue(residual=True)),
      "fragment: wm=64 must be"),
     # ... the same swapped, and stmatrix's transposed pieces are whole groups
@@ -141,6 +147,28 @@ def test_stream_k_refuses_widths_its_fix_up_does_not_divide():
 def test_a_residual_layer_keeps_the_narrow_tile_from_registers():
     layer = Problem.from_layout(640, 4096, 4096, "nt", dtype="bfloat16", epilogue=Epilogue(residual=True))
     assert config_from_name(NARROW.replace("_ts", "")).check(layer, H200) == []
+
+
+def test_with_preload_a_residual_goes_through_the_overlapping_chunks_copied_before_the_chunk_before_is_stored():
+    """With preload each chunk's residual is copied into its store buffer while the chunk before is computed; the
+    last chunk overlaps the one before, so its pieces are waited for before that one is stored (D may be the
+    residual itself). A residual whose rows cannot be copied in 16-byte pieces would be read at its use, after that
+    store: it goes from registers. Kernels without a residual, or of whole chunks, render as before (the byte-for-byte
+    test of the shipped records, and tests/test_hopper_preload.py)."""
+    layer = Problem.from_layout(640, 4096, 4096, "nt", dtype="bfloat16", epilogue=Epilogue(residual=True))
+    name = NARROW.replace("_hd", "_pl_hd")
+    config = config_from_name(name)
+    assert config.check(layer, H200) == []
+    code = render(config, layer).code
+    assert "if (TMA_STORE && c_mapped && beta == Acc(0) && residual_through_tma)" in code
+    assert "if (q == (BN + ATOM - 1) / ATOM - 2) wait_all_pieces();" in code
+    bias = Problem.from_layout(640, 4096, 4096, "nt", dtype="bfloat16", epilogue=Epilogue("n"))
+    for other, problem in [(name, bias), ("hopper_128x192x64_w64x192_s4_g8_k1_o1_p_ts_pl_hd", layer)]:
+        code = render(config_from_name(other), problem).code
+        assert "residual_through_tma" not in code and "- 2) wait_all_pieces();" not in code
+    # (tests/test_gpu_epilogue.py runs this config at 8800 x 1000 x 256, in place and not: an H200 takes it)
+    assert config.check(Problem.from_layout(8800, 1000, 256, "nt", dtype="bfloat16", epilogue=Epilogue(residual=True)),
+                        H200) == []
 
 
 @pytest.mark.parametrize("name, problem", VARIANTS, ids=[f"{n}-{p.epilogue.key}" for n, p in VARIANTS])

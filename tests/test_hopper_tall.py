@@ -62,6 +62,10 @@ def test_two_consumers_of_128_x_144_hold_144_accumulators_and_the_others_keep_12
      "registers: a consumer of 128x144"),
     ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_ts_pp_fa_pl_hd",
      dataclasses.replace(LAYER, epilogue=Epilogue(activation="silu", residual=True)), "registers: a consumer of 128x144"),
+    # a residual and a bias through TMA's overlapping chunks in cluster pairs spilled 16-24 bytes on tails
+    ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_c2_ts_pl_hd",
+     Problem.from_layout(3000, 2300, 4096, "nt", dtype="bfloat16", epilogue=Epilogue("n", residual=True)),
+     "registers: a consumer of 128x144 in cluster pairs"),
     (TALL, dataclasses.replace(LAYER, dtype="float32", compute="tf32"), "dtype: a consumer of 128x144"),
     (TALL, Problem.from_layout(1024, 9216, 2304, "nt", dtype="float8_e4m3fn",
                                epilogue=Epilogue(scale="tensor", out_dtype="bfloat16")), "dtype: a consumer of 128x144"),
@@ -106,6 +110,9 @@ def test_the_space_offers_144_columns_to_two_m64_blocks_a_consumer_and_no_wider(
                                                                             epilogue=Epilogue(residual=True))),
     ("hopper_256x144x64_w128x144_s4_g8_k1_o1_p_c2_pl_hd", Problem.from_layout(1000, 9000, 2304, "tt", dtype="float16",
                                                                             epilogue=Epilogue("n", "silu"))),
+    # a residual through the TMA store's overlapping chunks, copied ahead (preload), under ping-pong
+    ("hopper_256x144x64_w128x144_s4_g8_k1_o1_p_ts_pp_pl_hd", Problem.from_layout(3072, 2304, 9216, "nt", dtype="float16",
+                                                                               epilogue=Epilogue(residual=True))),
     # swapped: B stored K x N from registers, and with an activation or a residual
     ("hopper_256x144x64_w128x144_s4_g8_k1_o1_p_c2_sw_hd", NN),
     ("hopper_256x144x64_w128x144_s5_g8_k1_o1_p_pp_sw_hd", dataclasses.replace(NN, dtype="bfloat16")),
@@ -117,16 +124,20 @@ def test_tall_kernels_compile_without_spills(name, problem):
     compiles_without_spills(name, problem)
 
 
-def test_a_residual_layers_tall_seed_loads_its_rows_residual_ahead_from_registers():
-    """The tall tile's TMA store takes no residual (its last chunk of 64 columns overlaps the one before, whose
-    residual, were it D itself, would be read after it was written), so it stores from registers, where each pair's
-    residual had waited for the store before it; with preload there, the wave seeds' first for seed 8123's residual
-    layer loads a row's residual a group of pairs at a time."""
+def test_a_residual_layers_tall_seed_takes_its_residual_ahead_through_tma_or_from_registers():
+    """The tall tile's last chunk of 64 columns overlaps the one before, whose residual, were it D itself, would be
+    read after it was written: without preload it stores a residual from registers, where each pair's residual
+    waited for the store before it. With preload its TMA store copies each chunk's residual ahead (the last one's
+    landed before the one before is stored), and from registers it loads a row's a group of pairs at a time: the
+    wave seeds' first for seed 8123's residual layer is the tall tile through TMA, and from registers (5 stages,
+    which TMA's chunks leave no room for) it is allowed too."""
     from autogemm.tuning.wave_seeds import wave_ranked
 
     residual = Problem.from_layout(3072, 2304, 9216, "nt", dtype="float16", epilogue=Epilogue(residual=True))
     first = wave_ranked(SearchSpace.load("hopper"), residual, H200)[0]
-    assert first.tall_and_wide and not first.tma_store and first.preload, first.name
+    assert first.tall_and_wide and first.tma_store and first.preload, first.name
+    assert config_from_name("hopper_256x144x64_w128x144_s5_g8_k1_o1_p_pp_pl_hd").check(residual, H200) == []
+    refuses_with("hopper_256x144x64_w128x144_s4_g8_k1_o1_p_ts_pp_hd", residual, "fragment:")
 
 
 def test_the_gpu_tests_of_the_tall_tile_run_on_an_h200():

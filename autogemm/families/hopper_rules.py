@@ -55,12 +55,13 @@ def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
     # D stored in chunks of 128 bytes of D's type). A 16-bit kernel whose B is K-major and whose C goes
     # from registers, or through TMA in 64-column chunks the last of which overlaps the one before (swapped: in
     # transposed pieces of wm columns, the last wm overlapping, which layout_reasons bounds; not split N or by
-    # stmatrix, whose chunks are whole; nor with a residual, whose columns in common would be read again after
-    # the chunk before had stored them, were it D itself), steps by NARROW_BN_STEP
-    # (wgmma's N steps by 8; B's boxes are bn rows of K): 640 rows of 4096 columns fill 130 of 132 SMs with
-    # 128 x 160 tiles, where 128 x 192 fill 110
+    # stmatrix, whose chunks are whole; nor with a residual read at its use, whose columns in common would be read
+    # again after the chunk before had stored them, were it D itself: with preload each chunk's residual is copied
+    # before the chunk before is stored, and a residual that cannot be copied so goes from registers), steps by
+    # NARROW_BN_STEP (wgmma's N steps by 8; B's boxes are bn rows of K): 640 rows of 4096 columns fill 130 of 132
+    # SMs with 128 x 160 tiles, where 128 x 192 fill 110
     narrow_store = not config.tma_store or (config.bn > atom and not (
-        config.split_n or config.stmatrix or problem.epilogue.residual))
+        config.split_n or config.stmatrix or (problem.epilogue.residual and not config.preload)))
     narrow = config.transposes(problem) and kernel.trans_b and narrow_store
     bn_step = NARROW_BN_STEP if narrow else 64
     spans_columns = config.wn == config.bn and config.bm % config.wm == 0
@@ -77,7 +78,7 @@ def tile_reasons(config: Any, problem: Problem, kernel: Problem, bad) -> None:
         bad("fragment", f"wm={config.wm} must be a multiple of {ROWS_PER_INSTRUCTION} (wgmma rows), bn={config.bn} "
                         f"a multiple of {bn_step} up to {wgmma.N_MAX} (wgmma's N, whole swizzled rows"
                         f"{'' if narrow else f'; {NARROW_BN_STEP} for 16-bit types with B K-major, C stored from '}"
-                        f"{'' if narrow else 'registers or, without a residual, through TMA'}) "
+                        f"{'' if narrow else 'registers or, without a residual read at its use, through TMA'}) "
                         f"and bk={config.bk} a multiple of {atom} ({SWIZZLE_BYTES}-byte rows)")
     if config.tall_and_wide:
         tall_reasons(config, problem, bad)
@@ -145,6 +146,11 @@ def tall_reasons(config: Any, problem: Problem, bad) -> None:
     if config.preload and epilogue.activation and not config.stages_bias(problem):
         bad("registers", f"a consumer of {config.wm}x{config.wn} spills registers with an activation's values "
                          f"preloaded ({epilogue.activation}, preload) unless its bias along N is staged")
+    # (a residual through TMA's overlapping chunks beside a bias, in cluster pairs: 16-24 bytes on tails, BF16 NT and
+    # FP16 TT, 3 and 4 stages, ping-pong or not; alone, or not in pairs, none)
+    if config.tma_store and config.cluster > 1 and epilogue.residual and epilogue.bias:
+        bad("registers", f"a consumer of {config.wm}x{config.wn} in cluster pairs spills registers with a residual and "
+                         "a bias through the TMA store")
     if config.swap and not (epilogue.activation or epilogue.residual) and (
             problem.trans_b or config.tma_store or epilogue.bias or (config.pingpong and config.cluster > 1)):
         bad("registers", f"a consumer of {config.wm}x{config.wn} swapped spills registers without an activation or a "
