@@ -36,8 +36,8 @@ KNOBS = (
     Knob("fast_activation", bool, False, omitted=False, words={True: "fa"},
          why="a GELU or SiLU epilogue by the epilogue pass's forms (hopper_rules.fast_activation_reasons)"),
     Knob("preload", bool, False, omitted=False, words={True: "pl"},
-         why="a TMA-stored epilogue's bias and residual loaded a chunk at a time, before their use "
-             "(hopper_rules.preload_reasons)"),
+         why="the epilogue's bias and residual loaded before their use: a TMA-stored chunk's at a time, or from "
+             "registers a row's group of pairs (hopper_rules.preload_reasons)"),
     Knob("hoisted_descriptors", bool, False, omitted=False, words={True: "hd"},
          why="a slice's two shared-memory descriptors computed once, each wgmma's theirs plus a constant"),
     Knob("dependent_launch", bool, False, omitted=False, words={True: "dl"},
