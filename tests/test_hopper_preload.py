@@ -49,6 +49,9 @@ REGISTER_VARIANTS = [
      Problem.from_layout(8800, 1001, 256, "nt", dtype="float16", epilogue=Epilogue("m", residual=True))),
     ("hopper_128x192x64_w64x192_s4_g8_k1_o1_p_c2_pl",
      Problem.from_layout(333, 1000, 256, "nt", dtype="bfloat16", epilogue=Epilogue("n", "silu", True))),
+    ("hopper_128x128x32_w64x128_s4_g8_k1_o1_p_pl",
+     Problem.from_layout(1000, 3000, 1024, "nt", dtype="float32", compute="tf32",
+                         epilogue=Epilogue("n", "gelu", True))),
     # a residual alone under ping-pong at 3072 x 2304 x 9216, whole tiles (the SASS the groups were written for
     # loaded it a pair at a time, each pair after the store before it)
     ("hopper_256x128x64_w128x128_s5_g8_k1_o1_p_pp_pl_hd",
