@@ -107,7 +107,7 @@ def test_stored_from_registers_a_rows_values_are_loaded_a_group_at_a_time_and_tm
      "registers: preload with consumers of 128"),
     ("hopper_128x128x128_w64x128_s4_g8_k1_o1_p_ts_pl",
      Problem.from_layout(512, 512, 512, "nt", dtype="float8_e4m3fn", epilogue=Epilogue(scale="row", out_dtype="bfloat16")),
-     "dtype: preload is written for 16-bit products"),
+     "dtype: preload is written for 16-bit and TF32 products"),
 ])
 def test_preload_refuses_what_it_is_not_written_for(name, problem, reason):
     refuses_with(name, problem, reason)
