@@ -583,7 +583,11 @@ def _preload_cases():
             # stored from registers, a row's values loaded a group at a time: SiLU and a residual, 24 pairs a row
             # in two groups, in a cluster pair (beta 0.5 reads C there too)
             (config_from_name("hopper_128x192x64_w64x192_s4_g8_k1_o1_p_c2_pl"),
-             Problem.from_layout(333, 1000, 256, "nt", dtype="bfloat16", epilogue=Epilogue("n", "silu", True)))]
+             Problem.from_layout(333, 1000, 256, "nt", dtype="bfloat16", epilogue=Epilogue("n", "silu", True))),
+            # ... and TF32's, its pairs of 4-byte values (the bias staged in 16-byte pieces of four)
+            (config_from_name("hopper_128x128x32_w64x128_s4_g8_k1_o1_p_pl"),
+             Problem.from_layout(333, 1000, 256, "nt", dtype="float32", compute="tf32",
+                                 epilogue=Epilogue("n", "gelu", True)))]
 
 
 def _swapped_narrow_cases():

@@ -49,6 +49,9 @@ REGISTER_VARIANTS = [
      Problem.from_layout(8800, 1001, 256, "nt", dtype="float16", epilogue=Epilogue("m", residual=True))),
     ("hopper_128x192x64_w64x192_s4_g8_k1_o1_p_c2_pl",
      Problem.from_layout(333, 1000, 256, "nt", dtype="bfloat16", epilogue=Epilogue("n", "silu", True))),
+    ("hopper_128x128x32_w64x128_s4_g8_k1_o1_p_pl",
+     Problem.from_layout(1000, 3000, 1024, "nt", dtype="float32", compute="tf32",
+                         epilogue=Epilogue("n", "gelu", True))),
     # a residual alone under ping-pong at 3072 x 2304 x 9216, whole tiles (the SASS the groups were written for
     # loaded it a pair at a time, each pair after the store before it)
     ("hopper_256x128x64_w128x128_s5_g8_k1_o1_p_pp_pl_hd",
@@ -104,7 +107,7 @@ def test_stored_from_registers_a_rows_values_are_loaded_a_group_at_a_time_and_tm
      "registers: preload with consumers of 128"),
     ("hopper_128x128x128_w64x128_s4_g8_k1_o1_p_ts_pl",
      Problem.from_layout(512, 512, 512, "nt", dtype="float8_e4m3fn", epilogue=Epilogue(scale="row", out_dtype="bfloat16")),
-     "dtype: preload is written for 16-bit products"),
+     "dtype: preload is written for 16-bit and TF32 products"),
 ])
 def test_preload_refuses_what_it_is_not_written_for(name, problem, reason):
     refuses_with(name, problem, reason)

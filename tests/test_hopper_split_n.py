@@ -90,7 +90,7 @@ def test_the_gpu_tests_of_split_n_and_preload_run_on_an_h200():
     import test_gpu_epilogue
 
     cases = [*test_gpu_epilogue._split_n_cases(), *test_gpu_epilogue._preload_cases()]
-    assert len(cases) == 8
+    assert len(cases) == 9
     assert {config.name: config.check(problem, H200) for config, problem in cases} == {c.name: [] for c, _ in cases}
 
 

@@ -259,14 +259,15 @@ def preload_reasons(config: Any, problem: Problem, bad) -> None:
     row) before any of them is used, where the store otherwise loads each just ahead of its use and waits out its
     latency: into the TMA store's chunks, or from registers a row's values a group at a time (where each had waited
     for the store before it, since C may be the residual). It needs the consumers' own untransposed stores (not
-    swap, not stmatrix), a bias or a residual to load, and a 16-bit product (FP8's scales are read as before). A
-    problem with neither renders the same kernel with it as without: a duplicate the search need not measure."""
+    swap, not stmatrix), a bias or a residual to load, and a 16-bit or TF32 product (FP8's scales are read as
+    before). A problem with neither renders the same kernel with it as without: a duplicate the search need not
+    measure."""
     for knob, off in (("swap", config.swap), ("stmatrix", config.stmatrix)):
         if off:
             bad("choice", f"preload loads the epilogue's values for the consumers' own untransposed stores: "
                           f"{knob}={getattr(config, knob)} does not go with it")
     if dtypes.lookup(problem.dtype, problem.compute).scaled:
-        bad("dtype", f"preload is written for 16-bit products' epilogues, not {problem.dtype}'s scales")
+        bad("dtype", f"preload is written for 16-bit and TF32 products' epilogues, not {problem.dtype}'s scales")
     if not (problem.epilogue.bias or problem.epilogue.residual):
         bad("choice", f"preload loads a bias or a residual; this problem's epilogue has neither "
                       f"({problem.epilogue.key or 'none'})")
