@@ -146,11 +146,11 @@ def tall_reasons(config: Any, problem: Problem, bad) -> None:
     if config.preload and epilogue.activation and not config.stages_bias(problem):
         bad("registers", f"a consumer of {config.wm}x{config.wn} spills registers with an activation's values "
                          f"preloaded ({epilogue.activation}, preload) unless its bias along N is staged")
-    # (a residual through TMA's overlapping chunks beside a bias, in cluster pairs: 16-24 bytes on tails, BF16 NT and
-    # FP16 TT, 3 and 4 stages, ping-pong or not; alone, or not in pairs, none)
-    if config.tma_store and config.cluster > 1 and epilogue.residual and epilogue.bias:
+    # (a residual through TMA's overlapping chunks beside a bias along N, in cluster pairs: 16-24 bytes on tails, BF16
+    # NT and FP16 TT, 3 and 4 stages, ping-pong or not; alone, beside a bias along M, or not in pairs, none)
+    if config.tma_store and config.cluster > 1 and epilogue.residual and epilogue.bias == "n":
         bad("registers", f"a consumer of {config.wm}x{config.wn} in cluster pairs spills registers with a residual and "
-                         "a bias through the TMA store")
+                         "a bias along N through the TMA store")
     if config.swap and not (epilogue.activation or epilogue.residual) and (
             problem.trans_b or config.tma_store or epilogue.bias or (config.pingpong and config.cluster > 1)):
         bad("registers", f"a consumer of {config.wm}x{config.wn} swapped spills registers without an activation or a "
