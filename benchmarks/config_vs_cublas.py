@@ -155,6 +155,8 @@ def lt_algorithm_calls(problem, stored_a, stored_b, bias, residual, count: int) 
     from autogemm.gpu.operands import describe
     from autogemm.measure.epilogue_routes import storage_layouts
 
+    if count <= 0:  # (none asked: nothing to look up, whichever the epilogue)
+        return []
     epilogue = problem.epilogue
     name = "DEFAULT" if epilogue.is_identity else lt_epilogue(epilogue, problem.dtype)
     if name is None:
@@ -243,7 +245,9 @@ def examine(spec, configs: list, rounds: int, profile_once: bool = False, betwee
     if case:
         calls, reference, bias, residual = layer_calls(case, problem.dtype, a, b)
         problem = dataclasses.replace(problem, epilogue=case_epilogue(case))
-        fused = dict(epilogue=problem.epilogue, bias=bias, residual=residual)
+        # (bind takes only the operands the epilogue adds)
+        fused = dict(epilogue=problem.epilogue, bias=bias if problem.epilogue.bias else None,
+                     residual=residual if problem.epilogue.residual else None)
         base = EAGER
     else:
         calls = {name: (lambda i, call=call: call()) for name, call in baselines.user_calls(a, b).items()}

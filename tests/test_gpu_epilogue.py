@@ -777,7 +777,7 @@ def test_preload_from_registers_reads_a_residual_in_place_before_writing_it(name
     k, dtype = 256, "bfloat16"
     for m, n in shapes:
         a, b = _random((m, k), dtype, 61), _random((n, k), dtype, 62)
-        bias = _random((m if epilogue.bias == "m" else n,), dtype, 63)
+        bias = _random((m if epilogue.bias == "m" else n,), dtype, 63) if epilogue.bias else None
         residual = _random((m, n), dtype, 64)
         for in_place in (False, True):
             d = residual.copy() if in_place else _random((m, n), dtype, 65)
