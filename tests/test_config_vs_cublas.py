@@ -98,3 +98,15 @@ def test_the_share_captured_is_eager_s_epilogue_cost_saved_as_the_unseen_bench_j
     # no share where eager's epilogue costs nothing (or the GEMM alone is not timed)
     assert bench.captured({**means, bench.EAGER: 99.0}, "fused") == "-"
     assert bench.captured({bench.EAGER: 110.0, "fused": 104.0}, "fused") == "-"
+
+
+def test_no_cublaslt_algorithm_is_looked_up_where_none_is_asked():
+    """A SiLU layer has no cuBLASLt epilogue: without --lt-algorithms its configurations are timed, not refused
+    (the device's first run of the SiLU rows failed there); asked for, it names what is missing."""
+    from autogemm.epilogue import Epilogue
+    from autogemm.problem import Problem
+
+    silu = Problem.from_layout(1024, 9216, 2304, "nt", dtype="bfloat16", epilogue=Epilogue("n", "silu"))
+    assert bench.lt_algorithm_calls(silu, None, None, None, None, 0) == []
+    with pytest.raises(ValueError, match="cuBLASLt has no epilogue computing bias_n\\+silu"):
+        bench.lt_algorithm_calls(silu, None, None, None, None, 2)
