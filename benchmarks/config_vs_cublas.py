@@ -120,12 +120,14 @@ EAGER, GEMM_ALONE = "eager F.linear + epilogue", "F.linear(x, w) alone"
 def layer_calls(case: str, dtype: str, a, b, seed: int = 2) -> tuple[dict, object, object, object]:
     """--epilogue: (the baselines, the float64 reference, bias, residual) of the layer y = epilogue(a @ b), a of
     M x K and b the transposed view of w, N x K (make_operands' layout nt, of `dtype`): eager PyTorch and the GEMM
-    alone on views of the same memory; bias (N values) and residual (M x N) drawn in [-1, 1] in a's type."""
+    alone on views of the same memory; bias (N values) and residual (M x N) drawn in [-1, 1] in a's type, each
+    None where the case adds none (bind refuses an operand its epilogue does not add)."""
     import cupy
     import torch.nn.functional as F
 
     from autogemm.measure.baselines import as_torch
     from autogemm.measure.bench import random_uniform
+    from bench_common import case_epilogue
     from bench_unseen_epilogues import eager_layer, reference
 
     m, n = a.shape[0], b.shape[1]
@@ -135,7 +137,9 @@ def layer_calls(case: str, dtype: str, a, b, seed: int = 2) -> tuple[dict, objec
     x, w, t_bias, t_residual = as_torch(a), as_torch(b).T, as_torch(bias), as_torch(residual)
     eager = eager_layer(case)
     calls = {EAGER: lambda i: eager(x, w, t_bias, t_residual), GEMM_ALONE: lambda i: F.linear(x, w)}
-    return calls, cupy.asarray(reference(case, x, w, t_bias, t_residual)), bias, residual
+    epilogue = case_epilogue(case)
+    return (calls, cupy.asarray(reference(case, x, w, t_bias, t_residual)), bias if epilogue.bias else None,
+            residual if epilogue.residual else None)
 
 
 LT_CASES = ("", "bias", "residual")  # the cases whose whole epilogue cuBLASLt computes inside its GEMM
@@ -144,7 +148,8 @@ LT_CASES = ("", "bias", "residual")  # the cases whose whole epilogue cuBLASLt c
 def lt_algorithm_calls(problem, stored_a, stored_b, bias, residual, count: int) -> list[tuple]:
     """--lt-algorithms: (label, call, output, description) of each of cuBLASLt's heuristic's first `count`
     algorithms (fewer where it offers fewer) for `problem` with its epilogue inside the GEMM (the bias, or the
-    residual read as C: cublas_epilogue.lt_epilogue; DEFAULT without one), each writing an output of its own;
+    residual read as C: cublas_epilogue.lt_epilogue; DEFAULT without one; `bias` and `residual` as layer_calls
+    gives them, None where the epilogue adds none), each writing an output of its own;
     the description gives the heuristic's waves and workspace. With an epilogue, last, the GEMM alone's
     algorithm computing it, where cuBLASLt's check takes it (its description says if the heuristic ranked it)."""
     import cupy
@@ -161,8 +166,6 @@ def lt_algorithm_calls(problem, stored_a, stored_b, bias, residual, count: int) 
     name = "DEFAULT" if epilogue.is_identity else lt_epilogue(epilogue, problem.dtype)
     if name is None:
         raise ValueError(f"cuBLASLt has no epilogue computing {epilogue} on {problem.dtype} products")
-    bias = bias if epilogue.bias else None
-    residual = residual if epilogue.residual else None
     bare = dataclasses.replace(problem, epilogue=Epilogue())
     ordinal = cupy.cuda.Device().id
 
@@ -245,9 +248,7 @@ def examine(spec, configs: list, rounds: int, profile_once: bool = False, betwee
     if case:
         calls, reference, bias, residual = layer_calls(case, problem.dtype, a, b)
         problem = dataclasses.replace(problem, epilogue=case_epilogue(case))
-        # (bind takes only the operands the epilogue adds)
-        fused = dict(epilogue=problem.epilogue, bias=bias if problem.epilogue.bias else None,
-                     residual=residual if problem.epilogue.residual else None)
+        fused = dict(epilogue=problem.epilogue, bias=bias, residual=residual)
         base = EAGER
     else:
         calls = {name: (lambda i, call=call: call()) for name, call in baselines.user_calls(a, b).items()}
