@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     check_p = sub.add_parser("check", help="compile a sample of a search space and report resources",
                              description="Render and compile a sample of a search space with NVRTC, as kernels "
                              "are compiled to be served (or with the CUDA toolkit's nvcc where NVRTC's package "
-                             "is missing; no GPU needed) and print ptxas's registers, spills and shared memory per variant. A variant that "
+                             "is missing; no GPU needed), and print ptxas's registers, spills and shared memory "
+                             "per variant. A variant that "
                              "spills under its own max_registers is reported as refused (the loader refuses it, "
                              "as a tune does). Exits 1 where a variant fails to compile or spills without a "
                              "register cap (and, with --strict, where any variant spills).")

@@ -137,12 +137,13 @@ class ReportCompiler:
 
 
 def report_compiler() -> ReportCompiler:
-    """NVRTC where it can be loaded (what serves kernels), else the toolkit's nvcc; CompilerNotFound, saying
-    why of each, where neither can."""
+    """NVRTC where it can be loaded with the headers it is given (what serves kernels), else the toolkit's nvcc;
+    CompilerNotFound, saying why of each, where neither can."""
     try:
         major, minor = nvrtc.version()
+        nvrtc_options()  # (the headers beside NVRTC are found through CuPy's CUDA path too)
         return ReportCompiler(f"NVRTC {major}.{minor}", nvrtc_resources)
-    except nvrtc.NvrtcError as exc:
+    except (nvrtc.NvrtcError, ImportError) as exc:
         why_not_nvrtc = str(exc)
     try:
         find_nvcc()
