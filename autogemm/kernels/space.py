@@ -303,7 +303,7 @@ class SearchSpace:
     def all_configs(self) -> tuple[Any, ...]:
         """Every configuration the space's constraints allow (independent of problem and device), each once
         (configs are frozen dataclasses, equal where their names are: keyed by themselves, since building a
-        name took half of the Hopper space's 12 s)."""
+        name took a third of the Hopper space's 12.9 s)."""
         configs = {}
         for values in self._walk(self._schedule, 0, dict(self.constants)):
             configs.setdefault(self.config_class(**{f: values[f] for f in self.fields}))
