@@ -29,6 +29,8 @@ warmed up, and timed two ways: sustained (timing.sustained_times: back-to-back c
 rounds of about 50 ms per competitor, random order, the GPU never idle; means), where a product shorter than
 a call's host time measures the host, as an eager loop meets it; and one call at a time on an idle GPU, host
 time included (medians of LATENCY_ROUNDS, 200). Ratio = the competitor's time / autogemm's (> 1: autogemm is faster).
+The row also keeps the tune's own figures (`tune_figures`: its kernel's and baselines' GPU times), so that the
+table can say whether a kept kernel serves as fast as its tune timed it.
 
 Every finished problem is appended to a JSON lines file at once (`--out`, default
 benchmarks/results/unseen-epilogues-<device>[-seed<S>-<count>].jsonl) with a digest of autogemm's sources; a
@@ -252,7 +254,8 @@ def measure(spec, index: int) -> dict:
             started = time.perf_counter()
             try:
                 result = autogemm.tune(_problem(spec))
-                row["tune"] = {"kept_cublas": result.kept_cublas, "config": result.config.name, "ratio": result.ratio}
+                row["tune"] = {"kept_cublas": result.kept_cublas, "config": result.config.name, "ratio": result.ratio,
+                               **tune_figures(result)}
             except TuneError as exc:  # (nothing measurable for this problem: what serves is timed again all the same)
                 row["tune"] = {"kept_cublas": True, "config": None, "ratio": None, "error": str(exc)[:300]}
             row["tune"]["s"] = time.perf_counter() - started
@@ -266,6 +269,21 @@ def measure(spec, index: int) -> dict:
     if lt_handle is not None:
         lt_handle.free()
     return row
+
+
+def tune_figures(result) -> dict:
+    """The tune's own comparison, as its result and its record hold it, to set beside what the draw then times:
+    the best kernel's and the fastest baseline's GPU time in us (sustained where `sustained` holds the rounds'
+    clock and power, else the short re-timings'), the noise its keep rule allowed, and each baseline route's time
+    (the record's; absent where the tune could not cache it)."""
+    from autogemm.results.cache import TuningCache
+
+    figures = {"kernel_us": result.time_ms * 1e3, "baseline_us": result.cublas_ms * 1e3, "noise": result.noise,
+               "sustained": dict(result.sustained)}
+    found = TuningCache(shipped=False).lookup(result.problem, result.device.slug)  # (the row's own user cache)
+    if found is not None:
+        figures["baselines_us"] = {route: ms * 1e3 for route, ms in found[0].baselines.items()}
+    return figures
 
 
 def measure_and_release(spec, index: int) -> dict:

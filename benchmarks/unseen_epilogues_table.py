@@ -76,6 +76,27 @@ def latency_floor(rows: list[dict]) -> list[str]:
                 f"moves by as much with no difference between the two sides."]
 
 
+def served_over_tuned(row: dict) -> float | None:
+    """The served layer's sustained time over its tune's own time of the kernel it kept, where the tune kept one and
+    timed it sustained (the row's `tune` figures; None otherwise, and for rows of before they were kept). Above 1:
+    the kernel served slower than its tune timed it, and the tune's lead over the baselines overstates the draw's."""
+    tune = row.get("tune") or {}
+    if tune.get("kept_cublas", True) or not tune.get("kernel_us") or not tune.get("sustained"):
+        return None
+    return row["tuned"]["sustained_us"][AUTOGEMM] / tune["kernel_us"]
+
+
+def tune_against_draw(rows: list[dict]) -> list[str]:
+    """A line on how the kept kernels served against their tunes' own sustained times; none where no row has both."""
+    values = [v for r in rows if (v := served_over_tuned(r)) is not None]
+    if not values:
+        return []
+    layers = f"{len(values)} layer" + ("s" if len(values) > 1 else "")
+    return ["", f"Where a tune kept a kernel timed sustained ({layers}), the served layer took "
+                f"{min(values):.3f} to {max(values):.3f}x the tune's own time of that kernel (geomean "
+                f"{geomean(values):.3f}): above 1, it served slower than its tune timed it."]
+
+
 def summary(rows: list[dict]) -> list[str]:
     """The figures the epilogue issue judges, each over the rows that have it."""
     lines = ["| phase | figure | against | problems | geomean | min |", "| --- | --- | --- | ---: | ---: | ---: |"]
@@ -95,7 +116,7 @@ def summary(rows: list[dict]) -> list[str]:
                       f"(median {statistics.median(judged):.0%}, min {min(judged):.0%})"
                       + (f"; on {within} more eager's gain over the GEMM alone is within its noise, and not judged."
                          if within else ".")]
-    return lines + latency_floor(rows)
+    return lines + latency_floor(rows) + tune_against_draw(rows)
 
 
 def report(rows: list[dict], device_name: str, seed: int, drawn: int | None = None) -> list[str]:
@@ -122,8 +143,10 @@ def report(rows: list[dict], device_name: str, seed: int, drawn: int | None = No
         top, share = ceiling(tuned["sustained_us"])
         captured = "-" if share is None else \
             f"{share:.0%} (gain within ±{ceiling_noise(tuned):.1%})" if within_noise(tuned) else f"{share:.0%}"
+        served_ratio = served_over_tuned(row)
         tune = "no kernel measured" if row["tune"].get("error") else \
-            "cuBLAS kept" if row["tune"]["kept_cublas"] else f"kernel {row['tune']['ratio']:.3f}x"
+            "cuBLAS kept" if row["tune"]["kept_cublas"] else f"kernel {row['tune']['ratio']:.3f}x" + (
+                f", served in {served_ratio:.3f}x its time" if served_ratio is not None else "")
         lines.append(f"| {row['label']} | {cell(ratio(untuned['sustained_us'], EAGER))} | "
                      f"{cell(ratio(untuned['latency_us'], EAGER))} | {cell(ratio(tuned['sustained_us'], EAGER))} | "
                      f"{cell(ratio(tuned['sustained_us'], COMPILED))} | {cell(ratio(tuned['sustained_us'], CUBLASLT))} | "
