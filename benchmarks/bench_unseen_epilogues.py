@@ -65,7 +65,8 @@ from bench_common import (case_epilogue, deadline_after, device_of, keep_compile
 from bench_epilogues import TOLERANCE, CublasLtLayer, relative_error  # noqa: E402
 from bench_tuned_half import FAMILIES, _campaign_widths  # noqa: E402
 from unseen_epilogues_table import (AUTOGEMM, AUTOGEMM_TANH, CAPTURE_FROM_M, COMPILED, CUBLASLT,  # noqa: E402
-                                    EAGER, EAGER_AGAIN, GEMM_ALONE, LATENCY_ROUNDS, cell, ratio, report)
+                                    EAGER, EAGER_AGAIN, GEMM_ALONE, LATENCY_ROUNDS, cell, ratio, report,
+                                    served_over_tuned)
 
 SEED, COUNT = 7717, 24
 CASES = ("bias", "bias+gelu", "bias+silu", "residual")
@@ -365,7 +366,8 @@ def main(argv=None) -> int:
         f"#{row['index']:<4d}{row['label']:<40} untuned {cell(ratio(row['untuned']['sustained_us'], EAGER))}x eager  "
         f"tuned {cell(ratio(row['tuned']['sustained_us'], EAGER))}x eager, "
         f"{cell(ratio(row['tuned']['sustained_us'], COMPILED))}x compile  tune {row['tune']['s']:.0f} s "
-        f"{'cuBLAS kept' if row['tune']['kept_cublas'] else 'kernel'}"))
+        f"{'cuBLAS kept' if row['tune']['kept_cublas'] else 'kernel'}"
+        + (f", served in {served:.3f}x its tuned time" if (served := served_over_tuned(row)) is not None else "")))
     return 0
 
 
