@@ -29,7 +29,8 @@ warmed up, and timed two ways: sustained (timing.sustained_times: back-to-back c
 rounds of about 50 ms per competitor, random order, the GPU never idle; means), where a product shorter than
 a call's host time measures the host, as an eager loop meets it; and one call at a time on an idle GPU, host
 time included (medians of LATENCY_ROUNDS, 200). Ratio = the competitor's time / autogemm's (> 1: autogemm is faster).
-The row also keeps the tune's own figures (`tune_figures`: its kernel's and baselines' GPU times), so that the
+The single calls' ratios are also kept paired by round (`paired_latency`), for the noise of the two
+estimators to be compared. The row also keeps the tune's own figures (`tune_figures`: its kernel's and baselines' GPU times), so that the
 table can say whether a kept kernel serves as fast as its tune timed it.
 
 Every finished problem is appended to a JSON lines file at once (`--out`, default
@@ -215,7 +216,26 @@ def timings(calls: dict, again: dict | None = None) -> dict:
     return {"sustained_us": {name: statistics.fmean(t) * 1e3 for name, t in rounds.items()},
             "sustained_rounds_us": {name: [round(x * 1e3, 3) for x in t] for name, t in rounds.items()},
             "latency_us": {name: statistics.median(t) * 1e3 for name, t in latency.items()},
-            "latency_rounds": LATENCY_ROUNDS}
+            "latency_rounds": LATENCY_ROUNDS, **paired_latency(latency)}
+
+
+def paired_latency(latency: dict[str, list[float]]) -> dict:
+    """The single calls' ratios paired by round (`timing.latencies` times every competitor once a round, the calls
+    adjacent in time): each competitor's median over the rounds of its call's time over autogemm's in the same round
+    (against cuBLASLt, autogemm with its GELU form, as unseen_epilogues_table.ratio compares them), and eager's over
+    eager again's. Kept beside the ratio of the medians the table judges, to see whether pairing narrows how far
+    eager moves against itself: where single calls fall in two modes (host time of one call or another), each
+    side's median may land in either, and their ratio jumps by the gap, where a median of paired ratios stays at
+    1 while most rounds find both calls alike."""
+    def median_ratio(name: str, ours: str) -> float:
+        return statistics.median(t / o for t, o in zip(latency[name], latency[ours]))
+
+    ours = {name: AUTOGEMM_TANH if name == CUBLASLT and AUTOGEMM_TANH in latency else AUTOGEMM for name in latency}
+    paired = {"latency_paired": {name: median_ratio(name, ours[name]) for name in latency
+                                 if name not in (AUTOGEMM, AUTOGEMM_TANH, EAGER_AGAIN)}}
+    if EAGER_AGAIN in latency and EAGER in latency:
+        paired["latency_paired_floor"] = median_ratio(EAGER, EAGER_AGAIN)
+    return paired
 
 
 def measure(spec, index: int) -> dict:

@@ -73,7 +73,24 @@ def latency_floor(rows: list[dict]) -> list[str]:
         return []
     return ["", f"Eager against itself, one call at a time (the same layer timed twice under two names, {len(values)} "
                 f"phases): {min(values):.3f} to {max(values):.3f}, geomean {geomean(values):.3f}. A row's latency ratio "
-                f"moves by as much with no difference between the two sides."]
+                f"moves by as much with no difference between the two sides.", *paired_latency(rows)]
+
+
+def paired_latency(rows: list[dict]) -> list[str]:
+    """A line on the latency ratios paired by round (bench_unseen_epilogues.paired_latency: the median of each round's
+    ratio, where the table's are ratios of medians), over the phases that kept them: eager against itself, and each
+    phase's ratio to eager. Beside the line above, it says whether pairing narrows the noise; none without them."""
+    floor = [r[phase]["latency_paired_floor"] for r in rows for phase in ("untuned", "tuned")
+             if "latency_paired_floor" in r[phase]]
+    if not floor:
+        return []
+    against = []
+    for phase in ("untuned", "tuned"):
+        values = [r[phase]["latency_paired"][EAGER] for r in rows if EAGER in r[phase].get("latency_paired", {})]
+        if values:
+            against.append(f"{phase} {geomean(values):.3f}x eager (min {min(values):.3f}, {len(values)} problems)")
+    return ["", f"Paired by round instead (the median of each round's ratio, the calls of a round adjacent in time): eager "
+            f"against itself {min(floor):.3f} to {max(floor):.3f} over {len(floor)} phases; " + "; ".join(against) + "."]
 
 
 def served_over_tuned(row: dict) -> float | None:

@@ -219,3 +219,38 @@ def test_the_report_sets_a_kept_kernel_s_served_time_beside_its_tune_s_own():
     assert f"Where a tune kept a kernel timed sustained (1 layer), the served layer took {188.4 / 181.4:.3f} to " \
            f"{188.4 / 181.4:.3f}x the tune's own time of that kernel" in text
     assert f"| kernel 0.900x, served in {188.4 / 181.4:.3f}x its time |" in text
+
+
+def test_single_calls_are_also_compared_paired_by_round():
+    """paired_latency: the median over rounds of each competitor's call over autogemm's in the same round (against
+    cuBLASLt, autogemm with its GELU form), and eager's over eager again's. Calls in two modes (48 or 54 us) put
+    eager's median in one and eager again's in the other, a ratio of medians of 1.125 between the same calls;
+    paired, most rounds find both alike, and the median ratio is 1."""
+    ours = [10.0, 20.0, 10.0, 20.0, 10.0, 20.0, 10.0, 20.0, 10.0]
+    latency = {table.AUTOGEMM: ours, table.AUTOGEMM_TANH: [t * 0.9 for t in ours],
+               table.EAGER: [t * 1.1 for t in ours], table.CUBLASLT: [t * 0.99 for t in ours],
+               table.GEMM_ALONE: [t * 0.95 for t in ours]}
+    paired = bench.paired_latency(latency)
+    assert paired["latency_paired"] == {table.EAGER: pytest.approx(1.1), table.CUBLASLT: pytest.approx(1.1),
+                                        table.GEMM_ALONE: pytest.approx(0.95)}
+    assert "latency_paired_floor" not in paired  # (eager was not timed again)
+    eager, again = [48.0] * 4 + [54.0] * 5, [48.0] * 5 + [54.0] * 4  # (rounds: 4 alike at 48, 1 apart, 4 alike at 54)
+    paired = bench.paired_latency({table.AUTOGEMM: [50.0] * 9, table.EAGER: eager, table.EAGER_AGAIN: again})
+    assert paired["latency_paired_floor"] == 1.0
+    assert sorted(eager)[4] / sorted(again)[4] == pytest.approx(1.125)  # (the ratio of the medians)
+
+
+def test_the_report_sets_the_paired_latency_beside_the_ratio_of_medians_where_rows_kept_it():
+    rows = [_row(0, ("bfloat16", "bias+silu", 2048, 9216, 2304), _figures(100.0, 98.0, 90.0), _figures(93.0, 98.0, 90.0)),
+            _row(1, ("float16", "bias", 8, 9216, 2304), _figures(20.0, 21.0, 20.0), _figures(20.0, 21.0, 20.0))]
+    for row in rows:
+        for phase in ("untuned", "tuned"):
+            row[phase]["latency_us"] = {**row[phase]["latency_us"], table.EAGER_AGAIN: 21.0}
+    assert "Paired by round" not in "\n".join(table.report(rows, "GPU", bench.SEED))  # (rows of before it)
+    for row, floors, against in zip(rows, ((0.99, 1.01), (1.0, 1.02)), ((0.97, 1.05), (1.01, 1.03))):
+        for phase, floor, ratio in zip(("untuned", "tuned"), floors, against):
+            row[phase].update(latency_paired={table.EAGER: ratio}, latency_paired_floor=floor)
+    text = "\n".join(table.report(rows, "GPU", bench.SEED))
+    assert "Paired by round instead (the median of each round's ratio, the calls of a round adjacent in time): eager " \
+           f"against itself 0.990 to 1.020 over 4 phases; untuned {(0.97 * 1.01) ** 0.5:.3f}x eager (min 0.970, 2 " \
+           f"problems); tuned {(1.05 * 1.03) ** 0.5:.3f}x eager (min 1.030, 2 problems)." in text
