@@ -30,8 +30,8 @@ rounds of about 50 ms per competitor, random order, the GPU never idle; means), 
 a call's host time measures the host, as an eager loop meets it; and one call at a time on an idle GPU, host
 time included (medians of LATENCY_ROUNDS, 200). Ratio = the competitor's time / autogemm's (> 1: autogemm is faster).
 The single calls' ratios are also kept paired by round (`paired_latency`), for the noise of the two
-estimators to be compared. The row also keeps the tune's own figures (`tune_figures`: its kernel's and baselines' GPU times), so that the
-table can say whether a kept kernel serves as fast as its tune timed it.
+estimators to be compared. The row also keeps the tune's own figures (`tune_figures`: its kernel's and
+baselines' GPU times), so that the table can say whether a kept kernel serves as fast as its tune timed it.
 
 Every finished problem is appended to a JSON lines file at once (`--out`, default
 benchmarks/results/unseen-epilogues-<device>[-seed<S>-<count>].jsonl) with a digest of autogemm's sources; a
