@@ -94,11 +94,13 @@ def paired_latency(rows: list[dict]) -> list[str]:
 
 
 def served_over_tuned(row: dict) -> float | None:
-    """The served layer's sustained time over its tune's own time of the kernel it kept, where the tune kept one and
-    timed it sustained (the row's `tune` figures; None otherwise, and for rows of before they were kept). Above 1:
-    the kernel served slower than its tune timed it, and the tune's lead over the baselines overstates the draw's."""
+    """The served layer's sustained time over its tune's own time of the kernel it kept, where the tune kept one,
+    timed it sustained and the layer was served by it (the row's `tune` figures and its served column; None
+    otherwise, and for rows of before the figures were kept). Above 1: the kernel served slower than its tune timed
+    it, and the tune's lead over the baselines overstates the draw's."""
     tune = row.get("tune") or {}
-    if tune.get("kept_cublas", True) or not tune.get("kernel_us") or not tune.get("sustained"):
+    if tune.get("kept_cublas", True) or not tune.get("kernel_us") or not tune.get("sustained") \
+            or f" {tune.get('config')} " not in row["tuned"].get("served", ""):
         return None
     return row["tuned"]["sustained_us"][AUTOGEMM] / tune["kernel_us"]
 

@@ -210,7 +210,10 @@ def test_the_report_sets_a_kept_kernel_s_served_time_beside_its_tune_s_own():
                  kept=False),
             _row(2, ("float16", "bias", 8, 9216, 2304), _figures(20.0, 21.0, 20.0), _figures(20.0, 21.0, 20.0))]
     assert "its tune timed it" not in "\n".join(table.report(rows, "GPU", bench.SEED))  # (rows of before the figures)
-    rows[0]["tune"].update(kernel_us=181.4, baseline_us=189.0, sustained={"rounds": 20})
+    kept = "hopper_128x224x64_w64x224_s3_g8_k1_o1_p_ts_pl_hd"
+    rows[0]["tune"].update(kernel_us=181.4, baseline_us=189.0, sustained={"rounds": 20}, config=kept)
+    assert table.served_over_tuned(rows[0]) is None  # (served by something else: "cuBLAS")
+    rows[0]["tuned"]["served"] = f"cublas with fused {kept} (tuned with the epilogue) (C++ memo)"
     rows[1]["tune"].update(kernel_us=94.0, baseline_us=98.0, sustained={})  # (timed in short re-timings only)
     rows[2]["tune"].update(kernel_us=19.0, baseline_us=20.0, sustained={"rounds": 20})  # (cuBLAS kept)
     assert table.served_over_tuned(rows[0]) == pytest.approx(188.4 / 181.4)
@@ -218,7 +221,7 @@ def test_the_report_sets_a_kept_kernel_s_served_time_beside_its_tune_s_own():
     text = "\n".join(table.report(rows, "GPU", bench.SEED))
     assert f"Where a tune kept a kernel timed sustained (1 layer), the served layer took {188.4 / 181.4:.3f} to " \
            f"{188.4 / 181.4:.3f}x the tune's own time of that kernel" in text
-    assert f"| kernel 0.900x, served in {188.4 / 181.4:.3f}x its time |" in text
+    assert f"| kernel 0.900x, served in {188.4 / 181.4:.3f}x its time | cublas with fused {kept} " in text
 
 
 def test_single_calls_are_also_compared_paired_by_round():
