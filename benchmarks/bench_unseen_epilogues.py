@@ -66,8 +66,8 @@ from bench_common import (case_epilogue, deadline_after, device_of, keep_compile
 from bench_epilogues import TOLERANCE, CublasLtLayer, relative_error  # noqa: E402
 from bench_tuned_half import FAMILIES, _campaign_widths  # noqa: E402
 from unseen_epilogues_table import (AUTOGEMM, AUTOGEMM_TANH, CAPTURE_FROM_M, COMPILED, CUBLASLT,  # noqa: E402
-                                    EAGER, EAGER_AGAIN, GEMM_ALONE, LATENCY_ROUNDS, cell, ratio, report,
-                                    served_over_tuned)
+                                    EAGER, EAGER_AGAIN, GEMM_ALONE, LATENCY_ROUNDS, cell, ours_against, ratio,
+                                    report, served_over_tuned)
 
 SEED, COUNT = 7717, 24
 CASES = ("bias", "bias+gelu", "bias+silu", "residual")
@@ -222,7 +222,7 @@ def timings(calls: dict, again: dict | None = None) -> dict:
 def paired_latency(latency: dict[str, list[float]]) -> dict:
     """The single calls' ratios paired by round (`timing.latencies` times every competitor once a round, the calls
     adjacent in time): each competitor's median over the rounds of its call's time over autogemm's in the same round
-    (against cuBLASLt, autogemm with its GELU form, as unseen_epilogues_table.ratio compares them), and eager's over
+    (against cuBLASLt, autogemm with its GELU form: unseen_epilogues_table.ours_against), and eager's over
     eager again's. Kept beside the ratio of the medians the table judges, to see whether pairing narrows how far
     eager moves against itself: where single calls fall in two modes (host time of one call or another), each
     side's median may land in either, and their ratio jumps by the gap, where a median of paired ratios stays at
@@ -230,8 +230,7 @@ def paired_latency(latency: dict[str, list[float]]) -> dict:
     def median_ratio(name: str, ours: str) -> float:
         return statistics.median(t / o for t, o in zip(latency[name], latency[ours]))
 
-    ours = {name: AUTOGEMM_TANH if name == CUBLASLT and AUTOGEMM_TANH in latency else AUTOGEMM for name in latency}
-    paired = {"latency_paired": {name: median_ratio(name, ours[name]) for name in latency
+    paired = {"latency_paired": {name: median_ratio(name, ours_against(name, latency)) for name in latency
                                  if name not in (AUTOGEMM, AUTOGEMM_TANH, EAGER_AGAIN)}}
     if EAGER_AGAIN in latency and EAGER in latency:
         paired["latency_paired_floor"] = median_ratio(EAGER, EAGER_AGAIN)

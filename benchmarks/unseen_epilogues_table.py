@@ -21,12 +21,17 @@ EAGER_AGAIN = "eager (again)"
 COMPETITORS = (EAGER, COMPILED, CUBLASLT)
 
 
+def ours_against(name: str, figures: dict) -> str:
+    """Which of autogemm's timings in `figures` the competitor `name` is compared with: against cuBLASLt, autogemm
+    with cuBLASLt's GELU form where that was timed."""
+    return AUTOGEMM_TANH if name == CUBLASLT and AUTOGEMM_TANH in figures else AUTOGEMM
+
+
 def ratio(figures: dict, name: str) -> float | None:
-    """The competitor's time over autogemm's (against cuBLASLt: autogemm with cuBLASLt's GELU form)."""
+    """The competitor's time over autogemm's (ours_against: the same GELU form as cuBLASLt's)."""
     if name not in figures:
         return None
-    ours = figures.get(AUTOGEMM_TANH, figures[AUTOGEMM]) if name == CUBLASLT else figures[AUTOGEMM]
-    return figures[name] / ours
+    return figures[name] / figures[ours_against(name, figures)]
 
 
 def ceiling(figures: dict) -> tuple[float, float | None]:
