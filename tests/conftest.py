@@ -40,13 +40,23 @@ def gpu_available() -> tuple[bool, str]:
     return True, ""
 
 
-# pytest-xdist's load scheduling (its default) first sends each worker a chunk of this many consecutive tests
-# of the queue (xdist.scheduler.load.LoadScheduling.schedule), then the rest as workers free up
-def _first_chunk(tests: int, workers: int) -> int:
-    return max(tests // workers // 4, 2)
+# The first chunk of the queue pytest-xdist sends each worker, by its scheduling (`--dist`):
+# - load (its default): this many consecutive tests each (xdist.scheduler.load.LoadScheduling.schedule), then
+#   the rest as workers free up;
+# - worksteal (what CI runs): the whole queue, split into one run of consecutive tests per worker
+#   (xdist.scheduler.worksteal.WorkStealingScheduling.check_schedule), an idle worker then taking half of the
+#   longest queue's tail.
+def _first_chunks(tests: int, workers: int, dist: str = "load") -> list[int]:
+    if dist != "worksteal":
+        return [max(tests // workers // 4, 2)] * workers
+    chunks = []
+    for worker in range(workers):
+        chunks.append(tests // (workers - worker))
+        tests -= chunks[-1]
+    return chunks
 
 
-def _long_first(items: list, workers: int) -> list:
+def _long_first(items: list, workers: int, dist: str = "load") -> list:
     """`items` reordered so that each worker's first chunk begins with its share of the long tests (marked
     `long`, their seconds given), the longest first to the least loaded (so that no worker ends the run on
     several), the other tests in their order after them; as they are where one process runs them all."""
@@ -61,18 +71,25 @@ def _long_first(items: list, workers: int) -> list:
         lanes[lane].append(item)
         loads[lane] += seconds[id(item)]
     rest = [item for item in items if id(item) not in seconds]
-    chunk, ordered = _first_chunk(len(items), workers), []
-    for lane in lanes:
+    ordered: list = []
+    for lane, chunk in zip(lanes, _first_chunks(len(items), workers, dist)):
         fill = max(chunk - len(lane), 0)
         ordered += lane + rest[:fill]
         rest = rest[fill:]
     return ordered + rest
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """(pytest-xdist, on the controller) Tells each worker the run's scheduling, which a worker's own options
+    do not keep (xdist sets its `dist` to "no"), so that it orders its collection for it."""
+    node.workerinput["dist"] = node.config.getoption("dist")
+
+
 @pytest.hookimpl(trylast=True)  # (after `-m` has deselected: the chunks are of the tests that run)
 def pytest_collection_modifyitems(config, items):
-    workers = getattr(config, "workerinput", {}).get("workercount", 1)  # (each worker orders its own collection)
-    items[:] = _long_first(items, workers)
+    workerinput = getattr(config, "workerinput", {})  # (each worker orders its own collection)
+    items[:] = _long_first(items, workerinput.get("workercount", 1), workerinput.get("dist", "load"))
     if not config.getoption("--exhaustive"):
         skip = pytest.mark.skip(reason="an exhaustive sample: run with --exhaustive")
         for item in items:

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import _first_chunk, _long_first, pytest_collection_modifyitems
+from conftest import _first_chunks, _long_first, pytest_collection_modifyitems, pytest_configure_node
 
 
 class _Item:
@@ -31,8 +31,8 @@ def test_each_workers_first_chunk_begins_with_its_share_of_the_long_tests():
     items = _items()
     ordered = _long_first(items, 3)
     assert sorted(item.name for item in ordered) == sorted(item.name for item in items)  # (none lost, none twice)
-    chunk = _first_chunk(len(items), 3)
-    assert chunk == 3
+    assert _first_chunks(len(items), 3) == [3, 3, 3]
+    chunk = 3
     chunks = [ordered[i * chunk:(i + 1) * chunk] for i in range(3)]
     seconds = [sum(item.get_closest_marker("long").kwargs["seconds"] for item in c if item.get_closest_marker("long"))
                for c in chunks]
@@ -44,6 +44,26 @@ def test_each_workers_first_chunk_begins_with_its_share_of_the_long_tests():
     assert rest == [item.name for item in items if item.get_closest_marker("long") is None]  # (their own order)
 
 
+def test_under_work_stealing_each_workers_share_of_the_queue_begins_with_its_long_tests():
+    """(`--dist worksteal`, as CI runs: each worker is first sent one run of consecutive tests, a share of the
+    whole queue, and an idle worker takes the tail of another's)"""
+    items = _items()
+    assert _first_chunks(40, 3, "worksteal") == [13, 13, 14]  # (as xdist splits 40 among 3)
+    ordered = _long_first(items, 3, "worksteal")
+    assert sorted(item.name for item in ordered) == sorted(item.name for item in items)
+    shares = [ordered[:13], ordered[13:26], ordered[26:]]
+    longs = [[item.name for item in share if item.get_closest_marker("long")] for share in shares]
+    assert longs == [["t3", "t30"], ["t9", "t22"], ["t17", "t35"]]  # (the loads as above: 61, 79, 63)
+    assert all([item.name for item in share[:len(names)]] == names for share, names in zip(shares, longs))
+
+
+def test_each_worker_is_told_the_runs_scheduling():
+    """(a worker's own options say `dist = "no"`: pytest-xdist sets it so)"""
+    node = SimpleNamespace(workerinput={"workercount": 2}, config=SimpleNamespace(getoption={"dist": "worksteal"}.get))
+    pytest_configure_node(node)
+    assert node.workerinput == {"workercount": 2, "dist": "worksteal"}
+
+
 def test_one_process_runs_the_tests_in_their_collected_order():
     items = _items()
     assert _long_first(items, 1) == items
@@ -52,7 +72,11 @@ def test_one_process_runs_the_tests_in_their_collected_order():
     assert [item.name for item in collected] == [item.name for item in items]
     worker = SimpleNamespace(getoption=lambda name: True, workerinput={"workercount": 3})
     pytest_collection_modifyitems(worker, collected)
-    assert collected[0].name == "t3" and len(collected) == len(items)
+    assert collected[0].name == "t3" and collected[3].name == "t9" and len(collected) == len(items)
+    stealing = SimpleNamespace(getoption=lambda name: True, workerinput={"workercount": 3, "dist": "worksteal"})
+    collected = list(items)
+    pytest_collection_modifyitems(stealing, collected)
+    assert collected[0].name == "t3" and collected[13].name == "t9" and len(collected) == len(items)
 
 
 def test_the_long_marker_is_registered_and_marks_the_tunes():
