@@ -96,9 +96,10 @@ def test_a_bad_patience_is_rejected_by_the_parser(capsys, value, message):
     assert message in capsys.readouterr().err
 
 
-def test_check_compiles_a_sample_with_nvcc(capsys):
+def test_check_compiles_a_sample_and_says_with_what(capsys):
     code, out, err = run_cli(capsys, "check", "--count", "2", "--arch", "sm_90", "--seed", "4")
     assert code == 0, out + err
+    assert "with NVRTC 1" in err  # (the CUDA extra's NVRTC, as kernels are served)
     rows = [line for line in out.splitlines() if line.startswith(tuple("123456789"))]
     assert len(rows) == 2
     assert "2/2 variants compiled without spills" in err

@@ -101,19 +101,24 @@ CAPPED = SimtConfig(max_registers=96)
 PLAIN = SimtConfig()
 
 
+def _stub_compiler(monkeypatch, resources) -> None:
+    """`check` compiles with a stand-in whose report is `resources(source, arch)`."""
+    from autogemm.kernels import ptxas_report
+
+    monkeypatch.setattr(ptxas_report, "report_compiler", lambda: ptxas_report.ReportCompiler("stand-in", resources))
+
+
 @pytest.fixture
 def stub_check(monkeypatch):
-    """`check` over PLAIN and CAPPED with an nvcc that reports spills for the capped kernel."""
-    from autogemm.kernels import nvcc_report
-    from autogemm.kernels.nvcc_report import ResourceUsage
+    """`check` over PLAIN and CAPPED with a compiler that reports spills for the capped kernel."""
+    from autogemm.kernels.ptxas_report import ResourceUsage
     from autogemm.kernels.space import SearchSpace
 
     def resources(source, arch):
         spill = 64 if "_reg96" in source.kernel else 0
         return {source.kernel: ResourceUsage(source.kernel, 96, spill, spill, spill, 0)}
 
-    monkeypatch.setattr(nvcc_report, "find_nvcc", lambda: "nvcc")
-    monkeypatch.setattr(nvcc_report, "nvcc_resources", resources)
+    _stub_compiler(monkeypatch, resources)
     monkeypatch.setattr(SearchSpace, "sample", lambda self, count, problem, device, seed=0: [PLAIN, CAPPED])
 
 
@@ -130,13 +135,10 @@ def test_check_reports_a_capped_spill_as_refused_and_exits_0_unless_strict(stub_
 
 
 def test_check_fails_on_a_spill_without_a_register_cap(monkeypatch, capsys):
-    from autogemm.kernels import nvcc_report
-    from autogemm.kernels.nvcc_report import ResourceUsage
+    from autogemm.kernels.ptxas_report import ResourceUsage
     from autogemm.kernels.space import SearchSpace
 
-    monkeypatch.setattr(nvcc_report, "find_nvcc", lambda: "nvcc")
-    monkeypatch.setattr(nvcc_report, "nvcc_resources",
-                        lambda source, arch: {source.kernel: ResourceUsage(source.kernel, 255, 32, 32, 32, 0)})
+    _stub_compiler(monkeypatch, lambda source, arch: {source.kernel: ResourceUsage(source.kernel, 255, 32, 32, 32, 0)})
     monkeypatch.setattr(SearchSpace, "sample", lambda self, count, problem, device, seed=0: [PLAIN])
     code, _, err = run_cli(capsys, "check", "--count", "1")
     assert code == 1 and "0/1 variants compiled without spills (1 spill)" in err
@@ -153,12 +155,9 @@ def test_check_json_says_which_variants_are_refused(stub_check, capsys):
 def test_check_of_a_grouped_problem_takes_the_space_that_serves_it(monkeypatch, capsys):
     """`check --dtype bfloat16 --groups 8 ...` said no configuration of wmma_bf16.toml was valid for groups:
     the Hopper family alone computes grouped products, and its space is the one to check."""
-    from autogemm.kernels import nvcc_report
-    from autogemm.kernels.nvcc_report import ResourceUsage
+    from autogemm.kernels.ptxas_report import ResourceUsage
 
-    monkeypatch.setattr(nvcc_report, "find_nvcc", lambda: "nvcc")
-    monkeypatch.setattr(nvcc_report, "nvcc_resources",
-                        lambda source, arch: {source.kernel: ResourceUsage(source.kernel, 168, 0, 0, 0, 0)})
+    _stub_compiler(monkeypatch, lambda source, arch: {source.kernel: ResourceUsage(source.kernel, 168, 0, 0, 0, 0)})
     code, _, err = run_cli(capsys, "check", "--dtype", "bfloat16", "--groups", "8", "--m", "4096", "--n", "768",
                            "--k", "2048", "--count", "2")
     assert code == 0 and "variants of hopper.toml" in err, err

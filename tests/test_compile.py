@@ -1,6 +1,6 @@
 """Compilation without a GPU: nvcc is found where the toolkit puts it (and its absence is said
-clearly); a fixed, diverse sample of every family compiles with nvcc for sm_90 and sm_80 without
-spills: one test per family and architecture (pytest-xdist spreads them over its workers), each
+clearly), and its report and NVRTC's read alike; a fixed, diverse sample of every family compiles for sm_90
+and sm_80 without spills (NVRTC, with ptxas's report: the compiler and options that serve kernels): one test per family and architecture (pytest-xdist spreads them over its workers), each
 compiling its distinct sources once, in a pool of its own (80 compiles in all).
 
 sm_90 covers every family and instruction path. SIMT: 16 sampled configs, one per shape and layout,
@@ -17,7 +17,8 @@ pipeline depth, launch kind, transpose, instruction path per dtype, B path, swap
 render the same source for both (nothing depends on __CUDA_ARCH__): the architectures differ in
 which configs are valid and in what ptxas makes of them.
 
-CI has nvcc; if it is missing the compile tests fail (they do not skip) and say so.
+CI has nvcc and NVRTC (the CUDA extra's); where either is missing the tests that need it fail (they do not
+skip) and say so.
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ import contextlib
 import os
 import stat
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 
 import autogemm.kernels.compile as compile_module
-import autogemm.kernels.nvcc_report as nvcc_report
+import autogemm.kernels.ptxas_report as ptxas_report
 from autogemm.kernels.compile import CompileError
-from autogemm.kernels.nvcc_report import NvccNotFound, find_nvcc, nvcc_resources
+from autogemm.kernels.ptxas_report import NvccNotFound, find_nvcc, nvcc_resources, nvrtc_resources
 from autogemm.families import GemvConfig, HopperConfig, SimtConfig, TensorCoreConfig, config_from_name, wgmma
 from autogemm.problem import LAYOUTS, Device, Problem
 from autogemm.kernels.render import render
@@ -67,7 +69,7 @@ def _fake_nvcc(folder):
 
 
 def test_find_nvcc_looks_where_the_toolkit_is(tmp_path, monkeypatch):
-    monkeypatch.setattr(nvcc_report, "NVCC_FALLBACKS", ())
+    monkeypatch.setattr(ptxas_report, "NVCC_FALLBACKS", ())
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.delenv("CUDA_HOME", raising=False)
@@ -80,6 +82,44 @@ def test_find_nvcc_looks_where_the_toolkit_is(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(on_path.parent))
     assert find_nvcc() == str(on_path)  # PATH first
 
+
+
+def test_nvcc_and_nvrtc_report_the_same_kernels_alike():
+    """Both compilers' ptxas reports read into the same figures: the same kernels (a GEMM and its operand
+    repacking), registers, no spill; a serialized wgmma read from either (ptxas's C7514 note). Their
+    registers may differ where the toolkit and NVRTC are of different releases (by up to 57 over the sample)."""
+    config = config_from_name("64x64x16_w32x32_t4x8_v44_s3_pad_g8_k2_o2_fr_pk")
+    source = render(config, Problem.from_layout(1000, 3000, 200, "nt"))
+    by_nvcc, by_nvrtc = nvcc_resources(source, "sm_90"), nvrtc_resources(source, "sm_90")
+    assert set(by_nvcc) == set(by_nvrtc) and source.kernel in by_nvrtc and len(by_nvrtc) == 2, (by_nvcc, by_nvrtc)
+    for usage in (*by_nvcc.values(), *by_nvrtc.values()):
+        assert 0 < usage.registers <= 255 and not usage.spills and not usage.stack_bytes, (by_nvcc, by_nvrtc)
+    note = ("ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+            "insufficient register resources for the wgmma pipeline in the function 'k'")
+    used = "ptxas info    : Compiling entry function 'k' for 'sm_90a'\nptxas info    : Used 168 registers\n"
+    assert ptxas_report._usage(used + note, SimpleNamespace(kernel="k"))["k"].wgmma_serialized
+    assert not ptxas_report._usage(used, SimpleNamespace(kernel="k"))["k"].wgmma_serialized
+
+
+def test_the_check_command_compiles_with_nvrtc_else_nvcc_else_says_why_neither(tmp_path, monkeypatch):
+    from autogemm.kernels import nvrtc
+
+    assert ptxas_report.report_compiler().resources is nvrtc_resources  # (NVRTC is installed here)
+    assert ptxas_report.report_compiler().name.startswith("NVRTC ")
+
+    def missing():
+        raise nvrtc.NvrtcError("NVRTC (libnvrtc) cannot be found or loaded")
+
+    monkeypatch.setattr(nvrtc, "version", missing)
+    monkeypatch.setenv("PATH", str(_fake_nvcc(tmp_path / "cuda").parent))
+    compiler = ptxas_report.report_compiler()
+    assert (compiler.name, compiler.resources) == ("nvcc", nvcc_resources)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(ptxas_report, "NVCC_FALLBACKS", ())
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    with pytest.raises(ptxas_report.CompilerNotFound, match="libnvrtc.*; and nvcc was not found"):
+        ptxas_report.report_compiler()
 
 def _covering(variants, features) -> list:
     """A few of the variants that together show every value of every feature (a function of config
@@ -258,7 +298,7 @@ def _compile(arch: str, variants) -> list:
 
     def compile_one(digest):
         try:
-            return digest, nvcc_resources(sources[digest], arch), None
+            return digest, nvrtc_resources(sources[digest], arch), None
         except CompileError as exc:
             return digest, None, str(exc)
 
@@ -339,7 +379,6 @@ CASES = [(family, arch) for arch in ARCHS for family in CHECKS if family != "hop
 
 @pytest.mark.parametrize("family, arch", CASES, ids=[f"{f}-{a}" for f, a in CASES])
 def test_sample_compiles_without_spills(family, arch):
-    assert find_nvcc(), "nvcc is required for the compile tests: install the CUDA toolkit"
     results = _compile(arch, _variants(family, arch))
     assert results and all(isinstance(c, FAMILY_CONFIGS[family]) for c, *_ in results), family
     assert len({c.even(p) for c, p, *_ in results}) > 1, "tails on and off"
@@ -368,7 +407,7 @@ def test_16bit_wgmma_kernels_on_tails_do_not_spill():
     problem = Problem.from_layout(127, 129, 65, "nt", dtype="bfloat16")
     if config.check(problem, Device.for_arch("sm_90")):
         return  # refused: no spilling kernel is accepted
-    report = nvcc_resources(render(config, problem), "sm_90")
+    report = nvrtc_resources(render(config, problem), "sm_90")
     assert not [u for u in report.values() if u.spills or u.stack_bytes], report
 
 
@@ -395,7 +434,7 @@ def test_the_kernel_refuses_a_shared_memory_figure_other_than_its_own(name, prob
     assert f"SMEM_BYTES = {right};" in render(config, problem).code
     monkeypatch.setattr(type(config), "smem_bytes", lambda self, p: right + 16)
     with pytest.raises(CompileError, match="fills exactly the shared memory the launch reserves"):
-        nvcc_resources(render(config, problem), "sm_90")
+        nvrtc_resources(render(config, problem), "sm_90")
 
 
 def test_cubins_are_stored_whole_shared_and_leave_nothing_behind(tmp_path, monkeypatch):
@@ -532,7 +571,7 @@ def test_nvrtc_compiles_through_the_public_bindings_with_cupys_options(monkeypat
         assert seen["options"] == [b"-std=c++17", b"-arch=sm_90a", b"--device-as-default-execution-space"]
         with pytest.raises(nvrtc.NvrtcError, match="NVRTC_ERROR_COMPILATION"):
             nvrtc.compile_cubin("bad kernel", "k.cu", "sm_90", ())
-        assert seen["filled"] == ["cubin", "log"]  # the refused program's log was read
+        assert seen["filled"] == ["log", "cubin", "log"]  # the log of each, the refused program's in the error
     finally:
         nvrtc.version.cache_clear()
 

@@ -1,5 +1,5 @@
-"""The epilogue's CUDA code without a GPU: the unfused epilogue kernel renders and compiles with nvcc
-for every product dtype, output dtype and epilogue part; the macros' arithmetic (bias, activation,
+"""The epilogue's CUDA code without a GPU: the unfused epilogue kernel renders and compiles (NVRTC, as it is
+served) for every product dtype, output dtype and epilogue part; the macros' arithmetic (bias, activation,
 residual, conversion to D's type), compiled for the host with nvcc, stays within `error_bound` of the
 float64 reference; and a bare kernel's source does not change because the macros exist.
 
@@ -20,7 +20,7 @@ import pytest
 from autogemm import dtypes
 from autogemm.epilogue import ACTIVATIONS, OUTPUT_DTYPES, Epilogue, error_bound, reference
 from autogemm.problem import Device
-from autogemm.kernels.nvcc_report import find_nvcc, nvcc_resources
+from autogemm.kernels.ptxas_report import find_nvcc, nvrtc_resources
 from autogemm.kernels.render import environment, render_epilogue
 
 # every product dtype with every output dtype it is written as (each with one of the epilogues, in turn),
@@ -39,13 +39,12 @@ def _widest_vector(dtype: str, epilogue: Epilogue) -> int:
 
 
 def test_the_unfused_epilogue_kernel_compiles_for_every_dtype_and_part():
-    assert find_nvcc(), "nvcc is required for the compile tests: install the CUDA toolkit"
     # each case element-wise and with its widest packs (16 bytes): the packs stay in registers
     sources = [render_epilogue(dtype, epilogue, vector) for dtype, epilogue in COMPILED
                for vector in (1, _widest_vector(dtype, epilogue))]
     assert len({s.kernel for s in sources}) == len(sources)  # one name per (dtype, epilogue, vector)
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
-        reports = list(pool.map(lambda s: nvcc_resources(s, "sm_90"), sources))
+        reports = list(pool.map(lambda s: nvrtc_resources(s, "sm_90"), sources))
     for source, report in zip(sources, reports):
         usage = report[source.kernel]
         assert usage.spill_store_bytes == 0 and usage.stack_bytes == 0, (source.kernel, usage)
@@ -294,7 +293,7 @@ def test_the_gemv_family_applies_every_epilogue_and_compiles():
         bare = render(config, dataclasses.replace(problem, epilogue=Epilogue())).code
         assert "epilogue" not in bare.lower().replace("epilogue's", "")  # nothing of it in the bare kernel
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
-        reports = list(pool.map(lambda s: (s, nvcc_resources(s[2], "sm_90")), sources.values()))
+        reports = list(pool.map(lambda s: (s, nvrtc_resources(s[2], "sm_90")), sources.values()))
     for (config, problem, source), report in reports:
         usage = report[source.kernel]
         assert usage.spill_store_bytes == 0, (config.name, str(problem), usage)
@@ -363,7 +362,7 @@ def test_the_tile_families_apply_the_epilogue_in_their_store_and_compile_without
         # a residual may be D itself (written in place): C is not declared __restrict__ then
         assert ("* __restrict__ C" in source.code) != problem.epilogue.residual, source.kernel
     with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
-        reports = list(pool.map(lambda s: (s, nvcc_resources(s[2], "sm_90" + s[2].arch_suffix)), sources.values()))
+        reports = list(pool.map(lambda s: (s, nvrtc_resources(s[2], "sm_90" + s[2].arch_suffix)), sources.values()))
     for (config, problem, source), report in reports:
         usage = report[source.kernel]
         assert usage.spill_store_bytes == 0, (config.name, str(problem), usage)

@@ -1,6 +1,6 @@
 """FP8 without a GPU: the values of the bit patterns and quantization (against ml_dtypes), FP8 problems
 and their keys, what the Hopper family asks of an FP8 product, the float64 check of a scaled result
-(which a wrong scale fails), and an FP8 kernel rendered and compiled with nvcc for sm_90a."""
+(which a wrong scale fails), and an FP8 kernel rendered and compiled for sm_90a (NVRTC, ptxas's report)."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def test_block_scales_ask_a_slice_of_one_block_and_the_registers_for_partial_sum
 
 
 def test_an_fp8_kernel_compiles_for_sm90a_without_spills():
-    from autogemm.kernels.nvcc_report import nvcc_resources
+    from autogemm.kernels.ptxas_report import nvrtc_resources
     from autogemm.kernels.render import render
 
     problem = scaled_problem(333, 520, 1040, "float8_e5m2", "row", "float32", True)
@@ -181,7 +181,7 @@ def test_an_fp8_kernel_compiles_for_sm90a_without_spills():
     assert "M % 4 == 0 && reinterpret_cast<unsigned long long>(scale_a) % 16 == 0)\n" in wider.code
     assert "scales_outer" not in render(TWO_CONSUMERS, problem).code  # (per-row scales: no layout to choose)
     for source in (block, wider):
-        usage = nvcc_resources(source, "sm_90")[source.kernel]
+        usage = nvrtc_resources(source, "sm_90")[source.kernel]
         assert usage.spill_store_bytes == 0 and usage.spill_load_bytes == 0, source.kernel
         assert not usage.wgmma_serialized, source.kernel
 
@@ -195,7 +195,7 @@ def test_fp8_rows_are_one_byte_scaled_and_written_wider():
 
 
 def test_a_split_k_kernel_sizes_its_workspace_and_compiles_for_sm90a_without_spills():
-    from autogemm.kernels.nvcc_report import nvcc_resources
+    from autogemm.kernels.ptxas_report import nvrtc_resources
     from autogemm.kernels.render import render
 
     decode = scaled_problem(16, 4096, 14336, "float8_e4m3fn", "tensor", "bfloat16", False)
@@ -214,7 +214,7 @@ def test_a_split_k_kernel_sizes_its_workspace_and_compiles_for_sm90a_without_spi
     source = render(split, decode)
     assert "atomicAdd(&counters[share], 1) == SPLIT_K - 1" in source.code
     assert "atomicAdd" not in render(split.replace(split_k=1), decode).code
-    usage = nvcc_resources(source, "sm_90")[source.kernel]
+    usage = nvrtc_resources(source, "sm_90")[source.kernel]
     assert usage.spill_store_bytes == 0 and usage.spill_load_bytes == 0
     assert usage.shared_bytes == SPLIT_FLAGS_BYTES  # (what check() adds to the dynamic shared memory)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autogemm.kernels.nvcc_report import nvcc_resources
+from autogemm.kernels.ptxas_report import nvrtc_resources
 from autogemm.families import config_from_dict, config_from_name
 from autogemm.problem import Device, Problem
 from autogemm.kernels.render import kernel_template_hash, render
@@ -55,9 +55,9 @@ def test_its_space_samples_and_every_config_renders_and_the_template_is_its_own(
     assert kernel_template_hash("toy_gemm.cu.j2") != kernel_template_hash("simt_gemm.cu.j2")
 
 
-def test_it_compiles_with_nvcc():
+def test_it_compiles_without_spills():
     source = render(ToyConfig(fma=False), Problem(100, 70, 33))
-    usage = nvcc_resources(source, "sm_90")[source.kernel]
+    usage = nvrtc_resources(source, "sm_90")[source.kernel]
     assert usage.registers > 0 and usage.spills == 0
 
 

@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="autogemm",
         description="Generate, tune and serve CUDA GEMM kernels. Kernels are rendered from Jinja2 "
-        "templates, compiled with NVRTC (or nvcc without a GPU), searched with Optuna per problem "
+        "templates, compiled with NVRTC, searched with Optuna per problem "
         "and device, verified against a float64 reference, and cached.",
         epilog="Exit status: 0 done; 1 the command ran and found failures (variants that spill, cached "
         "kernels that are wrong); 2 a usage error (arguments, a config, a file given); 3 the command could "
@@ -63,9 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_problem_arguments(render_p, m_required=False, default_size=4096)
     render_p.set_defaults(handler=cmd_render)
 
-    check_p = sub.add_parser("check", help="compile a sample of a search space with nvcc and report resources",
-                             description="Render and compile a sample of a search space with nvcc (no GPU "
-                             "needed) and print registers, spills and shared memory per variant. A variant that "
+    check_p = sub.add_parser("check", help="compile a sample of a search space and report resources",
+                             description="Render and compile a sample of a search space with NVRTC, as kernels "
+                             "are compiled to be served (or with the CUDA toolkit's nvcc where NVRTC's package "
+                             "is missing; no GPU needed), and print ptxas's registers, spills and shared memory "
+                             "per variant. A variant that "
                              "spills under its own max_registers is reported as refused (the loader refuses it, "
                              "as a tune does). Exits 1 where a variant fails to compile or spills without a "
                              "register cap (and, with --strict, where any variant spills).")
@@ -76,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     check_p.add_argument("--arch", default="sm_90", help="target architecture (default sm_90)")
     check_p.add_argument("--count", type=positive_int, default=12, help="variants to compile (default 12)")
     check_p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    check_p.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1, help="parallel nvcc processes")
+    check_p.add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1, help="parallel compiles")
     check_p.add_argument("--json", action="store_true", help="print the variants' resources as JSON instead of a table")
     add_problem_arguments(check_p, m_required=False, default_size=4096,
                           dtype_note="float32; with --space, the first the space is for")

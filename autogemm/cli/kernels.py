@@ -1,5 +1,5 @@
-"""`autogemm render` and `autogemm check`: a configuration's CUDA source, and nvcc's resource report
-of a sample of a search space (neither needs a GPU)."""
+"""`autogemm render` and `autogemm check`: a configuration's CUDA source, and ptxas's resource report
+of a sample of a search space, compiled with NVRTC or else nvcc (neither needs a GPU)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from .. import dtypes
-from ..kernels import nvcc_report
+from ..kernels import ptxas_report
 from ..kernels.compile import CompileError
 from ..kernels.render import render
 from ..kernels.space import SearchSpace, SpaceError, default_space_name
@@ -54,8 +54,8 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise CliError(f"--space {args.space} is for {', '.join('/'.join(p) for p in space.dtypes)}, not "
                        f"{problem.dtype}/{problem.compute}; leave out --dtype and --compute to check it with its own")
     try:
-        nvcc_report.find_nvcc()  # (through the module, so that tests can stand in for nvcc)
-    except nvcc_report.NvccNotFound as exc:
+        compiler = ptxas_report.report_compiler()  # (through the module, so that tests can stand in for it)
+    except ptxas_report.CompilerNotFound as exc:
         raise CliFailure(str(exc)) from None
     device = device_for(args.arch)
     if space is None:
@@ -66,13 +66,14 @@ def cmd_check(args: argparse.Namespace) -> int:
     configs = space.sample(args.count, problem, device, seed=args.seed)
     if not configs:
         raise CliError(f"no configuration of {space.path} is valid for {problem} on {device.arch}")
-    print(f"compiling {len(configs)} variants of {space.path.name} for {problem} with nvcc -arch={device.arch}",
+    print(f"compiling {len(configs)} variants of {space.path.name} for {problem} with {compiler.name}, "
+          f"-arch={device.arch}",
           file=sys.stderr)
 
     def compile_one(config):
         source = render(config, problem)
         try:
-            return config, nvcc_report.nvcc_resources(source, device.arch)[source.kernel], None
+            return config, compiler.resources(source, device.arch)[source.kernel], None
         except CompileError as exc:
             return config, None, str(exc).splitlines()[0]
 

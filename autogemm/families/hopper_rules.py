@@ -151,6 +151,15 @@ def tall_reasons(config: Any, problem: Problem, bad) -> None:
     if config.tma_store and config.cluster > 1 and epilogue.residual and epilogue.bias == "n":
         bad("registers", f"a consumer of {config.wm}x{config.wn} in cluster pairs spills registers with a residual and "
                          "a bias along N through the TMA store")
+    # (NVRTC 13.5, sm_90a, which serves on a new install: SiLU's fast form beside a bias along N read from global
+    # memory, through the TMA store under ping-pong in cluster pairs, 12 bytes spilled and 8 of stack, BF16 and FP16,
+    # NT and TT, 3 and 4 stages, on tails and whole tiles; with GELU, the bias staged, along M or none, or any of the
+    # four knobs off, none; swapped, where that bias is along the kernel's rows, none; nvcc 13.0 compiled these
+    # without spills)
+    if (config.cluster > 1 and config.tma_store and config.pingpong and config.fast_activation and not config.swap
+            and epilogue.activation == "silu" and epilogue.bias == "n" and not config.stages_bias(problem)):
+        bad("registers", f"a consumer of {config.wm}x{config.wn} in cluster pairs under ping-pong spills registers with "
+                         "SiLU's fast form and a bias along N through the TMA store, unless the bias is staged")
     if config.swap and not (epilogue.activation or epilogue.residual) and (
             problem.trans_b or config.tma_store or epilogue.bias or (config.pingpong and config.cluster > 1)):
         bad("registers", f"a consumer of {config.wm}x{config.wn} swapped spills registers without an activation or a "

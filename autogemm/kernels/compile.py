@@ -1,5 +1,5 @@
-"""CUDA source -> loaded kernel (NVRTC, `nvrtc.py`). Without a GPU, `nvcc_report.py` compiles with nvcc for
-ptxas's report of registers and spills.
+"""CUDA source -> loaded kernel (NVRTC, `nvrtc.py`). Without a GPU, `ptxas_report.py` compiles for ptxas's
+report of registers and spills.
 
 GPU path: `compile_to_cubin` runs NVRTC and needs no GPU context (so worker processes can compile
 in parallel); `load` turns a cubin into launchable CUDA functions and records their registers,
@@ -130,6 +130,11 @@ def _include_options() -> tuple[str, ...]:
     return ()
 
 
+def nvrtc_options() -> tuple[str, ...]:
+    """The options every kernel is compiled with (NVRTC adds the architecture's)."""
+    return NVRTC_OPTIONS + _include_options()
+
+
 @dataclass(frozen=True)
 class UnstoredCubin:
     """A compiled kernel the disk would not take (`reason`: the error), to be loaded from memory.
@@ -166,9 +171,8 @@ def compile_to_cubin(source: Source, arch: str) -> Path | UnstoredCubin:
         kept = _unstored.get(path.name)
     if kept is not None:
         return kept
-    options = NVRTC_OPTIONS + _include_options()
     try:
-        cubin = nvrtc.compile_cubin(source.code, f"{source.kernel}.cu", target, options)
+        cubin = nvrtc.compile_cubin(source.code, f"{source.kernel}.cu", target, nvrtc_options())
     except nvrtc.NvrtcError as exc:
         raise CompileError(f"NVRTC failed for {source.kernel} ({target}): {exc}", exc.log,
                            save_failed_source(source)) from None

@@ -75,20 +75,27 @@ def version() -> tuple[int, int]:
 def compile_cubin(code: str, name: str, arch: str, options: tuple[str, ...]) -> bytes:
     """The cubin of `code` for `arch` (sm_90, sm_90a, ...); NvrtcError with the compile log where
     NVRTC refuses it."""
+    return compile_cubin_with_log(code, name, arch, options)[0]
+
+
+def compile_cubin_with_log(code: str, name: str, arch: str, options: tuple[str, ...]) -> tuple[bytes, str]:
+    """`compile_cubin`'s cubin and NVRTC's log of it: its warnings, and ptxas's report of each kernel's
+    resources where `options` ask for it (`-Xptxas -v`: kernels/ptxas_report.py)."""
     version()  # a clear error where the library is missing
     nvrtc = _bindings()
     program = _check(nvrtc, nvrtc.nvrtcCreateProgram(code.encode(), name.encode(), 0, [], []), "program creation")
     try:
         arguments = [o.encode() for o in (*options, f"-arch={arch}", "--device-as-default-execution-space")]
         (error,) = nvrtc.nvrtcCompileProgram(program, len(arguments), arguments)
+        size = _check(nvrtc, nvrtc.nvrtcGetProgramLogSize(program), "log size")
+        log = b" " * size
+        _check(nvrtc, nvrtc.nvrtcGetProgramLog(program, log), "log")
+        text = log.rstrip(b"\0 ").decode(errors="replace")
         if error != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            size = _check(nvrtc, nvrtc.nvrtcGetProgramLogSize(program), "log size")
-            log = b" " * size
-            _check(nvrtc, nvrtc.nvrtcGetProgramLog(program, log), "log")
-            raise NvrtcError(f"NVRTC compilation failed: {error.name}", log.rstrip(b"\0 ").decode(errors="replace"))
+            raise NvrtcError(f"NVRTC compilation failed: {error.name}", text)
         size = _check(nvrtc, nvrtc.nvrtcGetCUBINSize(program), "cubin size")
         cubin = b" " * size
         _check(nvrtc, nvrtc.nvrtcGetCUBIN(program, cubin), "cubin")
-        return cubin
+        return cubin, text
     finally:
         nvrtc.nvrtcDestroyProgram(program)
