@@ -1,7 +1,8 @@
 """Compilation without a GPU: nvcc is found where the toolkit puts it (and its absence is said
 clearly), and its report and NVRTC's read alike; a fixed, diverse sample of every family compiles for sm_90
-and sm_80 without spills (NVRTC, with ptxas's report: the compiler and options that serve kernels): one test per family and architecture (pytest-xdist spreads them over its workers), each
-compiling its distinct sources once, in a pool of its own (80 compiles in all).
+and sm_80 without spills (NVRTC, with ptxas's report: the compiler and options that serve kernels): one
+test per family and architecture (pytest-xdist spreads them over its workers), each compiling its
+distinct sources once, in a pool of its own (80 compiles in all).
 
 sm_90 covers every family and instruction path. SIMT: 16 sampled configs, one per shape and layout,
 with every knob value of `samples.COVERAGE` (pipeline depths 1-4 among them); split-K added up by

@@ -75,7 +75,8 @@ def test_two_consumers_of_128_x_144_hold_144_accumulators_and_the_others_keep_12
     ("hopper_256x144x64_w128x144_s4_g8_k1_o1_p_ts_hd", LAYER, "shared-memory"),
     # SiLU's fast form beside a bias along N from global memory, through the TMA store under ping-pong in cluster
     # pairs: 12 bytes spilled (NVRTC 13.5; nvcc 13.0 none)
-    ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_c2_ts_pp_fa_hd", SILU, "registers: a consumer of 128x144 in cluster pairs"),
+    ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_c2_ts_pp_fa_hd", SILU,
+     "registers: a consumer of 128x144 in cluster pairs"),
     ("hopper_256x144x64_w128x144_s4_g8_k1_o1_p_c2_ts_pp_fa_hd",
      Problem.from_layout(1000, 9000, 2304, "tt", dtype="float16", epilogue=Epilogue("n", "silu")),
      "registers: a consumer of 128x144 in cluster pairs under ping-pong"),
@@ -92,7 +93,8 @@ def test_the_space_offers_144_columns_to_two_m64_blocks_a_consumer_and_no_wider(
     assert space.knob_values(config_from_name(TALL)) is not None
 
 
-# what ptxas compiled without spills (nvcc 13.0, and NVRTC 13.5 as served) over BF16 and FP16, NT and TT, with and without the TMA store, ping-pong, a
+# what ptxas compiled without spills (nvcc 13.0, and NVRTC 13.5 as served) over BF16 and FP16, NT and TT, with
+# and without the TMA store, ping-pong, a
 # cluster pair, fast activations and preloaded biases and residuals (where allowed), at 3 and 4 stages; a sample
 @pytest.mark.parametrize("name, problem", [
     (TALL, LAYER),

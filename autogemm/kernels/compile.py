@@ -135,6 +135,12 @@ def nvrtc_options() -> tuple[str, ...]:
     return NVRTC_OPTIONS + _include_options()
 
 
+def refused_by_nvrtc(source: Source, target: str, error: nvrtc.NvrtcError) -> CompileError:
+    """The CompileError of a kernel NVRTC refused (its log, the source saved), for the kernels compiled to be
+    served and for ptxas_report's, alike."""
+    return CompileError(f"NVRTC failed for {source.kernel} ({target}): {error}", error.log, save_failed_source(source))
+
+
 @dataclass(frozen=True)
 class UnstoredCubin:
     """A compiled kernel the disk would not take (`reason`: the error), to be loaded from memory.
@@ -174,8 +180,7 @@ def compile_to_cubin(source: Source, arch: str) -> Path | UnstoredCubin:
     try:
         cubin = nvrtc.compile_cubin(source.code, f"{source.kernel}.cu", target, nvrtc_options())
     except nvrtc.NvrtcError as exc:
-        raise CompileError(f"NVRTC failed for {source.kernel} ({target}): {exc}", exc.log,
-                           save_failed_source(source)) from None
+        raise refused_by_nvrtc(source, target, exc) from None
     try:
         store_cubin(path, cubin)
     except OSError as exc:  # a full or read-only disk: the kernel is still good, from memory

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import nvrtc
-from .compile import CompileError, nvrtc_options, save_failed_source
+from .compile import CompileError, nvrtc_options, refused_by_nvrtc, save_failed_source
 from .render import Source
 
 
@@ -96,8 +96,7 @@ def nvrtc_resources(source: Source, arch: str = "sm_90") -> dict[str, ResourceUs
         _, log = nvrtc.compile_cubin_with_log(source.code, f"{source.kernel}.cu", target,
                                               (*nvrtc_options(), "-Xptxas", "-v"))
     except nvrtc.NvrtcError as exc:
-        raise CompileError(f"NVRTC failed for {source.kernel} ({target}): {exc}", exc.log,
-                           save_failed_source(source)) from None
+        raise refused_by_nvrtc(source, target, exc) from None
     return _usage(log, source)
 
 
