@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autogemm.results.cache import TuningCache
-from autogemm.measure.evaluate import Measurement
+from autogemm.measure.evaluate import FatalEvaluationError, Measurement
 from autogemm.measure.recorded import RecordedEvaluator, RecordedTable
 from autogemm.kernels.space import SearchSpace
 from autogemm.tuning.tuner import TuneError, tune
@@ -132,6 +132,18 @@ def test_ctrl_c_keeps_the_best_verified_result(tmp_path):
     assert result.interrupted and result.valid == 12
     assert result.tflops == pytest.approx(max(result.history))
     assert TuningCache(tmp_path / "cache", shipped=False).lookup(TABLE.problem, TABLE.device.slug) is not None
+
+
+class _LostBeforeTheFirst(RecordedEvaluator):
+    def start(self, config):
+        raise FatalEvaluationError("the measuring process could not start: no GPU answered")
+
+
+def test_a_search_stopped_before_measuring_anything_says_why(tmp_path):
+    """A measuring process that cannot start ends the search with nothing measured: the error names that
+    cause, not only the counts (which read "0 rejected, 0 failed" and tell nothing)."""
+    with pytest.raises(TuneError, match="stopped: the measuring process could not start: no GPU answered"):
+        run(tmp_path, 5, evaluator=_LostBeforeTheFirst(TABLE), seed=0)
 
 
 def test_nothing_measurable_is_a_clear_error(tmp_path):

@@ -376,9 +376,12 @@ class SearchLoop:
             finalists = best_configs(self.study, self.space, FINALISTS)
             if not finalists:
                 counters = self.counters
+                # (a search the evaluator ended before any measurement, such as a measuring process that
+                # could not start, has counted nothing: its reason is the only one there is)
+                why = f"; the search stopped: {self.stopped}" if self.stopped else ""
                 raise TuneError(
                     f"no configuration of {self.space.path.name} was measured for {self.problem} "
-                    f"({counters.rejected} rejected, {counters.failed} failed: {counters.failures or 'none'})"
+                    f"({counters.rejected} rejected, {counters.failed} failed: {counters.failures or 'none'}){why}"
                 )
             if self.interrupted:
                 return best_so_far(finalists, self.known, self.problem, self.evaluator)
