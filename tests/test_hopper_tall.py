@@ -94,8 +94,8 @@ def test_the_space_offers_144_columns_to_two_m64_blocks_a_consumer_and_no_wider(
 
 
 # what ptxas compiled without spills (nvcc 13.0, and NVRTC 13.5 as served) over BF16 and FP16, NT and TT, with
-# and without the TMA store, ping-pong, a
-# cluster pair, fast activations and preloaded biases and residuals (where allowed), at 3 and 4 stages; a sample
+# and without the TMA store, ping-pong, a cluster pair, fast activations and preloaded biases and residuals
+# (where allowed), at 3 and 4 stages; a sample
 @pytest.mark.parametrize("name, problem", [
     (TALL, LAYER),
     ("hopper_256x144x64_w128x144_s3_g8_k1_o1_p_c2_ts_pp_fa_hd", GELU),
