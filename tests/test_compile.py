@@ -122,6 +122,27 @@ def test_the_check_command_compiles_with_nvrtc_else_nvcc_else_says_why_neither(t
     with pytest.raises(ptxas_report.CompilerNotFound, match="libnvrtc.*; and nvcc was not found"):
         ptxas_report.report_compiler()
 
+
+def test_an_nvrtc_compile_with_an_empty_log_leaves_pythons_one_byte_objects_alone():
+    """NVRTC writes its log (one NUL byte where it has nothing to say) into the buffer it is given.
+    `b" " * 1` is Python's shared one-byte object for the space: filled that way, every b" " of the
+    process became b"\\0", and so did the " " of each module compiled after (PyTorch's operator
+    schemas, NumPy's .npy header padding): a measuring process could not import PyTorch. Run in a
+    process of its own, which such a compile could not spoil for the tests after it."""
+    import subprocess
+    import sys
+
+    script = ("from autogemm.kernels.nvrtc import compile_cubin_with_log; "
+              "cubin, log = compile_cubin_with_log('extern \"C\" __global__ void k(float* x) { x[0] = 1.0f; }', "
+              "'k.cu', 'sm_90', ()); "
+              "assert cubin[:4] == b'\\x7fELF' and log == '', (cubin[:4], log); "
+              "print(bytes([32])[0], len(cubin), sep='\\n')")  # (a space written alone would come out as NUL)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    space, cubin_bytes = map(int, done.stdout.split())
+    assert space == 32 and cubin_bytes > 1000, done.stdout
+
+
 def _covering(variants, features) -> list:
     """A few of the variants that together show every value of every feature (a function of config
     and problem) that the whole list shows: repeatedly the one that shows the most values not shown

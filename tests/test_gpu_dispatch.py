@@ -180,29 +180,36 @@ def test_untuned_problems_and_cublas_records_are_served_by_cublas():
         assert relative_error(autogemm.matmul(a, b, alpha=2.0), _reference(a, b, 2.0)) <= 1e-5
 
 
-def _cupy_matmul_in_tf32(a, b, folder):
+def _cupy_matmul_in_tf32(a, b):
     """cupy.matmul(a, b) as a user of TF32 runs it: in a process started with CuPy's switch,
-    CUPY_TF32=1 (read when CuPy is imported), on the same values and the same views."""
+    CUPY_TF32=1 (read when CuPy is imported), on the same values and the same views. The operands
+    go through its stdin and the product comes back on its stdout, not through files: twice a
+    child read an a.npy the parent had just rewritten in the same folder as NUL bytes."""
+    import io
     import subprocess
     import sys
 
     import cupy
 
-    np.save(folder / "a.npy", cupy.asnumpy(a.T if a.flags.f_contiguous and not a.flags.c_contiguous else a))
-    np.save(folder / "b.npy", cupy.asnumpy(b.T if b.flags.f_contiguous and not b.flags.c_contiguous else b))
+    sent = io.BytesIO()
+    for x in (a, b):
+        np.save(sent, cupy.asnumpy(x.T if x.flags.f_contiguous and not x.flags.c_contiguous else x))
     views = f"a = a.T if {a.flags.f_contiguous and not a.flags.c_contiguous} else a; " \
             f"b = b.T if {b.flags.f_contiguous and not b.flags.c_contiguous} else b; "
-    script = (f"import cupy, numpy as np; a = cupy.asarray(np.load({str(folder / 'a.npy')!r})); "
-              f"b = cupy.asarray(np.load({str(folder / 'b.npy')!r})); {views}"
-              f"np.save({str(folder / 'c.npy')!r}, cupy.asnumpy(cupy.matmul(a, b)))")
-    subprocess.run([sys.executable, "-c", script], env={**os.environ, "CUPY_TF32": "1"}, check=True)
-    return np.load(folder / "c.npy")
+    script = ("import io, sys, cupy, numpy as np; given = io.BytesIO(sys.stdin.buffer.read()); "
+              f"a = cupy.asarray(np.load(given)); b = cupy.asarray(np.load(given)); {views}"
+              "out = io.BytesIO(); np.save(out, cupy.asnumpy(cupy.matmul(a, b))); "
+              "sys.stdout.buffer.write(out.getvalue())")
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "CUPY_TF32": "1"}, input=sent.getvalue(),
+                          capture_output=True)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    return np.load(io.BytesIO(done.stdout))
 
 
 @pytest.mark.parametrize("dtype, compute, limit", [("float32", None, 1e-5), ("float32", "tf32", 5e-3),
                                                    ("float16", None, 1e-2), ("bfloat16", None, 1e-2),
                                                    ("float64", None, 1e-12)])
-def test_cublas_serves_every_dtype_layout_batch_and_scaling(dtype, compute, limit, tmp_path):
+def test_cublas_serves_every_dtype_layout_batch_and_scaling(dtype, compute, limit):
     """cuBLAS as matmul serves it (cublas_gemm): NN, NT, TN, TT views, a batch with a broadcast
     operand, alpha/beta, an output that is not row-major. A 2-D product is bit for bit
     cupy.matmul's (the same cuBLAS call: a wrong compute type or operand order shows here)."""
@@ -229,7 +236,7 @@ def test_cublas_serves_every_dtype_layout_batch_and_scaling(dtype, compute, limi
                 explained = autogemm.explain(a, b, compute=compute)
                 assert (explained["source"], explained["config"]) == ("cublas", None)
                 if compute == "tf32":  # cupy.matmul in TF32, as a user of TF32 runs it
-                    expected_bits = bits(cupy.asarray(_cupy_matmul_in_tf32(a, b, tmp_path)))
+                    expected_bits = bits(cupy.asarray(_cupy_matmul_in_tf32(a, b)))
                 else:
                     expected_bits = bits(cupy.matmul(a, b))
                 for _ in range(2):  # the second call takes the fast path

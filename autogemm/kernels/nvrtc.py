@@ -87,15 +87,18 @@ def compile_cubin_with_log(code: str, name: str, arch: str, options: tuple[str, 
     try:
         arguments = [o.encode() for o in (*options, f"-arch={arch}", "--device-as-default-execution-space")]
         (error,) = nvrtc.nvrtcCompileProgram(program, len(arguments), arguments)
+        # (NVRTC writes into the buffers it is given: writable ones of their own. `b" " * size` was the
+        # process's shared b" " where the log is empty (size 1): NVRTC's NUL in it turned every b" ", and
+        # the " " of each module compiled after, into NUL)
         size = _check(nvrtc, nvrtc.nvrtcGetProgramLogSize(program), "log size")
-        log = b" " * size
+        log = bytearray(size)
         _check(nvrtc, nvrtc.nvrtcGetProgramLog(program, log), "log")
-        text = log.rstrip(b"\0 ").decode(errors="replace")
+        text = bytes(log).rstrip(b"\0 ").decode(errors="replace")
         if error != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise NvrtcError(f"NVRTC compilation failed: {error.name}", text)
         size = _check(nvrtc, nvrtc.nvrtcGetCUBINSize(program), "cubin size")
-        cubin = b" " * size
+        cubin = bytearray(size)
         _check(nvrtc, nvrtc.nvrtcGetCUBIN(program, cubin), "cubin")
-        return cubin, text
+        return bytes(cubin), text
     finally:
         nvrtc.nvrtcDestroyProgram(program)
