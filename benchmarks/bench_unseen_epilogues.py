@@ -29,6 +29,9 @@ warmed up, and timed two ways: sustained (timing.sustained_times: back-to-back c
 rounds of about 50 ms per competitor, random order, the GPU never idle; means), where a product shorter than
 a call's host time measures the host, as an eager loop meets it; and one call at a time on an idle GPU, host
 time included (medians of LATENCY_ROUNDS, 200). Ratio = the competitor's time / autogemm's (> 1: autogemm is faster).
+The single calls' ratios are also kept paired by round (`paired_latency`), for the noise of the two
+estimators to be compared. The row also keeps the tune's own figures (`tune_figures`: its kernel's and
+baselines' GPU times), so that the table can say whether a kept kernel serves as fast as its tune timed it.
 
 Every finished problem is appended to a JSON lines file at once (`--out`, default
 benchmarks/results/unseen-epilogues-<device>[-seed<S>-<count>].jsonl) with a digest of autogemm's sources; a
@@ -63,7 +66,8 @@ from bench_common import (case_epilogue, deadline_after, device_of, keep_compile
 from bench_epilogues import TOLERANCE, CublasLtLayer, relative_error  # noqa: E402
 from bench_tuned_half import FAMILIES, _campaign_widths  # noqa: E402
 from unseen_epilogues_table import (AUTOGEMM, AUTOGEMM_TANH, CAPTURE_FROM_M, COMPILED, CUBLASLT,  # noqa: E402
-                                    EAGER, EAGER_AGAIN, GEMM_ALONE, LATENCY_ROUNDS, cell, ratio, report)
+                                    EAGER, EAGER_AGAIN, GEMM_ALONE, LATENCY_ROUNDS, cell, ours_against, ratio,
+                                    report, served_over_tuned)
 
 SEED, COUNT = 7717, 24
 CASES = ("bias", "bias+gelu", "bias+silu", "residual")
@@ -212,7 +216,25 @@ def timings(calls: dict, again: dict | None = None) -> dict:
     return {"sustained_us": {name: statistics.fmean(t) * 1e3 for name, t in rounds.items()},
             "sustained_rounds_us": {name: [round(x * 1e3, 3) for x in t] for name, t in rounds.items()},
             "latency_us": {name: statistics.median(t) * 1e3 for name, t in latency.items()},
-            "latency_rounds": LATENCY_ROUNDS}
+            "latency_rounds": LATENCY_ROUNDS, **paired_latency(latency)}
+
+
+def paired_latency(latency: dict[str, list[float]]) -> dict:
+    """The single calls' ratios paired by round (`timing.latencies` times every competitor once a round, the calls
+    adjacent in time): each competitor's median over the rounds of its call's time over autogemm's in the same round
+    (against cuBLASLt, autogemm with its GELU form: unseen_epilogues_table.ours_against), and eager's over
+    eager again's. Kept beside the ratio of the medians the table judges, to see whether pairing narrows how far
+    eager moves against itself: where single calls fall in two modes (host time of one call or another), each
+    side's median may land in either, and their ratio jumps by the gap, where a median of paired ratios stays at
+    1 while most rounds find both calls alike."""
+    def median_ratio(name: str, ours: str) -> float:
+        return statistics.median(t / o for t, o in zip(latency[name], latency[ours]))
+
+    paired = {"latency_paired": {name: median_ratio(name, ours_against(name, latency)) for name in latency
+                                 if name not in (AUTOGEMM, AUTOGEMM_TANH, EAGER_AGAIN)}}
+    if EAGER_AGAIN in latency and EAGER in latency:
+        paired["latency_paired_floor"] = median_ratio(EAGER, EAGER_AGAIN)
+    return paired
 
 
 def measure(spec, index: int) -> dict:
@@ -252,7 +274,8 @@ def measure(spec, index: int) -> dict:
             started = time.perf_counter()
             try:
                 result = autogemm.tune(_problem(spec))
-                row["tune"] = {"kept_cublas": result.kept_cublas, "config": result.config.name, "ratio": result.ratio}
+                row["tune"] = {"kept_cublas": result.kept_cublas, "config": result.config.name, "ratio": result.ratio,
+                               **tune_figures(result)}
             except TuneError as exc:  # (nothing measurable for this problem: what serves is timed again all the same)
                 row["tune"] = {"kept_cublas": True, "config": None, "ratio": None, "error": str(exc)[:300]}
             row["tune"]["s"] = time.perf_counter() - started
@@ -266,6 +289,21 @@ def measure(spec, index: int) -> dict:
     if lt_handle is not None:
         lt_handle.free()
     return row
+
+
+def tune_figures(result) -> dict:
+    """The tune's own comparison, as its result and its record hold it, to set beside what the draw then times:
+    the best kernel's and the fastest baseline's GPU time in us (sustained where `sustained` holds the rounds'
+    clock and power, else the short re-timings'), the noise its keep rule allowed, and each baseline route's time
+    (the record's; absent where the tune could not cache it)."""
+    from autogemm.results.cache import TuningCache
+
+    figures = {"kernel_us": result.time_ms * 1e3, "baseline_us": result.cublas_ms * 1e3, "noise": result.noise,
+               "sustained": dict(result.sustained)}
+    found = TuningCache(shipped=False).lookup(result.problem, result.device.slug)  # (the row's own user cache)
+    if found is not None:
+        figures["baselines_us"] = {route: ms * 1e3 for route, ms in found[0].baselines.items()}
+    return figures
 
 
 def measure_and_release(spec, index: int) -> dict:
@@ -347,7 +385,8 @@ def main(argv=None) -> int:
         f"#{row['index']:<4d}{row['label']:<40} untuned {cell(ratio(row['untuned']['sustained_us'], EAGER))}x eager  "
         f"tuned {cell(ratio(row['tuned']['sustained_us'], EAGER))}x eager, "
         f"{cell(ratio(row['tuned']['sustained_us'], COMPILED))}x compile  tune {row['tune']['s']:.0f} s "
-        f"{'cuBLAS kept' if row['tune']['kept_cublas'] else 'kernel'}"))
+        f"{'cuBLAS kept' if row['tune']['kept_cublas'] else 'kernel'}"
+        + (f", served in {served:.3f}x its tuned time" if (served := served_over_tuned(row)) is not None else "")))
     return 0
 
 

@@ -130,16 +130,19 @@ def layer_calls(case: str, dtype: str, a, b, seed: int = 2) -> tuple[dict, objec
     from bench_common import case_epilogue
     from bench_unseen_epilogues import eager_layer, reference
 
+    def drawn(shape, offset):  # random_uniform's bits, as the ml_dtypes type make_operands gave a (BF16)
+        values = random_uniform(shape, dtype, seed=seed + offset)
+        return values.view(a.dtype) if dtype == "bfloat16" else values
+
     m, n = a.shape[0], b.shape[1]
-    bias, residual = random_uniform((n,), dtype, seed=seed), random_uniform((m, n), dtype, seed=seed + 1)
-    if dtype == "bfloat16":  # (random_uniform's bits, as ml_dtypes' type, which make_operands gave a)
-        bias, residual = bias.view(a.dtype), residual.view(a.dtype)
-    x, w, t_bias, t_residual = as_torch(a), as_torch(b).T, as_torch(bias), as_torch(residual)
+    epilogue = case_epilogue(case)
+    bias = drawn((n,), 0) if epilogue.bias else None
+    residual = drawn((m, n), 1) if epilogue.residual else None
+    x, w = as_torch(a), as_torch(b).T
+    t_bias, t_residual = (as_torch(v) if v is not None else None for v in (bias, residual))
     eager = eager_layer(case)
     calls = {EAGER: lambda i: eager(x, w, t_bias, t_residual), GEMM_ALONE: lambda i: F.linear(x, w)}
-    epilogue = case_epilogue(case)
-    return (calls, cupy.asarray(reference(case, x, w, t_bias, t_residual)), bias if epilogue.bias else None,
-            residual if epilogue.residual else None)
+    return calls, cupy.asarray(reference(case, x, w, t_bias, t_residual)), bias, residual
 
 
 LT_CASES = ("", "bias", "residual")  # the cases whose whole epilogue cuBLASLt computes inside its GEMM

@@ -21,12 +21,17 @@ EAGER_AGAIN = "eager (again)"
 COMPETITORS = (EAGER, COMPILED, CUBLASLT)
 
 
+def ours_against(name: str, figures: dict) -> str:
+    """Which of autogemm's timings in `figures` the competitor `name` is compared with: against cuBLASLt, autogemm
+    with cuBLASLt's GELU form where that was timed."""
+    return AUTOGEMM_TANH if name == CUBLASLT and AUTOGEMM_TANH in figures else AUTOGEMM
+
+
 def ratio(figures: dict, name: str) -> float | None:
-    """The competitor's time over autogemm's (against cuBLASLt: autogemm with cuBLASLt's GELU form)."""
+    """The competitor's time over autogemm's (ours_against: the same GELU form as cuBLASLt's)."""
     if name not in figures:
         return None
-    ours = figures.get(AUTOGEMM_TANH, figures[AUTOGEMM]) if name == CUBLASLT else figures[AUTOGEMM]
-    return figures[name] / ours
+    return figures[name] / figures[ours_against(name, figures)]
 
 
 def ceiling(figures: dict) -> tuple[float, float | None]:
@@ -73,7 +78,47 @@ def latency_floor(rows: list[dict]) -> list[str]:
         return []
     return ["", f"Eager against itself, one call at a time (the same layer timed twice under two names, {len(values)} "
                 f"phases): {min(values):.3f} to {max(values):.3f}, geomean {geomean(values):.3f}. A row's latency ratio "
-                f"moves by as much with no difference between the two sides."]
+                f"moves by as much with no difference between the two sides.", *paired_latency(rows)]
+
+
+def paired_latency(rows: list[dict]) -> list[str]:
+    """A line on the latency ratios paired by round (bench_unseen_epilogues.paired_latency: the median of each round's
+    ratio, where the table's are ratios of medians), over the phases that kept them: eager against itself, and each
+    phase's ratio to eager. Beside the line above, it says whether pairing narrows the noise; none without them."""
+    floor = [r[phase]["latency_paired_floor"] for r in rows for phase in ("untuned", "tuned")
+             if "latency_paired_floor" in r[phase]]
+    if not floor:
+        return []
+    against = []
+    for phase in ("untuned", "tuned"):
+        values = [r[phase]["latency_paired"][EAGER] for r in rows if EAGER in r[phase].get("latency_paired", {})]
+        if values:
+            against.append(f"{phase} {geomean(values):.3f}x eager (min {min(values):.3f}, {len(values)} problems)")
+    return ["", f"Paired by round instead (the median of each round's ratio, the calls of a round adjacent in time): eager "
+            f"against itself {min(floor):.3f} to {max(floor):.3f} over {len(floor)} phases; " + "; ".join(against) + "."]
+
+
+def served_over_tuned(row: dict) -> float | None:
+    """The served layer's sustained time over its tune's own time of the kernel it kept, where the tune kept one,
+    timed it sustained and the layer was served by it (the row's `tune` figures and its served column; None
+    otherwise, and for rows of before the figures were kept). Above 1: the kernel served slower than its tune timed
+    it, and the tune's lead over the baselines overstates the draw's."""
+    tune = row.get("tune") or {}
+    if tune.get("kept_cublas", True) or not tune.get("kernel_us") or not tune.get("sustained") \
+            or f" {tune.get('config')} " not in row["tuned"].get("served", ""):
+        return None
+    return row["tuned"]["sustained_us"][AUTOGEMM] / tune["kernel_us"]
+
+
+def tune_against_draw(rows: list[dict]) -> list[str]:
+    """A line on how the kept kernels served against their tunes' own sustained times; none where no row has both."""
+    values = [v for r in rows if (v := served_over_tuned(r)) is not None]
+    if not values:
+        return []
+    layers = f"{len(values)} layer" + ("s" if len(values) > 1 else "")
+    return ["", f"Where a tune kept a kernel timed sustained ({layers}), the served layer took "
+                f"{min(values):.3f} to {max(values):.3f}x the tune's own time of that kernel (geomean "
+                f"{geomean(values):.3f}): above 1, it served slower than its tune timed it."]
 
 
 def summary(rows: list[dict]) -> list[str]:
@@ -95,7 +140,7 @@ def summary(rows: list[dict]) -> list[str]:
                       f"(median {statistics.median(judged):.0%}, min {min(judged):.0%})"
                       + (f"; on {within} more eager's gain over the GEMM alone is within its noise, and not judged."
                          if within else ".")]
-    return lines + latency_floor(rows)
+    return lines + latency_floor(rows) + tune_against_draw(rows)
 
 
 def report(rows: list[dict], device_name: str, seed: int, drawn: int | None = None) -> list[str]:
@@ -122,8 +167,10 @@ def report(rows: list[dict], device_name: str, seed: int, drawn: int | None = No
         top, share = ceiling(tuned["sustained_us"])
         captured = "-" if share is None else \
             f"{share:.0%} (gain within ±{ceiling_noise(tuned):.1%})" if within_noise(tuned) else f"{share:.0%}"
+        served_ratio = served_over_tuned(row)
         tune = "no kernel measured" if row["tune"].get("error") else \
-            "cuBLAS kept" if row["tune"]["kept_cublas"] else f"kernel {row['tune']['ratio']:.3f}x"
+            "cuBLAS kept" if row["tune"]["kept_cublas"] else f"kernel {row['tune']['ratio']:.3f}x" + (
+                f", served in {served_ratio:.3f}x its time" if served_ratio is not None else "")
         lines.append(f"| {row['label']} | {cell(ratio(untuned['sustained_us'], EAGER))} | "
                      f"{cell(ratio(untuned['latency_us'], EAGER))} | {cell(ratio(tuned['sustained_us'], EAGER))} | "
                      f"{cell(ratio(tuned['sustained_us'], COMPILED))} | {cell(ratio(tuned['sustained_us'], CUBLASLT))} | "

@@ -174,3 +174,86 @@ def test_the_report_says_how_far_eager_moves_against_itself_in_latency_where_row
     assert f"Eager against itself, one call at a time (the same layer timed twice under two names, 4 phases): " \
            f"{min(values):.3f} to {max(values):.3f}, geomean {geomean:.3f}." in text
     assert "| untuned | latency | eager | 2 |" in text and table.EAGER_AGAIN not in text.split("| layer |")[1]
+
+
+def test_a_row_keeps_the_tune_s_own_figures_from_its_result_and_its_record(tmp_path, monkeypatch):
+    """tune_figures: the kept kernel's and the fastest baseline's time and the noise from the tune's result; each
+    baseline route's time from the record the tune cached in the row's own user cache."""
+    from types import SimpleNamespace
+
+    from autogemm.families import SimtConfig
+    from autogemm.kernels.render import kernel_template_hash
+    from autogemm.problem import Problem
+    from autogemm.results.cache import Record, TuningCache
+
+    monkeypatch.setenv("AUTOGEMM_CACHE_DIR", str(tmp_path))
+    problem, config = Problem(512, 64, 64), SimtConfig()
+    device = SimpleNamespace(slug="test-gpu-sm90")
+    result = SimpleNamespace(problem=problem, device=device, time_ms=0.180, cublas_ms=0.189, noise=0.012,
+                             sustained={"sm_clock_mhz": 1500, "power_w": 690, "rounds": 20})
+    figures = bench.tune_figures(result)
+    assert figures == {"kernel_us": pytest.approx(180.0), "baseline_us": pytest.approx(189.0), "noise": 0.012,
+                       "sustained": {"sm_clock_mhz": 1500, "power_w": 690, "rounds": 20}}  # (nothing cached)
+    TuningCache(shipped=False).store(Record(
+        problem=problem.key, family="simt", config={k: v for k, v in config.to_dict().items() if k != "family"},
+        config_name=config.name, time_ms=0.180, tflops=1.0, cublas_ms=0.189, cublas_tflops=1.0, ratio=0.189 / 0.180,
+        rel_error=1e-7, template_hash=kernel_template_hash(config.template), device="Test GPU",
+        baselines={"F.linear": 0.191, "cuBLASLt #2": 0.189}), device.slug)
+    assert bench.tune_figures(result)["baselines_us"] == {"F.linear": pytest.approx(191.0),
+                                                          "cuBLASLt #2": pytest.approx(189.0)}
+
+
+def test_the_report_sets_a_kept_kernel_s_served_time_beside_its_tune_s_own():
+    rows = [_row(0, ("float16", "bias", 1536, 7168, 5120), _figures(189.0, 189.1, 181.2), _figures(188.4, 190.3, 182.0),
+                 kept=False),
+            _row(1, ("bfloat16", "bias+silu", 2048, 9216, 2304), _figures(100.0, 98.0, 90.0), _figures(93.0, 98.0, 90.0),
+                 kept=False),
+            _row(2, ("float16", "bias", 8, 9216, 2304), _figures(20.0, 21.0, 20.0), _figures(20.0, 21.0, 20.0))]
+    assert "its tune timed it" not in "\n".join(table.report(rows, "GPU", bench.SEED))  # (rows of before the figures)
+    kept = "hopper_128x224x64_w64x224_s3_g8_k1_o1_p_ts_pl_hd"
+    rows[0]["tune"].update(kernel_us=181.4, baseline_us=189.0, sustained={"rounds": 20}, config=kept)
+    assert table.served_over_tuned(rows[0]) is None  # (served by something else: "cuBLAS")
+    rows[0]["tuned"]["served"] = f"cublas with fused {kept} (tuned with the epilogue) (C++ memo)"
+    rows[1]["tune"].update(kernel_us=94.0, baseline_us=98.0, sustained={})  # (timed in short re-timings only)
+    rows[2]["tune"].update(kernel_us=19.0, baseline_us=20.0, sustained={"rounds": 20})  # (cuBLAS kept)
+    assert table.served_over_tuned(rows[0]) == pytest.approx(188.4 / 181.4)
+    assert table.served_over_tuned(rows[1]) is None and table.served_over_tuned(rows[2]) is None
+    text = "\n".join(table.report(rows, "GPU", bench.SEED))
+    assert f"Where a tune kept a kernel timed sustained (1 layer), the served layer took {188.4 / 181.4:.3f} to " \
+           f"{188.4 / 181.4:.3f}x the tune's own time of that kernel" in text
+    assert f"| kernel 0.900x, served in {188.4 / 181.4:.3f}x its time | cublas with fused {kept} " in text
+
+
+def test_single_calls_are_also_compared_paired_by_round():
+    """paired_latency: the median over rounds of each competitor's call over autogemm's in the same round (against
+    cuBLASLt, autogemm with its GELU form), and eager's over eager again's. Calls in two modes (48 or 54 us) put
+    eager's median in one and eager again's in the other, a ratio of medians of 1.125 between the same calls;
+    paired, most rounds find both alike, and the median ratio is 1."""
+    ours = [10.0, 20.0, 10.0, 20.0, 10.0, 20.0, 10.0, 20.0, 10.0]
+    latency = {table.AUTOGEMM: ours, table.AUTOGEMM_TANH: [t * 0.9 for t in ours],
+               table.EAGER: [t * 1.1 for t in ours], table.CUBLASLT: [t * 0.99 for t in ours],
+               table.GEMM_ALONE: [t * 0.95 for t in ours]}
+    paired = bench.paired_latency(latency)
+    assert paired["latency_paired"] == {table.EAGER: pytest.approx(1.1), table.CUBLASLT: pytest.approx(1.1),
+                                        table.GEMM_ALONE: pytest.approx(0.95)}
+    assert "latency_paired_floor" not in paired  # (eager was not timed again)
+    eager, again = [48.0] * 4 + [54.0] * 5, [48.0] * 5 + [54.0] * 4  # (rounds: 4 alike at 48, 1 apart, 4 alike at 54)
+    paired = bench.paired_latency({table.AUTOGEMM: [50.0] * 9, table.EAGER: eager, table.EAGER_AGAIN: again})
+    assert paired["latency_paired_floor"] == 1.0
+    assert sorted(eager)[4] / sorted(again)[4] == pytest.approx(1.125)  # (the ratio of the medians)
+
+
+def test_the_report_sets_the_paired_latency_beside_the_ratio_of_medians_where_rows_kept_it():
+    rows = [_row(0, ("bfloat16", "bias+silu", 2048, 9216, 2304), _figures(100.0, 98.0, 90.0), _figures(93.0, 98.0, 90.0)),
+            _row(1, ("float16", "bias", 8, 9216, 2304), _figures(20.0, 21.0, 20.0), _figures(20.0, 21.0, 20.0))]
+    for row in rows:
+        for phase in ("untuned", "tuned"):
+            row[phase]["latency_us"] = {**row[phase]["latency_us"], table.EAGER_AGAIN: 21.0}
+    assert "Paired by round" not in "\n".join(table.report(rows, "GPU", bench.SEED))  # (rows of before it)
+    for row, floors, against in zip(rows, ((0.99, 1.01), (1.0, 1.02)), ((0.97, 1.05), (1.01, 1.03))):
+        for phase, floor, ratio in zip(("untuned", "tuned"), floors, against):
+            row[phase].update(latency_paired={table.EAGER: ratio}, latency_paired_floor=floor)
+    text = "\n".join(table.report(rows, "GPU", bench.SEED))
+    assert "Paired by round instead (the median of each round's ratio, the calls of a round adjacent in time): eager " \
+           f"against itself 0.990 to 1.020 over 4 phases; untuned {(0.97 * 1.01) ** 0.5:.3f}x eager (min 0.970, 2 " \
+           f"problems); tuned {(1.05 * 1.03) ** 0.5:.3f}x eager (min 1.030, 2 problems)." in text

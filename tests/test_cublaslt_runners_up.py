@@ -52,7 +52,8 @@ def test_a_runner_up_serves_where_it_beat_the_first_and_the_rivals_beyond_the_no
 
 
 def _record(baselines, is_cublas=True, stale=False):
-    return SimpleNamespace(is_cublas=is_cublas, stale=stale, current_protocol=True, baselines=baselines)
+    return SimpleNamespace(is_cublas=is_cublas, stale=stale, current_protocol=True, compiled_by_another_nvrtc="",
+                           baselines=baselines)
 
 
 FASTER_THIRD = {LT_ROUTE: 0.100, lt_route(2): 0.094, ROUTE: 0.101}

@@ -348,13 +348,15 @@ class _Cache:
 
 @pytest.mark.parametrize("record,in_linear", [
     (None, True),  # untuned: eager's GEMM call
-    (SimpleNamespace(is_cublas=True, stale=False, current_protocol=True,
+    (SimpleNamespace(is_cublas=True, stale=False, current_protocol=True, compiled_by_another_nvrtc="",
                      baselines={"torch F.linear": 0.2, "torch F.linear, bias in the pass": 0.18}), False),
-    (SimpleNamespace(is_cublas=True, stale=False, current_protocol=True,
+    (SimpleNamespace(is_cublas=True, stale=False, current_protocol=True, compiled_by_another_nvrtc="",
                      baselines={"torch F.linear": 0.18, "torch F.linear, bias in the pass": 0.2}), True),
-    (SimpleNamespace(is_cublas=True, stale=True, current_protocol=True,  # (its kernels' source changed since)
+    # (its kernels' source changed since)
+    (SimpleNamespace(is_cublas=True, stale=True, current_protocol=True, compiled_by_another_nvrtc="",
                      baselines={"torch F.linear": 0.2, "torch F.linear, bias in the pass": 0.18}), True),
-    (SimpleNamespace(is_cublas=False, stale=False, current_protocol=True,  # (a kernel kept: not this route's)
+    # (a kernel kept: not this route's)
+    (SimpleNamespace(is_cublas=False, stale=False, current_protocol=True, compiled_by_another_nvrtc="",
                      baselines={"torch F.linear": 0.2, "torch F.linear, bias in the pass": 0.18}), True),
 ])
 def test_the_route_leaves_the_bias_to_the_pass_where_the_layers_tune_measured_that_faster(record, in_linear,

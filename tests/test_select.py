@@ -44,6 +44,46 @@ def test_choose_exact_entry_first():
     assert shipped.source == "shipped cache"
 
 
+def test_a_record_compiled_by_another_nvrtc_release_is_guarded(monkeypatch):
+    """Its source renders the same, but ptxas's registers differ between NVRTC releases: of the kernels shipped
+    records serve, 7 that compiled without spills under NVRTC 13.0 (their tunes') spill 12-32 bytes under 13.5
+    (what a new install brings). Such a record's kernel is checked against cuBLAS on its first calls, as one of an
+    older timing protocol is; the same release, or one not known, serves it as measured."""
+    from autogemm.results import provenance, record as record_module
+
+    problem = Problem(4096, 4096, 4096)
+    for module in (provenance, record_module, select):
+        monkeypatch.setattr(module, "nvrtc_release", lambda: "13.5")
+    measured = dataclasses.replace(_record(problem, TUNED, ratio=1.08), versions={"autogemm": "0.2.0", "nvrtc": "13.0"})
+    assert measured.compiled_by_another_nvrtc == "13.0"
+    choice = choose(problem, SM90, (measured, "shipped"), [])
+    assert (choice.source, choice.config, choice.guarded) == ("shipped cache", TUNED, True)
+    assert "compiled by NVRTC 13.0 then and by 13.5 here: guarded" in choice.reason
+    for versions in ({"nvrtc": "13.5"}, {}, {"nvrtc": ""}):
+        alike = dataclasses.replace(measured, versions=versions)
+        assert not alike.compiled_by_another_nvrtc and not choose(problem, SM90, (alike, "user"), []).guarded
+    for module in (provenance, record_module, select):  # (NVRTC cannot be loaded here: nothing to compare)
+        monkeypatch.setattr(module, "nvrtc_release", lambda: "")
+    assert not measured.compiled_by_another_nvrtc and not choose(problem, SM90, (measured, "user"), []).guarded
+    kept = cublas_record(measured)  # (a cuBLAS record serves cuBLAS, whatever compiled its best kernel)
+    assert choose(problem, SM90, (kept, "user"), []).config is None
+
+
+def test_the_records_say_which_nvrtc_compiled_their_kernels(monkeypatch):
+    """(not CuPy's own NVRTC, which compiles none of them)"""
+    from autogemm.kernels import nvrtc
+    from autogemm.results import provenance
+
+    monkeypatch.setattr(nvrtc, "version", lambda: (13, 5))
+    assert provenance.runtime_versions()["nvrtc"] == "13.5"
+
+    def missing():
+        raise nvrtc.NvrtcError("NVRTC (libnvrtc) cannot be found or loaded")
+
+    monkeypatch.setattr(nvrtc, "version", missing)
+    assert "nvrtc" not in provenance.runtime_versions()
+
+
 def test_a_cublas_record_serves_cublas():
     problem = Problem(4096, 4096, 4096)
     kept = cublas_record(_record(problem, TUNED, ratio=0.93))

@@ -55,7 +55,8 @@ def add_cache_parser(sub: Any) -> None:
                                   description="Measure this GPU's records again under the current timing protocol: "
                                   "GPU time in steady state and single-call latency against the faster baseline; a "
                                   "kernel that no longer wins in both becomes a cuBLAS record. Records already at the "
-                                  "protocol are skipped unless --force.")
+                                  "protocol, whose kernels this NVRTC release compiled when they were measured, are "
+                                  "skipped unless --force.")
     retime_p.add_argument("file", nargs="?", metavar="FILE",
                           help="a device document such as cache/<device>.json (default: the user's for this GPU)")
     retime_p.add_argument("--force", action="store_true", help="also records already at the current protocol")

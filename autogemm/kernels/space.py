@@ -301,12 +301,13 @@ class SearchSpace:
 
     @functools.cached_property
     def all_configs(self) -> tuple[Any, ...]:
-        """Every configuration the space's constraints allow (independent of problem and device)."""
+        """Every configuration the space's constraints allow (independent of problem and device), each once
+        (configs are frozen dataclasses, equal where their names are: keyed by themselves, since building a
+        name took a third of the Hopper space's 12.9 s)."""
         configs = {}
         for values in self._walk(self._schedule, 0, dict(self.constants)):
-            config = self.config_class(**{f: values[f] for f in self.fields})
-            configs.setdefault(config.name, config)
-        return tuple(configs.values())
+            configs.setdefault(self.config_class(**{f: values[f] for f in self.fields}))
+        return tuple(configs)
 
     def knob_values(self, config: Any) -> dict[str, Any] | None:
         """The knob values that produce `config` (the first in the knobs' order), or None. The knobs

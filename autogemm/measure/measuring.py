@@ -247,11 +247,12 @@ class GpuMeasurer:
         if not self.epilogue.is_identity:
             routes = {SERVED_PASS: served, SERVED_LT: self._lt()}
             if routes[SERVED_LT] is not None:
-                ranked = {lt_route(rank): self._lt(rank=rank) for rank in range(LT_RUNNERS_UP + 1)}
+                runners_up = {lt_route(rank): self._lt(rank=rank) for rank in range(1, LT_RUNNERS_UP + 1)}
                 bare = self._lt(rank=LT_BARE)
-                if bare is not None and not any(same_algorithm(bare, calls) for calls in ranked.values() if calls):
-                    ranked[lt_route(LT_BARE)] = bare
-                routes.update(ranked)
+                if bare is not None and not any(same_algorithm(bare, calls)
+                                                for calls in (routes[SERVED_LT], *runners_up.values()) if calls):
+                    runners_up[lt_route(LT_BARE)] = bare
+                routes.update(runners_up)
             routes.update({SERVED_LT_BIAS: self._lt_bias_then_pass(), ROUTE: self._torch_linear()})
             if bias_placement_differs(self.epilogue, self.problem.m):
                 routes[ROUTE_BIAS_IN_PASS] = self._torch_linear(bias_in_pass=True)

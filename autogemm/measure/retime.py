@@ -123,8 +123,9 @@ def _precompile(records: list[Record], device: Device, jobs: int) -> None:
 def retime_document(path: Path, device: Device, *, force: bool = False, jobs: int = 8, only: Any = None,
                     progress: Any = print) -> list[Retimed]:
     """Re-times every current record of the device document at `path` (written for `device`'s model)
-    that is not at the current protocol yet (all of them with `force`; `only`: keys containing one
-    of these texts); returns what changed, record by record."""
+    that is not at the current protocol yet, or whose kernel this process's NVRTC compiles with another
+    release than the record's (all of them with `force`; `only`: keys containing one of these texts);
+    returns what changed, record by record."""
     from filelock import FileLock  # (lazy: only this lock needs it)
 
     cache = TuningCache(path.parent, shipped=False)
@@ -143,7 +144,7 @@ def retime_document(path: Path, device: Device, *, force: bool = False, jobs: in
         if record.stale:
             progress(f"skip    {key}: stale (its kernel's source has changed since it was tuned)")
             continue
-        if record.current_protocol and not force:
+        if record.current_protocol and not record.compiled_by_another_nvrtc and not force:
             continue
         todo.append(record)
     read = {record.problem: document["entries"][record.problem] for record in todo}  # as re-timed

@@ -8,6 +8,7 @@ import datetime
 import socket
 from typing import Any
 
+from ..kernels import nvrtc
 from ..version import __version__
 
 
@@ -20,7 +21,8 @@ def now() -> str:
 
 
 def runtime_versions() -> dict[str, Any]:
-    """autogemm, CuPy, CUDA runtime, driver and NVRTC versions (a change can break a kernel)."""
+    """autogemm, CuPy, CUDA runtime, driver and NVRTC versions (a change can break a kernel). NVRTC's is the
+    release that compiles autogemm's kernels (kernels/nvrtc.py), which need not be CuPy's own."""
     versions = {"autogemm": __version__}
     try:
         import cupy  # (lazy: CuPy)
@@ -30,8 +32,18 @@ def runtime_versions() -> dict[str, Any]:
         driver = cupy.cuda.runtime.driverGetVersion()
         versions["cuda_runtime"] = f"{runtime // 1000}.{runtime % 1000 // 10}"
         versions["driver_api"] = f"{driver // 1000}.{driver % 1000 // 10}"
-        major, minor = cupy.cuda.nvrtc.getVersion()
-        versions["nvrtc"] = f"{major}.{minor}"
     except Exception:  # no GPU runtime here: record what is known
         pass
+    compiler = nvrtc_release()
+    if compiler:
+        versions["nvrtc"] = compiler
     return versions
+
+
+def nvrtc_release() -> str:
+    """The release ("13.0") of the NVRTC that compiles kernels in this process; "" where it cannot be loaded."""
+    try:
+        major, minor = nvrtc.version()
+    except nvrtc.NvrtcError:
+        return ""
+    return f"{major}.{minor}"

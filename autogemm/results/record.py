@@ -20,6 +20,7 @@ PROTOCOL = 2
 from ..epilogue import require_measurable
 from ..problem import Problem
 from ..kernels.render import kernel_digest, kernel_template_hash
+from .provenance import nvrtc_release
 
 CUBLAS = "cublas"  # the family of records whose winner is cuBLAS itself
 
@@ -109,6 +110,17 @@ class Record:
     def current_protocol(self) -> bool:
         """Measured under today's timing protocol (GPU time for every competitor, and latencies)."""
         return self.protocol >= PROTOCOL
+
+    @property
+    def compiled_by_another_nvrtc(self) -> str:
+        """The NVRTC release the kernel this record serves was measured with ("13.0"), where this process
+        compiles it with another; "" where they are the same, either is unknown, or the record serves cuBLAS.
+        Its source renders the same (`stale` says so), but ptxas's registers differ between releases: a kernel
+        one compiled without spills may spill under another (NVRTC 13.5 against 13.0: 7 kernels that shipped
+        records serve spill 12-32 bytes)."""
+        measured = str(self.versions.get("nvrtc") or "")
+        here = nvrtc_release() if measured and not self.is_cublas else ""
+        return measured if here and here != measured else ""
 
     @property
     def latency_ratio(self) -> float | None:

@@ -27,9 +27,12 @@ from .torch_fast_path import TorchOutputs, needs_general_path, torch_stream
 
 def current_record(dispatcher: Any, problem: Any, device: Any) -> Any:
     """The cached record of a tune of `problem` (with its epilogue) on `device`, where it is of the current
-    protocol and not stale; else None."""
+    protocol, not stale, and its kernel compiled here as when it was measured (no guard checks a fused kernel
+    on its first calls, as one serving a bare GEMM is: select.choose); else None."""
     found = dispatcher.cache.lookup(problem, device.slug)
-    return None if found is None or found[0].stale or not found[0].current_protocol else found[0]
+    if found is None or found[0].stale or not found[0].current_protocol or found[0].compiled_by_another_nvrtc:
+        return None
+    return found[0]
 
 
 def tuned_kernel(dispatcher: Any, problem: Any, device: Any) -> Any:

@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import dtypes
 from ..results import predict
+from ..results.provenance import nvrtc_release
 from ..families import GemmConfig, config_from_name, family_for
 from ..problem import Problem
 
@@ -113,6 +114,11 @@ def choose(problem: Problem, device: Any, exact: Any, records: Any) -> Choice:
             if not record.current_protocol:  # its ratio may be host time: checked on the first calls
                 return Choice(where, config, f"tuned for this problem ({record.ratio:.3f}x cuBLAS on "
                               f"{record.date[:10]}, an older timing protocol: guarded)", record, guarded=True)
+            measured_with = record.compiled_by_another_nvrtc
+            if measured_with:  # the code measured is not the code served: checked on the first calls
+                return Choice(where, config, f"tuned for this problem ({record.ratio:.3f}x cuBLAS on "
+                              f"{record.date[:10]}, compiled by NVRTC {measured_with} then and by "
+                              f"{nvrtc_release()} here: guarded)", record, guarded=True)
             latency = f", {record.latency_ratio:.3f}x one call at a time" if record.latency_ratio else ""
             return Choice(where, config, f"tuned for this problem ({record.ratio:.3f}x cuBLAS in GPU time{latency} "
                           f"on {record.date[:10]})", record)
