@@ -183,8 +183,8 @@ def test_untuned_problems_and_cublas_records_are_served_by_cublas():
 def _cupy_matmul_in_tf32(a, b):
     """cupy.matmul(a, b) as a user of TF32 runs it: in a process started with CuPy's switch,
     CUPY_TF32=1 (read when CuPy is imported), on the same values and the same views. The operands
-    go through its stdin and the product comes back on its stdout, not through files: twice a
-    child read an a.npy the parent had just rewritten in the same folder as NUL bytes."""
+    go through its stdin and the product comes back on its stdout: no files to write and read back
+    (the NUL-padded a.npy a child once read here came from the NVRTC log bug, nvrtc.py)."""
     import io
     import subprocess
     import sys
