@@ -118,6 +118,53 @@ def test_a_cuda_graph_with_an_epilogue_replays_on_new_operands():
                            (x, residual), check, 3)
 
 
+# A process whose first PyTorch GEMM is the one captured: one autogemm call on a side stream (the warm-up
+# PyTorch asks for), then the same call captured and replayed. The warm-up went autogemm's general path,
+# whose cuBLAS handle is autogemm's own; PyTorch creates its handle at a thread's first GEMM, and
+# cublasCreate inside a capture loses it. A fresh process, because a pytest worker's earlier tests may have
+# made that handle already (the in-process test above passed or failed by the tier's order).
+_FIRST_GEMM_CAPTURED = """
+import sys, torch, autogemm
+F = torch.nn.functional
+x = torch.randn(16, 128, device="cuda", dtype=torch.float16)
+weight = torch.randn(256, 128, device="cuda", dtype=torch.float16) / 16
+bias = torch.randn(256, device="cuda", dtype=torch.float16)
+residual = torch.randn(16, 256, device="cuda", dtype=torch.float16)
+if sys.argv[1] == "linear":
+    call = lambda: autogemm.linear(x, weight, bias, activation="gelu", residual=residual)
+    expected = lambda: F.gelu(x.double() @ weight.double().T + bias.double()) + residual.double()
+else:
+    b = weight.T.contiguous()
+    call = lambda: autogemm.matmul(x, b)
+    expected = lambda: x.double() @ b.double()
+side = torch.cuda.Stream()
+side.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(side):
+    call()
+torch.cuda.current_stream().wait_stream(side)
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    y = call()
+x.copy_(torch.randn_like(x))
+graph.replay()
+torch.cuda.synchronize()
+error = (y.double() - expected()).abs().max().item()
+assert error < 2e-2, error
+print("replayed", error)
+"""
+
+
+@pytest.mark.parametrize("call", ["linear", "matmul"])
+def test_a_call_warmed_up_once_is_captured_where_pytorch_has_run_no_gemm_yet(call):
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, "-c", _FIRST_GEMM_CAPTURED, call], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "replayed" in done.stdout, done.stderr[-3000:]
+
+
 def _replays_on_new_inputs(call, inputs, check, replays: int) -> None:
     """Captures `call()` in a CUDA graph on the current stream; then, `replays` times, fills `inputs` with
     new values, replays the graph and checks its output (`check(output, seed)`)."""

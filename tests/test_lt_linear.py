@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from autogemm.serving import lt_linear
+from autogemm.serving import lt_linear, torch_fast_path
 
 
 class _Launch:
@@ -122,7 +122,7 @@ def test_each_threads_first_call_outside_a_capture_has_pytorch_make_its_cublas_h
 
     made = []
     monkeypatch.setattr(layer.torch.cuda, "current_blas_handle", lambda: made.append(threading.get_ident()))
-    monkeypatch.setattr(lt_linear, "_this_thread", threading.local())  # (as in a process that made none yet)
+    monkeypatch.setattr(torch_fast_path, "_this_thread", threading.local())  # (as in a process that made none yet)
     x, w, bias = layer.x, layer.w, layer.bias
 
     def calls(capturing_first: bool):

@@ -35,6 +35,7 @@ from ..gpu.epilogue_pass import PointedPass, pass_kernel, vector_width
 from . import lt_linear
 from .fused_epilogue import current_record
 from . import plan as plan_module
+from .torch_fast_path import make_torch_blas_handle
 
 def _activation(name: str) -> Any:
     """The in-place PyTorch function of activation `name` ('' : none), as F.relu, F.gelu and F.silu compute it."""
@@ -204,4 +205,5 @@ def eager_plan(dispatcher: Any, gemm_key: Any, gemm_plan: Any, epilogue: Epilogu
             return None
         finish = EpiloguePassInPlace(packed, computed, device, vector * size, in_linear, left_by_tune)
     prepared = None if finish is not None else lt_linear.prepare(dispatcher, a, b.mT, bias, result, device)
+    make_torch_blas_handle(device)  # (its calls go to F.linear, which a capture may meet first: torch_fast_path)
     return TorchEagerEpiloguePlan(dispatcher, gemm_key, gemm_plan, finish, device, prepared=prepared)

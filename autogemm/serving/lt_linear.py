@@ -36,7 +36,7 @@ from ..gpu.cublas_gemm import CublasUnavailable
 from ..gpu.operands import KernelOperand
 from ..problem import Problem
 from . import plan as plan_module
-from .torch_fast_path import MAX_TORCH_SPARES, TorchOutputs
+from .torch_fast_path import MAX_TORCH_SPARES, TorchOutputs, make_torch_blas_handle
 
 ALIGNMENT = 256  # bytes every address keeps, as PyTorch's blocks do (the heuristic is told so)
 TORCH_LT_WORKSPACE_KIB = 1024  # PyTorch's default cuBLASLt workspace (CUBLASLT_WORKSPACE_SIZE, KiB)
@@ -89,8 +89,10 @@ class PreparedBiasLinear:
                 return None
         except RuntimeError:  # (another stream's capture, which this one would join: F.linear raises its own error)
             return None
-        if not getattr(_this_thread, "torch_blas_made", False):
-            _make_torch_blas_handle()
+        # (a capture's F.linear would create PyTorch's cuBLAS handle where this thread has none, and lose the
+        # capture: a thread whose calls only this prepared call served, one that warmed up a layer another
+        # thread had planned, then captured it; native_linear.cpp's make_torch_blas_handle does the same)
+        make_torch_blas_handle(device, known_uncaptured=True)
         pa, pb, pbias = x.data_ptr(), weight.data_ptr(), bias.data_ptr()
         if (pa | pb | pbias) % ALIGNMENT:
             return None
@@ -106,24 +108,6 @@ class PreparedBiasLinear:
                 spares.clear()
             spares[stream] = outputs.empty_like(outputs.template)
         return y
-
-
-# Under a CUDA graph capture a call here steps aside for F.linear, which takes the thread's cuBLAS handle of
-# PyTorch's and creates it where the thread has none; and cublasCreate fails inside a capture, which loses the
-# capture. A thread whose calls this prepared call served (its own cuBLASLt handle) has none: one that warmed
-# up a layer another thread had planned, then captured it. So each thread's first call outside a capture has
-# PyTorch make the handle (as linear's C++ memo does: native_linear.cpp, make_torch_blas_handle).
-_this_thread = threading.local()
-
-
-def _make_torch_blas_handle() -> None:
-    import torch  # (a tensor was given)
-
-    _this_thread.torch_blas_made = True  # (once: where PyTorch cannot make it, F.linear meets what it met before)
-    try:
-        torch.cuda.current_blas_handle()
-    except Exception:  # (none to make: F.linear meets what it met before; a PyTorch without CUDA asserts)
-        pass
 
 
 def prepare(dispatcher: Any, x: Any, weight: Any, bias: Any, result: Any, device: int) -> PreparedBiasLinear | None:

@@ -8,6 +8,8 @@ the launchers take, by PyTorch stream handle.
 """
 
 from __future__ import annotations
+
+import threading
 from typing import Any
 
 from ..gpu import capture, runtime
@@ -50,6 +52,8 @@ def register(dispatcher: Any, a: Any, b: Any, a_arr: Any, b_arr: Any, result_arr
     if plan.torch_streams is None:
         plan.torch_template = output_template(result)  # (result has the plan's shape)
         plan.torch_matmul = torch_matmul_for(plan, a, b)
+        if plan.torch_matmul is not None:
+            make_torch_blas_handle(device)
         plan.torch_streams = TORCH_STREAMS.setdefault(device, {})
         if plan.spares is not None:  # a spare budget reserved for the plan (plan.make_plan)
             plan.torch_spares = {}
@@ -103,6 +107,41 @@ def settled_on_cublas(plan: Any) -> None:
     template = plan.torch_template
     if template is not None:
         plan.torch_matmul = torch_matmul_for(plan, template, template)
+        if plan.torch_matmul is not None:
+            make_torch_blas_handle(plan.device)
+
+
+# A plan whose calls go to PyTorch's GEMM (torch.matmul, F.linear) is made by the general path, which
+# computed its call through autogemm's own cuBLAS(Lt) handle, not PyTorch's. PyTorch keeps a cuBLAS handle per
+# thread and device and creates it at the thread's first GEMM; cublasCreate fails inside a CUDA graph capture
+# and loses the capture. So a layer warmed up once (on a side stream, as PyTorch asks) and then captured
+# reached PyTorch's GEMM for the first time in the capture, and failed there (the GPU tier on an H200, session
+# 90: a worker whose earlier tests ran no PyTorch GEMM; the test alone failed every time). Such a plan has
+# PyTorch make the handle when it is made, outside a capture. A thread that never made the plan meets
+# PyTorch's GEMM at its first call through it, outside a capture as a warm-up is, as PyTorch's own would.
+_this_thread = threading.local()
+
+
+def make_torch_blas_handle(device: int, known_uncaptured: bool = False) -> None:
+    """Has PyTorch make its cuBLAS handle for this thread and `device` (torch.cuda.current_blas_handle) unless
+    the thread has had one made here, or PyTorch's current stream captures a graph (`known_uncaptured`: the
+    caller has just read that it does not). Once per thread and device: where PyTorch cannot make it, its GEMM
+    meets what it met before."""
+    made = getattr(_this_thread, "devices", None)
+    if made is None:
+        made = _this_thread.devices = set()
+    if device in made:
+        return
+    import torch  # (a tensor was given)
+
+    try:
+        with torch.cuda.device(device):
+            if not known_uncaptured and torch.cuda.is_current_stream_capturing():
+                return
+            made.add(device)
+            torch.cuda.current_blas_handle()
+    except Exception:  # (none to make: PyTorch's GEMM meets what it met before; a PyTorch without CUDA asserts)
+        made.add(device)
 
 
 def torch_stream(streams: dict[str, Any], pointer: int, device: int) -> Any:
