@@ -93,7 +93,7 @@ def compile_cubin_with_log(code: str, name: str, arch: str, options: tuple[str, 
         size = _check(nvrtc, nvrtc.nvrtcGetProgramLogSize(program), "log size")
         log = bytearray(size)
         _check(nvrtc, nvrtc.nvrtcGetProgramLog(program, log), "log")
-        text = bytes(log).rstrip(b"\0 ").decode(errors="replace")
+        text = log.rstrip(b"\0 ").decode(errors="replace")
         if error != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise NvrtcError(f"NVRTC compilation failed: {error.name}", text)
         size = _check(nvrtc, nvrtc.nvrtcGetCUBINSize(program), "cubin size")
