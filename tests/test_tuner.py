@@ -245,7 +245,8 @@ def test_the_tune_starts_from_what_is_known(tmp_path):
 
 
 def test_the_convergence_rule():
-    from autogemm.tuning.search import CONVERGED_GAIN, converged
+    from autogemm.tuning.options import CONVERGED_GAIN
+    from autogemm.tuning.search_state import converged
 
     flat = [10.0] * 5 + [10.0 * (1 + CONVERGED_GAIN / 2)] * 5
     assert converged(flat, 5) and not converged(flat, 0) and not converged(flat[:5], 5)
