@@ -51,9 +51,7 @@ def register(dispatcher: Any, a: Any, b: Any, a_arr: Any, b_arr: Any, result_arr
         return False
     if plan.torch_streams is None:
         plan.torch_template = output_template(result)  # (result has the plan's shape)
-        plan.torch_matmul = torch_matmul_for(plan, a, b)
-        if plan.torch_matmul is not None:
-            make_torch_blas_handle(device)
+        set_torch_matmul(plan, a, b)
         plan.torch_streams = TORCH_STREAMS.setdefault(device, {})
         if plan.spares is not None:  # a spare budget reserved for the plan (plan.make_plan)
             plan.torch_spares = {}
@@ -106,9 +104,16 @@ def settled_on_cublas(plan: Any) -> None:
     its output's dtype.)"""
     template = plan.torch_template
     if template is not None:
-        plan.torch_matmul = torch_matmul_for(plan, template, template)
-        if plan.torch_matmul is not None:
-            make_torch_blas_handle(plan.device)
+        set_torch_matmul(plan, template, template)
+
+
+def set_torch_matmul(plan: Any, a: Any, b: Any) -> None:
+    """Sets what the torch fast path calls for `plan` on tensors like `a` and `b` (Plan.torch_matmul,
+    torch_matmul_for); where that is PyTorch's GEMM, has PyTorch make its cuBLAS handle now, outside any
+    capture (make_torch_blas_handle says why). Every setter of torch_matmul goes through here."""
+    plan.torch_matmul = torch_matmul_for(plan, a, b)
+    if plan.torch_matmul is not None:
+        make_torch_blas_handle(plan.device)
 
 
 # A plan whose calls go to PyTorch's GEMM (torch.matmul, F.linear) is made by the general path, which
