@@ -333,7 +333,7 @@ def main(argv=None) -> int:
                         help="time cuBLASLt's heuristic's first N algorithms (1 to 64) for the product with the layer's "
                              "epilogue inside the GEMM (none, a bias, or a residual read as C) beside the rest, and "
                              "with an epilogue the GEMM alone's algorithm computing it where cuBLASLt's check takes it")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may sit between the problem and its configs
     if not args.configs and not args.lt_algorithms:
         parser.error("name a configuration to time, or --lt-algorithms N")
     if not 0 <= args.lt_algorithms <= 64:
