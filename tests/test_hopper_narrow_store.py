@@ -199,3 +199,26 @@ def test_the_overlapping_chunks_cover_the_tile_each_column_from_its_own_accumula
                         assert a < bn // 2 and 8 * (a // 4) + 2 * t + a % 2 == column
                         stored.add(column)
     assert stored == set(range(bn))
+
+
+REUSED = "if (q == (BN + ATOM - 1) / ATOM - 1 && (q * ATOM < BN - ATOM ? q * ATOM : BN - ATOM) + j * 8 < q * ATOM) {"
+
+
+@pytest.mark.parametrize("name", ["hopper_256x144x64_w128x144_s4_g16_k1_o1_p_ts_pp_fa_pl_hd",
+                                  "hopper_128x160x64_w64x160_s4_g8_k1_o1_p_ts"])
+def test_under_an_activation_the_overlapping_last_chunk_copies_the_columns_the_chunk_before_computed(name):
+    """The last chunk of a tile no multiple of 64 wide overlaps the one before by 64 - bn % 64 columns. Under an
+    activation (GELU's 15 operations a value) computing them twice cost a 128 x 144 ping-pong tile about 5 us of 230
+    on FP16 3072 x 9216 x 2304 with a bias and GELU: the last chunk copies them out of the other buffer instead, where
+    this thread wrote them, with and without preload. A bias or a residual alone, or a width of whole chunks, renders
+    as before (the shipped records' byte-for-byte test holds those); tests/test_gpu_epilogue.py's tile cases run the
+    copying kernels against float64."""
+    gelu = Problem.from_layout(3072, 9216, 2304, "nt", dtype="float16", epilogue=Epilogue("n", "gelu"))
+    code = render(config_from_name(name), gelu).code
+    assert code.count(REUSED) == 1
+    assert "constexpr int shift = (BN % ATOM) * int(sizeof(T));" in code
+    for epilogue in (Epilogue("n"), Epilogue(residual=True), Epilogue("n", "gelu", True)):
+        problem = Problem.from_layout(3072, 9216, 2304, "nt", dtype="float16", epilogue=epilogue)
+        assert REUSED not in render(config_from_name(name), problem).code, epilogue
+    whole = "hopper_256x128x64_w128x128_s4_g16_k1_o1_p_ts_pp_fa_pl_hd"
+    assert "shift = (BN % ATOM)" not in render(config_from_name(whole), gelu).code
