@@ -258,6 +258,19 @@ def source_digest(root: Path | None = None) -> str:
     return digest.hexdigest()[:16]
 
 
+def build_linear_memo() -> tuple[bool, str]:
+    """Builds linear's C++ memo (autogemm/serving/native_linear.py) before anything is timed, waiting for it: every
+    process but a machine's first (per PyTorch) finds it built, and a layer timed while it builds in the background
+    meets the Python route instead (H200, 2026-12-05, a fresh machine: bench_epilogues' seven layers under 1.0x eager
+    one call at a time, 0.905-0.943x, were all among its first eleven; every later layer of M <= 128, 41 of them,
+    ran 1.024-1.253x). Whether it is loaded, and how a report says so."""
+    from autogemm.serving import native_linear
+
+    if native_linear.build(wait=True):
+        return True, "built before the timing"
+    return False, f"{native_linear.status()} (the Python route serves)"
+
+
 def release_memory() -> None:
     """Gives back what the last problem's operands and results held (sizes vary a lot): CuPy's pool, and
     PyTorch's cache where PyTorch is loaded."""

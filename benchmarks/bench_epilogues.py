@@ -45,7 +45,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import geomean, results_path  # noqa: E402
+from bench_common import build_linear_memo, geomean, results_path  # noqa: E402
 
 MODELS = {"Llama-3-8B": (4096, 14336), "Llama-3-70B": (8192, 28672)}  # (hidden, intermediate)
 CASES = ("bias+gelu", "bias+silu", "residual", "swiglu")
@@ -250,7 +250,7 @@ def autogemm_served(case: str, x, w, bias, residual) -> str:
         (" + epilogue pass" if route == "pass" else f" with {route}")
 
 
-def report(rows: list[dict], device, args, compile_spent: float, memo: str = "") -> list[str]:
+def report(rows: list[dict], device, args, compile_spent: float, memo: str) -> list[str]:
     gpu = any("gpu_ratio" in r for r in rows)
     lines = [f"# Epilogues on {device.name}", "",
              f"`benchmarks/bench_epilogues.py` ({time.strftime('%Y-%m-%d')}): Llama-3 layer GEMMs with what follows "
@@ -274,8 +274,7 @@ def report(rows: list[dict], device, args, compile_spent: float, memo: str = "")
                          f"epilogue: the ratio a free epilogue on cuBLAS's GEMM would reach): geomean "
                          f"**{geomean(ceilings):.3f}x** (min {min(ceilings):.3f}x, max {max(ceilings):.3f}x)")
     lines.append(f"- torch.compile's compiles took {compile_spent:.0f} s in all")
-    if memo:
-        lines.append(f"- linear's C++ memo (serving/native_linear.py): {memo}")
+    lines.append(f"- linear's C++ memo (serving/native_linear.py): {memo}")
     names = (EAGER, CUBLASLT, COMPILED)
     header = "| model | layer | M | N | K | dtype | autogemm us | eager | cuBLASLt | compile | ceiling |"
     rule = "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"
@@ -332,14 +331,7 @@ def main(argv=None) -> int:
 
     if not torch.cuda.is_available():
         raise SystemExit("bench_epilogues needs PyTorch with CUDA")
-    from autogemm.serving import native_linear
-
-    # Built before any layer is timed, as bench_unseen_epilogues does: every process but the machine's first (per
-    # PyTorch) finds it built. Timed while it built in the background (H200, 2026-12-05, a fresh machine), the seven
-    # layers under 1.0x eager one call at a time (0.905-0.943x) were all among the first eleven, and every later
-    # layer of M <= 128 (41) ran 1.024-1.253x: the Python route's host time, the memo not yet loaded.
-    memo = "built before the timing" if native_linear.build(wait=True) else \
-        f"{native_linear.status()} (the Python route serves)"
+    _, memo = build_linear_memo()
     print(f"linear's C++ memo: {memo}", flush=True)
     rows, compiled, compile_left = [], {}, [args.compile_budget]
     for model in models:

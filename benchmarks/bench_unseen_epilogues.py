@@ -60,7 +60,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_common import (case_epilogue, deadline_after, device_of, keep_compiled_kernels,  # noqa: E402
+from bench_common import (build_linear_memo, case_epilogue, deadline_after, device_of, keep_compiled_kernels,  # noqa: E402
                           release_memory, results_arguments, results_path, require_rows_of_draw, run_rows,
                           source_digest, write_report)
 from bench_epilogues import TOLERANCE, CublasLtLayer, relative_error  # noqa: E402
@@ -376,10 +376,9 @@ def main(argv=None) -> int:
     if args.report:
         return write_report(path, lambda rows: report(rows, name, args.seed, len(specs)))
     keep_compiled_kernels("autogemm-unseen-epilogues-cubins-")
-    from autogemm.serving import native_linear
-
-    if not native_linear.build(wait=True):  # (layers timed as a process meets them once it is built)
-        print(f"linear's C++ memo: {native_linear.status()} (the Python route serves)", flush=True)
+    built, memo = build_linear_memo()
+    if not built:
+        print(f"linear's C++ memo: {memo}", flush=True)
     run_rows(path, measurement_order(specs, args.judged_first), lambda spec: _problem(spec).key, measure_and_release,
              deadline_after(args.deadline_s), lambda row: (
         f"#{row['index']:<4d}{row['label']:<40} untuned {cell(ratio(row['untuned']['sustained_us'], EAGER))}x eager  "
